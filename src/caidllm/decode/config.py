@@ -1,0 +1,129 @@
+"""Plain dataclasses holding every knob of the decoder.
+
+`DecodeConfig` is what the engine reads; `CAISettings` groups the CAI-dLLM
+controller's constants (paper Boxes 3-7 and DESIGN.md's readings of them).
+Presets (presets.py) are just named sets of overrides of these fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from caidllm.errors import InputError
+
+CACHE_MODES = ("none", "prefix", "dual")
+POLICIES = ("vanilla", "threshold", "cai")
+
+
+@dataclass
+class CAISettings:
+    """CAI-dLLM controller constants. Each switch turns one component on or off
+    (the paper's ablation: fixed threshold vs APD, +block schedule, +position
+    factors, +budgets/grinding)."""
+
+    adaptive: bool = True  # cosine schedule (APD); False = fixed `DecodeConfig.threshold`
+    block_schedule: bool = True  # end threshold decreases with the block index (Box 4)
+    position_factors: bool = True  # per-quarter factors on the threshold (Box 6)
+    gating: bool | None = None  # budgets + grinding fallback (Boxes 5, 7); None = model default
+    theta_start: float = 0.90
+    theta_end: float = 0.70  # end threshold of block 1 (and of every block without the block schedule)
+    warmup: float = 0.15  # fraction w of the block's steps held at theta_start
+    block_end_decay: float = 0.10  # theta_e(b) = max(theta_end - decay * (b - 1), floor)
+    block_end_floor: float = 0.40
+    factors: tuple[float, float, float, float] = (0.80, 0.90, 1.05, 1.10)  # by quarter of the block
+    clip_low: float = 0.20
+    clip_high: float = 0.98
+    easy_confidence: float = 0.50  # s_i above this (and in the first half) -> short budget
+    hard_confidence: float = 0.25  # s_i below this (or in the last quarter) -> full budget
+    budget_fractions: tuple[float, float, float] = (1 / 8, 1 / 2, 1.0)  # of T: easy / normal / hard (8/32/64 at T=64)
+    grinding_yield: float = 1.5  # a step committing fewer tokens than this is low-yield
+    grinding_patience: int = 4  # K low-yield steps in a row trigger the fallback
+    fallback_threshold: float = 0.40  # on grinding, commit masked tokens with c > this
+
+
+@dataclass
+class DecodeConfig:
+    method: str = "cai"
+    policy: str = "cai"  # vanilla | threshold | cai
+    gen_length: int = 256
+    block_length: int = 64
+    # Total denoising steps over the whole generation (LLaDA's convention); each
+    # block gets steps // num_blocks, the T of the paper. None = gen_length.
+    steps: int | None = None
+    cache: str = "dual"  # none | prefix | dual
+    refresh_every: int | None = None  # f: full refresh every f steps in a block; None = model default, 0 = block starts only
+    threshold: float = 0.9  # Fast-dLLM threshold rule, and CAI's fixed threshold when adaptive=False
+    factor: float | None = None  # Fast-dLLM factor rule instead of the threshold rule
+    temperature: float = 0.0
+    seed: int | None = None
+    early_stop: bool = True
+    cai: CAISettings = field(default_factory=CAISettings)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        total = self.gen_length if self.steps is None else self.steps
+        return total // self.num_blocks
+
+    def validate(self) -> "DecodeConfig":
+        """Raise InputError naming the first invalid value."""
+        for name in ("gen_length", "block_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
+        if self.gen_length % self.block_length:
+            raise InputError(
+                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})"
+            )
+        if self.steps is not None:
+            if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
+                raise InputError(f"steps must be a positive integer or None, got {self.steps!r}")
+            if self.steps % self.num_blocks:
+                raise InputError(
+                    f"steps ({self.steps}) must be a multiple of the number of blocks "
+                    f"({self.num_blocks} = gen_length {self.gen_length} / block_length {self.block_length})"
+                )
+        if self.steps_per_block < 1:
+            raise InputError(f"steps per block must be at least 1, got {self.steps_per_block}")
+        if self.policy not in POLICIES:
+            raise InputError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.cache not in CACHE_MODES:
+            raise InputError(f"unknown cache mode {self.cache!r}; choose one of {', '.join(CACHE_MODES)}")
+        _check_unit_interval("threshold", self.threshold)
+        if self.factor is not None and not (isinstance(self.factor, (int, float)) and self.factor > 0):
+            raise InputError(f"factor must be a positive number, got {self.factor!r}")
+        if self.refresh_every is not None and (
+            not isinstance(self.refresh_every, int) or self.refresh_every < 0
+        ):
+            raise InputError(f"refresh_every must be an integer >= 0 (0 = block starts only), got {self.refresh_every!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise InputError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise InputError(f"seed must be an integer or None, got {self.seed!r}")
+        c = self.cai
+        for name in ("theta_start", "theta_end", "block_end_floor", "fallback_threshold", "clip_low", "clip_high",
+                     "easy_confidence", "hard_confidence"):
+            _check_unit_interval(f"cai.{name}", getattr(c, name))
+        if not 0 <= c.warmup < 1:
+            raise InputError(f"cai.warmup must be in [0, 1), got {c.warmup!r}")
+        if c.clip_low > c.clip_high:
+            raise InputError(f"cai.clip_low ({c.clip_low}) must not exceed cai.clip_high ({c.clip_high})")
+        if c.grinding_patience < 1:
+            raise InputError(f"cai.grinding_patience must be >= 1, got {c.grinding_patience!r}")
+        if len(c.factors) != 4 or any(f <= 0 for f in c.factors):
+            raise InputError(f"cai.factors must be four positive numbers, got {c.factors!r}")
+        if len(c.budget_fractions) != 3 or any(not 0 < f <= 1 for f in c.budget_fractions):
+            raise InputError(f"cai.budget_fractions must be three numbers in (0, 1], got {c.budget_fractions!r}")
+        return self
+
+
+def _check_unit_interval(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
+        raise InputError(f"{name} must be in (0, 1], got {value!r}")
+
+
+DECODE_FIELDS = {f.name for f in fields(DecodeConfig)} - {"cai", "method"}
+CAI_FIELDS = {f.name for f in fields(CAISettings)}

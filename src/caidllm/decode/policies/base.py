@@ -1,0 +1,56 @@
+"""What a policy sees at one denoising step, and helpers shared by policies.
+
+A policy only decides which masked positions of the current block to commit.
+It is a batched tensor function of a `StepView`: R rows (the rows computed at
+this step) by the block's positions. Per-row state that must survive from one
+step to the next (CAI's low-yield counter, vanilla's per-row token count) lives
+in `state`, a dict of tensors with one entry per row of the full batch, which
+the policy reads and writes at `view.rows`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StepView:
+    confidence: torch.Tensor  # [R, block] probability of the predicted token
+    predicted: torch.Tensor  # [R, block] predicted token ids
+    masked: torch.Tensor  # [R, block] True where the position is still a mask token
+    first_confidence: torch.Tensor  # [R, block] s_i = confidence at the block's first step
+    step: int  # local step t within the block, 0 .. total_steps - 1
+    total_steps: int  # T, the maximum number of steps of a block
+    block_index: int  # 0-based index of the block in the generation
+    rows: torch.Tensor  # [R] indices of these rows in the full batch
+    state: dict[str, torch.Tensor]
+
+    @property
+    def block_length(self) -> int:
+        return self.masked.shape[1]
+
+
+def masked_confidence(view: StepView) -> torch.Tensor:
+    """Confidences with non-masked positions set to -inf, so they never win."""
+    return view.confidence.masked_fill(~view.masked, float("-inf"))
+
+
+def with_most_confident(commit: torch.Tensor, view: StepView) -> torch.Tensor:
+    """Add each row's most confident masked position to `commit`, so every step
+    makes progress (the rule of confidence-based parallel decoding)."""
+    scores = masked_confidence(view)
+    best = scores.argmax(dim=1, keepdim=True)
+    has_mask = view.masked.any(dim=1, keepdim=True)
+    forced = torch.zeros_like(commit).scatter_(1, best, True) & has_mask
+    return commit | forced
+
+
+def rank_by_confidence(view: StepView) -> torch.Tensor:
+    """Rank (0 = most confident) of each position among masked positions of
+    its row; ties go to the leftmost position. Non-masked positions rank last."""
+    order = torch.sort(masked_confidence(view), dim=1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
+    return ranks.scatter_(1, order, positions)

@@ -1,0 +1,99 @@
+"""CAI-dLLM: the confidence-aware controller (paper Boxes 2-7, Algorithm 1).
+
+The engine stores s_i = c_i(0), each token's confidence at the block's first
+forward, and hands it in as `view.first_confidence`. From it and the step t:
+
+- block threshold theta_b(t): theta_s for t < wT, then a cosine from theta_s
+  down to the block's end threshold theta_e(b) (Boxes 3 and 4);
+- token threshold theta_i(t) = clip(theta_b(t) * r_pos(i), 0.20, 0.98), r by
+  quarter of the block (Box 6);
+- with confidence gating on: budgets B_i from s_i and position force a commit
+  at t >= B_i (Box 5), and after K low-yield steps in a row every masked token
+  with c > 0.40 is committed (Box 7, DESIGN.md's reading: the block then goes
+  on, the counter reset).
+At least the most confident masked token is committed at every step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from caidllm.decode.config import CAISettings
+from caidllm.decode.policies.base import StepView, with_most_confident
+
+
+def block_end_threshold(block_index: int, s: CAISettings) -> float:
+    """theta_e(b) for the 0-based block index (b = block_index + 1)."""
+    if not s.block_schedule:
+        return s.theta_end
+    return max(s.theta_end - s.block_end_decay * block_index, s.block_end_floor)
+
+
+def block_threshold(step: int, total_steps: int, block_index: int, s: CAISettings) -> float:
+    """theta_b(t): held at theta_s during warm-up, then a cosine down to theta_e(b)."""
+    warmup_steps = s.warmup * total_steps
+    if step < warmup_steps:
+        return s.theta_start
+    theta_end = block_end_threshold(block_index, s)
+    u = (step - warmup_steps) / (total_steps - warmup_steps)
+    return theta_end + (s.theta_start - theta_end) / 2 * (1 + math.cos(math.pi * u))
+
+
+def quarter_of_block(block_length: int, device=None) -> torch.Tensor:
+    """0..3: which quarter of the block each position is in (16/32/48 cuts at 64)."""
+    return torch.arange(block_length, device=device) * 4 // block_length
+
+
+def position_factors(block_length: int, s: CAISettings, device=None) -> torch.Tensor:
+    return torch.tensor(s.factors, device=device)[quarter_of_block(block_length, device)]
+
+
+def token_thresholds(theta_b: float, block_length: int, s: CAISettings, device=None) -> torch.Tensor:
+    """theta_i(t) for each position of the block, shape [block]."""
+    if not s.position_factors:
+        return torch.full((block_length,), theta_b, device=device)
+    return (theta_b * position_factors(block_length, s, device)).clamp(s.clip_low, s.clip_high)
+
+
+def budget_levels(total_steps: int, s: CAISettings) -> tuple[int, int, int]:
+    """Easy / normal / hard budgets in steps (8 / 32 / 64 at T = 64)."""
+    return tuple(max(1, int(total_steps * f)) for f in s.budget_fractions)
+
+
+def budgets(first_confidence: torch.Tensor, total_steps: int, s: CAISettings) -> torch.Tensor:
+    """B_i per position, [R, block] (Box 5: cases checked top to bottom)."""
+    easy, normal, hard = budget_levels(total_steps, s)
+    quarter = quarter_of_block(first_confidence.shape[1], first_confidence.device)
+    is_easy = (first_confidence > s.easy_confidence) & (quarter < 2)
+    is_hard = (first_confidence < s.hard_confidence) | (quarter == 3)
+    levels = torch.full_like(first_confidence, normal, dtype=torch.long)
+    levels = levels.masked_fill(is_hard, hard)
+    return levels.masked_fill(is_easy, easy)
+
+
+def select(view: StepView, s: CAISettings, gating: bool, fixed_threshold: float) -> torch.Tensor:
+    if s.adaptive:
+        theta_b = block_threshold(view.step, view.total_steps, view.block_index, s)
+    else:
+        theta_b = fixed_threshold
+    theta_i = token_thresholds(theta_b, view.block_length, s, view.confidence.device)
+    commit = view.masked & (view.confidence >= theta_i)
+    if gating:
+        commit |= view.masked & (view.step >= budgets(view.first_confidence, view.total_steps, s))
+    commit = with_most_confident(commit, view)
+    if gating:
+        commit = _grinding_fallback(commit, view, s)
+    return commit
+
+
+def _grinding_fallback(commit: torch.Tensor, view: StepView, s: CAISettings) -> torch.Tensor:
+    """Count low-yield steps per row; after K in a row, commit every masked
+    token with confidence above the fallback threshold and reset the count."""
+    counter = view.state["low_yield_steps"]
+    low_yield = commit.sum(dim=1) < s.grinding_yield
+    count = torch.where(low_yield, counter[view.rows] + 1, torch.zeros_like(counter[view.rows]))
+    grinding = count >= s.grinding_patience
+    counter[view.rows] = count.masked_fill(grinding, 0)
+    return commit | (grinding[:, None] & view.masked & (view.confidence > s.fallback_threshold))

@@ -1,0 +1,71 @@
+"""Named methods: each preset is a set of overrides of `DecodeConfig`.
+
+The same names are used by the API, the CLI and the benchmark runner. Any
+field can still be overridden by the caller (e.g. method="fastdllm",
+cache="none").
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
+from caidllm.errors import InputError
+
+PRESETS: dict[str, dict] = {
+    # LLaDA low-confidence remasking, no cache, one token per step (steps = gen_length): the paper's 1.0x.
+    "vanilla": dict(policy="vanilla", cache="none"),
+    # Fast-dLLM threshold decoding with DualCache: the paper's "DualCache" baseline.
+    "fastdllm": dict(policy="threshold", cache="dual", threshold=0.9),
+    "fastdllm-prefix": dict(policy="threshold", cache="prefix", threshold=0.9),
+    # CAI-dLLM, all components, gating from the model's default (on for LLaDA, off for Dream).
+    "cai": dict(policy="cai", cache="dual"),
+    "cai-gate-off": dict(policy="cai", cache="dual", cai=dict(gating=False)),
+    "cai-gate-on": dict(policy="cai", cache="dual", cai=dict(gating=True)),
+    # Ablation ladder of the paper (Tables 3 and 11): APD alone, + block schedule, + position factors.
+    "cai-apd": dict(policy="cai", cache="dual",
+                    cai=dict(block_schedule=False, position_factors=False, gating=False)),
+    "cai-apd-block": dict(policy="cai", cache="dual", cai=dict(position_factors=False, gating=False)),
+    "cai-apd-block-pos": dict(policy="cai", cache="dual", cai=dict(gating=False)),
+}
+
+
+def method_names() -> list[str]:
+    return list(PRESETS)
+
+
+def build_config(method: str, **overrides) -> DecodeConfig:
+    """The preset `method` with `overrides` applied (None values are ignored).
+
+    Overrides may name any DecodeConfig field or any CAISettings field
+    (CAI fields may also be given as a dict under `cai`).
+    """
+    if method not in PRESETS:
+        raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
+    preset = copy.deepcopy(PRESETS[method])
+    cai_overrides = preset.pop("cai", {})
+    top = dict(preset)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "cai":
+            if not isinstance(value, dict):
+                raise InputError(f"cai overrides must be a dict of CAI settings, got {type(value).__name__}")
+            for k in value:
+                if k not in CAI_FIELDS:
+                    raise InputError(f"unknown CAI setting {k!r}; known: {', '.join(sorted(CAI_FIELDS))}")
+            cai_overrides.update(value)
+        elif key in DECODE_FIELDS:
+            top[key] = value
+        elif key in CAI_FIELDS:
+            cai_overrides[key] = value
+        else:
+            raise InputError(
+                f"unknown decoding option {key!r}; known: {', '.join(sorted(DECODE_FIELDS | CAI_FIELDS))}"
+            )
+    for key in ("factors", "budget_fractions"):
+        if key in cai_overrides:
+            cai_overrides[key] = tuple(cai_overrides[key])
+    config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides))
+    return config.validate()
