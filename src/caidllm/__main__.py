@@ -1,0 +1,5 @@
+import sys
+
+from caidllm.cli import main
+
+sys.exit(main())

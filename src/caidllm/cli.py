@@ -1,0 +1,93 @@
+"""Command line: `caidllm generate`, `caidllm train`, `caidllm bench`.
+
+A thin front end over the public API. Bad input prints one line naming the
+problem and exits with status 2; any other failure exits non-zero too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from caidllm.decode.config import CACHE_MODES
+from caidllm.decode.presets import method_names
+from caidllm.errors import CaidllmError
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="model folder (Hugging Face layout) or 'tiny' (default)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gen-length", type=int, default=256)
+    parser.add_argument("--block-length", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=None, help="total steps over the generation (default gen-length)")
+    parser.add_argument("--cache", choices=CACHE_MODES, default=None, help="override the method's cache mode")
+    parser.add_argument("--threshold", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="caidllm", description="Fast decoding for masked diffusion language models")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="answer one or more prompts")
+    gen.add_argument("prompts", nargs="+", metavar="PROMPT")
+    add_model_arguments(gen)
+    gen.add_argument("--method", default="cai", help=f"one of: {', '.join(method_names())}")
+    add_decoding_arguments(gen)
+    gen.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    gen.set_defaults(handler=run_generate)
+
+    for name, module in (("train", "caidllm.train.cli"), ("bench", "caidllm.bench.cli")):
+        try:
+            register = __import__(module, fromlist=["register"]).register
+        except ImportError:
+            continue
+        register(sub, name)
+    return parser
+
+
+def load_model(args):
+    from caidllm.models import load
+
+    return load(args.model, device=args.device, dtype=args.dtype)
+
+
+def run_generate(args) -> int:
+    lm = load_model(args)
+    results = lm.generate(
+        args.prompts, method=args.method, gen_length=args.gen_length, block_length=args.block_length,
+        steps=args.steps, cache=args.cache, threshold=args.threshold, temperature=args.temperature,
+        seed=args.seed, early_stop=not args.no_early_stop, batch_size=args.batch_size, chat=not args.no_chat,
+    )
+    for prompt, result in zip(args.prompts, results):
+        if args.json:
+            print(json.dumps({"prompt": prompt, **result.to_dict()}))
+        else:
+            print(result.text.strip())
+            print(f"[{result.method}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
+                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}]")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except CaidllmError as error:
+        print(f"caidllm: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
