@@ -1,0 +1,53 @@
+"""KV cache for the Fast-dLLM prefix and dual cache modes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys and values of every layer for a [B, L] canvas.
+
+    Keys are stored after RoPE (rotated), so a cached key never needs its
+    position again. ``attention_mask`` and ``positions`` are those of the last
+    full forward of each row; ``filled[b]`` says whether row b has had one.
+
+    Staleness:
+    - A full forward with this cache (a "refresh") writes K/V of every position
+      of its rows, computed from the canvas as it was then.
+    - A prefix forward reads K/V of positions [0:start) and writes nothing.
+    - A dual forward over [start:end) recomputes only those positions (Dream:
+      also start-1, whose hidden state predicts position start) and overwrites
+      their entries in place; every other position keeps the K/V of the last
+      refresh, even if its token has changed since. So after a dual step, the
+      block's entries are from the latest step and all the others (prefix and
+      suffix) are from the last refresh.
+    """
+
+    keys: list[torch.Tensor]  # per layer [B, n_kv_heads, L, head_dim]
+    values: list[torch.Tensor]  # per layer [B, n_kv_heads, L, head_dim]
+    attention_mask: torch.Tensor  # [B, L] bool, True = real token
+    positions: torch.Tensor  # [B, L] long, RoPE positions
+    filled: torch.Tensor  # [B] bool
+
+    @classmethod
+    def allocate(cls, n_layers, batch_size, n_kv_heads, length, head_dim, device, dtype) -> "KVCache":
+        shape = (batch_size, n_kv_heads, length, head_dim)
+        return cls(
+            keys=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)],
+            values=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)],
+            attention_mask=torch.zeros(batch_size, length, device=device, dtype=torch.bool),
+            positions=torch.zeros(batch_size, length, device=device, dtype=torch.long),
+            filled=torch.zeros(batch_size, device=device, dtype=torch.bool),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return self.attention_mask.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.attention_mask.shape[1]

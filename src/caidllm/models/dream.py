@@ -1,0 +1,106 @@
+"""Dream (Dream-org): a Qwen2-shaped bidirectional transformer with GQA and
+q/k/v biases, trained so that the hidden state at position i-1 predicts the
+token at position i. That shift is undone here: logits for position i come
+out at index i, like LLaDA's, and no caller ever sees it.
+
+Module names mirror the official checkpoint (Qwen2 layout):
+model.{embed_tokens, layers.{i}.*, norm}, lm_head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .layers import Context, RMSNorm, positions_from_mask, swiglu
+
+
+class DreamAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, kv = cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(d, cfg.n_heads * cfg.head_dim, bias=True)
+        self.k_proj = nn.Linear(d, kv, bias=True)
+        self.v_proj = nn.Linear(d, kv, bias=True)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, d, bias=False)
+
+    def forward(self, x: torch.Tensor, ctx: Context, layer: int) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.o_proj(ctx.attend(layer, q, k, v, self.head_dim, rope_fp32=False))
+
+
+class DreamMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
+
+
+class DreamLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DreamAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DreamMLP(cfg)
+
+    def forward(self, x: torch.Tensor, ctx: Context, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DreamModel(nn.Module):
+    """Maps token ids of the computed positions to position-aligned logits."""
+
+    # Predicting position `start` needs the hidden state of start-1, so prefix
+    # and dual passes compute one extra position on the left.
+    extra_left = 1
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = nn.ModuleList(DreamLayer(cfg) for _ in range(cfg.n_layers))
+        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor, ctx: Context | None = None, start: int = 0, end: int | None = None):
+        """ids: [R, hi-lo] tokens of the computed positions. Returns float32
+        logits [R, end-start, V] for absolute positions [start, end), already
+        aligned (the logit at i predicts token i). Without ctx: the whole
+        canvas, no padding, no cache."""
+        m = self.model
+        if ctx is None:
+            mask = torch.ones_like(ids, dtype=torch.bool)
+            ctx = Context.build(mask, positions_from_mask(mask), self.cfg.head_dim, self.cfg.rope_theta)
+        end = ctx.hi if end is None else end
+
+        x = m.embed_tokens(ids)
+        for i, layer in enumerate(m.layers):
+            x = layer(x, ctx, i)
+
+        # Undo the shift before the head: row r, position i reads hidden state src[r, i].
+        x = m.norm(self._gather(x, ctx, start, end))
+        head = m.embed_tokens.weight if self.cfg.tie_embeddings else self.lm_head.weight
+        return nn.functional.linear(x, head).float()
+
+    @staticmethod
+    def shift_sources(mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """[R, end-start] absolute index of the hidden state that predicts each
+        position: i-1 when i-1 is a real token, else i itself (position 0, and
+        the first real token of a left-padded row, reuse their own)."""
+        i = torch.arange(start, end, device=mask.device)
+        left_real = mask[:, (i - 1).clamp(min=0)] & (i > 0)
+        return torch.where(left_real, i - 1, i)
+
+    def _gather(self, x: torch.Tensor, ctx: Context, start: int, end: int) -> torch.Tensor:
+        src = self.shift_sources(ctx.mask, start, end) - ctx.lo  # index into computed positions
+        return torch.gather(x, 1, src[..., None].expand(-1, -1, x.shape[-1]))

@@ -1,0 +1,72 @@
+"""LLaDA (GSAI-ML): a LLaMA-shaped bidirectional transformer.
+
+Module names mirror the official checkpoint, so its safetensors load as is:
+model.transformer.{wte, blocks.{i}.*, ln_f, ff_out}.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .layers import Context, RMSNorm, positions_from_mask, swiglu
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, kv, hd = cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, cfg.head_dim
+        self.head_dim = hd
+        self.attn_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(d, d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(d, kv, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(d, kv, bias=cfg.qkv_bias)
+        self.attn_out = nn.Linear(d, d, bias=False)
+        self.ff_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.ff_proj = nn.Linear(d, cfg.intermediate_size, bias=False)  # SiLU gate
+        self.up_proj = nn.Linear(d, cfg.intermediate_size, bias=False)
+        self.ff_out = nn.Linear(cfg.intermediate_size, d, bias=False)  # down projection
+
+    def forward(self, x: torch.Tensor, ctx: Context, layer: int) -> torch.Tensor:
+        h = self.attn_norm(x)
+        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        x = x + self.attn_out(ctx.attend(layer, q, k, v, self.head_dim, rope_fp32=True))
+        return x + swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out)
+
+
+class LLaDAModel(nn.Module):
+    """Maps token ids of the computed positions to logits (no shift)."""
+
+    extra_left = 0  # positions left of the block needed to predict it
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        t = nn.Module()
+        t.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        t.blocks = nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers))
+        t.ln_f = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if not cfg.tie_embeddings:
+            t.ff_out = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.model = nn.Module()
+        self.model.transformer = t
+
+    def forward(self, ids: torch.Tensor, ctx: Context | None = None, start: int = 0, end: int | None = None):
+        """ids: [R, hi-lo] tokens of the computed positions. Returns float32
+        logits [R, end-start, V] for absolute positions [start, end).
+        Without ctx: the whole canvas, no padding, no cache."""
+        t = self.model.transformer
+        if ctx is None:
+            mask = torch.ones_like(ids, dtype=torch.bool)
+            ctx = Context.build(mask, positions_from_mask(mask), self.cfg.head_dim, self.cfg.rope_theta)
+        end = ctx.hi if end is None else end
+
+        x = t.wte(ids)
+        for i, block in enumerate(t.blocks):
+            x = block(x, ctx, i)
+
+        # The head over a 126k vocabulary is the costly part: only where asked.
+        x = t.ln_f(x[:, start - ctx.lo : end - ctx.lo])
+        head = t.wte.weight if self.cfg.tie_embeddings else t.ff_out.weight
+        return nn.functional.linear(x, head).float()

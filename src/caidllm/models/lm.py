@@ -1,0 +1,185 @@
+"""DiffusionLM: the one interface the decoders use, whatever the family.
+
+It checks inputs, turns the attention mask into positions, selects rows and
+positions for the cache modes, and returns float32 logits aligned to
+positions (Dream's shift is undone in dream.py).
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+
+import torch
+
+from ..errors import InputError
+from .cache import KVCache
+from .config import ModelConfig
+from .layers import Context, positions_from_mask
+
+MODES = ("full", "prefix", "dual")
+
+
+class DiffusionLM:
+    def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None):
+        self.model = model
+        self.config = config
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.path = Path(path) if path is not None else None
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"DiffusionLM({c.family}, layers={c.n_layers}, d={c.hidden_size}, vocab={c.vocab_size}, "
+            f"device={self.device}, dtype={self.dtype}, path={self.path})"
+        )
+
+    # ---- forward passes -------------------------------------------------
+
+    def logits(self, input_ids, attention_mask=None) -> torch.Tensor:
+        """Float32 logits [B, L, V] of the whole canvas; index i predicts token i."""
+        return self.forward(input_ids, attention_mask)
+
+    @torch.no_grad()
+    def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None):
+        """Float32 logits [R, end-start, V] for positions [start, end) of the
+        selected rows (all rows by default). input_ids / attention_mask are the
+        full [B, L] canvas (mask: 1 = real token, left padding).
+
+        mode="full":   computes every position; fills ``cache`` if given.
+        mode="prefix": computes [start, L); K/V of [0, start) from the cache.
+        mode="dual":   computes [start, end) and writes their K/V into the
+                       cache; every other position's K/V comes from the cache.
+        (Dream also computes start-1 in prefix/dual mode: it predicts start.)
+        """
+        if mode not in MODES:
+            raise InputError(f"unknown forward mode {mode!r}; expected one of {MODES}")
+        ids, mask = self._check_canvas(input_ids, attention_mask)
+        B, L = ids.shape
+        start, end = _check_range(start, end, L)
+        rows = self._check_rows(rows, B)
+        r = slice(None) if rows is None else rows
+        if cache is not None:
+            self._check_cache(cache, B, L)
+
+        if mode == "full":
+            lo, hi = 0, L
+            mask_r, pos_r = mask[r], positions_from_mask(mask[r])
+            if cache is not None:
+                cache.attention_mask[r] = mask_r
+                cache.positions[r] = pos_r
+                cache.filled[r] = True
+        else:
+            if cache is None:
+                raise InputError(f"mode={mode!r} needs a cache filled by a full forward; got cache=None")
+            if not bool(cache.filled[r].all()):
+                raise InputError(f"mode={mode!r}: the cache has rows never filled by a full forward (rows={rows})")
+            mask_r, pos_r = cache.attention_mask[r], cache.positions[r]
+            if not torch.equal(mask_r, mask[r]):
+                raise InputError(f"mode={mode!r}: attention_mask differs from the one the cache was filled with")
+            lo = max(start - self.model.extra_left, 0)
+            hi = L if mode == "prefix" else end
+
+        c = self.config
+        ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, lo=lo, hi=hi, rows=rows, cache=cache)
+        return self.model(ids[r][:, lo:hi], ctx, start, end)
+
+    def new_cache(self, batch_size: int, length: int) -> KVCache:
+        """An empty cache for a [batch_size, length] canvas; fill it with mode="full"."""
+        c = self.config
+        for name, value in (("batch_size", batch_size), ("length", length)):
+            if not isinstance(value, int) or value <= 0:
+                raise InputError(f"new_cache: {name} must be a positive int, got {value!r}")
+        if length > c.max_length:
+            raise InputError(f"new_cache: length {length} exceeds the model's max_length {c.max_length}")
+        return KVCache.allocate(c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim, self.device, self.dtype)
+
+    # ---- text -----------------------------------------------------------
+
+    def encode_chat(self, prompt: str) -> list[int]:
+        """Token ids of `prompt` as one user message, with the chat template and
+        the assistant generation prompt applied (the template adds BOS itself)."""
+        if not isinstance(prompt, str):
+            raise InputError(f"encode_chat expects a str prompt, got {type(prompt).__name__}")
+        if not self.tokenizer.chat_template:
+            raise InputError(f"the tokenizer of {self.path} has no chat template (tokenizer_config.json)")
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        """Text of `ids`, special tokens (mask, eos, end of turn) left out."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        n = len(self.tokenizer)
+        # Padding rows of the embedding (ids past the tokenizer) have no text.
+        return self.tokenizer.decode([i for i in ids if 0 <= i < n], skip_special_tokens=True)
+
+    # ---- checks ---------------------------------------------------------
+
+    def _check_canvas(self, input_ids, attention_mask):
+        try:
+            ids = torch.as_tensor(input_ids)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise InputError(f"input_ids must be an integer tensor [B, L]: {e}") from None
+        if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+            raise InputError(f"input_ids must be an integer tensor [B, L]; got dtype {ids.dtype}, shape {tuple(ids.shape)}")
+        B, L = ids.shape
+        if B == 0 or L == 0:
+            raise InputError(f"input_ids is empty: shape {tuple(ids.shape)}")
+        if L > self.config.max_length:
+            raise InputError(f"sequence length {L} exceeds the model's max_length {self.config.max_length}")
+        ids = ids.to(self.device, torch.long)
+        V = self.config.vocab_size
+        bad = (ids < 0) | (ids >= V)
+        if bool(bad.any()):
+            raise InputError(f"token id {int(ids[bad][0])} is outside the vocabulary (size {V}, ids 0..{V - 1})")
+
+        if attention_mask is None:
+            return ids, torch.ones_like(ids, dtype=torch.bool)
+        try:
+            mask = torch.as_tensor(attention_mask)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise InputError(f"attention_mask must be a [B, L] tensor of 0/1: {e}") from None
+        if tuple(mask.shape) != (B, L):
+            raise InputError(f"attention_mask shape {tuple(mask.shape)} does not match input_ids shape {(B, L)}")
+        mask = mask.to(self.device) != 0
+        empty = ~mask.any(dim=1)
+        if bool(empty.any()):
+            raise InputError(f"attention_mask row {int(empty.nonzero()[0])} has no real token")
+        return ids, mask
+
+    def _check_rows(self, rows, B):
+        if rows is None:
+            return None
+        rows = torch.as_tensor(rows)
+        if rows.dim() != 1 or rows.numel() == 0 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
+            raise InputError(f"rows must be a non-empty 1-D integer tensor; got dtype {rows.dtype}, shape {tuple(rows.shape)}")
+        if int(rows.min()) < 0 or int(rows.max()) >= B:
+            raise InputError(f"rows {rows.tolist()} out of range for batch size {B}")
+        if rows.unique().numel() != rows.numel():
+            raise InputError(f"rows {rows.tolist()} contains duplicates")
+        return rows.to(self.device, torch.long)
+
+    def _check_cache(self, cache, B, L):
+        if not isinstance(cache, KVCache):
+            raise InputError(f"cache must be a KVCache from new_cache(), got {type(cache).__name__}")
+        if (cache.batch_size, cache.length) != (B, L) or len(cache.keys) != self.config.n_layers:
+            raise InputError(
+                f"cache was made for a [{cache.batch_size}, {cache.length}] canvas with {len(cache.keys)} layers; "
+                f"input is [{B}, {L}] for a {self.config.n_layers}-layer model"
+            )
+
+
+def _check_range(start, end, L):
+    try:
+        start = operator.index(start)
+        end = L if end is None else operator.index(end)
+    except TypeError:
+        raise InputError(f"start/end must be ints, got start={start!r}, end={end!r}") from None
+    if not 0 <= start < end <= L:
+        raise InputError(f"start={start}, end={end} out of range for canvas length {L} (need 0 <= start < end <= L)")
+    return start, end

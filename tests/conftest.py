@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny random checkpoints in the official LLaDA / Dream
+layout (caidllm.models.testing), written once per session, and fp32 CPU
+models loaded from them."""
+
+import pytest
+
+import caidllm
+from caidllm.models.testing import write_random_checkpoint
+
+
+@pytest.fixture(scope="session")
+def random_checkpoint(tmp_path_factory):
+    """Factory: random_checkpoint(family="llada", **kwargs) -> a fresh folder
+    (kwargs as for write_random_checkpoint)."""
+
+    def make(family="llada", **kwargs):
+        return write_random_checkpoint(tmp_path_factory.mktemp(f"ckpt_{family}"), family, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llada_dir(random_checkpoint):
+    return random_checkpoint("llada")
+
+
+@pytest.fixture(scope="session")
+def dream_dir(random_checkpoint):
+    return random_checkpoint("dream")
+
+
+@pytest.fixture(scope="session")
+def llada_lm(llada_dir):
+    return caidllm.load(llada_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def dream_lm(dream_dir):
+    return caidllm.load(dream_dir, device="cpu", dtype="float32")
