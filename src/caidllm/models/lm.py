@@ -96,6 +96,14 @@ class DiffusionLM:
             raise InputError(f"new_cache: length {length} exceeds the model's max_length {c.max_length}")
         return KVCache.allocate(c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim, self.device, self.dtype)
 
+    # ---- decoding -------------------------------------------------------
+
+    def generate(self, prompts, method: str = "cai", **options):
+        """Decode `prompts` with a method preset; see caidllm.decode.generate."""
+        from ..decode import generate
+
+        return generate(self, prompts, method=method, **options)
+
     # ---- text -----------------------------------------------------------
 
     def encode_chat(self, prompt: str) -> list[int]:

@@ -1,0 +1,180 @@
+"""The decode engine on tiny random LLaDA / Dream checkpoints."""
+
+import json
+
+import pytest
+import torch
+
+from caidllm.cli import main as cli_main
+from caidllm.decode import method_names
+from caidllm.errors import InputError
+
+GEN, BLOCK = 16, 8
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [23, 24, 25, 26]]
+
+
+@pytest.fixture(params=["llada", "dream"])
+def lm(request, llada_lm, dream_lm):
+    return llada_lm if request.param == "llada" else dream_lm
+
+
+def run(lm, prompts, method, **kw):
+    kw.setdefault("gen_length", GEN)
+    kw.setdefault("block_length", BLOCK)
+    kw.setdefault("early_stop", False)
+    return lm.generate(prompts, method=method, **kw)
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_every_preset_runs_and_never_leaves_a_mask(lm, method):
+    results = run(lm, PROMPTS, method)
+    assert len(results) == len(PROMPTS)
+    for r in results:
+        assert len(r.token_ids) == GEN
+        assert lm.config.mask_id not in r.token_ids
+        assert all(0 <= s < BLOCK for s in r.trace.commit_step_in_block)
+        assert len(r.steps_per_block) == GEN // BLOCK
+        assert r.nfe == sum(r.steps_per_block)
+        assert all(c is not None and 0 < c <= 1 for c in r.trace.first_confidence)
+
+
+def test_vanilla_commits_one_token_per_step(lm):
+    (r,) = run(lm, PROMPTS[:1], "vanilla")
+    assert r.nfe == GEN and r.steps_per_block == [BLOCK] * (GEN // BLOCK)
+    for b in range(GEN // BLOCK):
+        local = r.trace.commit_step_in_block[b * BLOCK:(b + 1) * BLOCK]
+        assert sorted(local) == list(range(BLOCK))
+    assert sorted(r.trace.commit_step) == list(range(GEN))
+
+
+def test_vanilla_with_fewer_steps_commits_several_per_step(lm):
+    (r,) = run(lm, PROMPTS[:1], "vanilla", steps=GEN // 2)
+    assert r.steps_per_block == [BLOCK // 2] * (GEN // BLOCK)
+    assert all(r.trace.commit_step_in_block.count(t) == 2 * (GEN // BLOCK) for t in range(BLOCK // 2))
+
+
+def test_threshold_one_is_one_token_per_step(lm):
+    vanilla = run(lm, PROMPTS, "vanilla")
+    strict = run(lm, PROMPTS, "fastdllm", threshold=1.0, cache="none")
+    for a, b in zip(vanilla, strict):
+        assert a.token_ids == b.token_ids and a.nfe == b.nfe == GEN
+
+
+def test_cache_modes_agree_right_after_a_refresh(lm):
+    # Refreshing at every step makes every step "the first after a refresh": all modes agree.
+    outputs = [run(lm, PROMPTS, "fastdllm", cache=c, refresh_every=1, threshold=0.3) for c in ("none", "prefix", "dual")]
+    for none, prefix, dual in zip(*outputs):
+        assert none.token_ids == prefix.token_ids == dual.token_ids
+    # With the default cadence only the block's first step is a refresh: first-block s_i agree.
+    outputs = [run(lm, PROMPTS, "cai", cache=c) for c in ("none", "prefix", "dual")]
+    for none, prefix, dual in zip(*outputs):
+        assert none.trace.first_confidence[:BLOCK] == pytest.approx(prefix.trace.first_confidence[:BLOCK], abs=1e-5)
+        assert none.trace.first_confidence[:BLOCK] == pytest.approx(dual.trace.first_confidence[:BLOCK], abs=1e-5)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "fastdllm", "fastdllm-prefix", "cai", "cai-gate-on"])
+def test_batch_invariance(lm, method):
+    together = run(lm, PROMPTS, method, threshold=0.2, batch_size=4)
+    for prompt, joint in zip(PROMPTS, together):
+        (alone,) = run(lm, [prompt], method, threshold=0.2)
+        assert alone.token_ids == joint.token_ids
+        assert alone.nfe == joint.nfe and alone.steps_per_block == joint.steps_per_block
+        assert alone.trace.commit_step == joint.trace.commit_step
+
+
+def test_sampling_is_seeded_and_batch_invariant(lm):
+    a = run(lm, PROMPTS, "fastdllm", temperature=1.0, seed=7)
+    b = run(lm, PROMPTS, "fastdllm", temperature=1.0, seed=7)
+    c = run(lm, PROMPTS, "fastdllm", temperature=1.0, seed=8)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [r.token_ids for r in a] != [r.token_ids for r in c]
+    (alone,) = run(lm, [PROMPTS[2]], "fastdllm", temperature=1.0, seed=7)
+    assert alone.token_ids == a[2].token_ids
+    greedy = run(lm, PROMPTS, "fastdllm")
+    assert [r.token_ids for r in a] != [r.token_ids for r in greedy]
+
+
+class EndsEarly:
+    """Wraps a model so that EOS wins every generated position from `after` on."""
+
+    def __init__(self, lm, prompt_length, after):
+        self.lm, self.prompt_length, self.after = lm, prompt_length, after
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def forward(self, input_ids, attention_mask=None, **kw):
+        logits = self.lm.forward(input_ids, attention_mask, **kw)
+        first = kw.get("start", 0) - self.prompt_length
+        for i in range(logits.shape[1]):
+            if first + i >= self.after:
+                logits[:, i, self.lm.config.eos_id] = 50.0
+        return logits
+
+    def generate(self, prompts, method, **kw):
+        from caidllm.decode import generate
+
+        return generate(self, prompts, method=method, **kw)
+
+
+def test_early_stop_fills_with_eos_and_saves_steps(llada_lm):
+    prompt = PROMPTS[0]
+    lm = EndsEarly(llada_lm, len(prompt), after=3)
+    full = run(lm, [prompt], "vanilla", gen_length=32, early_stop=False)[0]
+    short = run(lm, [prompt], "vanilla", gen_length=32, early_stop=True)[0]
+    assert short.early_stopped and not full.early_stopped
+    assert short.text == full.text and short.answer_length == full.answer_length == 3
+    assert short.nfe < full.nfe and short.nfe <= BLOCK
+    eos = llada_lm.config.eos_id
+    assert short.token_ids[3:] == [eos] * (32 - 3)
+    assert short.trace.first_confidence[BLOCK:] == [None] * (32 - BLOCK)  # later blocks never ran
+    assert short.steps_per_block[1:] == [0] * 3
+
+
+def test_string_prompts_use_the_chat_template(llada_lm):
+    (r,) = llada_lm.generate(["hello there"], method="cai", gen_length=GEN, block_length=BLOCK)
+    assert r.prompt_length == len(llada_lm.encode_chat("hello there"))
+    (raw,) = llada_lm.generate(["hello there"], method="cai", gen_length=GEN, block_length=BLOCK, chat=False)
+    assert raw.prompt_length < r.prompt_length
+
+
+@pytest.mark.parametrize("prompts, kwargs, message", [
+    (["a", [1, 2]], {}, "must not mix strings and token-id lists"),
+    ([""], {}, "prompt 0 is empty"),
+    ([], {}, "non-empty list"),
+    ([[1, 2, 100000]], {}, "token id 100000 outside the vocabulary"),
+    ([[1, 2]], dict(gen_length=4096), "exceeds the model's context"),
+    ([[1, 2]], dict(batch_size=0), "batch_size must be a positive integer"),
+    ([[1, 2]], dict(method="turbo"), "unknown method 'turbo'"),
+    ([[1, 2]], dict(cache="triple"), "unknown cache mode"),
+    ([[1, 2]], dict(gen_length=12, block_length=8), "multiple of block_length"),
+    ([[1, 2]], dict(threshold=1.2), r"threshold must be in \(0, 1\]"),
+    ([[1, 2]], dict(steps=0), "steps must be a positive integer"),
+    ([[1, 2], 3], {}, "each prompt must be a string or a list of token ids"),
+])
+def test_bad_input(llada_lm, prompts, kwargs, message):
+    kwargs = {"gen_length": GEN, "block_length": BLOCK, **kwargs}
+    with pytest.raises(InputError, match=message):
+        llada_lm.generate(prompts, **kwargs)
+
+
+def test_cli_generate_json(llada_dir, capsys):
+    code = cli_main(["generate", "hello", "two words", "--model", str(llada_dir), "--method", "fastdllm",
+                     "--gen-length", "16", "--block-length", "8", "--json", "--device", "cpu", "--dtype", "float32"])
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    record = json.loads(lines[0])
+    for key in ("text", "token_ids", "nfe", "steps_per_block", "elapsed_s", "trace", "method"):
+        assert key in record
+    assert record["method"] == "fastdllm" and len(record["token_ids"]) == 16
+
+
+def test_cli_generate_text_and_errors(llada_dir, capsys):
+    assert cli_main(["generate", "hello", "--model", str(llada_dir), "--gen-length", "16", "--block-length", "8",
+                     "--device", "cpu"]) == 0
+    assert "forward passes" in capsys.readouterr().out
+    assert cli_main(["generate", "hello", "--model", str(llada_dir), "--method", "turbo"]) == 2
+    assert "unknown method 'turbo'" in capsys.readouterr().err
+    assert cli_main(["generate", "hello", "--model", "/nonexistent/model"]) == 2
+    assert "does not exist" in capsys.readouterr().err
