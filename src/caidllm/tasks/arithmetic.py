@@ -1,0 +1,173 @@
+"""GSM8K-like word problems: one to three steps with small numbers.
+
+Each template draws its numbers so every intermediate value is a positive
+integer (differences stay positive, divisions come out even).
+
+Worked answer: one equation per step, each using numbers from the question
+or the line just above, then the final line:
+
+    12 * 3 = 36
+    36 - 5 = 31
+    So the answer is 31.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from caidllm.tasks.base import final_line
+
+NAMES = (
+    "Tom Anna Ben Lily Sam Mia Jack Emma Leo Zoe Max Ella Noah Ava Liam Grace "
+    "Omar Sofia Ravi Nina Carlos Hana Ivan Maya Luke Rosa Adam Chloe David Sara"
+).split()
+OBJECTS = (
+    "apples oranges pencils marbles stickers cookies books cards shells stamps "
+    "candies balloons flowers eggs crayons beads"
+).split()
+ITEMS = "pen notebook sandwich toy ball hat cup book kite puzzle".split()
+WORDS = NAMES + OBJECTS + ITEMS
+
+
+def _op(a: int, op: str, b: int) -> int:
+    return {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
+
+
+# Each template: rng, names (n, m), object o, items (i, j) ->
+# (question, steps); a step (a, op, b) may use "prev" for the last result.
+def _add(r, n, m, o, i, j):
+    a, b = r.randint(2, 60), r.randint(2, 40)
+    return f"{n} has {a} {o}. {m} gives {n} {b} more {o}. How many {o} does {n} have now?", [(a, "+", b)]
+
+
+def _sub(r, n, m, o, i, j):
+    a = r.randint(5, 80)
+    b = r.randint(1, a - 1)
+    return f"{n} had {a} {o} and gave {b} of them to {m}. How many {o} does {n} have left?", [(a, "-", b)]
+
+
+def _mul(r, n, m, o, i, j):
+    a, b = r.randint(2, 12), r.randint(2, 12)
+    return f"{n} buys {a} boxes of {o}. Each box holds {b} {o}. How many {o} does {n} buy?", [(a, "*", b)]
+
+
+def _div(r, n, m, o, i, j):
+    b, q = r.randint(2, 10), r.randint(2, 12)
+    return (f"{n} shares {b * q} {o} equally among {b} friends. How many {o} does each friend get?",
+            [(b * q, "/", b)])
+
+
+def _times(r, n, m, o, i, j):
+    a, b = r.randint(2, 15), r.randint(2, 6)
+    return f"{m} has {a} {o}. {n} has {b} times as many {o} as {m}. How many {o} does {n} have?", [(a, "*", b)]
+
+
+def _half(r, n, m, o, i, j):
+    a = 2 * r.randint(2, 40)
+    return f"{n} had {a} {o}. {n} gave half of them to {m}. How many {o} does {n} have left?", [(a, "/", 2)]
+
+
+def _add_sub(r, n, m, o, i, j):
+    a, b = r.randint(2, 50), r.randint(2, 30)
+    c = r.randint(1, a + b - 1)
+    return (f"{n} has {a} {o}. {n} finds {b} more and then gives {c} to {m}. How many {o} does {n} have now?",
+            [(a, "+", b), ("prev", "-", c)])
+
+
+def _mul_sub(r, n, m, o, i, j):
+    a, b = r.randint(2, 10), r.randint(2, 12)
+    c = r.randint(2, a * b - 1)
+    return (f"{n} buys {a} bags with {b} {o} in each bag and gives {c} {o} to {m}. "
+            f"How many {o} does {n} have left?", [(a, "*", b), ("prev", "-", c)])
+
+
+def _more_total(r, n, m, o, i, j):
+    a, b = r.randint(2, 40), r.randint(2, 30)
+    return (f"{n} has {a} {o}. {m} has {b} more {o} than {n}. How many {o} do they have together?",
+            [(a, "+", b), (a, "+", "prev")])
+
+
+def _fewer_total(r, n, m, o, i, j):
+    a = r.randint(5, 60)
+    b = r.randint(2, a - 1)
+    return (f"{n} has {a} {o}. {m} has {b} fewer {o} than {n}. How many {o} do they have together?",
+            [(a, "-", b), (a, "+", "prev")])
+
+
+def _change(r, n, m, o, i, j):
+    a, b = r.randint(1, 9), r.randint(2, 6)
+    bill = next(x for x in (10, 20, 50, 100) if x > a * b)
+    return (f"A {i} costs {a} dollars. {n} buys {b} of them and pays with a {bill} dollar bill. "
+            f"How much change does {n} get?", [(a, "*", b), (bill, "-", "prev")])
+
+
+def _pages(r, n, m, o, i, j):
+    a, b = r.randint(2, 15), r.randint(2, 9)
+    c = a * b + r.randint(1, 60)
+    return (f"{n} reads {a} pages every day for {b} days. The book has {c} pages. "
+            f"How many pages are left to read?", [(a, "*", b), (c, "-", "prev")])
+
+
+def _three_days(r, n, m, o, i, j):
+    a, b, c = r.randint(1, 30), r.randint(1, 30), r.randint(1, 30)
+    return (f"{n} picked {a} {o} on Monday, {b} on Tuesday and {c} on Wednesday. "
+            f"How many {o} did {n} pick in total?", [(a, "+", b), ("prev", "+", c)])
+
+
+def _spend(r, n, m, o, i, j):
+    a = r.randint(10, 90)
+    b = r.randint(1, a - 2)
+    c = r.randint(1, a - b - 1)
+    return (f"{n} has {a} dollars. {n} spends {b} dollars on a {i} and {c} dollars on a {j}. "
+            f"How much money does {n} have left?", [(a, "-", b), ("prev", "-", c)])
+
+
+def _bags_then_add(r, n, m, o, i, j):
+    b, q, c = r.randint(2, 8), r.randint(2, 10), r.randint(2, 9)
+    return (f"{n} puts {b * q} {o} equally into {b} bags. Then {n} adds {c} more {o} to each bag. "
+            f"How many {o} are in each bag now?", [(b * q, "/", b), ("prev", "+", c)])
+
+
+def _wage(r, n, m, o, i, j):
+    a, b, c = r.randint(2, 12), r.randint(2, 6), r.randint(2, 6)
+    return (f"{n} earns {a} dollars per hour and works {b} hours on Monday and {c} hours on Tuesday. "
+            f"How many dollars does {n} earn?", [(b, "+", c), ("prev", "*", a)])
+
+
+def _share_left(r, n, m, o, i, j):
+    # Three steps: buy packs, eat some, share the rest evenly among k.
+    packs, per, k = r.randint(2, 6), r.randint(3, 12), r.randint(2, 5)
+    total = packs * per
+    eaten = r.choice([e for e in range(1, 10) if (total - e) % k == 0 and total - e >= k])
+    return (f"{n} buys {packs} packs of {per} {o}. {n} eats {eaten} of them and shares the rest equally "
+            f"among {k} friends. How many {o} does each friend get?",
+            [(packs, "*", per), ("prev", "-", eaten), ("prev", "/", k)])
+
+
+TEMPLATES: tuple[Callable, ...] = (
+    _add, _sub, _mul, _div, _times, _half, _add_sub, _mul_sub, _more_total, _fewer_total,
+    _change, _pages, _three_days, _spend, _bags_then_add, _wage, _share_left,
+)
+
+
+def solve(steps: list[tuple]) -> tuple[list[str], int]:
+    lines, prev = [], None
+    for a, op, b in steps:
+        a = prev if a == "prev" else a
+        b = prev if b == "prev" else b
+        if op == "/" and a % b:
+            raise ValueError(f"{a} / {b} is not whole")
+        prev = _op(a, op, b)
+        lines.append(f"{a} {op} {b} = {prev}")
+    return lines, prev
+
+
+def generate(rng: random.Random) -> tuple[str, str, str]:
+    template = rng.choice(TEMPLATES)
+    n, m = rng.sample(NAMES, 2)
+    i, j = rng.sample(ITEMS, 2)
+    question, steps = template(rng, n, m, rng.choice(OBJECTS), i, j)
+    lines, value = solve(steps)
+    target = str(value)
+    return question, "\n".join(lines + [final_line(target)]), target
