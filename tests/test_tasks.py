@@ -22,6 +22,7 @@ from caidllm.tasks import (
     score,
     split_of,
 )
+from caidllm.tasks.base import MAX_ANSWER_TOKENS, count_tokens
 from caidllm.tasks.boolean_expressions import all_expressions
 from caidllm.tasks.web_of_lies import NAMES
 
@@ -123,6 +124,7 @@ def test_answers_end_with_final_line_and_score(task):
         assert extract_answer(ex.answer) == ex.target
         assert score(task, ex.answer, ex.target)
         assert re.fullmatch(FORMATS[task], ex.prompt), ex.prompt
+        assert count_tokens(ex.answer) <= MAX_ANSWER_TOKENS
 
 
 def test_extract_answer():

@@ -8,6 +8,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from caidllm.tasks import SPLITS, TASK_NAMES, get_task
+from caidllm.tasks.base import count_tokens
 from caidllm.tasks.vocab import SPECIAL_TOKENS, build_tokenizer, length_stats
 
 
@@ -37,7 +38,9 @@ def test_round_trip_task_texts(built):
         for split in SPLITS:
             for ex in get_task(name).examples(split, 100, seed=5):
                 for text in (ex.prompt, ex.answer, ex.prompt + "\n" + ex.answer):
-                    assert tok.decode(tok.encode(text).ids) == text
+                    ids = tok.encode(text).ids
+                    assert tok.decode(ids) == text
+                    assert len(ids) == count_tokens(text)  # the length cap counts right
 
 
 def test_any_text_round_trips(built):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 from typing import Callable, Collection
 
@@ -17,6 +18,14 @@ SPLITS = ("train", "validation", "test")
 # Share of the canonical input space owned by each split, in 1/1000.
 _SPLIT_BOUNDS = (("train", 800), ("validation", 900), ("test", 1000))
 FINAL_PREFIX = "So the answer is "
+# How the task tokenizer cuts text (see vocab.py): newline | word with its
+# leading space | one punctuation mark with its leading space | one digit |
+# other whitespace.  Every piece of task text is one token.
+PIECE_PATTERN = r"\n| ?[A-Za-z]+| ?[^\sA-Za-z0-9]|[0-9]|[^\S\n]+"
+# Answers are generated in a 256-token canvas; keep worked answers (plus
+# the end-of-turn tokens) well inside it.  Longer ones are redrawn, which
+# only trims the extreme tail (< 0.01% of draws).
+MAX_ANSWER_TOKENS = 176
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,11 @@ def split_of(task: str, prompt: str) -> str:
     raise AssertionError("unreachable")
 
 
+def count_tokens(text: str) -> int:
+    """Token count of task text under the task tokenizer."""
+    return len(re.findall(PIECE_PATTERN, text))
+
+
 def final_line(target: str) -> str:
     return f"{FINAL_PREFIX}{target}."
 
@@ -64,8 +78,11 @@ class Task:
         self.words = tuple(words)  # task vocabulary, for the tokenizer
 
     def _make(self, rng: random.Random) -> Example:
-        prompt, answer, target = self._generate(rng)
-        return Example(prompt=prompt, answer=answer, target=target, task=self.name)
+        for _ in range(self._MAX_TRIES):
+            prompt, answer, target = self._generate(rng)
+            if count_tokens(answer) <= MAX_ANSWER_TOKENS:
+                return Example(prompt=prompt, answer=answer, target=target, task=self.name)
+        raise RuntimeError(f"{self.name}: every worked answer was over {MAX_ANSWER_TOKENS} tokens")
 
     def example(self, seed: int) -> Example:
         """One example from the whole distribution (any split)."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from caidllm.errors import InputError
+from caidllm.tasks.base import PIECE_PATTERN
 
 BOS = "<|startoftext|>"
 EOS = "<|endoftext|>"  # also the pad token
@@ -36,8 +37,6 @@ END_HEADER = "<|end_header_id|>"
 EOT = "<|eot_id|>"
 SPECIAL_TOKENS = (EOS, BOS, MASK, START_HEADER, END_HEADER, EOT)  # ids 0..5
 
-# One pre-token: newline | word | punctuation mark | digit | other spaces.
-PIECE_PATTERN = r"\n| ?[A-Za-z]+| ?[^\sA-Za-z0-9]|[0-9]|[^\S\n]+"
 
 # LLaDA chat format: BOS, then per message a role header, the stripped
 # content and <|eot_id|>; the generation prompt opens an assistant header.
