@@ -13,6 +13,7 @@ import sys
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import method_names
 from caidllm.errors import CaidllmError
+from caidllm.train.cli import register as register_train
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,12 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     gen.set_defaults(handler=run_generate)
 
-    for name, module in (("train", "caidllm.train.cli"), ("bench", "caidllm.bench.cli")):
-        try:
-            register = __import__(module, fromlist=["register"]).register
-        except ImportError:
-            continue
-        register(sub, name)
+    register_train(sub, "train")
+    try:  # the bench runner lands separately
+        from caidllm.bench.cli import register as register_bench
+    except ImportError:
+        register_bench = None
+    if register_bench is not None:
+        register_bench(sub, "bench")
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Training the embedded tiny model: masked diffusion SFT on the synthetic tasks."""

@@ -1,0 +1,45 @@
+"""`caidllm train`: train (or resume) the tiny model, validate it, export it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+from caidllm.errors import InputError
+from caidllm.train.trainer import TrainConfig, Trainer
+
+
+def register(sub, name: str) -> None:
+    parser = sub.add_parser(name, help="train the tiny model on the synthetic tasks (resumable)")
+    parser.add_argument("--out", default="runs/tiny", help="run folder: checkpoint.pt, train.log, tokenizer/")
+    for f in fields(TrainConfig):
+        if f.name in ("out_dir", "task_weights", "canvas_lengths"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool",) or isinstance(f.default, bool):
+            parser.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=None,
+                                metavar="BOOL")
+        elif f.name == "time_limit_s":
+            parser.add_argument(flag, type=float, default=None)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=None)
+    parser.add_argument("--export", metavar="DIR", help="after training, write the model in HF layout to DIR")
+    parser.add_argument("--validate-only", action="store_true", help="do not train: print validation accuracy")
+    parser.set_defaults(handler=run_train)
+
+
+def run_train(args) -> int:
+    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
+                 if getattr(args, f.name, None) is not None}
+    cfg = TrainConfig(out_dir=args.out, **overrides)
+    if cfg.steps < 1 or cfg.batch_size < 1:
+        raise InputError(f"steps and batch_size must be >= 1, got steps={cfg.steps}, batch_size={cfg.batch_size}")
+    trainer = Trainer(cfg)
+    if args.validate_only:
+        print(json.dumps({"step": trainer.step, "validation": trainer.validate()}))
+    else:
+        trainer.train()
+    if args.export:
+        print(f"exported to {trainer.export(args.export)}")
+    return 0

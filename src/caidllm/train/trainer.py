@@ -1,0 +1,223 @@
+"""Masked diffusion SFT of a small LLaDA-architecture model on the synthetic
+tasks, on a CPU: resumable, seeded, logged, with validation accuracy.
+
+The loss is LLaDA's: mask each answer position with probability t ~ U(eps, 1),
+cross-entropy on the masked positions weighted by 1/t, normalised by the
+answer length. Everything the run needs to resume (weights, optimiser, step)
+is in `checkpoint.pt`; the data stream and the masking are seeded by the step,
+so a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from caidllm.models.config import parse_config
+from caidllm.models.llada import LLaDAModel
+from caidllm.models.lm import DiffusionLM
+from caidllm.models.loading import load_tokenizer
+from caidllm.tasks import TASK_NAMES, get_task, score
+from caidllm.tasks.vocab import build_tokenizer
+from caidllm.train.data import TaskStream, mask_answers
+
+SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask": "<|mdm_mask|>", "eot": "<|eot_id|>"}
+
+DEFAULT_TASK_WEIGHTS = {
+    "boolean_expressions": 1.0, "web_of_lies": 1.0, "navigate": 1.5,
+    "dyck_languages": 2.0, "multistep_arithmetic_two": 2.0, "arithmetic": 1.5,
+}
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "runs/tiny"
+    d_model: int = 256
+    n_layers: int = 6
+    n_heads: int = 4
+    mlp_hidden_size: int = 768
+    max_sequence_length: int = 1024
+    batch_size: int = 32
+    steps: int = 20000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 300
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    canvas_lengths: tuple[int, ...] = (64, 96, 128, 256)  # each batch draws one that fits its longest answer
+    task_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
+    bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
+    seed: int = 0
+    threads: int = 2
+    save_every: int = 200
+    eval_every: int = 1000
+    eval_examples: int = 8  # per task, validation split
+    time_limit_s: float | None = None  # stop (and save) after this much wall time in this run
+
+
+def model_config_dict(cfg: TrainConfig, vocab_size: int, special: dict[str, int]) -> dict:
+    """config.json in the official LLaDA layout, so the result loads like LLaDA-8B."""
+    return {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada",
+        "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_heads,
+        "mlp_hidden_size": cfg.mlp_hidden_size, "mlp_ratio": cfg.mlp_hidden_size / cfg.d_model,
+        "vocab_size": vocab_size, "embedding_size": vocab_size,
+        "max_sequence_length": cfg.max_sequence_length, "rope": True, "rope_theta": 10000.0,
+        "rope_full_precision": True, "block_type": "llama", "activation_type": "silu",
+        "layer_norm_type": "rms", "rms_norm_eps": 1e-5, "include_bias": False, "include_qkv_bias": False,
+        "bias_for_layer_norm": False, "attention_layer_norm": False, "weight_tying": False,
+        "alibi": False, "scale_logits": False, "input_emb_norm": False,
+        "mask_token_id": special["mask"], "eos_token_id": special["eos"], "pad_token_id": special["eos"],
+        "bos_token_id": special["bos"], "torch_dtype": "float32", "use_cache": False,
+    }
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.out = Path(cfg.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.set_num_threads(cfg.threads)
+        self.tokenizer_dir = self.out / "tokenizer"
+        if not (self.tokenizer_dir / "tokenizer.json").exists():
+            build_tokenizer(self.tokenizer_dir)
+        vocab = Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json"))
+        special = {name: vocab.token_to_id(token) for name, token in SPECIAL_TOKEN_NAMES.items()}
+        vocab_size = -(-vocab.get_vocab_size() // 64) * 64  # embedding rows padded like the real models'
+        self.special = special
+        self.raw_config = model_config_dict(cfg, vocab_size, special)
+        self.tokenizer, self.model_config = load_tokenizer(self.tokenizer_dir, parse_config(self.raw_config))
+        torch.manual_seed(cfg.seed)
+        self.model = LLaDAModel(self.model_config)
+        self._init_weights()
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(0.9, 0.95))
+        self.stream = TaskStream(self.tokenizer, cfg.task_weights, cfg.batch_size, cfg.canvas_lengths,
+                                 eot_id=special["eot"], eos_id=special["eos"], seed=cfg.seed)
+        self.step = 0
+        self.trained_s = 0.0
+        self._resume()
+
+    def _init_weights(self):
+        for name, p in self.model.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("attn_out.weight", "blocks.ff_out.weight")) else 0.02
+                torch.nn.init.normal_(p, std=std)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out / "checkpoint.pt"
+
+    def _resume(self):
+        if not self.checkpoint_path.exists():
+            return
+        state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.trained_s = state["step"], state.get("trained_s", 0.0)
+        self.log({"event": "resumed", "step": self.step})
+
+    def save(self):
+        tmp = self.checkpoint_path.with_suffix(".tmp")
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+                    "trained_s": self.trained_s, "config": asdict(self.cfg)}, tmp)
+        tmp.replace(self.checkpoint_path)
+
+    def log(self, record: dict):
+        with open(self.out / "train.log", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def lr_at(self, step: int) -> float:
+        cfg = self.cfg
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def loss_on(self, step: int) -> torch.Tensor:
+        batch = self.stream.batch(step)
+        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
+        noisy, masked, p_mask, in_answer = mask_answers(batch, self.special["mask"], generator)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
+            logits = self.model(noisy)
+        token_loss = F.cross_entropy(logits[masked].float(), batch.input_ids[masked], reduction="none") / p_mask[masked]
+        answer_length = in_answer.sum(dim=1, keepdim=True).expand_as(masked)[masked]
+        return (token_loss / answer_length).sum() / batch.input_ids.shape[0]
+
+    def train(self) -> None:
+        cfg = self.cfg
+        self.model.train()
+        run_started = time.time()
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", dynamic_ncols=True)
+        while self.step < cfg.steps:
+            tick = time.time()
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr_at(self.step)
+            loss = self.loss_on(self.step)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            self.trained_s += time.time() - tick
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if self.step % 20 == 0:
+                self.log({"step": self.step, "loss": round(loss.item(), 4), "lr": self.lr_at(self.step),
+                          "trained_s": round(self.trained_s, 1)})
+            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                self.save()
+            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                self.log({"step": self.step, "validation": self.validate()})
+                self.model.train()
+            if cfg.time_limit_s is not None and time.time() - run_started > cfg.time_limit_s:
+                self.save()
+                self.log({"event": "time limit reached", "step": self.step})
+                break
+        bar.close()
+
+    def as_lm(self):
+        """The model being trained, wrapped like a loaded checkpoint (fp32, eval mode)."""
+        self.model.eval()
+        return DiffusionLM(self.model, self.model_config, self.tokenizer, torch.device("cpu"), torch.float32)
+
+    @torch.no_grad()
+    def validate(self, method: str = "fastdllm", n: int | None = None, gen_length: int = 256) -> dict[str, float]:
+        """Accuracy per task on the validation split (a fast decoder, to keep training moving)."""
+        from caidllm.decode import generate
+
+        lm = self.as_lm()
+        n = n or self.cfg.eval_examples
+        accuracy = {}
+        for name in TASK_NAMES:
+            examples = get_task(name).examples("validation", n, seed=self.cfg.seed)
+            results = generate(lm, [e.prompt for e in examples], method=method, gen_length=gen_length,
+                               block_length=64, batch_size=8)
+            accuracy[name] = sum(score(name, r.text, e.target) for r, e in zip(results, examples)) / len(examples)
+        return accuracy
+
+    def export(self, folder: str | Path) -> Path:
+        """Write the model in the Hugging Face layout of LLaDA-8B (bf16 weights)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in self.model.state_dict().items()}
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        config = dict(self.raw_config, torch_dtype="float32")  # stored bf16, computed in fp32 on CPU by default
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (self.tokenizer_dir / name).exists():
+                shutil.copy(self.tokenizer_dir / name, folder / name)
+        return folder
