@@ -4,7 +4,8 @@ Each sequence is the chat-templated prompt, then the worked answer, an
 end-of-turn token and EOS padding up to the batch's length (as in LLaDA's
 SFT): the model learns to fill the unused tail of a canvas with EOS. The
 canvas length varies from batch to batch so that the model sees answers
-inside canvases of every size it will be asked to fill (up to 256).
+inside canvases of every size it will be asked to fill (up to 256), while
+most of the compute goes to answer tokens rather than padding.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ class TaskStream:
             pairs.append(encode_pair(self.tokenizer, example.prompt, example.answer, self.eot_id))
         longest_answer = max(len(a) for _, a in pairs)
         fitting = [g for g in self.canvas_lengths if g >= longest_answer] or [longest_answer]
-        canvas = rng.choice(fitting)
+        # Half the batches use the tightest canvas (cheap), half any that fits,
+        # so long EOS tails (a 256-token canvas) are still seen often.
+        canvas = fitting[0] if rng.random() < 0.5 else rng.choice(fitting)
         total = max(len(p) for p, _ in pairs) + canvas
         ids = torch.full((len(pairs), total), self.eos_id, dtype=torch.long)
         starts = torch.zeros(len(pairs), dtype=torch.long)

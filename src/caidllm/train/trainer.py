@@ -54,7 +54,7 @@ class TrainConfig:
     warmup_steps: int = 300
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    canvas_lengths: tuple[int, ...] = (64, 96, 128, 256)  # each batch draws one that fits its longest answer
+    canvas_lengths: tuple[int, ...] = (64, 96, 128, 160, 192, 256)  # each batch draws one that fits its longest answer
     task_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
     bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
     seed: int = 0
