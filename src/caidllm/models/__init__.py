@@ -7,5 +7,6 @@ from .dream import DreamModel
 from .llada import LLaDAModel
 from .lm import DiffusionLM
 from .loading import load
+from .skip import EarlySkip
 
-__all__ = ["DiffusionLM", "DreamModel", "KVCache", "LLaDAModel", "ModelConfig", "load"]
+__all__ = ["DiffusionLM", "DreamModel", "EarlySkip", "KVCache", "LLaDAModel", "ModelConfig", "load"]

@@ -1,8 +1,9 @@
-"""KV cache for the Fast-dLLM prefix and dual cache modes."""
+"""KV cache for the Fast-dLLM prefix and dual cache modes, and the hidden
+states the ES-dLLM early-skip mode ("es") also needs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +26,17 @@ class KVCache:
       refresh, even if its token has changed since. So after a dual step, the
       block's entries are from the latest step and all the others (prefix and
       suffix) are from the last refresh.
+    - An es forward is a dual forward in which a position may stop after some
+      layer: its K/V at the later layers stay as they were (from the last step
+      that ran those layers on it).
+
+    Hidden states (only in a cache made for early skipping): ``hidden[l]`` is
+    the *input* of layer l (``hidden[n_layers]``: the output of the last layer,
+    before the final norm), [B, L, d], for each position as of the last forward
+    that ran layer l on it (that ran the last layer, for n_layers). Only the
+    levels an ES schedule reads are kept (skip.hidden_levels). A refresh writes
+    every position, a dual forward the positions it computes, an es forward the
+    positions that run that layer; a prefix forward writes nothing.
     """
 
     keys: list[torch.Tensor]  # per layer [B, n_kv_heads, L, head_dim]
@@ -32,16 +44,21 @@ class KVCache:
     attention_mask: torch.Tensor  # [B, L] bool, True = real token
     positions: torch.Tensor  # [B, L] long, RoPE positions
     filled: torch.Tensor  # [B] bool
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # level -> [B, L, d]
 
     @classmethod
-    def allocate(cls, n_layers, batch_size, n_kv_heads, length, head_dim, device, dtype) -> "KVCache":
+    def allocate(cls, n_layers, batch_size, n_kv_heads, length, head_dim, device, dtype,
+                 hidden_levels=(), hidden_size=None) -> "KVCache":
         shape = (batch_size, n_kv_heads, length, head_dim)
+        hidden = {level: torch.zeros(batch_size, length, hidden_size, device=device, dtype=dtype)
+                  for level in hidden_levels}
         return cls(
             keys=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)],
             values=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)],
             attention_mask=torch.zeros(batch_size, length, device=device, dtype=torch.bool),
             positions=torch.zeros(batch_size, length, device=device, dtype=torch.long),
             filled=torch.zeros(batch_size, device=device, dtype=torch.bool),
+            hidden=hidden,
         )
 
     @property

@@ -85,7 +85,8 @@ class DreamModel(nn.Module):
 
         x = m.embed_tokens(ids)
         for i, layer in enumerate(m.layers):
-            x = layer(x, ctx, i)
+            x = layer(ctx.enter(i, x), ctx, i)  # es mode: fewer positions at deeper layers
+        x = ctx.leave(len(m.layers), x)  # back to every computed position
 
         # Undo the shift before the head: row r, position i reads hidden state src[r, i].
         x = m.norm(self._gather(x, ctx, start, end))

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cache import KVCache
+from .skip import EarlySkip, choose, forced_keeps, importance, relative_drift
 
 
 class RMSNorm(nn.Module):
@@ -71,6 +72,13 @@ class Context:
     - "prefix": hi=L; K/V of [0, lo) read from the cache; cache unchanged.
     - "dual":   K/V of [lo, hi) fresh and written into the cache; all the
                 others read from it.
+    - "es":     like dual, but at the layers where ``plan`` drops, only the
+                most important block positions go on (models/skip.py); the
+                computed positions are then ``index`` (absolute, per row).
+    The model calls ``enter`` with the input of each layer and ``leave`` with
+    the last layer's output (level n_layers): they keep the cache's hidden
+    states and, in es mode, drop positions and restore the skipped ones at the
+    end. Other modes pass x through unchanged.
     """
 
     mode: str
@@ -78,10 +86,16 @@ class Context:
     hi: int
     rows: torch.Tensor | slice  # row indices into the batch / cache
     mask: torch.Tensor  # [R, L] bool, True = real token (key padding mask)
-    cos: torch.Tensor  # [R, 1, hi-lo, head_dim] fp32
+    cos: torch.Tensor  # [R, 1, n, head_dim] fp32, n = positions computed at the current layer
     sin: torch.Tensor
     cache: KVCache | None = None
     key_mask: torch.Tensor | None = None  # [R, 1, 1, L]; None when nothing is padded
+    # es mode only:
+    skip: EarlySkip | None = None
+    plan: list[int] | None = None  # block positions that run each layer
+    start: int = 0  # first block position; [lo, start) are always computed (Dream's start-1)
+    index: torch.Tensor | None = None  # [R, n] absolute positions computed at the current layer
+    forced: torch.Tensor | None = None  # [R, block] forced keeps
 
     def __post_init__(self):
         # Without padding, SDPA gets no mask and may pick a fused (flash) kernel.
@@ -89,12 +103,74 @@ class Context:
             self.key_mask = self.mask[:, None, None, :]
 
     @classmethod
-    def build(cls, mask, positions, head_dim, theta, *, mode="full", lo=0, hi=None, rows=None, cache=None):
+    def build(cls, mask, positions, head_dim, theta, *, mode="full", lo=0, hi=None, rows=None, cache=None,
+              skip=None, plan=None, start=0):
         """mask, positions: [R, L] of the selected rows."""
         hi = mask.shape[1] if hi is None else hi
         cos, sin = rope_cos_sin(positions[:, lo:hi], head_dim, theta)
         rows = slice(None) if rows is None else rows
-        return cls(mode, lo, hi, rows, mask, cos, sin, cache)
+        ctx = cls(mode, lo, hi, rows, mask, cos, sin, cache)
+        if mode == "es":
+            R = mask.shape[0]
+            ctx.skip, ctx.plan, ctx.start = skip, plan, start
+            ctx.index = torch.arange(lo, hi, device=mask.device).expand(R, -1)
+            ctx.forced = forced_keeps(skip.prev_confidence, skip.masked, skip.just_committed)
+        return ctx
+
+    @property
+    def row_ids(self) -> torch.Tensor:
+        """[R, 1] absolute row of each computed row, for indexing the cache."""
+        if isinstance(self.rows, slice):
+            return torch.arange(self.mask.shape[0], device=self.mask.device)[:, None]
+        return self.rows[:, None]
+
+    # ---- hidden states and early skipping ------------------------------
+
+    def enter(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """x: input of `layer` at the computed positions. Returns the input for
+        the positions that run it (es: fewer where the plan drops)."""
+        if self.mode == "es" and self.plan[layer] < x.shape[1] - (self.start - self.lo):
+            x = self._drop(layer, x)
+        self._store_hidden(layer, x)
+        return x
+
+    def leave(self, level: int, x: torch.Tensor) -> torch.Tensor:
+        """x: output of the last layer (level = n_layers). Returns the final
+        hidden states of every position in [lo, hi); in es mode a skipped
+        position's come from the cache."""
+        self._store_hidden(level, x)
+        if self.mode != "es":
+            return x
+        return self.cache.hidden[level][self.rows, self.lo:self.hi]  # just written where computed, cached elsewhere
+
+    def _store_hidden(self, level: int, x: torch.Tensor) -> None:
+        c = self.cache
+        if c is None or level not in c.hidden or self.mode == "prefix":
+            return
+        if self.index is None:
+            c.hidden[level][self.rows, self.lo:self.hi] = x
+        else:
+            c.hidden[level][self.row_ids, self.index] = x
+
+    def _drop(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Keep the plan[layer] most important block positions of each row
+        (and the always-computed ones left of the block); narrow x, RoPE and
+        the index to them."""
+        extra = self.start - self.lo
+        running = self.index[:, extra:]  # [R, k] absolute positions of the running block positions
+        cached = self.cache.hidden[layer][self.row_ids, running]
+        drift = relative_drift(x[:, extra:], cached)
+        local = running - self.start
+        scores = importance(self.skip.prev_confidence.gather(1, local), drift, self.forced.gather(1, local),
+                            self.skip.alpha)
+        chosen = choose(scores, self.plan[layer]) + extra
+        keep = torch.cat([torch.arange(extra, device=x.device).expand(len(x), -1), chosen], dim=1)
+        self.index = self.index.gather(1, keep)
+        self.cos = self.cos.gather(2, keep[:, None, :, None].expand(-1, 1, -1, self.cos.shape[-1]))
+        self.sin = self.sin.gather(2, keep[:, None, :, None].expand(-1, 1, -1, self.sin.shape[-1]))
+        return x.gather(1, keep[..., None].expand(-1, -1, x.shape[-1]))
+
+    # ---- attention ------------------------------------------------------
 
     def attend(self, layer: int, q, k, v, head_dim: int, rope_fp32: bool) -> torch.Tensor:
         """Attention for the computed positions. q, k, v: [R, n, heads*head_dim]."""
@@ -116,6 +192,11 @@ class Context:
         elif self.mode == "dual":
             c.keys[layer][rows, :, lo:hi] = k
             c.values[layer][rows, :, lo:hi] = v
+            keys, values = c.keys[layer][rows], c.values[layer][rows]
+        elif self.mode == "es":
+            # Each row writes its own positions; indexing [rows, :, positions] puts them first: [R, n, Hkv, hd].
+            c.keys[layer][self.row_ids, :, self.index] = k.transpose(1, 2)
+            c.values[layer][self.row_ids, :, self.index] = v.transpose(1, 2)
             keys, values = c.keys[layer][rows], c.values[layer][rows]
 
         groups = q.shape[1] // keys.shape[1]

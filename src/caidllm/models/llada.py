@@ -64,7 +64,8 @@ class LLaDAModel(nn.Module):
 
         x = t.wte(ids)
         for i, block in enumerate(t.blocks):
-            x = block(x, ctx, i)
+            x = block(ctx.enter(i, x), ctx, i)  # es mode: fewer positions at deeper layers
+        x = ctx.leave(len(t.blocks), x)  # back to every computed position
 
         # The head over a 126k vocabulary is the costly part: only where asked.
         x = t.ln_f(x[:, start - ctx.lo : end - ctx.lo])

@@ -16,8 +16,9 @@ from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
 from .layers import Context, positions_from_mask
+from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 
-MODES = ("full", "prefix", "dual")
+MODES = ("full", "prefix", "dual", "es")
 
 
 class DiffusionLM:
@@ -43,7 +44,8 @@ class DiffusionLM:
         return self.forward(input_ids, attention_mask)
 
     @torch.no_grad()
-    def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None):
+    def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
+                skip: EarlySkip | None = None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -52,10 +54,20 @@ class DiffusionLM:
         mode="prefix": computes [start, L); K/V of [0, start) from the cache.
         mode="dual":   computes [start, end) and writes their K/V into the
                        cache; every other position's K/V comes from the cache.
-        (Dream also computes start-1 in prefix/dual mode: it predicts start.)
+        mode="es":     dual with early skipping (models/skip.py): past each
+                       group boundary of ``skip.schedule`` only the most
+                       important block positions go on; a skipped position's
+                       K/V at later layers and its final hidden state come
+                       from the cache, which must be made with
+                       new_cache(..., skip_schedule=...). ``skip`` carries
+                       the previous step's view and receives the work done.
+        (Dream also computes start-1 in prefix/dual/es mode: it predicts start.)
         """
         if mode not in MODES:
             raise InputError(f"unknown forward mode {mode!r}; expected one of {MODES}")
+        if (mode == "es") != (skip is not None):
+            raise InputError(f"mode={mode!r} with skip={type(skip).__name__}: "
+                             "an EarlySkip goes with mode='es' and only with it")
         ids, mask = self._check_canvas(input_ids, attention_mask)
         B, L = ids.shape
         start, end = _check_range(start, end, L)
@@ -83,18 +95,29 @@ class DiffusionLM:
             hi = L if mode == "prefix" else end
 
         c = self.config
-        ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, lo=lo, hi=hi, rows=rows, cache=cache)
-        return self.model(ids[r][:, lo:hi], ctx, start, end)
+        plan = self._check_skip(skip, cache, len(mask_r), end - start) if mode == "es" else None
+        ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, lo=lo, hi=hi, rows=rows, cache=cache,
+                            skip=skip, plan=plan, start=start)
+        logits = self.model(ids[r][:, lo:hi], ctx, start, end)
+        if skip is not None:
+            skip.computed_pairs, skip.full_pairs = sum(plan), c.n_layers * (end - start)
+            skip.kept = ctx.index[:, start - lo:] - start
+        return logits
 
-    def new_cache(self, batch_size: int, length: int) -> KVCache:
-        """An empty cache for a [batch_size, length] canvas; fill it with mode="full"."""
+    def new_cache(self, batch_size: int, length: int, *, skip_schedule=None) -> KVCache:
+        """An empty cache for a [batch_size, length] canvas; fill it with mode="full".
+        With an early-skip schedule it also keeps the hidden states mode="es" reads."""
         c = self.config
+        levels = ()
+        if skip_schedule is not None:
+            levels = hidden_levels(check_schedule(skip_schedule, "skip_schedule"), c.n_layers)
         for name, value in (("batch_size", batch_size), ("length", length)):
             if not isinstance(value, int) or value <= 0:
                 raise InputError(f"new_cache: {name} must be a positive int, got {value!r}")
         if length > c.max_length:
             raise InputError(f"new_cache: length {length} exceeds the model's max_length {c.max_length}")
-        return KVCache.allocate(c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim, self.device, self.dtype)
+        return KVCache.allocate(c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim, self.device, self.dtype,
+                                hidden_levels=levels, hidden_size=c.hidden_size)
 
     # ---- decoding -------------------------------------------------------
 
@@ -171,6 +194,21 @@ class DiffusionLM:
         if rows.unique().numel() != rows.numel():
             raise InputError(f"rows {rows.tolist()} contains duplicates")
         return rows.to(self.device, torch.long)
+
+    def _check_skip(self, skip, cache, rows, block_length) -> list[int]:
+        """Validate an EarlySkip for this call; returns the keep count of each layer."""
+        if not isinstance(skip, EarlySkip):
+            raise InputError(f"skip must be an EarlySkip, got {type(skip).__name__}")
+        skip.check(rows, block_length)
+        needed = hidden_levels(skip.schedule, self.config.n_layers)
+        missing = [level for level in needed if level not in cache.hidden]
+        if missing:
+            raise InputError(f"mode='es': the cache keeps no hidden states at layers {missing}; "
+                             "make it with new_cache(..., skip_schedule=<the same schedule>)")
+        skip.prev_confidence = skip.prev_confidence.to(self.device)
+        skip.just_committed = skip.just_committed.to(self.device)
+        skip.masked = skip.masked.to(self.device)
+        return keep_counts(skip.schedule, self.config.n_layers, block_length)
 
     def _check_cache(self, cache, B, L):
         if not isinstance(cache, KVCache):
