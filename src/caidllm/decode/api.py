@@ -35,6 +35,9 @@ class GenerationResult:
     method: str
     prompt_length: int
     trace: Trace = field(repr=False)
+    # Share of the (layer, block position) work of the row's steps actually run: < 1.0 only with early
+    # skipping (cache "es"); refresh steps count in full. See BatchOutput.computed_fraction.
+    computed_fraction: float = 1.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,6 +123,6 @@ def _results_of(lm, prompts: list[list[int]], out: BatchOutput, config: DecodeCo
             text=lm.decode(ids[:answer_length]), token_ids=ids, answer_length=answer_length,
             nfe=int(out.nfe[r]), steps_per_block=out.steps_per_block[r].tolist(), elapsed_s=out.elapsed_s,
             controller_s=out.controller_s, early_stopped=bool(out.early_stopped[r]), method=config.method,
-            prompt_length=len(prompt), trace=trace,
+            prompt_length=len(prompt), trace=trace, computed_fraction=float(out.computed_fraction[r]),
         ))
     return results

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from caidllm.errors import InputError
+from caidllm.models.skip import DEFAULT_ALPHA, DEFAULT_SCHEDULE, check_alpha, check_schedule
 
-CACHE_MODES = ("none", "prefix", "dual")
+# "es": the dual cache with ES-dLLM early skipping inside each cached step (models/skip.py).
+CACHE_MODES = ("none", "prefix", "dual", "es")
 POLICIES = ("vanilla", "threshold", "cai")
 
 
@@ -50,8 +52,12 @@ class DecodeConfig:
     # Total denoising steps over the whole generation (LLaDA's convention); each
     # block gets steps // num_blocks, the T of the paper. None = gen_length.
     steps: int | None = None
-    cache: str = "dual"  # none | prefix | dual
+    cache: str = "dual"  # none | prefix | dual | es
     refresh_every: int | None = None  # f: full refresh every f steps in a block; None = model default, 0 = block starts only
+    # Early skipping (cache="es" only): (keep fraction, group start as a fraction of depth) pairs, and the
+    # weight of the previous-step confidence against the hidden-state drift in the importance score.
+    es_schedule: tuple[tuple[float, float], ...] = DEFAULT_SCHEDULE
+    es_alpha: float = DEFAULT_ALPHA
     threshold: float = 0.9  # Fast-dLLM threshold rule, and CAI's fixed threshold when adaptive=False
     factor: float | None = None  # Fast-dLLM factor rule instead of the threshold rule
     temperature: float = 0.0
@@ -99,6 +105,8 @@ class DecodeConfig:
             not isinstance(self.refresh_every, int) or self.refresh_every < 0
         ):
             raise InputError(f"refresh_every must be an integer >= 0 (0 = block starts only), got {self.refresh_every!r}")
+        self.es_schedule = check_schedule(self.es_schedule, "es_schedule")
+        self.es_alpha = check_alpha(self.es_alpha, "es_alpha")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise InputError(f"temperature must be a number >= 0, got {self.temperature!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):

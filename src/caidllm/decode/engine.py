@@ -5,9 +5,12 @@ left to right, at most T steps per block. At each step the model runs (a full
 forward without a cache, or a cached forward that recomputes only part of the
 canvas), each masked position gets a predicted token and its confidence, and
 the policy picks which to commit. Cache refreshes happen at each block start
-and every f steps. Rows are independent: a row that finished its block (or its
-whole answer, with early stop) is left out of later forwards, and nothing a
-row computes depends on the other rows of the batch.
+and every f steps. With cache="es" the other steps are early-skip forwards
+(models/skip.py): the engine hands the model each row's confidences and
+commits of the previous step, which rank the positions worth recomputing.
+Rows are independent: a row that finished its block (or its whole answer,
+with early stop) is left out of later forwards, and nothing a row computes
+depends on the other rows of the batch.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.policies import StepView, make_policy
+from caidllm.models.skip import EarlySkip
 
 
 @dataclass
@@ -33,6 +37,9 @@ class BatchOutput:
     commit_step_in_block: torch.Tensor  # [B, G] the same, counted within the block
     first_confidence: torch.Tensor  # [B, G] s_i, NaN for blocks never run
     early_stopped: torch.Tensor  # [B] True when the answer ended and the rest was filled with EOS
+    # [B] (layer, block position) pairs the row's forwards ran / n_layers * block_length per forward it took
+    # part in: 1.0 for every mode but "es". Refreshes count as full steps; prompt and suffix work is not counted.
+    computed_fraction: torch.Tensor
     elapsed_s: float
     controller_s: float  # time spent in the policy (the CAI controller) for the whole batch
 
@@ -105,7 +112,11 @@ def run_batch(lm, prompts: list[list[int]], config: DecodeConfig, *, gating: boo
         generators = [torch.Generator(device=device).manual_seed(row_seed(base, ids)) for ids in prompts]
 
     policy, state_names = make_policy(config, gating)
-    cache = lm.new_cache(B, L) if config.cache != "none" else None
+    skipping = config.cache == "es"
+    cache = None
+    if config.cache != "none":
+        cache = lm.new_cache(B, L, skip_schedule=config.es_schedule if skipping else None)
+    step_pairs = lm.config.n_layers * bl  # (layer, block position) pairs of a step without skipping
 
     nfe = torch.zeros(B, dtype=torch.long, device=device)
     steps_per_block = torch.zeros((B, config.num_blocks), dtype=torch.long, device=device)
@@ -114,6 +125,11 @@ def run_batch(lm, prompts: list[list[int]], config: DecodeConfig, *, gating: boo
     first_conf = torch.full((B, G), float("nan"), device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     steps_before_block = torch.zeros(B, dtype=torch.long, device=device)
+    computed_pairs = torch.zeros(B, dtype=torch.long, device=device)
+    # The previous step as seen by each row (early skipping ranks positions with it); set by the
+    # block's first step, which is always a refresh.
+    prev_confidence = torch.zeros((B, bl), device=device)
+    just_committed = torch.zeros((B, bl), dtype=torch.bool, device=device)
     controller_s = 0.0
     on_cuda = torch.device(device).type == "cuda"
 
@@ -128,18 +144,24 @@ def run_batch(lm, prompts: list[list[int]], config: DecodeConfig, *, gating: boo
             if active.numel() == 0:
                 break
             rows = None if active.numel() == B else active
+            block = canvas[active, start:end]
+            masked = block == mask_id
+            skip = None
             if cache is None:
                 logits = lm.forward(canvas, attention, mode="full", start=start, end=end, rows=rows)
             elif t == 0 or (refresh_every > 0 and t % refresh_every == 0):
                 logits = lm.forward(canvas, attention, mode="full", cache=cache, start=start, end=end, rows=rows)
             else:
-                logits = lm.forward(canvas, attention, mode=config.cache, cache=cache, start=start, end=end, rows=rows)
+                if skipping:
+                    skip = EarlySkip(prev_confidence[active], just_committed[active], masked,
+                                     config.es_schedule, config.es_alpha)
+                logits = lm.forward(canvas, attention, mode=config.cache, cache=cache, start=start, end=end,
+                                    rows=rows, skip=skip)
             nfe[active] += 1
+            computed_pairs[active] += step_pairs if skip is None else skip.computed_pairs
             row_generators = None if generators is None else [generators[i] for i in active.tolist()]
             predicted, confidence = predict(logits, mask_id, config.temperature, row_generators)
 
-            block = canvas[active, start:end]
-            masked = block == mask_id
             if t == 0:
                 first_conf[active, gs:ge] = confidence
             view = StepView(confidence=confidence, predicted=predicted, masked=masked,
@@ -156,6 +178,7 @@ def run_batch(lm, prompts: list[list[int]], config: DecodeConfig, *, gating: boo
                 commit = masked
 
             canvas[active, start:end] = torch.where(commit, predicted, block)
+            prev_confidence[active], just_committed[active] = confidence, commit
             global_step = (steps_before_block[active] + t)[:, None]
             commit_step[active, gs:ge] = torch.where(commit, global_step, commit_step[active, gs:ge])
             commit_local[active, gs:ge] = torch.where(commit, torch.full_like(global_step, t), commit_local[active, gs:ge])
@@ -176,4 +199,5 @@ def run_batch(lm, prompts: list[list[int]], config: DecodeConfig, *, gating: boo
         generated=canvas[:, P:].clone(), nfe=nfe, steps_per_block=steps_per_block,
         commit_step=commit_step, commit_step_in_block=commit_local, first_confidence=first_conf,
         early_stopped=finished, elapsed_s=time.perf_counter() - started, controller_s=controller_s,
+        computed_fraction=computed_pairs.double() / (nfe * step_pairs).clamp_min(1),
     )

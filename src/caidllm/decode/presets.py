@@ -19,8 +19,15 @@ PRESETS: dict[str, dict] = {
     # Fast-dLLM threshold decoding with DualCache: the paper's "DualCache" baseline.
     "fastdllm": dict(policy="threshold", cache="dual", threshold=0.9),
     "fastdllm-prefix": dict(policy="threshold", cache="prefix", threshold=0.9),
+    # ES-dLLM baseline: early skipping on the dual cache, schedule [(1.0, 0.0), (0.5, 0.125), (0.25, 0.25)]
+    # and alpha 0.5 (the DecodeConfig defaults), committing with a fixed confidence threshold of 0.9 (the
+    # paper's ablation starts from ES-dLLM and adds the adaptive schedule, APD, on top of it).
+    "es-dllm": dict(policy="threshold", cache="es", threshold=0.9),
     # CAI-dLLM, all components, gating from the model's default (on for LLaDA, off for Dream).
+    # Its backend stays the dual cache until the ES backend ("cai-es") is measured against it.
     "cai": dict(policy="cai", cache="dual"),
+    # CAI-dLLM on the ES-dLLM cache backend, as the paper builds it (Section 5).
+    "cai-es": dict(policy="cai", cache="es"),
     "cai-gate-off": dict(policy="cai", cache="dual", cai=dict(gating=False)),
     "cai-gate-on": dict(policy="cai", cache="dual", cai=dict(gating=True)),
     # Ablation ladder of the paper (Tables 3 and 11): APD alone, + block schedule, + position factors.
