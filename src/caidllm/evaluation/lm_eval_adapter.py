@@ -1,0 +1,258 @@
+"""caidllm as an lm-eval model: ``--model caidllm``.
+
+    python -m caidllm.evaluation --model caidllm \\
+        --model_args pretrained=/path/to/LLaDA-8B-Instruct,method=cai,gen_length=256,block_length=64 \\
+        --tasks caidllm_gsm8k --batch_size 8 --output_path runs/lm-eval
+
+(``caidllm-lm-eval`` is the same as a console script.) Importing this module
+registers the model with lm-eval; lm-eval's own ``lm_eval`` command does not
+import it, hence the wrapper. ``--include_path`` is for task configs: the
+wrapper adds this package's offline task configs (evaluation/tasks/) unless
+one is given.
+
+model_args: ``pretrained`` (a model folder or "tiny"), ``method`` (a preset,
+default cai), ``gen_length`` (256), ``block_length`` (64), ``steps``,
+``cache``, ``threshold``, ``temperature`` (0; a task's temperature wins),
+``seed`` (0), ``early_stop`` (true), ``dtype``, ``chat`` (auto | true |
+false: auto applies the model's chat template to plain-text requests when the
+tokenizer has one), ``stats_path`` (where to write the decoding statistics;
+default: caidllm_stats.json in --output_path, via the wrapper); any other key
+is a decoding override of the preset (e.g. ``gating=false``). Batch size and
+device come from lm-eval's ``--batch_size`` and ``--device``.
+
+Only ``generate_until`` is supported: a masked diffusion model has no cheap
+exact log-likelihood, so ``loglikelihood`` tasks (multiple choice by
+likelihood) raise NotImplementedError; use the generative configs here.
+The ``until`` stop strings are applied to the decoded answer (the diffusion
+canvas is always ``gen_length`` positions; ``max_gen_toks`` is not used).
+NFE, steps per block and throughput are logged after every call and written
+as JSON to ``stats_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from caidllm.decode.api import tokenize_prompts
+from caidllm.decode.presets import build_config
+from caidllm.errors import InputError
+
+logger = logging.getLogger("lm_eval.caidllm")  # under lm-eval's logger, so its --verbosity applies
+STATS_ENV = "CAIDLLM_LM_EVAL_STATS"
+
+NOT_SUPPORTED = ("caidllm: {kind} requests are not supported: masked diffusion models (LLaDA, Dream) have no exact "
+                 "autoregressive likelihood, and a Monte Carlo ELBO estimate is not implemented. Use generative "
+                 "tasks (output_type: generate_until), e.g. the caidllm_* task configs.")
+
+
+def _bool(value, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise InputError(f"model_args {name}={value!r}: expected true or false")
+
+
+@register_model("caidllm")
+class CaidllmLM(LM):
+    def __init__(self, pretrained="tiny", method="cai", gen_length=256, block_length=64, steps=None, cache=None,
+                 threshold=None, temperature=0.0, seed=0, early_stop=True, dtype=None, chat="auto",
+                 stats_path=None, batch_size=8, max_batch_size=None, device=None, **overrides):
+        super().__init__()
+        from caidllm.models import load
+
+        self.method = str(method)
+        self.gen_length, self.block_length = int(gen_length), int(block_length)
+        self.decode = dict(steps=None if steps is None else int(steps), cache=cache,
+                           threshold=None if threshold is None else float(threshold), seed=int(seed),
+                           early_stop=_bool(early_stop, "early_stop"), **overrides)
+        self.temperature = float(temperature)
+        build_config(self.method, gen_length=self.gen_length, block_length=self.block_length,
+                     temperature=self.temperature, **self.decode)  # bad settings fail here, before loading
+        self.chat = str(chat).lower()
+        if self.chat not in ("auto", "true", "false"):
+            raise InputError(f"model_args chat={chat!r}: expected auto, true or false")
+        self.batch_size = _batch_size(batch_size)
+        device = _device(device)
+        self.lm = load(pretrained, device=device, dtype=dtype)
+        self._device = self.lm.device
+        self._rank, self._world_size = 0, 1
+        self.pretrained = str(pretrained)
+        self.stats_path = Path(stats_path) if stats_path else (Path(os.environ[STATS_ENV])
+                                                                if os.environ.get(STATS_ENV) else None)
+        template = getattr(self.lm.tokenizer, "chat_template", None) or ""
+        self._template_markers = [t.content for t in self.lm.tokenizer.added_tokens_decoder.values()
+                                  if t.special and t.content and t.content in template]
+        self.stats = {"requests": 0, "nfe": 0, "positions": 0, "answer_tokens": 0, "wall_s": 0.0,
+                      "controller_s": 0.0, "steps_per_block_sum": [], "truncated_prompts": 0}
+
+    # ---- lm-eval interface ----------------------------------------------------
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.pretrained.replace("/", "__")
+
+    def chat_template(self, chat_template=False):
+        return getattr(self.lm.tokenizer, "chat_template", None)
+
+    def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
+        return self.lm.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                     add_generation_prompt=add_generation_prompt)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError(NOT_SUPPORTED.format(kind="loglikelihood"))
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError(NOT_SUPPORTED.format(kind="loglikelihood_rolling"))
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from tqdm import tqdm
+
+        answers: list[str | None] = [None] * len(requests)
+        groups: dict[float, list[int]] = {}
+        parsed = []
+        for i, request in enumerate(requests):
+            context, gen_kwargs = request.args
+            gen_kwargs = dict(gen_kwargs or {})
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            temperature = self.temperature
+            if "temperature" in gen_kwargs:
+                temperature = float(gen_kwargs["temperature"])
+            if not gen_kwargs.get("do_sample", temperature > 0):
+                temperature = 0.0
+            parsed.append((context, until))
+            groups.setdefault(temperature, []).append(i)
+
+        progress = tqdm(total=len(requests), desc="caidllm generate_until", disable=disable_tqdm)
+        for temperature, indices in groups.items():
+            for first in range(0, len(indices), self.batch_size):
+                batch = indices[first:first + self.batch_size]
+                ids = [self._encode(parsed[i][0]) for i in batch]
+                started = time.perf_counter()
+                results = self.lm.generate(ids, method=self.method, gen_length=self.gen_length,
+                                           block_length=self.block_length, temperature=temperature,
+                                           batch_size=len(batch), chat=False, **self.decode)
+                if torch.device(self._device).type == "cuda":
+                    torch.cuda.synchronize(self._device)
+                self._account(results, time.perf_counter() - started)
+                for i, result in zip(batch, results):
+                    text = cut_at_stop(result.text, parsed[i][1])
+                    answers[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                progress.update(len(batch))
+        progress.close()
+        self._report()
+        return answers
+
+    # ---- helpers ----------------------------------------------------------------
+
+    def _templated(self, context: str) -> bool:
+        return any(marker in context for marker in self._template_markers)
+
+    def _encode(self, context: str) -> list[int]:
+        tokenizer_has_template = bool(getattr(self.lm.tokenizer, "chat_template", None))
+        wanted = self.chat == "true" or (self.chat == "auto" and tokenizer_has_template)
+        apply = wanted and not self._templated(context)
+        if not context.strip():
+            context = " "
+        ids = tokenize_prompts(self.lm, [context], apply)[0]
+        budget = self.lm.config.max_length - self.gen_length
+        if len(ids) > budget:  # keep the end of the prompt, as lm-eval's HF model does
+            self.stats["truncated_prompts"] += 1
+            logger.warning("prompt of %d tokens cut to its last %d to fit the model's context", len(ids), budget)
+            ids = ids[-budget:]
+        return ids
+
+    def _account(self, results, wall: float) -> None:
+        s = self.stats
+        s["requests"] += len(results)
+        s["nfe"] += sum(r.nfe for r in results)
+        s["positions"] += len(results) * self.gen_length
+        s["answer_tokens"] += sum(r.answer_length for r in results)
+        s["wall_s"] += wall
+        s["controller_s"] += results[0].controller_s
+        for r in results:
+            spb = s["steps_per_block_sum"]
+            spb.extend([0] * (len(r.steps_per_block) - len(spb)))
+            for b, steps in enumerate(r.steps_per_block):
+                spb[b] += steps
+
+    def summary(self) -> dict:
+        s = self.stats
+        n, wall = s["requests"], s["wall_s"]
+        return {
+            "model": self.pretrained,
+            "method": self.method,
+            "gen_length": self.gen_length,
+            "block_length": self.block_length,
+            "batch_size": self.batch_size,
+            "device": str(self._device),
+            "requests": n,
+            "nfe_mean": s["nfe"] / n if n else None,
+            "steps_per_block": [v / n for v in s["steps_per_block_sum"]] if n else [],
+            "wall_s": wall,
+            "tps_positions": s["positions"] / wall if wall else None,
+            "tps_answer": s["answer_tokens"] / wall if wall else None,
+            "controller_share": s["controller_s"] / wall if wall else None,
+            "truncated_prompts": s["truncated_prompts"],
+            "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm bench` "
+                    "for timed comparisons); tps_positions = requests x gen_length / wall_s, tps_answer = answer "
+                    "tokens / wall_s",
+        }
+
+    def _report(self) -> None:
+        summary = self.summary()
+        logger.info("caidllm %s: %d requests, NFE/request %.1f, %.1f positions/s, %.1f answer tokens/s",
+                    self.method, summary["requests"], summary["nfe_mean"] or 0.0,
+                    summary["tps_positions"] or 0.0, summary["tps_answer"] or 0.0)
+        if self.stats_path is not None:
+            try:
+                self.stats_path.parent.mkdir(parents=True, exist_ok=True)
+                self.stats_path.write_text(json.dumps(summary, indent=2) + "\n")
+            except OSError as e:
+                logger.warning("cannot write decoding statistics to %s: %s", self.stats_path, e)
+
+
+def cut_at_stop(text: str, until: list[str]) -> str:
+    """`text` up to the earliest occurrence of any stop string."""
+    cut = len(text)
+    for stop in until:
+        if stop:
+            at = text.find(stop)
+            if at != -1:
+                cut = min(cut, at)
+    return text[:cut]
+
+
+def _batch_size(value) -> int:
+    if value is None or str(value).startswith("auto"):
+        return 8
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"batch_size {value!r}: expected a positive integer or 'auto'") from None
+    if size < 1:
+        raise InputError(f"batch_size {value!r}: expected a positive integer")
+    return size
+
+
+def _device(value):
+    if value is None:
+        return None
+    text = str(value)
+    if text.startswith("cuda") and not torch.cuda.is_available():
+        logger.warning("device %s requested (lm-eval's default is cuda:0) but CUDA is not available: using cpu", text)
+        return "cpu"
+    return text

@@ -1,0 +1,43 @@
+"""Datasets, prompts and scoring for the caidllm_* lm-eval task configs.
+
+The data are read offline by caidllm.bench's loaders (the same prompts and
+scorers as ``caidllm bench``, so both harnesses agree), from the folder given
+by ``--metadata '{"data_dir": "DIR"}'``, else $CAIDLLM_DATA_DIR, else
+../shared/data from the current directory or the project root.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from caidllm.bench.datadir import candidates, default_data_dir
+from caidllm.bench.tasks import load_task, reference_scorer
+from caidllm.errors import InputError
+
+METRIC_NAMES = {"exact_match": "exact_match", "pass@1": "pass_at_1", "f1": "f1", "rougeL": "rougeL"}
+
+
+def dataset(task: str, data_dir: str | None = None, limit: int | None = None, **_ignored):
+    """A DatasetDict with one "test" split of the bench samples of `task`
+    (a `caidllm bench --task` spec)."""
+    import datasets
+
+    folder = Path(data_dir).expanduser() if data_dir else default_data_dir()
+    if folder is None and task.split(":")[0] in ("gsm8k", "bbh", "mbpp", "piqa", "winogrande"):
+        raise InputError(f"lm-eval task {task}: no benchmark data folder; pass --metadata "
+                         f"'{{\"data_dir\": \"DIR\"}}' or set CAIDLLM_DATA_DIR (looked in: "
+                         f"{', '.join(map(str, candidates()))})")
+    bench_task = load_task(task, data_dir=folder, limit=limit)
+    rows = [{"id": s.id, "task": task, "prompt": s.prompt, "reference": json.dumps(s.reference)}
+            for s in bench_task.samples]
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
+
+
+def process_results(doc: dict, results: list[str]) -> dict:
+    scored = reference_scorer(doc["task"])(results[0], json.loads(doc["reference"]))
+    metric = "pass_at_1" if doc["task"] in ("humaneval", "mbpp") else "exact_match"
+    out = {metric: scored.score}
+    if doc["task"] == "gsm8k":
+        out["exact_match_flexible"] = float(scored.details.get("flexible", 0.0))
+    return out

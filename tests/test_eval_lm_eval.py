@@ -1,0 +1,120 @@
+"""The lm-eval adapter: the `caidllm` model answers generate_until requests
+(chat template, stop strings, statistics), refuses likelihood requests
+clearly, and lm-eval runs end to end offline on a local task."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from caidllm.evaluation import TASKS_DIR  # noqa: E402
+from caidllm.evaluation.lm_eval_adapter import CaidllmLM, cut_at_stop  # noqa: E402
+
+BENCH = Path(__file__).parent / "data" / "bench"
+
+
+def _request(context, until=(), i=0, **gen_kwargs):
+    return Instance(request_type="generate_until", doc={}, arguments=(context, {"until": list(until), **gen_kwargs}),
+                    idx=i)
+
+
+@pytest.fixture(scope="module")
+def adapter(llada_dir, tmp_path_factory):
+    stats = tmp_path_factory.mktemp("stats") / "stats.json"
+    return CaidllmLM(pretrained=str(llada_dir), method="cai", gen_length=16, block_length=8, batch_size=2,
+                     device="cpu", stats_path=str(stats))
+
+
+def test_registered_with_lm_eval():
+    from lm_eval.api.registry import get_model
+
+    assert get_model("caidllm") is CaidllmLM
+
+
+def test_generate_until_answers_every_request_and_writes_statistics(adapter):
+    requests = [_request("What is 2 + 2?", i=0), _request("Name a colour.", i=1), _request("Say yes.", i=2)]
+    answers = adapter.generate_until(requests)
+    assert len(answers) == 3 and all(isinstance(a, str) for a in answers)
+    stats = json.loads(adapter.stats_path.read_text())
+    assert stats["requests"] == 3 and stats["method"] == "cai"
+    assert stats["nfe_mean"] >= 1 and len(stats["steps_per_block"]) == 2 and stats["tps_positions"] > 0
+
+
+def test_stop_strings_cut_the_answer(adapter):
+    assert cut_at_stop("abc\n\nQuestion: more", ["Question:", "\n\n"]) == "abc"
+    assert cut_at_stop("abc", []) == "abc"
+    plain = adapter.generate_until([_request("Hello there")])[0]
+    if len(plain) > 2:
+        stop = plain[1:3]
+        assert adapter.generate_until([_request("Hello there", until=[stop])])[0] == plain[:plain.find(stop)]
+
+
+def test_chat_template_applied_to_plain_text_only(adapter):
+    plain = adapter._encode("Hello")
+    assert plain == adapter.lm.encode_chat("Hello")
+    templated_text = adapter.apply_chat_template([{"role": "user", "content": "Hello"}])
+    assert adapter._templated(templated_text) and not adapter._templated("Hello")
+    assert adapter._encode(templated_text) == plain  # not wrapped twice
+
+
+def test_likelihood_requests_are_refused_clearly(adapter):
+    with pytest.raises(NotImplementedError, match="masked diffusion"):
+        adapter.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
+    with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
+        adapter.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("a",), 0)])
+
+
+def test_bad_model_args_are_input_errors(llada_dir):
+    from caidllm.errors import InputError
+
+    with pytest.raises(InputError, match="unknown method"):
+        CaidllmLM(pretrained=str(llada_dir), method="warp", device="cpu")
+    with pytest.raises(InputError, match="chat="):
+        CaidllmLM(pretrained=str(llada_dir), chat="maybe", device="cpu")
+
+
+def test_lm_eval_end_to_end_offline(llada_dir, tmp_path):
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("CAIDLLM_LM_EVAL_STATS", None)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "caidllm.evaluation", "--model", "caidllm",
+               "--model_args", f"pretrained={llada_dir},method=vanilla,gen_length=16,block_length=8",
+               "--tasks", "caidllm_gsm8k,caidllm_bbh_boolean_expressions",
+               "--metadata", json.dumps({"data_dir": str(BENCH)}),
+               "--limit", "2", "--batch_size", "2", "--device", "cpu", "--output_path", str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (results_file,) = out.rglob("results_*.json")
+    results = json.loads(results_file.read_text())["results"]
+    assert set(results) == {"caidllm_gsm8k", "caidllm_bbh_boolean_expressions"}
+    assert 0.0 <= results["caidllm_gsm8k"]["exact_match,none"] <= 1.0
+    assert "exact_match_flexible,none" in results["caidllm_gsm8k"]
+    stats = json.loads((out / "caidllm_stats.json").read_text())
+    assert stats["requests"] == 4 and stats["method"] == "vanilla" and stats["nfe_mean"] == 16
+
+
+def test_task_configs_cover_the_data_folder():
+    names = {p.stem for p in TASKS_DIR.rglob("caidllm_*.yaml")}
+    assert {"caidllm_gsm8k", "caidllm_mbpp", "caidllm_humaneval", "caidllm_piqa", "caidllm_winogrande",
+            "caidllm_bbh_boolean_expressions", "caidllm_synthetic_arithmetic"} <= names
+
+
+def test_dataset_loader_of_the_task_configs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("caidllm_task_utils", TASKS_DIR / "utils.py")
+    utils = importlib.util.module_from_spec(spec)  # the task configs' helper module, loaded by path as lm-eval does
+    spec.loader.exec_module(utils)
+    data = utils.dataset("bbh:boolean_expressions", data_dir=str(BENCH), version=1.0, pretrained="x")
+    doc = data["test"][0]
+    assert doc["prompt"] == "not ( True ) and ( True ) is"
+    assert utils.process_results(doc, ["So the answer is False."]) == {"exact_match": 1.0}
+    assert utils.process_results(doc, ["So the answer is True."]) == {"exact_match": 0.0}
