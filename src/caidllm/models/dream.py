@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import Context, RMSNorm, positions_from_mask, swiglu
+from .layers import Context, RMSNorm, swiglu
 
 
 class DreamAttention(nn.Module):
@@ -79,8 +79,7 @@ class DreamModel(nn.Module):
         canvas, no padding, no cache."""
         m = self.model
         if ctx is None:
-            mask = torch.ones_like(ids, dtype=torch.bool)
-            ctx = Context.build(mask, positions_from_mask(mask), self.cfg.head_dim, self.cfg.rope_theta)
+            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta)
         end = ctx.hi if end is None else end
 
         x = m.embed_tokens(ids)

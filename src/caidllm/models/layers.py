@@ -103,6 +103,12 @@ class Context:
             self.key_mask = self.mask[:, None, None, :]
 
     @classmethod
+    def whole_canvas(cls, ids: torch.Tensor, head_dim: int, theta: float) -> "Context":
+        """Every position of ``ids``, no padding, no cache (as in training)."""
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        return cls.build(mask, positions_from_mask(mask), head_dim, theta)
+
+    @classmethod
     def build(cls, mask, positions, head_dim, theta, *, mode="full", lo=0, hi=None, rows=None, cache=None,
               skip=None, plan=None, start=0):
         """mask, positions: [R, L] of the selected rows."""

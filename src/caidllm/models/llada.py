@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import Context, RMSNorm, positions_from_mask, swiglu
+from .layers import Context, RMSNorm, swiglu
 
 
 class LLaDABlock(nn.Module):
@@ -58,8 +58,7 @@ class LLaDAModel(nn.Module):
         Without ctx: the whole canvas, no padding, no cache."""
         t = self.model.transformer
         if ctx is None:
-            mask = torch.ones_like(ids, dtype=torch.bool)
-            ctx = Context.build(mask, positions_from_mask(mask), self.cfg.head_dim, self.cfg.rope_theta)
+            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta)
         end = ctx.hi if end is None else end
 
         x = t.wte(ids)
