@@ -57,6 +57,8 @@ def test_block_end_thresholds_blocks_1_to_6():
     got = [cai.block_end_threshold(b, s) for b in range(6)]
     assert got == pytest.approx([0.70, 0.60, 0.50, 0.40, 0.40, 0.40])
     assert cai.block_threshold(63, 64, 3, s) == pytest.approx(0.40, abs=0.01)
+    low = CAISettings(theta_end=0.30)  # an end threshold set below the floor is kept, not raised
+    assert [cai.block_end_threshold(b, low) for b in range(3)] == pytest.approx([0.30, 0.30, 0.30])
     flat = CAISettings(block_schedule=False)
     assert [cai.block_end_threshold(b, flat) for b in range(6)] == pytest.approx([0.70] * 6)
 
@@ -206,6 +208,15 @@ def test_factor_rule():
     (dict(temperature=-1.0), "temperature must be"),
     (dict(theta_start=2.0), r"cai.theta_start must be in \(0, 1\]"),
     (dict(nonsense=1), "unknown decoding option 'nonsense'"),
+    (dict(temperature=float("inf")), "temperature must be a finite number"),
+    (dict(refresh_every=True), "refresh_every must be an integer"),
+    (dict(factors=0.8), "cai.factors must be four positive numbers"),
+    (dict(factors=(0.8, 0.9, "x", 1.1)), "cai.factors must be four positive numbers"),
+    (dict(grinding_patience="4"), "cai.grinding_patience must be an integer"),
+    (dict(grinding_yield="1.5"), "cai.grinding_yield must be a number"),
+    (dict(block_end_decay=-0.1), "cai.block_end_decay must be a number >= 0"),
+    (dict(warmup="0.1"), r"cai.warmup must be in \[0, 1\)"),
+    (dict(gating="yes"), "cai.gating must be True, False or None"),
 ])
 def test_bad_config_values(kwargs, message):
     with pytest.raises(InputError, match=message):

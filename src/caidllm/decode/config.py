@@ -7,6 +7,8 @@ Presets (presets.py) are just named sets of overrides of these fields.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, fields
 
 from caidllm.errors import InputError
@@ -99,37 +101,57 @@ class DecodeConfig:
         if self.cache not in CACHE_MODES:
             raise InputError(f"unknown cache mode {self.cache!r}; choose one of {', '.join(CACHE_MODES)}")
         _check_unit_interval("threshold", self.threshold)
-        if self.factor is not None and not (isinstance(self.factor, (int, float)) and self.factor > 0):
+        if self.factor is not None and not (_is_number(self.factor) and self.factor > 0):
             raise InputError(f"factor must be a positive number, got {self.factor!r}")
-        if self.refresh_every is not None and (
-            not isinstance(self.refresh_every, int) or self.refresh_every < 0
-        ):
+        if self.refresh_every is not None and not (_is_int(self.refresh_every) and self.refresh_every >= 0):
             raise InputError(f"refresh_every must be an integer >= 0 (0 = block starts only), got {self.refresh_every!r}")
         self.es_schedule = check_schedule(self.es_schedule, "es_schedule")
         self.es_alpha = check_alpha(self.es_alpha, "es_alpha")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise InputError(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+        if not (_is_number(self.temperature) and self.temperature >= 0):
+            raise InputError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.seed is not None and not _is_int(self.seed):
             raise InputError(f"seed must be an integer or None, got {self.seed!r}")
         c = self.cai
         for name in ("theta_start", "theta_end", "block_end_floor", "fallback_threshold", "clip_low", "clip_high",
                      "easy_confidence", "hard_confidence"):
             _check_unit_interval(f"cai.{name}", getattr(c, name))
-        if not 0 <= c.warmup < 1:
+        if not (_is_number(c.warmup) and 0 <= c.warmup < 1):
             raise InputError(f"cai.warmup must be in [0, 1), got {c.warmup!r}")
+        if not (_is_number(c.block_end_decay) and c.block_end_decay >= 0):
+            raise InputError(f"cai.block_end_decay must be a number >= 0, got {c.block_end_decay!r}")
+        if not (_is_number(c.grinding_yield) and c.grinding_yield >= 0):
+            raise InputError(f"cai.grinding_yield must be a number >= 0, got {c.grinding_yield!r}")
         if c.clip_low > c.clip_high:
             raise InputError(f"cai.clip_low ({c.clip_low}) must not exceed cai.clip_high ({c.clip_high})")
-        if c.grinding_patience < 1:
-            raise InputError(f"cai.grinding_patience must be >= 1, got {c.grinding_patience!r}")
-        if len(c.factors) != 4 or any(f <= 0 for f in c.factors):
+        if not (_is_int(c.grinding_patience) and c.grinding_patience >= 1):
+            raise InputError(f"cai.grinding_patience must be an integer >= 1, got {c.grinding_patience!r}")
+        if not (_numbers(c.factors, 4) and all(f > 0 for f in c.factors)):
             raise InputError(f"cai.factors must be four positive numbers, got {c.factors!r}")
-        if len(c.budget_fractions) != 3 or any(not 0 < f <= 1 for f in c.budget_fractions):
+        if not (_numbers(c.budget_fractions, 3) and all(0 < f <= 1 for f in c.budget_fractions)):
             raise InputError(f"cai.budget_fractions must be three numbers in (0, 1], got {c.budget_fractions!r}")
+        for name in ("adaptive", "block_schedule", "position_factors"):
+            if not isinstance(getattr(c, name), bool):
+                raise InputError(f"cai.{name} must be True or False, got {getattr(c, name)!r}")
+        if c.gating is not None and not isinstance(c.gating, bool):
+            raise InputError(f"cai.gating must be True, False or None (model default), got {c.gating!r}")
         return self
 
 
+def _is_number(value) -> bool:
+    """A finite int or float (bools are not numbers here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _numbers(values, count: int) -> bool:
+    return isinstance(values, (tuple, list)) and len(values) == count and all(_is_number(v) for v in values)
+
+
 def _check_unit_interval(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
+    if not (_is_number(value) and 0 < value <= 1):
         raise InputError(f"{name} must be in (0, 1], got {value!r}")
 
 

@@ -72,7 +72,7 @@ def build_config(method: str, **overrides) -> DecodeConfig:
                 f"unknown decoding option {key!r}; known: {', '.join(sorted(DECODE_FIELDS | CAI_FIELDS))}"
             )
     for key in ("factors", "budget_fractions"):
-        if key in cai_overrides:
+        if isinstance(cai_overrides.get(key), list):
             cai_overrides[key] = tuple(cai_overrides[key])
     config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides))
     return config.validate()

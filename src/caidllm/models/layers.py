@@ -89,7 +89,7 @@ class Context:
     cos: torch.Tensor  # [R, 1, n, head_dim] fp32, n = positions computed at the current layer
     sin: torch.Tensor
     cache: KVCache | None = None
-    key_mask: torch.Tensor | None = None  # [R, 1, 1, L]; None when nothing is padded
+    key_mask: torch.Tensor | None = None  # [R, 1, 1, L]; None only for the training forward (whole_canvas)
     # es mode only:
     skip: EarlySkip | None = None
     plan: list[int] | None = None  # block positions that run each layer
@@ -98,15 +98,18 @@ class Context:
     forced: torch.Tensor | None = None  # [R, block] forced keeps
 
     def __post_init__(self):
-        # Without padding, SDPA gets no mask and may pick a fused (flash) kernel.
-        if self.key_mask is None and not bool(self.mask.all()):
+        # Always masked, even without padding: the kernel SDPA picks must not depend on
+        # whether some other row of the batch is padded (batch invariance).
+        if self.key_mask is None:
             self.key_mask = self.mask[:, None, None, :]
 
     @classmethod
     def whole_canvas(cls, ids: torch.Tensor, head_dim: int, theta: float) -> "Context":
         """Every position of ``ids``, no padding, no cache (as in training)."""
         mask = torch.ones_like(ids, dtype=torch.bool)
-        return cls.build(mask, positions_from_mask(mask), head_dim, theta)
+        ctx = cls.build(mask, positions_from_mask(mask), head_dim, theta)
+        ctx.key_mask = None  # no padding and no batch to stay invariant to: let SDPA pick its fastest kernel
+        return ctx
 
     @classmethod
     def build(cls, mask, positions, head_dim, theta, *, mode="full", lo=0, hi=None, rows=None, cache=None,

@@ -16,6 +16,7 @@ At least the most confident masked token is committed at every step.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -28,7 +29,8 @@ def block_end_threshold(block_index: int, s: CAISettings) -> float:
     """theta_e(b) for the 0-based block index (b = block_index + 1)."""
     if not s.block_schedule:
         return s.theta_end
-    return max(s.theta_end - s.block_end_decay * block_index, s.block_end_floor)
+    # The floor only limits the decay: an end threshold set below it stays as set.
+    return max(s.theta_end - s.block_end_decay * block_index, min(s.block_end_floor, s.theta_end))
 
 
 def block_threshold(step: int, total_steps: int, block_index: int, s: CAISettings) -> float:
@@ -47,7 +49,13 @@ def quarter_of_block(block_length: int, device=None) -> torch.Tensor:
 
 
 def position_factors(block_length: int, s: CAISettings, device=None) -> torch.Tensor:
-    return torch.tensor(s.factors, device=device)[quarter_of_block(block_length, device)]
+    return _factor_table(block_length, tuple(s.factors), str(device) if device is not None else "cpu")
+
+
+@functools.lru_cache(maxsize=32)
+def _factor_table(block_length: int, factors: tuple, device: str) -> torch.Tensor:
+    # Built once per (block, factors, device): a fresh host-to-device copy every step would stall the GPU.
+    return torch.tensor(factors, device=device)[quarter_of_block(block_length, device)]
 
 
 def token_thresholds(theta_b: float, block_length: int, s: CAISettings, device=None) -> torch.Tensor:
