@@ -79,14 +79,10 @@ def confidence_vs_stability(path: Path, report: dict, traces: dict) -> None:
     ax.set_xticks(range(len(CONFIDENCE_BUCKETS)))
     ax.set_xticklabels([f"s_i {b}" if b[0] in "<>" else f"s_i in {b}" for b in CONFIDENCE_BUCKETS])
     ax.set_ylabel("commit step within the block (mean ± std)")
-    ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
-    ax.set_title("First-step confidence vs stabilisation step (cf. paper Fig. 1c)")
-    ax.legend(fontsize=7.5, frameon=False)
-    ax.grid(axis="y", alpha=0.3)
-    _caption(fig, "The commit step (local step t at which the token was committed) is used as the stabilisation "
-                  "step. s_i = c_i(0), the token's confidence at its block's first step. All tasks pooled; tokens "
-                  "filled by early stop are left out.")
-    fig.savefig(path)
+    _finish_bar_chart(fig, ax, path, "First-step confidence vs stabilisation step (cf. paper Fig. 1c)",
+                      "The commit step (local step t at which the token was committed) is used as the stabilisation "
+                      "step. s_i = c_i(0), the token's confidence at its block's first step. All tasks pooled; "
+                      "tokens filled by early stop are left out.")
 
 
 def steps_saved_per_block(path: Path, report: dict, traces: dict, T: dict) -> None:
@@ -106,12 +102,18 @@ def steps_saved_per_block(path: Path, report: dict, traces: dict, T: dict) -> No
     ax.set_xticks(range(1, n_blocks + 1))
     ax.set_xlabel("block index")
     ax.set_ylabel("steps saved per block (T - mean steps)")
+    _finish_bar_chart(fig, ax, path, "Steps saved per output block (cf. paper Fig. 1b)",
+                      "T = the maximum denoising steps per block of the method. Mean over the requests that "
+                      "decoded the block (blocks skipped by early stop are left out); all tasks pooled.")
+
+
+def _finish_bar_chart(fig, ax, path: Path, title: str, caption: str) -> None:
+    """The shared tail of the two bar charts: axes from 0, title, legend, grid, caption, file."""
     ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1]))
-    ax.set_title("Steps saved per output block (cf. paper Fig. 1b)")
+    ax.set_title(title)
     ax.legend(fontsize=7.5, frameon=False)
     ax.grid(axis="y", alpha=0.3)
-    _caption(fig, "T = the maximum denoising steps per block of the method. Mean over the requests that decoded "
-                  "the block (blocks skipped by early stop are left out); all tasks pooled.")
+    _caption(fig, caption)
     fig.savefig(path)
 
 
