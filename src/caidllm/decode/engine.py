@@ -116,7 +116,8 @@ def answer_complete(generated: torch.Tensor, mask_id: int, eos_ids: torch.Tensor
 
 def fill_after_first_end(generated: torch.Tensor, eos_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     """Every position after the first end token becomes EOS."""
-    after_end = torch.cumsum(torch.isin(generated, eos_ids).long(), dim=1) - torch.isin(generated, eos_ids).long() > 0
+    is_end = torch.isin(generated, eos_ids).long()
+    after_end = torch.cumsum(is_end, dim=1) - is_end > 0
     return generated.masked_fill(after_end, eos_id)
 
 
@@ -144,10 +145,9 @@ def run_batch(lm, prompts: list[list[int]], config: DecodeConfig, *, gating: boo
         generators = [torch.Generator(device=device).manual_seed(row_seed(base, ids)) for ids in prompts]
 
     policy, state_names = make_policy(config, gating)
-    skipping = config.cache == "es"
     cache = None
     if config.cache != "none":
-        cache = lm.new_cache(B, L, skip_schedule=config.es_schedule if skipping else None)
+        cache = lm.new_cache(B, L, skip_schedule=config.es_schedule if config.cache == "es" else None)
     step_pairs = lm.config.n_layers * bl  # (layer, block position) pairs of a step without skipping
 
     nfe = torch.zeros(B, dtype=torch.long, device=device)
@@ -177,17 +177,14 @@ def run_batch(lm, prompts: list[list[int]], config: DecodeConfig, *, gating: boo
             rows = None if active.numel() == B else active
             block = canvas[active, start:end]
             masked = block == mask_id
+            # No cache, or a refresh (block start, every f steps): a full forward (filling the cache if any).
+            refresh = cache is None or t == 0 or (refresh_every > 0 and t % refresh_every == 0)
+            mode = "full" if refresh else config.cache
             skip = None
-            if cache is None:
-                logits = lm.forward(canvas, attention, mode="full", start=start, end=end, rows=rows)
-            elif t == 0 or (refresh_every > 0 and t % refresh_every == 0):
-                logits = lm.forward(canvas, attention, mode="full", cache=cache, start=start, end=end, rows=rows)
-            else:
-                if skipping:
-                    skip = EarlySkip(prev_confidence[active], just_committed[active], masked,
-                                     config.es_schedule, config.es_alpha)
-                logits = lm.forward(canvas, attention, mode=config.cache, cache=cache, start=start, end=end,
-                                    rows=rows, skip=skip)
+            if mode == "es":
+                skip = EarlySkip(prev_confidence[active], just_committed[active], masked,
+                                 config.es_schedule, config.es_alpha)
+            logits = lm.forward(canvas, attention, mode=mode, cache=cache, start=start, end=end, rows=rows, skip=skip)
             nfe[active] += 1
             computed_pairs[active] += step_pairs if skip is None else skip.computed_pairs
             row_generators = None if generators is None else [generators[i] for i in active.tolist()]
