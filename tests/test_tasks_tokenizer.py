@@ -54,7 +54,7 @@ def test_digits_words_and_symbols_are_single_tokens(built):
     enc = tok.encode("((-1 + 2 + 9 * 50) - (-2 + -4 * -7)) = 1234567890")
     digits = [t for t in enc.tokens if any(c.isdigit() for c in t)]
     assert digits and all(len(t) == 1 for t in digits)
-    assert len(tok.encode("Sherrie tells the truth.").ids) == 5  # four words and "."
+    assert len(tok.encode("- Sherrie tells the truth.").ids) == 6  # "-", four words and "."
     assert len(tok.encode(" Shaunda says").ids) == 2
     for s in (" (", " )", " [", " ]", " {", " }", " <", " >", " +", " *", " -", "\n"):
         assert len(tok.encode(s).ids) == 1, s

@@ -1,7 +1,9 @@
 """GSM8K-like word problems: one to three steps with small numbers.
 
 Each template draws its numbers so every intermediate value is a positive
-integer (differences stay positive, divisions come out even).
+integer (differences stay positive, divisions come out even). Numbers are
+small (operands of + and - up to 60, factors up to 9) so that the arithmetic
+facts a 5M-parameter model must learn stay few.
 
 Worked answer: one equation per step, each using numbers from the question
 or the line just above, then the final line:
@@ -37,59 +39,59 @@ def _op(a: int, op: str, b: int) -> int:
 # Each template: rng, names (n, m), object o, items (i, j) ->
 # (question, steps); a step (a, op, b) may use "prev" for the last result.
 def _add(r, n, m, o, i, j):
-    a, b = r.randint(2, 60), r.randint(2, 40)
+    a, b = r.randint(2, 30), r.randint(2, 20)
     return f"{n} has {a} {o}. {m} gives {n} {b} more {o}. How many {o} does {n} have now?", [(a, "+", b)]
 
 
 def _sub(r, n, m, o, i, j):
-    a = r.randint(5, 80)
+    a = r.randint(5, 40)
     b = r.randint(1, a - 1)
     return f"{n} had {a} {o} and gave {b} of them to {m}. How many {o} does {n} have left?", [(a, "-", b)]
 
 
 def _mul(r, n, m, o, i, j):
-    a, b = r.randint(2, 12), r.randint(2, 12)
+    a, b = r.randint(2, 9), r.randint(2, 9)
     return f"{n} buys {a} boxes of {o}. Each box holds {b} {o}. How many {o} does {n} buy?", [(a, "*", b)]
 
 
 def _div(r, n, m, o, i, j):
-    b, q = r.randint(2, 10), r.randint(2, 12)
+    b, q = r.randint(2, 9), r.randint(2, 9)
     return (f"{n} shares {b * q} {o} equally among {b} friends. How many {o} does each friend get?",
             [(b * q, "/", b)])
 
 
 def _times(r, n, m, o, i, j):
-    a, b = r.randint(2, 15), r.randint(2, 6)
+    a, b = r.randint(2, 10), r.randint(2, 5)
     return f"{m} has {a} {o}. {n} has {b} times as many {o} as {m}. How many {o} does {n} have?", [(a, "*", b)]
 
 
 def _half(r, n, m, o, i, j):
-    a = 2 * r.randint(2, 40)
+    a = 2 * r.randint(2, 20)
     return f"{n} had {a} {o}. {n} gave half of them to {m}. How many {o} does {n} have left?", [(a, "/", 2)]
 
 
 def _add_sub(r, n, m, o, i, j):
-    a, b = r.randint(2, 50), r.randint(2, 30)
+    a, b = r.randint(2, 30), r.randint(2, 20)
     c = r.randint(1, a + b - 1)
     return (f"{n} has {a} {o}. {n} finds {b} more and then gives {c} to {m}. How many {o} does {n} have now?",
             [(a, "+", b), ("prev", "-", c)])
 
 
 def _mul_sub(r, n, m, o, i, j):
-    a, b = r.randint(2, 10), r.randint(2, 12)
+    a, b = r.randint(2, 9), r.randint(2, 9)
     c = r.randint(2, a * b - 1)
     return (f"{n} buys {a} bags with {b} {o} in each bag and gives {c} {o} to {m}. "
             f"How many {o} does {n} have left?", [(a, "*", b), ("prev", "-", c)])
 
 
 def _more_total(r, n, m, o, i, j):
-    a, b = r.randint(2, 40), r.randint(2, 30)
+    a, b = r.randint(2, 30), r.randint(2, 20)
     return (f"{n} has {a} {o}. {m} has {b} more {o} than {n}. How many {o} do they have together?",
             [(a, "+", b), (a, "+", "prev")])
 
 
 def _fewer_total(r, n, m, o, i, j):
-    a = r.randint(5, 60)
+    a = r.randint(5, 40)
     b = r.randint(2, a - 1)
     return (f"{n} has {a} {o}. {m} has {b} fewer {o} than {n}. How many {o} do they have together?",
             [(a, "-", b), (a, "+", "prev")])
@@ -103,20 +105,20 @@ def _change(r, n, m, o, i, j):
 
 
 def _pages(r, n, m, o, i, j):
-    a, b = r.randint(2, 15), r.randint(2, 9)
-    c = a * b + r.randint(1, 60)
+    a, b = r.randint(2, 9), r.randint(2, 9)
+    c = a * b + r.randint(1, 30)
     return (f"{n} reads {a} pages every day for {b} days. The book has {c} pages. "
             f"How many pages are left to read?", [(a, "*", b), (c, "-", "prev")])
 
 
 def _three_days(r, n, m, o, i, j):
-    a, b, c = r.randint(1, 30), r.randint(1, 30), r.randint(1, 30)
+    a, b, c = r.randint(1, 20), r.randint(1, 20), r.randint(1, 20)
     return (f"{n} picked {a} {o} on Monday, {b} on Tuesday and {c} on Wednesday. "
             f"How many {o} did {n} pick in total?", [(a, "+", b), ("prev", "+", c)])
 
 
 def _spend(r, n, m, o, i, j):
-    a = r.randint(10, 90)
+    a = r.randint(10, 60)
     b = r.randint(1, a - 2)
     c = r.randint(1, a - b - 1)
     return (f"{n} has {a} dollars. {n} spends {b} dollars on a {i} and {c} dollars on a {j}. "
@@ -130,7 +132,7 @@ def _bags_then_add(r, n, m, o, i, j):
 
 
 def _wage(r, n, m, o, i, j):
-    a, b, c = r.randint(2, 12), r.randint(2, 6), r.randint(2, 6)
+    a, b, c = r.randint(2, 9), r.randint(2, 5), r.randint(2, 5)
     return (f"{n} earns {a} dollars per hour and works {b} hours on Monday and {c} hours on Tuesday. "
             f"How many dollars does {n} earn?", [(b, "+", c), ("prev", "*", a)])
 

@@ -8,9 +8,9 @@ Worked answer: one line per person; each line puts the claim and the
 previous person's status side by side, so the new status is a local
 same/different decision:
 
-    Sherrie tells the truth.
-    Vernell says Sherrie tells the truth, Sherrie tells the truth, so Vernell tells the truth.
-    Alexis says Vernell lies, Vernell tells the truth, so Alexis lies.
+    - Sherrie tells the truth.
+    - Vernell says Sherrie tells the truth, Sherrie tells the truth, so Vernell tells the truth.
+    - Alexis says Vernell lies, Vernell tells the truth, so Alexis lies.
     ...
     So the answer is No.
 """
@@ -41,14 +41,16 @@ def make(names: list[str], claims: list[bool]) -> tuple[str, str, str]:
     """claims[0]: whether the first person tells the truth; claims[i>0]:
     whether person i says person i-1 tells the truth."""
     sentences = [f"{names[0]} {_status(claims[0])}."]
-    lines = [sentences[0]]
+    # Lines start with "- " so that every name is the same token as in the
+    # question (" Sherrie"); at the start of a line it would be another one.
+    lines = ["- " + sentences[0]]
     truthful = claims[0]
     for i in range(1, len(names)):
         said = f"{names[i]} says {names[i - 1]} {_status(claims[i])}"
         sentences.append(said + ".")
         prev = f"{names[i - 1]} {_status(truthful)}"
         truthful = claims[i] == truthful
-        lines.append(f"{said}, {prev}, so {names[i]} {_status(truthful)}.")
+        lines.append(f"- {said}, {prev}, so {names[i]} {_status(truthful)}.")
     prompt = f"Question: {' '.join(sentences)} Does {names[-1]} tell the truth?"
     target = "Yes" if truthful else "No"
     return prompt, "\n".join(lines + [final_line(target)]), target

@@ -6,7 +6,6 @@ import argparse
 import json
 from dataclasses import fields
 
-from caidllm.errors import InputError
 from caidllm.train.trainer import TrainConfig, Trainer
 
 
@@ -33,8 +32,6 @@ def run_train(args) -> int:
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
                  if getattr(args, f.name, None) is not None}
     cfg = TrainConfig(out_dir=args.out, **overrides)
-    if cfg.steps < 1 or cfg.batch_size < 1:
-        raise InputError(f"steps and batch_size must be >= 1, got steps={cfg.steps}, batch_size={cfg.batch_size}")
     trainer = Trainer(cfg)
     if args.validate_only:
         print(json.dumps({"step": trainer.step, "validation": trainer.validate()}))

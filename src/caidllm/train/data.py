@@ -2,10 +2,11 @@
 
 Each sequence is the chat-templated prompt, then the worked answer, an
 end-of-turn token and EOS padding up to the batch's length (as in LLaDA's
-SFT): the model learns to fill the unused tail of a canvas with EOS. The
-canvas length varies from batch to batch so that the model sees answers
-inside canvases of every size it will be asked to fill (up to 256), while
-most of the compute goes to answer tokens rather than padding.
+SFT): the model learns to fill the unused tail of a canvas with EOS. A batch
+holds one task (similar lengths, so little padding); its canvas length varies
+from batch to batch so that the model sees answers inside canvases of every
+size it will be asked to fill (up to 256), while most of the compute goes to
+answer tokens rather than padding.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ import torch
 
 from caidllm.tasks import get_task
 
+# Sequence lengths are rounded up to a multiple of this, so that the CPU
+# kernels see a few dozen shapes rather than hundreds (each new shape costs
+# memory in oneDNN's primitive cache and the allocator).
+LENGTH_QUANTUM = 16
+
 
 @dataclass
 class Batch:
     input_ids: torch.Tensor  # [B, L] clean sequences
     answer_start: torch.Tensor  # [B] first position of the answer region (the prompt is never masked)
+    answer_end: torch.Tensor  # [B] one past the end-of-turn token: the EOS padding starts here
+    task: str
 
 
 def encode_pair(tokenizer, prompt: str, answer: str, eot_id: int) -> tuple[list[int], list[int]]:
@@ -37,43 +45,61 @@ class TaskStream:
     """An endless, seeded stream of training batches drawn from the train split."""
 
     def __init__(self, tokenizer, task_weights: dict[str, float], batch_size: int, canvas_lengths: tuple[int, ...],
-                 eot_id: int, eos_id: int, seed: int):
+                 eot_id: int, eos_id: int, seed: int, tight_canvas_share: float):
         self.tokenizer, self.batch_size = tokenizer, batch_size
         self.tasks = [get_task(name) for name in task_weights]
         self.weights = list(task_weights.values())
         self.canvas_lengths = canvas_lengths
         self.eot_id, self.eos_id, self.seed = eot_id, eos_id, seed
+        self.tight_canvas_share = tight_canvas_share
 
     def batch(self, step: int) -> Batch:
         rng = random.Random(f"{self.seed}:{step}")
-        pairs = []
-        for i in range(self.batch_size):
-            task = rng.choices(self.tasks, weights=self.weights)[0]
-            example = task.examples("train", 1, seed=rng.randrange(1 << 62))[0]
-            pairs.append(encode_pair(self.tokenizer, example.prompt, example.answer, self.eot_id))
+        task = rng.choices(self.tasks, weights=self.weights)[0]
+        examples = task.examples("train", self.batch_size, seed=rng.randrange(1 << 62))
+        pairs = [encode_pair(self.tokenizer, e.prompt, e.answer, self.eot_id) for e in examples]
         longest_answer = max(len(a) for _, a in pairs)
         fitting = [g for g in self.canvas_lengths if g >= longest_answer] or [longest_answer]
-        # Half the batches use the tightest canvas (cheap), half any that fits,
-        # so long EOS tails (a 256-token canvas) are still seen often.
-        canvas = fitting[0] if rng.random() < 0.5 else rng.choice(fitting)
+        # Mostly the tightest canvas (cheap); otherwise any that fits, so long
+        # EOS tails (a 256-token canvas) are still seen.
+        canvas = fitting[0] if rng.random() < self.tight_canvas_share else rng.choice(fitting)
         total = max(len(p) for p, _ in pairs) + canvas
+        total = -(-total // LENGTH_QUANTUM) * LENGTH_QUANTUM
         ids = torch.full((len(pairs), total), self.eos_id, dtype=torch.long)
         starts = torch.zeros(len(pairs), dtype=torch.long)
+        ends = torch.zeros(len(pairs), dtype=torch.long)
         for r, (prompt, answer) in enumerate(pairs):
             sequence = (prompt + answer)[:total]
             ids[r, :len(sequence)] = torch.tensor(sequence)
-            starts[r] = len(prompt)
-        return Batch(ids, starts)
+            starts[r], ends[r] = len(prompt), len(sequence)
+        return Batch(ids, starts, ends, task.name)
 
 
-def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, eps: float = 1e-3):
-    """LLaDA's forward process on the answer region: each sequence draws t ~ U(eps, 1)
-    and masks each answer position with probability t. Returns the noisy ids,
-    the mask, and p_mask per position (for the 1/t weighting)."""
+def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_share: float = 0.0,
+                 block_length: int = 64, eps: float = 1e-3):
+    """Noise the answer region. Each row draws t ~ U(eps, 1).
+
+    Plain rows follow LLaDA's forward process: every answer position is
+    masked with probability t. A share `block_share` of the rows are "block
+    rows", the inputs a block decoder actually sees: a clean answer prefix of
+    random length, then `block_length` positions masked with probability t,
+    then a fully masked tail (probability 1).
+
+    Returns the noisy ids, the mask, the masking probability per position
+    (for the loss weighting) and the answer region."""
     ids = batch.input_ids
     B, L = ids.shape
+    positions = torch.arange(L)[None, :]
     t = torch.rand(B, generator=generator)
-    p_mask = ((1 - eps) * t + eps)[:, None].expand(B, L)
-    in_answer = torch.arange(L)[None, :] >= batch.answer_start[:, None]
-    masked = (torch.rand(B, L, generator=generator) < p_mask) & in_answer
+    p_mask = ((1 - eps) * t + eps)[:, None].expand(B, L).clone()
+    in_answer = positions >= batch.answer_start[:, None]
+    is_block_row = torch.rand(B, generator=generator) < block_share
+    # Block start anywhere from the answer's first position to its end-of-turn token.
+    span = (batch.answer_end - batch.answer_start).clamp(min=1)
+    block_start = batch.answer_start + (torch.rand(B, generator=generator) * span).long()
+    block_start = torch.where(is_block_row, block_start, batch.answer_start)[:, None]
+    block_end = torch.where(is_block_row[:, None], block_start + block_length, torch.full_like(block_start, L))
+    p_mask = torch.where(positions >= block_end, torch.ones_like(p_mask), p_mask)
+    noised = positions >= block_start  # the clean prefix of block rows is never masked
+    masked = (torch.rand(B, L, generator=generator) < p_mask) & noised
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask, in_answer

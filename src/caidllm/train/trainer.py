@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from caidllm.errors import InputError
 from caidllm.models.config import parse_config
 from caidllm.models.llada import LLaDAModel
 from caidllm.models.lm import DiffusionLM
@@ -33,9 +34,11 @@ from caidllm.train.data import TaskStream, mask_answers
 
 SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask": "<|mdm_mask|>", "eot": "<|eot_id|>"}
 
+# multistep_arithmetic_two has no accuracy target and is far beyond this
+# model's reach, so it gets the least compute.
 DEFAULT_TASK_WEIGHTS = {
-    "boolean_expressions": 1.0, "web_of_lies": 1.0, "navigate": 1.5,
-    "dyck_languages": 2.0, "multistep_arithmetic_two": 2.0, "arithmetic": 1.5,
+    "boolean_expressions": 1.0, "web_of_lies": 1.25, "navigate": 1.5,
+    "dyck_languages": 1.5, "multistep_arithmetic_two": 0.5, "arithmetic": 1.5,
 }
 
 
@@ -50,21 +53,36 @@ class TrainConfig:
     mlp_hidden_size: int = 768
     max_sequence_length: int = 1024
     batch_size: int = 32
-    steps: int = 2300
+    steps: int = 6500
     lr: float = 1e-3
     min_lr: float = 1e-4
-    warmup_steps: int = 200
+    warmup_steps: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     canvas_lengths: tuple[int, ...] = (64, 96, 128, 160, 192, 256)  # each batch draws one that fits its longest answer
+    tight_canvas_share: float = 0.75  # share of batches on the tightest canvas that fits, the rest on any
+    block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
+    block_length: int = 64
     task_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
     bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
     seed: int = 0
     threads: int = 2
     save_every: int = 50
-    eval_every: int = 500
+    eval_every: int = 1000
     eval_examples: int = 8  # per task, validation split
     time_limit_s: float | None = None  # stop (and save) after this much wall time in this run
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "block_length", "d_model", "n_layers", "n_heads", "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("tight_canvas_share", "block_share"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise InputError(f"{name} must be a number in [0, 1], got {value!r}")
+        if self.d_model % self.n_heads:
+            raise InputError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
 
 
 def model_config_dict(cfg: TrainConfig, vocab_size: int, special: dict[str, int]) -> dict:
@@ -100,24 +118,23 @@ class Trainer:
         self.raw_config = model_config_dict(cfg, vocab_size, special)
         self.tokenizer, self.model_config = load_tokenizer(self.tokenizer_dir, parse_config(self.raw_config))
         torch.manual_seed(cfg.seed)
+        # PyTorch's default initialisation (unit-variance embeddings,
+        # 1/sqrt(fan_in) linears), not the 0.02-std init of the 8B models: at
+        # this size the small init leaves the model unable to learn to copy
+        # tokens from its context (loss 1.19 against 0.006 after 60 steps on
+        # one fixed batch; see tests/test_train.py).
         self.model = LLaDAModel(self.model_config)
-        self._init_weights()
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(0.9, 0.95))
         self.stream = TaskStream(self.tokenizer, cfg.task_weights, cfg.batch_size, cfg.canvas_lengths,
-                                 eot_id=special["eot"], eos_id=special["eos"], seed=cfg.seed)
+                                 eot_id=special["eot"], eos_id=special["eos"], seed=cfg.seed,
+                                 tight_canvas_share=cfg.tight_canvas_share)
         self.step = 0
         self.trained_s = 0.0
         self._resume()
-
-    def _init_weights(self):
-        for name, p in self.model.named_parameters():
-            if p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("attn_out.weight", "blocks.ff_out.weight")) else 0.02
-                torch.nn.init.normal_(p, std=std)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -152,7 +169,8 @@ class Trainer:
     def loss_on(self, step: int) -> torch.Tensor:
         batch = self.stream.batch(step)
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
-        noisy, masked, p_mask, in_answer = mask_answers(batch, self.special["mask"], generator)
+        noisy, masked, p_mask, in_answer = mask_answers(batch, self.special["mask"], generator,
+                                                        self.cfg.block_share, self.cfg.block_length)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             logits = self.model(noisy)
         token_loss = F.cross_entropy(logits[masked].float(), batch.input_ids[masked], reduction="none") / p_mask[masked]
