@@ -134,6 +134,15 @@ def test_batches_hold_one_task_and_few_shapes(run_dir):
             assert row[end - 1] == trainer.special["eot"]
 
 
+def test_the_task_mix_switches_at_late_from_step(run_dir):
+    cfg = TrainConfig(out_dir=str(run_dir / "mix"), steps=12, task_weights={"boolean_expressions": 1.0},
+                      late_task_weights={"web_of_lies": 1.0}, late_from_step=4, **MICRO)
+    stream = Trainer(cfg).stream
+    assert [stream.batch(step).task for step in range(8)] == ["boolean_expressions"] * 4 + ["web_of_lies"] * 4
+    with pytest.raises(InputError, match="late_from_step must be an integer >= 0 or None"):
+        TrainConfig(late_from_step=-1)
+
+
 def test_a_fresh_model_memorises_one_batch(run_dir):
     """Regression test for the initialisation: with the 0.02-std init of the 8B
     models this model stalls (loss about 0.7 here after 150 steps); with
