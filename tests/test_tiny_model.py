@@ -1,0 +1,31 @@
+"""The shipped tiny model does the README's main job: the right final answer.
+
+(Its worked chains are not always right yet: see MODEL_CARD.md.)"""
+
+import pytest
+
+import caidllm
+from caidllm.cli import main as cli_main
+from caidllm.tasks import score
+
+MAIN_JOB = "not ( True ) and ( True ) is"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return caidllm.load("tiny", device="cpu")
+
+
+def test_main_job_prints_the_right_answer(capsys):
+    assert cli_main(["generate", MAIN_JOB]) == 0  # no flags: the default model and method
+    assert "So the answer is False." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("method", ["vanilla", "cai"])  # the reference decoder and the default
+def test_tiny_answers_the_issue_examples(tiny, method):
+    prompts = [MAIN_JOB, "Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. Alexis says "
+               "Vernell lies. Michaela says Alexis tells the truth. Elanor says Michaela tells the truth. "
+               "Does Elanor tell the truth?"]
+    boolean, web = tiny.generate(prompts, method=method)
+    assert score("boolean_expressions", boolean.text, "False") and not score("boolean_expressions", boolean.text, "True")
+    assert score("web_of_lies", web.text, "No") and not score("web_of_lies", web.text, "Yes")
