@@ -3,7 +3,9 @@ tasks, on a CPU: resumable, seeded, logged, with validation accuracy.
 
 The loss is LLaDA's: mask each answer position with probability t ~ U(eps, 1),
 cross-entropy on the masked positions weighted by 1/t, normalised by the
-answer length. Everything the run needs to resume (weights, optimiser, step)
+answer length. Half of the rows are "block rows" (a clean answer prefix, a
+noised block, a fully masked tail: what a block decoder feeds the model; see
+data.mask_answers). Everything the run needs to resume (weights, optimiser, step)
 is in `checkpoint.pt`; the data stream and the masking are seeded by the step,
 so a resumed run sees exactly the batches it would have seen.
 """
