@@ -96,7 +96,7 @@ def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_s
     B, L = ids.shape
     positions = torch.arange(L)[None, :]
     t = torch.rand(B, generator=generator)
-    p_mask = ((1 - eps) * t + eps)[:, None].expand(B, L).clone()
+    p_mask = ((1 - eps) * t + eps)[:, None].expand(B, L)
     in_answer = positions >= batch.answer_start[:, None]
     is_block_row = torch.rand(B, generator=generator) < block_share
     # Block start anywhere from the answer's first position to its end-of-turn token.
