@@ -1,6 +1,7 @@
 """The trainer on a micro model: loss goes down, runs resume, export loads."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 import caidllm
 from caidllm.cli import main as cli_main
 from caidllm.errors import InputError
-from caidllm.train.data import mask_answers
+from caidllm.train.data import LENGTH_QUANTUM, mask_answers
 from caidllm.train.trainer import TrainConfig, Trainer
 
 MICRO = dict(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, batch_size=8, threads=1,
@@ -94,7 +95,7 @@ def test_train_cli(run_dir, capsys):
     (dict(d_model=30, n_heads=4), "d_model (30) must be divisible by n_heads (4)"),
 ])
 def test_config_rejects_bad_values(bad, message):
-    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(InputError, match=re.escape(message)):
         TrainConfig(**bad)
 
 
@@ -128,7 +129,7 @@ def test_batches_hold_one_task_and_few_shapes(run_dir):
               "dyck_languages": "parentheses", "multistep_arithmetic_two": ") =", "arithmetic": "How"}
     for step in range(12):
         batch = trainer.stream.batch(step)
-        assert batch.input_ids.shape[1] % 16 == 0  # lengths are quantised (few kernel shapes)
+        assert batch.input_ids.shape[1] % LENGTH_QUANTUM == 0  # lengths are quantised (few kernel shapes)
         for row, start, end in zip(batch.input_ids, batch.answer_start, batch.answer_end):
             assert marker[batch.task] in trainer.tokenizer.decode(row[:start].tolist())
             assert row[end - 1] == trainer.special["eot"]
