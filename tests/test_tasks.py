@@ -14,11 +14,13 @@ import pytest
 
 from caidllm.errors import InputError
 from caidllm.tasks import (
+    DRILL_NAMES,
     SPLITS,
     TASK_NAMES,
     corpus_texts,
     extract_answer,
     get_task,
+    get_training_task,
     score,
     split_of,
 )
@@ -255,6 +257,30 @@ def test_arithmetic_lines():
             assert eval(f"{a} {op} {b}") == int(c)  # noqa: S307 (checked digits and one operator)
         assert lines[-1].split()[-1] == ex.target
     assert set(steps) == {1, 2, 3}
+
+
+def test_arithmetic_facts_drill():
+    """Training-only: right facts in the chain-line form, deterministic, and
+    out of every benchmark path (not a task name, not in the tokenizer corpus)."""
+    drill = get_training_task("arithmetic_facts")
+    examples = drill.examples("train", 300, seed=0)
+    assert examples == drill.examples("train", 300, seed=0)
+    operators = Counter()
+    for ex in examples:
+        lines = ex.answer.split("\n")
+        assert len(lines) == 8 and ex.prompt == ", ".join(line.split(" = ")[0] for line in lines)
+        for line in lines:
+            a, op, b, eq, c = line.split()
+            operators[op] += 1
+            assert eq == "=" and int(c) >= 0 and eval(f"{a} {op} {b}") == int(c)  # noqa: S307
+        assert ex.target == lines[-1].split()[-1]
+    assert set(operators) == {"+", "-", "*", "/"}
+    assert DRILL_NAMES == ("arithmetic_facts",) and "arithmetic_facts" not in TASK_NAMES
+    with pytest.raises(InputError, match="'arithmetic_facts'"):
+        get_task("arithmetic_facts")  # benchmarks and scoring never see it
+    with pytest.raises(InputError, match=r"unknown training task 'nope'.*arithmetic_facts"):
+        get_training_task("nope")
+    assert get_training_task("navigate") is get_task("navigate")
 
 
 def test_corpus_texts():

@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer
 
-from caidllm.tasks import SPLITS, TASK_NAMES, get_task
+from caidllm.tasks import DRILL_NAMES, SPLITS, TASK_NAMES, get_task, get_training_task
 from caidllm.tasks.base import count_tokens
 from caidllm.tasks.vocab import SPECIAL_TOKENS, build_tokenizer, length_stats
 
@@ -41,6 +41,18 @@ def test_round_trip_task_texts(built):
                     ids = tok.encode(text).ids
                     assert tok.decode(ids) == text
                     assert len(ids) == count_tokens(text)  # the length cap counts right
+
+
+def test_drills_need_no_new_vocabulary(built):
+    """The drills are not in the tokenizer's corpus, so that adding one to the
+    recipe leaves the vocabulary of a fresh run unchanged; every piece of
+    their text must already be a single token."""
+    _, _, tok = built
+    for name in DRILL_NAMES:
+        for ex in get_training_task(name).examples("train", 100, seed=5):
+            for text in (ex.prompt, ex.answer):
+                ids = tok.encode(text).ids
+                assert tok.decode(ids) == text and len(ids) == count_tokens(text)
 
 
 def test_any_text_round_trips(built):

@@ -1,6 +1,6 @@
-"""The shipped tiny model does the README's main job: the right final answer.
+"""The shipped tiny model does the README's main job: a correct worked answer.
 
-(Its worked chains are not always right yet: see MODEL_CARD.md.)"""
+(Its chains on the harder tasks are not always right yet: see MODEL_CARD.md.)"""
 
 import pytest
 
@@ -9,6 +9,13 @@ from caidllm.cli import main as cli_main
 from caidllm.tasks import score
 
 MAIN_JOB = "not ( True ) and ( True ) is"
+# The worked answer of the task generator: one reduction per line.
+MAIN_JOB_CHAIN = """not ( True ) and ( True )
+= not True and ( True )
+= not True and True
+= False and True
+= False
+So the answer is False."""
 
 
 @pytest.fixture(scope="module")
@@ -16,9 +23,9 @@ def tiny():
     return caidllm.load("tiny", device="cpu")
 
 
-def test_main_job_prints_the_right_answer(capsys):
+def test_main_job_prints_a_correct_worked_answer(capsys):
     assert cli_main(["generate", MAIN_JOB]) == 0  # no flags: the default model and method
-    assert "So the answer is False." in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith(MAIN_JOB_CHAIN + "\n")
 
 
 @pytest.mark.parametrize("method", ["vanilla", "cai"])  # the reference decoder and the default

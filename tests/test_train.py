@@ -125,23 +125,58 @@ def test_block_rows_look_like_a_block_decoders_input(run_dir):
 
 def test_batches_hold_one_task_and_few_shapes(run_dir):
     trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, **MICRO))
-    marker = {"boolean_expressions": "True", "web_of_lies": "Does", "navigate": "starting point",
-              "dyck_languages": "parentheses", "multistep_arithmetic_two": ") =", "arithmetic": "How"}
-    for step in range(12):
+    marker = {"boolean_expressions": " is<|eot_id|>", "web_of_lies": "Does", "navigate": "starting point",
+              "dyck_languages": "parentheses", "multistep_arithmetic_two": ") =", "arithmetic": "How",
+              "arithmetic_facts": ", "}
+    seen = set()
+    for step in list(range(12)) + list(range(9800, 9812)):  # the recipe's first and last phases
         batch = trainer.stream.batch(step)
+        seen.add(batch.task)
         assert batch.input_ids.shape[1] % LENGTH_QUANTUM == 0  # lengths are quantised (few kernel shapes)
         for row, start, end in zip(batch.input_ids, batch.answer_start, batch.answer_end):
             assert marker[batch.task] in trainer.tokenizer.decode(row[:start].tolist())
             assert row[end - 1] == trainer.special["eot"]
+    assert "arithmetic_facts" in seen and "boolean_expressions" in seen
 
 
-def test_the_task_mix_switches_at_late_from_step(run_dir):
-    cfg = TrainConfig(out_dir=str(run_dir / "mix"), steps=12, task_weights={"boolean_expressions": 1.0},
-                      late_task_weights={"web_of_lies": 1.0}, late_from_step=4, **MICRO)
+def test_the_task_mix_follows_its_phases(run_dir):
+    phases = ((0, {"boolean_expressions": 1.0}), (4, {"web_of_lies": 1.0}), (6, {"navigate": 1.0}))
+    cfg = TrainConfig(out_dir=str(run_dir / "mix"), steps=12, task_phases=phases, **MICRO)
     stream = Trainer(cfg).stream
-    assert [stream.batch(step).task for step in range(8)] == ["boolean_expressions"] * 4 + ["web_of_lies"] * 4
-    with pytest.raises(InputError, match="late_from_step must be an integer >= 0 or None"):
-        TrainConfig(late_from_step=-1)
+    assert [stream.batch(step).task for step in range(8)] == (["boolean_expressions"] * 4 + ["web_of_lies"] * 2
+                                                             + ["navigate"] * 2)
+
+
+@pytest.mark.parametrize("phases, message", [
+    (((1, {"navigate": 1.0}),), "task_phases must start at step 0"),
+    (((0, {"navigate": 1.0}), (5, {"navigate": 1.0}), (5, {"web_of_lies": 1.0})), "in increasing order"),
+    (((0, {"navgate": 1.0}),), "unknown task(s) ['navgate'] at step 0"),
+    (((0, {"navigate": -1.0}),), "weights at step 0 must be >= 0 with a positive sum"),
+    (((0, {"navigate": 0.0}),), "weights at step 0 must be >= 0 with a positive sum"),
+])
+def test_bad_task_phases_are_refused(phases, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        TrainConfig(task_phases=phases)
+
+
+def test_learning_rate_restarts_keep_the_trained_steps_schedule():
+    """A continuation (a restart and more steps) must not change the rate of
+    the steps already trained, or the recipe would not replay."""
+    first = Trainer.__new__(Trainer)
+    first.cfg = TrainConfig(steps=300, lr_restarts=())
+    continued = Trainer.__new__(Trainer)
+    continued.cfg = TrainConfig(steps=500, lr_restarts=(300,), restart_lr=4e-4)
+    assert [continued.lr_at(s) for s in range(300)] == [first.lr_at(s) for s in range(300)]
+    assert continued.lr_at(299) == pytest.approx(first.cfg.min_lr, rel=1e-3)
+    assert continued.lr_at(300) == pytest.approx(4e-4)
+    assert continued.lr_at(400) == pytest.approx((4e-4 + 1e-4) / 2)
+    assert continued.lr_at(499) == pytest.approx(1e-4, rel=1e-3)
+    short = Trainer.__new__(Trainer)
+    short.cfg = TrainConfig(steps=200, lr_restarts=(300,))  # a restart past the end never happens
+    assert short.lr_at(199) == pytest.approx(1e-4, rel=1e-2)
+    for restarts in ((300, 300), (0,), (400, 300)):
+        with pytest.raises(InputError, match=re.escape("lr_restarts must be increasing integer steps >= 1")):
+            TrainConfig(lr_restarts=restarts)
 
 
 def test_a_fresh_model_memorises_one_batch(run_dir):

@@ -14,6 +14,7 @@ from typing import Iterator
 from caidllm.errors import InputError
 from caidllm.tasks import (
     arithmetic,
+    arithmetic_facts,
     boolean_expressions,
     dyck_languages,
     multistep_arithmetic_two,
@@ -31,8 +32,11 @@ _MODULES = {
     "multistep_arithmetic_two": multistep_arithmetic_two,
     "arithmetic": arithmetic,
 }
-TASK_NAMES = tuple(_MODULES)
+TASK_NAMES = tuple(_MODULES)  # the benchmark families: evaluated, scored, in the tokenizer's corpus
+# Training-only drills: the trainer may draw batches from them, nothing evaluates them.
+DRILL_NAMES = ("arithmetic_facts",)
 _TASKS = {name: Task(name, mod.generate, getattr(mod, "WORDS", ())) for name, mod in _MODULES.items()}
+_DRILLS = {"arithmetic_facts": Task("arithmetic_facts", arithmetic_facts.generate)}
 
 
 def check_task(name: str) -> str:
@@ -45,6 +49,15 @@ def get_task(name: str) -> Task:
     return _TASKS[check_task(name)]
 
 
+def get_training_task(name: str) -> Task:
+    """A benchmark family or a training-only drill."""
+    if name in _DRILLS:
+        return _DRILLS[name]
+    if name not in _TASKS:
+        raise InputError(f"unknown training task {name!r}; choose from {', '.join(TASK_NAMES + DRILL_NAMES)}")
+    return _TASKS[name]
+
+
 def corpus_texts(n_per_task: int, seed: int = 0, tasks: tuple[str, ...] = TASK_NAMES) -> Iterator[str]:
     """Prompt + "\\n" + answer strings, ``n_per_task`` per task (train
     split), e.g. for building the tokenizer vocabulary."""
@@ -54,6 +67,6 @@ def corpus_texts(n_per_task: int, seed: int = 0, tasks: tuple[str, ...] = TASK_N
 
 
 __all__ = [
-    "TASK_NAMES", "SPLITS", "FINAL_PREFIX", "Example", "Task", "get_task", "check_task",
+    "TASK_NAMES", "DRILL_NAMES", "SPLITS", "FINAL_PREFIX", "Example", "Task", "get_task", "get_training_task", "check_task",
     "extract_answer", "normalise", "score", "split_of", "corpus_texts",
 ]

@@ -13,7 +13,7 @@ def register(sub, name: str) -> None:
     parser = sub.add_parser(name, help="train the tiny model on the synthetic tasks (resumable)")
     parser.add_argument("--out", default="runs/tiny", help="run folder: checkpoint.pt, train.log, tokenizer/")
     for f in fields(TrainConfig):
-        if f.name in ("out_dir", "task_weights", "late_task_weights", "canvas_lengths"):
+        if f.name in ("out_dir", "task_phases", "lr_restarts", "canvas_lengths"):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool",) or isinstance(f.default, bool):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from caidllm.tasks import get_task
+from caidllm.tasks import get_training_task
 
 # Sequence lengths are rounded up to a multiple of this, so that the CPU
 # kernels see a few dozen shapes rather than hundreds (each new shape costs
@@ -44,23 +44,22 @@ def encode_pair(tokenizer, prompt: str, answer: str, eot_id: int) -> tuple[list[
 class TaskStream:
     """An endless, seeded stream of training batches drawn from the train split."""
 
-    def __init__(self, tokenizer, task_weights: dict[str, float], late_task_weights: dict[str, float],
-                 late_from_step: int | None, batch_size: int, canvas_lengths: tuple[int, ...],
-                 eot_id: int, eos_id: int, seed: int, tight_canvas_share: float):
+    def __init__(self, tokenizer, task_phases: tuple[tuple[int, dict[str, float]], ...], batch_size: int,
+                 canvas_lengths: tuple[int, ...], eot_id: int, eos_id: int, seed: int, tight_canvas_share: float):
         self.tokenizer, self.batch_size = tokenizer, batch_size
-        names = list(task_weights) + [name for name in late_task_weights if name not in task_weights]
-        self.tasks = [get_task(name) for name in names]
-        self.weights = [task_weights.get(name, 0.0) for name in names]
-        self.late_weights = [late_task_weights.get(name, 0.0) for name in names]
-        self.late_from_step = late_from_step
+        names = list(dict.fromkeys(name for _, weights in task_phases for name in weights))
+        self.tasks = [get_training_task(name) for name in names]
+        # (first step, weight per task in self.tasks' order), latest phase first.
+        self.phases = sorted(((start, [weights.get(name, 0.0) for name in names]) for start, weights in task_phases),
+                             reverse=True)
         self.canvas_lengths = canvas_lengths
         self.eot_id, self.eos_id, self.seed = eot_id, eos_id, seed
         self.tight_canvas_share = tight_canvas_share
 
     def batch(self, step: int) -> Batch:
         rng = random.Random(f"{self.seed}:{step}")
-        late = self.late_from_step is not None and step >= self.late_from_step
-        task = rng.choices(self.tasks, weights=self.late_weights if late else self.weights)[0]
+        weights = next(w for start, w in self.phases if step >= start)
+        task = rng.choices(self.tasks, weights=weights)[0]
         examples = task.examples("train", self.batch_size, seed=rng.randrange(1 << 62))
         pairs = [encode_pair(self.tokenizer, e.prompt, e.answer, self.eot_id) for e in examples]
         longest_answer = max(len(a) for _, a in pairs)

@@ -16,7 +16,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -30,26 +30,35 @@ from caidllm.models.config import parse_config
 from caidllm.models.llada import LLaDAModel
 from caidllm.models.lm import DiffusionLM
 from caidllm.models.loading import load_tokenizer
-from caidllm.tasks import TASK_NAMES, get_task, score
+from caidllm.tasks import DRILL_NAMES, TASK_NAMES, get_task, score
 from caidllm.tasks.vocab import build_tokenizer
 from caidllm.train.data import TaskStream, mask_answers
 
 SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask": "<|mdm_mask|>", "eot": "<|eot_id|>"}
 
+# The recipe's task mix, in phases: (first step, weight per task).
 # multistep_arithmetic_two has no accuracy target and is far beyond this
-# model's reach, so it gets the least compute.
-DEFAULT_TASK_WEIGHTS = {
-    "boolean_expressions": 1.0, "web_of_lies": 1.25, "navigate": 1.5,
-    "dyck_languages": 1.5, "multistep_arithmetic_two": 0.5, "arithmetic": 1.5,
-}
-# The mix from `late_from_step` on: most compute to the tasks that copy names
-# and numbers from the question (web_of_lies, arithmetic, navigate), which
-# the model had not yet learned at that point; boolean_expressions was
-# already solved, dyck_languages out of reach of this budget.
-LATE_TASK_WEIGHTS = {
-    "boolean_expressions": 0.5, "web_of_lies": 2.0, "navigate": 1.5,
-    "dyck_languages": 0.25, "multistep_arithmetic_two": 0.25, "arithmetic": 2.0,
-}
+# model's reach, so it always gets the least compute.
+TASK_PHASES = (
+    (0, {"boolean_expressions": 1.0, "web_of_lies": 1.25, "navigate": 1.5,
+         "dyck_languages": 1.5, "multistep_arithmetic_two": 0.5, "arithmetic": 1.5}),
+    # Decided at step 3,000, when the model still could not copy names and
+    # numbers from the question: most compute to web_of_lies, arithmetic and
+    # navigate; boolean_expressions was then the best task, dyck out of reach.
+    (3850, {"boolean_expressions": 0.5, "web_of_lies": 2.0, "navigate": 1.5,
+            "dyck_languages": 0.25, "multistep_arithmetic_two": 0.25, "arithmetic": 2.0}),
+    # The continuation (with a learning-rate restart, see lr_restarts):
+    # web_of_lies was solved (100% on BBH), so its compute goes to the tasks
+    # still below their targets.
+    (6500, {"boolean_expressions": 1.5, "web_of_lies": 0.5, "navigate": 2.0,
+            "dyck_languages": 1.0, "multistep_arithmetic_two": 0.25, "arithmetic": 2.5}),
+    # A second restart: at step 9,800 arithmetic and navigate chains still had
+    # the right operands and wrong results (4 * 8 = 22), so the last steps
+    # drill the facts themselves, eight per example (tasks/arithmetic_facts.py).
+    (9800, {"boolean_expressions": 1.0, "web_of_lies": 0.5, "navigate": 1.5,
+            "dyck_languages": 0.5, "multistep_arithmetic_two": 0.25, "arithmetic": 1.5,
+            "arithmetic_facts": 3.0}),
+)
 
 
 @dataclass
@@ -63,19 +72,23 @@ class TrainConfig:
     mlp_hidden_size: int = 768
     max_sequence_length: int = 1024
     batch_size: int = 32
-    steps: int = 6500
+    steps: int = 10800
     lr: float = 1e-3
     min_lr: float = 1e-4
     warmup_steps: int = 100
+    # Steps at which the cosine schedule starts again, from restart_lr down to
+    # min_lr at the next restart (or at `steps`): a continuation keeps the
+    # schedule of the steps already trained exactly as it was. With fewer
+    # `steps` than a restart, the first cycle ends at `steps`.
+    lr_restarts: tuple[int, ...] = (6500, 9800)
+    restart_lr: float = 4e-4
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     canvas_lengths: tuple[int, ...] = (64, 96, 128, 160, 192, 256)  # each batch draws one that fits its longest answer
     tight_canvas_share: float = 0.75  # share of batches on the tightest canvas that fits, the rest on any
     block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
     block_length: int = 64
-    task_weights: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TASK_WEIGHTS))
-    late_task_weights: dict[str, float] = field(default_factory=lambda: dict(LATE_TASK_WEIGHTS))
-    late_from_step: int | None = 3850  # None: task_weights throughout
+    task_phases: tuple[tuple[int, dict[str, float]], ...] = TASK_PHASES
     bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
     seed: int = 0
     threads: int = 2
@@ -89,9 +102,19 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.late_from_step is not None and (isinstance(self.late_from_step, bool)
-                                                or not isinstance(self.late_from_step, int) or self.late_from_step < 0):
-            raise InputError(f"late_from_step must be an integer >= 0 or None, got {self.late_from_step!r}")
+        starts = [phase[0] for phase in self.task_phases]
+        if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+            raise InputError(f"task_phases must start at step 0 and in increasing order, got starts {starts}")
+        for start, weights in self.task_phases:
+            unknown = sorted(set(weights) - set(TASK_NAMES + DRILL_NAMES))
+            if unknown:
+                raise InputError(f"task_phases: unknown task(s) {unknown} at step {start}; "
+                                 f"known: {list(TASK_NAMES + DRILL_NAMES)}")
+            if any(not isinstance(w, (int, float)) or w < 0 for w in weights.values()) or not sum(weights.values()):
+                raise InputError(f"task_phases: weights at step {start} must be >= 0 with a positive sum, got {weights}")
+        restarts = list(self.lr_restarts)
+        if any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in restarts) or restarts != sorted(set(restarts)):
+            raise InputError(f"lr_restarts must be increasing integer steps >= 1, got {restarts}")
         for name in ("tight_canvas_share", "block_share"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
@@ -145,8 +168,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(0.9, 0.95))
-        self.stream = TaskStream(self.tokenizer, cfg.task_weights, cfg.late_task_weights, cfg.late_from_step,
-                                 cfg.batch_size, cfg.canvas_lengths,
+        self.stream = TaskStream(self.tokenizer, cfg.task_phases, cfg.batch_size, cfg.canvas_lengths,
                                  eot_id=special["eot"], eos_id=special["eos"], seed=cfg.seed,
                                  tight_canvas_share=cfg.tight_canvas_share)
         self.step = 0
@@ -177,11 +199,17 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     def lr_at(self, step: int) -> float:
+        """Linear warm-up, then cosine cycles: the first from lr, each restart
+        from restart_lr, all down to min_lr at the cycle's end."""
         cfg = self.cfg
         if step < cfg.warmup_steps:
             return cfg.lr * (step + 1) / cfg.warmup_steps
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-        return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+        restarts = [r for r in cfg.lr_restarts if r <= step]
+        begin = restarts[-1] if restarts else cfg.warmup_steps
+        end = min([r for r in cfg.lr_restarts if r > step] + [cfg.steps])  # restarts past `steps` never happen
+        peak = cfg.restart_lr if restarts else cfg.lr
+        progress = min(1.0, (step - begin) / max(1, end - begin))
+        return cfg.min_lr + (peak - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
     def loss_on(self, step: int) -> torch.Tensor:
         batch = self.stream.batch(step)
