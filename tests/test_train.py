@@ -147,12 +147,27 @@ def test_the_task_mix_follows_its_phases(run_dir):
                                                              + ["navigate"] * 2)
 
 
+def test_a_new_phase_leaves_earlier_batches_unchanged(run_dir):
+    """Appending a phase (with a task the earlier phases never drew) must not
+    change a single earlier batch, or a continued recipe would not replay."""
+    phases = ((0, {"boolean_expressions": 1.0, "navigate": 2.0}), (5, {"web_of_lies": 1.0, "navigate": 1.0}))
+    longer = phases + ((9, {"arithmetic_facts": 1.0}),)
+    before = Trainer(TrainConfig(out_dir=str(run_dir / "p1"), steps=12, task_phases=phases, **MICRO)).stream
+    after = Trainer(TrainConfig(out_dir=str(run_dir / "p2"), steps=12, task_phases=longer, **MICRO)).stream
+    for step in range(9):
+        old, new = before.batch(step), after.batch(step)
+        assert old.task == new.task and torch.equal(old.input_ids, new.input_ids)
+    assert after.batch(9).task == "arithmetic_facts"
+
+
 @pytest.mark.parametrize("phases, message", [
     (((1, {"navigate": 1.0}),), "task_phases must start at step 0"),
     (((0, {"navigate": 1.0}), (5, {"navigate": 1.0}), (5, {"web_of_lies": 1.0})), "in increasing order"),
     (((0, {"navgate": 1.0}),), "unknown task(s) ['navgate'] at step 0"),
     (((0, {"navigate": -1.0}),), "weights at step 0 must be >= 0 with a positive sum"),
     (((0, {"navigate": 0.0}),), "weights at step 0 must be >= 0 with a positive sum"),
+    (((0, {"navigate": float("nan")}),), "weights at step 0 must be >= 0 with a positive sum"),
+    (((0.0, {"navigate": 1.0}),), "task_phases must start at step 0"),
 ])
 def test_bad_task_phases_are_refused(phases, message):
     with pytest.raises(InputError, match=re.escape(message)):
@@ -174,8 +189,8 @@ def test_learning_rate_restarts_keep_the_trained_steps_schedule():
     short = Trainer.__new__(Trainer)
     short.cfg = TrainConfig(steps=200, lr_restarts=(300,))  # a restart past the end never happens
     assert short.lr_at(199) == pytest.approx(1e-4, rel=1e-2)
-    for restarts in ((300, 300), (0,), (400, 300)):
-        with pytest.raises(InputError, match=re.escape("lr_restarts must be increasing integer steps >= 1")):
+    for restarts in ((300, 300), (0,), (100,), (400, 300)):  # 100: inside the default warm-up
+        with pytest.raises(InputError, match=re.escape("lr_restarts must be increasing integer steps after the warm-up")):
             TrainConfig(lr_restarts=restarts)
 
 

@@ -43,4 +43,4 @@ def generate(rng: random.Random) -> tuple[str, str, str]:
     facts = [_fact(rng) for _ in range(FACTS_PER_EXAMPLE)]
     prompt = ", ".join(f"{a} {op} {b}" for a, op, b, _ in facts)
     answer = "\n".join(f"{a} {op} {b} = {c}" for a, op, b, c in facts)
-    return prompt, answer, str(facts[-1][3])
+    return prompt, answer, str(facts[-1][3])  # a target only to fit the Task interface: drills are never scored

@@ -12,11 +12,12 @@ so a resumed run sees exactly the batches it would have seen.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -77,9 +78,10 @@ class TrainConfig:
     min_lr: float = 1e-4
     warmup_steps: int = 100
     # Steps at which the cosine schedule starts again, from restart_lr down to
-    # min_lr at the next restart (or at `steps`): a continuation keeps the
-    # schedule of the steps already trained exactly as it was. With fewer
-    # `steps` than a restart, the first cycle ends at `steps`.
+    # min_lr at the next restart (or at `steps`). To continue a finished run
+    # without changing the rates it trained with, add a restart at its
+    # `steps` and raise `steps`. Restarts past `steps` never happen: the
+    # cycle running at `steps` ends there.
     lr_restarts: tuple[int, ...] = (6500, 9800)
     restart_lr: float = 4e-4
     weight_decay: float = 0.1
@@ -88,7 +90,7 @@ class TrainConfig:
     tight_canvas_share: float = 0.75  # share of batches on the tightest canvas that fits, the rest on any
     block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
     block_length: int = 64
-    task_phases: tuple[tuple[int, dict[str, float]], ...] = TASK_PHASES
+    task_phases: tuple[tuple[int, dict[str, float]], ...] = field(default_factory=lambda: copy.deepcopy(TASK_PHASES))
     bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
     seed: int = 0
     threads: int = 2
@@ -103,18 +105,22 @@ class TrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {value!r}")
         starts = [phase[0] for phase in self.task_phases]
-        if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+        if (not starts or any(isinstance(a, bool) or not isinstance(a, int) for a in starts) or starts[0] != 0
+                or any(b <= a for a, b in zip(starts, starts[1:]))):
             raise InputError(f"task_phases must start at step 0 and in increasing order, got starts {starts}")
         for start, weights in self.task_phases:
             unknown = sorted(set(weights) - set(TASK_NAMES + DRILL_NAMES))
             if unknown:
                 raise InputError(f"task_phases: unknown task(s) {unknown} at step {start}; "
                                  f"known: {list(TASK_NAMES + DRILL_NAMES)}")
-            if any(not isinstance(w, (int, float)) or w < 0 for w in weights.values()) or not sum(weights.values()):
+            if (any(isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
+                    for w in weights.values()) or not sum(weights.values())):
                 raise InputError(f"task_phases: weights at step {start} must be >= 0 with a positive sum, got {weights}")
         restarts = list(self.lr_restarts)
-        if any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in restarts) or restarts != sorted(set(restarts)):
-            raise InputError(f"lr_restarts must be increasing integer steps >= 1, got {restarts}")
+        if (any(isinstance(r, bool) or not isinstance(r, int) or r <= self.warmup_steps for r in restarts)
+                or restarts != sorted(set(restarts))):
+            raise InputError(f"lr_restarts must be increasing integer steps after the warm-up "
+                             f"(> warmup_steps = {self.warmup_steps}), got {restarts}")
         for name in ("tight_canvas_share", "block_share"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
