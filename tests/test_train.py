@@ -177,17 +177,14 @@ def test_bad_task_phases_are_refused(phases, message):
 def test_learning_rate_restarts_keep_the_trained_steps_schedule():
     """A continuation (a restart and more steps) must not change the rate of
     the steps already trained, or the recipe would not replay."""
-    first = Trainer.__new__(Trainer)
-    first.cfg = TrainConfig(steps=300, lr_restarts=())
-    continued = Trainer.__new__(Trainer)
-    continued.cfg = TrainConfig(steps=500, lr_restarts=(300,), restart_lr=4e-4)
+    first = TrainConfig(steps=300, lr_restarts=())
+    continued = TrainConfig(steps=500, lr_restarts=(300,), restart_lr=4e-4)
     assert [continued.lr_at(s) for s in range(300)] == [first.lr_at(s) for s in range(300)]
-    assert continued.lr_at(299) == pytest.approx(first.cfg.min_lr, rel=1e-3)
+    assert continued.lr_at(299) == pytest.approx(first.min_lr, rel=1e-3)
     assert continued.lr_at(300) == pytest.approx(4e-4)
     assert continued.lr_at(400) == pytest.approx((4e-4 + 1e-4) / 2)
     assert continued.lr_at(499) == pytest.approx(1e-4, rel=1e-3)
-    short = Trainer.__new__(Trainer)
-    short.cfg = TrainConfig(steps=200, lr_restarts=(300,))  # a restart past the end never happens
+    short = TrainConfig(steps=200, lr_restarts=(300,))  # a restart past the end never happens
     assert short.lr_at(199) == pytest.approx(1e-4, rel=1e-2)
     for restarts in ((300, 300), (0,), (100,), (400, 300)):  # 100: inside the default warm-up
         with pytest.raises(InputError, match=re.escape("lr_restarts must be increasing integer steps after the warm-up")):

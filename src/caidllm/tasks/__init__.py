@@ -34,9 +34,10 @@ _MODULES = {
 }
 TASK_NAMES = tuple(_MODULES)  # the benchmark families: evaluated, scored, in the tokenizer's corpus
 # Training-only drills: the trainer may draw batches from them, nothing evaluates them.
-DRILL_NAMES = ("arithmetic_facts",)
+_DRILL_MODULES = {"arithmetic_facts": arithmetic_facts}
+DRILL_NAMES = tuple(_DRILL_MODULES)
 _TASKS = {name: Task(name, mod.generate, getattr(mod, "WORDS", ())) for name, mod in _MODULES.items()}
-_DRILLS = {"arithmetic_facts": Task("arithmetic_facts", arithmetic_facts.generate)}
+_DRILLS = {name: Task(name, mod.generate) for name, mod in _DRILL_MODULES.items()}
 
 
 def check_task(name: str) -> str:

@@ -128,6 +128,18 @@ class TrainConfig:
         if self.d_model % self.n_heads:
             raise InputError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
 
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up, then cosine cycles: the first from lr, each restart
+        from restart_lr, all down to min_lr at the cycle's end."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        restarts = [r for r in self.lr_restarts if r <= step]
+        begin = restarts[-1] if restarts else self.warmup_steps
+        end = min([r for r in self.lr_restarts if r > step] + [self.steps])  # restarts past `steps` never happen
+        peak = self.restart_lr if restarts else self.lr
+        progress = min(1.0, (step - begin) / max(1, end - begin))
+        return self.min_lr + (peak - self.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
 
 def model_config_dict(cfg: TrainConfig, vocab_size: int, special: dict[str, int]) -> dict:
     """config.json in the official LLaDA layout, so the result loads like LLaDA-8B."""
@@ -204,19 +216,6 @@ class Trainer:
         with open(self.out / "train.log", "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def lr_at(self, step: int) -> float:
-        """Linear warm-up, then cosine cycles: the first from lr, each restart
-        from restart_lr, all down to min_lr at the cycle's end."""
-        cfg = self.cfg
-        if step < cfg.warmup_steps:
-            return cfg.lr * (step + 1) / cfg.warmup_steps
-        restarts = [r for r in cfg.lr_restarts if r <= step]
-        begin = restarts[-1] if restarts else cfg.warmup_steps
-        end = min([r for r in cfg.lr_restarts if r > step] + [cfg.steps])  # restarts past `steps` never happen
-        peak = cfg.restart_lr if restarts else cfg.lr
-        progress = min(1.0, (step - begin) / max(1, end - begin))
-        return cfg.min_lr + (peak - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
-
     def loss_on(self, step: int) -> torch.Tensor:
         batch = self.stream.batch(step)
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
@@ -236,7 +235,7 @@ class Trainer:
         while self.step < cfg.steps:
             tick = time.time()
             for group in self.optimizer.param_groups:
-                group["lr"] = self.lr_at(self.step)
+                group["lr"] = cfg.lr_at(self.step)
             loss = self.loss_on(self.step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -247,7 +246,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if self.step % 20 == 0:
-                self.log({"step": self.step, "loss": round(loss.item(), 4), "lr": self.lr_at(self.step),
+                self.log({"step": self.step, "loss": round(loss.item(), 4), "lr": cfg.lr_at(self.step),
                           "trained_s": round(self.trained_s, 1)})
             if self.step % cfg.save_every == 0 or self.step == cfg.steps:
                 self.save()
