@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from caidllm.errors import InputError
+from caidllm.tasks import arithmetic, arithmetic_facts
 from caidllm.tasks import (
     DRILL_NAMES,
     SPLITS,
@@ -246,17 +247,76 @@ def test_multistep_values():
             assert len(values) == 1, line
 
 
+def _facts_of(line: str) -> list[str]:
+    """The equations of a chain line: "36 - 8: 16 - 8 = 8, 3 - 0 - 1 = 2, 28"
+    -> ["16 - 8 = 8", "3 - 0 - 1 = 2"]; "4 * 9 = 36" -> itself."""
+    body = line.split(": ", 1)[-1]
+    return [part for part in body.split(", ") if " = " in part]
+
+
 def test_arithmetic_lines():
+    """Every step is one fact, or a two-digit sum or difference worked by
+    columns; every fact a chain uses is one the drill teaches."""
     steps = Counter()
+    drilled = arithmetic_facts.fact_space()
+    column_steps = 0
     for ex in all_examples("arithmetic"):
         lines = ex.answer.split("\n")[:-1]
         steps[len(lines)] += 1
         for line in lines:
-            a, op, b, eq, c = line.split()
-            assert eq == "=" and int(c) > 0
-            assert eval(f"{a} {op} {b}") == int(c)  # noqa: S307 (checked digits and one operator)
-        assert lines[-1].split()[-1] == ex.target
+            for fact in _facts_of(line):
+                lhs, value = fact.split(" = ")
+                assert lhs in drilled, line
+                assert eval(lhs) == int(value) >= 0  # noqa: S307 (digits and + - * / only)
+            if ": " in line:  # columns: units, tens, then the result
+                column_steps += 1
+                head, rest = line.split(": ")
+                a, op, b = head.split()
+                (units, u), (tens, t) = [f.split(" = ") for f in _facts_of(line)]
+                result = int(rest.split(", ")[-1])
+                assert result == eval(head) == 10 * int(t) + int(u) % 10  # noqa: S307
+                assert max(int(a), int(b)) >= 10 and 0 < result < 100
+                assert units.split()[0].endswith(a[-1]) and units.split()[2] == b[-1]  # the units digits
+                assert tens.split()[0] == str(int(a) // 10) and tens.split()[2] == str(int(b) // 10)
+            else:
+                (fact,) = _facts_of(line)
+                a, op, b = fact.split(" = ")[0].split()
+                assert int(a) < 10 and int(b) < 10 or op == "/"
+        for before, after in zip(lines, lines[1:]):  # "prev": a step uses the result ending the line above
+            assert before.split()[-1] in after.split(":")[0].split(" = ")[0].split(), (before, after)
+        last = lines[-1].split()[-1]
+        assert last == ex.target and 0 < int(last) < 100
     assert set(steps) == {1, 2, 3}
+    assert column_steps > 100
+
+
+def test_navigate_sums_are_drilled_facts():
+    drilled = arithmetic_facts.fact_space()
+    sums = 0
+    for ex in all_examples("navigate"):
+        for chain in re.findall(r"\d+(?: \+ \d+ = \d+)+", ex.answer):
+            numbers = [int(x) for x in re.findall(r"\d+", chain)]
+            total = numbers[0]
+            for step, result in zip(numbers[1::2], numbers[2::2]):
+                assert f"{total} + {step}" in drilled and result == total + step, chain
+                total, sums = result, sums + 1
+    assert sums > 100
+
+
+def test_arithmetic_columns():
+    assert arithmetic.columns(47, "+", 35) == "47 + 35: 7 + 5 = 12, 4 + 3 + 1 = 8, 82"
+    assert arithmetic.columns(42, "-", 17) == "42 - 17: 12 - 7 = 5, 4 - 1 - 1 = 2, 25"
+    assert arithmetic.columns(36, "+", 7) == "36 + 7: 6 + 7 = 13, 3 + 0 + 1 = 4, 43"
+    assert arithmetic.columns(14, "-", 9) == "14 - 9: 14 - 9 = 5, 1 - 0 - 1 = 0, 5"
+    assert arithmetic.columns(7, "+", 36) == "7 + 36: 7 + 6 = 13, 0 + 3 + 1 = 4, 43"
+    assert arithmetic.columns(23, "+", 14) == "23 + 14: 3 + 4 = 7, 2 + 1 = 3, 37"
+    assert arithmetic.columns(58, "-", 23) == "58 - 23: 8 - 3 = 5, 5 - 2 = 3, 35"
+    assert arithmetic.columns(10, "-", 4) == "10 - 4: 10 - 4 = 6, 1 - 0 - 1 = 0, 6"
+    assert arithmetic.columns(8, "+", 5) == "8 + 5 = 13"
+    assert arithmetic.columns(56, "/", 8) == "56 / 8 = 7"
+    for bad in ((12, "*", 3), (60, "/", 5), (57, "/", 8), (60, "+", 45), (3, "-", 5), (-3, "+", 5)):
+        with pytest.raises(ValueError):
+            arithmetic.columns(*bad)
 
 
 def test_arithmetic_facts_drill():
@@ -268,13 +328,20 @@ def test_arithmetic_facts_drill():
     operators = Counter()
     for ex in examples:
         lines = ex.answer.split("\n")
-        assert len(lines) == 8 and ex.prompt == ", ".join(line.split(" = ")[0] for line in lines)
+        assert len(lines) == 12 and ex.prompt == ", ".join(line.split(" = ")[0] for line in lines)
         for line in lines:
-            a, op, b, eq, c = line.split()
-            operators[op] += 1
-            assert eq == "=" and int(c) >= 0 and eval(f"{a} {op} {b}") == int(c)  # noqa: S307
+            lhs, value = line.split(" = ")
+            operators[lhs.split()[1]] += 1
+            assert lhs in arithmetic_facts.fact_space()
+            assert int(value) >= 0 and eval(lhs) == int(value)  # noqa: S307
         assert ex.target == lines[-1].split()[-1]
     assert set(operators) == {"+", "-", "*", "/"}
+    assert len(arithmetic_facts.fact_space()) == 1116  # 100 + 100 + 100 + 45 + 81 + 81 + 690, less 81 shared
+    assert [arithmetic_facts.value_of(lhs) for lhs in ("7 + 5", "4 + 3 + 1", "12 - 7", "4 - 1 - 1", "6 * 7", "42 / 6")] \
+        == [12, 8, 5, 2, 42, 7]
+    kinds_seen = {kind for ex in examples for line in ex.answer.split("\n")
+                  for kind, facts in arithmetic_facts.KINDS.items() if line.split(" = ")[0] in facts}
+    assert kinds_seen == set(arithmetic_facts.KINDS)
     assert DRILL_NAMES == ("arithmetic_facts",) and "arithmetic_facts" not in TASK_NAMES
     with pytest.raises(InputError, match="'arithmetic_facts'"):
         get_task("arithmetic_facts")  # benchmarks and scoring never see it

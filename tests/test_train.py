@@ -127,9 +127,9 @@ def test_batches_hold_one_task_and_few_shapes(run_dir):
     trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, **MICRO))
     marker = {"boolean_expressions": " is<|eot_id|>", "web_of_lies": "Does", "navigate": "starting point",
               "dyck_languages": "parentheses", "multistep_arithmetic_two": ") =", "arithmetic": "How",
-              "arithmetic_facts": ", "}
+              "arithmetic_facts": " + "}
     seen = set()
-    for step in list(range(12)) + list(range(9800, 9812)):  # the recipe's first and last phases
+    for step in range(24):
         batch = trainer.stream.batch(step)
         seen.add(batch.task)
         assert batch.input_ids.shape[1] % LENGTH_QUANTUM == 0  # lengths are quantised (few kernel shapes)

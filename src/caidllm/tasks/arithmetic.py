@@ -1,16 +1,20 @@
 """GSM8K-like word problems: one to three steps with small numbers.
 
 Each template draws its numbers so every intermediate value is a positive
-integer (differences stay positive, divisions come out even). Numbers are
-small (operands of + and - up to 60, factors up to 9) so that the arithmetic
-facts a 5M-parameter model must learn stay few.
+integer below 100 (differences stay positive, divisions come out even), and
+every product and quotient is one of the times table (factors 1 to 9).
 
-Worked answer: one equation per step, each using numbers from the question
-or the line just above, then the final line:
+Worked answer: one line per step, each using numbers from the question or
+the result ending the line above, then the final line. A step on one-digit
+numbers, and every product or quotient, is a single fact; a sum or
+difference with a two-digit number is worked one column at a time, units
+then tens (with the carry or the borrowed ten), then its result. So the
+model only ever needs about 500 one-digit facts (drilled in
+`arithmetic_facts`), never a two-digit one:
 
-    12 * 3 = 36
-    36 - 5 = 31
-    So the answer is 31.
+    4 * 9 = 36
+    36 - 8: 16 - 8 = 8, 3 - 0 - 1 = 2, 28
+    So the answer is 28.
 """
 
 from __future__ import annotations
@@ -61,12 +65,12 @@ def _div(r, n, m, o, i, j):
 
 
 def _times(r, n, m, o, i, j):
-    a, b = r.randint(2, 10), r.randint(2, 5)
+    a, b = r.randint(2, 9), r.randint(2, 5)
     return f"{m} has {a} {o}. {n} has {b} times as many {o} as {m}. How many {o} does {n} have?", [(a, "*", b)]
 
 
 def _half(r, n, m, o, i, j):
-    a = 2 * r.randint(2, 20)
+    a = 2 * r.randint(2, 9)
     return f"{n} had {a} {o}. {n} gave half of them to {m}. How many {o} does {n} have left?", [(a, "/", 2)]
 
 
@@ -99,14 +103,16 @@ def _fewer_total(r, n, m, o, i, j):
 
 def _change(r, n, m, o, i, j):
     a, b = r.randint(1, 9), r.randint(2, 6)
-    bill = next(x for x in (10, 20, 50, 100) if x > a * b)
+    while a * b >= 50:  # the bill is at most 50 dollars, so every value stays below 100
+        a, b = r.randint(1, 9), r.randint(2, 6)
+    bill = next(x for x in (10, 20, 50) if x > a * b)
     return (f"A {i} costs {a} dollars. {n} buys {b} of them and pays with a {bill} dollar bill. "
             f"How much change does {n} get?", [(a, "*", b), (bill, "-", "prev")])
 
 
 def _pages(r, n, m, o, i, j):
     a, b = r.randint(2, 9), r.randint(2, 9)
-    c = a * b + r.randint(1, 30)
+    c = a * b + r.randint(1, min(30, 99 - a * b))
     return (f"{n} reads {a} pages every day for {b} days. The book has {c} pages. "
             f"How many pages are left to read?", [(a, "*", b), (c, "-", "prev")])
 
@@ -126,22 +132,28 @@ def _spend(r, n, m, o, i, j):
 
 
 def _bags_then_add(r, n, m, o, i, j):
-    b, q, c = r.randint(2, 8), r.randint(2, 10), r.randint(2, 9)
+    b, q, c = r.randint(2, 8), r.randint(2, 9), r.randint(2, 9)
     return (f"{n} puts {b * q} {o} equally into {b} bags. Then {n} adds {c} more {o} to each bag. "
             f"How many {o} are in each bag now?", [(b * q, "/", b), ("prev", "+", c)])
 
 
 def _wage(r, n, m, o, i, j):
-    a, b, c = r.randint(2, 9), r.randint(2, 5), r.randint(2, 5)
+    a, b = r.randint(2, 9), r.randint(2, 5)
+    c = r.randint(2, min(5, 9 - b))  # the hours stay one digit: a times-table product
     return (f"{n} earns {a} dollars per hour and works {b} hours on Monday and {c} hours on Tuesday. "
             f"How many dollars does {n} earn?", [(b, "+", c), ("prev", "*", a)])
 
 
 def _share_left(r, n, m, o, i, j):
-    # Three steps: buy packs, eat some, share the rest evenly among k.
-    packs, per, k = r.randint(2, 6), r.randint(3, 12), r.randint(2, 5)
-    total = packs * per
-    eaten = r.choice([e for e in range(1, 10) if (total - e) % k == 0 and total - e >= k])
+    # Three steps: buy packs, eat some, share the rest evenly among k, each
+    # friend getting at most 9 (a times-table quotient).
+    while True:
+        packs, per, k = r.randint(2, 6), r.randint(3, 9), r.randint(2, 5)
+        total = packs * per
+        choices = [e for e in range(1, 10) if (total - e) % k == 0 and k <= total - e <= 9 * k]
+        if choices:
+            break
+    eaten = r.choice(choices)
     return (f"{n} buys {packs} packs of {per} {o}. {n} eats {eaten} of them and shares the rest equally "
             f"among {k} friends. How many {o} does each friend get?",
             [(packs, "*", per), ("prev", "-", eaten), ("prev", "/", k)])
@@ -153,6 +165,32 @@ TEMPLATES: tuple[Callable, ...] = (
 )
 
 
+def columns(a: int, op: str, b: int) -> str:
+    """One step's line. One-digit operands, products and quotients: the fact
+    itself (``4 * 9 = 36``). A sum or difference with a two-digit operand:
+    the units column, the tens column with its carry or borrowed ten, then
+    the result (``36 - 8: 16 - 8 = 8, 3 - 0 - 1 = 2, 28``)."""
+    if op in "*/":
+        factor = a // b if op == "/" else a
+        if not (1 <= factor <= 9 and 1 <= b <= 9) or (op == "/" and a % b):
+            raise ValueError(f"{a} {op} {b} is not in the times table")
+        return f"{a} {op} {b} = {_op(a, op, b)}"
+    value = _op(a, op, b)
+    if min(a, b) < 0 or not 0 <= value <= 99:
+        raise ValueError(f"{a} {op} {b} leaves the range 0..99")
+    if a < 10 and b < 10:
+        return f"{a} {op} {b} = {value}"
+    (a_tens, a_units), (b_tens, b_units) = divmod(a, 10), divmod(b, 10)
+    if op == "+":
+        units = f"{a_units} + {b_units} = {a_units + b_units}"
+        tens = f"{a_tens} + {b_tens}" + (" + 1" if a_units + b_units > 9 else "")
+    else:
+        top = a_units if a_units >= b_units else a_units + 10  # borrow ten from the tens
+        units = f"{top} - {b_units} = {top - b_units}"
+        tens = f"{a_tens} - {b_tens}" + (" - 1" if top > 9 else "")
+    return f"{a} {op} {b}: {units}, {tens} = {value // 10}, {value}"
+
+
 def solve(steps: list[tuple]) -> tuple[list[str], int]:
     lines, prev = [], None
     for a, op, b in steps:
@@ -160,8 +198,8 @@ def solve(steps: list[tuple]) -> tuple[list[str], int]:
         b = prev if b == "prev" else b
         if op == "/" and a % b:
             raise ValueError(f"{a} / {b} is not whole")
+        lines.append(columns(a, op, b))
         prev = _op(a, op, b)
-        lines.append(f"{a} {op} {b} = {prev}")
     return lines, prev
 
 

@@ -1,46 +1,68 @@
-"""Training-only drill: the arithmetic facts the worked chains of
-`arithmetic` and `navigate` rely on, eight to an example.
+"""Training-only drill: the arithmetic facts the worked chains rely on,
+twelve to an example, each written exactly as a chain writes it.
 
-The tiny model copies the operands of a chain line right (``4 * 8 =``) but
-gets its result wrong (``22``): it has seen too few of the facts. A chain
-example teaches one or two facts; a drill example teaches eight, in exactly
-the form of a chain line, so the facts carry over. Not a benchmark family
-(not in ``TASK_NAMES``): it is never evaluated.
+The chains of `arithmetic` reduce every sum and difference to one column
+at a time (``7 + 5 = 12``, then the tens with the carry ``4 + 3 + 1 = 8``)
+and every product or quotient to the times table; `navigate` adds step
+counts of at most 10 to a running sum (``23 + 9 = 32``). So the facts a
+model needs are few (1,116) and each is drilled here many times over,
+from the first step of training. Not a benchmark family (not in
+``TASK_NAMES``): it is never evaluated, and its text uses no new tokens.
 
-    prompt: 4 * 8, 17 + 6, 42 - 15, 36 / 4, ...
+    prompt: 4 * 8, 7 + 5, 12 - 7, 4 - 1 - 1, 23 + 9, ...
     answer: 4 * 8 = 32
-            17 + 6 = 23
+            7 + 5 = 12
             ...
 """
 
 from __future__ import annotations
 
+import operator
 import random
 
-FACTS_PER_EXAMPLE = 8
+FACTS_PER_EXAMPLE = 12
+DIGITS = range(10)
 
 
-def _fact(rng: random.Random) -> tuple[int, str, int, int]:
-    kind = rng.randrange(5)
-    if kind == 0:  # the step counts of navigate and small sums
-        a, b = rng.randint(1, 10), rng.randint(1, 10)
-        return a, "+", b, a + b
-    if kind == 1:  # running sums and word-problem totals
-        a, b = rng.randint(1, 70), rng.randint(1, 20)
-        return a, "+", b, a + b
-    if kind == 2:
-        a = rng.randint(2, 100)
-        b = rng.randint(1, min(a - 1, 40))
-        return a, "-", b, a - b
-    if kind == 3:
-        a, b = rng.randint(2, 12), rng.randint(2, 9)
-        return (a, "*", b, a * b) if rng.random() < 0.5 else (b, "*", a, a * b)
-    b, q = rng.randint(2, 9), rng.randint(2, 12)
-    return b * q, "/", b, q
+def _borrowing(a: int, b: int) -> str:
+    top = a if a >= b else a + 10  # a units column borrows ten when it must
+    return f"{top} - {b}"
+
+
+# Each kind of fact, as the left-hand sides a chain writes.
+KINDS: dict[str, list[str]] = {
+    "units sum": [f"{a} + {b}" for a in DIGITS for b in DIGITS],  # also every one-digit sum
+    "tens sum with carry": [f"{a} + {b} + 1" for a in DIGITS for b in DIGITS],
+    "units difference": [_borrowing(a, b) for a in DIGITS for b in DIGITS],  # also every one-digit difference
+    "tens difference with borrow": [f"{a} - {b} - 1" for a in DIGITS for b in DIGITS if a > b],
+    "product": [f"{a} * {b}" for a in range(1, 10) for b in range(1, 10)],
+    "quotient": [f"{a * b} / {b}" for a in range(1, 10) for b in range(1, 10)],
+    "running sum": [f"{total} + {step}" for total in range(1, 70) for step in range(1, 11)],  # navigate
+}
+# The running sums are about seven times as many facts as any other kind: drawn three times as often.
+KIND_WEIGHTS = {kind: 3.0 if kind == "running sum" else 1.0 for kind in KINDS}
+
+
+_OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
+
+
+def value_of(lhs: str) -> int:
+    """"4 - 1 - 1" -> 2: left to right (every fact has one kind of operator)."""
+    first, *rest = lhs.split()
+    value = int(first)
+    for op, number in zip(rest[::2], rest[1::2]):
+        value = _OPERATORS[op](value, int(number))
+    return value
+
+
+def fact_space() -> set[str]:
+    """Every left-hand side the drill can draw."""
+    return {lhs for facts in KINDS.values() for lhs in facts}
 
 
 def generate(rng: random.Random) -> tuple[str, str, str]:
-    facts = [_fact(rng) for _ in range(FACTS_PER_EXAMPLE)]
-    prompt = ", ".join(f"{a} {op} {b}" for a, op, b, _ in facts)
-    answer = "\n".join(f"{a} {op} {b} = {c}" for a, op, b, c in facts)
-    return prompt, answer, str(facts[-1][3])  # a target only to fit the Task interface: drills are never scored
+    kinds = rng.choices(list(KINDS), weights=list(KIND_WEIGHTS.values()), k=FACTS_PER_EXAMPLE)
+    facts = [rng.choice(KINDS[kind]) for kind in kinds]
+    values = [value_of(lhs) for lhs in facts]
+    answer = "\n".join(f"{lhs} = {value}" for lhs, value in zip(facts, values))
+    return ", ".join(facts), answer, str(values[-1])  # a target only to fit the Task interface: drills are never scored
