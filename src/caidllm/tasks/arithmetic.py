@@ -19,6 +19,7 @@ model only ever needs about 500 one-digit facts (drilled in
 
 from __future__ import annotations
 
+import operator
 import random
 from typing import Callable
 
@@ -36,8 +37,12 @@ ITEMS = "pen notebook sandwich toy ball hat cup book kite puzzle".split()
 WORDS = NAMES + OBJECTS + ITEMS
 
 
-def _op(a: int, op: str, b: int) -> int:
-    return {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
+OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
+
+
+def borrowed(a_units: int, b_units: int) -> int:
+    """The top of a units column of a difference: ten is borrowed from the tens when it must be."""
+    return a_units if a_units >= b_units else a_units + 10
 
 
 # Each template: rng, names (n, m), object o, items (i, j) ->
@@ -174,8 +179,8 @@ def columns(a: int, op: str, b: int) -> str:
         factor = a // b if op == "/" else a
         if not (1 <= factor <= 9 and 1 <= b <= 9) or (op == "/" and a % b):
             raise ValueError(f"{a} {op} {b} is not in the times table")
-        return f"{a} {op} {b} = {_op(a, op, b)}"
-    value = _op(a, op, b)
+        return f"{a} {op} {b} = {OPERATIONS[op](a, b)}"
+    value = OPERATIONS[op](a, b)
     if min(a, b) < 0 or not 0 <= value <= 99:
         raise ValueError(f"{a} {op} {b} leaves the range 0..99")
     if a < 10 and b < 10:
@@ -185,7 +190,7 @@ def columns(a: int, op: str, b: int) -> str:
         units = f"{a_units} + {b_units} = {a_units + b_units}"
         tens = f"{a_tens} + {b_tens}" + (" + 1" if a_units + b_units > 9 else "")
     else:
-        top = a_units if a_units >= b_units else a_units + 10  # borrow ten from the tens
+        top = borrowed(a_units, b_units)
         units = f"{top} - {b_units} = {top - b_units}"
         tens = f"{a_tens} - {b_tens}" + (" - 1" if top > 9 else "")
     return f"{a} {op} {b}: {units}, {tens} = {value // 10}, {value}"
@@ -196,10 +201,8 @@ def solve(steps: list[tuple]) -> tuple[list[str], int]:
     for a, op, b in steps:
         a = prev if a == "prev" else a
         b = prev if b == "prev" else b
-        if op == "/" and a % b:
-            raise ValueError(f"{a} / {b} is not whole")
-        lines.append(columns(a, op, b))
-        prev = _op(a, op, b)
+        lines.append(columns(a, op, b))  # raises on a step outside the one-digit facts
+        prev = OPERATIONS[op](a, b)
     return lines, prev
 
 

@@ -17,23 +17,19 @@ from the first step of training. Not a benchmark family (not in
 
 from __future__ import annotations
 
-import operator
 import random
+
+from caidllm.tasks.arithmetic import OPERATIONS, borrowed
 
 FACTS_PER_EXAMPLE = 12
 DIGITS = range(10)
-
-
-def _borrowing(a: int, b: int) -> str:
-    top = a if a >= b else a + 10  # a units column borrows ten when it must
-    return f"{top} - {b}"
 
 
 # Each kind of fact, as the left-hand sides a chain writes.
 KINDS: dict[str, list[str]] = {
     "units sum": [f"{a} + {b}" for a in DIGITS for b in DIGITS],  # also every one-digit sum
     "tens sum with carry": [f"{a} + {b} + 1" for a in DIGITS for b in DIGITS],
-    "units difference": [_borrowing(a, b) for a in DIGITS for b in DIGITS],  # also every one-digit difference
+    "units difference": [f"{borrowed(a, b)} - {b}" for a in DIGITS for b in DIGITS],  # also every one-digit difference
     "tens difference with borrow": [f"{a} - {b} - 1" for a in DIGITS for b in DIGITS if a > b],
     "product": [f"{a} * {b}" for a in range(1, 10) for b in range(1, 10)],
     "quotient": [f"{a * b} / {b}" for a in range(1, 10) for b in range(1, 10)],
@@ -43,15 +39,12 @@ KINDS: dict[str, list[str]] = {
 KIND_WEIGHTS = {kind: 3.0 if kind == "running sum" else 1.0 for kind in KINDS}
 
 
-_OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
-
-
 def value_of(lhs: str) -> int:
     """"4 - 1 - 1" -> 2: left to right (every fact has one kind of operator)."""
     first, *rest = lhs.split()
     value = int(first)
     for op, number in zip(rest[::2], rest[1::2]):
-        value = _OPERATORS[op](value, int(number))
+        value = OPERATIONS[op](value, int(number))
     return value
 
 
