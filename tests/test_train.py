@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import caidllm
 from caidllm.cli import main as cli_main
 from caidllm.errors import InputError
-from caidllm.train.data import LENGTH_QUANTUM, mask_answers
+from caidllm.train.data import LENGTH_QUANTUM, encode_pair, mask_answers, result_flags
 from caidllm.train.trainer import TrainConfig, Trainer
 
 MICRO = dict(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, batch_size=8, threads=1,
@@ -80,6 +80,9 @@ def test_train_cli(run_dir, capsys):
             "--mlp-hidden-size", "32", "--batch-size", "4", "--threads", "1", "--bf16-autocast", "false"]
     assert cli_main(args) == 0
     assert (run_dir / "cli" / "checkpoint.pt").exists()
+    final = json.loads((run_dir / "cli" / "train.log").read_text().splitlines()[-1])
+    assert final["step"] == 3 and set(final["validation"]) == set(caidllm.tasks.TASK_NAMES)
+    assert 0.0 <= final["facts"] <= 1.0
     assert cli_main(["train", "--out", out, "--steps", "0"]) == 2
     assert "steps must be an integer >= 1, got 0" in capsys.readouterr().err
     assert cli_main(["train", "--out", out, "--block-share", "1.5"]) == 2
@@ -91,6 +94,7 @@ def test_train_cli(run_dir, capsys):
     (dict(batch_size=2.5), "batch_size must be an integer >= 1"),
     (dict(block_length=0), "block_length must be an integer >= 1"),
     (dict(block_share=-0.1), "block_share must be a number in [0, 1]"),
+    (dict(result_share=2), "result_share must be a number in [0, 1]"),
     (dict(tight_canvas_share=float("nan")), "tight_canvas_share must be a number in [0, 1]"),
     (dict(d_model=30, n_heads=4), "d_model (30) must be divisible by n_heads (4)"),
 ])
@@ -209,3 +213,72 @@ def test_a_fresh_model_memorises_one_batch(run_dir):
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.15
+
+
+def test_result_flags_mark_the_right_hand_sides_of_equations():
+    tokens = ["1", "8", " -", " ", "7", ":", " ", "8", " -", " ", "7", " =", " ", "1", ",", " ", "1", "1", "\n",
+              "=", " not", " True", "\n", "So", " is", " 1", "1", "."]
+    flagged = [t for t, f in zip(tokens, result_flags(tokens)) if f]
+    assert flagged == ["1", " not", " True"]  # spaces, the chain's final "11" and the last line are not results
+    assert result_flags(["7", " +", " ", "5", " =", " ", "1", "2", " =", " ", "3"]) == [False] * 6 + [True, True,
+                                                                                              False, False, True]
+
+
+def test_result_rows_mask_only_the_results(run_dir):
+    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, **MICRO))
+    mask_id, checked = trainer.special["mask"], set()
+    for step in range(24):
+        batch = trainer.stream.batch(step)
+        text = trainer.tokenizer.decode(batch.input_ids[0, batch.answer_start[0]:batch.answer_end[0]].tolist())
+        flagged = trainer.tokenizer.decode(batch.input_ids[0][batch.results[0]].tolist())
+        if batch.task == "arithmetic_facts":  # "4 * 8 = 32\n7 + 5 = 12 ..." -> "3212..."
+            assert flagged == "".join(line.split(" = ")[1] for line in text.replace("<|eot_id|>", "").splitlines())
+        if batch.task == "web_of_lies":
+            assert not batch.results.any()  # no equations: its rows are masked as usual
+        assert not batch.results[~(torch.arange(batch.input_ids.shape[1]) >= batch.answer_start[:, None])].any()
+        generator = torch.Generator().manual_seed(step)
+        noisy, masked, _, _ = mask_answers(batch, mask_id, generator, block_share=0.5, result_share=1.0)
+        has_results = batch.results.any(dim=1)
+        assert not (masked & ~batch.results)[has_results].any()
+        if has_results.any():
+            assert masked[has_results].any()
+        if not has_results.all():
+            assert masked[~has_results].any()
+        checked.add(batch.task)
+    assert {"arithmetic_facts", "web_of_lies"} <= checked
+
+
+class _Predictor(torch.nn.Module):
+    """A stand-in model: logits from a plain function of the input ids."""
+
+    def __init__(self, predict):
+        super().__init__()
+        self.predict = predict
+
+    def forward(self, ids):
+        return self.predict(ids)
+
+
+def test_fact_accuracy_scores_the_drill_results(run_dir):
+    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, **MICRO))
+    vocab, mask_id = trainer.raw_config["vocab_size"], trainer.special["mask"]
+    clean = []  # the validation drill examples the accuracy is measured on
+    for example in caidllm.tasks.get_training_task("arithmetic_facts").examples("validation", 4, seed=0):
+        prompt, answer = encode_pair(trainer.tokenizer, example.prompt, example.answer, trainer.special["eot"])
+        clean.append(torch.tensor(prompt + answer))
+
+    def oracle(ids):  # the clean example that agrees with every unmasked token
+        (match,) = [c for c in clean if len(c) == ids.shape[1] and ((ids[0] == c) | (ids[0] == mask_id)).all()]
+        return F.one_hot(match, vocab)[None].float()
+
+    def first_result_wrong(ids):  # the first masked token of each example is predicted as itself
+        logits = oracle(ids)
+        logits[0, (ids[0] == mask_id).nonzero()[0].item()] = F.one_hot(torch.tensor(mask_id), vocab).float()
+        return logits
+
+    trainer.model = _Predictor(oracle)
+    assert trainer.fact_accuracy(4) == 1.0
+    trainer.model = _Predictor(first_result_wrong)
+    assert trainer.fact_accuracy(4) == round(1 - 4 / 48, 4)  # one fact of twelve wrong in each example
+    trainer.model = _Predictor(lambda ids: F.one_hot(ids, vocab).float())  # echoes the masks: all wrong
+    assert trainer.fact_accuracy(4) == 0.0

@@ -34,7 +34,7 @@ def run_train(args) -> int:
     cfg = TrainConfig(out_dir=args.out, **overrides)
     trainer = Trainer(cfg)
     if args.validate_only:
-        print(json.dumps({"step": trainer.step, "validation": trainer.validate()}))
+        print(json.dumps({"step": trainer.step, "facts": trainer.fact_accuracy(), "validation": trainer.validate()}))
     else:
         trainer.train()
     if args.export:

@@ -7,6 +7,12 @@ holds one task (similar lengths, so little padding); its canvas length varies
 from batch to batch so that the model sees answers inside canvases of every
 size it will be asked to fill (up to 256), while most of the compute goes to
 answer tokens rather than padding.
+
+Each batch also marks its "results": the right-hand side of every ``=`` in
+an answer (``7 + 5 = 12`` -> ``12``; a boolean chain's rewritten line).
+Masking only those, with every operand in sight, is how a model learns a
+fact table: on a micro model, the addition table reached 96% after 1,000
+steps that way against 21% with whole-answer masking (training/README.md).
 """
 
 from __future__ import annotations
@@ -30,6 +36,25 @@ class Batch:
     answer_start: torch.Tensor  # [B] first position of the answer region (the prompt is never masked)
     answer_end: torch.Tensor  # [B] one past the end-of-turn token: the EOS padding starts here
     task: str
+    results: torch.Tensor | None = None  # [B, L] bool: the right-hand sides of the answers' equations
+
+
+# A result runs from the token after an "=" up to the next of these (or a newline).
+RESULT_ENDS = frozenset("=,:.")
+
+
+def result_flags(token_texts: list[str]) -> list[bool]:
+    """Which tokens are right-hand sides of an "=" (whitespace aside):
+    ["4", " *", " ", "8", " =", " ", "3", "2", ","] -> only "3" and "2"."""
+    flags, inside = [], False
+    for text in token_texts:
+        piece = text.strip()
+        if "\n" in text or (piece and piece in RESULT_ENDS):
+            inside = False
+        flags.append(inside and bool(piece))
+        if piece == "=":
+            inside = True
+    return flags
 
 
 def encode_pair(tokenizer, prompt: str, answer: str, eot_id: int) -> tuple[list[int], list[int]]:
@@ -55,6 +80,12 @@ class TaskStream:
         self.canvas_lengths = canvas_lengths
         self.eot_id, self.eos_id, self.seed = eot_id, eos_id, seed
         self.tight_canvas_share = tight_canvas_share
+        self._token_texts: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        if token_id not in self._token_texts:
+            self._token_texts[token_id] = self.tokenizer.decode([token_id])
+        return self._token_texts[token_id]
 
     def batch(self, step: int) -> Batch:
         rng = random.Random(f"{self.seed}:{step}")
@@ -72,22 +103,28 @@ class TaskStream:
         ids = torch.full((len(pairs), total), self.eos_id, dtype=torch.long)
         starts = torch.zeros(len(pairs), dtype=torch.long)
         ends = torch.zeros(len(pairs), dtype=torch.long)
+        results = torch.zeros(len(pairs), total, dtype=torch.bool)
         for r, (prompt, answer) in enumerate(pairs):
             sequence = (prompt + answer)[:total]
             ids[r, :len(sequence)] = torch.tensor(sequence)
             starts[r], ends[r] = len(prompt), len(sequence)
-        return Batch(ids, starts, ends, task.name)
+            flags = result_flags([self.token_text(i) for i in answer[:-1]])  # the end-of-turn token is no result
+            results[r, len(prompt):len(prompt) + len(flags)] = torch.tensor(flags, dtype=torch.bool)
+        return Batch(ids, starts, ends, task.name, results)
 
 
 def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_share: float = 0.0,
-                 block_length: int = 64, eps: float = 1e-3):
+                 block_length: int = 64, result_share: float = 0.0, eps: float = 1e-3):
     """Noise the answer region. Each row draws t ~ U(eps, 1).
 
     Plain rows follow LLaDA's forward process: every answer position is
-    masked with probability t. A share `block_share` of the rows are "block
-    rows", the inputs a block decoder actually sees: a clean answer prefix of
-    random length, then `block_length` positions masked with probability t,
-    then a fully masked tail (probability 1).
+    masked with probability t. A share `result_share` of the rows that have
+    results (batch.results) are "result rows": only their results are
+    masked, with probability t, and every other token is in sight. Of the
+    other rows, a share `block_share` are "block rows", the inputs a block
+    decoder actually sees: a clean answer prefix of random length, then
+    `block_length` positions masked with probability t, then a fully masked
+    tail (probability 1).
 
     Returns the noisy ids, the mask, the masking probability per position
     (for the loss weighting) and the answer region."""
@@ -97,7 +134,9 @@ def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_s
     t = torch.rand(B, generator=generator)
     p_mask = ((1 - eps) * t + eps)[:, None].expand(B, L)
     in_answer = positions >= batch.answer_start[:, None]
-    is_block_row = torch.rand(B, generator=generator) < block_share
+    results = batch.results if batch.results is not None else torch.zeros(B, L, dtype=torch.bool)
+    is_result_row = (torch.rand(B, generator=generator) < result_share) & results.any(dim=1)
+    is_block_row = (torch.rand(B, generator=generator) < block_share) & ~is_result_row
     # Block start anywhere from the answer's first position to its end-of-turn token.
     span = (batch.answer_end - batch.answer_start).clamp(min=1)
     block_start = batch.answer_start + (torch.rand(B, generator=generator) * span).long()
@@ -105,5 +144,6 @@ def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_s
     block_end = torch.where(is_block_row[:, None], block_start + block_length, torch.full_like(block_start, L))
     p_mask = torch.where(positions >= block_end, torch.ones_like(p_mask), p_mask)
     noised = positions >= block_start  # the clean prefix of block rows is never masked
+    noised = torch.where(is_result_row[:, None], results, noised)
     masked = (torch.rand(B, L, generator=generator) < p_mask) & noised
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask, in_answer

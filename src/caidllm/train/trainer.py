@@ -3,9 +3,10 @@ tasks, on a CPU: resumable, seeded, logged, with validation accuracy.
 
 The loss is LLaDA's: mask each answer position with probability t ~ U(eps, 1),
 cross-entropy on the masked positions weighted by 1/t, normalised by the
-answer length. Half of the rows are "block rows" (a clean answer prefix, a
-noised block, a fully masked tail: what a block decoder feeds the model; see
-data.mask_answers). Everything the run needs to resume (weights, optimiser, step)
+answer length. Half of the rows with equations are "result rows" (only the
+right-hand sides masked: how fact tables get learned), and half of the
+others are "block rows" (a clean answer prefix, a noised block, a fully
+masked tail: what a block decoder feeds the model); see data.mask_answers. Everything the run needs to resume (weights, optimiser, step)
 is in `checkpoint.pt`; the data stream and the masking are seeded by the step,
 so a resumed run sees exactly the batches it would have seen.
 """
@@ -31,9 +32,9 @@ from caidllm.models.config import parse_config
 from caidllm.models.llada import LLaDAModel
 from caidllm.models.lm import DiffusionLM
 from caidllm.models.loading import load_tokenizer
-from caidllm.tasks import DRILL_NAMES, TASK_NAMES, get_task, score
+from caidllm.tasks import DRILL_NAMES, TASK_NAMES, get_task, get_training_task, score
 from caidllm.tasks.vocab import build_tokenizer
-from caidllm.train.data import TaskStream, mask_answers
+from caidllm.train.data import TaskStream, encode_pair, mask_answers, result_flags
 
 SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask": "<|mdm_mask|>", "eot": "<|eot_id|>"}
 
@@ -79,6 +80,10 @@ class TrainConfig:
     tight_canvas_share: float = 0.75  # share of batches on the tightest canvas that fits, the rest on any
     block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
     block_length: int = 64
+    # Share of the rows with equations in which only the results are masked
+    # (see data.mask_answers): what teaches the facts the chains rely on.
+    # Drill rows are always masked that way.
+    result_share: float = 0.5
     task_phases: tuple[tuple[int, dict[str, float]], ...] = field(default_factory=lambda: copy.deepcopy(TASK_PHASES))
     bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
     seed: int = 0
@@ -110,7 +115,7 @@ class TrainConfig:
                 or restarts != sorted(set(restarts))):
             raise InputError(f"lr_restarts must be increasing integer steps after the warm-up "
                              f"(> warmup_steps = {self.warmup_steps}), got {restarts}")
-        for name in ("tight_canvas_share", "block_share"):
+        for name in ("tight_canvas_share", "block_share", "result_share"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
                 raise InputError(f"{name} must be a number in [0, 1], got {value!r}")
@@ -208,8 +213,10 @@ class Trainer:
     def loss_on(self, step: int) -> torch.Tensor:
         batch = self.stream.batch(step)
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
+        # A drill's facts are listed in its prompt: only its results are worth masking.
+        result_share = 1.0 if batch.task in DRILL_NAMES else self.cfg.result_share
         noisy, masked, p_mask, in_answer = mask_answers(batch, self.special["mask"], generator,
-                                                        self.cfg.block_share, self.cfg.block_length)
+                                                        self.cfg.block_share, self.cfg.block_length, result_share)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             logits = self.model(noisy)
         token_loss = F.cross_entropy(logits[masked].float(), batch.input_ids[masked], reduction="none") / p_mask[masked]
@@ -240,7 +247,7 @@ class Trainer:
             if self.step % cfg.save_every == 0 or self.step == cfg.steps:
                 self.save()
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-                self.log({"step": self.step, "validation": self.validate()})
+                self.log({"step": self.step, "facts": self.fact_accuracy(), "validation": self.validate()})
                 self.model.train()
             if cfg.time_limit_s is not None and time.time() - run_started > cfg.time_limit_s:
                 self.save()
@@ -267,6 +274,34 @@ class Trainer:
                                block_length=64, batch_size=8)
             accuracy[name] = sum(score(name, r.text, e.target) for r, e in zip(results, examples)) / len(examples)
         return accuracy
+
+    @torch.no_grad()
+    def fact_accuracy(self, n: int = 64) -> float:
+        """Share of the arithmetic drill's facts (validation split) whose
+        result the model fills in right in one forward pass, with every
+        result masked and the operands given: how far the facts the chains
+        rely on are learned."""
+        self.model.eval()
+        right = total = 0
+        for example in get_training_task("arithmetic_facts").examples("validation", n, seed=self.cfg.seed):
+            prompt, answer = encode_pair(self.tokenizer, example.prompt, example.answer, self.special["eot"])
+            texts = [self.stream.token_text(i) for i in answer[:-1]]
+            flagged = [len(prompt) + i for i, flag in enumerate(result_flags(texts)) if flag]
+            ids = torch.tensor(prompt + answer)
+            noisy = ids.clone()
+            noisy[flagged] = self.special["mask"]
+            hits = (self.model(noisy[None])[0].argmax(-1) == ids)[flagged].tolist()
+            fact_of = {}  # position -> its line (one fact to a line)
+            line = 0
+            for i, text in enumerate(texts):
+                fact_of[len(prompt) + i] = line
+                line += "\n" in text
+            per_fact = {}
+            for position, hit in zip(flagged, hits):
+                per_fact[fact_of[position]] = per_fact.get(fact_of[position], True) and hit
+            right += sum(per_fact.values())
+            total += len(per_fact)
+        return round(right / total, 4)
 
     def export(self, folder: str | Path) -> Path:
         """Write the model in the Hugging Face layout of LLaDA-8B (bf16 weights)."""
