@@ -94,7 +94,7 @@ def test_train_cli(run_dir, capsys):
     (dict(batch_size=2.5), "batch_size must be an integer >= 1"),
     (dict(block_length=0), "block_length must be an integer >= 1"),
     (dict(block_share=-0.1), "block_share must be a number in [0, 1]"),
-    (dict(result_share=2), "result_share must be a number in [0, 1]"),
+    (dict(cut_share=2), "cut_share must be a number in [0, 1]"),
     (dict(tight_canvas_share=float("nan")), "tight_canvas_share must be a number in [0, 1]"),
     (dict(d_model=30, n_heads=4), "d_model (30) must be divisible by n_heads (4)"),
 ])
@@ -257,6 +257,44 @@ class _Predictor(torch.nn.Module):
 
     def forward(self, ids):
         return self.predict(ids)
+
+
+def test_cut_rows_are_clean_up_to_a_result_and_masked_from_it(run_dir):
+    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, **MICRO))
+    cuts = set()
+    for step in range(24):
+        batch = trainer.stream.batch(step)
+        generator = torch.Generator().manual_seed(step)
+        noisy, masked, p_mask, _ = mask_answers(batch, trainer.special["mask"], generator, cut_share=1.0)
+        for row in range(masked.shape[0]):
+            if not batch.results[row].any():
+                continue
+            cut = masked[row].nonzero()[0].item()
+            assert batch.results[row, cut] and not batch.results[row, cut - 1]  # the start of a result
+            assert masked[row, cut:].all() and (p_mask[row, cut:] == 1).all()  # nothing after it in sight
+            assert not masked[row, :cut].any()
+            cuts.add((batch.task, cut - batch.answer_start[row].item()))
+    assert len(cuts) > 10  # cut at many different results
+
+
+def test_drill_rows_mask_only_results_and_chain_rows_are_cut(run_dir, monkeypatch):
+    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, cut_share=1.0, **MICRO))
+    seen = {}
+    real = mask_answers
+
+    def spy(batch, *args, **kwargs):
+        noisy, masked, p_mask, in_answer = real(batch, *args, **kwargs)
+        seen[batch.task] = (batch, masked)
+        return noisy, masked, p_mask, in_answer
+
+    monkeypatch.setattr("caidllm.train.trainer.mask_answers", spy)
+    for step in range(24):
+        with torch.no_grad():
+            trainer.loss_on(step)
+    batch, masked = seen["arithmetic_facts"]
+    assert not (masked & ~batch.results).any()
+    batch, masked = seen["arithmetic"]
+    assert (masked & ~batch.results).any()  # cut rows mask the tail beyond the result too
 
 
 def test_fact_accuracy_scores_the_drill_results(run_dir):

@@ -114,17 +114,28 @@ class TaskStream:
 
 
 def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_share: float = 0.0,
-                 block_length: int = 64, result_share: float = 0.0, eps: float = 1e-3):
+                 block_length: int = 64, result_share: float = 0.0, cut_share: float = 0.0, eps: float = 1e-3):
     """Noise the answer region. Each row draws t ~ U(eps, 1).
 
     Plain rows follow LLaDA's forward process: every answer position is
-    masked with probability t. A share `result_share` of the rows that have
-    results (batch.results) are "result rows": only their results are
-    masked, with probability t, and every other token is in sight. Of the
-    other rows, a share `block_share` are "block rows", the inputs a block
-    decoder actually sees: a clean answer prefix of random length, then
-    `block_length` positions masked with probability t, then a fully masked
-    tail (probability 1).
+    masked with probability t. Rows that have results (batch.results) can
+    instead be:
+
+    * "result rows" (a share `result_share`): only the results are masked,
+      with probability t, every other token in sight. Right for a drill of
+      independent facts, where no other token gives a result away;
+    * "cut rows" (a share `cut_share` of the rest): the answer is clean up
+      to the start of one of its results, drawn at random, and masked from
+      there on (probability 1). That is what a decoder going left to right
+      sees when it reaches a result; in a chain, later tokens repeat earlier
+      results (the next line's operands, the final answer), and a model
+      trained with them in sight learns to copy results rather than work
+      them out.
+
+    Of the other rows, a share `block_share` are "block rows", the inputs a
+    block decoder actually sees: a clean answer prefix of random length,
+    then `block_length` positions masked with probability t, then a fully
+    masked tail (probability 1).
 
     Returns the noisy ids, the mask, the masking probability per position
     (for the loss weighting) and the answer region."""
@@ -136,14 +147,21 @@ def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_s
     in_answer = positions >= batch.answer_start[:, None]
     results = batch.results if batch.results is not None else torch.zeros(B, L, dtype=torch.bool)
     is_result_row = (torch.rand(B, generator=generator) < result_share) & results.any(dim=1)
-    is_block_row = (torch.rand(B, generator=generator) < block_share) & ~is_result_row
+    is_cut_row = (torch.rand(B, generator=generator) < cut_share) & results.any(dim=1) & ~is_result_row
+    is_block_row = (torch.rand(B, generator=generator) < block_share) & ~is_result_row & ~is_cut_row
+    # Cut rows: the k-th result start, k drawn uniformly among the row's results.
+    result_starts = results & ~torch.nn.functional.pad(results, (1, 0))[:, :L]
+    k = (torch.rand(B, generator=generator) * result_starts.sum(dim=1)).long() + 1
+    cut = torch.where(result_starts & (result_starts.cumsum(dim=1) == k[:, None]), positions, L).min(dim=1).values
     # Block start anywhere from the answer's first position to its end-of-turn token.
     span = (batch.answer_end - batch.answer_start).clamp(min=1)
     block_start = batch.answer_start + (torch.rand(B, generator=generator) * span).long()
     block_start = torch.where(is_block_row, block_start, batch.answer_start)[:, None]
     block_end = torch.where(is_block_row[:, None], block_start + block_length, torch.full_like(block_start, L))
-    p_mask = torch.where(positions >= block_end, torch.ones_like(p_mask), p_mask)
+    cut_tail = is_cut_row[:, None] & (positions >= cut[:, None])
+    p_mask = torch.where((positions >= block_end) | cut_tail, torch.ones_like(p_mask), p_mask)
     noised = positions >= block_start  # the clean prefix of block rows is never masked
     noised = torch.where(is_result_row[:, None], results, noised)
+    noised = torch.where(is_cut_row[:, None], cut_tail, noised)
     masked = (torch.rand(B, L, generator=generator) < p_mask) & noised
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask, in_answer

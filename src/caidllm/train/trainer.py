@@ -3,10 +3,12 @@ tasks, on a CPU: resumable, seeded, logged, with validation accuracy.
 
 The loss is LLaDA's: mask each answer position with probability t ~ U(eps, 1),
 cross-entropy on the masked positions weighted by 1/t, normalised by the
-answer length. Half of the rows with equations are "result rows" (only the
-right-hand sides masked: how fact tables get learned), and half of the
-others are "block rows" (a clean answer prefix, a noised block, a fully
-masked tail: what a block decoder feeds the model); see data.mask_answers. Everything the run needs to resume (weights, optimiser, step)
+answer length. Rows of the facts drill mask only their results (how a
+fact table gets learned); half of the chain rows with equations are cut at
+a result (clean up to it, masked from there: no later token gives it
+away), and half of the others are "block rows" (a clean answer prefix, a
+noised block, a fully masked tail: what a block decoder feeds the model);
+see data.mask_answers. Everything the run needs to resume (weights, optimiser, step)
 is in `checkpoint.pt`; the data stream and the masking are seeded by the step,
 so a resumed run sees exactly the batches it would have seen.
 """
@@ -80,10 +82,10 @@ class TrainConfig:
     tight_canvas_share: float = 0.75  # share of batches on the tightest canvas that fits, the rest on any
     block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
     block_length: int = 64
-    # Share of the rows with equations in which only the results are masked
-    # (see data.mask_answers): what teaches the facts the chains rely on.
-    # Drill rows are always masked that way.
-    result_share: float = 0.5
+    # Share of the rows with equations that are cut at a result: clean up to
+    # it, masked from there (see data.mask_answers). Drill rows always mask
+    # only their results instead.
+    cut_share: float = 0.5
     task_phases: tuple[tuple[int, dict[str, float]], ...] = field(default_factory=lambda: copy.deepcopy(TASK_PHASES))
     bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
     seed: int = 0
@@ -115,7 +117,7 @@ class TrainConfig:
                 or restarts != sorted(set(restarts))):
             raise InputError(f"lr_restarts must be increasing integer steps after the warm-up "
                              f"(> warmup_steps = {self.warmup_steps}), got {restarts}")
-        for name in ("tight_canvas_share", "block_share", "result_share"):
+        for name in ("tight_canvas_share", "block_share", "cut_share"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
                 raise InputError(f"{name} must be a number in [0, 1], got {value!r}")
@@ -213,10 +215,12 @@ class Trainer:
     def loss_on(self, step: int) -> torch.Tensor:
         batch = self.stream.batch(step)
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
-        # A drill's facts are listed in its prompt: only its results are worth masking.
-        result_share = 1.0 if batch.task in DRILL_NAMES else self.cfg.result_share
-        noisy, masked, p_mask, in_answer = mask_answers(batch, self.special["mask"], generator,
-                                                        self.cfg.block_share, self.cfg.block_length, result_share)
+        # A drill's facts are independent (and listed in its prompt): only its
+        # results are worth masking. A chain's results are cut at instead.
+        drill = batch.task in DRILL_NAMES
+        noisy, masked, p_mask, in_answer = mask_answers(
+            batch, self.special["mask"], generator, self.cfg.block_share, self.cfg.block_length,
+            result_share=1.0 if drill else 0.0, cut_share=0.0 if drill else self.cfg.cut_share)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             logits = self.model(noisy)
         token_loss = F.cross_entropy(logits[masked].float(), batch.input_ids[masked], reduction="none") / p_mask[masked]
