@@ -87,6 +87,10 @@ class TaskStream:
             self._token_texts[token_id] = self.tokenizer.decode([token_id])
         return self._token_texts[token_id]
 
+    def answer_results(self, answer_ids: list[int]) -> list[bool]:
+        """result_flags of an encoded answer; its end-of-turn token is no result."""
+        return result_flags([self.token_text(i) for i in answer_ids[:-1]])
+
     def batch(self, step: int) -> Batch:
         rng = random.Random(f"{self.seed}:{step}")
         weights = next(w for start, w in self.phases if step >= start)
@@ -108,7 +112,7 @@ class TaskStream:
             sequence = (prompt + answer)[:total]
             ids[r, :len(sequence)] = torch.tensor(sequence)
             starts[r], ends[r] = len(prompt), len(sequence)
-            flags = result_flags([self.token_text(i) for i in answer[:-1]])  # the end-of-turn token is no result
+            flags = self.answer_results(answer)
             results[r, len(prompt):len(prompt) + len(flags)] = torch.tensor(flags, dtype=torch.bool)
         return Batch(ids, starts, ends, task.name, results)
 

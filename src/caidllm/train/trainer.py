@@ -36,7 +36,7 @@ from caidllm.models.lm import DiffusionLM
 from caidllm.models.loading import load_tokenizer
 from caidllm.tasks import DRILL_NAMES, TASK_NAMES, get_task, get_training_task, score
 from caidllm.tasks.vocab import build_tokenizer
-from caidllm.train.data import TaskStream, encode_pair, mask_answers, result_flags
+from caidllm.train.data import TaskStream, encode_pair, mask_answers
 
 SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask": "<|mdm_mask|>", "eot": "<|eot_id|>"}
 
@@ -293,21 +293,18 @@ class Trainer:
         right = total = 0
         for example in get_training_task("arithmetic_facts").examples("validation", n, seed=self.cfg.seed):
             prompt, answer = encode_pair(self.tokenizer, example.prompt, example.answer, self.special["eot"])
-            texts = [self.stream.token_text(i) for i in answer[:-1]]
-            flagged = [len(prompt) + i for i, flag in enumerate(result_flags(texts)) if flag]
+            flagged = [len(prompt) + i for i, flag in enumerate(self.stream.answer_results(answer)) if flag]
             ids = torch.tensor(prompt + answer)
             noisy = ids.clone()
             noisy[flagged] = self.special["mask"]
             hits = (self.model(noisy[None])[0].argmax(-1) == ids)[flagged].tolist()
-            fact_of = {}  # position -> its line (one fact to a line)
-            line = 0
-            for i, text in enumerate(texts):
-                fact_of[len(prompt) + i] = line
-                line += "\n" in text
-            per_fact = {}
-            for position, hit in zip(flagged, hits):
-                per_fact[fact_of[position]] = per_fact.get(fact_of[position], True) and hit
-            right += sum(per_fact.values())
+            per_fact = []  # a fact's result is a run of adjacent flagged positions
+            for i, (position, hit) in enumerate(zip(flagged, hits)):
+                if i and position == flagged[i - 1] + 1:
+                    per_fact[-1] = per_fact[-1] and hit
+                else:
+                    per_fact.append(hit)
+            right += sum(per_fact)
             total += len(per_fact)
         return round(right / total, 4)
 
