@@ -95,6 +95,8 @@ def test_train_cli(run_dir, capsys):
     (dict(block_length=0), "block_length must be an integer >= 1"),
     (dict(block_share=-0.1), "block_share must be a number in [0, 1]"),
     (dict(cut_share=2), "cut_share must be a number in [0, 1]"),
+    (dict(results_from=-1), "results_from must be an integer step >= 0"),
+    (dict(results_from=1.5), "results_from must be an integer step >= 0"),
     (dict(tight_canvas_share=float("nan")), "tight_canvas_share must be a number in [0, 1]"),
     (dict(d_model=30, n_heads=4), "d_model (30) must be divisible by n_heads (4)"),
 ])
@@ -277,8 +279,8 @@ def test_cut_rows_are_clean_up_to_a_result_and_masked_from_it(run_dir):
     assert len(cuts) > 10  # cut at many different results
 
 
-def test_drill_rows_mask_only_results_and_chain_rows_are_cut(run_dir, monkeypatch):
-    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, cut_share=1.0, **MICRO))
+def _masks_seen(trainer, steps, monkeypatch):
+    """{task: (batch, masked)} of the last batch of each task in `steps`."""
     seen = {}
     real = mask_answers
 
@@ -288,13 +290,33 @@ def test_drill_rows_mask_only_results_and_chain_rows_are_cut(run_dir, monkeypatc
         return noisy, masked, p_mask, in_answer
 
     monkeypatch.setattr("caidllm.train.trainer.mask_answers", spy)
-    for step in range(24):
+    for step in steps:
         with torch.no_grad():
             trainer.loss_on(step)
+    return seen
+
+
+def test_drill_rows_mask_only_results_and_chain_rows_are_cut(run_dir, monkeypatch):
+    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, cut_share=1.0, results_from=0, **MICRO))
+    seen = _masks_seen(trainer, range(24), monkeypatch)
     batch, masked = seen["arithmetic_facts"]
     assert not (masked & ~batch.results).any()
     batch, masked = seen["arithmetic"]
     assert (masked & ~batch.results).any()  # cut rows mask the tail beyond the result too
+
+
+def test_no_result_or_cut_rows_before_results_from(run_dir, monkeypatch):
+    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, cut_share=1.0, block_share=0.0,
+                                  results_from=1000, **MICRO))
+    seen = _masks_seen(trainer, range(24), monkeypatch)
+    batch, masked = seen["arithmetic_facts"]
+    assert (masked & ~batch.results).any()  # plain rows: operands are masked too
+    batch, masked = seen["arithmetic"]
+    # a cut row masks everything from its first masked position to the end
+    # of the answer; plain rows at rate t leave gaps
+    gaps = [not masked[row, masked[row].nonzero()[0].item():batch.answer_end[row]].all()
+            for row in range(masked.shape[0]) if masked[row].any()]
+    assert sum(gaps) > len(gaps) // 2
 
 
 def test_fact_accuracy_scores_the_drill_results(run_dir):

@@ -90,6 +90,11 @@ class TrainConfig:
     # it, masked from there (see data.mask_answers). Drill rows always mask
     # only their results instead.
     cut_share: float = 0.5
+    # Step from which the drill masks only results and chains are cut at
+    # them; before it every row is plain or block. The shipped run started
+    # them at 4,600: on a fresh model they did nothing within 300 steps
+    # (the fact plateau comes first, see training/README.md).
+    results_from: int = 4600
     task_phases: tuple[tuple[int, dict[str, float]], ...] = field(default_factory=lambda: copy.deepcopy(TASK_PHASES))
     bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
     seed: int = 0
@@ -121,6 +126,8 @@ class TrainConfig:
                 or restarts != sorted(set(restarts))):
             raise InputError(f"lr_restarts must be increasing integer steps after the warm-up "
                              f"(> warmup_steps = {self.warmup_steps}), got {restarts}")
+        if isinstance(self.results_from, bool) or not isinstance(self.results_from, int) or self.results_from < 0:
+            raise InputError(f"results_from must be an integer step >= 0, got {self.results_from!r}")
         for name in ("tight_canvas_share", "block_share", "cut_share"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
@@ -222,9 +229,11 @@ class Trainer:
         # A drill's facts are independent (and listed in its prompt): only its
         # results are worth masking. A chain's results are cut at instead.
         drill = batch.task in DRILL_NAMES
+        results = step >= self.cfg.results_from
         noisy, masked, p_mask, in_answer = mask_answers(
             batch, self.special["mask"], generator, self.cfg.block_share, self.cfg.block_length,
-            result_share=1.0 if drill else 0.0, cut_share=0.0 if drill else self.cfg.cut_share)
+            result_share=1.0 if drill and results else 0.0,
+            cut_share=self.cfg.cut_share if results and not drill else 0.0)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             logits = self.model(noisy)
         token_loss = F.cross_entropy(logits[masked].float(), batch.input_ids[masked], reduction="none") / p_mask[masked]
