@@ -87,8 +87,8 @@ class TrainConfig:
     block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
     block_length: int = 64
     # Share of the rows with equations that are cut at a result: clean up to
-    # it, masked from there (see data.mask_answers). Drill rows always mask
-    # only their results instead.
+    # it, masked from there (see data.mask_answers), from step results_from
+    # on. Drill rows mask only their results instead.
     cut_share: float = 0.5
     # Step from which the drill masks only results and chains are cut at
     # them; before it every row is plain or block. The shipped run started
