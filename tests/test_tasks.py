@@ -290,17 +290,39 @@ def test_arithmetic_lines():
     assert column_steps > 100
 
 
-def test_navigate_sums_are_drilled_facts():
+def test_navigate_trace_items():
+    """Every step item adds to the latest total of its own direction (a
+    drilled fact), every turn item is the right new facing, and the axis
+    lines take each direction's last total."""
     drilled = arithmetic_facts.fact_space()
-    sums = 0
+    compass = ["north", "east", "south", "west"]
+    sums = turns = 0
     for ex in all_examples("navigate"):
-        for chain in re.findall(r"\d+(?: \+ \d+ = \d+)+", ex.answer):
-            numbers = [int(x) for x in re.findall(r"\d+", chain)]
-            total = numbers[0]
-            for step, result in zip(numbers[1::2], numbers[2::2]):
-                assert f"{total} + {step}" in drilled and result == total + step, chain
-                total, sums = result, sums + 1
-    assert sums > 100
+        trace, *axis_lines, _final = ex.answer.split("\n")
+        items = trace.rstrip(".").split(", ")
+        forward_mode = "Always face forward" in ex.prompt
+        facing = None if forward_mode else items.pop(0)
+        assert forward_mode or facing == "north", ex.answer
+        totals = {}
+        for item in items:
+            words = item.split()
+            if len(words) == 4:  # "<turn> <facing> = <new facing>"
+                assert not forward_mode and words[1] == facing and words[2] == "=", item
+                shift = {"left": -1, "right": 1, "around": 2}[words[0]]
+                facing = compass[(compass.index(facing) + shift) % 4]
+                assert words[3] == facing, item
+                turns += 1
+                continue
+            direction, before, plus, step, equals, after = words
+            assert forward_mode or direction == facing, item
+            assert (plus, equals) == ("+", "=") and int(before) == totals.get(direction, 0), (item, totals)
+            assert f"{before} + {step}" in drilled and int(after) == int(before) + int(step), item
+            totals[direction] = int(after)
+            sums += 1
+        for line in axis_lines:
+            (a, a_total), (b, b_total) = (part.split() for part in line.split(":")[0].split(", "))
+            assert (int(a_total), int(b_total)) == (totals.get(a, 0), totals.get(b, 0)), (line, totals)
+    assert sums > 1000 and turns > 300
 
 
 def test_arithmetic_columns():
@@ -336,7 +358,7 @@ def test_arithmetic_facts_drill():
             assert int(value) >= 0 and eval(lhs) == int(value)  # noqa: S307
         assert ex.target == lines[-1].split()[-1]
     assert set(operators) == {"+", "-", "*", "/"}
-    assert len(arithmetic_facts.fact_space()) == 1116  # 100 + 100 + 100 + 45 + 81 + 81 + 690, less 81 shared
+    assert len(arithmetic_facts.fact_space()) == 1117  # 100 + 100 + 100 + 45 + 81 + 81 + 700, less 90 shared
     assert [arithmetic_facts.value_of(lhs) for lhs in ("7 + 5", "4 + 3 + 1", "12 - 7", "4 - 1 - 1", "6 * 7", "42 / 6")] \
         == [12, 8, 5, 2, 42, 7]
     kinds_seen = {kind for ex in examples for line in ex.answer.split("\n")
