@@ -291,37 +291,49 @@ def test_arithmetic_lines():
 
 
 def test_navigate_trace_items():
-    """Every step item adds to the latest total of its own direction (a
-    drilled fact), every turn item is the right new facing, and the axis
-    lines take each direction's last total."""
+    """One item per instruction, in order: a step item adds the instruction's
+    steps to the latest total of its own direction (a drilled fact), a turn
+    item is the instruction's turn and the right new facing; then the two
+    axis lines take each direction's last total and say whether they are
+    equal, and the answer is Yes exactly when both are."""
     drilled = arithmetic_facts.fact_space()
     compass = ["north", "east", "south", "west"]
     sums = turns = 0
     for ex in all_examples("navigate"):
-        trace, *axis_lines, _final = ex.answer.split("\n")
+        trace, *axis_lines, final = ex.answer.split("\n")
         items = trace.rstrip(".").split(", ")
-        forward_mode = "Always face forward" in ex.prompt
-        facing = None if forward_mode else items.pop(0)
-        assert forward_mode or facing == "north", ex.answer
+        sentences = ex.prompt.split("? ", 1)[1].split("\n")[0].rstrip(".").split(". ")
+        forward_mode = sentences[0] == "Always face forward"
+        if forward_mode:
+            sentences.pop(0)
+            facing = None
+        else:
+            facing = items.pop(0)
+            assert facing == "north", ex.answer
+        assert len(items) == len(sentences), (sentences, items)
         totals = {}
-        for item in items:
-            words = item.split()
-            if len(words) == 4:  # "<turn> <facing> = <new facing>"
-                assert not forward_mode and words[1] == facing and words[2] == "=", item
-                shift = {"left": -1, "right": 1, "around": 2}[words[0]]
+        for sentence, item in zip(sentences, items):
+            words, instruction = item.split(), sentence.split()
+            if instruction[0] == "Turn":  # "<turn> <facing> = <new facing>"
+                assert not forward_mode and words[:3] == [instruction[1], facing, "="], (sentence, item)
+                shift = {"left": -1, "right": 1, "around": 2}[instruction[1]]
                 facing = compass[(compass.index(facing) + shift) % 4]
-                assert words[3] == facing, item
+                assert words[3:] == [facing], (sentence, item)
                 turns += 1
                 continue
-            direction, before, plus, step, equals, after = words
-            assert forward_mode or direction == facing, item
+            direction, before, plus, step, equals, after = words  # "Take 3 steps left" -> "left 0 + 3 = 3"
+            assert direction == (instruction[-1] if forward_mode else facing) and step == instruction[1], (sentence, item)
             assert (plus, equals) == ("+", "=") and int(before) == totals.get(direction, 0), (item, totals)
             assert f"{before} + {step}" in drilled and int(after) == int(before) + int(step), item
             totals[direction] = int(after)
             sums += 1
-        for line in axis_lines:
-            (a, a_total), (b, b_total) = (part.split() for part in line.split(":")[0].split(", "))
-            assert (int(a_total), int(b_total)) == (totals.get(a, 0), totals.get(b, 0)), (line, totals)
+        pairs = [("forward", "backward"), ("right", "left")] if forward_mode else [("north", "south"), ("east", "west")]
+        verdicts = []
+        for (a, b), line in zip(pairs, axis_lines, strict=True):
+            equal = totals.get(a, 0) == totals.get(b, 0)
+            assert line == f"{a} {totals.get(a, 0)}, {b} {totals.get(b, 0)}: {'equal' if equal else 'differ'}.", line
+            verdicts.append(equal)
+        assert final == f"So the answer is {'Yes' if all(verdicts) else 'No'}.", ex.answer
     assert sums > 1000 and turns > 300
 
 

@@ -13,7 +13,7 @@ the step counts of one direction from all over the input):
   * a step item is the direction walked and that direction's running total,
     "<direction> <total so far> + <steps> = <new total>" (the total so far is
     the result of the latest item of that direction, 0 if none), so its
-    only arithmetic is drilled additions of positive numbers;
+    only arithmetic is adding 1..10 to a total (drilled up to 69 + 10);
   * turning inputs start with the facing (north) and write a turn as a fact,
     "<turn> <facing> = <new facing>"; the current facing is always the latest
     compass word written;
