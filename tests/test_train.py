@@ -89,6 +89,28 @@ def test_train_cli(run_dir, capsys):
     assert "block_share must be a number in [0, 1], got 1.5" in capsys.readouterr().err
 
 
+def test_train_cli_task_mix(run_dir, capsys, monkeypatch):
+    out = str(run_dir / "mix")
+    args = ["train", "--out", out, "--steps", "2", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
+            "--mlp-hidden-size", "32", "--batch-size", "4", "--threads", "1", "--bf16-autocast", "false",
+            "--eval-every", "100"]
+    tasks = []
+    real = mask_answers
+
+    def spy(batch, *args, **kwargs):
+        tasks.append(batch.task)
+        return real(batch, *args, **kwargs)
+
+    monkeypatch.setattr("caidllm.train.trainer.mask_answers", spy)
+    assert cli_main(args + ["--task-mix", "dyck_languages=1"]) == 0
+    assert tasks == ["dyck_languages", "dyck_languages"]
+    for bad, message in [("dyck_languages", "expected NAME=WEIGHT"), ("dyck_languages=x", "expected NAME=WEIGHT"),
+                         ("=1", "expected NAME=WEIGHT"), ("dyck=1", "unknown task(s) ['dyck']"),
+                         ("navigate=0", "weights at step 0 must be >= 0 with a positive sum")]:
+        assert cli_main(["train", "--out", str(run_dir / "mix-bad"), "--task-mix", bad]) == 2
+        assert message in capsys.readouterr().err, bad
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(steps=0), "steps must be an integer >= 1"),
     (dict(batch_size=2.5), "batch_size must be an integer >= 1"),

@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import fields
 
+from caidllm.errors import InputError
 from caidllm.train.trainer import TrainConfig, Trainer
 
 
@@ -23,6 +24,9 @@ def register(sub, name: str) -> None:
             parser.add_argument(flag, type=float, default=None)
         else:
             parser.add_argument(flag, type=type(f.default), default=None)
+    parser.add_argument("--task-mix", metavar="NAME=WEIGHT,...",
+                        help="one task mix for the whole run instead of the recipe's phases, e.g. "
+                             "dyck_languages=1 to probe a single task")
     parser.add_argument("--export", metavar="DIR", help="after training, write the model in HF layout to DIR")
     parser.add_argument("--validate-only", action="store_true", help="do not train: print validation accuracy")
     parser.set_defaults(handler=run_train)
@@ -31,6 +35,8 @@ def register(sub, name: str) -> None:
 def run_train(args) -> int:
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
                  if getattr(args, f.name, None) is not None}
+    if args.task_mix is not None:
+        overrides["task_phases"] = ((0, parse_task_mix(args.task_mix)),)
     cfg = TrainConfig(out_dir=args.out, **overrides)
     trainer = Trainer(cfg)
     if args.validate_only:
@@ -40,3 +46,18 @@ def run_train(args) -> int:
     if args.export:
         print(f"exported to {trainer.export(args.export)}")
     return 0
+
+
+def parse_task_mix(text: str) -> dict[str, float]:
+    """"dyck_languages=2,navigate=1" -> {"dyck_languages": 2.0, "navigate": 1.0}
+    (TrainConfig checks the names and weights)."""
+    mix = {}
+    for part in text.split(","):
+        name, sep, weight = part.partition("=")
+        try:
+            mix[name.strip()] = float(weight)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise InputError(f"--task-mix: expected NAME=WEIGHT[,NAME=WEIGHT...], got {part!r} in {text!r}")
+    return mix
