@@ -90,7 +90,7 @@ def test_train_cli(run_dir, capsys):
 
 
 def test_train_cli_task_mix(run_dir, capsys, monkeypatch):
-    out = str(run_dir / "mix")
+    out = str(run_dir / "cli-mix")
     args = ["train", "--out", out, "--steps", "2", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
             "--mlp-hidden-size", "32", "--batch-size", "4", "--threads", "1", "--bf16-autocast", "false",
             "--eval-every", "100"]
@@ -107,7 +107,7 @@ def test_train_cli_task_mix(run_dir, capsys, monkeypatch):
     for bad, message in [("dyck_languages", "expected NAME=WEIGHT"), ("dyck_languages=x", "expected NAME=WEIGHT"),
                          ("=1", "expected NAME=WEIGHT"), ("dyck=1", "unknown task(s) ['dyck']"),
                          ("navigate=0", "weights at step 0 must be >= 0 with a positive sum")]:
-        assert cli_main(["train", "--out", str(run_dir / "mix-bad"), "--task-mix", bad]) == 2
+        assert cli_main(["train", "--out", str(run_dir / "cli-mix-bad"), "--task-mix", bad]) == 2
         assert message in capsys.readouterr().err, bad
 
 
