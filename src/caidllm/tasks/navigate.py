@@ -78,8 +78,9 @@ def solve(instructions: list[tuple[str, int]], forward_mode: bool) -> tuple[list
     # Pair opposite directions: (names[0], names[2]) and (names[1], names[3]).
     back = True
     for a, b in ((names[0], names[2]), (names[1], names[3])):
-        equal = totals.get(a, 0) == totals.get(b, 0)
-        lines.append(f"{a} {totals.get(a, 0)}, {b} {totals.get(b, 0)}: {'equal' if equal else 'differ'}.")
+        a_total, b_total = totals.get(a, 0), totals.get(b, 0)
+        equal = a_total == b_total
+        lines.append(f"{a} {a_total}, {b} {b_total}: {'equal' if equal else 'differ'}.")
         back = back and equal
     return lines, back
 

@@ -53,11 +53,12 @@ def parse_task_mix(text: str) -> dict[str, float]:
     (TrainConfig checks the names and weights)."""
     mix = {}
     for part in text.split(","):
-        name, sep, weight = part.partition("=")
+        name, _, weight = part.partition("=")
         try:
-            mix[name.strip()] = float(weight)
+            value = float(weight)
         except ValueError:
-            sep = ""
-        if not sep or not name.strip():
+            value = None
+        if value is None or not name.strip():
             raise InputError(f"--task-mix: expected NAME=WEIGHT[,NAME=WEIGHT...], got {part!r} in {text!r}")
+        mix[name.strip()] = value
     return mix
