@@ -290,51 +290,56 @@ def test_arithmetic_lines():
     assert column_steps > 100
 
 
-def test_navigate_trace_items():
-    """One item per instruction, in order: a step item adds the instruction's
-    steps to the latest total of its own direction (a drilled fact), a turn
-    item is the instruction's turn and the right new facing; then the two
-    axis lines take each direction's last total and say whether they are
-    equal, and the answer is Yes exactly when both are."""
+def test_navigate_trace_and_axis_lines():
+    """Turning inputs: a trace with the start facing, then one item per
+    instruction (a turn and the new facing, or the steps and the facing
+    they go). Every input: one line per axis with each direction's running
+    sum of its step counts in order of appearance, one drilled fact per
+    addition, and whether the totals are equal; Yes exactly when both are."""
     drilled = arithmetic_facts.fact_space()
     compass = ["north", "east", "south", "west"]
     sums = turns = 0
     for ex in all_examples("navigate"):
-        trace, *axis_lines, final = ex.answer.split("\n")
-        items = trace.rstrip(".").split(", ")
+        *lines, final = ex.answer.split("\n")
         sentences = ex.prompt.split("? ", 1)[1].split("\n")[0].rstrip(".").split(". ")
         forward_mode = sentences[0] == "Always face forward"
+        moves: dict[str, list[int]] = {}
         if forward_mode:
-            sentences.pop(0)
-            facing = None
+            for sentence in sentences[1:]:  # "Take 3 steps left"
+                words = sentence.split()
+                moves.setdefault(words[-1], []).append(int(words[1]))
+            pairs = [("forward", "backward"), ("right", "left")]
         else:
-            facing = items.pop(0)
-            assert facing == "north", ex.answer
-        assert len(items) == len(sentences), (sentences, items)
-        totals = {}
-        for sentence, item in zip(sentences, items):
-            words, instruction = item.split(), sentence.split()
-            if instruction[0] == "Turn":  # "<turn> <facing> = <new facing>"
-                assert not forward_mode and words[:3] == [instruction[1], facing, "="], (sentence, item)
-                shift = {"left": -1, "right": 1, "around": 2}[instruction[1]]
-                facing = compass[(compass.index(facing) + shift) % 4]
-                assert words[3:] == [facing], (sentence, item)
-                turns += 1
-                continue
-            direction, before, plus, step, equals, after = words  # "Take 3 steps left" -> "left 0 + 3 = 3"
-            assert direction == (instruction[-1] if forward_mode else facing) and step == instruction[1], (sentence, item)
-            assert (plus, equals) == ("+", "=") and int(before) == totals.get(direction, 0), (item, totals)
-            assert f"{before} + {step}" in drilled and int(after) == int(before) + int(step), item
-            totals[direction] = int(after)
-            sums += 1
-        pairs = [("forward", "backward"), ("right", "left")] if forward_mode else [("north", "south"), ("east", "west")]
+            trace = lines.pop(0).rstrip(".").split(", ")
+            assert trace.pop(0) == "north" and len(trace) == len(sentences), (sentences, trace)
+            facing = "north"
+            for sentence, item in zip(sentences, trace):
+                instruction = sentence.split()
+                if instruction[0] == "Turn":
+                    shift = {"left": -1, "right": 1, "around": 2}[instruction[1]]
+                    facing = compass[(compass.index(facing) + shift) % 4]
+                    assert item == f"{instruction[1]} {facing}", (sentence, item)
+                    turns += 1
+                else:
+                    assert item == f"{instruction[1]} {facing}", (sentence, item)
+                    moves.setdefault(facing, []).append(int(instruction[1]))
+            pairs = [("north", "south"), ("east", "west")]
         verdicts = []
-        for (a, b), line in zip(pairs, axis_lines, strict=True):
-            equal = totals.get(a, 0) == totals.get(b, 0)
-            assert line == f"{a} {totals.get(a, 0)}, {b} {totals.get(b, 0)}: {'equal' if equal else 'differ'}.", line
+        for (a, b), line in zip(pairs, lines, strict=True):
+            halves = re.fullmatch(rf"{a} (.+), {b} (.+): (equal|differ)\.", line)
+            assert halves, line
+            for direction, chain in ((a, halves[1]), (b, halves[2])):
+                numbers = [int(x) for x in re.findall(r"\d+", chain)]
+                assert numbers[:1] + numbers[1::2] == (moves.get(direction) or [0]), line  # its steps, in order
+                total = numbers[0]
+                for step, result in zip(numbers[1::2], numbers[2::2]):
+                    assert f"{total} + {step}" in drilled and result == total + step, chain
+                    total, sums = result, sums + 1
+            equal = sum(moves.get(a, [])) == sum(moves.get(b, []))
+            assert halves[3] == ("equal" if equal else "differ"), line
             verdicts.append(equal)
         assert final == f"So the answer is {'Yes' if all(verdicts) else 'No'}.", ex.answer
-    assert sums > 1000 and turns > 300
+    assert sums > 100 and turns > 300
 
 
 def test_arithmetic_columns():
@@ -370,7 +375,7 @@ def test_arithmetic_facts_drill():
             assert int(value) >= 0 and eval(lhs) == int(value)  # noqa: S307
         assert ex.target == lines[-1].split()[-1]
     assert set(operators) == {"+", "-", "*", "/"}
-    assert len(arithmetic_facts.fact_space()) == 1117  # 100 + 100 + 100 + 45 + 81 + 81 + 700, less 90 shared
+    assert len(arithmetic_facts.fact_space()) == 1116  # 100 + 100 + 100 + 45 + 81 + 81 + 690, less 81 shared
     assert [arithmetic_facts.value_of(lhs) for lhs in ("7 + 5", "4 + 3 + 1", "12 - 7", "4 - 1 - 1", "6 * 7", "42 / 6")] \
         == [12, 8, 5, 2, 42, 7]
     kinds_seen = {kind for ex in examples for line in ex.answer.split("\n")

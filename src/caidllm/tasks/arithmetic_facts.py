@@ -5,7 +5,7 @@ The chains of `arithmetic` reduce every sum and difference to one column
 at a time (``7 + 5 = 12``, then the tens with the carry ``4 + 3 + 1 = 8``)
 and every product or quotient to the times table; `navigate` adds step
 counts of at most 10 to a running sum (``23 + 9 = 32``). So the facts a
-model needs are few (1,117) and each is drilled here many times over,
+model needs are few (1,116) and each is drilled here many times over,
 from the first step of training. Not a benchmark family (not in
 ``TASK_NAMES``): it is never evaluated, and its text uses no new tokens.
 
@@ -33,7 +33,7 @@ KINDS: dict[str, list[str]] = {
     "tens difference with borrow": [f"{a} - {b} - 1" for a in DIGITS for b in DIGITS if a > b],
     "product": [f"{a} * {b}" for a in range(1, 10) for b in range(1, 10)],
     "quotient": [f"{a * b} / {b}" for a in range(1, 10) for b in range(1, 10)],
-    "running sum": [f"{total} + {step}" for total in range(70) for step in range(1, 11)],  # navigate
+    "running sum": [f"{total} + {step}" for total in range(1, 70) for step in range(1, 11)],  # navigate
 }
 # The running sums are about seven times as many facts as any other kind: drawn three times as often.
 KIND_WEIGHTS = {kind: 3.0 if kind == "running sum" else 1.0 for kind in KINDS}

@@ -7,20 +7,14 @@ Two kinds of input, as in BBH:
     steps in the facing direction (``Take 7 steps.``).
 Step counts are 1..10; the answer is Yes for half of the examples.
 
-Worked answer, one trace line with an item per instruction, in which every
-item needs only its instruction and items already written (no gathering of
-the step counts of one direction from all over the input):
-  * a step item is the direction walked and that direction's running total,
-    "<direction> <total so far> + <steps> = <new total>" (the total so far is
-    the result of the latest item of that direction, 0 if none), so its
-    only arithmetic is adding 1..10 to a total (drilled up to 69 + 10);
-  * turning inputs start with the facing (north) and write a turn as a fact,
-    "<turn> <facing> = <new facing>"; the current facing is always the latest
-    compass word written;
-  * then one line per axis: the last total of its two directions, and
-    whether they are equal.
+Worked answer (only additions of positive numbers, never signed sums):
+  * turning inputs first get one trace line: the start facing, then one
+    item per instruction, "<turn> <new facing>" or "<steps> <facing>";
+    each item depends only on its instruction and the item before;
+  * then one line per axis: the running sum of the steps in each of its two
+    directions (in order of appearance), and whether the totals are equal.
 
-    north, left north = west, west 0 + 7 = 7, around west = east, east 0 + 3 = 3.
+    north, left west, 7 west, around east, 3 east.
     north 0, south 0: equal.
     east 3, west 7: differ.
     So the answer is No.
@@ -56,32 +50,49 @@ def _take(n: int, direction: str = "") -> str:
     return f"Take {n} {word}{' ' + direction if direction else ''}."
 
 
+def _chain(nums: list[int]) -> str:
+    """'6 + 4 = 10 + 3 = 13': a running sum, one addition at a time."""
+    if not nums:
+        return "0"
+    text, total = str(nums[0]), nums[0]
+    for n in nums[1:]:
+        total += n
+        text += f" + {n} = {total}"
+    return text
+
+
+def _axis_line(a: str, a_nums: list[int], b: str, b_nums: list[int]) -> str:
+    verdict = "equal" if sum(a_nums) == sum(b_nums) else "differ"
+    return f"{a} {_chain(a_nums)}, {b} {_chain(b_nums)}: {verdict}."
+
+
 def solve(instructions: list[tuple[str, int]], forward_mode: bool) -> tuple[list[str], bool]:
     """instructions: ("turn", TURNS key index) or (direction, steps); in
     forward mode direction is one of RELATIVE, else "" (facing)."""
-    totals: dict[str, int] = {}
-    items = [] if forward_mode else [COMPASS[0]]
-    facing = 0
-    for kind, value in instructions:
-        if kind == "turn":
-            turn = list(TURNS)[value]
-            new_facing = (facing + TURNS[turn]) % 4
-            items.append(f"{turn} {COMPASS[facing]} = {COMPASS[new_facing]}")
-            facing = new_facing
-            continue
-        direction = kind if forward_mode else COMPASS[facing]
-        before = totals.get(direction, 0)
-        totals[direction] = before + value
-        items.append(f"{direction} {before} + {value} = {totals[direction]}")
-    lines = [", ".join(items) + "."]
-    names = RELATIVE if forward_mode else COMPASS
+    lines = []
+    moves: dict[str, list[int]] = {}
+    if forward_mode:
+        for direction, n in instructions:
+            moves.setdefault(direction, []).append(n)
+        names = RELATIVE
+    else:
+        facing = 0
+        items = [COMPASS[facing]]
+        for kind, value in instructions:
+            if kind == "turn":
+                turn = list(TURNS)[value]
+                facing = (facing + TURNS[turn]) % 4
+                items.append(f"{turn} {COMPASS[facing]}")
+            else:
+                moves.setdefault(COMPASS[facing], []).append(value)
+                items.append(f"{value} {COMPASS[facing]}")
+        lines.append(", ".join(items) + ".")
+        names = COMPASS
     # Pair opposite directions: (names[0], names[2]) and (names[1], names[3]).
     back = True
     for a, b in ((names[0], names[2]), (names[1], names[3])):
-        a_total, b_total = totals.get(a, 0), totals.get(b, 0)
-        equal = a_total == b_total
-        lines.append(f"{a} {a_total}, {b} {b_total}: {'equal' if equal else 'differ'}.")
-        back = back and equal
+        lines.append(_axis_line(a, moves.get(a, []), b, moves.get(b, [])))
+        back = back and sum(moves.get(a, [])) == sum(moves.get(b, []))
     return lines, back
 
 
