@@ -61,11 +61,6 @@ def _chain(nums: list[int]) -> str:
     return text
 
 
-def _axis_line(a: str, a_nums: list[int], b: str, b_nums: list[int]) -> str:
-    verdict = "equal" if sum(a_nums) == sum(b_nums) else "differ"
-    return f"{a} {_chain(a_nums)}, {b} {_chain(b_nums)}: {verdict}."
-
-
 def solve(instructions: list[tuple[str, int]], forward_mode: bool) -> tuple[list[str], bool]:
     """instructions: ("turn", TURNS key index) or (direction, steps); in
     forward mode direction is one of RELATIVE, else "" (facing)."""
@@ -91,8 +86,10 @@ def solve(instructions: list[tuple[str, int]], forward_mode: bool) -> tuple[list
     # Pair opposite directions: (names[0], names[2]) and (names[1], names[3]).
     back = True
     for a, b in ((names[0], names[2]), (names[1], names[3])):
-        lines.append(_axis_line(a, moves.get(a, []), b, moves.get(b, [])))
-        back = back and sum(moves.get(a, [])) == sum(moves.get(b, []))
+        a_steps, b_steps = moves.get(a, []), moves.get(b, [])
+        equal = sum(a_steps) == sum(b_steps)
+        lines.append(f"{a} {_chain(a_steps)}, {b} {_chain(b_steps)}: {'equal' if equal else 'differ'}.")
+        back = back and equal
     return lines, back
 
 
