@@ -1,0 +1,65 @@
+"""Outputs of every method preset recorded from the closed-loop `run_batch`
+(commit 91a1fd3), before `generate()` became a client of the step-level
+engine. test_engine_regression.py checks that today's code gives the same.
+
+Re-record (only when a change is meant to alter outputs, and say why):
+    python tests/engine_regression.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import caidllm
+from caidllm.decode import method_names
+from caidllm.models.testing import write_random_checkpoint
+
+RECORD = Path(__file__).parent / "data" / "engine_regression.json"
+RANDOM_PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [23, 24, 25, 26]]
+TINY_PROMPTS = ["not ( True ) and ( True ) is", "True and not False or ( False ) is", "7 + 5 * 3 ="]
+
+# (case name, model, prompts, generate() keywords); every preset runs each case.
+CASES = [
+    ("llada", "llada", RANDOM_PROMPTS, dict(gen_length=16, block_length=8, early_stop=False, batch_size=3)),
+    ("llada-low-threshold", "llada", RANDOM_PROMPTS, dict(gen_length=16, block_length=8, early_stop=False,
+                                                            threshold=0.2, batch_size=3)),
+    ("dream", "dream", RANDOM_PROMPTS, dict(gen_length=16, block_length=8, early_stop=False, batch_size=3)),
+    ("tiny", "tiny", TINY_PROMPTS, dict(gen_length=64, block_length=16, batch_size=2)),
+]
+SAMPLING_CASE = ("llada-sampled", "llada", RANDOM_PROMPTS,
+                 dict(method="fastdllm", gen_length=16, block_length=8, early_stop=False, temperature=1.0, seed=7))
+
+
+def load_models(folder: Path) -> dict:
+    return {
+        "tiny": caidllm.load("tiny", device="cpu", dtype="float32"),
+        "llada": caidllm.load(write_random_checkpoint(folder / "llada", "llada"), device="cpu", dtype="float32"),
+        "dream": caidllm.load(write_random_checkpoint(folder / "dream", "dream"), device="cpu", dtype="float32"),
+    }
+
+
+def record_of(result) -> dict:
+    return dict(token_ids=result.token_ids, text=result.text, answer_length=result.answer_length, nfe=result.nfe,
+                steps_per_block=result.steps_per_block, early_stopped=result.early_stopped,
+                commit_step=result.trace.commit_step, commit_step_in_block=result.trace.commit_step_in_block,
+                first_confidence=result.trace.first_confidence, computed_fraction=result.computed_fraction)
+
+
+def compute(models: dict) -> dict:
+    out = {}
+    for name, model, prompts, kw in CASES:
+        for method in method_names():
+            out[f"{name}/{method}"] = [record_of(r) for r in models[model].generate(prompts, method=method, **kw)]
+    name, model, prompts, kw = SAMPLING_CASE
+    out[name] = [record_of(r) for r in models[model].generate(prompts, **kw)]
+    return out
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        records = compute(load_models(Path(tmp)))
+    RECORD.write_text(json.dumps(records, indent=None, separators=(",", ":")) + "\n")
+    print(f"wrote {len(records)} cases to {RECORD}", file=sys.stderr)
