@@ -72,35 +72,33 @@ class DreamModel(nn.Module):
         if not cfg.tie_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def forward(self, ids: torch.Tensor, ctx: Context | None = None, start: int = 0, end: int | None = None):
-        """ids: [R, hi-lo] tokens of the computed positions. Returns float32
-        logits [R, end-start, V] for absolute positions [start, end), already
-        aligned (the logit at i predicts token i). Without ctx: the whole
-        canvas, no padding, no cache."""
+    def forward(self, ids: torch.Tensor, ctx: Context | None = None):
+        """ids: [R, n] tokens of the computed positions. Returns float32 logits
+        [R, block, V] for the columns ``ctx.targets`` (all computed positions
+        when it is None), already aligned (the logit at i predicts token i).
+        Without ctx: the whole canvas, no padding, no cache."""
         m = self.model
         if ctx is None:
             ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta)
-        end = ctx.hi if end is None else end
 
         x = m.embed_tokens(ids)
         for i, layer in enumerate(m.layers):
             x = layer(ctx.enter(i, x), ctx, i)  # es mode: fewer positions at deeper layers
         x = ctx.leave(len(m.layers), x)  # back to every computed position
 
-        # Undo the shift before the head: row r, position i reads hidden state src[r, i].
-        x = m.norm(self._gather(x, ctx, start, end))
+        # Undo the shift before the head: row r, target i reads hidden state src[r, i].
+        targets = ctx.targets
+        if targets is None:
+            targets = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        src = ctx.computed_offsets(self.shift_sources(ctx.mask, targets))
+        x = m.norm(torch.gather(x, 1, src[..., None].expand(-1, -1, x.shape[-1])))
         head = m.embed_tokens.weight if self.cfg.tie_embeddings else self.lm_head.weight
         return nn.functional.linear(x, head).float()
 
     @staticmethod
-    def shift_sources(mask: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """[R, end-start] absolute index of the hidden state that predicts each
-        position: i-1 when i-1 is a real token, else i itself (position 0, and
+    def shift_sources(mask: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """[R, n] absolute index of the hidden state that predicts each target
+        column: i-1 when i-1 is a real token, else i itself (position 0, and
         the first real token of a left-padded row, reuse their own)."""
-        i = torch.arange(start, end, device=mask.device)
-        left_real = mask[:, (i - 1).clamp(min=0)] & (i > 0)
-        return torch.where(left_real, i - 1, i)
-
-    def _gather(self, x: torch.Tensor, ctx: Context, start: int, end: int) -> torch.Tensor:
-        src = self.shift_sources(ctx.mask, start, end) - ctx.lo  # index into computed positions
-        return torch.gather(x, 1, src[..., None].expand(-1, -1, x.shape[-1]))
+        left_real = mask.gather(1, (targets - 1).clamp(min=0)) & (targets > 0)
+        return torch.where(left_real, targets - 1, targets)

@@ -66,15 +66,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool
 class Context:
     """What one forward pass computes and where its keys come from.
 
-    The rows ``rows`` of the canvas are computed at positions [lo, hi); keys
-    always span the whole canvas [0, L):
-    - "full":   lo=0, hi=L, all K/V fresh; written to ``cache`` if one is given.
-    - "prefix": hi=L; K/V of [0, lo) read from the cache; cache unchanged.
-    - "dual":   K/V of [lo, hi) fresh and written into the cache; all the
-                others read from it.
-    - "es":     like dual, but at the layers where ``plan`` drops, only the
-                most important block positions go on (models/skip.py); the
-                computed positions are then ``index`` (absolute, per row).
+    Keys always span the whole canvas [0, L). Computed positions:
+    - "full":   every position [0, L), all K/V fresh; written to ``cache`` if one is given.
+    - "prefix": [lo, L) with lo = the leftmost row's block start; each row reads the K/V
+                left of its own block start (``fresh_from``) from the cache; cache unchanged.
+    - "dual":   each row's own block (``index``: absolute columns, per row), whose K/V are
+                fresh and written into the cache; every other position's K/V come from it.
+    - "es":     like dual, but at the layers where ``plan`` drops, only the most important
+                block positions go on (models/skip.py); ``index`` then narrows.
+    Rows may sit at different block starts in one forward (the step-level engine batches
+    requests at different blocks); ``targets`` are the absolute columns whose logits are
+    returned, [R, block].
     The model calls ``enter`` with the input of each layer and ``leave`` with
     the last layer's output (level n_layers): they keep the cache's hidden
     states and, in es mode, drop positions and restore the skipped ones at the
@@ -82,19 +84,20 @@ class Context:
     """
 
     mode: str
-    lo: int
-    hi: int
+    lo: int  # full / prefix: the computed positions are [lo, L), shared by every row
     rows: torch.Tensor | slice  # row indices into the batch / cache
     mask: torch.Tensor  # [R, L] bool, True = real token (key padding mask)
     cos: torch.Tensor  # [R, 1, n, head_dim] fp32, n = positions computed at the current layer
     sin: torch.Tensor
     cache: KVCache | None = None
     key_mask: torch.Tensor | None = None  # [R, 1, 1, L]; None only for the training forward (whole_canvas)
+    targets: torch.Tensor | None = None  # [R, block] absolute columns to return logits for; None = all computed
+    index: torch.Tensor | None = None  # dual / es: [R, n] absolute columns computed at the current layer
+    fresh_from: torch.Tensor | None = None  # prefix with rows at different starts: [R] first fresh column
+    extra: int = 0  # positions left of the block computed for it (Dream's start-1)
     # es mode only:
     skip: EarlySkip | None = None
     plan: list[int] | None = None  # block positions that run each layer
-    start: int = 0  # first block position; [lo, start) are always computed (Dream's start-1)
-    index: torch.Tensor | None = None  # [R, n] absolute positions computed at the current layer
     forced: torch.Tensor | None = None  # [R, block] forced keeps
 
     def __post_init__(self):
@@ -102,6 +105,7 @@ class Context:
         # whether some other row of the batch is padded (batch invariance).
         if self.key_mask is None:
             self.key_mask = self.mask[:, None, None, :]
+        self.computed = self.index  # dual / es: the columns computed at the first layer
 
     @classmethod
     def whole_canvas(cls, ids: torch.Tensor, head_dim: int, theta: float) -> "Context":
@@ -112,17 +116,30 @@ class Context:
         return ctx
 
     @classmethod
-    def build(cls, mask, positions, head_dim, theta, *, mode="full", lo=0, hi=None, rows=None, cache=None,
-              skip=None, plan=None, start=0):
-        """mask, positions: [R, L] of the selected rows."""
-        hi = mask.shape[1] if hi is None else hi
-        cos, sin = rope_cos_sin(positions[:, lo:hi], head_dim, theta)
+    def build(cls, mask, positions, head_dim, theta, *, mode="full", starts=None, block_length=None, extra=0,
+              rows=None, cache=None, skip=None, plan=None):
+        """mask, positions: [R, L] of the selected rows; starts: [R] long, each row's
+        block start (None with mode="full": all positions, logits of all)."""
+        R, L = mask.shape
         rows = slice(None) if rows is None else rows
-        ctx = cls(mode, lo, hi, rows, mask, cos, sin, cache)
+        targets = index = fresh_from = None
+        lo = 0
+        if starts is not None:
+            offsets = torch.arange(block_length, device=mask.device)
+            targets = starts[:, None] + offsets
+        if mode in ("dual", "es"):
+            index = starts[:, None] - extra + torch.arange(block_length + extra, device=mask.device)
+            cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
+        else:
+            if mode == "prefix":
+                lo = int(starts.min()) - extra
+                if int(starts.max()) - extra != lo:
+                    fresh_from = starts - extra
+            cos, sin = rope_cos_sin(positions[:, lo:], head_dim, theta)
+        ctx = cls(mode, lo, rows, mask, cos, sin, cache, targets=targets, index=index, fresh_from=fresh_from,
+                  extra=extra)
         if mode == "es":
-            R = mask.shape[0]
-            ctx.skip, ctx.plan, ctx.start = skip, plan, start
-            ctx.index = torch.arange(lo, hi, device=mask.device).expand(R, -1)
+            ctx.skip, ctx.plan = skip, plan
             ctx.forced = forced_keeps(skip.prev_confidence, skip.masked, skip.just_committed)
         return ctx
 
@@ -133,31 +150,42 @@ class Context:
             return torch.arange(self.mask.shape[0], device=self.mask.device)[:, None]
         return self.rows[:, None]
 
+    def target_offsets(self) -> torch.Tensor | None:
+        """[R, block] index of each target among the computed positions (None: all of them)."""
+        if self.targets is None:
+            return None
+        first = self.lo if self.computed is None else self.computed[:, :1]
+        return self.targets - first
+
+    def computed_offsets(self, absolute: torch.Tensor) -> torch.Tensor:
+        """Absolute columns [R, k] as indices among the computed positions."""
+        return absolute - (self.lo if self.computed is None else self.computed[:, :1])
+
     # ---- hidden states and early skipping ------------------------------
 
     def enter(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """x: input of `layer` at the computed positions. Returns the input for
         the positions that run it (es: fewer where the plan drops)."""
-        if self.mode == "es" and self.plan[layer] < x.shape[1] - (self.start - self.lo):
+        if self.mode == "es" and self.plan[layer] < x.shape[1] - self.extra:
             x = self._drop(layer, x)
         self._store_hidden(layer, x)
         return x
 
     def leave(self, level: int, x: torch.Tensor) -> torch.Tensor:
         """x: output of the last layer (level = n_layers). Returns the final
-        hidden states of every position in [lo, hi); in es mode a skipped
+        hidden states of every computed position; in es mode a skipped
         position's come from the cache."""
         self._store_hidden(level, x)
         if self.mode != "es":
             return x
-        return self.cache.hidden[level][self.rows, self.lo:self.hi]  # just written where computed, cached elsewhere
+        return self.cache.hidden[level][self.row_ids, self.computed]  # just written where computed, cached elsewhere
 
     def _store_hidden(self, level: int, x: torch.Tensor) -> None:
         c = self.cache
         if c is None or level not in c.hidden or self.mode == "prefix":
             return
         if self.index is None:
-            c.hidden[level][self.rows, self.lo:self.hi] = x
+            c.hidden[level][self.rows, self.lo:] = x
         else:
             c.hidden[level][self.row_ids, self.index] = x
 
@@ -165,11 +193,11 @@ class Context:
         """Keep the plan[layer] most important block positions of each row
         (and the always-computed ones left of the block); narrow x, RoPE and
         the index to them."""
-        extra = self.start - self.lo
+        extra = self.extra
         running = self.index[:, extra:]  # [R, k] absolute positions of the running block positions
         cached = self.cache.hidden[layer][self.row_ids, running]
         drift = relative_drift(x[:, extra:], cached)
-        local = running - self.start
+        local = running - self.targets[:, :1]
         scores = importance(self.skip.prev_confidence.gather(1, local), drift, self.forced.gather(1, local),
                             self.skip.alpha)
         chosen = choose(scores, self.plan[layer]) + extra
@@ -191,19 +219,15 @@ class Context:
         k = apply_rope(k, self.cos, self.sin, rope_fp32)
 
         keys, values = k, v
-        c, rows, lo, hi = self.cache, self.rows, self.lo, self.hi
+        c, rows, lo = self.cache, self.rows, self.lo
         if self.mode == "full" and c is not None:
             c.keys[layer][rows] = k
             c.values[layer][rows] = v
         elif self.mode == "prefix":
-            keys = torch.cat([c.keys[layer][rows, :, :lo], k], dim=2)
-            values = torch.cat([c.values[layer][rows, :, :lo], v], dim=2)
-        elif self.mode == "dual":
-            c.keys[layer][rows, :, lo:hi] = k
-            c.values[layer][rows, :, lo:hi] = v
-            keys, values = c.keys[layer][rows], c.values[layer][rows]
-        elif self.mode == "es":
-            # Each row writes its own positions; indexing [rows, :, positions] puts them first: [R, n, Hkv, hd].
+            keys = self._prefix_keys(c.keys[layer], k)
+            values = self._prefix_keys(c.values[layer], v)
+        elif self.mode in ("dual", "es"):
+            # Each row writes its own columns; indexing [rows, :, columns] puts them first: [R, n, Hkv, hd].
             c.keys[layer][self.row_ids, :, self.index] = k.transpose(1, 2)
             c.values[layer][self.row_ids, :, self.index] = v.transpose(1, 2)
             keys, values = c.keys[layer][rows], c.values[layer][rows]
@@ -215,3 +239,14 @@ class Context:
         # Bidirectional: no causal mask, only padding keys are hidden from every query.
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.key_mask)
         return out.transpose(1, 2).reshape(R, n, -1)
+
+    def _prefix_keys(self, cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+        """Cached entries left of lo, fresh ones from lo on; a row whose block starts
+        right of lo reads the cache up to its own start, as it would alone."""
+        rows, lo = self.rows, self.lo
+        joined = torch.cat([cached[rows, :, :lo], fresh], dim=2)
+        if self.fresh_from is None:
+            return joined
+        columns = torch.arange(joined.shape[2], device=joined.device)
+        from_cache = (columns < self.fresh_from[:, None])[:, None, :, None]  # [R, 1, L, 1]
+        return torch.where(from_cache, cached[rows], joined)

@@ -52,14 +52,13 @@ class LLaDAModel(nn.Module):
         self.model = nn.Module()
         self.model.transformer = t
 
-    def forward(self, ids: torch.Tensor, ctx: Context | None = None, start: int = 0, end: int | None = None):
-        """ids: [R, hi-lo] tokens of the computed positions. Returns float32
-        logits [R, end-start, V] for absolute positions [start, end).
-        Without ctx: the whole canvas, no padding, no cache."""
+    def forward(self, ids: torch.Tensor, ctx: Context | None = None):
+        """ids: [R, n] tokens of the computed positions. Returns float32 logits
+        [R, block, V] for the columns ``ctx.targets`` (all computed positions
+        when it is None). Without ctx: the whole canvas, no padding, no cache."""
         t = self.model.transformer
         if ctx is None:
             ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta)
-        end = ctx.hi if end is None else end
 
         x = t.wte(ids)
         for i, block in enumerate(t.blocks):
@@ -67,6 +66,8 @@ class LLaDAModel(nn.Module):
         x = ctx.leave(len(t.blocks), x)  # back to every computed position
 
         # The head over a 126k vocabulary is the costly part: only where asked.
-        x = t.ln_f(x[:, start - ctx.lo : end - ctx.lo])
+        offsets = ctx.target_offsets()
+        if offsets is not None:
+            x = x.gather(1, offsets[..., None].expand(-1, -1, x.shape[-1]))
         head = t.wte.weight if self.cfg.tie_embeddings else t.ff_out.weight
-        return nn.functional.linear(x, head).float()
+        return nn.functional.linear(t.ln_f(x), head).float()

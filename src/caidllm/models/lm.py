@@ -62,6 +62,9 @@ class DiffusionLM:
                        new_cache(..., skip_schedule=...). ``skip`` carries
                        the previous step's view and receives the work done.
         (Dream also computes start-1 in prefix/dual/es mode: it predicts start.)
+        ``start`` and ``end`` may also be lists with one int per selected row, with
+        the same end - start for every row: rows at different blocks share the
+        forward (the step-level engine does this), each as it would run alone.
         """
         if mode not in MODES:
             raise InputError(f"unknown forward mode {mode!r}; expected one of {MODES}")
@@ -70,14 +73,18 @@ class DiffusionLM:
                              "an EarlySkip goes with mode='es' and only with it")
         ids, mask = self._check_canvas(input_ids, attention_mask)
         B, L = ids.shape
-        start, end = _check_range(start, end, L)
         rows = self._check_rows(rows, B)
         r = slice(None) if rows is None else rows
+        R = B if rows is None else len(rows)
+        starts, length = _check_range(start, end, L, R)
+        extra = 0 if mode == "full" else self.model.extra_left
+        if min(starts) < extra:
+            raise InputError(f"mode={mode!r}: start must be >= {extra} for this model (it predicts position "
+                             f"start from the hidden state of start - 1); got start={min(starts)}")
         if cache is not None:
             self._check_cache(cache, B, L)
 
         if mode == "full":
-            lo, hi = 0, L
             mask_r, pos_r = mask[r], positions_from_mask(mask[r])
             if cache is not None:
                 cache.attention_mask[r] = mask_r
@@ -91,17 +98,20 @@ class DiffusionLM:
             mask_r, pos_r = cache.attention_mask[r], cache.positions[r]
             if not torch.equal(mask_r, mask[r]):
                 raise InputError(f"mode={mode!r}: attention_mask differs from the one the cache was filled with")
-            lo = max(start - self.model.extra_left, 0)
-            hi = L if mode == "prefix" else end
 
         c = self.config
-        plan = self._check_skip(skip, cache, len(mask_r), end - start) if mode == "es" else None
-        ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, lo=lo, hi=hi, rows=rows, cache=cache,
-                            skip=skip, plan=plan, start=start)
-        logits = self.model(ids[r][:, lo:hi], ctx, start, end)
+        plan = self._check_skip(skip, cache, len(mask_r), length) if mode == "es" else None
+        start_t = torch.tensor(starts, device=self.device)
+        ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, starts=start_t, block_length=length,
+                            extra=extra, rows=rows, cache=cache, skip=skip, plan=plan)
+        if ctx.index is not None:
+            computed_ids = ids[r].gather(1, ctx.index)
+        else:
+            computed_ids = ids[r][:, ctx.lo:]
+        logits = self.model(computed_ids, ctx)
         if skip is not None:
-            skip.computed_pairs, skip.full_pairs = sum(plan), c.n_layers * (end - start)
-            skip.kept = ctx.index[:, start - lo:] - start
+            skip.computed_pairs, skip.full_pairs = sum(plan), c.n_layers * length
+            skip.kept = ctx.index[:, extra:] - start_t[:, None]
         return logits
 
     def new_cache(self, batch_size: int, length: int, *, skip_schedule=None) -> KVCache:
@@ -220,12 +230,27 @@ class DiffusionLM:
             )
 
 
-def _check_range(start, end, L):
+def _check_range(start, end, L, rows):
+    """Each selected row's block start, and the block length (the same for every row).
+    start / end: ints, or one int per selected row."""
+    starts, ends = (_int_list(start, rows, "start"), _int_list(L if end is None else end, rows, "end"))
+    for s, e in zip(starts, ends):
+        if not 0 <= s < e <= L:
+            raise InputError(f"start={s}, end={e} out of range for canvas length {L} (need 0 <= start < end <= L)")
+    lengths = {e - s for s, e in zip(starts, ends)}
+    if len(lengths) > 1:
+        raise InputError(f"end - start must be the same for every row, got lengths {sorted(lengths)}")
+    return starts, lengths.pop()
+
+
+def _int_list(value, rows: int, name: str) -> list[int]:
     try:
-        start = operator.index(start)
-        end = L if end is None else operator.index(end)
+        if isinstance(value, (list, tuple)):
+            values = [operator.index(v) for v in value]
+        else:
+            values = [operator.index(value)] * rows
     except TypeError:
-        raise InputError(f"start/end must be ints, got start={start!r}, end={end!r}") from None
-    if not 0 <= start < end <= L:
-        raise InputError(f"start={start}, end={end} out of range for canvas length {L} (need 0 <= start < end <= L)")
-    return start, end
+        raise InputError(f"{name} must be an int or a list of ints (one per selected row), got {value!r}") from None
+    if len(values) != rows:
+        raise InputError(f"{name} has {len(values)} values for {rows} selected rows")
+    return values
