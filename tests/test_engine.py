@@ -105,7 +105,8 @@ class EndsEarly:
 
     def forward(self, input_ids, attention_mask=None, **kw):
         logits = self.lm.forward(input_ids, attention_mask, **kw)
-        first = kw.get("start", 0) - self.prompt_length
+        (start,) = kw["start"]  # the engine passes one start per row; one prompt here
+        first = start - self.prompt_length
         for i in range(logits.shape[1]):
             if first + i >= self.after:
                 logits[:, i, self.lm.config.eos_id] = 50.0

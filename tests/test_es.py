@@ -181,8 +181,8 @@ def test_refresh_fills_the_hidden_states(deep_lms):
             x = block(x, ctx, i)
         inputs.append(x)
         head = t.ff_out(t.ln_f(cache.hidden[LAYERS])).float()
-    for level in cache.hidden:
-        assert torch.allclose(cache.hidden[level], inputs[level], atol=1e-6, rtol=0)
+    for level in cache.hidden:  # at real positions (padding ones are never read)
+        assert torch.allclose(cache.hidden[level][mask], inputs[level][mask], atol=1e-5, rtol=0)
     assert torch.allclose(head, full, atol=1e-5, rtol=0)
 
 
@@ -309,7 +309,8 @@ class Recorder:
         return getattr(self.lm, name)
 
     def forward(self, *args, **kw):
-        self.calls.append((kw.get("start"), kw.get("mode")))
+        (start,) = kw.get("start")  # the engine passes one start per row; these tests decode one prompt
+        self.calls.append((start, kw.get("mode")))
         return self.lm.forward(*args, **kw)
 
 

@@ -16,3 +16,7 @@ class ModelLoadError(CaidllmError):
 
 class InputError(CaidllmError):
     """Arguments or inputs to a model or decoder are invalid."""
+
+
+class EngineFullError(CaidllmError):
+    """The engine's queue is full: the request was not accepted (try again later)."""

@@ -2,45 +2,17 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+import dataclasses
+import time
 from typing import Sequence
 
+import torch
+
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.engine import BatchOutput, run_batch
+from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
+from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
 from caidllm.errors import InputError
-
-
-@dataclass
-class Trace:
-    """Per generated position: when it was committed and how confident the
-    model was about it at its block's first step."""
-
-    commit_step: list[int]  # global step (steps of earlier blocks included); -1 = filled by early stop
-    commit_step_in_block: list[int]  # local step t within the block; -1 = filled by early stop
-    first_confidence: list[float | None]  # s_i; None for blocks never run (early stop)
-
-
-@dataclass
-class GenerationResult:
-    text: str  # the answer, up to the first end token
-    token_ids: list[int]  # every generated position (prompt excluded), end tokens included
-    answer_length: int  # answer tokens: generated positions before the first end token
-    nfe: int  # forward passes this row took part in
-    steps_per_block: list[int]
-    elapsed_s: float  # wall time of the batch this prompt was decoded in
-    controller_s: float  # of which in the commit policy (whole batch)
-    early_stopped: bool
-    method: str
-    prompt_length: int
-    trace: Trace = field(repr=False)
-    # Share of the (layer, block position) work of the row's steps actually run: < 1.0 only with early
-    # skipping (cache "es"); refresh steps count in full. See BatchOutput.computed_fraction.
-    computed_fraction: float = 1.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_length: int = 64,
@@ -48,7 +20,11 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
              temperature: float = 0.0, seed: int | None = None, early_stop: bool = True,
              batch_size: int = 8, chat: bool = True, **overrides) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a
-    method preset; any keyword given overrides the preset's value."""
+    method preset; any keyword given overrides the preset's value.
+
+    A client of the step-level engine: every prompt is submitted, at most
+    `batch_size` decode together, and a finished one's slot goes to the next
+    at once. Each result's elapsed_s and controller_s are those of the whole run."""
     config = build_config(method, gen_length=gen_length, block_length=block_length, steps=steps, cache=cache,
                           threshold=threshold, temperature=temperature, seed=seed, early_stop=early_stop,
                           **overrides)
@@ -56,15 +32,19 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     token_prompts = tokenize_prompts(lm, prompts, chat)
     check_canvas_fits(lm, token_prompts, config)
-    gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
-    refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
 
-    results: list[GenerationResult] = []
-    for first in range(0, len(token_prompts), batch_size):
-        batch = token_prompts[first:first + batch_size]
-        output = run_batch(lm, batch, config, gating=gating, refresh_every=refresh_every)
-        results.extend(_results_of(lm, batch, output, config))
-    return results
+    engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts))
+    started = time.perf_counter()
+    ids = [engine.submit(p, config) for p in token_prompts]
+    results = {event.request_id: event.result for event in engine.run() if event.finished}
+    _sync(lm)
+    elapsed, controller = time.perf_counter() - started, engine.policy_timer.total()
+    return [dataclasses.replace(results[i], elapsed_s=elapsed, controller_s=controller) for i in ids]
+
+
+def _sync(lm) -> None:
+    if torch.device(lm.device).type == "cuda":
+        torch.cuda.synchronize(lm.device)
 
 
 def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
@@ -106,23 +86,3 @@ def check_canvas_fits(lm, token_prompts: list[list[int]], config: DecodeConfig) 
         raise InputError(
             f"prompt ({longest} tokens) + gen_length ({config.gen_length}) = {longest + config.gen_length} "
             f"exceeds the model's context of {lm.config.max_length} tokens")
-
-
-def _results_of(lm, prompts: list[list[int]], out: BatchOutput, config: DecodeConfig) -> list[GenerationResult]:
-    eos_ids = set(lm.config.eos_ids)
-    results = []
-    for r, prompt in enumerate(prompts):
-        ids = out.generated[r].tolist()
-        answer_length = next((i for i, t in enumerate(ids) if t in eos_ids), len(ids))
-        trace = Trace(
-            commit_step=out.commit_step[r].tolist(),
-            commit_step_in_block=out.commit_step_in_block[r].tolist(),
-            first_confidence=[None if math.isnan(c) else c for c in out.first_confidence[r].tolist()],
-        )
-        results.append(GenerationResult(
-            text=lm.decode(ids[:answer_length]), token_ids=ids, answer_length=answer_length,
-            nfe=int(out.nfe[r]), steps_per_block=out.steps_per_block[r].tolist(), elapsed_s=out.elapsed_s,
-            controller_s=out.controller_s, early_stopped=bool(out.early_stopped[r]), method=config.method,
-            prompt_length=len(prompt), trace=trace, computed_fraction=float(out.computed_fraction[r]),
-        ))
-    return results

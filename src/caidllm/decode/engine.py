@@ -1,47 +1,48 @@
-"""The one denoising loop shared by every method.
+"""The step-level engine: every denoising loop of caidllm runs here.
 
-Canvas = left-padded prompts + gen_length mask tokens, decoded block by block,
-left to right, at most T steps per block. At each step the model runs (a full
-forward without a cache, or a cached forward that recomputes only part of the
-canvas), each masked position gets a predicted token and its confidence, and
-the policy picks which to commit. Cache refreshes happen at each block start
-and every f steps. With cache="es" the other steps are early-skip forwards
-(models/skip.py): the engine hands the model each row's confidences and
-commits of the previous step, which rank the positions worth recomputing.
-Rows are independent: a row that finished its block (or its whole answer,
-with early stop) is left out of later forwards, and nothing a row computes
-depends on the other rows of the batch.
+Requests are submitted (queued), admitted into a free slot of the shared
+Frame at the next step, and leave as soon as they finish or are cancelled.
+One call of `step()` advances every in-flight request by exactly one
+denoising step of its own block: at each step a request runs one forward
+(a full forward without a cache, at its block start and every f steps; its
+cached mode otherwise), each masked position of its block gets a predicted
+token and its confidence, its policy picks which to commit, and the step's
+commits are reported as a CommitEvent.
+
+Who shares a forward: the requests whose forward this step has the same mode
+("full", "prefix", "dual" or "es" with the same skip schedule) and the same
+block length. They may differ in prompt length, block, local step, method,
+gen_length and sampling: each row is computed as it would be alone (its own
+columns, its own cache row). Requests that cannot share run in separate
+forwards within the same step, so no request waits for another's block to
+end. Inside a forward, the commit policy runs once per group of rows with the
+same policy settings, step and block (policies are batched tensor functions
+of the rows they are given); prediction once per temperature.
+
+A new request's first forward is the refresh of its first block: admitting
+it writes only its own slot. Limits: `max_batch` requests in flight (so at
+most that many rows per forward) and `max_queue` waiting; past both,
+`submit` raises EngineFullError.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import time
-from dataclasses import dataclass
+import uuid
+from collections import OrderedDict, defaultdict, deque
+from typing import Iterator
 
 import torch
 
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView, make_policy
+from caidllm.decode.request import CommitEvent, Request
+from caidllm.decode.results import result_of
+from caidllm.decode.sampling import predict, request_generator
+from caidllm.errors import EngineFullError, InputError
 from caidllm.models.skip import EarlySkip
-
-
-@dataclass
-class BatchOutput:
-    """Per-row results of one batch, as tensors (api.py turns them into results)."""
-
-    generated: torch.Tensor  # [B, G] token ids of the generated region
-    nfe: torch.Tensor  # [B] forward passes each row took part in
-    steps_per_block: torch.Tensor  # [B, num_blocks] steps each row spent in each block
-    commit_step: torch.Tensor  # [B, G] global step at which each position was committed (-1: filled by early stop)
-    commit_step_in_block: torch.Tensor  # [B, G] the same, counted within the block
-    first_confidence: torch.Tensor  # [B, G] s_i, NaN for blocks never run
-    early_stopped: torch.Tensor  # [B] True when the answer ended and the rest was filled with EOS
-    # [B] (layer, block position) pairs the row's forwards ran / n_layers * block_length per forward it took
-    # part in: 1.0 for every mode but "es". Refreshes count as full steps; prompt and suffix work is not counted.
-    computed_fraction: torch.Tensor
-    elapsed_s: float
-    controller_s: float  # time spent in the policy (the CAI controller) for the whole batch
 
 
 class PolicyTimer:
@@ -76,152 +77,231 @@ class PolicyTimer:
         return self.seconds
 
 
-def row_seed(seed: int, prompt_ids: list[int]) -> int:
-    """A row's sampling seed depends on the seed and its own prompt only,
-    so its samples do not change with the rest of the batch."""
-    digest = hashlib.sha256(f"{seed}:{','.join(map(str, prompt_ids))}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+class Engine:
+    def __init__(self, lm, max_batch: int = 8, max_queue: int = 256):
+        for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.lm = lm
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.frame = Frame(lm, max_batch)
+        self.queue: deque[Request] = deque()
+        self.running: OrderedDict[str, Request] = OrderedDict()  # in admission order
+        self._finished_ids: deque[str] = deque(maxlen=4096)  # for a clear error on a late cancel
+        self.policy_timer = PolicyTimer(lm.device)
+        self.forwards = 0  # forward passes run (one per group per step)
+        self.steps = 0
+        c = lm.config
+        self._eos_ids = set(c.eos_ids)
 
+    # ---- requests in and out -------------------------------------------------
 
-def predict(logits: torch.Tensor, mask_id: int, temperature: float,
-            generators: list[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Predicted tokens and their confidences (softmax probability of the
-    prediction under the un-noised logits). The mask token is never predicted.
-    With temperature > 0, Gumbel noise in float64 picks the token, one
-    generator per row."""
-    logits = logits.float()
-    logits[..., mask_id] = float("-inf")
-    if temperature == 0:
-        predicted = logits.argmax(dim=-1)
-    else:
-        predicted = torch.stack([
-            _gumbel_argmax(row, temperature, gen) for row, gen in zip(logits, generators)
-        ])
-    chosen = logits.gather(-1, predicted[..., None]).squeeze(-1)
-    confidence = torch.exp(chosen - torch.logsumexp(logits, dim=-1))
-    return predicted, confidence
+    def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None) -> str:
+        """Queue a tokenised prompt; it joins the running batch at the next step.
+        Everything is checked here, before anything is queued."""
+        if not isinstance(config, DecodeConfig):
+            raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
+        config.validate()
+        prompt = self._check_prompt(prompt_ids, config)
+        request_id = uuid.uuid4().hex if request_id is None else str(request_id)
+        if request_id in self.running or any(r.id == request_id for r in self.queue):
+            raise InputError(f"request id {request_id!r} is already in the engine")
+        if len(self.running) + len(self.queue) >= self.max_batch + self.max_queue:
+            raise EngineFullError(f"the engine is full: {len(self.running)} requests in flight and "
+                                  f"{len(self.queue)} queued (max_batch {self.max_batch}, max_queue {self.max_queue})")
+        self.queue.append(self._new_request(request_id, prompt, config))
+        return request_id
 
+    def cancel(self, request_id: str) -> None:
+        """Remove a queued or in-flight request now (between steps) and free its slot."""
+        for r in self.queue:
+            if r.id == request_id:
+                self.queue.remove(r)
+                return
+        r = self.running.pop(request_id, None)
+        if r is None:
+            state = "already finished" if request_id in self._finished_ids else "unknown"
+            raise InputError(f"cannot cancel request {request_id!r}: {state}")
+        self.frame.release(r.slot)
+        self._finished_ids.append(request_id)
 
-def _gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
-    uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
-    gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
-    return (logits.double() / temperature + gumbel).argmax(dim=-1)
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.queue)
 
+    def run(self) -> Iterator[CommitEvent]:
+        """Step until every submitted request has finished, yielding each event."""
+        while self.has_work:
+            yield from self.step()
 
-def answer_complete(generated: torch.Tensor, mask_id: int, eos_ids: torch.Tensor) -> torch.Tensor:
-    """[B] True when an end token is committed with every position before it committed."""
-    no_mask_before = torch.cumsum(generated == mask_id, dim=1) == 0
-    return (torch.isin(generated, eos_ids) & no_mask_before).any(dim=1)
+    # ---- one step ----------------------------------------------------------------
 
+    def step(self) -> list[CommitEvent]:
+        """Admit waiting requests into free slots, then advance every in-flight
+        request by one denoising step. Returns the step's events."""
+        self._admit()
+        groups: dict[tuple, list[Request]] = defaultdict(list)
+        for r in self.running.values():
+            mode = r.forward_mode()
+            schedule = (r.config.es_schedule, r.config.es_alpha) if mode == "es" else ()
+            groups[(mode, r.config.block_length, schedule)].append(r)
+        events: list[CommitEvent] = []
+        for (mode, _, _), members in groups.items():
+            events.extend(self._advance(mode, sorted(members, key=lambda r: r.slot)))
+        for event in events:
+            if event.finished:
+                r = self.running.pop(event.request_id)
+                self.frame.release(r.slot)
+                self._finished_ids.append(r.id)
+        self.steps += bool(events)
+        return events
 
-def fill_after_first_end(generated: torch.Tensor, eos_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """Every position after the first end token becomes EOS."""
-    is_end = torch.isin(generated, eos_ids).long()
-    after_end = torch.cumsum(is_end, dim=1) - is_end > 0
-    return generated.masked_fill(after_end, eos_id)
+    def _advance(self, mode: str, members: list[Request]) -> list[CommitEvent]:
+        lm, frame, device = self.lm, self.frame, self.lm.device
+        bl = members[0].config.block_length
+        slots = [r.slot for r in members]
+        starts = [frame.block_start(r.slot, r.config.gen_length, r.block * bl) for r in members]
+        slot_ids = torch.tensor(slots, device=device)
+        columns = torch.tensor(starts, device=device)[:, None] + torch.arange(bl, device=device)
+        block = frame.canvas[slot_ids[:, None], columns]
+        masked = block == lm.config.mask_id
+        skip = None
+        if mode == "es":
+            r0 = members[0].config
+            skip = EarlySkip(torch.stack([r.prev_confidence for r in members]),
+                             torch.stack([r.just_committed for r in members]), masked, r0.es_schedule, r0.es_alpha)
+        rows = None if slots == list(range(frame.slots)) else slot_ids
+        logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
+                            end=[s + bl for s in starts], rows=rows, skip=skip)
+        self.forwards += 1
+        predicted, confidence = self._predict(logits, members)
+        for i, r in enumerate(members):
+            if r.step == 0:
+                r.block_first_confidence = confidence[i]
+        commit = self._select(members, predicted, confidence, masked)
+        frame.canvas[slot_ids[:, None], columns] = torch.where(commit, predicted, block)
+        for i, r in enumerate(members):
+            if r.config.cache == "es":
+                r.prev_confidence, r.just_committed = confidence[i], commit[i]
+        pairs = lm.config.n_layers * bl if skip is None else skip.computed_pairs
+        # The one host transfer of the step for these rows: commits, tokens, confidences.
+        host = torch.stack([commit.double(), predicted.double(), confidence.double()]).cpu()
+        return [self._record(r, host[0, i].bool().tolist(), host[1, i].long().tolist(), host[2, i].tolist(), pairs)
+                for i, r in enumerate(members)]
 
+    def _predict(self, logits: torch.Tensor, members: list[Request]):
+        mask_id = self.lm.config.mask_id
+        temperatures = {r.config.temperature for r in members}
+        if temperatures == {0.0} or temperatures == {0}:
+            return predict(logits, mask_id, 0.0, None)
+        predicted = torch.empty(logits.shape[:2], dtype=torch.long, device=logits.device)
+        confidence = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
+        for temperature in sorted(temperatures):
+            idx = [i for i, r in enumerate(members) if r.config.temperature == temperature]
+            gens = [members[i].generator for i in idx] if temperature > 0 else None
+            at = torch.tensor(idx, device=logits.device)
+            predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, gens)
+        return predicted, confidence
 
-def run_batch(lm, prompts: list[list[int]], config: DecodeConfig, *, gating: bool, refresh_every: int) -> BatchOutput:
-    """Decode one batch of tokenised prompts. `gating` and `refresh_every` are
-    already resolved against the model's defaults by the caller."""
-    device = lm.device
-    mask_id, eos_id = lm.config.mask_id, lm.config.eos_id
-    eos_ids = torch.tensor(sorted(lm.config.eos_ids), device=device)
-    B, G, bl = len(prompts), config.gen_length, config.block_length
-    P = max(len(p) for p in prompts)
-    L = P + G
-    T = config.steps_per_block
+    def _select(self, members, predicted, confidence, masked) -> torch.Tensor:
+        """Each group of rows with the same policy settings, step and block runs its policy once."""
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, r in enumerate(members):
+            groups[(r.policy_key, r.step, r.block)].append(i)
+        first = torch.stack([r.block_first_confidence for r in members])
+        commit = torch.zeros_like(masked)
+        for idx in groups.values():
+            r0 = members[idx[0]]
+            whole = len(idx) == len(members)
+            at = slice(None) if whole else torch.tensor(idx, device=masked.device)
+            state = {name: torch.cat([members[i].state[name] for i in idx]) for name in r0.state_names}
+            T = r0.config.steps_per_block
+            view = StepView(confidence=confidence[at], predicted=predicted[at], masked=masked[at],
+                            first_confidence=first[at], step=r0.step, total_steps=T, block_index=r0.block,
+                            rows=torch.arange(len(idx), device=masked.device), state=state)
+            with self.policy_timer:
+                chosen = r0.policy(view) & view.masked
+            if r0.step == T - 1:  # the last step commits whatever is left: no mask ever leaves the engine
+                chosen = view.masked
+            for j, i in enumerate(idx):
+                for name in r0.state_names:
+                    members[i].state[name] = state[name][j:j + 1]
+            commit[at] = chosen
+        return commit
 
-    canvas = torch.full((B, L), lm.config.pad_id, dtype=torch.long, device=device)
-    attention = torch.zeros((B, L), dtype=torch.bool, device=device)
-    for r, ids in enumerate(prompts):
-        canvas[r, P - len(ids):P] = torch.tensor(ids, dtype=torch.long, device=device)
-        attention[r, P - len(ids):] = True
-    canvas[:, P:] = mask_id
+    def _record(self, r: Request, commits: list[bool], tokens: list[int], confidences: list[float],
+                pairs: int) -> CommitEvent:
+        """Host bookkeeping of one request's step: traces, counters, block and answer progress."""
+        gs, ge = r.block_bounds
+        t = r.step
+        if t == 0:
+            r.first_confidence[gs:ge] = confidences
+        positions = [gs + j for j, c in enumerate(commits) if c]
+        committed = [tokens[p - gs] for p in positions]
+        global_step = r.steps_before_block + t
+        for p, token in zip(positions, committed):
+            r.generated[p] = token
+            r.commit_step[p] = global_step
+            r.commit_step_in_block[p] = t
+        r.nfe += 1
+        r.computed_pairs += pairs
+        r.steps_per_block[r.block] += 1
+        if positions and r.first_commit_at is None:
+            r.first_commit_at = time.perf_counter()
+        event = CommitEvent(r.id, r.block, t, positions, committed, [r.first_confidence[p] for p in positions])
+        block_done = all(x is not None for x in r.generated[gs:ge])
+        r.step += 1
+        r.advance_prefix(self._eos_ids)
+        if r.config.early_stop and r.answer_end is not None:
+            r.fill_after_end(self.lm.config.eos_id)
+            r.early_stopped = True
+            event.finished = True
+        elif block_done:
+            r.steps_before_block += r.steps_per_block[r.block]
+            r.block, r.step = r.block + 1, 0
+            if r.block == r.config.num_blocks:
+                event.finished = True
+            else:
+                r.start_block(self.lm.device)
+        event.prefix_length = r.prefix
+        if event.finished:
+            event.result = result_of(self.lm, r, self.policy_timer.total() - r.controller_at_admission)
+        return event
 
-    generators = None
-    if config.temperature > 0:
-        base = config.seed if config.seed is not None else int(torch.seed())
-        generators = [torch.Generator(device=device).manual_seed(row_seed(base, ids)) for ids in prompts]
+    # ---- helpers -----------------------------------------------------------------
 
-    policy, state_names = make_policy(config, gating)
-    cache = None
-    if config.cache != "none":
-        cache = lm.new_cache(B, L, skip_schedule=config.es_schedule if config.cache == "es" else None)
-    step_pairs = lm.config.n_layers * bl  # (layer, block position) pairs of a step without skipping
+    def _admit(self) -> None:
+        for slot in self.frame.free_slots():
+            if not self.queue:
+                return
+            r = self.queue.popleft()
+            c = r.config
+            self.frame.place(slot, r.prompt, c.gen_length, cached=c.cache != "none",
+                             skip_schedule=c.es_schedule if c.cache == "es" else None)
+            r.slot, r.admitted_at = slot, time.perf_counter()
+            r.controller_at_admission = self.policy_timer.total()
+            r.start_block(self.lm.device)
+            self.running[r.id] = r
 
-    nfe = torch.zeros(B, dtype=torch.long, device=device)
-    steps_per_block = torch.zeros((B, config.num_blocks), dtype=torch.long, device=device)
-    commit_step = torch.full((B, G), -1, dtype=torch.long, device=device)
-    commit_local = torch.full((B, G), -1, dtype=torch.long, device=device)
-    first_conf = torch.full((B, G), float("nan"), device=device)
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    steps_before_block = torch.zeros(B, dtype=torch.long, device=device)
-    computed_pairs = torch.zeros(B, dtype=torch.long, device=device)
-    # The previous step as seen by each row (early skipping ranks positions with it); set by the
-    # block's first step, which is always a refresh.
-    prev_confidence = torch.zeros((B, bl), device=device)
-    just_committed = torch.zeros((B, bl), dtype=torch.bool, device=device)
-    policy_timer = PolicyTimer(device)
+    def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
+        lm = self.lm
+        gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
+        refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
+        policy, state_names = make_policy(config, gating)
+        policy_key = (config.policy, config.threshold, config.factor, dataclasses.astuple(config.cai), gating)
+        generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
+        return Request(request_id, prompt, config, gating, refresh_every, policy, state_names, policy_key, generator)
 
-    started = time.perf_counter()
-    for b in range(config.num_blocks):
-        start, end = P + b * bl, P + (b + 1) * bl
-        gs, ge = start - P, end - P  # the block inside the generated region
-        state = {name: torch.zeros(B, dtype=torch.long, device=device) for name in state_names}
-        block_done = finished.clone()
-        for t in range(T):
-            active = (~block_done).nonzero().squeeze(1)
-            if active.numel() == 0:
-                break
-            rows = None if active.numel() == B else active
-            block = canvas[active, start:end]
-            masked = block == mask_id
-            # No cache, or a refresh (block start, every f steps): a full forward (filling the cache if any).
-            refresh = cache is None or t == 0 or (refresh_every > 0 and t % refresh_every == 0)
-            mode = "full" if refresh else config.cache
-            skip = None
-            if mode == "es":
-                skip = EarlySkip(prev_confidence[active], just_committed[active], masked,
-                                 config.es_schedule, config.es_alpha)
-            logits = lm.forward(canvas, attention, mode=mode, cache=cache, start=start, end=end, rows=rows, skip=skip)
-            nfe[active] += 1
-            computed_pairs[active] += step_pairs if skip is None else skip.computed_pairs
-            row_generators = None if generators is None else [generators[i] for i in active.tolist()]
-            predicted, confidence = predict(logits, mask_id, config.temperature, row_generators)
-
-            if t == 0:
-                first_conf[active, gs:ge] = confidence
-            view = StepView(confidence=confidence, predicted=predicted, masked=masked,
-                            first_confidence=first_conf[active, gs:ge], step=t, total_steps=T,
-                            block_index=b, rows=active, state=state)
-            with policy_timer:
-                commit = policy(view) & masked
-            if t == T - 1:  # the last step commits whatever is left: no mask ever leaves the engine
-                commit = masked
-
-            canvas[active, start:end] = torch.where(commit, predicted, block)
-            prev_confidence[active], just_committed[active] = confidence, commit
-            global_step = (steps_before_block[active] + t)[:, None]
-            commit_step[active, gs:ge] = torch.where(commit, global_step, commit_step[active, gs:ge])
-            commit_local[active, gs:ge] = torch.where(commit, torch.full_like(global_step, t), commit_local[active, gs:ge])
-            steps_per_block[active, b] += 1
-            block_done[active] = ~(canvas[active, start:end] == mask_id).any(dim=1)
-
-            if config.early_stop:
-                generated = canvas[active, P:]
-                complete = answer_complete(generated, mask_id, eos_ids)
-                if complete.any():
-                    done = active[complete]
-                    canvas[done, P:] = fill_after_first_end(canvas[done, P:], eos_ids, eos_id)
-                    finished[done] = True
-                    block_done[done] = True
-        steps_before_block += steps_per_block[:, b]
-
-    controller_s = policy_timer.total()  # synchronises the device, so the clock below is honest
-    return BatchOutput(
-        generated=canvas[:, P:].clone(), nfe=nfe, steps_per_block=steps_per_block,
-        commit_step=commit_step, commit_step_in_block=commit_local, first_confidence=first_conf,
-        early_stopped=finished, elapsed_s=time.perf_counter() - started, controller_s=controller_s,
-        computed_fraction=computed_pairs.double() / (nfe * step_pairs).clamp_min(1),
-    )
+    def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
+        c = self.lm.config
+        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+            raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
+        bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
+        if bad:
+            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+        if len(prompt_ids) + config.gen_length > c.max_length:
+            raise InputError(
+                f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}) = "
+                f"{len(prompt_ids) + config.gen_length} exceeds the model's context of {c.max_length} tokens")
+        return list(prompt_ids)

@@ -95,6 +95,9 @@ class Context:
     index: torch.Tensor | None = None  # dual / es: [R, n] absolute columns computed at the current layer
     fresh_from: torch.Tensor | None = None  # prefix with rows at different starts: [R] first fresh column
     extra: int = 0  # positions left of the block computed for it (Dream's start-1)
+    # Left-padded rows: each row's first real column. Attention then runs over each row's own
+    # real keys, unmasked, so a row's numbers do not depend on how much padding the batch gives it.
+    real_from: list[int] | None = None
     # es mode only:
     skip: EarlySkip | None = None
     plan: list[int] | None = None  # block positions that run each layer
@@ -117,7 +120,7 @@ class Context:
 
     @classmethod
     def build(cls, mask, positions, head_dim, theta, *, mode="full", starts=None, block_length=None, extra=0,
-              rows=None, cache=None, skip=None, plan=None):
+              rows=None, cache=None, skip=None, plan=None, real_from=None):
         """mask, positions: [R, L] of the selected rows; starts: [R] long, each row's
         block start (None with mode="full": all positions, logits of all)."""
         R, L = mask.shape
@@ -137,7 +140,7 @@ class Context:
                     fresh_from = starts - extra
             cos, sin = rope_cos_sin(positions[:, lo:], head_dim, theta)
         ctx = cls(mode, lo, rows, mask, cos, sin, cache, targets=targets, index=index, fresh_from=fresh_from,
-                  extra=extra)
+                  extra=extra, real_from=real_from)
         if mode == "es":
             ctx.skip, ctx.plan = skip, plan
             ctx.forced = forced_keeps(skip.prev_confidence, skip.masked, skip.just_committed)
@@ -237,8 +240,32 @@ class Context:
             keys = keys.repeat_interleave(groups, dim=1)
             values = values.repeat_interleave(groups, dim=1)
         # Bidirectional: no causal mask, only padding keys are hidden from every query.
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.key_mask)
+        if self.real_from is None:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.key_mask)
+        else:
+            out = self._attend_real(q, keys, values)
         return out.transpose(1, 2).reshape(R, n, -1)
+
+    def _attend_real(self, q, keys, values) -> torch.Tensor:
+        """Attention of each row's real queries over its own real keys, without a mask.
+        The CPU kernels sum keys in blocks counted from the first column, so padding in
+        front of a row would shift its blocks and change its last bits; sliced off, a
+        row gets exactly the numbers it gets alone. Rows with the same padding (all of
+        them, in a batch of equal lengths) share one call. Padding queries get zeros:
+        they are never read (padding is never a key)."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for r, key_from in enumerate(self.real_from):
+            query_from = max(key_from - self.lo, 0) if self.index is None else 0
+            groups.setdefault((key_from, query_from), []).append(r)
+        if len(groups) == 1 and next(iter(groups))[1] == 0:
+            key_from = next(iter(groups))[0]
+            return F.scaled_dot_product_attention(q, keys[:, :, key_from:], values[:, :, key_from:])
+        out = q.new_zeros(q.shape)
+        for (key_from, query_from), rows in groups.items():
+            at = torch.tensor(rows, device=q.device)
+            out[at, :, query_from:] = F.scaled_dot_product_attention(
+                q[at, :, query_from:], keys[at, :, key_from:], values[at, :, key_from:])
+        return out
 
     def _prefix_keys(self, cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
         """Cached entries left of lo, fresh ones from lo on; a row whose block starts

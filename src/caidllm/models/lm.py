@@ -103,7 +103,7 @@ class DiffusionLM:
         plan = self._check_skip(skip, cache, len(mask_r), length) if mode == "es" else None
         start_t = torch.tensor(starts, device=self.device)
         ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, starts=start_t, block_length=length,
-                            extra=extra, rows=rows, cache=cache, skip=skip, plan=plan)
+                            extra=extra, rows=rows, cache=cache, skip=skip, plan=plan, real_from=_left_padding(mask_r))
         if ctx.index is not None:
             computed_ids = ids[r].gather(1, ctx.index)
         else:
@@ -228,6 +228,16 @@ class DiffusionLM:
                 f"cache was made for a [{cache.batch_size}, {cache.length}] canvas with {len(cache.keys)} layers; "
                 f"input is [{B}, {L}] for a {self.config.n_layers}-layer model"
             )
+
+
+def _left_padding(mask: torch.Tensor) -> list[int] | None:
+    """Each row's first real column when every row is left-padded (real tokens
+    contiguous up to the end); None otherwise (attention then uses the mask)."""
+    first = (~mask).sum(dim=1)
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    if not torch.equal(mask, columns >= first[:, None]):
+        return None
+    return first.tolist()
 
 
 def _check_range(start, end, L, rows):

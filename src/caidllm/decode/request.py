@@ -1,0 +1,103 @@
+"""One request in the step-level engine: what it asked for, where it is, and
+what it has produced so far; and the events the engine reports for it."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from caidllm.decode.config import DecodeConfig
+from caidllm.decode.policies import Policy
+
+
+@dataclass
+class CommitEvent:
+    """What one denoising step did for one request."""
+
+    request_id: str
+    block: int  # 0-based block of the generation
+    step: int  # local step t within the block
+    positions: list[int]  # positions of the generated region committed at this step
+    token_ids: list[int]  # their tokens
+    first_confidence: list[float]  # their s_i (confidence at the block's first step)
+    finished: bool = False
+    # Answer tokens committed left to right without a gap so far (stops at the end token):
+    # what a stream can show.
+    prefix_length: int = 0
+    result: object | None = None  # the GenerationResult, on the request's last event
+
+
+@dataclass
+class Request:
+    """Per-request state. Tokens, traces and counters live on the host (they are
+    read every step for the events anyway); the canvas row and the KV cache row
+    live in the engine's Frame, at ``slot``; the policy's state and the
+    previous step's view (for early skipping) are small device tensors."""
+
+    id: str
+    prompt: list[int]
+    config: DecodeConfig
+    gating: bool
+    refresh_every: int
+    policy: Policy
+    state_names: tuple[str, ...]
+    policy_key: tuple  # requests with equal keys run the same policy with the same settings
+    generator: torch.Generator | None
+    submitted_at: float = field(default_factory=time.perf_counter)
+    slot: int | None = None
+    block: int = 0
+    step: int = 0  # local step within the block
+    steps_before_block: int = 0
+    nfe: int = 0
+    computed_pairs: int = 0
+    early_stopped: bool = False
+    admitted_at: float | None = None
+    first_commit_at: float | None = None
+    controller_at_admission: float = 0.0
+    prefix: int = 0  # longest gap-free committed prefix of the generated region, end token excluded
+    answer_end: int | None = None  # position of the first end token, once the prefix reaches it
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    block_first_confidence: torch.Tensor | None = None  # [block] s_i of the current block
+    prev_confidence: torch.Tensor | None = None  # [block] the previous step's confidences (early skipping)
+    just_committed: torch.Tensor | None = None  # [block] committed at the previous step
+
+    def __post_init__(self):
+        G, c = self.config.gen_length, self.config
+        self.generated: list[int | None] = [None] * G  # None = still masked
+        self.commit_step = [-1] * G
+        self.commit_step_in_block = [-1] * G
+        self.first_confidence = [math.nan] * G
+        self.steps_per_block = [0] * c.num_blocks
+
+    @property
+    def block_bounds(self) -> tuple[int, int]:
+        """The current block inside the generated region."""
+        bl = self.config.block_length
+        return self.block * bl, (self.block + 1) * bl
+
+    def forward_mode(self) -> str:
+        """This step's forward: a full one without a cache, at the block start and
+        every f steps (a refresh); the cached mode otherwise."""
+        c, t = self.config, self.step
+        refresh = c.cache == "none" or t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
+        return "full" if refresh else c.cache
+
+    def start_block(self, device) -> None:
+        self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}
+
+    def advance_prefix(self, eos_ids: set[int]) -> None:
+        """Extend the committed prefix; note the answer's end when the prefix reaches an end token."""
+        g = self.generated
+        while self.answer_end is None and self.prefix < len(g) and g[self.prefix] is not None:
+            if g[self.prefix] in eos_ids:
+                self.answer_end = self.prefix
+            else:
+                self.prefix += 1
+
+    def fill_after_end(self, eos_id: int) -> None:
+        """Early stop: every position after the first end token becomes EOS (no more steps)."""
+        for p in range(self.answer_end + 1, len(self.generated)):
+            self.generated[p] = eos_id

@@ -1,0 +1,57 @@
+"""What a finished request returns: its answer and its decoding statistics."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Trace:
+    """Per generated position: when it was committed and how confident the
+    model was about it at its block's first step."""
+
+    commit_step: list[int]  # global step (steps of earlier blocks included); -1 = filled by early stop
+    commit_step_in_block: list[int]  # local step t within the block; -1 = filled by early stop
+    first_confidence: list[float | None]  # s_i; None for blocks never run (early stop)
+
+
+@dataclass
+class GenerationResult:
+    text: str  # the answer, up to the first end token
+    token_ids: list[int]  # every generated position (prompt excluded), end tokens included
+    answer_length: int  # answer tokens: generated positions before the first end token
+    nfe: int  # forward passes this row took part in
+    steps_per_block: list[int]
+    elapsed_s: float  # wall time from admission to the end (generate(): of the whole run)
+    controller_s: float  # of which in the commit policy (of every request in flight meanwhile)
+    early_stopped: bool
+    method: str
+    prompt_length: int
+    trace: Trace = field(repr=False)
+    # Share of the (layer, block position) work of the row's steps actually run: < 1.0 only with early
+    # skipping (cache "es"); refresh steps count in full; prompt and suffix work is not counted.
+    computed_fraction: float = 1.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def result_of(lm, r, controller_s: float) -> GenerationResult:
+    """The GenerationResult of a finished Request (every position committed or filled)."""
+    ids = list(r.generated)
+    eos_ids = set(lm.config.eos_ids)
+    answer_length = next((i for i, t in enumerate(ids) if t in eos_ids), len(ids))
+    trace = Trace(
+        commit_step=list(r.commit_step),
+        commit_step_in_block=list(r.commit_step_in_block),
+        first_confidence=[None if math.isnan(c) else c for c in r.first_confidence],
+    )
+    step_pairs = lm.config.n_layers * r.config.block_length
+    return GenerationResult(
+        text=lm.decode(ids[:answer_length]), token_ids=ids, answer_length=answer_length, nfe=r.nfe,
+        steps_per_block=list(r.steps_per_block), elapsed_s=time.perf_counter() - r.admitted_at,
+        controller_s=controller_s, early_stopped=r.early_stopped, method=r.config.method,
+        prompt_length=len(r.prompt), trace=trace, computed_fraction=r.computed_pairs / max(r.nfe * step_pairs, 1),
+    )

@@ -1,0 +1,48 @@
+"""Per-step prediction: each masked position's token and its confidence
+(paper Box 1), and the per-request sampling seeds."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import torch
+
+
+def row_seed(seed: int, prompt_ids: list[int]) -> int:
+    """A request's sampling seed depends on the seed and its own prompt only,
+    so its samples do not change with the rest of the batch."""
+    digest = hashlib.sha256(f"{seed}:{','.join(map(str, prompt_ids))}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def request_generator(seed: int | None, prompt_ids: list[int], device) -> torch.Generator:
+    """The request's own generator. Without a seed a fresh one is drawn from the
+    system (never from torch's global RNG, which is the caller's)."""
+    base = seed if seed is not None else random.SystemRandom().getrandbits(63)
+    return torch.Generator(device=device).manual_seed(row_seed(base, prompt_ids))
+
+
+def predict(logits: torch.Tensor, mask_id: int, temperature: float,
+            generators: list[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted tokens and their confidences (softmax probability of the
+    prediction under the un-noised logits). The mask token is never predicted.
+    With temperature > 0, Gumbel noise in float64 picks the token, one
+    generator per row."""
+    logits = logits.float()
+    logits[..., mask_id] = float("-inf")
+    if temperature == 0:
+        predicted = logits.argmax(dim=-1)
+    else:
+        predicted = torch.stack([
+            _gumbel_argmax(row, temperature, gen) for row, gen in zip(logits, generators)
+        ])
+    chosen = logits.gather(-1, predicted[..., None]).squeeze(-1)
+    confidence = torch.exp(chosen - torch.logsumexp(logits, dim=-1))
+    return predicted, confidence
+
+
+def _gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
+    gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
+    return (logits.double() / temperature + gumbel).argmax(dim=-1)
