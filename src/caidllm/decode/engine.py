@@ -99,18 +99,23 @@ class Engine:
     def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None) -> str:
         """Queue a tokenised prompt; it joins the running batch at the next step.
         Everything is checked here, before anything is queued."""
+        request = self.prepare(prompt_ids, config, request_id)
+        if request.id in self.running or any(r.id == request.id for r in self.queue):
+            raise InputError(f"request id {request.id!r} is already in the engine")
+        if len(self.running) + len(self.queue) >= self.max_batch + self.max_queue:
+            raise EngineFullError(f"the engine is full: {len(self.running)} requests in flight and "
+                                  f"{len(self.queue)} queued (max_batch {self.max_batch}, max_queue {self.max_queue})")
+        self.queue.append(request)
+        return request.id
+
+    def prepare(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None) -> Request:
+        """A checked Request, not yet queued (touches no engine state: any thread may call it)."""
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
         config.validate()
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
-        if request_id in self.running or any(r.id == request_id for r in self.queue):
-            raise InputError(f"request id {request_id!r} is already in the engine")
-        if len(self.running) + len(self.queue) >= self.max_batch + self.max_queue:
-            raise EngineFullError(f"the engine is full: {len(self.running)} requests in flight and "
-                                  f"{len(self.queue)} queued (max_batch {self.max_batch}, max_queue {self.max_queue})")
-        self.queue.append(self._new_request(request_id, prompt, config))
-        return request_id
+        return self._new_request(request_id, prompt, config)
 
     def cancel(self, request_id: str) -> None:
         """Remove a queued or in-flight request now (between steps) and free its slot."""
@@ -124,6 +129,15 @@ class Engine:
             raise InputError(f"cannot cancel request {request_id!r}: {state}")
         self.frame.release(r.slot)
         self._finished_ids.append(request_id)
+
+    def cancel_all(self) -> list[str]:
+        """Drop every queued and in-flight request (shutdown, or after a failed step); their ids."""
+        ids = [r.id for r in self.queue] + list(self.running)
+        self.queue.clear()
+        self.running.clear()
+        self.frame = Frame(self.lm, self.max_batch)  # a step that failed midway may have left rows half-written
+        self._finished_ids.extend(ids)
+        return ids
 
     @property
     def has_work(self) -> bool:

@@ -27,6 +27,7 @@ class CommitEvent:
     # Answer tokens committed left to right without a gap so far (stops at the end token):
     # what a stream can show.
     prefix_length: int = 0
+    at: float = field(default_factory=time.perf_counter)  # when the step's results reached the host
     result: object | None = None  # the GenerationResult, on the request's last event
 
 

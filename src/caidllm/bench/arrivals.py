@@ -1,0 +1,168 @@
+"""Continuous batching against static batches, under requests arriving over time.
+
+    python -m caidllm.bench.arrivals --model tiny --requests 64 --methods cai,vanilla
+
+The same requests (prompts of the synthetic tasks' test split) arrive at the
+same seeded Poisson times, at a rate near the engine's capacity (--load times
+the requests/s that offline batches of --max-batch reach, measured first).
+Two ways to serve them, in one run:
+- continuous: one Engine; each request is submitted when it arrives and joins
+  the running batch at the next step; a finished one leaves at once.
+- static: wait until --max-batch requests have arrived (or no more will), then
+  decode them as one batch to the end (generate()'s loop, run through the
+  same engine so commit times are seen); arrivals meanwhile wait for the next.
+Per request: latency (arrival to last token), time to first committed token
+(arrival to the first step that commits a position), and answer tokens;
+throughput is answer tokens over the span from the first arrival to the last
+finish. Timings are wall clock on this machine: compare the two columns of one
+run, never figures across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import caidllm
+from caidllm.decode import build_config
+from caidllm.decode.engine import Engine
+from caidllm.tasks import get_task
+
+TASKS = ("boolean_expressions", "arithmetic", "web_of_lies", "navigate")
+
+
+@dataclass
+class Served:
+    arrival: float
+    first_commit: float
+    finish: float
+    answer_tokens: int
+
+
+def prompts_of(lm, n: int, seed: int) -> list[list[int]]:
+    """n chat-encoded prompts, cycling through the synthetic tasks' test split."""
+    per_task = -(-n // len(TASKS))
+    examples = [ex for name in TASKS for ex in get_task(name).examples("test", per_task, seed=seed)]
+    random.Random(seed).shuffle(examples)
+    return [lm.encode_chat(ex.prompt) for ex in examples[:n]]
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    rng, t, times = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        times.append(t)
+    return times
+
+
+def serve_continuous(lm, prompts, arrivals, config, max_batch: int) -> list[Served]:
+    engine = Engine(lm, max_batch=max_batch, max_queue=len(prompts))
+    served, first, ids = {}, {}, {}
+    start, nxt = time.perf_counter(), 0
+    while nxt < len(prompts) or engine.has_work:
+        now = time.perf_counter() - start
+        while nxt < len(prompts) and arrivals[nxt] <= now:
+            ids[engine.submit(prompts[nxt], config)] = nxt
+            nxt += 1
+        if not engine.has_work:
+            time.sleep(max(0.0, arrivals[nxt] - (time.perf_counter() - start)))
+            continue
+        for e in engine.step():
+            i = ids[e.request_id]
+            if e.positions and i not in first:
+                first[i] = e.at - start
+            if e.finished:
+                served[i] = Served(arrivals[i], first[i], e.at - start, e.result.answer_length)
+    return [served[i] for i in range(len(prompts))]
+
+
+def serve_static(lm, prompts, arrivals, config, max_batch: int) -> list[Served]:
+    served, start, nxt = {}, time.perf_counter(), 0
+    while nxt < len(prompts):
+        batch = list(range(nxt, min(nxt + max_batch, len(prompts))))
+        time.sleep(max(0.0, arrivals[batch[-1]] - (time.perf_counter() - start)))  # wait for a full batch
+        engine = Engine(lm, max_batch=max_batch)
+        ids = {engine.submit(prompts[i], config): i for i in batch}
+        first = {}
+        for e in engine.run():
+            i = ids[e.request_id]
+            if e.positions and i not in first:
+                first[i] = e.at - start
+            if e.finished:
+                served[i] = Served(arrivals[i], first[i], e.at - start, e.result.answer_length)
+        nxt = batch[-1] + 1
+    return [served[i] for i in range(len(prompts))]
+
+
+def summary(served: list[Served]) -> dict:
+    latency = sorted(s.finish - s.arrival for s in served)
+    ttft = sorted(s.first_commit - s.arrival for s in served)
+    span = max(s.finish for s in served) - min(s.arrival for s in served)
+    return {
+        "throughput_tok_s": sum(s.answer_tokens for s in served) / span,
+        "latency_mean_s": sum(latency) / len(latency), "latency_p99_s": percentile(latency, 99),
+        "ttft_mean_s": sum(ttft) / len(ttft), "ttft_p99_s": percentile(ttft, 99),
+    }
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    rank = max(1, -(-len(sorted_values) * q // 100))
+    return sorted_values[int(rank) - 1]
+
+
+def capacity(lm, prompts, config, max_batch: int) -> float:
+    """Requests per second of offline batches of max_batch (after one warm-up batch)."""
+    lm.generate(prompts[:max_batch], method=config.method, batch_size=max_batch, chat=False,
+                **_settings(config))
+    sample = prompts[: 2 * max_batch]
+    started = time.perf_counter()
+    lm.generate(sample, method=config.method, batch_size=max_batch, chat=False, **_settings(config))
+    return len(sample) / (time.perf_counter() - started)
+
+
+def _settings(config) -> dict:
+    return dict(gen_length=config.gen_length, block_length=config.block_length, early_stop=config.early_stop)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m caidllm.bench.arrivals", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--methods", default="cai,vanilla")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--gen-length", type=int, default=128)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--load", type=float, default=0.9, help="arrival rate as a share of the measured capacity")
+    ap.add_argument("--rate", type=float, default=None, help="arrivals per second (instead of --load)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    lm = caidllm.load(args.model, device=args.device)
+    prompts = prompts_of(lm, args.requests, args.seed)
+    rows = []
+    for method in args.methods.split(","):
+        config = build_config(method, gen_length=args.gen_length, block_length=args.block_length)
+        rate = args.rate or args.load * capacity(lm, prompts, config, args.max_batch)
+        arrivals = poisson_arrivals(args.requests, rate, args.seed)
+        for name, serve in (("continuous", serve_continuous), ("static", serve_static)):
+            rows.append({"method": method, "serving": name, "rate_req_s": rate,
+                         **summary(serve(lm, prompts, arrivals, config, args.max_batch))})
+    print("| method | serving | arrivals/s | answer tok/s | mean latency s | p99 latency s | mean TTFT s | p99 TTFT s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['method']} | {r['serving']} | {r['rate_req_s']:.2f} | {r['throughput_tok_s']:.1f} | "
+              f"{r['latency_mean_s']:.2f} | {r['latency_p99_s']:.2f} | {r['ttft_mean_s']:.2f} | {r['ttft_p99_s']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The engine in a background thread: submit, stream and cancel from any
+thread or from an asyncio event loop while it runs (what the server calls).
+
+Only the engine thread touches the Engine. Other threads hand it new
+requests and cancellations through a small inbox that it reads at each step
+boundary, so `submit` and `cancel` never wait for a step to end. A request is
+checked in the caller's thread (Engine.prepare), so a bad one is refused
+there and never reaches the engine. Each request's events come back through
+its RequestHandle: iterate it (threads) or `async for` over `handle.stream()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+
+from caidllm.decode.config import DecodeConfig
+from caidllm.decode.engine import Engine
+from caidllm.decode.request import CommitEvent
+from caidllm.errors import EngineFullError, InputError
+
+logger = logging.getLogger(__name__)
+
+
+class RequestCancelled(Exception):
+    """The request was cancelled (by `cancel`, or because the engine stopped)."""
+
+
+class RequestHandle:
+    """One submitted request as its client sees it: its CommitEvents in order, then its result."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop | None = None):
+        self.id = request_id
+        self.result = None  # the GenerationResult once finished
+        self.error: BaseException | None = None
+        self._events: queue.Queue = queue.Queue()
+        self._loop = loop
+        self._async_events: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
+
+    def _push(self, item) -> None:
+        """From the engine thread: a CommitEvent, or an exception that ends the request."""
+        if isinstance(item, CommitEvent) and item.finished:
+            self.result = item.result
+        elif isinstance(item, BaseException):
+            self.error = item
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._async_events.put_nowait, item)
+            except RuntimeError:  # the client's event loop is closed: nobody is listening
+                pass
+        else:
+            self._events.put(item)
+
+    def __iter__(self):
+        """Block on each event in turn (thread clients); raises if the request failed or was cancelled."""
+        while True:
+            item = self._events.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+    async def stream(self):
+        """The same events for an asyncio client (the handle must have been made with its loop)."""
+        if self._async_events is None:
+            raise InputError("this handle was submitted without an event loop; iterate it instead")
+        while True:
+            item = await self._async_events.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+    def wait(self):
+        """Block until the end; the GenerationResult."""
+        for _ in self:
+            pass
+        return self.result
+
+
+class BackgroundEngine:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: list = []  # prepared Requests not yet queued in the engine
+        self._cancels: list[str] = []
+        self._handles: dict[str, RequestHandle] = {}  # every request not yet finished
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.failed_steps = 0
+
+    # ---- from any thread ------------------------------------------------------------
+
+    def start(self) -> "BackgroundEngine":
+        self._thread = threading.Thread(target=self._run, name="caidllm-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
+               loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
+        """Check and hand over a request; raises InputError (bad request) or EngineFullError."""
+        request = self.engine.prepare(prompt_ids, config, request_id)
+        e = self.engine
+        with self._lock:
+            if self._stopping:
+                raise EngineFullError("the engine is shutting down")
+            if request.id in self._handles:
+                raise InputError(f"request id {request.id!r} is already in the engine")
+            if len(self._handles) >= e.max_batch + e.max_queue:
+                raise EngineFullError(f"the engine is full: {len(self._handles)} requests in flight or queued "
+                                      f"(max_batch {e.max_batch}, max_queue {e.max_queue})")
+            handle = RequestHandle(request.id, loop)
+            self._handles[request.id] = handle
+            self._inbox.append(request)
+            self._wake.notify()
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        """The request leaves at the next step boundary; its handle then raises RequestCancelled."""
+        with self._lock:
+            if request_id not in self._handles:
+                raise InputError(f"cannot cancel request {request_id!r}: unknown or already finished")
+            if request_id not in self._cancels:
+                self._cancels.append(request_id)
+            self._wake.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the loop; requests still queued or in flight are cancelled."""
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def pending(self) -> int:
+        """Requests submitted and not finished (queued or in flight)."""
+        return len(self._handles)
+
+    @property
+    def queued(self) -> int:
+        return len(self._inbox) + len(self.engine.queue)
+
+    # ---- the engine thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._inbox or self._cancels or self.engine.has_work or self._stopping):
+                    self._wake.wait()
+                inbox, self._inbox = self._inbox, []
+                cancels, self._cancels = self._cancels, []
+                stopping = self._stopping
+            for request in inbox:
+                self.engine.queue.append(request)
+            for request_id in cancels:
+                self._end(request_id, RequestCancelled(f"request {request_id} was cancelled"), cancel=True)
+            if stopping:
+                for request_id in self.engine.cancel_all():
+                    self._end(request_id, RequestCancelled("the engine stopped"))
+                return
+            if not self.engine.has_work:
+                continue
+            try:
+                events = self.engine.step()
+            except Exception as error:  # noqa: BLE001 - a bug or a device error: fail what was in flight, go on
+                self.failed_steps += 1
+                logger.exception("engine step failed; failing the requests in flight")
+                for request_id in self.engine.cancel_all():
+                    self._end(request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}"))
+                continue
+            for event in events:
+                handle = self._handles.get(event.request_id)
+                if event.finished:
+                    with self._lock:
+                        self._handles.pop(event.request_id, None)
+                if handle is not None:
+                    handle._push(event)
+
+    def _end(self, request_id: str, error: BaseException, cancel: bool = False) -> None:
+        if cancel:
+            try:
+                self.engine.cancel(request_id)
+            except InputError:  # finished in the step before the cancel was read
+                return
+        with self._lock:
+            handle = self._handles.pop(request_id, None)
+        if handle is not None:
+            handle._push(error)
