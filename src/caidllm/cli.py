@@ -1,4 +1,4 @@
-"""Command line: `caidllm generate`, `caidllm train`, `caidllm bench`.
+"""Command line: `caidllm generate`, `train`, `bench`, `serve`, `loadtest`.
 
 A thin front end over the public API. Bad input prints one line naming the
 problem and exits with status 2; any other failure exits non-zero too.
@@ -14,6 +14,8 @@ from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import method_names
 from caidllm.errors import CaidllmError
+from caidllm.serve.cli import register as register_serve
+from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
 
 
@@ -50,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_train(sub, "train")
     register_bench(sub, "bench")
+    register_serve(sub, "serve")
+    register_loadtest(sub, "loadtest")
     return parser
 
 

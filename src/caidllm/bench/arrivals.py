@@ -43,12 +43,17 @@ class Served:
     answer_tokens: int
 
 
-def prompts_of(lm, n: int, seed: int) -> list[list[int]]:
-    """n chat-encoded prompts, cycling through the synthetic tasks' test split."""
+def synthetic_prompts(n: int, seed: int) -> list[str]:
+    """n prompts drawn evenly from the synthetic tasks' test split, shuffled."""
     per_task = -(-n // len(TASKS))
     examples = [ex for name in TASKS for ex in get_task(name).examples("test", per_task, seed=seed)]
     random.Random(seed).shuffle(examples)
-    return [lm.encode_chat(ex.prompt) for ex in examples[:n]]
+    return [ex.prompt for ex in examples[:n]]
+
+
+def prompts_of(lm, n: int, seed: int) -> list[list[int]]:
+    """n chat-encoded synthetic prompts."""
+    return [lm.encode_chat(p) for p in synthetic_prompts(n, seed)]
 
 
 def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:

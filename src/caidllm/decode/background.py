@@ -39,6 +39,10 @@ class RequestHandle:
         self._loop = loop
         self._async_events: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
 
+    @property
+    def ended(self) -> bool:
+        return self.result is not None or self.error is not None
+
     def _push(self, item) -> None:
         """From the engine thread: a CommitEvent, or an exception that ends the request."""
         if isinstance(item, CommitEvent) and item.finished:
@@ -55,6 +59,8 @@ class RequestHandle:
 
     def __iter__(self):
         """Block on each event in turn (thread clients); raises if the request failed or was cancelled."""
+        if self._loop is not None:
+            raise InputError("this handle was submitted with an event loop; use `async for ... in handle.stream()`")
         while True:
             item = self._events.get()
             if isinstance(item, BaseException):
@@ -76,9 +82,12 @@ class RequestHandle:
                 return
 
     def wait(self):
-        """Block until the end; the GenerationResult."""
-        for _ in self:
-            pass
+        """Block until the end; the GenerationResult (raises if the request failed or was cancelled)."""
+        if not self.ended or not self._events.empty():
+            for _ in self:
+                pass
+        if self.error is not None:
+            raise self.error
         return self.result
 
 
@@ -88,7 +97,7 @@ class BackgroundEngine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._inbox: list = []  # prepared Requests not yet queued in the engine
-        self._cancels: list[str] = []
+        self._cancels: list[RequestHandle] = []  # handles, not ids: an id may be reused after a finish
         self._handles: dict[str, RequestHandle] = {}  # every request not yet finished
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -107,8 +116,8 @@ class BackgroundEngine:
         request = self.engine.prepare(prompt_ids, config, request_id)
         e = self.engine
         with self._lock:
-            if self._stopping:
-                raise EngineFullError("the engine is shutting down")
+            if self._stopping or self._thread is None or not self._thread.is_alive():
+                raise EngineFullError("the engine is not running (not started, stopped, or shutting down)")
             if request.id in self._handles:
                 raise InputError(f"request id {request.id!r} is already in the engine")
             if len(self._handles) >= e.max_batch + e.max_queue:
@@ -123,10 +132,11 @@ class BackgroundEngine:
     def cancel(self, request_id: str) -> None:
         """The request leaves at the next step boundary; its handle then raises RequestCancelled."""
         with self._lock:
-            if request_id not in self._handles:
+            handle = self._handles.get(request_id)
+            if handle is None:
                 raise InputError(f"cannot cancel request {request_id!r}: unknown or already finished")
-            if request_id not in self._cancels:
-                self._cancels.append(request_id)
+            if handle not in self._cancels:
+                self._cancels.append(handle)
             self._wake.notify()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -136,6 +146,8 @@ class BackgroundEngine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+        else:
+            self._fail_all(RequestCancelled("the engine stopped"))
 
     @property
     def pending(self) -> int:
@@ -149,6 +161,15 @@ class BackgroundEngine:
     # ---- the engine thread -------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop_until_stopped()
+        except BaseException as error:  # noqa: BLE001 - the loop itself broke: nobody may wait forever
+            logger.exception("the engine loop stopped")
+            with self._lock:
+                self._stopping = True
+            self._fail_all(RuntimeError(f"the engine loop stopped: {type(error).__name__}: {error}"))
+
+    def _loop_until_stopped(self) -> None:
         while True:
             with self._lock:
                 while not (self._inbox or self._cancels or self.engine.has_work or self._stopping):
@@ -156,22 +177,23 @@ class BackgroundEngine:
                 inbox, self._inbox = self._inbox, []
                 cancels, self._cancels = self._cancels, []
                 stopping = self._stopping
-            for request in inbox:
-                self.engine.queue.append(request)
-            for request_id in cancels:
-                self._end(request_id, RequestCancelled(f"request {request_id} was cancelled"), cancel=True)
+            self.engine.queue.extend(inbox)
+            for handle in cancels:
+                if self._handles.get(handle.id) is handle:  # still the request the cancel was for
+                    self.engine.cancel(handle.id)
+                    self._end(handle.id, RequestCancelled(f"request {handle.id} was cancelled"))
             if stopping:
-                for request_id in self.engine.cancel_all():
-                    self._end(request_id, RequestCancelled("the engine stopped"))
+                self.engine.cancel_all()
+                self._fail_all(RequestCancelled("the engine stopped"))
                 return
             if not self.engine.has_work:
                 continue
             try:
                 events = self.engine.step()
-            except Exception as error:  # noqa: BLE001 - a bug or a device error: fail what was in flight, go on
+            except Exception as error:  # noqa: BLE001 - a bug or a device error: fail the rows in flight, go on
                 self.failed_steps += 1
                 logger.exception("engine step failed; failing the requests in flight")
-                for request_id in self.engine.cancel_all():
+                for request_id in self.engine.drop_running():  # queued requests stay and run next
                     self._end(request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}"))
                 continue
             for event in events:
@@ -182,13 +204,14 @@ class BackgroundEngine:
                 if handle is not None:
                     handle._push(event)
 
-    def _end(self, request_id: str, error: BaseException, cancel: bool = False) -> None:
-        if cancel:
-            try:
-                self.engine.cancel(request_id)
-            except InputError:  # finished in the step before the cancel was read
-                return
+    def _end(self, request_id: str, error: BaseException) -> None:
         with self._lock:
             handle = self._handles.pop(request_id, None)
         if handle is not None:
+            handle._push(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            handles, self._handles, self._inbox = list(self._handles.values()), {}, []
+        for handle in handles:
             handle._push(error)

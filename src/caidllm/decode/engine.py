@@ -27,6 +27,7 @@ most that many rows per forward) and `max_queue` waiting; past both,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 import uuid
@@ -112,7 +113,7 @@ class Engine:
         """A checked Request, not yet queued (touches no engine state: any thread may call it)."""
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
-        config.validate()
+        config = copy.deepcopy(config).validate()  # the request's own: a caller's later edit cannot reach it
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         return self._new_request(request_id, prompt, config)
@@ -130,14 +131,21 @@ class Engine:
         self.frame.release(r.slot)
         self._finished_ids.append(request_id)
 
-    def cancel_all(self) -> list[str]:
-        """Drop every queued and in-flight request (shutdown, or after a failed step); their ids."""
-        ids = [r.id for r in self.queue] + list(self.running)
-        self.queue.clear()
+    def drop_running(self) -> list[str]:
+        """Drop every in-flight request and start a fresh Frame; their ids. After a step that raised
+        this is required: that step may have advanced some groups and not others. Queued requests stay."""
+        ids = list(self.running)
         self.running.clear()
-        self.frame = Frame(self.lm, self.max_batch)  # a step that failed midway may have left rows half-written
+        self.frame = Frame(self.lm, self.max_batch)
         self._finished_ids.extend(ids)
         return ids
+
+    def cancel_all(self) -> list[str]:
+        """Drop every queued and in-flight request (shutdown); their ids."""
+        ids = [r.id for r in self.queue]
+        self.queue.clear()
+        self._finished_ids.extend(ids)
+        return ids + self.drop_running()
 
     @property
     def has_work(self) -> bool:
@@ -198,7 +206,7 @@ class Engine:
             if r.config.cache == "es":
                 r.prev_confidence, r.just_committed = confidence[i], commit[i]
         pairs = lm.config.n_layers * bl if skip is None else skip.computed_pairs
-        # The one host transfer of the step for these rows: commits, tokens, confidences.
+        # Commits, tokens and confidences of these rows reach the host in one transfer.
         host = torch.stack([commit.double(), predicted.double(), confidence.double()]).cpu()
         return [self._record(r, host[0, i].bool().tolist(), host[1, i].long().tolist(), host[2, i].tolist(), pairs)
                 for i, r in enumerate(members)]
@@ -206,7 +214,7 @@ class Engine:
     def _predict(self, logits: torch.Tensor, members: list[Request]):
         mask_id = self.lm.config.mask_id
         temperatures = {r.config.temperature for r in members}
-        if temperatures == {0.0} or temperatures == {0}:
+        if temperatures == {0}:
             return predict(logits, mask_id, 0.0, None)
         predicted = torch.empty(logits.shape[:2], dtype=torch.long, device=logits.device)
         confidence = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
@@ -302,7 +310,8 @@ class Engine:
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
         refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
         policy, state_names = make_policy(config, gating)
-        policy_key = (config.policy, config.threshold, config.factor, dataclasses.astuple(config.cai), gating)
+        policy_key = (config.policy, config.threshold, config.factor, dataclasses.astuple(config.cai), gating,
+                      config.steps_per_block)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names, policy_key, generator)
 

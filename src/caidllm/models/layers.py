@@ -104,8 +104,8 @@ class Context:
     forced: torch.Tensor | None = None  # [R, block] forced keeps
 
     def __post_init__(self):
-        # Always masked, even without padding: the kernel SDPA picks must not depend on
-        # whether some other row of the batch is padded (batch invariance).
+        # The key mask serves rows whose padding is not all on the left (a caller's own canvas);
+        # left-padded rows (every decode) attend over their real keys only (_attend_real).
         if self.key_mask is None:
             self.key_mask = self.mask[:, None, None, :]
         self.computed = self.index  # dual / es: the columns computed at the first layer

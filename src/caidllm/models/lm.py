@@ -144,11 +144,14 @@ class DiffusionLM:
         the assistant generation prompt applied (the template adds BOS itself)."""
         if not isinstance(prompt, str):
             raise InputError(f"encode_chat expects a str prompt, got {type(prompt).__name__}")
+        return self.encode_messages([{"role": "user", "content": prompt}])
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation ([{"role", "content"}, ...]) through the chat
+        template, ending with the assistant generation prompt."""
         if not self.tokenizer.chat_template:
             raise InputError(f"the tokenizer of {self.path} has no chat template (tokenizer_config.json)")
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-        )
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids) -> str:

@@ -1,0 +1,1 @@
+"""`caidllm serve`: an OpenAI-compatible HTTP server over the step-level engine."""

@@ -1,0 +1,78 @@
+"""`caidllm serve`: load a model once and serve it over HTTP until SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from pathlib import Path
+
+from caidllm.decode.presets import method_names
+from caidllm.errors import InputError
+
+
+def register(sub, name: str) -> None:
+    from caidllm.cli import add_model_arguments
+
+    p = sub.add_parser(name, help="serve a model with an OpenAI-compatible HTTP API",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_arguments(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
+    p.add_argument("--method", default="cai", help=f"default method: {', '.join(method_names())}")
+    p.add_argument("--gen-length", type=int, default=256, help="default canvas when a request gives no max_tokens")
+    p.add_argument("--block-length", type=int, default=64)
+    p.add_argument("--max-gen-length", type=int, default=None, help="largest canvas a request may ask for "
+                   "(default: the model's context)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: what fits)")
+    p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (rows per forward)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429")
+    p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(handler=run)
+
+
+def settings_from(args, lm):
+    from caidllm.serve.app import ServeSettings
+    from caidllm.serve.protocol import ServerDefaults
+
+    for name in ("gen_length", "block_length", "max_batch", "port"):
+        value = getattr(args, name)
+        if value < (0 if name == "port" else 1):
+            raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    from caidllm.decode.presets import build_config
+
+    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # checks them
+    name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
+    defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
+                              block_length=args.block_length,
+                              max_gen_length=args.max_gen_length or lm.config.max_length,
+                              max_prompt_tokens=args.max_prompt_tokens)
+    return ServeSettings(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
+                         api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
+                         max_request_time=args.max_request_time)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from caidllm.cli import load_model
+    from caidllm.decode.presets import build_config
+    from caidllm.serve.app import create_app
+
+    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
+    lm = load_model(args)
+    app = create_app(lm, settings_from(args, lm))
+    # uvicorn stops accepting on SIGTERM / SIGINT, lets requests in flight finish (up to the graceful
+    # timeout), then the app's shutdown cancels whatever is left in the engine. Afterwards it re-raises
+    # the signal with the handler it found: make that handler a clean exit, so the status is 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    return 0
+
+
+def _exit_cleanly(signum, frame):
+    raise SystemExit(0)

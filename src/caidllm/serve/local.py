@@ -1,0 +1,34 @@
+"""A server on 127.0.0.1 in a background thread of this process, on a free port
+(for tests and the serving benchmark: the model stays loaded in the caller)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+
+
+class LocalServer:
+    def __init__(self, app, start_timeout: float = 60.0):
+        self.config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(self.config)
+        self.start_timeout = start_timeout
+        self.thread: threading.Thread | None = None
+        self.url = ""
+
+    def __enter__(self) -> "LocalServer":
+        self.thread = threading.Thread(target=self.server.run, name="caidllm-local-server", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the local server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

@@ -1,0 +1,47 @@
+"""Prometheus metrics of one server (its own registry, so two apps in one process never mix)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+
+OUTCOMES = ("completed", "refused", "queue_full", "cancelled", "timeout", "failed")
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class ServerMetrics:
+    def __init__(self, background):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("caidllm_requests", "Requests by outcome", ["outcome"], registry=self.registry)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)
+        self.tokens = Counter("caidllm_generated_tokens", "Answer tokens returned", registry=self.registry)
+        self.latency = Histogram("caidllm_request_latency_seconds", "Request latency (received to last token)",
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.ttft = Histogram("caidllm_time_to_first_token_seconds",
+                              "Received to the first committed answer text", buckets=LATENCY_BUCKETS,
+                              registry=self.registry)
+        engine = background.engine
+        Gauge("caidllm_queue_depth", "Requests waiting for a slot", registry=self.registry).set_function(
+            lambda: background.queued)
+        Gauge("caidllm_rows_in_flight", "Requests decoding now (rows of the batch)",
+              registry=self.registry).set_function(lambda: len(engine.running))
+        self.registry.register(_EngineCounters(engine))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCounters:
+    """The engine's own counters, read at scrape time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        forwards = CounterMetricFamily("caidllm_forwards", "Model forward passes run by the engine")
+        forwards.add_metric([], self.engine.forwards)
+        steps = CounterMetricFamily("caidllm_engine_steps", "Engine steps (each advances every request in flight)")
+        steps.add_metric([], self.engine.steps)
+        yield forwards
+        yield steps

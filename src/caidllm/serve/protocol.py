@@ -1,0 +1,256 @@
+"""OpenAI request bodies in, checked decode requests out.
+
+Every field is either honoured, accepted only at its neutral value (n=1,
+top_p=1, no penalties, no logprobs, ...), or refused with a 400 naming it:
+never silently ignored. caidllm's own settings come as top-level fields
+(what the openai client sends with `extra_body`), named as generate()'s
+keywords: method, gen_length, block_length, steps, cache, threshold,
+early_stop, and any CAI setting by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, DecodeConfig
+from caidllm.decode.presets import build_config
+from caidllm.errors import InputError
+
+
+class RequestError(Exception):
+    """A request the server refuses; becomes an OpenAI error body."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 error_type: str = "invalid_request_error", code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+        self.error_type, self.code, self.headers = error_type, code, headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ServerDefaults:
+    """What a request gets for the settings it does not give (the `caidllm serve` flags)."""
+
+    model_name: str
+    method: str = "cai"
+    gen_length: int = 256
+    block_length: int = 64
+    max_gen_length: int = 1024  # the largest canvas a request may ask for
+    max_prompt_tokens: int | None = None  # None: whatever fits the model's context
+    max_prompts: int = 16  # prompts in one /v1/completions request
+
+
+@dataclass
+class DecodeRequest:
+    kind: str  # "chat" or "completion"
+    prompts: list[list[int]]  # token ids, one per choice
+    config: DecodeConfig
+    max_tokens: int | None
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    commit_events: bool
+    model: str
+    extensions: dict = field(default_factory=dict)
+
+
+# Fields accepted only at a value that changes nothing (value -> is it neutral?).
+def _is_none(v):
+    return v is None
+
+
+NEUTRAL = {
+    "n": lambda v: v in (None, 1),
+    "top_p": lambda v: v is None or (_number(v) and v >= 1),
+    "presence_penalty": lambda v: v in (None, 0),
+    "frequency_penalty": lambda v: v in (None, 0),
+    "repetition_penalty": lambda v: v in (None, 1),
+    "logit_bias": lambda v: v in (None, {}),
+    "logprobs": lambda v: v in (None, False),
+    "top_logprobs": _is_none,
+    "tools": lambda v: v in (None, []),
+    "tool_choice": lambda v: v in (None, "none"),
+    "functions": lambda v: v in (None, []),
+    "function_call": lambda v: v in (None, "none"),
+    "parallel_tool_calls": _is_none,
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "echo": lambda v: v in (None, False),
+    "best_of": lambda v: v in (None, 1),
+    "suffix": _is_none,
+    "service_tier": _is_none,
+    "store": lambda v: v in (None, False),
+    "metadata": _is_none,
+    "modalities": lambda v: v in (None, ["text"]),
+    "audio": _is_none,
+    "prediction": _is_none,
+    "reasoning_effort": _is_none,
+    "web_search_options": _is_none,
+}
+OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
+                 "stream_options", "user", "messages", "prompt"}
+EXTENSIONS = (DECODE_FIELDS | CAI_FIELDS | {"cai", "method"}) - {"temperature", "seed"}
+OWN_FIELDS = {"commit_events"}
+
+
+def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    body = {k: v for k, v in body.items() if v is not None}
+    prompt_field = "messages" if kind == "chat" else "prompt"
+    other = "prompt" if kind == "chat" else "messages"
+    for name, value in body.items():
+        if name in NEUTRAL:
+            if not NEUTRAL[name](value):
+                raise RequestError(f"{name}={value!r} is not supported by caidllm (only its default)", name)
+        elif name == other or (name == "max_completion_tokens" and kind != "chat"):
+            raise RequestError(f"{name!r} is not a field of this endpoint", name)
+        elif name not in OPENAI_FIELDS | EXTENSIONS | OWN_FIELDS:
+            raise RequestError(f"unknown field {name!r}", name)
+    if prompt_field not in body:
+        raise RequestError(f"{prompt_field!r} is required", prompt_field)
+    model = body.get("model", defaults.model_name)
+    if model != defaults.model_name:
+        raise RequestError(f"the model {model!r} does not exist; this server serves {defaults.model_name!r}",
+                           "model", status=404, code="model_not_found")
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise RequestError("stream_options is only allowed with stream: true", "stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise RequestError("stream_options must be an object with only 'include_usage'", "stream_options")
+        include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
+    max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _positive_int(body, max_name)
+    prompts = _messages(body["messages"], lm) if kind == "chat" else _prompts(body["prompt"], lm, defaults)
+    if defaults.max_prompt_tokens is not None:
+        for ids in prompts:
+            if len(ids) > defaults.max_prompt_tokens:
+                raise RequestError(f"the prompt has {len(ids)} tokens; this server takes at most "
+                                   f"{defaults.max_prompt_tokens}", prompt_field)
+    extensions = {k: body[k] for k in body if k in EXTENSIONS}
+    config = _config(body, extensions, max_tokens, max_name, defaults)
+    return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
+                         _bool(body, "commit_events", False), model, extensions)
+
+
+def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerDefaults) -> DecodeConfig:
+    ext = dict(extensions)
+    method = ext.pop("method", defaults.method)
+    block = ext.setdefault("block_length", defaults.block_length)
+    if "gen_length" in ext:
+        if max_tokens is not None and _int(ext["gen_length"]) and max_tokens > ext["gen_length"]:
+            raise RequestError(f"{max_name} ({max_tokens}) exceeds gen_length ({ext['gen_length']})", max_name)
+    elif _int(block) and block > 0:
+        # The canvas: max_tokens rounded up to whole blocks, else the server default (whole blocks too).
+        wanted = max_tokens if max_tokens is not None else defaults.gen_length
+        ext["gen_length"] = math.ceil(wanted / block) * block
+    gen_length = ext.get("gen_length")
+    if _int(gen_length) and gen_length > defaults.max_gen_length:
+        param = "gen_length" if "gen_length" in extensions else max_name
+        raise RequestError(f"the canvas of {gen_length} positions exceeds this server's limit of "
+                           f"{defaults.max_gen_length}", param)
+    temperature = body.get("temperature", 0.0)
+    if not _number(temperature) or temperature < 0:
+        raise RequestError(f"temperature must be a number >= 0, got {temperature!r}", "temperature")
+    seed = body.get("seed")
+    if seed is not None and not _int(seed):
+        raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
+    try:
+        return build_config(method, temperature=float(temperature), seed=seed, **ext)
+    except InputError as error:
+        raise RequestError(str(error), _param_named(str(error), ["method", *extensions])) from None
+
+
+def _messages(messages, lm) -> list[list[int]]:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise RequestError(f"messages[{i}] must be an object with role system, user or assistant", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text ones
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string", "messages")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise RequestError(f"messages[{i}] has fields caidllm does not support: {', '.join(sorted(extra))}",
+                               "messages")
+        turns.append({"role": m["role"], "content": content})
+    if not any(t["content"].strip() for t in turns):
+        raise RequestError("messages are all empty", "messages")
+    try:
+        return [lm.encode_messages(turns)]
+    except InputError as error:
+        raise RequestError(str(error), "messages") from None
+    except Exception as error:  # noqa: BLE001 - a template that rejects this conversation
+        raise RequestError(f"the chat template rejects these messages: {error}", "messages") from None
+
+
+def _prompts(prompt, lm, defaults: ServerDefaults) -> list[list[int]]:
+    if isinstance(prompt, str) or _ids(prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise RequestError("prompt must be a string, a list of strings, or token ids", "prompt")
+    if len(prompt) > defaults.max_prompts:
+        raise RequestError(f"{len(prompt)} prompts in one request; at most {defaults.max_prompts}", "prompt")
+    out = []
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            if not p.strip():
+                raise RequestError(f"prompt {i} is empty", "prompt")
+            out.append(lm.tokenizer.encode(p, add_special_tokens=False))
+        elif _ids(p):
+            out.append(list(p))
+        else:
+            raise RequestError(f"prompt {i} must be a string or a non-empty list of token ids", "prompt")
+    return out
+
+
+def _stop(body) -> list[str]:
+    stop = body.get("stop", [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop must be a non-empty string or a list of at most 16 of them", "stop")
+    return stop
+
+
+def _param_named(message: str, names) -> str | None:
+    return next((n for n in names if f"{n} " in message or f"'{n}'" in message or f"cai.{n}" in message
+                 or message.startswith(n)), None)
+
+
+def _bool(body, name, default, label=None):
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise RequestError(f"{label or name} must be true or false, got {value!r}", label or name)
+    return value
+
+
+def _positive_int(body, name):
+    value = body.get(name)
+    if value is not None and not (_int(value) and value >= 1):
+        raise RequestError(f"{name} must be a positive integer, got {value!r}", name)
+    return value
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _ids(v) -> bool:
+    return isinstance(v, list) and len(v) > 0 and all(_int(t) for t in v)

@@ -1,0 +1,94 @@
+"""OpenAI response bodies and stream chunks for a Call (serve/app.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def _head(call, obj: str) -> dict:
+    return {"id": call.id, "object": obj, "created": int(time.time()), "model": call.req.model}
+
+
+def usage(call) -> dict:
+    prompt = sum(len(p) for p in call.req.prompts)
+    completion = sum(a.completion_tokens for a in call.answers)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def stats(call) -> dict:
+    """The `caidllm` extension field: how the answer was decoded."""
+    c = call.req.config
+    per_choice = [a.stats() for a in call.answers]
+    return {"method": c.method, "gen_length": c.gen_length, "block_length": c.block_length, **per_choice[0],
+            "choices": per_choice}
+
+
+def complete(call) -> dict:
+    chat = call.req.kind == "chat"
+    choices = []
+    for i, a in enumerate(call.answers):
+        choice = {"index": i, "finish_reason": a.finish_reason, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": a.text}
+        else:
+            choice["text"] = a.text
+        choices.append(choice)
+    return {**_head(call, "chat.completion" if chat else "text_completion"), "choices": choices,
+            "usage": usage(call), "caidllm": stats(call)}
+
+
+def _chunk(call, index: int, text: str | None, finish_reason=None, role: bool = False) -> dict:
+    chat = call.req.kind == "chat"
+    choice = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+    if chat:
+        delta = {"role": "assistant"} if role else {}
+        if text:
+            delta["content"] = text
+        if role:
+            delta["content"] = ""
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    chunk = {**_head(call, "chat.completion.chunk" if chat else "text_completion"), "choices": [choice]}
+    if call.req.include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def first_chunk(call) -> dict:
+    """Chat streams open with the assistant role; completion streams with an empty text."""
+    return _chunk(call, 0, None, role=call.req.kind == "chat")
+
+
+def chunks(call, index: int, delta: str, event) -> list[dict]:
+    """The chunks one step of one choice produces: its new text (if any, or if commit events were
+    asked for), and the finishing chunk when its answer ended."""
+    out = []
+    if delta or call.req.commit_events:
+        chunk = _chunk(call, index, delta)
+        if call.req.commit_events:
+            chunk["caidllm"] = {"commit_events": commit_events(call, event)}
+        out.append(chunk)
+    answer = call.answers[index]
+    if answer.finish_reason:
+        final = _chunk(call, index, None, answer.finish_reason)
+        final["caidllm"] = {"method": call.req.config.method, **answer.stats()}
+        out.append(final)
+    return out
+
+
+def commit_events(call, event) -> list[dict]:
+    lm = call.answers[0].lm
+    return [{"position": p, "token": t, "text": lm.decode([t]), "step": event.step, "block": event.block,
+             "s_i": s} for p, t, s in zip(event.positions, event.token_ids, event.first_confidence)]
+
+
+def usage_chunk(call) -> dict:
+    chat = call.req.kind == "chat"
+    return {**_head(call, "chat.completion.chunk" if chat else "text_completion"), "choices": [],
+            "usage": usage(call)}

@@ -1,0 +1,239 @@
+"""`caidllm serve` against live servers on 127.0.0.1 (free ports), the tiny model,
+through the official `openai` client and raw HTTP."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+import caidllm
+from caidllm.serve.app import ServeSettings, create_app
+from caidllm.serve.loadtest import run_load
+from caidllm.serve.local import LocalServer
+from caidllm.serve.protocol import ServerDefaults
+
+PROMPT = "not ( True ) and ( True ) is"
+SETTINGS = dict(gen_length=64, block_length=16)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return caidllm.load("tiny", device="cpu", dtype="float32")
+
+
+def start(lm, **kw):
+    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
+    return LocalServer(create_app(lm, ServeSettings(defaults=defaults, **kw)))
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    with start(tiny, max_batch=8, max_queue=64) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def metric(url, name):
+    text = httpx.get(f"{url}/metrics").text
+    line = next(l for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_chat_matches_generate_and_stream_matches_whole(client, tiny):
+    (want,) = tiny.generate([PROMPT], method="cai", **SETTINGS)
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
+                                       extra_body={"method": "cai", **SETTINGS})
+    assert r.choices[0].message.content == want.text and r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == want.answer_length
+    assert r.model_extra["caidllm"]["nfe"] == want.nfe and r.model_extra["caidllm"]["method"] == "cai"
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"method": "cai", **SETTINGS}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.text
+    assert chunks[-1].usage.completion_tokens == want.answer_length and not chunks[-1].choices
+
+
+def test_completion_raw_prompt_streamed_and_not(client, tiny):
+    (want,) = tiny.generate([PROMPT], method="vanilla", chat=False, **SETTINGS)
+    r = client.completions.create(model="tiny", prompt=PROMPT, extra_body={"method": "vanilla", **SETTINGS})
+    assert r.choices[0].text == want.text
+    stream = client.completions.create(model="tiny", prompt=PROMPT, stream=True,
+                                       extra_body={"method": "vanilla", **SETTINGS})
+    assert "".join(c.choices[0].text for c in stream if c.choices) == want.text
+
+
+def test_extension_fields_change_the_method(client):
+    messages = [{"role": "user", "content": PROMPT}]
+    fast = client.chat.completions.create(model="tiny", messages=messages, extra_body={"method": "fastdllm"})
+    slow = client.chat.completions.create(model="tiny", messages=messages, max_tokens=64,
+                                          extra_body={"method": "vanilla", "block_length": 32})
+    assert fast.model_extra["caidllm"]["method"] == "fastdllm" and slow.model_extra["caidllm"]["method"] == "vanilla"
+    assert slow.model_extra["caidllm"]["nfe"] > fast.model_extra["caidllm"]["nfe"]
+    assert slow.model_extra["caidllm"]["gen_length"] == 64 and slow.model_extra["caidllm"]["block_length"] == 32
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+
+
+def test_stop_strings_and_max_tokens(client, tiny):
+    (want,) = tiny.generate([PROMPT], method="cai", **SETTINGS)
+    messages = [{"role": "user", "content": PROMPT}]
+    cut = client.chat.completions.create(model="tiny", messages=messages, stop=["\n"],
+                                         extra_body={"method": "cai", **SETTINGS})
+    assert cut.choices[0].message.content == want.text.split("\n")[0] and cut.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(model="tiny", messages=messages, stop="= False", stream=True,
+                                              extra_body={"method": "cai", **SETTINGS})
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == want.text.split("= False")[0]
+    short = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5,
+                                           extra_body={"method": "cai", **SETTINGS})
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 5
+    assert short.choices[0].message.content == tiny.decode(want.token_ids[:5])
+
+
+def test_commit_events_on_request(server):
+    body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True, "commit_events": True,
+            "method": "vanilla", **SETTINGS}
+    events = []
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                events += json.loads(line[6:]).get("caidllm", {}).get("commit_events", [])
+    assert events and {"position", "token", "text", "step", "block", "s_i"} <= set(events[0])
+    assert len({e["position"] for e in events}) == len(events)  # each position committed once
+    assert all(0 <= e["s_i"] <= 1 and 0 <= e["step"] < 16 for e in events)
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    ({"method": "turbo"}, 400, "method", "unknown method 'turbo'"),
+    ({"gen_length": 40, "block_length": 16}, 400, "gen_length", "multiple of block_length"),
+    ({"n": 2}, 400, "n", "n=2 is not supported"),
+    ({"logprobs": True}, 400, "logprobs", "not supported"),
+    ({"top_p": 0.5}, 400, "top_p", "not supported"),
+    ({"tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    ({"messages": []}, 400, "messages", "non-empty list"),
+    ({"messages": [{"role": "user", "content": "x " * 2000}]}, 400, "messages", "exceeds the model's context"),
+    ({"max_tokens": "ten"}, 400, "max_tokens", "positive integer"),
+    ({"temperature": "hot"}, 400, "temperature", "number"),
+    ({"stream": "yes"}, 400, "stream", "true or false"),
+    ({"max_tokens": 100, "gen_length": 64}, 400, "max_tokens", "exceeds gen_length"),
+    ({"frobnicate": 1}, 400, "frobnicate", "unknown field"),
+    ({"model": "gpt-4"}, 404, "model", "does not exist"),
+])
+def test_bad_requests(server, body, status, param, words):
+    payload = {"messages": [{"role": "user", "content": PROMPT}], **body}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=payload, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"] and error["type"]
+
+
+def test_malformed_json_and_unknown_route(server):
+    r = httpx.post(f"{server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": ""})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert httpx.get(f"{server.url}/v1/nothing").status_code == 404
+
+
+def test_api_key(tiny):
+    with start(tiny, api_key="sekret") as s:
+        assert httpx.get(f"{s.url}/health").status_code == 200  # open
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.get(f"{s.url}/v1/models", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{s.url}/metrics").status_code == 401
+        good = openai.OpenAI(base_url=f"{s.url}/v1", api_key="sekret", max_retries=0)
+        assert good.models.list().data[0].id == "tiny"
+
+
+def test_32_concurrent_requests_all_answered_as_alone(server, tiny):
+    from caidllm.bench.arrivals import synthetic_prompts
+
+    prompts = synthetic_prompts(32, seed=1)
+    body = {"method": "cai", **SETTINGS}
+    result = asyncio.run(run_load(server.url, prompts, concurrency=32, requests=32, body=body, duration=120))
+    assert result.errors == {} and len(result.texts) == 32  # zero lost
+    alone = tiny.generate(prompts, method="cai", batch_size=1, **SETTINGS)
+    for i, want in enumerate(alone):
+        assert result.texts[i] == want.text, i
+
+
+def test_overload_gets_429_and_the_server_recovers(tiny):
+    with start(tiny, max_batch=2, max_queue=2) as s:
+        body = {"method": "vanilla", "gen_length": 64, "block_length": 16}
+        result = asyncio.run(run_load(s.url, ["7 + 5 * 3 ="], concurrency=12, requests=12, body=body,
+                                      duration=120, stream=False))
+        assert set(result.errors) <= {"http_429"} and result.errors.get("http_429", 0) > 0
+        assert len(result.latencies) + result.errors["http_429"] == 12  # every request completed or was told
+        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 8})
+        assert r.status_code == 200 and httpx.get(f"{s.url}/health").json()["status"] == "ok"
+        assert metric(s.url, 'caidllm_requests_total{outcome="queue_full"}') == result.errors["http_429"]
+        r429 = None
+        with httpx.Client() as h:  # the 429 carries Retry-After and an OpenAI error body
+            for _ in range(6):
+                futures = [h.build_request("POST", f"{s.url}/v1/completions",
+                                           json={"prompt": PROMPT, **body}) for _ in range(1)]
+                r = h.send(futures[0])
+                if r.status_code == 429:
+                    r429 = r
+                    break
+        if r429 is not None:
+            assert r429.headers["retry-after"] and r429.json()["error"]["code"] == "queue_full"
+
+
+def test_disconnect_cancels_the_request(server):
+    before = metric(server.url, 'caidllm_requests_total{outcome="cancelled"}')
+    body = {"prompt": PROMPT, "stream": True, "method": "vanilla", "gen_length": 256, "block_length": 64}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        next(r.iter_lines())  # the first chunk came: the request is decoding; drop the connection
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if (metric(server.url, 'caidllm_requests_total{outcome="cancelled"}') == before + 1
+                and metric(server.url, "caidllm_rows_in_flight") == 0):
+            break
+        time.sleep(0.1)
+    assert metric(server.url, 'caidllm_requests_total{outcome="cancelled"}') == before + 1
+    assert metric(server.url, "caidllm_rows_in_flight") == 0
+
+
+def test_cli_serve_answers_and_exits_cleanly_on_sigterm(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "caidllm.cli", "serve", "--port", str(port), "--gen-length", "32",
+                             "--block-length", "16", "--device", "cpu"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": PROMPT}]}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Application shutdown complete" in proc.stdout.read()
