@@ -45,17 +45,13 @@ class RequestHandle:
 
     def _push(self, item) -> None:
         """From the engine thread: a CommitEvent, or an exception that ends the request."""
+        _deliver([(self, item)])
+
+    def _record(self, item) -> None:
         if isinstance(item, CommitEvent) and item.finished:
             self.result = item.result
         elif isinstance(item, BaseException):
             self.error = item
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._async_events.put_nowait, item)
-            except RuntimeError:  # the client's event loop is closed: nobody is listening
-                pass
-        else:
-            self._events.put(item)
 
     def __iter__(self):
         """Block on each event in turn (thread clients); raises if the request failed or was cancelled."""
@@ -91,6 +87,28 @@ class RequestHandle:
         return self.result
 
 
+def _deliver(pairs: list[tuple[RequestHandle, object]]) -> None:
+    """Hand events to their handles: thread clients at once, asyncio clients with one
+    wake-up of each event loop per step (not one per event)."""
+    by_loop: dict = {}
+    for handle, item in pairs:
+        handle._record(item)
+        if handle._loop is None:
+            handle._events.put(item)
+        else:
+            by_loop.setdefault(handle._loop, []).append((handle, item))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the client's event loop is closed: nobody is listening
+            pass
+
+
+def _put_all(batch) -> None:
+    for handle, item in batch:
+        handle._async_events.put_nowait(item)
+
+
 class BackgroundEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -106,9 +124,17 @@ class BackgroundEngine:
     # ---- from any thread ------------------------------------------------------------
 
     def start(self) -> "BackgroundEngine":
+        """Run the loop in a new thread."""
         self._thread = threading.Thread(target=self._run, name="caidllm-engine", daemon=True)
         self._thread.start()
         return self
+
+    def run_here(self) -> None:
+        """Run the loop in the calling thread until `stop()` (from another thread or a signal
+        handler). `caidllm serve` runs it in the main thread: torch ops run ~10% slower on the
+        CPU from a secondary thread (measured on the development machine)."""
+        self._thread = threading.current_thread()
+        self._run()
 
     def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
                loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
@@ -144,6 +170,8 @@ class BackgroundEngine:
         with self._lock:
             self._stopping = True
             self._wake.notify()
+        if self._thread is threading.current_thread():
+            return  # a signal handler in the loop's own thread: the loop ends at its next check
         if self._thread is not None:
             self._thread.join(timeout)
         else:
@@ -173,7 +201,7 @@ class BackgroundEngine:
         while True:
             with self._lock:
                 while not (self._inbox or self._cancels or self.engine.has_work or self._stopping):
-                    self._wake.wait()
+                    self._wake.wait(timeout=0.5)  # bounded, so signal handlers run in the main thread
                 inbox, self._inbox = self._inbox, []
                 cancels, self._cancels = self._cancels, []
                 stopping = self._stopping
@@ -196,13 +224,14 @@ class BackgroundEngine:
                 for request_id in self.engine.drop_running():  # queued requests stay and run next
                     self._end(request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}"))
                 continue
-            for event in events:
-                handle = self._handles.get(event.request_id)
-                if event.finished:
-                    with self._lock:
-                        self._handles.pop(event.request_id, None)
-                if handle is not None:
-                    handle._push(event)
+            pairs = []
+            with self._lock:
+                for event in events:
+                    handle = self._handles.pop(event.request_id, None) if event.finished else \
+                        self._handles.get(event.request_id)
+                    if handle is not None:
+                        pairs.append((handle, event))
+            _deliver(pairs)
 
     def _end(self, request_id: str, error: BaseException) -> None:
         with self._lock:

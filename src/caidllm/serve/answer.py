@@ -36,6 +36,7 @@ class Answer:
     nfe: int = 0
     steps_per_block: list[int] = field(default_factory=list)
     result: object | None = None  # the engine's GenerationResult, when the request ran to its end
+    _decoded_prefix: int = -1
 
     def update(self, event: CommitEvent) -> str:
         """Take one step's event; the new text to send (possibly empty)."""
@@ -47,6 +48,9 @@ class Answer:
         if event.finished:
             self.result = event.result
         prefix = event.prefix_length
+        if prefix == self._decoded_prefix and not event.finished:
+            return ""  # no new committed prefix: nothing can have changed (decoding is the costly part)
+        self._decoded_prefix = prefix
         limit = prefix if self.max_tokens is None else min(prefix, self.max_tokens)
         ids = [self.tokens[p] for p in range(limit)]
         text = self.lm.decode(ids)

@@ -42,15 +42,19 @@ class ServeSettings:
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
-def create_app(lm, settings: ServeSettings) -> FastAPI:
+def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> FastAPI:
+    """The app. With engine_thread the engine loop runs in its own thread from startup to
+    shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
     background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue))
     metrics = ServerMetrics(background)
 
     @asynccontextmanager
     async def lifespan(app):
-        background.start()
+        if engine_thread:
+            background.start()
         yield
-        background.stop(timeout=30)  # cancels whatever is still queued or in flight
+        if engine_thread:
+            background.stop(timeout=30)  # cancels whatever is still queued or in flight
 
     app = FastAPI(title="caidllm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.background, app.state.metrics, app.state.settings = background, metrics, settings

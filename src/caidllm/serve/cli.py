@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import threading
 from pathlib import Path
 
 from caidllm.decode.presets import method_names
@@ -64,15 +65,28 @@ def run(args) -> int:
 
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
     lm = load_model(args)
-    app = create_app(lm, settings_from(args, lm))
-    # uvicorn stops accepting on SIGTERM / SIGINT, lets requests in flight finish (up to the graceful
-    # timeout), then the app's shutdown cancels whatever is left in the engine. Afterwards it re-raises
-    # the signal with the handler it found: make that handler a clean exit, so the status is 0.
+    app = create_app(lm, settings_from(args, lm), engine_thread=False)
+    background = app.state.background
+    # HTTP in a thread, the engine loop in the main thread (torch is faster there). SIGTERM / SIGINT:
+    # uvicorn stops accepting, lets requests in flight finish (10 s at most), shuts the app down;
+    # then the engine stops, cancelling whatever is left, and the exit status is 0.
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=10))
+    http = threading.Thread(target=server.run, name="caidllm-http")
+
+    def on_signal(signum, frame):
+        server.should_exit = True
+
+    def stop_engine_after_http():
+        http.join()
+        background.stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+        signal.signal(sig, on_signal)
+    http.start()
+    threading.Thread(target=stop_engine_after_http, daemon=True).start()
+    background.run_here()
+    http.join()
+    if not server.started:
+        raise InputError(f"the server could not start on {args.host}:{args.port} (see the log above)")
     return 0
-
-
-def _exit_cleanly(signum, frame):
-    raise SystemExit(0)

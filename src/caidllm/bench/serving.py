@@ -1,0 +1,112 @@
+"""Offline batches against the server, over the same prompts, in one run.
+
+    python -m caidllm.bench.serving --model tiny --requests 64 --concurrency 1,8,32
+
+First `generate(batch_size=8)` on every prompt in this process (after a
+warm-up batch): answer tokens/s. Then `caidllm serve` is started as a
+subprocess on a free 127.0.0.1 port with the same model and settings, and
+`caidllm loadtest`'s client sends the same prompts (streamed chat requests)
+at each concurrency. The server subprocess and this client share the
+machine's cores; nothing else should run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+import caidllm
+from caidllm.bench.arrivals import synthetic_prompts
+from caidllm.serve.loadtest import run_load
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def offline(lm, prompts, args) -> dict:
+    settings = dict(method=args.method, gen_length=args.gen_length, block_length=args.block_length, batch_size=8)
+    lm.generate(prompts[:8], **settings)  # warm-up
+    started = time.perf_counter()
+    results = lm.generate(prompts, **settings)
+    wall = time.perf_counter() - started
+    return {"setting": "offline generate(batch_size=8)", "throughput_tok_s": sum(r.answer_length for r in results) / wall,
+            "wall_s": wall, "texts": [r.text for r in results]}
+
+
+def start_server(args, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "caidllm.cli", "serve", "--model", args.model, "--port", str(port),
+           "--method", args.method, "--gen-length", str(args.gen_length), "--block-length", str(args.block_length),
+           "--max-batch", "8", "--max-queue", "256", "--log-level", "warning"]
+    if args.device:
+        cmd += ["--device", args.device]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the server did not come up")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m caidllm.bench.serving", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--method", default="cai")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--gen-length", type=int, default=128)
+    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    prompts = synthetic_prompts(args.requests, args.seed)
+    lm = caidllm.load(args.model, device=args.device)
+    rows = [offline(lm, prompts, args)]
+    want = rows[0].pop("texts")
+    del lm
+    port = free_port()
+    proc = start_server(args, port)
+    try:
+        body = {"gen_length": args.gen_length, "block_length": args.block_length}
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(run_load(url, prompts[:8], 8, 8, body=body))  # warm-up
+        for c in (int(x) for x in args.concurrency.split(",")):
+            result = asyncio.run(run_load(url, prompts, c, len(prompts), body=body, duration=1800))
+            same = sum(result.texts.get(i) == t for i, t in enumerate(want))
+            rows.append({"setting": f"server, concurrency {c}", **result.summary(), "same_text": same})
+    finally:
+        proc.send_signal(2)
+        proc.wait(timeout=60)
+    base = rows[0]["throughput_tok_s"]
+    print("| setting | answer tok/s | vs offline | p50 latency s | p99 latency s | p50 TTFT s | p99 TTFT s | errors | same text |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        def f(key):
+            return "" if r.get(key) is None else f"{r[key]:.2f}"
+        print(f"| {r['setting']} | {r['throughput_tok_s']:.1f} | {r['throughput_tok_s'] / base:.2f}x | {f('latency_p50_s')} | "
+              f"{f('latency_p99_s')} | {f('ttft_p50_s')} | {f('ttft_p99_s')} | {sum(r.get('errors', {}).values())} | "
+              f"{r.get('same_text', len(prompts))}/{len(prompts)} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"settings": vars(args), "rows": rows}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
