@@ -16,13 +16,16 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from caidllm.decode.background import BackgroundEngine
 from caidllm.decode.engine import Engine
+from caidllm.decode.presets import method_names
 from caidllm.errors import EngineFullError, InputError
 from caidllm.serve import responses
 from caidllm.serve.answer import Answer
@@ -30,6 +33,7 @@ from caidllm.serve.metrics import ServerMetrics
 from caidllm.serve.protocol import RequestError, ServerDefaults, parse
 
 logger = logging.getLogger("caidllm.serve")
+STATIC = Path(__file__).parent / "static"  # the live view (plain HTML/CSS/JS, shipped in the package)
 
 
 @dataclass
@@ -61,7 +65,7 @@ def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> Fa
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if settings.api_key and request.url.path not in ("/health",) and not _authorised(request, settings.api_key):
+        if settings.api_key and not _open(request.url.path) and not _authorised(request, settings.api_key):
             return _error(RequestError("missing or wrong API key (send 'Authorization: Bearer KEY')", None, 401,
                                        "authentication_error", "invalid_api_key"))
         response = await call_next(request)
@@ -89,6 +93,18 @@ def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> Fa
         alive = background._thread is not None and background._thread.is_alive()
         return JSONResponse({"status": "ok" if alive else "stopped", "replica": settings.replica},
                             status_code=200 if alive else 503)
+
+    @app.get("/", include_in_schema=False)
+    async def live_view():
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/caidllm/info")
+    async def server_info():
+        d = settings.defaults
+        return {"model": d.model_name, "methods": method_names(), "method": d.method, "gen_length": d.gen_length,
+                "block_length": d.block_length, "replica": settings.replica}
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/v1/models")
     async def models():
@@ -146,6 +162,11 @@ def _cancel(background, request_id: str) -> None:
         background.cancel(request_id)
     except InputError:  # it finished meanwhile
         pass
+
+
+def _open(path: str) -> bool:
+    """What needs no API key: health, the live view's page and files, and its info (no secrets in them)."""
+    return path in ("/health", "/", "/caidllm/info") or path.startswith("/static/")
 
 
 def _authorised(request: Request, key: str) -> bool:

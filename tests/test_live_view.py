@@ -1,0 +1,107 @@
+"""The live denoising page (`/`) in a real headless browser: Debian's chromium and
+chromium-driver, driven by Selenium, against a live server on the tiny model."""
+
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import urlencode
+
+import httpx
+import pytest
+
+import caidllm
+from caidllm.serve.app import ServeSettings, create_app
+from caidllm.serve.local import LocalServer
+from caidllm.serve.protocol import ServerDefaults
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+PROMPT = "not ( True ) and ( True ) is"
+ARTIFACTS = Path(os.environ.get("CAIDLLM_TEST_ARTIFACTS", Path(__file__).parent.parent / "test-artifacts"))
+
+if not (CHROMIUM and DRIVER):
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must have Debian's chromium and chromium-driver (.ci/run installs them)")
+    pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server():
+    lm = caidllm.load("tiny", device="cpu", dtype="float32")
+    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=512)
+    with LocalServer(create_app(lm, ServeSettings(defaults=defaults))) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1280,800"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def lanes_settled(driver):
+    lanes = driver.find_elements(By.CSS_SELECTOR, "section.lane")
+    return lanes if lanes and all(l.get_attribute("data-state") in ("done", "error") for l in lanes) else False
+
+
+def api_answer(url, method, gen_length, block_length):
+    body = {"messages": [{"role": "user", "content": PROMPT}], "method": method, "gen_length": gen_length,
+            "block_length": block_length}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+    return r["choices"][0]["message"]["content"], r["caidllm"]["nfe"]
+
+
+def test_a_two_lane_race_finishes_like_the_api(server, browser):
+    query = urlencode({"prompt": PROMPT, "methods": "vanilla,cai", "gen_length": 64, "block_length": 16,
+                       "autorun": 1})
+    browser.get(f"{server.url}/?{query}")
+    lanes = WebDriverWait(browser, 120).until(lanes_settled)
+    assert [l.get_attribute("data-method") for l in lanes] == ["vanilla", "cai"]
+    for lane in lanes:
+        method = lane.get_attribute("data-method")
+        assert lane.get_attribute("data-state") == "done", lane.text
+        text, nfe = api_answer(server.url, method, 64, 16)
+        assert lane.find_element(By.CSS_SELECTOR, '[data-role="answer"]').get_attribute("textContent") == text
+        assert lane.find_element(By.CSS_SELECTOR, '[data-role="nfe"]').text == str(nfe)
+        cells = lane.find_elements(By.CSS_SELECTOR, ".cell")
+        assert len(cells) == 64 and not lane.find_elements(By.CSS_SELECTOR, ".cell.masked")  # none left masked
+        assert lane.find_elements(By.CSS_SELECTOR, "svg circle")  # the commit-step chart is drawn
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "live-view-race.png"))
+
+
+def test_a_bad_parameter_shows_the_server_error_in_the_lane(server, browser):
+    query = urlencode({"prompt": PROMPT, "methods": "turbo,cai", "gen_length": 40, "block_length": 16,
+                       "autorun": 1})
+    browser.get(f"{server.url}/?{query}")
+    lanes = WebDriverWait(browser, 60).until(lanes_settled)
+    for lane in lanes:
+        assert lane.get_attribute("data-state") == "error"
+    messages = [l.find_element(By.CSS_SELECTOR, '[data-role="error"]').text for l in lanes]
+    assert "unknown method 'turbo'" in messages[0]
+    assert "multiple of block_length" in messages[1]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "live-view-error.png"))
+
+
+def test_the_page_is_readable_on_a_narrow_window(server, browser):
+    browser.set_window_size(420, 900)
+    try:
+        browser.get(f"{server.url}/?{urlencode({'prompt': PROMPT, 'methods': 'fastdllm', 'gen_length': 32, 'block_length': 16, 'autorun': 1})}")
+        (lane,) = WebDriverWait(browser, 60).until(lanes_settled)
+        assert lane.get_attribute("data-state") == "done"
+        width = browser.execute_script("return document.documentElement.scrollWidth")
+        assert width <= 420  # no sideways scrolling
+    finally:
+        browser.set_window_size(1280, 800)
