@@ -149,9 +149,29 @@ def test_malformed_json_and_unknown_route(server):
     assert httpx.get(f"{server.url}/v1/nothing").status_code == 404
 
 
+def test_several_prompts_are_several_choices(client, tiny):
+    prompts = [PROMPT, "7 + 5 * 3 ="]
+    want = tiny.generate(prompts, method="cai", chat=False, **SETTINGS)
+    r = client.completions.create(model="tiny", prompt=prompts, user="someone", extra_body={"method": "cai", **SETTINGS})
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == [w.text for w in want]
+    assert r.usage.completion_tokens == sum(w.answer_length for w in want)
+    texts = ["", ""]
+    for chunk in client.completions.create(model="tiny", prompt=prompts, stream=True,
+                                           extra_body={"method": "cai", **SETTINGS}):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [w.text for w in want]
+
+
+def test_stream_options_need_stream(server):
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, "stream_options": {"include_usage": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
 def test_api_key(tiny):
     with start(tiny, api_key="sekret") as s:
         assert httpx.get(f"{s.url}/health").status_code == 200  # open
+        assert httpx.get(f"{s.url}/").status_code == 200  # the live view's page is open too (no secrets in it)
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = httpx.get(f"{s.url}/v1/models", headers=headers)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
