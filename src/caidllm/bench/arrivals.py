@@ -77,12 +77,16 @@ def serve_continuous(lm, prompts, arrivals, config, max_batch: int) -> list[Serv
             time.sleep(max(0.0, arrivals[nxt] - (time.perf_counter() - start)))
             continue
         for e in engine.step():
-            i = ids[e.request_id]
-            if e.positions and i not in first:
-                first[i] = e.at - start
-            if e.finished:
-                served[i] = Served(arrivals[i], first[i], e.at - start, e.result.answer_length)
+            _note(e, ids[e.request_id], arrivals, start, first, served)
     return [served[i] for i in range(len(prompts))]
+
+
+def _note(e, i: int, arrivals, start: float, first: dict, served: dict) -> None:
+    """Request i's first commit and its end, from its events."""
+    if e.positions and i not in first:
+        first[i] = e.at - start
+    if e.finished:
+        served[i] = Served(arrivals[i], first[i], e.at - start, e.result.answer_length)
 
 
 def serve_static(lm, prompts, arrivals, config, max_batch: int) -> list[Served]:
@@ -94,11 +98,7 @@ def serve_static(lm, prompts, arrivals, config, max_batch: int) -> list[Served]:
         ids = {engine.submit(prompts[i], config): i for i in batch}
         first = {}
         for e in engine.run():
-            i = ids[e.request_id]
-            if e.positions and i not in first:
-                first[i] = e.at - start
-            if e.finished:
-                served[i] = Served(arrivals[i], first[i], e.at - start, e.result.answer_length)
+            _note(e, ids[e.request_id], arrivals, start, first, served)
         nxt = batch[-1] + 1
     return [served[i] for i in range(len(prompts))]
 
@@ -158,15 +158,24 @@ def main(argv=None) -> int:
         for name, serve in (("continuous", serve_continuous), ("static", serve_static)):
             rows.append({"method": method, "serving": name, "rate_req_s": rate,
                          **summary(serve(lm, prompts, arrivals, config, args.max_batch))})
-    print("| method | serving | arrivals/s | answer tok/s | mean latency s | p99 latency s | mean TTFT s | p99 TTFT s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['method']} | {r['serving']} | {r['rate_req_s']:.2f} | {r['throughput_tok_s']:.1f} | "
-              f"{r['latency_mean_s']:.2f} | {r['latency_p99_s']:.2f} | {r['ttft_mean_s']:.2f} | {r['ttft_p99_s']:.2f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "rows": rows}, f, indent=2)
+    print(markdown_table(
+        ["method", "serving", "arrivals/s", "answer tok/s", "mean latency s", "p99 latency s", "mean TTFT s",
+         "p99 TTFT s"],
+        [[r["method"], r["serving"], f"{r['rate_req_s']:.2f}", f"{r['throughput_tok_s']:.1f}",
+          *(f"{r[k]:.2f}" for k in ("latency_mean_s", "latency_p99_s", "ttft_mean_s", "ttft_p99_s"))] for r in rows]))
+    write_json(args.json, {"settings": vars(args), "rows": rows})
     return 0
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+def write_json(path: str | None, obj) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)
 
 
 if __name__ == "__main__":

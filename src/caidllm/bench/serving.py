@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import subprocess
@@ -24,7 +23,7 @@ import time
 import httpx
 
 import caidllm
-from caidllm.bench.arrivals import synthetic_prompts
+from caidllm.bench.arrivals import markdown_table, synthetic_prompts, write_json
 from caidllm.serve.loadtest import run_load
 
 
@@ -93,17 +92,17 @@ def main(argv=None) -> int:
         proc.send_signal(2)
         proc.wait(timeout=60)
     base = rows[0]["throughput_tok_s"]
-    print("| setting | answer tok/s | vs offline | p50 latency s | p99 latency s | p50 TTFT s | p99 TTFT s | errors | same text |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        def f(key):
-            return "" if r.get(key) is None else f"{r[key]:.2f}"
-        print(f"| {r['setting']} | {r['throughput_tok_s']:.1f} | {r['throughput_tok_s'] / base:.2f}x | {f('latency_p50_s')} | "
-              f"{f('latency_p99_s')} | {f('ttft_p50_s')} | {f('ttft_p99_s')} | {sum(r.get('errors', {}).values())} | "
-              f"{r.get('same_text', len(prompts))}/{len(prompts)} |")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"settings": vars(args), "rows": rows}, fh, indent=2)
+
+    def f(r, key):
+        return "" if r.get(key) is None else f"{r[key]:.2f}"
+
+    print(markdown_table(
+        ["setting", "answer tok/s", "vs offline", "p50 latency s", "p99 latency s", "p50 TTFT s", "p99 TTFT s",
+         "errors", "same text"],
+        [[r["setting"], f"{r['throughput_tok_s']:.1f}", f"{r['throughput_tok_s'] / base:.2f}x",
+          *(f(r, k) for k in ("latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s")),
+          sum(r.get("errors", {}).values()), f"{r.get('same_text', len(prompts))}/{len(prompts)}"] for r in rows]))
+    write_json(args.json, {"settings": vars(args), "rows": rows})
     return 0
 
 
