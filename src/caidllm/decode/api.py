@@ -24,7 +24,7 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
 
     A client of the step-level engine: every prompt is submitted, at most
     `batch_size` decode together, and a finished one's slot goes to the next
-    at once. Each result's elapsed_s and controller_s are those of the whole run."""
+    at once. Each result's elapsed_s, controller_s and forward_s are those of the whole run."""
     config = build_config(method, gen_length=gen_length, block_length=block_length, steps=steps, cache=cache,
                           threshold=threshold, temperature=temperature, seed=seed, early_stop=early_stop,
                           **overrides)
@@ -39,7 +39,9 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
     results = {event.request_id: event.result for event in engine.run() if event.finished}
     _sync(lm)
     elapsed, controller = time.perf_counter() - started, engine.policy_timer.total()
-    return [dataclasses.replace(results[i], elapsed_s=elapsed, controller_s=controller) for i in ids]
+    forward = engine.forward_timer.total()
+    return [dataclasses.replace(results[i], elapsed_s=elapsed, controller_s=controller, forward_s=forward)
+            for i in ids]
 
 
 def _sync(lm) -> None:

@@ -18,21 +18,33 @@ from .cache import KVCache
 from .skip import EarlySkip, choose, forced_keeps, importance, relative_drift
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 (bf16 sums of squares lose too much), cast back, then scale.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return x32.to(x.dtype) * weight
+
+
+def swiglu_weights(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
 class RMSNorm(nn.Module):
+    # The function that computes it; models/compiled.py swaps in a compiled one per instance.
+    kernel = staticmethod(rms_norm)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 (bf16 sums of squares lose too much), cast back, then scale.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x32.to(x.dtype) * self.weight
+        return self.kernel(x, self.weight, self.eps)
 
 
-def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
-    return down(F.silu(gate(x)) * up(x))
+def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, kernel=swiglu_weights) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)); `kernel` computes it from the weights (compiled.py may compile it)."""
+    return kernel(x, gate.weight, up.weight, down.weight)
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
