@@ -60,14 +60,22 @@ def main(argv=None) -> int:
             if time.perf_counter() - started > args.budget_s:
                 rows.append(dict(model=name, compile=compiled, skipped="time budget"))
                 continue
-            lm = caidllm.load(name, device=device, dtype=shape["dtype"], compile=compiled)
+            try:
+                lm = caidllm.load(name, device=device, dtype=shape["dtype"], compile=compiled)
+            except Exception as e:  # noqa: BLE001 - e.g. --compile where torch cannot: say so, go on
+                rows.append(dict(model=name, compile=compiled, skipped=f"failed: {type(e).__name__}: {e}"))
+                continue
             for batch in shape["batches"]:
                 for method in args.methods.split(","):
                     if time.perf_counter() - started > args.budget_s:
                         rows.append(dict(model=name, compile=compiled, batch=batch, method=method,
                                          skipped="time budget"))
                         continue
-                    rows.append(run_one(lm, name, method, batch, shape, compiled, peak))
+                    try:
+                        rows.append(run_one(lm, name, method, batch, shape, compiled, peak))
+                    except Exception as e:  # noqa: BLE001 - one failed run (e.g. out of memory) must not end the check
+                        rows.append(dict(model=name, compile=compiled, batch=batch, method=method,
+                                         skipped=f"failed: {type(e).__name__}: {str(e)[:200]}"))
                     print(json.dumps(rows[-1]), file=sys.stderr)
             del lm
             if device.type == "cuda":

@@ -26,13 +26,14 @@ from .layers import RMSNorm, rms_norm, swiglu_weights
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_kernels():
-    """(rms_norm, swiglu) compiled once per process; InputError if torch cannot compile here."""
+def compiled_kernels(device: str = "cpu"):
+    """(rms_norm, swiglu) compiled once per process and device type; InputError if torch
+    cannot compile for it here."""
     try:
         norm = torch.compile(rms_norm, dynamic=True)
         mlp = torch.compile(swiglu_weights, dynamic=True)
-        x = torch.ones(2, 3, 8)
-        norm(x, torch.ones(8), 1e-5)  # a trial, so a broken tool chain fails here and not mid-decode
+        x = torch.ones(2, 3, 8, device=device)
+        norm(x, torch.ones(8, device=device), 1e-5)  # a trial: a broken tool chain fails here, not mid-decode
     except Exception as e:  # noqa: BLE001 - Dynamo / Inductor raise many types
         compiled_kernels.cache_clear()
         raise InputError(f"--compile: torch {torch.__version__} cannot compile on this machine "
@@ -44,7 +45,9 @@ def enable_compile(lm) -> None:
     """Swap the compiled kernels into every norm and MLP of `lm`'s model."""
     if lm.device.type == "meta":
         raise InputError("--compile: a model on the meta device has no data to compile for")
-    norm, mlp = compiled_kernels()
+    if getattr(lm, "compiled", False):
+        return
+    norm, mlp = compiled_kernels(lm.device.type)
     for module in lm.model.modules():
         if isinstance(module, RMSNorm):
             module.kernel = norm

@@ -30,6 +30,8 @@ class DiffusionLM:
         self.device = device
         self.dtype = dtype
         self.path = Path(path) if path is not None else None
+        self.random_weights = False  # built by random_init.py: speed and memory only, the text means nothing
+        self.compiled = False  # set by compiled.enable_compile
 
     def __repr__(self) -> str:
         c = self.config
