@@ -142,6 +142,8 @@ def run_bench(settings: BenchSettings, lm=None, log=None) -> dict:
 
         log(f"loading model {settings.model} ...")
         lm = load(settings.model, device=settings.device, dtype=settings.dtype, compile=settings.compile)
+    if getattr(lm, "random_weights", False):
+        log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
     torch.manual_seed(settings.seed)
     chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None))
     encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
