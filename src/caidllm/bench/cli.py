@@ -27,7 +27,9 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                                    "per method) and report score, NFE, steps per block, throughput, speedup, "
                                    "memory and energy.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", help="model folder (Hugging Face layout) or 'tiny' (default)")
+    from caidllm.cli import MODEL_HELP
+
+    p.add_argument("--model", default="tiny", help=MODEL_HELP)
     p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None,
                    help="task to run (repeatable): " + ", ".join(TASK_KINDS))
     p.add_argument("--methods", default="vanilla,fastdllm,cai",
@@ -44,6 +46,7 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results object as JSON on stdout")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
+    p.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
     p.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -79,7 +82,7 @@ def settings_from_args(args) -> BenchSettings:
         gen_length=args.gen_length, block_length=args.block_length, data_dir=data_dir, out=args.out,
         device=args.device, dtype=args.dtype, early_stop=not args.no_early_stop, seed=args.seed,
         temperature=args.temperature, fewshot=args.fewshot, chat=not args.no_chat, warmup=not args.no_warmup,
-        progress=args.progress, code_timeout=args.code_timeout,
+        progress=args.progress, code_timeout=args.code_timeout, compile=args.compile,
     )
 
 

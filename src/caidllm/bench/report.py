@@ -23,6 +23,10 @@ def _steps(row: dict) -> str:
     return " / ".join(_num(v, ".1f", "-") for v in row["steps_per_block"])
 
 
+def _share(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
 def markdown(report: dict) -> str:
     s = report["settings"]
     gpu = f" ({s['gpu']})" if s["gpu"] else ""
@@ -42,9 +46,12 @@ def markdown(report: dict) -> str:
         f"`{s['baseline']}` / wall-clock time of the method on the same examples. Score in % with its standard "
         "error. NFE = forward passes per request (mean). Steps/block = mean denoising steps per block index. "
         f"Memory: {memory}. "
-        "Energy in joules, n/a where not measurable. Ctrl = share of wall time spent in the commit policy.",
+        "Energy in joules, n/a where not measurable. Ctrl = share of wall time spent in the commit policy; "
+        "Fwd = inside the model forwards; Ovh = the engine's own overhead (wall - forwards - policy).",
         "",
     ]
+    if s.get("random_weights"):
+        lines[2:2] = ["**The weights are random: scores mean nothing; only speed and memory do.**", ""]
     by_task: dict[str, list[dict]] = {}
     for row in report["results"]:
         by_task.setdefault(row["task"], []).append(row)
@@ -55,7 +62,7 @@ def markdown(report: dict) -> str:
                   f"Metric: {first['metric']}, n = {first['n']}, {shots}. Source: `{s['task_sources'][task]}`.", ""]
         extra = [k for k in first if k.startswith("accuracy_")]
         header = ["Method", "TPS", "Pos/s", "Speedup", "Score ± stderr"] + [k.removeprefix("accuracy_") for k in extra]
-        header += ["NFE", "NFE ratio", "Steps/block", "Peak mem (MB)", "Energy (J)", "Ctrl", "Errors"]
+        header += ["NFE", "NFE ratio", "Steps/block", "Peak mem (MB)", "Energy (J)", "Ctrl", "Fwd", "Ovh", "Errors"]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join("---" for _ in header) + "|")
         for row in rows:
@@ -66,6 +73,7 @@ def markdown(report: dict) -> str:
                       _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
                       _num(None if row["controller_share"] is None else 100 * row["controller_share"], ".1f", "n/a")
                       + ("%" if row["controller_share"] is not None else ""),
+                      _share(row.get("forward_share")), _share(row.get("engine_overhead_share")),
                       str(row["errors"])]
             lines.append("| " + " | ".join(cells) + " |")
         notes = s.get("task_notes", {}).get(task)

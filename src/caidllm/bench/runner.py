@@ -55,6 +55,9 @@ DEFINITIONS = {
     "energy_j": "GPU: NVML energy counter (or sampled power integrated) during the method's generate() calls; "
                 "CPU: RAPL package energy; null when not measurable",
     "controller_share": "time in the commit policy (controller_s) / wall time, summed over batches",
+    "forward_share": "time inside the model forwards (the engine's forward timer, CUDA events on a GPU) / wall time",
+    "engine_overhead_share": "the engine's own time: (wall - forwards - commit policy) / wall: batching, "
+                             "prediction, bookkeeping, host transfers",
     "flops_share": "share of layer-token work computed (ES-dLLM style backends report it); null when not reported",
 }
 
@@ -80,6 +83,7 @@ class BenchSettings:
     warmup: bool = True
     progress: bool | None = None  # None: only when stderr is a terminal
     code_timeout: float = 10.0
+    compile: bool = False
 
     def check(self) -> None:
         if not self.tasks:
@@ -137,7 +141,9 @@ def run_bench(settings: BenchSettings, lm=None, log=None) -> dict:
         from caidllm.models import load
 
         log(f"loading model {settings.model} ...")
-        lm = load(settings.model, device=settings.device, dtype=settings.dtype)
+        lm = load(settings.model, device=settings.device, dtype=settings.dtype, compile=settings.compile)
+    if getattr(lm, "random_weights", False):
+        log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
     torch.manual_seed(settings.seed)
     chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None))
     encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
@@ -249,7 +255,7 @@ def _run_one(lm, settings: BenchSettings, task: BenchTask, method: str, encoded:
     generations: dict[int, object] = {}
     errors: dict[int, str] = {i: e.error for i, e in enumerate(encoded) if e.error}
     memory, energy = MemoryMeter(lm.device), EnergyMeter(lm.device)
-    wall = controller = engine = 0.0
+    wall = controller = engine = forward = 0.0
     progress = _progress(len(todo), f"{task.name} {method}", settings.progress)
 
     memory.reset()
@@ -274,6 +280,7 @@ def _run_one(lm, settings: BenchSettings, task: BenchTask, method: str, encoded:
         _sync(lm)
         wall += time.perf_counter() - started
         controller += out_batch[0].controller_s
+        forward += out_batch[0].forward_s
         engine += out_batch[0].elapsed_s
         for i, result in zip(batch, out_batch):
             generations[i] = result
@@ -332,6 +339,9 @@ def _run_one(lm, settings: BenchSettings, task: BenchTask, method: str, encoded:
         "avg_power_w": reading.avg_power_w,
         "controller_s": controller,
         "controller_share": controller / wall if wall > 0 else None,
+        "forward_s": forward,
+        "forward_share": forward / wall if wall > 0 else None,
+        "engine_overhead_share": (wall - forward - controller) / wall if wall > 0 else None,
         "flops_share": mean(fractions) if fractions else None,
         "early_stopped": mean(float(r.early_stopped) for r in done),
         "errors": sum(1 for r in records if r["error"]),
@@ -435,6 +445,8 @@ def _settings_dict(s: BenchSettings, lm, tasks: list[BenchTask], data_dir, chat:
     return {
         "model": s.model,
         "model_path": str(lm.path) if getattr(lm, "path", None) else None,
+        "random_weights": bool(getattr(lm, "random_weights", False)),
+        "compile": bool(getattr(lm, "compiled", False)),
         "family": lm.config.family,
         "device": str(device),
         "gpu": gpu,

@@ -18,18 +18,24 @@ from caidllm.errors import InputError
 def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_length: int = 64,
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
              temperature: float = 0.0, seed: int | None = None, early_stop: bool = True,
-             batch_size: int = 8, chat: bool = True, **overrides) -> list[GenerationResult]:
+             batch_size: int = 8, chat: bool = True, compile: bool = False,
+             **overrides) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a
     method preset; any keyword given overrides the preset's value.
 
     A client of the step-level engine: every prompt is submitted, at most
     `batch_size` decode together, and a finished one's slot goes to the next
-    at once. Each result's elapsed_s and controller_s are those of the whole run."""
+    at once. compile=True: the model runs its norms and MLPs through torch.compile from
+    then on (models/compiled.py). Each result's elapsed_s, controller_s and forward_s are those of the whole run."""
     config = build_config(method, gen_length=gen_length, block_length=block_length, steps=steps, cache=cache,
                           threshold=threshold, temperature=temperature, seed=seed, early_stop=early_stop,
                           **overrides)
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if compile:  # the model's norms and MLPs through torch.compile from now on (models/compiled.py)
+        from caidllm.models.compiled import enable_compile
+
+        enable_compile(lm)
     token_prompts = tokenize_prompts(lm, prompts, chat)
     check_canvas_fits(lm, token_prompts, config)
 
@@ -39,7 +45,9 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
     results = {event.request_id: event.result for event in engine.run() if event.finished}
     _sync(lm)
     elapsed, controller = time.perf_counter() - started, engine.policy_timer.total()
-    return [dataclasses.replace(results[i], elapsed_s=elapsed, controller_s=controller) for i in ids]
+    forward = engine.forward_timer.total()
+    return [dataclasses.replace(results[i], elapsed_s=elapsed, controller_s=controller, forward_s=forward)
+            for i in ids]
 
 
 def _sync(lm) -> None:

@@ -43,12 +43,15 @@ from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.results import result_of
 from caidllm.decode.sampling import predict, request_generator
 from caidllm.errors import EngineFullError, InputError
+from caidllm.models import transfer
 from caidllm.models.skip import EarlySkip
+from caidllm.models.transfer import to_device
 
 
 class PolicyTimer:
-    """Time spent in the commit policy. On CUDA, events around each call are
-    read once at the end, so the timing adds no host sync to the step."""
+    """Time spent in a part of the step (the commit policy, the model forwards). On CUDA,
+    events around each call are read at the end, so the timing adds no host sync to the step
+    (events already passed, as they are after the step's transfer, are read without one)."""
 
     def __init__(self, device):
         self.cuda = torch.device(device).type == "cuda"
@@ -72,7 +75,8 @@ class PolicyTimer:
 
     def total(self) -> float:
         if self.cuda:
-            torch.cuda.synchronize()
+            if not all(end.query() for _, end in self.events):
+                torch.cuda.synchronize()
             self.seconds += sum(start.elapsed_time(end) for start, end in self.events) / 1000
             self.events.clear()
         return self.seconds
@@ -90,6 +94,7 @@ class Engine:
         self.running: OrderedDict[str, Request] = OrderedDict()  # in admission order
         self._finished_ids: deque[str] = deque(maxlen=4096)  # for a clear error on a late cancel
         self.policy_timer = PolicyTimer(lm.device)
+        self.forward_timer = PolicyTimer(lm.device)  # time inside the model forwards
         self.forwards = 0  # forward passes run (one per group per step)
         self.steps = 0
         c = lm.config
@@ -183,8 +188,8 @@ class Engine:
         bl = members[0].config.block_length
         slots = [r.slot for r in members]
         starts = [frame.block_start(r.slot, r.config.gen_length, r.block * bl) for r in members]
-        slot_ids = torch.tensor(slots, device=device)
-        columns = torch.tensor(starts, device=device)[:, None] + torch.arange(bl, device=device)
+        slot_ids = to_device(slots, device)  # no host sync on the hot path (models/transfer.py)
+        columns = to_device(starts, device)[:, None] + torch.arange(bl, device=device)
         block = frame.canvas[slot_ids[:, None], columns]
         masked = block == lm.config.mask_id
         skip = None
@@ -192,9 +197,12 @@ class Engine:
             r0 = members[0].config
             skip = EarlySkip(torch.stack([r.prev_confidence for r in members]),
                              torch.stack([r.just_committed for r in members]), masked, r0.es_schedule, r0.es_alpha)
-        rows = None if slots == list(range(frame.slots)) else slot_ids
-        logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
-                            end=[s + bl for s in starts], rows=rows, skip=skip)
+        # Every request was checked at submit and the Frame knows each row's first real column:
+        # the unchecked forward has no host sync.
+        with self.forward_timer:
+            logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
+                                end=[s + bl for s in starts], rows=frame.row_selector(slots, slot_ids), skip=skip,
+                                real_from=[frame.first_real(s) for s in slots])
         self.forwards += 1
         predicted, confidence = self._predict(logits, members)
         for i, r in enumerate(members):
@@ -207,8 +215,10 @@ class Engine:
                 r.prev_confidence, r.just_committed = confidence[i], commit[i]
         pairs = lm.config.n_layers * bl if skip is None else skip.computed_pairs
         # Commits, tokens and confidences of these rows reach the host in one transfer.
-        host = torch.stack([commit.double(), predicted.double(), confidence.double()]).cpu()
-        return [self._record(r, host[0, i].bool().tolist(), host[1, i].long().tolist(), host[2, i].tolist(), pairs)
+        # The step's one host sync per forward group (transfer.to_host).
+        commits, tokens, confidences = transfer.to_host(
+            torch.stack([commit.double(), predicted.double(), confidence.double()]))
+        return [self._record(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs)
                 for i, r in enumerate(members)]
 
     def _predict(self, logits: torch.Tensor, members: list[Request]):
@@ -221,7 +231,7 @@ class Engine:
         for temperature in sorted(temperatures):
             idx = [i for i, r in enumerate(members) if r.config.temperature == temperature]
             gens = [members[i].generator for i in idx] if temperature > 0 else None
-            at = torch.tensor(idx, device=logits.device)
+            at = to_device(idx, logits.device)
             predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, gens)
         return predicted, confidence
 
@@ -235,7 +245,7 @@ class Engine:
         for idx in groups.values():
             r0 = members[idx[0]]
             whole = len(idx) == len(members)
-            at = slice(None) if whole else torch.tensor(idx, device=masked.device)
+            at = slice(None) if whole else to_device(idx, masked.device)
             state = {name: torch.cat([members[i].state[name] for i in idx]) for name in r0.state_names}
             T = r0.config.steps_per_block
             view = StepView(confidence=confidence[at], predicted=predicted[at], masked=masked[at],

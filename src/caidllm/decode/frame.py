@@ -60,6 +60,19 @@ class Frame:
         if needed < self.width:
             self._resize(needed)
 
+    def first_real(self, slot: int) -> int:
+        """The slot's first real column (a free slot's dummy token is its last column)."""
+        return self.width - (self.lengths[slot] or 1)
+
+    def row_selector(self, slots: list[int], slot_ids: torch.Tensor):
+        """How a forward over `slots` (ascending) picks its rows: None for every slot, a slice
+        for a contiguous run (the cache is then read as a view), else the slot ids."""
+        if slots == list(range(self.slots)):
+            return None
+        if slots == list(range(slots[0], slots[-1] + 1)):
+            return slice(slots[0], slots[-1] + 1)
+        return slot_ids
+
     def block_start(self, slot: int, gen_length: int, block_start_in_answer: int) -> int:
         """Absolute column of the first position of a block of the slot's answer."""
         return self.width - gen_length + block_start_in_answer
@@ -105,6 +118,9 @@ class Frame:
             k.keys = [moved(t, 2, 0) for t in k.keys]
             k.values = [moved(t, 2, 0) for t in k.values]
             k.hidden = {level: moved(h, 1, 0) for level, h in k.hidden.items()}
+            if k.work_keys is not None:  # prefix mode's working copy moves with the cache
+                k.work_keys = [moved(t, 2, 0) for t in k.work_keys]
+                k.work_values = [moved(t, 2, 0) for t in k.work_values]
             k.attention_mask = moved(k.attention_mask, 1, False)
             k.positions = moved(k.positions, 1, 0)
         self.width = width

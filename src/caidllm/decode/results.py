@@ -33,6 +33,8 @@ class GenerationResult:
     # Share of the (layer, block position) work of the row's steps actually run: < 1.0 only with early
     # skipping (cache "es"); refresh steps count in full; prompt and suffix work is not counted.
     computed_fraction: float = 1.0
+    # generate(): seconds inside the model forwards of the whole run (the engine's forward timer).
+    forward_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -19,7 +19,12 @@ class KVCache:
     Staleness:
     - A full forward with this cache (a "refresh") writes K/V of every position
       of its rows, computed from the canvas as it was then.
-    - A prefix forward reads K/V of positions [0:start) and writes nothing.
+    - A prefix forward reads K/V of positions [0:start) and leaves ``keys`` / ``values``
+      unchanged. It attends over a working copy instead (``work_keys`` /
+      ``work_values``, made at the first prefix forward, then kept equal to the cache
+      by every write): its fresh K/V go there, right of each row's block start, so the
+      prefix is read in place and never concatenated per step (at the cost of a second
+      copy of the cache's memory while prefix forwards run).
     - A dual forward over [start:end) recomputes only those positions (Dream:
       also start-1, whose hidden state predicts position start) and overwrites
       their entries in place; every other position keeps the K/V of the last
@@ -45,6 +50,23 @@ class KVCache:
     positions: torch.Tensor  # [B, L] long, RoPE positions
     filled: torch.Tensor  # [B] bool
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # level -> [B, L, d]
+    work_keys: list[torch.Tensor] | None = None  # prefix mode's working copy (see above)
+    work_values: list[torch.Tensor] | None = None
+
+    def working_copy(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The working K/V lists of prefix mode, made from the cache the first time."""
+        if self.work_keys is None:
+            self.work_keys = [k.clone() for k in self.keys]
+            self.work_values = [v.clone() for v in self.values]
+        return self.work_keys, self.work_values
+
+    def layer_tensors(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(keys, values) of `layer` that a refresh or a dual write must update: the cache's,
+        and the working copy's when there is one."""
+        pairs = [(self.keys[layer], self.values[layer])]
+        if self.work_keys is not None:
+            pairs.append((self.work_keys[layer], self.work_values[layer]))
+        return pairs
 
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, length, head_dim, device, dtype,

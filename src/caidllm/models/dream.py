@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import Context, RMSNorm, swiglu
+from .layers import Context, RMSNorm, swiglu, swiglu_weights
 
 
 class DreamAttention(nn.Module):
@@ -32,6 +32,8 @@ class DreamAttention(nn.Module):
 
 
 class DreamMLP(nn.Module):
+    mlp_kernel = staticmethod(swiglu_weights)  # models/compiled.py may swap in a compiled one
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -39,7 +41,7 @@ class DreamMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
+        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj, self.mlp_kernel)
 
 
 class DreamLayer(nn.Module):

@@ -13,25 +13,38 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import RowGroups, cache_rows, sdpa
 from .cache import KVCache
 from .skip import EarlySkip, choose, forced_keeps, importance, relative_drift
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 (bf16 sums of squares lose too much), cast back, then scale.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return x32.to(x.dtype) * weight
+
+
+def swiglu_weights(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
 class RMSNorm(nn.Module):
+    # The function that computes it; models/compiled.py swaps in a compiled one per instance.
+    kernel = staticmethod(rms_norm)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 (bf16 sums of squares lose too much), cast back, then scale.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x32.to(x.dtype) * self.weight
+        return self.kernel(x, self.weight, self.eps)
 
 
-def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
-    return down(F.silu(gate(x)) * up(x))
+def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, kernel=swiglu_weights) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)); `kernel` computes it from the weights (compiled.py may compile it)."""
+    return kernel(x, gate.weight, up.weight, down.weight)
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -69,7 +82,9 @@ class Context:
     Keys always span the whole canvas [0, L). Computed positions:
     - "full":   every position [0, L), all K/V fresh; written to ``cache`` if one is given.
     - "prefix": [lo, L) with lo = the leftmost row's block start; each row reads the K/V
-                left of its own block start (``fresh_from``) from the cache; cache unchanged.
+                left of its own block start (``fresh_from``) from the cache's working copy,
+                and its fresh K/V are written there from that start on (never read before
+                the next refresh: so the prefix is read in place, never concatenated).
     - "dual":   each row's own block (``index``: absolute columns, per row), whose K/V are
                 fresh and written into the cache; every other position's K/V come from it.
     - "es":     like dual, but at the layers where ``plan`` drops, only the most important
@@ -85,7 +100,7 @@ class Context:
 
     mode: str
     lo: int  # full / prefix: the computed positions are [lo, L), shared by every row
-    rows: torch.Tensor | slice  # row indices into the batch / cache
+    rows: torch.Tensor | slice  # rows of the batch / cache: a slice (a view) or a long tensor
     mask: torch.Tensor  # [R, L] bool, True = real token (key padding mask)
     cos: torch.Tensor  # [R, 1, n, head_dim] fp32, n = positions computed at the current layer
     sin: torch.Tensor
@@ -105,10 +120,11 @@ class Context:
 
     def __post_init__(self):
         # The key mask serves rows whose padding is not all on the left (a caller's own canvas);
-        # left-padded rows (every decode) attend over their real keys only (_attend_real).
+        # left-padded rows (every decode) attend over their real keys only (attention.RowGroups).
         if self.key_mask is None:
             self.key_mask = self.mask[:, None, None, :]
         self.computed = self.index  # dual / es: the columns computed at the first layer
+        self._row_groups = None
 
     @classmethod
     def whole_canvas(cls, ids: torch.Tensor, head_dim: int, theta: float) -> "Context":
@@ -120,9 +136,10 @@ class Context:
 
     @classmethod
     def build(cls, mask, positions, head_dim, theta, *, mode="full", starts=None, block_length=None, extra=0,
-              rows=None, cache=None, skip=None, plan=None, real_from=None):
+              rows=None, cache=None, skip=None, plan=None, real_from=None, start_list=None):
         """mask, positions: [R, L] of the selected rows; starts: [R] long, each row's
-        block start (None with mode="full": all positions, logits of all)."""
+        block start (None with mode="full": all positions, logits of all); start_list:
+        the same on the host (prefix mode needs its min and max without a device sync)."""
         R, L = mask.shape
         rows = slice(None) if rows is None else rows
         targets = index = fresh_from = None
@@ -135,8 +152,8 @@ class Context:
             cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
         else:
             if mode == "prefix":
-                lo = int(starts.min()) - extra
-                if int(starts.max()) - extra != lo:
+                lo = min(start_list) - extra
+                if max(start_list) - extra != lo:
                     fresh_from = starts - extra
             cos, sin = rope_cos_sin(positions[:, lo:], head_dim, theta)
         ctx = cls(mode, lo, rows, mask, cos, sin, cache, targets=targets, index=index, fresh_from=fresh_from,
@@ -150,8 +167,17 @@ class Context:
     def row_ids(self) -> torch.Tensor:
         """[R, 1] absolute row of each computed row, for indexing the cache."""
         if isinstance(self.rows, slice):
-            return torch.arange(self.mask.shape[0], device=self.mask.device)[:, None]
+            first = self.rows.start or 0
+            return torch.arange(first, first + self.mask.shape[0], device=self.mask.device)[:, None]
         return self.rows[:, None]
+
+    @property
+    def row_groups(self) -> RowGroups:
+        """The rows grouped by left padding, built at the first layer and kept for the others."""
+        if self._row_groups is None:
+            self._row_groups = RowGroups(self.real_from, self.lo, self.index is not None, self.rows,
+                                         self.mask.device)
+        return self._row_groups
 
     def target_offsets(self) -> torch.Tensor | None:
         """[R, block] index of each target among the computed positions (None: all of them)."""
@@ -221,59 +247,41 @@ class Context:
         q = apply_rope(q, self.cos, self.sin, rope_fp32)
         k = apply_rope(k, self.cos, self.sin, rope_fp32)
 
-        keys, values = k, v
-        c, rows, lo = self.cache, self.rows, self.lo
-        if self.mode == "full" and c is not None:
-            c.keys[layer][rows] = k
-            c.values[layer][rows] = v
+        c, rows = self.cache, self.rows
+        from_cache = self.mode != "full"  # prefix / dual / es read the layer's cache, written in place first
+        if self.mode == "full":
+            keys, values = k, v
+            for cached_k, cached_v in (c.layer_tensors(layer) if c is not None else ()):
+                cached_k[rows] = k
+                cached_v[rows] = v
         elif self.mode == "prefix":
-            keys = self._prefix_keys(c.keys[layer], k)
-            values = self._prefix_keys(c.values[layer], v)
-        elif self.mode in ("dual", "es"):
-            # Each row writes its own columns; indexing [rows, :, columns] puts them first: [R, n, Hkv, hd].
-            c.keys[layer][self.row_ids, :, self.index] = k.transpose(1, 2)
-            c.values[layer][self.row_ids, :, self.index] = v.transpose(1, 2)
-            keys, values = c.keys[layer][rows], c.values[layer][rows]
-
-        groups = q.shape[1] // keys.shape[1]
-        if groups > 1:  # grouped-query attention: kv head j serves query heads j*g .. j*g+g-1
-            keys = keys.repeat_interleave(groups, dim=1)
-            values = values.repeat_interleave(groups, dim=1)
-        # Bidirectional: no causal mask, only padding keys are hidden from every query.
-        if self.real_from is None:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.key_mask)
+            work_keys, work_values = c.working_copy()
+            keys, values = self._write_fresh(work_keys[layer], k), self._write_fresh(work_values[layer], v)
         else:
-            out = self._attend_real(q, keys, values)
+            # Each row writes its own columns; indexing [rows, :, columns] puts them first: [R, n, Hkv, hd].
+            for cached_k, cached_v in c.layer_tensors(layer):
+                cached_k[self.row_ids, :, self.index] = k.transpose(1, 2)
+                cached_v[self.row_ids, :, self.index] = v.transpose(1, 2)
+            keys, values = c.keys[layer], c.values[layer]
+
+        # Bidirectional: no causal mask. Left-padded rows attend over their real keys only, unmasked.
+        if self.real_from is not None:
+            out = self.row_groups.attend(q, keys, values, from_cache, rows)
+        else:
+            if from_cache:
+                keys, values = cache_rows(keys, rows), cache_rows(values, rows)
+            out = sdpa(q, keys, values, self.key_mask)
         return out.transpose(1, 2).reshape(R, n, -1)
 
-    def _attend_real(self, q, keys, values) -> torch.Tensor:
-        """Attention of each row's real queries over its own real keys, without a mask.
-        The CPU kernels sum keys in blocks counted from the first column, so padding in
-        front of a row would shift its blocks and change its last bits; sliced off, a
-        row gets exactly the numbers it gets alone. Rows with the same padding (all of
-        them, in a batch of equal lengths) share one call. Padding queries get zeros:
-        they are never read (padding is never a key)."""
-        groups: dict[tuple[int, int], list[int]] = {}
-        for r, key_from in enumerate(self.real_from):
-            query_from = max(key_from - self.lo, 0) if self.index is None else 0
-            groups.setdefault((key_from, query_from), []).append(r)
-        if len(groups) == 1 and next(iter(groups))[1] == 0:
-            key_from = next(iter(groups))[0]
-            return F.scaled_dot_product_attention(q, keys[:, :, key_from:], values[:, :, key_from:])
-        out = q.new_zeros(q.shape)
-        for (key_from, query_from), rows in groups.items():
-            at = torch.tensor(rows, device=q.device)
-            out[at, :, query_from:] = F.scaled_dot_product_attention(
-                q[at, :, query_from:], keys[at, :, key_from:], values[at, :, key_from:])
-        return out
-
-    def _prefix_keys(self, cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
-        """Cached entries left of lo, fresh ones from lo on; a row whose block starts
-        right of lo reads the cache up to its own start, as it would alone."""
+    def _write_fresh(self, cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+        """Prefix mode: write the fresh K/V of columns [lo, L) into the layer's working copy,
+        except where a row whose block starts right of lo keeps its cached entries up to its
+        own start (as it would alone); returns it: it now holds every key to read. Safe: a
+        prefix forward reads only left of each row's own start, never what it wrote."""
         rows, lo = self.rows, self.lo
-        joined = torch.cat([cached[rows, :, :lo], fresh], dim=2)
-        if self.fresh_from is None:
-            return joined
-        columns = torch.arange(joined.shape[2], device=joined.device)
-        from_cache = (columns < self.fresh_from[:, None])[:, None, :, None]  # [R, 1, L, 1]
-        return torch.where(from_cache, cached[rows], joined)
+        if self.fresh_from is not None:
+            columns = lo + torch.arange(fresh.shape[2], device=fresh.device)
+            from_cache = (columns < self.fresh_from[:, None])[:, None, :, None]  # [R, 1, n, 1]
+            fresh = torch.where(from_cache, cached[rows, :, lo:], fresh)
+        cached[rows, :, lo:] = fresh
+        return cached

@@ -10,10 +10,12 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import Context, RMSNorm, swiglu
+from .layers import Context, RMSNorm, swiglu, swiglu_weights
 
 
 class LLaDABlock(nn.Module):
+    mlp_kernel = staticmethod(swiglu_weights)  # models/compiled.py may swap in a compiled one
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, kv, hd = cfg.hidden_size, cfg.n_kv_heads * cfg.head_dim, cfg.head_dim
@@ -32,7 +34,7 @@ class LLaDABlock(nn.Module):
         h = self.attn_norm(x)
         q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
         x = x + self.attn_out(ctx.attend(layer, q, k, v, self.head_dim, rope_fp32=True))
-        return x + swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out)
+        return x + swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out, self.mlp_kernel)
 
 
 class LLaDAModel(nn.Module):

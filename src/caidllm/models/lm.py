@@ -17,6 +17,7 @@ from .cache import KVCache
 from .config import ModelConfig
 from .layers import Context, positions_from_mask
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
+from .transfer import to_device
 
 MODES = ("full", "prefix", "dual", "es")
 
@@ -29,6 +30,8 @@ class DiffusionLM:
         self.device = device
         self.dtype = dtype
         self.path = Path(path) if path is not None else None
+        self.random_weights = False  # built by random_init.py: speed and memory only, the text means nothing
+        self.compiled = False  # set by compiled.enable_compile
 
     def __repr__(self) -> str:
         c = self.config
@@ -45,7 +48,7 @@ class DiffusionLM:
 
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
-                skip: EarlySkip | None = None):
+                skip: EarlySkip | None = None, real_from: list[int] | None = None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -65,7 +68,14 @@ class DiffusionLM:
         ``start`` and ``end`` may also be lists with one int per selected row, with
         the same end - start for every row: rows at different blocks share the
         forward (the step-level engine does this), each as it would run alone.
+        ``real_from`` (each selected row's first real column, the rows left-padded) is
+        for a caller that checked its inputs once and vouches for them (the engine, whose
+        requests are checked at submit): the checks and their host syncs are then skipped
+        (forward_unchecked; start / end must be lists, rows None, a slice or a device tensor).
         """
+        if real_from is not None:
+            return self.forward_unchecked(input_ids, attention_mask, mode=mode, cache=cache, starts=start,
+                                          length=end[0] - start[0], rows=rows, real_from=real_from, skip=skip)
         if mode not in MODES:
             raise InputError(f"unknown forward mode {mode!r}; expected one of {MODES}")
         if (mode == "es") != (skip is not None):
@@ -83,27 +93,45 @@ class DiffusionLM:
                              f"start from the hidden state of start - 1); got start={min(starts)}")
         if cache is not None:
             self._check_cache(cache, B, L)
+        if mode != "full":
+            if cache is None:
+                raise InputError(f"mode={mode!r} needs a cache filled by a full forward; got cache=None")
+            if not bool(cache.filled[r].all()):
+                raise InputError(f"mode={mode!r}: the cache has rows never filled by a full forward (rows={rows})")
+            if not torch.equal(cache.attention_mask[r], mask[r]):
+                raise InputError(f"mode={mode!r}: attention_mask differs from the one the cache was filled with")
+        if mode == "es":
+            self._check_skip(skip, cache, R, length)
+        return self.forward_unchecked(ids, mask, mode=mode, cache=cache, starts=starts, length=length, rows=rows,
+                                      real_from=_left_padding(mask[r]), skip=skip)
 
+    @torch.no_grad()
+    def forward_unchecked(self, ids, mask, *, mode: str, cache, starts: list[int], length: int, rows,
+                          real_from: list[int] | None, skip: EarlySkip | None = None):
+        """forward() without its argument checks and without any host sync: for a caller that
+        checked its inputs once (the engine checks each request when it is submitted) and
+        knows each row's first real column (``real_from``; the Frame's rows are left-padded).
+        ids, mask: [B, L] on the model's device; starts: each selected row's block start
+        (host ints); rows: None (all), a slice (contiguous rows: the cache is read as a view)
+        or a long tensor on the device."""
+        r = slice(None) if rows is None else rows
+        extra = 0 if mode == "full" else self.model.extra_left
         if mode == "full":
-            mask_r, pos_r = mask[r], positions_from_mask(mask[r])
+            mask_r = mask[r]
+            pos_r = positions_from_mask(mask_r)
             if cache is not None:
                 cache.attention_mask[r] = mask_r
                 cache.positions[r] = pos_r
                 cache.filled[r] = True
         else:
-            if cache is None:
-                raise InputError(f"mode={mode!r} needs a cache filled by a full forward; got cache=None")
-            if not bool(cache.filled[r].all()):
-                raise InputError(f"mode={mode!r}: the cache has rows never filled by a full forward (rows={rows})")
             mask_r, pos_r = cache.attention_mask[r], cache.positions[r]
-            if not torch.equal(mask_r, mask[r]):
-                raise InputError(f"mode={mode!r}: attention_mask differs from the one the cache was filled with")
 
         c = self.config
-        plan = self._check_skip(skip, cache, len(mask_r), length) if mode == "es" else None
-        start_t = torch.tensor(starts, device=self.device)
+        plan = keep_counts(skip.schedule, c.n_layers, length) if mode == "es" else None
+        start_t = to_device(starts, self.device)
         ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, starts=start_t, block_length=length,
-                            extra=extra, rows=rows, cache=cache, skip=skip, plan=plan, real_from=_left_padding(mask_r))
+                            extra=extra, rows=rows, cache=cache, skip=skip, plan=plan, real_from=real_from,
+                            start_list=starts)
         if ctx.index is not None:
             computed_ids = ids[r].gather(1, ctx.index)
         else:
@@ -208,8 +236,8 @@ class DiffusionLM:
             raise InputError(f"rows {rows.tolist()} contains duplicates")
         return rows.to(self.device, torch.long)
 
-    def _check_skip(self, skip, cache, rows, block_length) -> list[int]:
-        """Validate an EarlySkip for this call; returns the keep count of each layer."""
+    def _check_skip(self, skip, cache, rows, block_length) -> None:
+        """Validate an EarlySkip for this call (and move its tensors to the model's device)."""
         if not isinstance(skip, EarlySkip):
             raise InputError(f"skip must be an EarlySkip, got {type(skip).__name__}")
         skip.check(rows, block_length)
@@ -221,7 +249,6 @@ class DiffusionLM:
         skip.prev_confidence = skip.prev_confidence.to(self.device)
         skip.just_committed = skip.just_committed.to(self.device)
         skip.masked = skip.masked.to(self.device)
-        return keep_counts(skip.schedule, self.config.n_layers, block_length)
 
     def _check_cache(self, cache, B, L):
         if not isinstance(cache, KVCache):

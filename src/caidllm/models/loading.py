@@ -16,6 +16,7 @@ from .config import ModelConfig, load_config
 from .dream import DreamModel
 from .llada import LLaDAModel
 from .lm import DiffusionLM
+from .random_init import build_random, is_random_name
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny"}
@@ -29,12 +30,26 @@ END_OF_TURN = ("<|eot_id|>", "<|im_end|>")
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "additional_special_tokens")
 
 
-def load(path_or_name, device=None, dtype=None) -> DiffusionLM:
-    """Load a LLaDA or Dream model from a local folder (or the embedded "tiny").
+def load(path_or_name, device=None, dtype=None, compile: bool = False) -> DiffusionLM:
+    """Load a LLaDA or Dream model from a local folder (or the embedded "tiny"), or
+    build one with random weights: "random:llada-8b", "random:dream-7b", with
+    config.json overrides as a query string ("random:llada-8b?n_layers=4"; random_init.py).
 
-    device: None = "cuda" if available else "cpu". dtype: None = the
-    checkpoint's torch_dtype; or a torch.dtype / "bfloat16" / "float16" / "float32".
+    device: None = "cuda" if available else "cpu" ("meta": random models only, no memory).
+    dtype: None = the checkpoint's torch_dtype; or a torch.dtype / "bfloat16" / "float16" / "float32".
+    compile: run the decoding forwards through torch.compile (models/compiled.py).
     """
+    lm = _load(path_or_name, device, dtype)
+    if compile:
+        from .compiled import enable_compile
+
+        enable_compile(lm)
+    return lm
+
+
+def _load(path_or_name, device, dtype) -> DiffusionLM:
+    if is_random_name(path_or_name):
+        return build_random(path_or_name, resolve_device(device), dtype)
     folder = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
     device = resolve_device(device)
@@ -55,7 +70,7 @@ def resolve_folder(path_or_name) -> Path:
     if not folder.exists():
         raise ModelLoadError(
             f"model folder {folder} does not exist (expected a local folder in Hugging Face layout, "
-            f"or one of the embedded names {sorted(EMBEDDED)})"
+            f"or one of the embedded names {sorted(EMBEDDED)}, or random:llada-8b / random:dream-7b)"
         )
     if not folder.is_dir():
         raise ModelLoadError(f"{folder} is a file; expected a model folder containing config.json")
@@ -100,19 +115,12 @@ def load_tokenizer(folder: Path, config: ModelConfig):
     """A PreTrainedTokenizerFast from tokenizer.json, with the special tokens
     and chat template of tokenizer_config.json; returns it and the config
     completed with the tokenizer's end-of-turn and BOS ids."""
-    from transformers import PreTrainedTokenizerFast
-
     tok_file, cfg_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
     if not tok_file.is_file():
         raise ModelLoadError(f"missing tokenizer file {tok_file}")
     tok_cfg = _read_json(cfg_file) if cfg_file.is_file() else {}
-    kwargs = {k: _token_text(tok_cfg[k]) for k in SPECIAL_KEYS if tok_cfg.get(k) is not None}
-    kwargs["chat_template"] = _chat_template(folder, tok_cfg)
-    if "model_max_length" in tok_cfg:
-        kwargs["model_max_length"] = tok_cfg["model_max_length"]
-    kwargs["clean_up_tokenization_spaces"] = bool(tok_cfg.get("clean_up_tokenization_spaces", False))
     try:
-        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tok_file), **kwargs)
+        tokenizer = fast_tokenizer(tok_cfg, _chat_template(folder, tok_cfg), tokenizer_file=str(tok_file))
     except Exception as e:  # noqa: BLE001 - tokenizers raises its own exception types
         raise ModelLoadError(f"cannot load tokenizer {tok_file}: {type(e).__name__}: {e}") from None
 
@@ -138,6 +146,19 @@ def load_tokenizer(folder: Path, config: ModelConfig):
             eos_ids.append(tid)
     bos_id = config.bos_id if config.bos_id is not None else tokenizer.bos_token_id
     return tokenizer, replace(config, eos_ids=tuple(eos_ids), bos_id=bos_id)
+
+
+def fast_tokenizer(tok_cfg: dict, chat_template, **source):
+    """A PreTrainedTokenizerFast from `source` (tokenizer_file= or tokenizer_object=) with the
+    special tokens and settings of a tokenizer_config.json dict."""
+    from transformers import PreTrainedTokenizerFast
+
+    kwargs = {k: _token_text(tok_cfg[k]) for k in SPECIAL_KEYS if tok_cfg.get(k) is not None}
+    kwargs["chat_template"] = chat_template
+    if "model_max_length" in tok_cfg:
+        kwargs["model_max_length"] = tok_cfg["model_max_length"]
+    kwargs["clean_up_tokenization_spaces"] = bool(tok_cfg.get("clean_up_tokenization_spaces", False))
+    return PreTrainedTokenizerFast(**source, **kwargs)
 
 
 def _token_text(value):

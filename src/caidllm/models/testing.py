@@ -98,6 +98,22 @@ def write_random_checkpoint(path, family="llada", *, sharded=False, seed=0, dtyp
     return path
 
 
+def generated_tokenizer(family: str, max_length: int):
+    """The generated tokenizer of `family` as a PreTrainedTokenizerFast (chat template and special
+    tokens as in a written checkpoint), and the config.json token-id fields that go with it."""
+    from .loading import fast_tokenizer
+
+    specials = SPECIAL_TOKENS[family]
+    ids = {t: i for i, t in enumerate(specials)}
+    s = {**SIZES[family], "max_length": max_length, "vocab_size": 0}
+    config, tok_config = (_llada_configs if family == "llada" else _dream_configs)(s, ids, "float32")
+    tokenizer = fast_tokenizer(tok_config, tok_config["chat_template"], tokenizer_object=build_tokenizer(specials))
+    fields = {k: config[k] for k in ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id") if k in config}
+    if family == "llada":
+        fields["bos_token_id"] = ids["<|startoftext|>"]
+    return tokenizer, fields
+
+
 def build_tokenizer(specials: list[str]) -> Tokenizer:
     """Byte-level BPE: special tokens first (small ids), then the 256 byte
     symbols, then one merge chain per word in WORDS. Built, not trained, so it

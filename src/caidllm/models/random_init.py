@@ -1,0 +1,160 @@
+"""Random-weight models of the official shapes, by name: ``random:llada-8b``,
+``random:dream-7b``, with config.json fields overridden by a query string:
+
+    caidllm.load("random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816")
+
+They exist to measure speed and memory without a checkpoint: the weights are
+drawn directly on the target device in the target dtype (no file, no CPU
+round-trip), and a small generated tokenizer (models/testing.py) stands in for
+the real one, so every command accepts them. The text they write means
+nothing. ``device="meta"`` builds the module without memory (to count
+parameters). The token ids of the config (mask, eos, pad, bos) are those of the
+generated tokenizer; every other field is the official one unless overridden.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from urllib.parse import parse_qsl
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+from .config import parse_config
+from .layers import RMSNorm
+
+PREFIX = "random:"
+
+# The official config.json fields that matter (REFERENCE.md); token ids come from the generated tokenizer.
+OFFICIAL = {
+    "llada-8b": {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada", "activation_type": "silu", "alibi": False,
+        "attention_layer_norm": False, "bias_for_layer_norm": False, "block_type": "llama", "d_model": 4096,
+        "embedding_size": 126464, "include_bias": False, "include_qkv_bias": False, "input_emb_norm": False,
+        "layer_norm_type": "rms", "max_sequence_length": 4096, "mlp_hidden_size": 12288, "n_heads": 32,
+        "n_kv_heads": 32, "n_layers": 32, "rms_norm_eps": 1e-5, "rope": True, "rope_full_precision": True,
+        "rope_theta": 500000.0, "scale_logits": False, "torch_dtype": "bfloat16", "vocab_size": 126464,
+        "weight_tying": False,
+    },
+    "dream-7b": {
+        "architectures": ["DreamModel"], "model_type": "Dream", "hidden_act": "silu", "hidden_size": 3584,
+        "intermediate_size": 18944, "max_position_embeddings": 131072, "num_attention_heads": 28,
+        "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "rope_scaling": None,
+        "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "use_sliding_window": False, "vocab_size": 152064,
+    },
+}
+FAMILY = {"llada-8b": "llada", "dream-7b": "dream"}
+TOKEN_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
+
+
+def is_random_name(name) -> bool:
+    return isinstance(name, str) and name.startswith(PREFIX)
+
+
+def random_raw_config(name: str) -> tuple[str, dict]:
+    """The shape's family and its config.json dict with the overrides of `name` applied."""
+    shape, _, query = name[len(PREFIX):].partition("?")
+    if shape not in OFFICIAL:
+        raise ModelLoadError(f"unknown random model shape {shape!r} in {name!r}; known: "
+                             + ", ".join(PREFIX + s for s in OFFICIAL))
+    raw = json.loads(json.dumps(OFFICIAL[shape]))  # a deep copy
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ModelLoadError(f"{name!r}: overrides must read field=value&field=value, got {query!r}") from None
+    for key, text in pairs:
+        if key in TOKEN_FIELDS:
+            raise ModelLoadError(f"{name!r}: {key} is set by the generated tokenizer and cannot be overridden")
+        if key not in raw:
+            raise ModelLoadError(f"{name!r}: {key!r} is not a config.json field of {shape}; fields: "
+                                 + ", ".join(sorted(raw)))
+        raw[key] = _typed(name, key, text, raw[key])
+    if shape == "llada-8b" and "embedding_size" not in dict(pairs) and "vocab_size" in dict(pairs):
+        raw["embedding_size"] = raw["vocab_size"]  # the weights are sized by embedding_size
+    return FAMILY[shape], raw
+
+
+def _typed(name: str, key: str, text: str, official):
+    """`text` read as the type of the official value (an int is fine for a float field)."""
+    kind = type(official)
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return text.lower() == "true"
+        if kind is int:
+            return int(text)
+        if kind is float:
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+        if kind is str:
+            return text
+    except ValueError:
+        raise ModelLoadError(f"{name!r}: {key}={text!r} is not a valid {kind.__name__} "
+                             f"(the official value is {official!r})") from None
+    raise ModelLoadError(f"{name!r}: {key} (official value {official!r}) cannot be overridden")
+
+
+def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
+    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
+    from .lm import DiffusionLM
+    from .loading import MODEL_CLASSES, check_device_dtype, resolve_dtype
+    from .testing import generated_tokenizer
+
+    family, raw = random_raw_config(name)
+    tokenizer, ids = generated_tokenizer(family, max_length=_max_length(raw))
+    raw.update(ids)
+    config = parse_config(raw, source=name)
+    if config.vocab_size < len(tokenizer):
+        raise ModelLoadError(f"{name!r}: vocab_size {config.vocab_size} is smaller than the generated "
+                             f"tokenizer ({len(tokenizer)} tokens)")
+    dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
+    if device.type != "meta":
+        check_device_dtype(device, dtype)
+    config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *_end_of_turn(tokenizer)])))
+    with torch.device("meta"):
+        model = MODEL_CLASSES[family](config)
+    model = model.to(dtype)
+    if device.type != "meta":
+        model = model.to_empty(device=device)
+        initialise(model, torch.Generator(device=device).manual_seed(seed))
+    lm = DiffusionLM(model.eval(), config, tokenizer, device, dtype, path=None)
+    lm.name, lm.random_weights = name, True
+    return lm
+
+
+def _max_length(raw: dict) -> int:
+    return int(raw.get("max_sequence_length") or raw.get("max_position_embeddings"))
+
+
+def _end_of_turn(tokenizer) -> list[int]:
+    from .loading import END_OF_TURN
+
+    found = [tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN]
+    return [i for i in found if i is not None and i != tokenizer.unk_token_id]
+
+
+@torch.no_grad()
+def initialise(model: nn.Module, generator: torch.Generator) -> None:
+    """In place, on the parameters' own device and dtype: embeddings N(0, 1), linear weights
+    N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
+    weights N(1, 0.1^2)."""
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            module.weight.normal_(0.0, 1.0, generator=generator)
+        elif isinstance(module, nn.Linear):
+            module.weight.normal_(0.0, module.in_features ** -0.5, generator=generator)
+            if module.bias is not None:
+                module.bias.normal_(0.0, 0.02, generator=generator)
+        elif isinstance(module, RMSNorm):
+            module.weight.normal_(1.0, 0.1, generator=generator)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
