@@ -4,8 +4,10 @@ answers them, by both replicas (X-Caidllm-Replica); each replica's /metrics
 is reachable on its own port."""
 
 import re
+import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -45,9 +47,32 @@ def _free_ports(n: int) -> int:
     raise RuntimeError("no free ports")
 
 
+@contextmanager
+def _deadline(seconds: int):
+    """Fail (instead of hanging) if the block takes longer than `seconds`."""
+    def expired(signum, frame):
+        raise TimeoutError(f"took longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _args(*extra):
     return build_parser().parse_args(["serve", "--model", "tiny", "--host", "127.0.0.1", "--gen-length", "32",
                                       "--block-length", "16", *extra])
+
+
+def test_bad_replica_flags_exit_2_before_ray_starts(capsys):
+    from caidllm.cli import main
+
+    assert main(["serve", "--model", "tiny", "--replicas", "0"]) == 2
+    assert "--replicas must be at least 1" in capsys.readouterr().err
+    assert not ray.is_initialized()  # runs first: no test has started Ray yet
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +83,11 @@ def ray_server():
 
     base = _free_ports(3)
     args = _args("--replicas", "2", "--port", str(base), "--replica-metrics-port", str(base + 1))
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     try:
-        ray_deployment.start(args)
+        with _deadline(240):  # Ray, its proxy and two replicas up
+            ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False,
+                     _node_ip_address="127.0.0.1")
+            ray_deployment.start(args)
         yield f"http://127.0.0.1:{base}", [base + 1, base + 2]
     finally:
         serve.shutdown()
@@ -101,7 +128,8 @@ def _all(url: str) -> list[tuple[str, str]]:
 
 def test_two_replicas_answer_as_the_single_server(ray_server, single_server):
     url, metrics_ports = ray_server
-    got, want = _all(url), _all(single_server)
+    with _deadline(240):
+        got, want = _all(url), _all(single_server)
     assert len(got) == 16 and all(text for text, _ in got)
     assert [text for text, _ in got] == [text for text, _ in want]
     used = {replica for _, replica in got}
@@ -128,6 +156,9 @@ def test_deployment_options_pass_ray_serve_settings_through():
     assert "num_replicas" not in options and options["autoscaling_config"]["max_replicas"] == 4
     assert options["ray_actor_options"] == {"num_cpus": 1}
     for bad, message in ((["--replicas", "0"], "at least 1"), (["--replicas", "2", "--ray-options", "{"], "JSON"),
-                         (["--replicas", "2", "--ray-options", "[1]"], "JSON object")):
+                         (["--replicas", "2", "--ray-options", "[1]"], "JSON object"),
+                         (["--replicas", "2", "--max-batch", "0"], "max-batch"),
+                         (["--replicas", "2", "--method", "warp"], "unknown method")):
         with pytest.raises(InputError, match=message):
-            replicas.deployment_options(_args(*bad), gpus_in_cluster=False)
+            replicas.check(_args(*bad))  # before Ray starts
+

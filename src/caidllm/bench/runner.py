@@ -21,6 +21,7 @@ rank fails with its error (distributed.together): never a report of a subset.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
@@ -121,8 +122,9 @@ def run_bench(settings: BenchSettings, lm=None, log=None) -> dict | None:
     settings.model."""
     world = World.from_env()
     log = log or (lambda message: print(message, file=sys.stderr))
-    if not world.is_main:
+    if not world.is_main:  # rank 0 speaks for the run
         log = _quiet
+        settings = dataclasses.replace(settings, progress=False)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     settings.check()
     device = world.device(settings.device)
@@ -180,7 +182,7 @@ def run_bench(settings: BenchSettings, lm=None, log=None) -> dict | None:
 
 
 def _quiet(message: str) -> None:
-    """Ranks other than 0 log nothing (rank 0 speaks for the run)."""
+    """Ranks other than 0 log nothing."""
 
 
 # ---- setup ---------------------------------------------------------------------

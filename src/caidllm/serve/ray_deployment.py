@@ -54,20 +54,22 @@ def build(args):
     return serve.deployment(CaidllmReplica, name="caidllm").options(**options).bind(args)
 
 
-def start(args) -> None:
-    """Join or start Ray, start Serve's proxy on --host:--port and deploy; returns when the replicas are up."""
-    from caidllm.decode.presets import build_config
-
-    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before any replica
+def start(args) -> bool:
+    """Join or start Ray, start Serve's proxy on --host:--port and deploy; returns when the replicas are
+    up: True if Ray was started here (not a cluster joined)."""
+    replicas.check(args)  # before any replica
+    started_here = False
     if not ray.is_initialized():
         address = args.ray_address or os.environ.get("RAY_ADDRESS")
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        started_here = address is None
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build(args), name=APP_NAME, route_prefix="/")
+    return started_here
 
 
 def serve_until_stopped(args) -> int:
-    start(args)
+    started_here = start(args)
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopped.set())
@@ -75,6 +77,7 @@ def serve_until_stopped(args) -> int:
           flush=True)
     stopped.wait()
     serve.delete(APP_NAME)  # replicas finish what they are doing (Ray's graceful shutdown), then stop
-    serve.shutdown()
-    ray.shutdown()
+    if started_here:  # on a cluster joined, Serve and its other applications stay up
+        serve.shutdown()
+    ray.shutdown()  # stops a local Ray; only disconnects from a cluster
     return 0

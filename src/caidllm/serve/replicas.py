@@ -61,14 +61,22 @@ def deployment_options(args, gpus_in_cluster: bool) -> dict:
 
 
 def check(args) -> None:
+    """What can be checked before Ray starts (a replica that fails to start makes Ray retry it)."""
+    deployment_options(args, gpus_in_cluster=False)
     if args.replica_metrics_port is not None and not 0 < args.replica_metrics_port < 65536:
         raise InputError(f"--replica-metrics-port must be a port number, got {args.replica_metrics_port}")
+    for name in ("gen_length", "block_length", "max_batch", "max_queue"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    from caidllm.decode.presets import build_config
+
+    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)
 
 
 def run(args) -> int:
+    check(args)
     try:
         from caidllm.serve import ray_deployment
     except ImportError as e:
         raise InputError(f"--replicas needs Ray Serve ({e.name or e} is missing): pip install 'caidllm[ray]'") from None
-    check(args)
     return ray_deployment.serve_until_stopped(args)
