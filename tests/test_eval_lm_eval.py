@@ -118,3 +118,48 @@ def test_dataset_loader_of_the_task_configs():
     assert doc["prompt"] == "not ( True ) and ( True ) is"
     assert utils.process_results(doc, ["So the answer is False."]) == {"exact_match": 1.0}
     assert utils.process_results(doc, ["So the answer is True."]) == {"exact_match": 0.0}
+
+
+def _per_request_outputs(out: Path) -> dict:
+    """(task, doc_id) -> the filtered answer and the first raw answer, from lm-eval's --log_samples files."""
+    outputs = {}
+    for path in out.rglob("samples_*.jsonl"):
+        task = path.name.removeprefix("samples_").rsplit("_", 1)[0]
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            # a rank lm-eval pads with copies of its last request appends their answers to that request's resps
+            outputs[task, record["doc_id"]] = (record["filtered_resps"], record["resps"][0][0])
+    return outputs
+
+
+def test_lm_eval_data_parallel_two_ranks_same_answers(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                            "CAIDLLM_LM_EVAL_STATS")}
+    src = str(Path(__file__).parents[1] / "src")
+    env.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))})
+    args = ["-m", "caidllm.evaluation", "--model", "caidllm",
+            "--model_args", "pretrained=tiny,method=cai,gen_length=16,block_length=8",
+            "--tasks", "caidllm_gsm8k,caidllm_bbh_boolean_expressions",
+            "--metadata", json.dumps({"data_dir": str(BENCH)}),
+            "--limit", "3", "--batch_size", "2", "--device", "cpu", "--log_samples"]
+    launchers = {"one": [sys.executable], "two": [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                   "--nproc-per-node", "2"]}
+    outputs, results, stats = {}, {}, {}
+    for name, launcher in launchers.items():
+        out = tmp_path / name
+        done = subprocess.run([*launcher, *args, "--output_path", str(out)], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs[name] = _per_request_outputs(out)
+        (results_file,) = out.rglob("results_*.json")
+        results[name] = json.loads(results_file.read_text())["results"]
+        stats[name] = json.loads((out / "caidllm_stats.json").read_text())
+    assert len(outputs["one"]) == 6 and outputs["one"] == outputs["two"]
+    for task in ("caidllm_gsm8k", "caidllm_bbh_boolean_expressions"):
+        assert results["one"][task]["exact_match,none"] == results["two"][task]["exact_match,none"]
+    assert stats["one"]["world_size"] == 1 and stats["two"]["world_size"] == 2
+    # split, not repeated: rank 0 has docs 0 and 2 of each task, rank 1 doc 1 of each plus 2 padding copies
+    # (lm-eval evens the ranks out); every rank answering everything would make 12
+    assert stats["one"]["requests"] == 6 and stats["two"]["requests"] == 8

@@ -25,7 +25,8 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="benchmark decoding methods side by side on tasks",
                        description="Run every method on the same examples in one process (after one warm-up batch "
                                    "per method) and report score, NFE, steps per block, throughput, speedup, "
-                                   "memory and energy.",
+                                   "memory and energy. Under torchrun (torchrun --nproc-per-node N -m caidllm "
+                                   "bench ...) each rank takes a share of every task and rank 0 writes the report.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     from caidllm.cli import MODEL_HELP
 
@@ -89,6 +90,8 @@ def settings_from_args(args) -> BenchSettings:
 def run(args) -> int:
     settings = settings_from_args(args)
     report = run_bench(settings)
+    if report is None:  # a torchrun rank other than 0: rank 0 prints and writes the report
+        return 0
     if args.json:
         json.dump(report, sys.stdout, indent=2, ensure_ascii=False, allow_nan=False)
         sys.stdout.write("\n")

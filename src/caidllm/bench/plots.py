@@ -61,7 +61,7 @@ def accuracy_vs_speedup(path: Path, report: dict) -> None:
 
 
 def confidence_vs_stability(path: Path, report: dict, traces: dict) -> None:
-    from caidllm.bench.runner import CONFIDENCE_BUCKETS
+    from caidllm.bench.summary import CONFIDENCE_BUCKETS
 
     methods = report["settings"]["methods"]
     fig = _figure()

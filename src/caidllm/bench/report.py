@@ -32,10 +32,13 @@ def markdown(report: dict) -> str:
     gpu = f" ({s['gpu']})" if s["gpu"] else ""
     memory = ("CUDA max allocated, reset per method" if s["device"].startswith("cuda")
               else "peak RSS of the whole process so far (not per method)")
+    world = s.get("world_size", 1)
+    ranks = (f" x {world} ranks (torchrun; wall = the slowest rank's, throughput over all samples)"
+             if world > 1 else "")
     lines = [
         "# caidllm bench results",
         "",
-        f"Model `{s['model']}` ({s['family']}, {s['dtype']}) on {s['device']}{gpu}; "
+        f"Model `{s['model']}` ({s['family']}, {s['dtype']}) on {s['device']}{gpu}{ranks}; "
         f"gen_length {s['gen_length']}, block_length {s['block_length']}, batch size {s['batch_size']}, "
         f"temperature {s['temperature']}, early stop {'on' if s['early_stop'] else 'off'}, "
         f"chat template {'on' if s['chat_template'] else 'off'}, seed {s['seed']}. "

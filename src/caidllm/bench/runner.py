@@ -1,4 +1,6 @@
-"""The side-by-side benchmark: every method on the same examples, one process.
+"""The side-by-side benchmark: every method on the same examples, in one
+process or in several under torchrun (each rank takes every world_size-th
+sample of each task; rank 0 gathers them and writes the report).
 
     from caidllm.bench import BenchSettings, run_bench
     results = run_bench(BenchSettings(model="tiny", tasks=["synthetic:arithmetic"],
@@ -11,31 +13,31 @@ per method, then for each task and each method: reset the peak-memory
 counter, start the energy meter, decode all examples batch by batch (only
 the `generate` calls are timed; scoring comes after the clock stops), stop
 the meters, score every sample (a scorer crash is recorded for that sample
-and the run goes on).
+and the run goes on). Under torchrun every rank does all of this on its
+share (bench/shard.py), starting each method together (a barrier); rank 0
+builds each row from all shares (bench/summary.py). If any rank fails, every
+rank fails with its error (distributed.together): never a report of a subset.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import json
-import math
 import os
 import platform
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from caidllm.bench.measure import EnergyMeter, MemoryMeter
-from caidllm.bench.metrics import mean, stderr
 from caidllm.bench.sandbox import Limits, isolation_summary
-from caidllm.bench.tasks import BenchTask, Sample, Scored, load_task
+from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
+from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
+from caidllm.bench.tasks import BenchTask, Sample, load_task
 from caidllm.decode.presets import build_config, method_names
+from caidllm.distributed import World, together
 from caidllm.errors import CaidllmError, InputError
-
-CONFIDENCE_BUCKETS = (">0.50", "0.25-0.50", "<0.25")  # the paper's Figure 1c classes of s_i = c_i(0)
 
 DEFINITIONS = {
     "accuracy": "mean per-sample score (exact match / pass@1: 0 or 1; LongBench: F1 or ROUGE-L in [0, 1]); "
@@ -45,16 +47,17 @@ DEFINITIONS = {
     "steps_per_block": "denoising steps per block index, mean over requests (0 for blocks skipped by early stop)",
     "steps_per_block_decoded": "the same, over the requests that decoded that block",
     "wall_s": "wall-clock seconds of the generate() calls of this method on this task, after a warm-up; "
-              "tokenisation of the prompts and scoring are outside the clock",
-    "tps_positions": "generated positions per second: n * gen_length / wall_s (prompt never counted)",
+              "tokenisation of the prompts and scoring are outside the clock; under torchrun the slowest rank's",
+    "tps_positions": "generated positions per second: n * gen_length / wall_s (prompt never counted; "
+                     "all samples of all ranks)",
     "tps_answer": "answer tokens per second: sum of answer lengths (up to the first end token) / wall_s",
     "speedup": "wall_s of the first method listed / wall_s of this method, same task, same examples",
     "nfe_ratio": "nfe_mean of the first method listed / nfe_mean of this method",
     "peak_mem_mb": "CUDA: torch.cuda.max_memory_allocated, reset before each method; CPU: the process's peak RSS "
-                   "so far (getrusage; monotone, not per method)",
+                   "so far (getrusage; monotone, not per method); under torchrun the largest rank's",
     "energy_j": "GPU: NVML energy counter (or sampled power integrated) during the method's generate() calls; "
                 "CPU: RAPL package energy; null when not measurable",
-    "controller_share": "time in the commit policy (controller_s) / wall time, summed over batches",
+    "controller_share": "time in the commit policy (controller_s) / wall time, summed over batches (and ranks)",
     "forward_share": "time inside the model forwards (the engine's forward timer, CUDA events on a GPU) / wall time",
     "engine_overhead_share": "the engine's own time: (wall - forwards - commit policy) / wall: batching, "
                              "prediction, bookkeeping, host transfers",
@@ -113,57 +116,66 @@ class BenchSettings:
                          temperature=self.temperature, early_stop=self.early_stop)
 
 
-@dataclass
-class _Encoded:
-    sample: Sample
-    ids: list[int] | None
-    error: str | None = None
-    truncated: bool = False
-
-
 # ---- entry point -------------------------------------------------------------
 
 
-def run_bench(settings: BenchSettings, lm=None, log=None) -> dict:
+def run_bench(settings: BenchSettings, lm=None, log=None) -> dict | None:
     """Run the benchmark; returns the results object (also written to
-    settings.out when given). `lm`: an already loaded DiffusionLM to use
-    instead of loading settings.model."""
+    settings.out when given); under torchrun, on rank 0 only (None on the
+    others). `lm`: an already loaded DiffusionLM to use instead of loading
+    settings.model."""
+    world = World.from_env()
     log = log or (lambda message: print(message, file=sys.stderr))
+    if not world.is_main:  # rank 0 speaks for the run
+        log = _quiet
+        settings = dataclasses.replace(settings, progress=False)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     settings.check()
-    out = _prepare_out(settings.out)
-    data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else None
-    limits = Limits(timeout_s=float(settings.code_timeout))
-    tasks = [load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot,
-                       seed=settings.seed, code_limits=limits) for spec in settings.tasks]
+    device = world.device(settings.device)
+    world.init(device)
+    with together(world):  # a bad setting, data file or model fails every rank with the same error
+        out = _prepare_out(settings.out) if world.is_main else None
+        data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else None
+        limits = Limits(timeout_s=float(settings.code_timeout))
+        tasks = [load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot,
+                           seed=settings.seed, code_limits=limits) for spec in settings.tasks]
+        if lm is None:
+            from caidllm.models import load
 
-    if lm is None:
-        from caidllm.models import load
+            log(f"loading model {settings.model} ..." + (f" on {world.world_size} ranks" if world.distributed else ""))
+            lm = load(settings.model, device=device, dtype=settings.dtype, compile=settings.compile)
+        if getattr(lm, "random_weights", False):
+            log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
+        torch.manual_seed(settings.seed)
+        chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None))
+        encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
+        T = {m: build_config(m, gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block
+             for m in settings.methods}
+        if settings.warmup:  # every rank warms up on its own share
+            first = encoded[tasks[0].name]
+            _warm_up(lm, settings, [first[i] for i in world.shard(len(first))], log)
 
-        log(f"loading model {settings.model} ...")
-        lm = load(settings.model, device=settings.device, dtype=settings.dtype, compile=settings.compile)
-    if getattr(lm, "random_weights", False):
-        log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
-    torch.manual_seed(settings.seed)
-    chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None))
-    encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
-    T = {m: build_config(m, gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block
-         for m in settings.methods}
-
-    if settings.warmup:
-        _warm_up(lm, settings, encoded[tasks[0].name], log)
-
-    results, traces = [], {m: {"buckets": {b: [] for b in CONFIDENCE_BUCKETS}, "steps": []} for m in settings.methods}
+    results, traces = [], {m: new_trace_store() for m in settings.methods}
     for task in tasks:
         rows = []
         for method in settings.methods:
-            row = _run_one(lm, settings, task, method, encoded[task.name], out, traces[method], T[method], log)
-            rows.append(row)
-        _relative(rows)
-        results.extend(rows)
+            world.barrier()  # the ranks start each method together, so the slowest rank's wall is the run's
+            with together(world):
+                part = run_shard(lm, settings, task, method, encoded[task.name], world.shard(len(encoded[task.name])))
+            parts: list[ShardRun] | None = world.gather(part)
+            if world.is_main:
+                rows.append(build_row(settings, task, method, encoded[task.name], parts, out, traces[method],
+                                      T[method], log))
+        if world.is_main:
+            relative(rows)
+            results.extend(rows)
+    ranks = world.all_gather({"host": platform.node(), "device": str(lm.device)})
+    if not world.is_main:
+        return None
 
     report = {
-        "settings": {**_settings_dict(settings, lm, tasks, data_dir, chat, T), "started": started},
+        "settings": {**_settings_dict(settings, lm, tasks, data_dir, chat, T), "started": started,
+                     "world_size": world.world_size, "ranks": ranks},
         "definitions": DEFINITIONS,
         "results": results,
     }
@@ -173,6 +185,10 @@ def run_bench(settings: BenchSettings, lm=None, log=None) -> dict:
         report["plots"] = plots.write_all(out, report, traces, T)
         report_mod.write(out, report)
     return report
+
+
+def _quiet(message: str) -> None:
+    """Ranks other than 0 log nothing."""
 
 
 # ---- setup ---------------------------------------------------------------------
@@ -192,7 +208,7 @@ def _prepare_out(out) -> Path | None:
     return path
 
 
-def _encode(lm, sample: Sample, chat: bool, gen_length: int) -> _Encoded:
+def _encode(lm, sample: Sample, chat: bool, gen_length: int) -> Encoded:
     from caidllm.decode.api import tokenize_prompts
 
     budget = lm.config.max_length - gen_length
@@ -202,11 +218,11 @@ def _encode(lm, sample: Sample, chat: bool, gen_length: int) -> _Encoded:
         if len(ids) > budget and sample.context is not None:
             ids, truncated = _truncate_context(lm, sample, chat, budget, ids)
         if len(ids) > budget:
-            return _Encoded(sample, None, f"prompt of {len(ids)} tokens + gen_length {gen_length} exceeds the "
+            return Encoded(sample, None, f"prompt of {len(ids)} tokens + gen_length {gen_length} exceeds the "
                                           f"model's context of {lm.config.max_length} tokens")
-        return _Encoded(sample, ids, None, truncated)
+        return Encoded(sample, ids, None, truncated)
     except CaidllmError as e:
-        return _Encoded(sample, None, str(e))
+        return Encoded(sample, None, str(e))
 
 
 def _truncate_context(lm, sample: Sample, chat: bool, budget: int, ids: list[int]):
@@ -228,7 +244,7 @@ def _truncate_context(lm, sample: Sample, chat: bool, budget: int, ids: list[int
     return ids, True
 
 
-def _warm_up(lm, settings: BenchSettings, encoded: list[_Encoded], log) -> None:
+def _warm_up(lm, settings: BenchSettings, encoded: list[Encoded], log) -> None:
     batch = [e.ids for e in encoded if e.ids is not None][:settings.batch_size]
     if not batch:
         return
@@ -237,200 +253,7 @@ def _warm_up(lm, settings: BenchSettings, encoded: list[_Encoded], log) -> None:
         lm.generate(batch, method=method, gen_length=settings.gen_length, block_length=settings.block_length,
                     temperature=settings.temperature, seed=settings.seed, early_stop=settings.early_stop,
                     batch_size=len(batch), chat=False)
-    _sync(lm)
-
-
-def _sync(lm) -> None:
-    if torch.device(lm.device).type == "cuda":
-        torch.cuda.synchronize(lm.device)
-
-
-# ---- one task x one method ----------------------------------------------------
-
-
-def _run_one(lm, settings: BenchSettings, task: BenchTask, method: str, encoded: list[_Encoded], out: Path | None,
-             trace_store: dict, T: int, log) -> dict:
-    todo = [i for i, e in enumerate(encoded) if e.ids is not None]
-    batches = [todo[i:i + settings.batch_size] for i in range(0, len(todo), settings.batch_size)]
-    generations: dict[int, object] = {}
-    errors: dict[int, str] = {i: e.error for i, e in enumerate(encoded) if e.error}
-    memory, energy = MemoryMeter(lm.device), EnergyMeter(lm.device)
-    wall = controller = engine = forward = 0.0
-    progress = _progress(len(todo), f"{task.name} {method}", settings.progress)
-
-    memory.reset()
-    energy.start()
-    for batch in batches:
-        _sync(lm)
-        started = time.perf_counter()
-        try:
-            out_batch = lm.generate([encoded[i].ids for i in batch], method=method, gen_length=settings.gen_length,
-                                    block_length=settings.block_length, temperature=settings.temperature,
-                                    seed=settings.seed, early_stop=settings.early_stop, batch_size=len(batch),
-                                    chat=False)
-        except CaidllmError:
-            raise
-        except Exception as e:  # noqa: BLE001 - e.g. out of memory: record for these samples, go on
-            _sync(lm)
-            wall += time.perf_counter() - started
-            for i in batch:
-                errors[i] = f"generation failed: {type(e).__name__}: {e}"
-            progress.update(len(batch))
-            continue
-        _sync(lm)
-        wall += time.perf_counter() - started
-        controller += out_batch[0].controller_s
-        forward += out_batch[0].forward_s
-        engine += out_batch[0].elapsed_s
-        for i, result in zip(batch, out_batch):
-            generations[i] = result
-        progress.update(len(batch))
-    reading = energy.stop()
-    peak = memory.peak_mb()
-    progress.close()
-
-    records, scores, extras = [], [], {k: [] for k in task.extra_metrics}
-    for i, enc in enumerate(encoded):
-        result = generations.get(i)
-        text = result.text if result is not None else ""
-        scored, error = _score(task, text, enc.sample) if result is not None else (None, errors.get(i))
-        score = scored.score if scored is not None else 0.0
-        scores.append(score)
-        for k in extras:
-            extras[k].append(float(scored.details.get(k, 0.0)) if scored is not None else 0.0)
-        records.append(_record(task, method, enc, result, scored, score, error))
-        if result is not None:
-            _collect_trace(result, trace_store)
-
-    done = [generations[i] for i in sorted(generations)]
-    n_blocks = settings.gen_length // settings.block_length
-    steps = [r.steps_per_block for r in done]
-    spb = [mean(s[b] for s in steps) for b in range(n_blocks)] if steps else [None] * n_blocks
-    decoded = [mean(s[b] for s in steps if s[b] > 0) for b in range(n_blocks)]
-    fractions = [getattr(r, "computed_fraction", None) for r in done]
-    fractions = [f for f in fractions if f is not None]
-    answer_tokens = sum(r.answer_length for r in done)
-    accuracy = mean(scores)
-    row = {
-        "task": task.name,
-        "method": method,
-        "metric": task.metric,
-        "n": len(encoded),
-        "n_generated": len(done),
-        "accuracy": accuracy,
-        "stderr": stderr(scores),
-        "nfe_mean": mean(r.nfe for r in done),
-        "steps_per_block": spb,
-        "steps_per_block_decoded": decoded,
-        "steps_per_block_max": T,
-        "steps_saved_per_block": [None if d is None else T - d for d in decoded],
-        "wall_s": wall,
-        "engine_s": engine,
-        "tps_positions": len(done) * settings.gen_length / wall if wall > 0 else None,
-        "tps_answer": answer_tokens / wall if wall > 0 else None,
-        "answer_tokens": answer_tokens,
-        "speedup": None,
-        "nfe_ratio": None,
-        "peak_mem_mb": peak,
-        "peak_mem_kind": memory.kind,
-        "energy_j": reading.joules,
-        "energy_source": reading.source,
-        "energy_note": reading.note,
-        "avg_power_w": reading.avg_power_w,
-        "controller_s": controller,
-        "controller_share": controller / wall if wall > 0 else None,
-        "forward_s": forward,
-        "forward_share": forward / wall if wall > 0 else None,
-        "engine_overhead_share": (wall - forward - controller) / wall if wall > 0 else None,
-        "flops_share": mean(fractions) if fractions else None,
-        "early_stopped": mean(float(r.early_stopped) for r in done),
-        "errors": sum(1 for r in records if r["error"]),
-        "fewshot": task.fewshot,
-        "confidence_buckets": _bucket_summary(done),
-        "samples": None,
-    }
-    for k, values in extras.items():
-        row[f"accuracy_{k}"] = mean(values)
-        row[f"stderr_{k}"] = stderr(values)
-    if out is not None:
-        path = out / f"samples_{_slug(task.name)}_{_slug(method)}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-        row["samples"] = path.name
-    shown = "n/a" if accuracy is None else f"{accuracy:.3f}"
-    log(f"{task.name} {method}: score {shown}, NFE {row['nfe_mean']}, wall {wall:.2f} s, errors {row['errors']}")
-    return row
-
-
-def _score(task: BenchTask, text: str, sample: Sample) -> tuple[Scored | None, str | None]:
-    try:
-        scored = task.score(text, sample)
-    except Exception as e:  # noqa: BLE001 - one sample's scorer crash must not end the run
-        return None, f"scoring failed: {type(e).__name__}: {e}"
-    return scored, None
-
-
-def _record(task, method, enc: _Encoded, result, scored: Scored | None, score: float, error: str | None) -> dict:
-    return {
-        "id": enc.sample.id,
-        "task": task.name,
-        "method": method,
-        "prompt": enc.sample.prompt if enc.sample.context is None else enc.sample.render("<context>"),
-        "prompt_tokens": None if enc.ids is None else len(enc.ids),
-        "prompt_truncated": enc.truncated,
-        "generated": None if result is None else result.text,
-        "extracted": None if scored is None else scored.extracted,
-        "score": score,
-        "correct": bool(scored is not None and scored.correct),
-        "nfe": None if result is None else result.nfe,
-        "answer_length": None if result is None else result.answer_length,
-        "steps_per_block": None if result is None else result.steps_per_block,
-        "early_stopped": None if result is None else result.early_stopped,
-        "details": None if scored is None else scored.details,
-        "error": error,
-    }
-
-
-def _bucket_of(confidence: float) -> str:
-    return ">0.50" if confidence > 0.50 else "<0.25" if confidence < 0.25 else "0.25-0.50"
-
-
-def _collect_trace(result, store: dict) -> None:
-    store["steps"].append(list(result.steps_per_block))
-    trace = result.trace
-    for confidence, step in zip(trace.first_confidence, trace.commit_step_in_block):
-        if confidence is None or step < 0 or (isinstance(confidence, float) and math.isnan(confidence)):
-            continue
-        store["buckets"][_bucket_of(confidence)].append(step)
-
-
-def _bucket_summary(done) -> dict:
-    store = {"buckets": {b: [] for b in CONFIDENCE_BUCKETS}, "steps": []}
-    for r in done:
-        _collect_trace(r, store)
-    return {b: {"tokens": len(v), "mean_commit_step": mean(v)} for b, v in store["buckets"].items()}
-
-
-def _relative(rows: list[dict]) -> None:
-    first = rows[0]
-    for row in rows:
-        if first["wall_s"] and row["wall_s"]:
-            row["speedup"] = first["wall_s"] / row["wall_s"]
-        if first["nfe_mean"] and row["nfe_mean"]:
-            row["nfe_ratio"] = first["nfe_mean"] / row["nfe_mean"]
-
-
-def _progress(total: int, desc: str, enabled: bool | None):
-    from tqdm import tqdm
-
-    disable = (not sys.stderr.isatty()) if enabled is None else not enabled
-    return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, disable=disable, leave=False)
-
-
-def _slug(name: str) -> str:
-    keep = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name)
-    return keep.strip("-") or "task"
+    sync(lm)
 
 
 def _settings_dict(s: BenchSettings, lm, tasks: list[BenchTask], data_dir, chat: bool, T: dict) -> dict:

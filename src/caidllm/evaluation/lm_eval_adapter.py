@@ -20,6 +20,13 @@ default: caidllm_stats.json in --output_path, via the wrapper); any other key
 is a decoding override of the preset (e.g. ``gating=false``). Batch size and
 device come from lm-eval's ``--batch_size`` and ``--device``.
 
+Data parallel: under ``accelerate launch -m caidllm.evaluation ...`` or
+``torchrun --nproc-per-node N -m caidllm.evaluation ...`` each process joins
+the process group (caidllm.distributed: NCCL with cuda:LOCAL_RANK, gloo on
+CPU) and reports its rank and the world size to lm-eval, which gives each
+rank every N-th document and gathers the metrics on rank 0; the statistics
+are summed over ranks (wall time: the slowest rank's) and written by rank 0.
+
 Only ``generate_until`` is supported: a masked diffusion model has no cheap
 exact log-likelihood, so ``loglikelihood`` tasks (multiple choice by
 likelihood) raise NotImplementedError; use the generative configs here.
@@ -43,6 +50,7 @@ from lm_eval.api.registry import register_model
 
 from caidllm.decode.api import tokenize_prompts
 from caidllm.decode.presets import build_config
+from caidllm.distributed import World
 from caidllm.errors import InputError
 
 logger = logging.getLogger("lm_eval.caidllm")  # under lm-eval's logger, so its --verbosity applies
@@ -84,10 +92,14 @@ class CaidllmLM(LM):
         if self.chat not in ("auto", "true", "false"):
             raise InputError(f"model_args chat={chat!r}: expected auto, true or false")
         self.batch_size = _batch_size(batch_size)
+        self.world = World.from_env()
         device = _device(device)
+        if self.world.distributed and (device is None or str(device).startswith("cuda")):
+            device = self.world.device("cuda" if torch.cuda.is_available() else "cpu")  # one GPU per rank
+        self.world.init(device)
         self.lm = load(pretrained, device=device, dtype=dtype)
         self._device = self.lm.device
-        self._rank, self._world_size = 0, 1
+        self._rank, self._world_size = self.world.rank, self.world.world_size  # what lm-eval splits requests by
         self.pretrained = str(pretrained)
         self.stats_path = Path(stats_path) if stats_path else (Path(os.environ[STATS_ENV])
                                                                 if os.environ.get(STATS_ENV) else None)
@@ -109,6 +121,21 @@ class CaidllmLM(LM):
     def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
         return self.lm.tokenizer.apply_chat_template(chat_history, tokenize=False,
                                                      add_generation_prompt=add_generation_prompt)
+
+    # lm-eval's collectives for data-parallel runs (its evaluator calls them when world_size > 1)
+
+    def all_gather(self, tensor):
+        if not self.world.distributed:
+            return tensor
+        gathered = [torch.zeros_like(tensor) for _ in range(self.world.world_size)]
+        torch.distributed.all_gather(gathered, tensor.contiguous())
+        return torch.stack(gathered) if tensor.dim() == 0 else torch.cat(gathered)
+
+    def gather_object(self, obj, dst=0):
+        return self.world.gather(obj, dst=dst)
+
+    def barrier(self) -> None:
+        self.world.barrier()
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError(NOT_SUPPORTED.format(kind="loglikelihood"))
@@ -189,8 +216,8 @@ class CaidllmLM(LM):
             for b, steps in enumerate(r.steps_per_block):
                 spb[b] += steps
 
-    def summary(self) -> dict:
-        s = self.stats
+    def summary(self, stats: dict | None = None) -> dict:
+        s = self.stats if stats is None else stats
         n, wall = s["requests"], s["wall_s"]
         return {
             "model": self.pretrained,
@@ -205,15 +232,22 @@ class CaidllmLM(LM):
             "wall_s": wall,
             "tps_positions": s["positions"] / wall if wall else None,
             "tps_answer": s["answer_tokens"] / wall if wall else None,
-            "controller_share": s["controller_s"] / wall if wall else None,
+            "controller_share": s["controller_s"] / s.get("busy_s", wall) if wall else None,
             "truncated_prompts": s["truncated_prompts"],
+            "world_size": self.world.world_size,
             "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm bench` "
                     "for timed comparisons); tps_positions = requests x gen_length / wall_s, tps_answer = answer "
                     "tokens / wall_s",
         }
 
     def _report(self) -> None:
-        summary = self.summary()
+        if self.world.distributed:  # every rank calls generate_until, so every rank is here
+            gathered = self.world.gather(self.stats)
+            if not self.world.is_main:
+                return
+            summary = self.summary(_combined(gathered))
+        else:
+            summary = self.summary()
         logger.info("caidllm %s: %d requests, NFE/request %.1f, %.1f positions/s, %.1f answer tokens/s",
                     self.method, summary["requests"], summary["nfe_mean"] or 0.0,
                     summary["tps_positions"] or 0.0, summary["tps_answer"] or 0.0)
@@ -223,6 +257,19 @@ class CaidllmLM(LM):
                 self.stats_path.write_text(json.dumps(summary, indent=2) + "\n")
             except OSError as e:
                 logger.warning("cannot write decoding statistics to %s: %s", self.stats_path, e)
+
+
+def _combined(per_rank: list[dict]) -> dict:
+    """The ranks' statistics as one run's: counts add up, the wall time is the slowest rank's (they ran
+    side by side). lm-eval pads the shorter ranks with copies of their last request; those count too."""
+    total = {k: sum(s[k] for s in per_rank) for k in ("requests", "nfe", "positions", "answer_tokens",
+                                                      "controller_s", "truncated_prompts")}
+    total["wall_s"] = max(s["wall_s"] for s in per_rank)
+    total["busy_s"] = sum(s["wall_s"] for s in per_rank)
+    blocks = max(len(s["steps_per_block_sum"]) for s in per_rank)
+    total["steps_per_block_sum"] = [sum(s["steps_per_block_sum"][b] for s in per_rank
+                                        if b < len(s["steps_per_block_sum"])) for b in range(blocks)]
+    return total
 
 
 def cut_at_stop(text: str, until: list[str]) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from caidllm.decode.presets import method_names
 from caidllm.errors import InputError
+from caidllm.serve import replicas
 
 
 def register(sub, name: str) -> None:
@@ -32,6 +33,7 @@ def register(sub, name: str) -> None:
     p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
     p.add_argument("--log-level", default="info")
+    replicas.add_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -63,6 +65,8 @@ def run(args) -> int:
     from caidllm.decode.presets import build_config
     from caidllm.serve.app import create_app
 
+    if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
+        return replicas.run(args)
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
