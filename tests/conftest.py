@@ -2,7 +2,14 @@
 layout (caidllm.models.testing), written once per session, and fp32 CPU
 models loaded from them."""
 
+import os
+
 import pytest
+
+# Tests never reach a hub: the Hugging Face libraries answer from their cache or fail at once
+# (set before any test module imports them; their hub code paths are tested on local files).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 import caidllm
 from caidllm.models.testing import write_random_checkpoint

@@ -217,8 +217,6 @@ def test_task_specs_and_data_errors(tmp_path):
         load_task("nope")
     with pytest.raises(InputError, match="unknown task 'bbh'"):
         load_task("bbh")
-    with pytest.raises(InputError, match="--data-dir"):
-        load_task("gsm8k", data_dir=None)
     with pytest.raises(InputError, match="limit must be a positive integer"):
         load_task("gsm8k", data_dir=BENCH, limit=0)
     (tmp_path / "gsm8k").mkdir()

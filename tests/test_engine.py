@@ -179,3 +179,63 @@ def test_cli_generate_text_and_errors(llada_dir, capsys):
     assert "unknown method 'turbo'" in capsys.readouterr().err
     assert cli_main(["generate", "hello", "--model", "/nonexistent/model"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_early_stop_trace_marks_filled_positions_as_never_committed(llada_lm):
+    prompt = PROMPTS[0]
+    lm = EndsEarly(llada_lm, len(prompt), after=3)
+    short = run(lm, [prompt], "vanilla", gen_length=32, early_stop=True)[0]
+    full = run(lm, [prompt], "vanilla", gen_length=32, early_stop=False)[0]
+    steps = short.trace.commit_step
+    # Blocks after the end were filled, never committed.
+    assert steps[BLOCK:] == [-1] * (32 - BLOCK) and short.trace.commit_step_in_block[BLOCK:] == [-1] * (32 - BLOCK)
+    # The end token's block ran to its end here (vanilla commits the confident EOS positions first):
+    # those committed positions keep the step they were committed at, as without early stop.
+    assert steps[:BLOCK] == full.trace.commit_step[:BLOCK] and all(s >= 0 for s in steps[:BLOCK])
+    assert sorted(steps[:BLOCK]) == list(range(BLOCK))  # one commit per step, each at its own step
+
+
+def test_sampling_without_a_seed_leaves_torchs_global_rng_alone(llada_lm):
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    a = run(llada_lm, PROMPTS[:2], "fastdllm", temperature=1.0, seed=None)
+    b = run(llada_lm, PROMPTS[:2], "fastdllm", temperature=1.0, seed=None)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.initial_seed() == 1234
+    assert [r.token_ids for r in a] != [r.token_ids for r in b]  # each run draws its own seed
+
+
+def test_predict_leaves_the_callers_logits_unchanged(llada_lm):
+    from caidllm.decode.sampling import predict
+
+    mask_id = llada_lm.config.mask_id
+    logits = torch.randn(2, 5, 64)
+    logits[..., mask_id] = 100.0  # the mask would win if it were not excluded
+    before = logits.clone()
+    for temperature, gens in ((0.0, None), (1.0, [torch.Generator().manual_seed(i) for i in range(2)])):
+        predicted, confidence = predict(logits, mask_id, temperature, gens)
+        assert torch.equal(logits, before)
+        assert not (predicted == mask_id).any() and ((confidence > 0) & (confidence <= 1)).all()
+    bf16 = before.bfloat16()
+    predict(bf16, mask_id, 0.0, None)
+    assert torch.equal(bf16, before.bfloat16())
+
+
+def test_empty_token_id_prompt_is_named(llada_lm):
+    with pytest.raises(InputError, match="prompt 0 is an empty list of token ids"):
+        llada_lm.generate([[]], gen_length=GEN, block_length=BLOCK)
+    with pytest.raises(InputError, match="prompt 1 is an empty list of token ids"):
+        llada_lm.generate([[1, 2], []], gen_length=GEN, block_length=BLOCK)
+
+
+def test_cli_generate_checks_the_method_before_loading_the_model(monkeypatch, capsys):
+    import caidllm.models
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the method was checked")
+
+    monkeypatch.setattr(caidllm.models, "load", must_not_load)
+    assert cli_main(["generate", "hello", "--method", "turbo"]) == 2
+    assert "unknown method 'turbo'" in capsys.readouterr().err
+    assert cli_main(["generate", "hello", "--gen-length", "12", "--block-length", "8"]) == 2
+    assert "multiple of block_length" in capsys.readouterr().err

@@ -334,6 +334,25 @@ def test_refresh_cadence(lm, refresh_every):
     assert r.computed_fraction == pytest.approx((refreshes + (32 - refreshes) * 48 / 128) / 32)
 
 
+@pytest.mark.parametrize("method, cached, refreshes_inside", [
+    ("fastdllm", "dual", False), ("fastdllm-prefix", "prefix", False),  # the official code: block starts only
+    ("cai", "dual", True), ("es-dllm", "es", True), ("cai-es", "es", True),  # the paper's f
+])
+def test_which_presets_refresh_inside_a_block(lm, method, cached, refreshes_inside):
+    rec = Recorder(lm)
+    # threshold 1.0 (CAI: as a fixed threshold, gating off): one token per step, all 32 steps of each block,
+    # so the model's f (16 LLaDA, 8 Dream) falls inside the block.
+    (r,) = generate(rec, [PROMPTS[0]], method=method, gen_length=64, block_length=32, threshold=1.0,
+                    adaptive=False, gating=False, early_stop=False)
+    assert r.steps_per_block == [32, 32]
+    f = lm.config.cache_refresh_every
+    for block in range(2):
+        modes = [mode for start, mode in rec.calls if start == len(PROMPTS[0]) + 32 * block]
+        expected = ["full" if t == 0 or (refreshes_inside and t % f == 0) else cached for t in range(32)]
+        assert modes == expected
+    assert build_config(method, refresh_every=4).refresh_every == 4  # still overridable
+
+
 def test_computed_fraction(lm):
     for method, cache in (("es-dllm", None), ("cai-es", None), ("fastdllm", "es")):
         for r in run(lm, PROMPTS, method, cache=cache):

@@ -262,3 +262,32 @@ def test_bad_new_cache_and_chat_args(llada_lm):
 
 def test_errors_are_value_errors():
     assert issubclass(ModelLoadError, ValueError) and issubclass(InputError, ValueError)
+
+
+# ---- caidllm's own config.json fields -----------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["false", "False", 0, 1, "yes"])
+def test_confidence_gating_must_be_a_json_boolean(copy_of, llada_dir, value):
+    path = copy_of(llada_dir)
+    edit_json(path / "config.json", caidllm_confidence_gating=value)
+    with pytest.raises(ModelLoadError, match="caidllm_confidence_gating.*must be true or false"):
+        caidllm.load(path)
+
+
+def test_confidence_gating_false_is_read_as_false(copy_of, llada_dir):
+    path = copy_of(llada_dir)
+    edit_json(path / "config.json", caidllm_confidence_gating=False)
+    assert caidllm.load(path).config.confidence_gating is False
+
+
+def test_dream_context_is_its_usable_2048_not_max_position_embeddings(copy_of, dream_dir):
+    from caidllm.models.config import load_config
+
+    path = copy_of(dream_dir)
+    edit_json(path / "config.json", max_position_embeddings=131072)  # what the real Dream config.json says
+    assert load_config(path / "config.json").max_length == 2048
+    edit_json(path / "config.json", caidllm_max_length=4096)  # a user who knows better says so
+    assert load_config(path / "config.json").max_length == 4096
+    edit_json(path / "config.json", caidllm_max_length=None, max_position_embeddings=512)
+    assert load_config(path / "config.json").max_length == 512  # a smaller model keeps its own limit

@@ -238,3 +238,16 @@ def test_presets_and_overrides():
     assert build_config("cai", gating=False, cai={"theta_start": 0.8}).cai.theta_start == 0.8
     assert build_config("cai", gen_length=128, block_length=32).steps_per_block == 32
     assert build_config("vanilla", gen_length=128, block_length=32, steps=64).steps_per_block == 16
+
+
+def test_every_policy_name_has_a_builder_and_unknown_names_are_refused():
+    from dataclasses import replace
+
+    from caidllm.decode.config import POLICIES
+    from caidllm.decode.policies import POLICY_BUILDERS, make_policy
+
+    assert sorted(POLICY_BUILDERS) == sorted(POLICIES)
+    policy, state = make_policy(build_config("vanilla"), gating=True)
+    assert policy is vanilla.select and state == ("n_masked",)
+    with pytest.raises(InputError, match="unknown policy 'turbo'"):
+        make_policy(replace(build_config("cai"), policy="turbo"), gating=True)  # past validate(): no CAI fallback

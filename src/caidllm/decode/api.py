@@ -60,9 +60,11 @@ def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
         prompts = [prompts]
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise InputError("prompts must be a non-empty list of strings or of token-id lists")
-    kinds = {"text" if isinstance(p, str) else "ids" if _is_id_list(p) else "other" for p in prompts}
+    # An empty list counts as token ids here, so that it gets its own clear error below.
+    kinds = {"text" if isinstance(p, str) else "ids" if _is_id_list(p, allow_empty=True) else "other"
+             for p in prompts}
     if "other" in kinds:
-        bad = next(p for p in prompts if not isinstance(p, str) and not _is_id_list(p))
+        bad = next(p for p in prompts if not isinstance(p, str) and not _is_id_list(p, allow_empty=True))
         raise InputError(f"each prompt must be a string or a list of token ids, got {type(bad).__name__}: {bad!r:.80}")
     if len(kinds) > 1:
         raise InputError("a batch must not mix strings and token-id lists; pass one kind")
@@ -83,8 +85,8 @@ def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
     return token_prompts
 
 
-def _is_id_list(value) -> bool:
-    return isinstance(value, (list, tuple)) and len(value) > 0 and all(
+def _is_id_list(value, allow_empty: bool = False) -> bool:
+    return isinstance(value, (list, tuple)) and (allow_empty or len(value) > 0) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 

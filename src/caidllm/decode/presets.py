@@ -16,9 +16,11 @@ from caidllm.errors import InputError
 PRESETS: dict[str, dict] = {
     # LLaDA low-confidence remasking, no cache, one token per step (steps = gen_length): the paper's 1.0x.
     "vanilla": dict(policy="vanilla", cache="none"),
-    # Fast-dLLM threshold decoding with DualCache: the paper's "DualCache" baseline.
-    "fastdllm": dict(policy="threshold", cache="dual", threshold=0.9),
-    "fastdllm-prefix": dict(policy="threshold", cache="prefix", threshold=0.9),
+    # Fast-dLLM threshold decoding with DualCache: the paper's "DualCache" baseline. As the official
+    # code runs them, its DualCache and prefix cache are refreshed at block starts only (refresh_every=0);
+    # CAI and ES-dLLM keep the paper's f (the model's cache_refresh_every).
+    "fastdllm": dict(policy="threshold", cache="dual", threshold=0.9, refresh_every=0),
+    "fastdllm-prefix": dict(policy="threshold", cache="prefix", threshold=0.9, refresh_every=0),
     # ES-dLLM baseline: early skipping on the dual cache, schedule [(1.0, 0.0), (0.5, 0.125), (0.25, 0.25)]
     # and alpha 0.5 (the DecodeConfig defaults), committing with a fixed confidence threshold of 0.9 (the
     # paper's ablation starts from ES-dLLM and adds the adaptive schedule, APD, on top of it).

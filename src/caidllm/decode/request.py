@@ -99,6 +99,8 @@ class Request:
                 self.prefix += 1
 
     def fill_after_end(self, eos_id: int) -> None:
-        """Early stop: every position after the first end token becomes EOS (no more steps)."""
+        """Early stop: every position after the first end token becomes EOS (no more steps).
+        The commit steps are left alone: a filled position that was masked keeps -1 (never
+        committed), one already committed keeps its step (results.Trace)."""
         for p in range(self.answer_end + 1, len(self.generated)):
             self.generated[p] = eos_id

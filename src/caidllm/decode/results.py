@@ -12,8 +12,11 @@ class Trace:
     """Per generated position: when it was committed and how confident the
     model was about it at its block's first step."""
 
-    commit_step: list[int]  # global step (steps of earlier blocks included); -1 = filled by early stop
-    commit_step_in_block: list[int]  # local step t within the block; -1 = filled by early stop
+    # Early stop fills every position after the answer's end token with EOS. A filled position that
+    # was still masked was never committed: it keeps -1. One committed (in the end token's block)
+    # before the stop keeps the step it was committed at, though its token now reads EOS.
+    commit_step: list[int]  # global step (steps of earlier blocks included); -1 = never committed
+    commit_step_in_block: list[int]  # local step t within the block; -1 = never committed
     first_confidence: list[float | None]  # s_i; None for blocks never run (early stop)
 
 

@@ -27,18 +27,26 @@ def predict(logits: torch.Tensor, mask_id: int, temperature: float,
             generators: list[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted tokens and their confidences (softmax probability of the
     prediction under the un-noised logits). The mask token is never predicted.
+    `logits` is read, never changed.
     With temperature > 0, Gumbel noise in float64 picks the token, one
     generator per row."""
+    # float32 logits come back from .float() as the caller's own tensor: rather than copy the
+    # whole [rows, block, vocab] array, the mask column is set to -inf for the computation and
+    # put back afterwards, so the caller's logits are unchanged when this returns.
     logits = logits.float()
+    mask_column = logits[..., mask_id].clone()
     logits[..., mask_id] = float("-inf")
-    if temperature == 0:
-        predicted = logits.argmax(dim=-1)
-    else:
-        predicted = torch.stack([
-            _gumbel_argmax(row, temperature, gen) for row, gen in zip(logits, generators)
-        ])
-    chosen = logits.gather(-1, predicted[..., None]).squeeze(-1)
-    confidence = torch.exp(chosen - torch.logsumexp(logits, dim=-1))
+    try:
+        if temperature == 0:
+            predicted = logits.argmax(dim=-1)
+        else:
+            predicted = torch.stack([
+                _gumbel_argmax(row, temperature, gen) for row, gen in zip(logits, generators)
+            ])
+        chosen = logits.gather(-1, predicted[..., None]).squeeze(-1)
+        confidence = torch.exp(chosen - torch.logsumexp(logits, dim=-1))
+    finally:
+        logits[..., mask_id] = mask_column
     return predicted, confidence
 
 

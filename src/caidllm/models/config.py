@@ -18,6 +18,10 @@ FAMILY_DEFAULTS = {
     "llada": {"confidence_gating": True, "cache_refresh_every": 16},
     "dream": {"confidence_gating": False, "cache_refresh_every": 8},
 }
+# Dream's config.json inherits max_position_embeddings = 131072 from Qwen2.5, but
+# the model was trained on about 2048 tokens (REFERENCE.md): longer canvases are
+# accepted only when config.json says so with "caidllm_max_length".
+DREAM_USABLE_CONTEXT = 2048
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
             intermediate_size=get.int("intermediate_size"),
             rope_theta=get.float("rope_theta", 10000.0),
             rms_norm_eps=get.float("rms_norm_eps", 1e-6),
-            max_length=get.int("max_position_embeddings"),
+            max_length=min(get.int("max_position_embeddings"), DREAM_USABLE_CONTEXT),
             qkv_bias=True,  # Qwen2 layout: q/k/v always carry biases
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
         )
@@ -122,6 +126,9 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
     if head_dim % 2:
         raise ModelLoadError(f"{source}: head_dim {head_dim} must be even for rotary embeddings")
 
+    sizes["max_length"] = get.int("caidllm_max_length", sizes["max_length"])
+    if sizes["max_length"] < 1:
+        raise ModelLoadError(f"{source}: the model's context length must be positive, got {sizes['max_length']}")
     eos_id = get.int("eos_token_id")
     defaults = FAMILY_DEFAULTS[family]
     return ModelConfig(
@@ -132,7 +139,7 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
         eos_ids=(eos_id,),  # widened with end-of-turn ids once the tokenizer is known
         pad_id=get.int("pad_token_id", eos_id),
         bos_id=get.int("bos_token_id", None),
-        confidence_gating=bool(raw.get("caidllm_confidence_gating", defaults["confidence_gating"])),
+        confidence_gating=get.bool("caidllm_confidence_gating", defaults["confidence_gating"]),
         cache_refresh_every=get.int("caidllm_cache_refresh_every", defaults["cache_refresh_every"]),
         torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         raw=raw,
@@ -181,6 +188,15 @@ class _Getter:
             return cast(value)
         except (TypeError, ValueError):
             raise ModelLoadError(f"{self.source}: field {key!r} = {value!r} is not a valid {cast.__name__}") from None
+
+    def bool(self, key, default=_MISSING):
+        """A JSON true/false only: a string such as "false" would otherwise read as True."""
+        value = self.raw.get(key)
+        if value is None:
+            return self._get(key, default, bool)
+        if not isinstance(value, bool):
+            raise ModelLoadError(f"{self.source}: field {key!r} = {value!r} must be true or false (a JSON boolean)")
+        return value
 
     def int(self, key, default=_MISSING):
         return self._get(key, default, int)

@@ -6,9 +6,14 @@
     mbpp                  DATA/mbpp/test.jsonl
     piqa                  DATA/piqa/validation.jsonl
     winogrande            DATA/winogrande/validation.jsonl
+    mathqa                DATA/mathqa/test.jsonl
+    longbench:<name>      DATA/longbench/<name>.jsonl (narrativeqa, multifieldqa_en, gov_report, qmsum)
     synthetic:<name>      caidllm.tasks, test split
     mathqa:FILE           a MathQA file (JSON lines or JSON array)
     longbench:FILE        a LongBench file (JSON lines)
+
+DATA is the data folder. Without one (data_dir=None), the tasks that read
+it load the same benchmark from the Hugging Face hub (sources.py).
 """
 
 from __future__ import annotations
@@ -17,19 +22,27 @@ from pathlib import Path
 
 from caidllm.bench.sandbox import Limits
 from caidllm.bench.tasks.base import BenchTask, Sample, Scored, final_answer
+from caidllm.bench.tasks.sources import LONGBENCH_TASKS
 from caidllm.errors import InputError
 
-TASK_KINDS = ("gsm8k", "bbh:<name>", "humaneval", "mbpp", "piqa", "winogrande", "synthetic:<name>",
-              "mathqa:FILE", "longbench:FILE")
-NEEDS_DATA_DIR = {"gsm8k", "bbh", "mbpp", "piqa", "winogrande"}
+TASK_KINDS = ("gsm8k", "bbh:<name>", "humaneval", "mbpp", "piqa", "winogrande", "mathqa",
+              f"longbench:<{'|'.join(LONGBENCH_TASKS)}>", "synthetic:<name>", "mathqa:FILE", "longbench:FILE")
 FEWSHOT_KINDS = {"gsm8k", "bbh"}
+
+
+def reads_data_folder(spec: str) -> bool:
+    """Whether the task reads the data folder (else the hub copy): a benchmark
+    named without a file path."""
+    kind, _, arg = spec.partition(":")
+    return (kind in {"gsm8k", "bbh", "mbpp", "piqa", "winogrande"} or (kind == "mathqa" and not arg)
+            or (kind == "longbench" and arg in LONGBENCH_TASKS))
 
 
 def kind_of(spec: str) -> str:
     if not isinstance(spec, str) or not spec.strip():
         raise InputError(f"task must be a non-empty string, got {spec!r}; choose one of {', '.join(TASK_KINDS)}")
     kind, sep, arg = spec.partition(":")
-    known = {"gsm8k", "humaneval", "mbpp", "piqa", "winogrande"}
+    known = {"gsm8k", "humaneval", "mbpp", "piqa", "winogrande", "mathqa"}
     if kind in known and not sep:
         return kind
     if kind in {"bbh", "synthetic", "mathqa", "longbench"} and sep and arg:
@@ -48,11 +61,8 @@ def load_task(spec: str, *, data_dir: Path | None = None, limit: int | None = No
         raise InputError(f"limit must be a positive integer, got {limit!r}")
     if isinstance(fewshot, bool) or not isinstance(fewshot, int) or fewshot < 0:
         raise InputError(f"fewshot must be an integer >= 0, got {fewshot!r}")
-    if kind in NEEDS_DATA_DIR:
-        if data_dir is None:
-            raise InputError(f"task {spec!r} reads the benchmark data directory; pass --data-dir DIR "
-                             "(a folder with gsm8k/, bbh/, mbpp/, piqa/, winogrande/)")
-        data_dir = Path(data_dir)
+    if data_dir is not None and reads_data_folder(spec):
+        data_dir = Path(data_dir).expanduser()
         if not data_dir.is_dir():
             raise InputError(f"data directory {data_dir} does not exist or is not a directory")
     shots = fewshot if kind in FEWSHOT_KINDS else 0
@@ -76,6 +86,8 @@ def load_task(spec: str, *, data_dir: Path | None = None, limit: int | None = No
         return code.load_mbpp(data_dir, limit, code_limits)
     if kind == "mathqa":
         from caidllm.bench.tasks import mathqa
+        if not arg:
+            return mathqa.load_test_split(data_dir, limit)
         return mathqa.load(arg, limit, None if data_dir is None else Path(data_dir))
     from caidllm.bench.tasks import longbench
     return longbench.load(arg, limit, None if data_dir is None else Path(data_dir))
@@ -113,4 +125,4 @@ def reference_scorer(spec: str, code_limits: Limits = Limits()):
 
 
 __all__ = ["reference_scorer", "TASK_KINDS", "BenchTask", "Sample", "Scored", "load_task", "kind_of", "final_answer",
-           "NEEDS_DATA_DIR", "FEWSHOT_KINDS"]
+           "reads_data_folder", "FEWSHOT_KINDS", "LONGBENCH_TASKS"]

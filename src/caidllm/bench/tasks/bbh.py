@@ -1,4 +1,5 @@
-"""BIG-Bench Hard: any ``bbh/<task>.json`` holding {"examples": [{"input", "target"}]}.
+"""BIG-Bench Hard: any ``bbh/<task>.json`` holding {"examples": [{"input", "target"}]},
+or, without a data folder, the task's hub copy (sources.py: one row per example).
 
 Zero-shot prompts are the BBH input exactly (the chat template wraps it).
 With few-shot K, the first K examples of the file are shown as
@@ -17,6 +18,7 @@ import re
 from pathlib import Path
 
 from caidllm.bench.tasks.base import BenchTask, Sample, Scored, final_answer, take
+from caidllm.bench.tasks.sources import load_from_hub
 from caidllm.errors import InputError
 
 _CHOICE_TARGET = re.compile(r"^\(([A-Z])\)$")
@@ -92,14 +94,27 @@ def build_prompt(question: str, shots: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
-def load(data_dir: Path, name: str, limit: int | None, fewshot: int) -> BenchTask:
+def hub_examples(what: str) -> tuple[list[dict], str]:
+    rows, where = load_from_hub(what, required=("input", "target"))
+    for lineno, ex in rows:
+        if not (isinstance(ex["input"], str) and isinstance(ex["target"], str)):
+            raise InputError(f'{what}: {where} line {lineno} must have string "input" and "target", got {ex!r:.80}')
+    return [ex for _, ex in rows], where
+
+
+def load(data_dir: Path | None, name: str, limit: int | None, fewshot: int) -> BenchTask:
     what = f"bbh:{name}"
-    path = data_dir / "bbh" / f"{name}.json"
-    if not name or "/" in name or not path.is_file():
-        names = available(data_dir)
-        raise InputError(f"{what}: no data file {path}; BBH tasks in {data_dir / 'bbh'}: "
-                         f"{', '.join(names) if names else 'none'}")
-    examples = read_examples(path, what)
+    if "/" in name:
+        raise InputError(f"{what}: a BBH task name has no '/'")
+    if data_dir is None:
+        examples, path = hub_examples(what)
+    else:
+        path = data_dir / "bbh" / f"{name}.json"
+        if not path.is_file():
+            names = available(data_dir)
+            raise InputError(f"{what}: no data file {path}; BBH tasks in {data_dir / 'bbh'}: "
+                             f"{', '.join(names) if names else 'none'}")
+        examples = read_examples(path, what)
     shots, chosen = take(list(enumerate(examples)), limit, fewshot, what)
     shot_examples = [ex for _, ex in shots]
     samples = [Sample(id=f"{what}/{i}", prompt=build_prompt(ex["input"], shot_examples), reference=ex["target"])

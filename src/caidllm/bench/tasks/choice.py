@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from caidllm.bench.tasks.base import BenchTask, Sample, Scored, field_of, final_answer, normalise_text, read_jsonl, take
+from caidllm.bench.tasks.base import BenchTask, Sample, Scored, field_of, final_answer, normalise_text, take
+from caidllm.bench.tasks.sources import task_records
 from caidllm.errors import InputError
 
 _NUMBER = re.compile(r"^(?:option|solution|answer|choice)?\s*\(?([12])\)?(?=$|[\s.:,)])", re.IGNORECASE)
@@ -41,9 +42,9 @@ def _samples(records, make) -> list[Sample]:
     return [make(lineno, r) for lineno, r in records]
 
 
-def load_piqa(data_dir: Path, limit: int | None) -> BenchTask:
-    path = data_dir / "piqa" / "validation.jsonl"
-    records = read_jsonl(path, "piqa", required=("goal", "sol1", "sol2", "label"))
+def load_piqa(data_dir: Path | None, limit: int | None) -> BenchTask:
+    """From DATA/piqa/validation.jsonl, or the hub copy without a data folder (sources.py)."""
+    records, path = task_records("piqa", data_dir, required=("goal", "sol1", "sol2", "label"))
 
     def make(lineno, r):
         goal, sol1, sol2 = (field_of(r, k, str, path, lineno, "piqa") for k in ("goal", "sol1", "sol2"))
@@ -56,12 +57,12 @@ def load_piqa(data_dir: Path, limit: int | None) -> BenchTask:
 
     _, chosen = take(records, limit, 0, "piqa")
     return BenchTask(name="piqa", metric="exact_match", samples=_samples(chosen, make),
-                     scorer=lambda text, s: score_choice(text, *s.reference), source=str(path))
+                     scorer=lambda text, s: score_choice(text, *s.reference), source=path)
 
 
-def load_winogrande(data_dir: Path, limit: int | None) -> BenchTask:
-    path = data_dir / "winogrande" / "validation.jsonl"
-    records = read_jsonl(path, "winogrande", required=("sentence", "option1", "option2", "answer"))
+def load_winogrande(data_dir: Path | None, limit: int | None) -> BenchTask:
+    """From DATA/winogrande/validation.jsonl, or the hub copy without a data folder (sources.py)."""
+    records, path = task_records("winogrande", data_dir, required=("sentence", "option1", "option2", "answer"))
 
     def make(lineno, r):
         sentence, o1, o2 = (field_of(r, k, str, path, lineno, "winogrande") for k in ("sentence", "option1", "option2"))
@@ -74,4 +75,4 @@ def load_winogrande(data_dir: Path, limit: int | None) -> BenchTask:
 
     _, chosen = take(records, limit, 0, "winogrande")
     return BenchTask(name="winogrande", metric="exact_match", samples=_samples(chosen, make),
-                     scorer=lambda text, s: score_choice(text, *s.reference), source=str(path))
+                     scorer=lambda text, s: score_choice(text, *s.reference), source=path)

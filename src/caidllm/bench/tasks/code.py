@@ -18,7 +18,8 @@ import re
 from pathlib import Path
 
 from caidllm.bench.sandbox import Limits, run_program
-from caidllm.bench.tasks.base import BenchTask, Sample, Scored, field_of, read_jsonl, take
+from caidllm.bench.tasks.base import BenchTask, Sample, Scored, field_of, take
+from caidllm.bench.tasks.sources import task_records
 from caidllm.errors import InputError
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -72,9 +73,9 @@ def load_humaneval(limit: int | None, limits: Limits) -> BenchTask:
             humaneval_program(s.reference["prompt"], text, s.reference["test"], s.reference["entry_point"]), limits))
 
 
-def load_mbpp(data_dir: Path, limit: int | None, limits: Limits) -> BenchTask:
-    path = data_dir / "mbpp" / "test.jsonl"
-    records = read_jsonl(path, "mbpp", required=("task_id", "text", "test_list"))
+def load_mbpp(data_dir: Path | None, limit: int | None, limits: Limits) -> BenchTask:
+    """From DATA/mbpp/test.jsonl, or the hub copy without a data folder (sources.py)."""
+    records, path = task_records("mbpp", data_dir, required=("task_id", "text", "test_list"))
     _, chosen = take(records, limit, 0, "mbpp")
     samples = []
     for lineno, r in chosen:
@@ -88,5 +89,5 @@ def load_mbpp(data_dir: Path, limit: int | None, limits: Limits) -> BenchTask:
         prompt = (f"{text}\nYour code should pass these tests:\n" + "\n".join(tests)
                   + "\nWrite the Python code in a ```python code block.")
         samples.append(Sample(id=f"mbpp/{r['task_id']}", prompt=prompt, reference=(tests, setup)))
-    return BenchTask(name="mbpp", metric="pass@1", samples=samples, source=str(path),
+    return BenchTask(name="mbpp", metric="pass@1", samples=samples, source=path,
                      scorer=lambda text, s: score_program(mbpp_program(text, *s.reference), limits))

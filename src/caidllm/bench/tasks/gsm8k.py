@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from caidllm.bench.tasks.base import BenchTask, Sample, Scored, field_of, read_jsonl, take
+from caidllm.bench.tasks.base import BenchTask, Sample, Scored, field_of, take
+from caidllm.bench.tasks.sources import task_records
+from caidllm.errors import InputError
 
 _STRICT = (
     re.compile(r"#### ?(\$?-?[0-9.,]*[0-9])"),
@@ -77,22 +79,20 @@ def build_prompt(question: str, shots: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
-def load(data_dir: Path, limit: int | None, fewshot: int) -> BenchTask:
-    path = data_dir / "gsm8k" / "test.jsonl"
-    records = read_jsonl(path, "gsm8k", required=("question", "answer"))
+def load(data_dir: Path | None, limit: int | None, fewshot: int) -> BenchTask:
+    """From DATA/gsm8k/test.jsonl, or the hub copy without a data folder (sources.py)."""
+    records, path = task_records("gsm8k", data_dir, required=("question", "answer"))
     for lineno, r in records:
         field_of(r, "question", str, path, lineno, "gsm8k")
         field_of(r, "answer", str, path, lineno, "gsm8k")
         if "####" not in r["answer"]:
-            from caidllm.errors import InputError
-
             raise InputError(f"gsm8k: {path} line {lineno}: answer has no '#### N' final line")
     shots, chosen = take(records, limit, fewshot, "gsm8k")
     shot_records = [r for _, r in shots]
     samples = [Sample(id=f"gsm8k/{lineno}", prompt=build_prompt(r["question"], shot_records),
                       reference=gold_answer(r["answer"])) for lineno, r in chosen]
     return BenchTask(name="gsm8k", metric="exact_match", samples=samples,
-                     scorer=lambda text, s: score_text(text, s.reference), source=str(path), fewshot=fewshot,
+                     scorer=lambda text, s: score_text(text, s.reference), source=path, fewshot=fewshot,
                      extra_metrics=("flexible",),
                      notes="accuracy = strict match ('#### N' / 'The answer is N'); "
                            "accuracy_flexible = last number in the text")

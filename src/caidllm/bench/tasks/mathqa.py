@@ -1,6 +1,8 @@
-"""MathQA from a user file (JSON lines, or the original JSON array) with the
-MathQA fields: ``Problem``, ``options`` ("a ) 38 , b ) 27.675 , ..." or a
-list of "a ) 38" strings) and ``correct`` (a letter a-e).
+"""MathQA: the test split (``mathqa``: DATA/mathqa/test.jsonl, or the hub
+copy without a data folder), or a user file (``mathqa:FILE``); JSON lines, or
+the original JSON array, with the MathQA fields: ``Problem``, ``options``
+("a ) 38 , b ) 27.675 , ..." or a list of "a ) 38" strings) and ``correct``
+(a letter a-e).
 
 The prompt lists the options as "(a) ..." and asks for the letter; an answer
 is correct when it names the right letter ("c", "(c)", "c) 30") or the
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from caidllm.bench.tasks.base import (BenchTask, Sample, Scored, field_of, final_answer, normalise_text,
                                       read_json_or_jsonl, take)
+from caidllm.bench.tasks.sources import task_records
 from caidllm.errors import InputError
 
 _OPTION = re.compile(r"([a-e])\s*\)\s*(.*?)\s*(?=(?:,\s*[a-e]\s*\))|$)", re.IGNORECASE | re.DOTALL)
@@ -51,12 +54,25 @@ def build_prompt(problem: str, options: dict[str, str]) -> str:
     return f"{problem}\nOptions:\n{listed}\nAnswer with the letter of the correct option."
 
 
+REQUIRED = ("Problem", "options", "correct")
+
+
 def load(path: str, limit: int | None, data_dir: Path | None) -> BenchTask:
+    """`mathqa:FILE`: a user file (relative paths may also be inside the data folder)."""
     file = Path(path).expanduser()
     if not file.exists() and data_dir is not None and (data_dir / path).exists():
         file = data_dir / path
     what = f"mathqa:{path}"
-    records = read_json_or_jsonl(file, what, required=("Problem", "options", "correct"))
+    return build(what, read_json_or_jsonl(file, what, required=REQUIRED), str(file), limit)
+
+
+def load_test_split(data_dir: Path | None, limit: int | None) -> BenchTask:
+    """`mathqa`: DATA/mathqa/test.jsonl, or the hub copy without a data folder."""
+    records, where = task_records("mathqa", data_dir, required=REQUIRED, reader=read_json_or_jsonl)
+    return build("mathqa", records, where, limit)
+
+
+def build(what: str, records: list[tuple[int, dict]], file: str, limit: int | None) -> BenchTask:
     samples = []
     _, chosen = take(records, limit, 0, what)
     for lineno, r in chosen:
@@ -72,4 +88,4 @@ def load(path: str, limit: int | None, data_dir: Path | None) -> BenchTask:
         samples.append(Sample(id=f"mathqa/{lineno}", prompt=build_prompt(problem, options),
                               reference=(options, correct)))
     return BenchTask(name=what, metric="exact_match", samples=samples,
-                     scorer=lambda text, s: score_text(text, *s.reference), source=str(file))
+                     scorer=lambda text, s: score_text(text, *s.reference), source=file)

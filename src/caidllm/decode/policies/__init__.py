@@ -14,16 +14,36 @@ import torch
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.policies import cai, threshold, vanilla
 from caidllm.decode.policies.base import StepView
+from caidllm.errors import InputError
 
 Policy = Callable[[StepView], torch.Tensor]
 
 
-def make_policy(config: DecodeConfig, gating: bool) -> tuple[Policy, tuple[str, ...]]:
-    if config.policy == "vanilla":
-        return vanilla.select, ("n_masked",)
-    if config.policy == "threshold":
-        return partial(threshold.select, threshold=config.threshold, factor=config.factor), ()
+def _vanilla(config: DecodeConfig, gating: bool):
+    return vanilla.select, ("n_masked",)
+
+
+def _threshold(config: DecodeConfig, gating: bool):
+    return partial(threshold.select, threshold=config.threshold, factor=config.factor), ()
+
+
+def _cai(config: DecodeConfig, gating: bool):
     return partial(cai.select, s=config.cai, gating=gating, fixed_threshold=config.threshold), ("low_yield_steps",)
 
 
-__all__ = ["StepView", "make_policy", "Policy"]
+# DecodeConfig.policy -> builder of (policy function, names of its per-row state tensors).
+POLICY_BUILDERS: dict[str, Callable[[DecodeConfig, bool], tuple[Policy, tuple[str, ...]]]] = {
+    "vanilla": _vanilla,
+    "threshold": _threshold,
+    "cai": _cai,
+}
+
+
+def make_policy(config: DecodeConfig, gating: bool) -> tuple[Policy, tuple[str, ...]]:
+    builder = POLICY_BUILDERS.get(config.policy)
+    if builder is None:
+        raise InputError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICY_BUILDERS)}")
+    return builder(config, gating)
+
+
+__all__ = ["StepView", "make_policy", "Policy", "POLICY_BUILDERS"]

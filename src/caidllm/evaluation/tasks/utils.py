@@ -3,7 +3,8 @@
 The data are read offline by caidllm.bench's loaders (the same prompts and
 scorers as ``caidllm bench``, so both harnesses agree), from the folder given
 by ``--metadata '{"data_dir": "DIR"}'``, else $CAIDLLM_DATA_DIR, else
-../shared/data from the current directory or the project root.
+../shared/data from the current directory or the project root; with no data
+folder, from the benchmarks' Hugging Face hub copies (caidllm.bench.tasks.sources).
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from caidllm.bench.datadir import candidates, default_data_dir
+from caidllm.bench.datadir import default_data_dir
 from caidllm.bench.tasks import load_task, reference_scorer
-from caidllm.errors import InputError
 
 METRIC_NAMES = {"exact_match": "exact_match", "pass@1": "pass_at_1", "f1": "f1", "rougeL": "rougeL"}
 
@@ -23,11 +23,7 @@ def dataset(task: str, data_dir: str | None = None, limit: int | None = None, **
     (a `caidllm bench --task` spec)."""
     import datasets
 
-    folder = Path(data_dir).expanduser() if data_dir else default_data_dir()
-    if folder is None and task.split(":")[0] in ("gsm8k", "bbh", "mbpp", "piqa", "winogrande"):
-        raise InputError(f"lm-eval task {task}: no benchmark data folder; pass --metadata "
-                         f"'{{\"data_dir\": \"DIR\"}}' or set CAIDLLM_DATA_DIR (looked in: "
-                         f"{', '.join(map(str, candidates()))})")
+    folder = Path(data_dir).expanduser() if data_dir else default_data_dir()  # None: the hub copy
     bench_task = load_task(task, data_dir=folder, limit=limit)
     rows = [{"id": s.id, "task": task, "prompt": s.prompt, "reference": json.dumps(s.reference)}
             for s in bench_task.samples]
