@@ -225,14 +225,14 @@ class Engine:
         mask_id = self.lm.config.mask_id
         temperatures = {r.config.temperature for r in members}
         if temperatures == {0}:
-            return predict(logits, mask_id, 0.0, None)
+            return predict(logits, mask_id, 0.0, None, consume=True)
         predicted = torch.empty(logits.shape[:2], dtype=torch.long, device=logits.device)
         confidence = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
         for temperature in sorted(temperatures):
             idx = [i for i, r in enumerate(members) if r.config.temperature == temperature]
             gens = [members[i].generator for i in idx] if temperature > 0 else None
             at = to_device(idx, logits.device)
-            predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, gens)
+            predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, gens, consume=True)
         return predicted, confidence
 
     def _select(self, members, predicted, confidence, masked) -> torch.Tensor:
