@@ -221,6 +221,23 @@ def test_predict_leaves_the_callers_logits_unchanged(llada_lm):
     assert torch.equal(bf16, before.bfloat16())
 
 
+def test_predict_matches_torch_logsumexp_and_consuming_changes_nothing_else():
+    from caidllm.decode.sampling import predict
+
+    logits = torch.randn(3, 7, 500) * 4
+    logits[0, 0, :5] = 9.0  # a tie: the first index wins, as argmax
+    reference = logits.clone()
+    reference[..., 2] = float("-inf")
+    want_tokens = reference.argmax(-1)
+    want = torch.exp(reference.gather(-1, want_tokens[..., None]).squeeze(-1) - torch.logsumexp(reference, -1))
+    for consume in (False, True):
+        tokens, confidence = predict(logits.clone(), 2, 0.0, None, consume=consume)
+        assert torch.equal(tokens, want_tokens) and torch.equal(confidence, want)  # to the last bit
+    gens = lambda: [torch.Generator().manual_seed(i) for i in range(3)]  # noqa: E731
+    sampled = predict(logits.clone(), 2, 0.8, gens())
+    assert all(torch.equal(a, b) for a, b in zip(sampled, predict(logits.clone(), 2, 0.8, gens(), consume=True)))
+
+
 def test_empty_token_id_prompt_is_named(llada_lm):
     with pytest.raises(InputError, match="prompt 0 is an empty list of token ids"):
         llada_lm.generate([[]], gen_length=GEN, block_length=BLOCK)
