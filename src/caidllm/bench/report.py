@@ -45,6 +45,10 @@ def markdown(report: dict) -> str:
         "Energy in joules, n/a where not measurable. Ctrl = share of wall time spent in the commit policy.",
         "",
     ]
+    ran = s.get("settings_file")
+    if ran:
+        values = ", ".join(f"{k}={v}" for k, v in ran["cai"].items()) or "none"
+        lines += [f"Settings file `{ran['source']}`: row `{ran['name']}` is `{ran['method']}` with {values}.", ""]
     by_task: dict[str, list[dict]] = {}
     for row in report["results"]:
         by_task.setdefault(row["task"], []).append(row)
