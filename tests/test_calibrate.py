@@ -1,7 +1,6 @@
 """caidllm calibrate: the selection rule on made-up numbers, the search's bounds and determinism, and one
 tiny run end to end (a few samples, a budget of a few settings)."""
 
-import json
 
 import pytest
 
@@ -18,7 +17,8 @@ def trial(label, accuracy, nfe, wall=1.0):
 def test_selection_rule_on_made_up_numbers():
     floor = floor_of(0.80, 1.0)  # vanilla 80%, one point allowed: 79%
     assert floor == pytest.approx(0.79)
-    start, faster_ok, faster_bad, slower = trial("s", 0.80, 10), trial("a", 0.79, 6), trial("b", 0.78, 3), trial("c", 0.9, 12)
+    start, faster_ok = trial("s", 0.80, 10), trial("a", 0.79, 6)
+    faster_bad, slower = trial("b", 0.78, 3), trial("c", 0.9, 12)
     assert better(faster_ok, start, floor, "nfe")  # at the floor exactly, and cheaper
     assert not better(faster_bad, start, floor, "nfe")  # cheaper but under the floor
     assert not better(slower, start, floor, "nfe")  # more accurate but slower: speed is the objective

@@ -7,7 +7,7 @@ import pytest
 
 from caidllm.cli import main
 from caidllm.decode import build_config
-from caidllm.decode.settings_file import Settings, load_settings, write_settings
+from caidllm.decode.settings_file import load_settings, write_settings
 from caidllm.errors import InputError
 from caidllm.serve.protocol import ServerDefaults, parse
 

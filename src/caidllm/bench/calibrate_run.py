@@ -64,7 +64,8 @@ class CalibrateOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if isinstance(self.max_loss, bool) or not isinstance(self.max_loss, (int, float)) or not 0 <= self.max_loss <= 100:
+        loss = self.max_loss
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss <= 100:
             raise InputError(f"max-loss must be a number of accuracy points in [0, 100], got {self.max_loss!r}")
         if any(kind_of(t) != "synthetic" for t in self.tasks):
             parse_slice(self.holdout)

@@ -93,7 +93,8 @@ def _from_dict(data: dict, source: str | None) -> Settings:
                          "write one with caidllm calibrate)")
     unknown = sorted(set(data) - TOP_LEVEL)
     if unknown:
-        raise InputError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(TOP_LEVEL))}")
+        raise InputError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(sorted(TOP_LEVEL))}")
     method, name = data.get("method", "cai"), data.get("name", "cai-calibrated")
     for key, value in (("method", method), ("name", name)):
         if not isinstance(value, str) or not value:
