@@ -143,6 +143,38 @@ def test_grinding_fires_after_exactly_K_low_yield_steps():
     assert (committed_at[(conf <= 0.40)] != 3).all()
 
 
+def test_grinding_exit_commits_every_masked_position_at_the_Kth_low_yield_step():
+    # Same case as above with grinding_action="exit": the 4th low-yield step commits the whole block,
+    # the 0.39 token and the 0.05 ones included; the "continue" steps before it are unchanged.
+    n = 64
+    first = torch.full((1, n), 0.3)
+    conf = torch.full((n,), 0.05)
+    conf[16:26] = torch.linspace(0.60, 0.50, 10)
+    conf[30], conf[31] = 0.45, 0.39
+    s = CAISettings(grinding_action="exit")
+    state = {"low_yield_steps": torch.zeros(1, dtype=torch.long)}
+    masked = torch.ones(1, n, dtype=torch.bool)
+    for t in range(3):
+        commit = cai.select(make_view(conf, masked=masked.clone(), first=first, step=t, state=state), s,
+                            gating=True, fixed_threshold=0.9)
+        assert commit.sum() == 1  # low-yield: no exit yet
+        masked &= ~commit
+    commit = cai.select(make_view(conf, masked=masked.clone(), first=first, step=3, state=state), s,
+                        gating=True, fixed_threshold=0.9)
+    assert commit[0].equal(masked[0])  # every position still masked, nothing already committed
+    assert int(commit.sum()) == n - 3
+
+
+def test_grinding_exit_only_for_rows_that_grind():
+    # Row 0 has been low-yield 3 steps (one more triggers), row 1 none: only row 0 exits.
+    conf = torch.full((2, 8), 0.05)
+    state = {"low_yield_steps": torch.tensor([3, 0])}
+    commit = cai.select(make_view(conf, first=torch.full((2, 8), 0.3), step=5, state=state),
+                        CAISettings(grinding_action="exit"), gating=True, fixed_threshold=0.9)
+    assert commit[0].all() and int(commit[1].sum()) == 1
+    assert state["low_yield_steps"].tolist() == [0, 1]
+
+
 def test_cai_commits_above_position_threshold():
     # Step 0 of block 1: theta_b = 0.90; first quarter threshold 0.72, last quarter 0.98.
     conf = torch.full((64,), 0.80)
@@ -217,6 +249,7 @@ def test_factor_rule():
     (dict(block_end_decay=-0.1), "cai.block_end_decay must be a number >= 0"),
     (dict(warmup="0.1"), r"cai.warmup must be in \[0, 1\)"),
     (dict(gating="yes"), "cai.gating must be True, False or None"),
+    (dict(grinding_action="stop"), "cai.grinding_action must be one of continue, exit, got 'stop'"),
 ])
 def test_bad_config_values(kwargs, message):
     with pytest.raises(InputError, match=message):
@@ -235,6 +268,7 @@ def test_presets_and_overrides():
     assert build_config("cai-gate-off").cai.gating is False
     assert build_config("cai-gate-on").cai.gating is True
     assert build_config("cai").cai.gating is None
+    assert build_config("cai-exit").cai.grinding_action == "exit"
     assert build_config("cai", gating=False, cai={"theta_start": 0.8}).cai.theta_start == 0.8
     assert build_config("cai", gen_length=128, block_length=32).steps_per_block == 32
     assert build_config("vanilla", gen_length=128, block_length=32, steps=64).steps_per_block == 16

@@ -1,4 +1,4 @@
-"""Command line: `caidllm generate`, `train`, `bench`, `serve`, `loadtest`.
+"""Command line: `caidllm generate`, `train`, `bench`, `calibrate`, `serve`, `loadtest`.
 
 A thin front end over the public API. Bad input prints one line naming the
 problem and exits with status 2; any other failure exits non-zero too.
@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from caidllm.bench.calibrate_cli import register as register_calibrate
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import build_config, method_names
@@ -49,14 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="answer one or more prompts")
     gen.add_argument("prompts", nargs="+", metavar="PROMPT")
     add_model_arguments(gen)
-    gen.add_argument("--method", default="cai", help=f"one of: {', '.join(method_names())}")
+    gen.add_argument("--method", default=None,
+                     help=f"one of: {', '.join(method_names())} (default: the settings file's method, else cai)")
     add_decoding_arguments(gen)
+    gen.add_argument("--settings", default=None, metavar="FILE",
+                     help="CAI settings file (from caidllm calibrate) applied over the method's preset")
     gen.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     gen.set_defaults(handler=run_generate)
 
     register_train(sub, "train")
     register_bench(sub, "bench")
+    register_calibrate(sub, "calibrate")
     register_serve(sub, "serve")
     register_loadtest(sub, "loadtest")
     return parser
@@ -73,18 +78,27 @@ def load_model(args):
 
 
 def run_generate(args) -> int:
-    settings = dict(method=args.method, gen_length=args.gen_length, block_length=args.block_length,
-                    steps=args.steps, cache=args.cache, threshold=args.threshold, temperature=args.temperature,
-                    seed=args.seed, early_stop=not args.no_early_stop)
-    build_config(**settings)  # a bad method or setting fails before the (possibly slow) model load
+    settings = None
+    if args.settings is not None:
+        from caidllm.decode.settings_file import load_settings
+
+        settings = load_settings(args.settings)  # a bad file fails before the model loads
+    method = args.method or (settings.method if settings else "cai")
+    options = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
+                   threshold=args.threshold, temperature=args.temperature, seed=args.seed,
+                   early_stop=not args.no_early_stop)
+    build_config(method, settings=settings, **options)  # a bad method or setting fails before the model load
     lm = load_model(args)
-    results = lm.generate(args.prompts, batch_size=args.batch_size, chat=not args.no_chat, **settings)
+    results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
+                          chat=not args.no_chat, **options)
+    ran = {"settings": settings.summary()} if settings else {}
+    label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):
         if args.json:
-            print(json.dumps({"prompt": prompt, **result.to_dict()}))
+            print(json.dumps({"prompt": prompt, **result.to_dict(), **ran}))
         else:
             print(result.text.strip())
-            print(f"[{result.method}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
+            print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
                   f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}]")
     return 0
 

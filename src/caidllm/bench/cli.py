@@ -38,6 +38,9 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     p.add_argument("--methods", default="vanilla,fastdllm,cai",
                    help="comma-separated presets, the first is the speedup baseline (default vanilla,fastdllm,cai); "
                         f"known: {', '.join(method_names())}")
+    p.add_argument("--settings", default=None, metavar="FILE",
+                   help="a settings file from caidllm calibrate: its CAI values run as one more method row, named "
+                        "by the file (default cai-calibrated), beside the presets of --methods")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples of each task")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--gen-length", type=int, default=256)
@@ -68,21 +71,27 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     return p
 
 
+def resolve_data_dir(data_dir: str | None, tasks: list[str]) -> str | None:
+    """--data-dir, else the default folder when some task reads one; None: the tasks load
+    their Hugging Face hub copies (tasks/sources.py)."""
+    if data_dir is not None or not any(reads_data_folder(spec) for spec in tasks):
+        return data_dir
+    found = default_data_dir()
+    return None if found is None else str(found)
+
+
 def settings_from_args(args) -> BenchSettings:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     tasks = args.tasks or []
     for spec in tasks:
         kind_of(spec)  # unknown task names fail before anything else
-    data_dir = args.data_dir
-    if data_dir is None and any(reads_data_folder(spec) for spec in tasks):
-        found = default_data_dir()  # None: the tasks load their Hugging Face hub copies (tasks/sources.py)
-        data_dir = None if found is None else str(found)
+    data_dir = resolve_data_dir(args.data_dir, tasks)
     return BenchSettings(
         model=args.model, tasks=tasks, methods=methods, limit=args.limit, batch_size=args.batch_size,
         gen_length=args.gen_length, block_length=args.block_length, data_dir=data_dir, out=args.out,
         device=args.device, dtype=args.dtype, early_stop=not args.no_early_stop, seed=args.seed,
         temperature=args.temperature, fewshot=args.fewshot, chat=not args.no_chat, warmup=not args.no_warmup,
-        progress=args.progress, code_timeout=args.code_timeout, compile=args.compile,
+        progress=args.progress, code_timeout=args.code_timeout, compile=args.compile, settings_file=args.settings,
     )
 
 

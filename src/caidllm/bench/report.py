@@ -55,6 +55,10 @@ def markdown(report: dict) -> str:
     ]
     if s.get("random_weights"):
         lines[2:2] = ["**The weights are random: scores mean nothing; only speed and memory do.**", ""]
+    ran = s.get("settings_file")
+    if ran:
+        values = ", ".join(f"{k}={v}" for k, v in ran["cai"].items()) or "none"
+        lines += [f"Settings file `{ran['source']}`: row `{ran['name']}` is `{ran['method']}` with {values}.", ""]
     by_task: dict[str, list[dict]] = {}
     for row in report["results"]:
         by_task.setdefault(row["task"], []).append(row)

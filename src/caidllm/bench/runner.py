@@ -87,6 +87,24 @@ class BenchSettings:
     progress: bool | None = None  # None: only when stderr is a terminal
     code_timeout: float = 10.0
     compile: bool = False
+    # A settings file (caidllm calibrate): its values run as one more method row, named by the file
+    # ("cai-calibrated"), beside the presets listed (appended if --methods does not name it).
+    settings_file: str | None = None
+    _loaded: object = field(default=None, init=False, repr=False, compare=False)
+
+    def loaded_settings(self):
+        if self.settings_file is not None and self._loaded is None:
+            from caidllm.decode.settings_file import load_settings
+
+            self._loaded = load_settings(self.settings_file)
+        return self._loaded
+
+    def method_options(self, method: str) -> tuple[str, dict]:
+        """(preset, extra generate() keywords) of a method row."""
+        loaded = self.loaded_settings()
+        if loaded is not None and method == loaded.name:
+            return loaded.method, {"settings": loaded}
+        return method, {}
 
     def check(self) -> None:
         if not self.tasks:
@@ -94,6 +112,14 @@ class BenchSettings:
         if not self.methods:
             raise InputError(f"no method given; choose from {', '.join(method_names())}")
         known = method_names()
+        loaded = self.loaded_settings()
+        if loaded is not None:
+            if loaded.name in known:
+                raise InputError(f"settings file {self.settings_file}: its name {loaded.name!r} is a preset's; "
+                                 "give it another \"name\"")
+            if loaded.name not in self.methods:
+                self.methods = [*self.methods, loaded.name]
+            known = [*known, loaded.name]
         for m in self.methods:
             if m not in known:
                 raise InputError(f"unknown method {m!r}; choose from {', '.join(known)}")
@@ -112,8 +138,21 @@ class BenchSettings:
         if not (isinstance(self.code_timeout, (int, float)) and self.code_timeout > 0):
             raise InputError(f"code-timeout must be a positive number of seconds, got {self.code_timeout!r}")
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
-            build_config(m, gen_length=self.gen_length, block_length=self.block_length,
+            preset, extra = self.method_options(m)
+            build_config(preset, **extra, gen_length=self.gen_length, block_length=self.block_length,
                          temperature=self.temperature, early_stop=self.early_stop)
+
+
+def _check_not_calibrated_on(settings: BenchSettings, tasks: list[BenchTask]) -> None:
+    """A settings file's held-out samples must not be evaluated: that would grade it on its own training set."""
+    loaded = settings.loaded_settings()
+    for task in tasks if loaded is not None else ():
+        seen = loaded.held_out_ids(task.name)
+        overlap = [s.id for s in task.samples if s.id in seen]
+        if overlap:
+            raise InputError(f"settings file {settings.settings_file} was calibrated on {len(overlap)} of the "
+                             f"samples of {task.name} evaluated here (first: {overlap[0]}); evaluate other samples "
+                             "(e.g. a smaller --limit) or calibrate on a disjoint slice")
 
 
 # ---- entry point -------------------------------------------------------------
@@ -139,6 +178,7 @@ def run_bench(settings: BenchSettings, lm=None, log=None) -> dict | None:
         limits = Limits(timeout_s=float(settings.code_timeout))
         tasks = [load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot,
                            seed=settings.seed, code_limits=limits) for spec in settings.tasks]
+        _check_not_calibrated_on(settings, tasks)
         if lm is None:
             from caidllm.models import load
 
@@ -149,7 +189,8 @@ def run_bench(settings: BenchSettings, lm=None, log=None) -> dict | None:
         torch.manual_seed(settings.seed)
         chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None))
         encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
-        T = {m: build_config(m, gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block
+        T = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
+                             gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block
              for m in settings.methods}
         if settings.warmup:  # every rank warms up on its own share
             first = encoded[tasks[0].name]
@@ -250,7 +291,8 @@ def _warm_up(lm, settings: BenchSettings, encoded: list[Encoded], log) -> None:
         return
     log(f"warm-up: one batch of {len(batch)} per method")
     for method in settings.methods:
-        lm.generate(batch, method=method, gen_length=settings.gen_length, block_length=settings.block_length,
+        preset, extra = settings.method_options(method)
+        lm.generate(batch, method=preset, **extra, gen_length=settings.gen_length, block_length=settings.block_length,
                     temperature=settings.temperature, seed=settings.seed, early_stop=settings.early_stop,
                     batch_size=len(batch), chat=False)
     sync(lm)
@@ -270,6 +312,7 @@ def _settings_dict(s: BenchSettings, lm, tasks: list[BenchTask], data_dir, chat:
         "model_path": str(lm.path) if getattr(lm, "path", None) else None,
         "random_weights": bool(getattr(lm, "random_weights", False)),
         "compile": bool(getattr(lm, "compiled", False)),
+        "settings_file": s.loaded_settings().summary() if s.settings_file else None,
         "family": lm.config.family,
         "device": str(device),
         "gpu": gpu,

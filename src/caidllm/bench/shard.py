@@ -68,7 +68,9 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
         sync(lm)
         started = time.perf_counter()
         try:
-            out_batch = lm.generate([encoded[i].ids for i in batch], method=method, gen_length=settings.gen_length,
+            preset, extra = settings.method_options(method)
+            out_batch = lm.generate([encoded[i].ids for i in batch], method=preset, **extra,
+                                    gen_length=settings.gen_length,
                                     block_length=settings.block_length, temperature=settings.temperature,
                                     seed=settings.seed, early_stop=settings.early_stop, batch_size=len(batch),
                                     chat=False)

@@ -18,7 +18,7 @@ from caidllm.errors import InputError
 def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_length: int = 64,
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
              temperature: float = 0.0, seed: int | None = None, early_stop: bool = True,
-             batch_size: int = 8, chat: bool = True, compile: bool = False,
+             batch_size: int = 8, chat: bool = True, compile: bool = False, settings=None,
              **overrides) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a
     method preset; any keyword given overrides the preset's value.
@@ -26,8 +26,11 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
     A client of the step-level engine: every prompt is submitted, at most
     `batch_size` decode together, and a finished one's slot goes to the next
     at once. compile=True: the model runs its norms and MLPs through torch.compile from
-    then on (models/compiled.py). Each result's elapsed_s, controller_s and forward_s are those of the whole run."""
-    config = build_config(method, gen_length=gen_length, block_length=block_length, steps=steps, cache=cache,
+    then on (models/compiled.py). `settings`: a settings file (path or loaded, see
+    decode/settings_file.py) whose CAI values apply under the keywords. Each result's elapsed_s,
+    controller_s and forward_s are those of the whole run."""
+    config = build_config(method, settings=settings, gen_length=gen_length, block_length=block_length, steps=steps,
+                          cache=cache,
                           threshold=threshold, temperature=temperature, seed=seed, early_stop=early_stop,
                           **overrides)
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

@@ -17,6 +17,10 @@ from caidllm.models.skip import DEFAULT_ALPHA, DEFAULT_SCHEDULE, check_alpha, ch
 # "es": the dual cache with ES-dLLM early skipping inside each cached step (models/skip.py).
 CACHE_MODES = ("none", "prefix", "dual", "es")
 POLICIES = ("vanilla", "threshold", "cai")
+# What the CAI controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
+# fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
+# current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
+GRINDING_ACTIONS = ("continue", "exit")
 
 
 @dataclass
@@ -42,7 +46,8 @@ class CAISettings:
     budget_fractions: tuple[float, float, float] = (1 / 8, 1 / 2, 1.0)  # of T: easy / normal / hard (8/32/64 at T=64)
     grinding_yield: float = 1.5  # a step committing fewer tokens than this is low-yield
     grinding_patience: int = 4  # K low-yield steps in a row trigger the fallback
-    fallback_threshold: float = 0.40  # on grinding, commit masked tokens with c > this
+    fallback_threshold: float = 0.40  # on grinding, commit masked tokens with c > this ("continue")
+    grinding_action: str = "continue"  # GRINDING_ACTIONS: go on after the fallback, or end the block there
 
 
 @dataclass
@@ -132,6 +137,9 @@ class DecodeConfig:
         for name in ("adaptive", "block_schedule", "position_factors"):
             if not isinstance(getattr(c, name), bool):
                 raise InputError(f"cai.{name} must be True or False, got {getattr(c, name)!r}")
+        if c.grinding_action not in GRINDING_ACTIONS:
+            raise InputError(f"cai.grinding_action must be one of {', '.join(GRINDING_ACTIONS)}, "
+                             f"got {c.grinding_action!r}")
         if c.gating is not None and not isinstance(c.gating, bool):
             raise InputError(f"cai.gating must be True, False or None (model default), got {c.gating!r}")
         return self

@@ -32,6 +32,8 @@ PRESETS: dict[str, dict] = {
     "cai-es": dict(policy="cai", cache="es"),
     "cai-gate-off": dict(policy="cai", cache="dual", cai=dict(gating=False)),
     "cai-gate-on": dict(policy="cai", cache="dual", cai=dict(gating=True)),
+    # Grinding as Algorithm 1 writes it: after K low-yield steps the block ends (BENCHMARKS.md compares both).
+    "cai-exit": dict(policy="cai", cache="dual", cai=dict(grinding_action="exit")),
     # Ablation ladder of the paper (Tables 3 and 11): APD alone, + block schedule, + position factors.
     "cai-apd": dict(policy="cai", cache="dual",
                     cai=dict(block_schedule=False, position_factors=False, gating=False)),
@@ -44,16 +46,32 @@ def method_names() -> list[str]:
     return list(PRESETS)
 
 
-def build_config(method: str, **overrides) -> DecodeConfig:
+def uses_cai(method: str) -> bool:
+    """Whether the preset runs the CAI controller (so a settings file applies to it)."""
+    return PRESETS.get(method, {}).get("policy") == "cai"
+
+
+def build_config(method: str, settings=None, **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored).
 
     Overrides may name any DecodeConfig field or any CAISettings field
-    (CAI fields may also be given as a dict under `cai`).
+    (CAI fields may also be given as a dict under `cai`). `settings`: a
+    settings file (path, dict or Settings, see settings_file.py) whose CAI
+    values go over the preset and under `overrides`; `method` must be a
+    CAI preset.
     """
     if method not in PRESETS:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
     preset = copy.deepcopy(PRESETS[method])
     cai_overrides = preset.pop("cai", {})
+    if settings is not None:
+        from caidllm.decode.settings_file import load_settings
+
+        settings = load_settings(settings)
+        if not uses_cai(method):
+            raise InputError(f"the settings {settings.source or ''} are CAI settings; method {method!r} does "
+                             f"not run the CAI controller (use {settings.method!r} or another cai preset)")
+        cai_overrides.update(copy.deepcopy(settings.cai))
     top = dict(preset)
     for key, value in overrides.items():
         if value is None:

@@ -32,6 +32,8 @@ def register(sub, name: str) -> None:
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429")
     p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
+    p.add_argument("--settings", default=None, metavar="FILE",
+                   help="CAI settings file (caidllm calibrate): the defaults of requests for its method")
     p.add_argument("--log-level", default="info")
     replicas.add_arguments(p)
     p.set_defaults(handler=run)
@@ -52,10 +54,18 @@ def settings_from(args, lm):
     defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
                               block_length=args.block_length,
                               max_gen_length=args.max_gen_length or lm.config.max_length,
-                              max_prompt_tokens=args.max_prompt_tokens)
+                              max_prompt_tokens=args.max_prompt_tokens, settings=_settings(args))
     return ServeSettings(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
                          api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
                          max_request_time=args.max_request_time)
+
+
+def _settings(args):
+    if getattr(args, "settings", None) is None:
+        return None
+    from caidllm.decode.settings_file import load_settings
+
+    return load_settings(args.settings)
 
 
 def run(args) -> int:
@@ -68,6 +78,7 @@ def run(args) -> int:
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return replicas.run(args)
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
+    _settings(args)  # a bad settings file fails before the model loads too
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background

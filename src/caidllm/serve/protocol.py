@@ -42,6 +42,7 @@ class ServerDefaults:
     max_gen_length: int = 1024  # the largest canvas a request may ask for
     max_prompt_tokens: int | None = None  # None: whatever fits the model's context
     max_prompts: int = 16  # prompts in one /v1/completions request
+    settings: object = None  # a calibrate settings file (Settings): its values are the defaults of its method
 
 
 @dataclass
@@ -162,7 +163,8 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
     if seed is not None and not _int(seed):
         raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
     try:
-        return build_config(method, temperature=float(temperature), seed=seed, **ext)
+        own = defaults.settings if defaults.settings is not None and defaults.settings.method == method else None
+        return build_config(method, settings=own, temperature=float(temperature), seed=seed, **ext)
     except InputError as error:
         raise RequestError(str(error), _param_named(str(error), ["method", *extensions])) from None
 

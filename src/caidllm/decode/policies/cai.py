@@ -10,7 +10,9 @@ forward, and hands it in as `view.first_confidence`. From it and the step t:
 - with confidence gating on: budgets B_i from s_i and position force a commit
   at t >= B_i (Box 5), and after K low-yield steps in a row every masked token
   with c > 0.40 is committed (Box 7, DESIGN.md's reading: the block then goes
-  on, the counter reset).
+  on, the counter reset); with grinding_action="exit" the block ends there
+  instead (Algorithm 1's break): every masked token is committed with its
+  current prediction, so the engine sees no mask left and moves on.
 At least the most confident masked token is committed at every step.
 """
 
@@ -98,10 +100,12 @@ def select(view: StepView, s: CAISettings, gating: bool, fixed_threshold: float)
 
 def _grinding_fallback(commit: torch.Tensor, view: StepView, s: CAISettings) -> torch.Tensor:
     """Count low-yield steps per row; after K in a row, commit every masked
-    token with confidence above the fallback threshold and reset the count."""
+    token with confidence above the fallback threshold and reset the count
+    ("continue"), or commit every masked token, which ends the block ("exit")."""
     counter = view.state["low_yield_steps"]
     low_yield = commit.sum(dim=1) < s.grinding_yield
     count = torch.where(low_yield, counter[view.rows] + 1, torch.zeros_like(counter[view.rows]))
     grinding = count >= s.grinding_patience
     counter[view.rows] = count.masked_fill(grinding, 0)
-    return commit | (grinding[:, None] & view.masked & (view.confidence > s.fallback_threshold))
+    forced = view.masked if s.grinding_action == "exit" else view.masked & (view.confidence > s.fallback_threshold)
+    return commit | (grinding[:, None] & forced)

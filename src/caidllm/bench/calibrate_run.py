@@ -1,0 +1,230 @@
+"""`caidllm calibrate`: held-out samples, their decodes, the settings file and its table.
+
+    from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
+    result = run_calibrate(CalibrateOptions(tasks=["synthetic:arithmetic"], out="runs/settings.json"))
+
+Held-out samples: the validation split of `synthetic:` tasks (the benchmark
+evaluates the test split), and for file-based tasks the slice START:END of
+the file given by `holdout` (the benchmark evaluates the first --limit
+examples: take a slice after them). Their ids go in the settings file, and
+`caidllm bench --settings` refuses to evaluate any of them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE, Trial, choose, coordinate_search, floor_of
+from caidllm.bench.metrics import mean
+from caidllm.bench.tasks import BenchTask, kind_of, load_task
+from caidllm.decode.presets import build_config, uses_cai
+from caidllm.decode.settings_file import Settings, write_settings
+from caidllm.errors import InputError
+
+
+@dataclass
+class CalibrateOptions:
+    tasks: list[str] = field(default_factory=list)
+    out: str | None = None  # the settings file to write (a .md table goes beside it)
+    model: str = "tiny"
+    method: str = "cai"  # the CAI preset searched from
+    name: str = "cai-calibrated"  # the row name bench gives the result
+    max_loss: float = 1.0  # accuracy points below vanilla allowed
+    budget: int = 20  # CAI settings decoded (the start included); vanilla is one more decode
+    objective: str = "nfe"
+    seed: int = 0
+    limit: int = 32  # held-out samples per synthetic task
+    holdout: str | None = None  # START:END of every file-based task
+    gen_length: int = 256
+    block_length: int = 64
+    batch_size: int = 8
+    data_dir: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    chat: bool = True
+    progress: bool | None = None
+
+    def check(self) -> None:
+        if not self.tasks:
+            raise InputError("no task given; pass --task at least once (e.g. --task synthetic:arithmetic)")
+        for spec in self.tasks:
+            kind_of(spec)
+        if len(set(self.tasks)) != len(self.tasks):
+            raise InputError(f"tasks listed twice in {', '.join(self.tasks)}")
+        if not self.out:
+            raise InputError("--out FILE is required: where to write the settings")
+        if not uses_cai(self.method):
+            raise InputError(f"method {self.method!r} does not run the CAI controller; calibrate a cai preset")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
+        for name in ("budget", "limit", "batch_size", "gen_length", "block_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        loss = self.max_loss
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss <= 100:
+            raise InputError(f"max-loss must be a number of accuracy points in [0, 100], got {self.max_loss!r}")
+        if any(kind_of(t) != "synthetic" for t in self.tasks):
+            parse_slice(self.holdout)
+        build_config(self.method, gen_length=self.gen_length, block_length=self.block_length)
+
+
+def parse_slice(text: str | None) -> tuple[int, int]:
+    """'200:250' -> (200, 250)."""
+    if text is None:
+        raise InputError("file-based tasks need --holdout START:END, a slice of the file kept for calibration "
+                         "(the benchmark evaluates the first --limit examples: take one after them, e.g. 200:250)")
+    start, sep, end = str(text).partition(":")
+    if not (sep and start.strip().isdigit() and end.strip().isdigit() and int(start) < int(end)):
+        raise InputError(f"--holdout must be START:END with 0 <= START < END, got {text!r}")
+    return int(start), int(end)
+
+
+def held_out_tasks(options: CalibrateOptions) -> list[BenchTask]:
+    from caidllm.bench.tasks import synthetic
+
+    data_dir = Path(options.data_dir).expanduser() if options.data_dir else None
+    tasks = []
+    for spec in options.tasks:
+        if kind_of(spec) == "synthetic":
+            tasks.append(synthetic.load(spec.partition(":")[2], options.limit, options.seed, split="validation"))
+            continue
+        start, end = parse_slice(options.holdout)
+        task = load_task(spec, data_dir=data_dir, limit=None, fewshot=0, seed=options.seed)
+        if start >= len(task.samples):
+            raise InputError(f"--holdout {options.holdout}: {spec} has only {len(task.samples)} examples")
+        task.samples = task.samples[start:end]
+        task.source = f"{task.source} [{start}:{start + len(task.samples)}]"
+        tasks.append(task)
+    return tasks
+
+
+def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
+    """Search, write the settings file and its table; returns {"settings", "trials", "chosen", "table"}."""
+    log = log or (lambda message: print(message, file=sys.stderr))
+    options.check()
+    tasks = held_out_tasks(options)
+    if lm is None:
+        from caidllm.models import load
+
+        log(f"loading model {options.model} ...")
+        lm = load(options.model, device=options.device, dtype=options.dtype)
+    encoded = {t.name: _encode(lm, t, options) for t in tasks}
+    evaluate = _evaluator(lm, options, tasks, encoded)
+    progress = _progress(options.budget + 1, options.progress)
+    vanilla = evaluate("vanilla", {}, method="vanilla")
+    progress.update(1)
+    floor = floor_of(vanilla.accuracy, options.max_loss)
+    vanilla.feasible = True
+
+    def on_trial(trial: Trial) -> None:
+        progress.update(1)
+        progress.set_postfix(acc=f"{100 * trial.accuracy:.1f}", nfe=f"{trial.nfe:.1f}")
+
+    trials = coordinate_search(start_values(lm, options.method), evaluate, options.budget, floor,
+                               options.objective, options.seed, on_trial)
+    progress.close()
+    chosen = choose(trials, floor, options.objective)
+    settings = Settings(method=options.method, name=options.name, cai=dict(chosen.values),
+                        calibration=_calibration(options, tasks, vanilla, trials, chosen, floor))
+    table = markdown_table(vanilla, trials, chosen, floor, options)
+    write_settings(options.out, settings)
+    Path(options.out).expanduser().with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+    return {"settings": settings, "trials": trials, "chosen": chosen, "vanilla": vanilla, "table": table}
+
+
+def start_values(lm, method: str) -> dict:
+    """The preset's values of the searched settings (gating resolved to the model's default)."""
+    cai = build_config(method).cai
+    values = {f.name: getattr(cai, f.name) for f in fields(cai) if f.name in SEARCH_SPACE}
+    if values.get("gating") is None:
+        values["gating"] = bool(lm.config.confidence_gating)
+    return values
+
+
+def _encode(lm, task: BenchTask, options: CalibrateOptions) -> list[list[int]]:
+    from caidllm.decode.api import tokenize_prompts
+
+    chat = options.chat and bool(getattr(lm.tokenizer, "chat_template", None))
+    ids = tokenize_prompts(lm, [s.prompt for s in task.samples], chat)
+    for sample, prompt in zip(task.samples, ids):
+        if len(prompt) + options.gen_length > lm.config.max_length:
+            raise InputError(f"{sample.id}: prompt of {len(prompt)} tokens + gen_length {options.gen_length} "
+                             f"exceeds the model's context of {lm.config.max_length} tokens")
+    return ids
+
+
+def _evaluator(lm, options: CalibrateOptions, tasks: list[BenchTask], encoded: dict):
+    def evaluate(label: str, values: dict, method: str = options.method) -> Trial:
+        per_task, nfes, wall = {}, [], 0.0
+        for task in tasks:
+            started = time.perf_counter()
+            results = lm.generate(encoded[task.name], method=method, gen_length=options.gen_length,
+                                  block_length=options.block_length, batch_size=options.batch_size, chat=False,
+                                  **values)
+            wall += time.perf_counter() - started
+            per_task[task.name] = mean(_score(task, r.text, s) for r, s in zip(results, task.samples))
+            nfes += [r.nfe for r in results]
+        return Trial(label, dict(values), accuracy=mean(per_task.values()), nfe=mean(nfes), wall_s=wall,
+                     per_task=per_task)
+    return evaluate
+
+
+def _score(task: BenchTask, text: str, sample) -> float:
+    try:
+        return task.score(text, sample).score
+    except Exception:  # noqa: BLE001 - a scorer crash counts as wrong, as in the benchmark
+        return 0.0
+
+
+def _trial_dict(t: Trial) -> dict:
+    return {"label": t.label, "values": {k: list(v) if isinstance(v, tuple) else v for k, v in t.values.items()},
+            "accuracy": t.accuracy, "per_task": t.per_task, "nfe": t.nfe, "wall_s": t.wall_s,
+            "feasible": t.feasible, "kept": t.kept}
+
+
+def _calibration(options, tasks, vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float) -> dict:
+    return {
+        "model": options.model, "tasks": [t.name for t in tasks], "objective": options.objective,
+        "max_loss_points": options.max_loss, "budget": options.budget, "seed": options.seed,
+        "gen_length": options.gen_length, "block_length": options.block_length, "batch_size": options.batch_size,
+        "held_out": {t.name: {"source": t.source, "ids": [s.id for s in t.samples]} for t in tasks},
+        "accuracy_floor": floor, "meets_floor": chosen.feasible,
+        "vanilla": _trial_dict(vanilla), "start": _trial_dict(trials[0]), "chosen": _trial_dict(chosen),
+        "search": [_trial_dict(t) for t in trials],
+        "note": "accuracy: mean over tasks of each task's mean score; nfe: per request; wall_s is provisional "
+                "(it depends on the machine's load)",
+    }
+
+
+def markdown_table(vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float, options) -> str:
+    names = list(vanilla.per_task)
+    header = ["#", "trial", "accuracy %", *names, "NFE", "wall s (provisional)", "meets floor", "kept"]
+    lines = [f"Calibration of `{options.method}` on {', '.join(names)}: objective {options.objective}, "
+             f"floor {100 * floor:.2f}% (vanilla {100 * vanilla.accuracy:.2f}% - {options.max_loss} points), "
+             f"budget {options.budget}, seed {options.seed}, gen_length {options.gen_length}, "
+             f"block_length {options.block_length}.", "",
+             "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for i, t in enumerate([vanilla, *trials]):
+        mark = "**" if t is chosen else ""
+        cells = [str(i), f"{mark}{t.label}{mark}", f"{100 * t.accuracy:.2f}",
+                 *(f"{100 * t.per_task[n]:.1f}" for n in names), f"{t.nfe:.2f}", f"{t.wall_s:.2f}",
+                 "yes" if t.feasible else "no", "" if t is vanilla else ("yes" if t.kept else "")]
+        lines.append("| " + " | ".join(cells) + " |")
+    start = trials[0]
+    verdict = "meets the floor" if chosen.feasible else "does NOT meet the floor (the most accurate trial is kept)"
+    changed = {k: v for k, v in chosen.values.items() if start.values.get(k) != v}
+    lines += ["", f"Chosen: {chosen.label} ({verdict}); NFE {chosen.nfe:.2f} against {start.nfe:.2f} at the start "
+                  f"and {vanilla.nfe:.2f} for vanilla; changed from the start: "
+                  f"{', '.join(f'{k}={v}' for k, v in changed.items()) or 'nothing'}."]
+    return "\n".join(lines)
+
+
+def _progress(total: int, enabled: bool | None):
+    from tqdm import tqdm
+
+    disable = (not sys.stderr.isatty()) if enabled is None else not enabled
+    return tqdm(total=total, desc="calibrate", unit="decode", file=sys.stderr, disable=disable, leave=False)
