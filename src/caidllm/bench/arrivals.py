@@ -25,7 +25,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import caidllm
 from caidllm.decode import build_config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE
 from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
-from caidllm.bench.tasks import kind_of
+
 
 EPILOG = """\
 held-out samples: the validation split of synthetic:<name> tasks; for file-based tasks (bbh:<name>, ...) the

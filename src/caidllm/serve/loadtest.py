@@ -11,13 +11,13 @@ latency, p50/p99 time to first committed text, and errors by kind.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
 from dataclasses import dataclass, field
 
 from caidllm.errors import InputError
+from caidllm.options import json_object_option
 
 
 @dataclass
@@ -133,12 +133,7 @@ def run(args) -> int:
     for name in ("concurrency", "requests"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    try:
-        body = json.loads(args.extra)
-    except json.JSONDecodeError as error:
-        raise InputError(f"--extra is not a JSON object: {error}") from None
-    if not isinstance(body, dict):
-        raise InputError("--extra must be a JSON object")
+    body = json_object_option(args.extra, "--extra", "object of request fields")
     if args.max_tokens:
         body["max_tokens"] = args.max_tokens
     if args.method:

@@ -16,9 +16,9 @@ This file only reads the flags; serve/ray_deployment.py holds the Ray code.
 
 from __future__ import annotations
 
-import json
 
 from caidllm.errors import InputError
+from caidllm.options import json_object_option
 
 
 def add_arguments(p) -> None:
@@ -48,12 +48,7 @@ def deployment_options(args, gpus_in_cluster: bool) -> dict:
     options = {"num_replicas": args.replicas,
                "ray_actor_options": {"num_gpus": 1} if gpus_in_cluster else {"num_cpus": 1}}
     if args.ray_options:
-        try:
-            extra = json.loads(args.ray_options)
-        except json.JSONDecodeError as e:
-            raise InputError(f"--ray-options is not valid JSON: {e.msg}") from None
-        if not isinstance(extra, dict):
-            raise InputError("--ray-options must be a JSON object of serve.deployment options")
+        extra = json_object_option(args.ray_options, "--ray-options", "object of serve.deployment options")
         if "autoscaling_config" in extra:
             options.pop("num_replicas")  # Ray Serve takes one or the other
         options.update(extra)
