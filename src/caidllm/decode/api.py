@@ -8,7 +8,6 @@ from typing import Sequence
 
 import torch
 
-from caidllm.decode.config import DecodeConfig
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
@@ -40,7 +39,6 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
 
         enable_compile(lm)
     token_prompts = tokenize_prompts(lm, prompts, chat)
-    check_canvas_fits(lm, token_prompts, config)
 
     engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts))
     started = time.perf_counter()
@@ -91,11 +89,3 @@ def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
 def _is_id_list(value, allow_empty: bool = False) -> bool:
     return isinstance(value, (list, tuple)) and (allow_empty or len(value) > 0) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
-def check_canvas_fits(lm, token_prompts: list[list[int]], config: DecodeConfig) -> None:
-    longest = max(len(p) for p in token_prompts)
-    if longest + config.gen_length > lm.config.max_length:
-        raise InputError(
-            f"prompt ({longest} tokens) + gen_length ({config.gen_length}) = {longest + config.gen_length} "
-            f"exceeds the model's context of {lm.config.max_length} tokens")

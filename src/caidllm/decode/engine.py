@@ -48,7 +48,7 @@ from caidllm.models.skip import EarlySkip
 from caidllm.models.transfer import to_device
 
 
-class PolicyTimer:
+class DeviceTimer:
     """Time spent in a part of the step (the commit policy, the model forwards). On CUDA,
     events around each call are read at the end, so the timing adds no host sync to the step
     (events already passed, as they are after the step's transfer, are read without one)."""
@@ -93,8 +93,8 @@ class Engine:
         self.queue: deque[Request] = deque()
         self.running: OrderedDict[str, Request] = OrderedDict()  # in admission order
         self._finished_ids: deque[str] = deque(maxlen=4096)  # for a clear error on a late cancel
-        self.policy_timer = PolicyTimer(lm.device)
-        self.forward_timer = PolicyTimer(lm.device)  # time inside the model forwards
+        self.policy_timer = DeviceTimer(lm.device)
+        self.forward_timer = DeviceTimer(lm.device)  # time inside the model forwards
         self.forwards = 0  # forward passes run (one per group per step)
         self.steps = 0
         c = lm.config
