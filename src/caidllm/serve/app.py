@@ -211,8 +211,12 @@ class Call:
     async def _run_all(self, on_delta) -> None:
         timeout = self.settings.max_request_time - (time.perf_counter() - self.received)
         tasks = [asyncio.ensure_future(self._follow(i, on_delta)) for i in range(len(self.handles))]
+        gathered = asyncio.gather(*tasks)
+        # When this call is cancelled (a client left) the gather ends with an error nobody awaits:
+        # read it here, so asyncio does not log it as lost.
+        gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+            await asyncio.wait_for(gathered, timeout)
         finally:
             for t in tasks:
                 t.cancel()
