@@ -48,6 +48,11 @@ class ModelConfig:
     cache_refresh_every: int
     torch_dtype: str  # the checkpoint's dtype name, e.g. "bfloat16"
     raw: dict = field(repr=False, compare=False, default_factory=dict)
+    # Block diffusion (LLaDA2.x, SDAR, tiny-bd): attention is block-causal (a position sees its own
+    # block and every earlier one), so a finished block's keys and values are exact and final.
+    # block_lengths: the block lengths the model decodes with (empty: any, for full-sequence models).
+    block_causal: bool = False
+    block_lengths: tuple[int, ...] = ()
 
 
 def detect_family(raw: dict, source: str = "config.json") -> str:
