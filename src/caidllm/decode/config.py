@@ -16,7 +16,9 @@ from caidllm.models.skip import DEFAULT_ALPHA, DEFAULT_SCHEDULE, check_alpha, ch
 
 # "es": the dual cache with ES-dLLM early skipping inside each cached step (models/skip.py).
 CACHE_MODES = ("none", "prefix", "dual", "es")
-POLICIES = ("vanilla", "threshold", "cai")
+POLICIES = ("vanilla", "threshold", "cai", "eb", "slowfast", "wino")
+# EB-Sampler's error proxies (policies/eb.py).
+EB_PROXIES = ("entropy", "confidence", "margin")
 # What the CAI controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
 # current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
@@ -67,6 +69,22 @@ class DecodeConfig:
     es_alpha: float = DEFAULT_ALPHA
     threshold: float = 0.9  # Fast-dLLM threshold rule, and CAI's fixed threshold when adaptive=False
     factor: float | None = None  # Fast-dLLM factor rule instead of the threshold rule
+    # EB-Sampler (policies/eb.py): the error budget gamma of a step and the error proxy.
+    eb_gamma: float = 0.01
+    eb_proxy: str = "entropy"
+    # SlowFast Sampling (policies/slowfast.py): exploratory steps per sub-cycle, the certainty
+    # threshold that marks the cycle's reach, the convergence window and its std bound, and the
+    # high-confidence threshold of the accelerated phase.
+    sf_explore_steps: int = 6
+    sf_cycle_threshold: float = 0.3
+    sf_window: int = 2
+    sf_std: float = 1.0
+    sf_high: float = 0.9
+    # WINO (policies/wino.py): draft (wide-in) and verify (narrow-out) thresholds, and the most
+    # steps a block may take (re-masking can undo progress; past it the rest is committed).
+    wino_draft: float = 0.6
+    wino_verify: float = 0.9
+    wino_max_steps: int = 256
     temperature: float = 0.0
     seed: int | None = None
     early_stop: bool = True
@@ -116,6 +134,9 @@ class DecodeConfig:
             raise InputError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise InputError(f"seed must be an integer or None, got {self.seed!r}")
+        from caidllm.decode.policies.checks import check_decoder_settings
+
+        check_decoder_settings(self)
         c = self.cai
         for name in ("theta_start", "theta_end", "block_end_floor", "fallback_threshold", "clip_low", "clip_high",
                      "easy_confidence", "hard_confidence"):
@@ -161,6 +182,11 @@ def _numbers(values, count: int) -> bool:
 def _check_unit_interval(name: str, value) -> None:
     if not (_is_number(value) and 0 < value <= 1):
         raise InputError(f"{name} must be in (0, 1], got {value!r}")
+
+
+def decoder_settings(config: DecodeConfig) -> tuple:
+    """The settings of the EB-Sampler / SlowFast / WINO policies (part of a request's policy key)."""
+    return tuple(getattr(config, f.name) for f in fields(config) if f.name.startswith(("eb_", "sf_", "wino_")))
 
 
 DECODE_FIELDS = {f.name for f in fields(DecodeConfig)} - {"cai", "method"}

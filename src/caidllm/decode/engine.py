@@ -36,9 +36,11 @@ from typing import Iterator
 
 import torch
 
-from caidllm.decode.config import DecodeConfig
+from caidllm.decode.config import DecodeConfig, decoder_settings
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView, make_policy
+from caidllm.decode.policies.base import distribution_stats
+from caidllm.decode.verify import token_probability, verify_forward
 from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.results import result_of
 from caidllm.decode.sampling import predict, request_generator
@@ -197,19 +199,37 @@ class Engine:
             r0 = members[0].config
             skip = EarlySkip(torch.stack([r.prev_confidence for r in members]),
                              torch.stack([r.just_committed for r in members]), masked, r0.es_schedule, r0.es_alpha)
-        # Every request was checked at submit and the Frame knows each row's first real column:
-        # the unchecked forward has no host sync.
+        verify = None
         with self.forward_timer:
-            logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
-                                end=[s + bl for s in starts], rows=frame.row_selector(slots, slot_ids), skip=skip,
-                                real_from=[frame.first_real(s) for s in slots])
+            if mode == "verify":  # WINO: each row alone, with its shadow block (policies/wino.py)
+                logits, verify = verify_forward(lm, frame, slots, starts, bl)
+            else:
+                # Every request was checked at submit and the Frame knows each row's first real column:
+                # the unchecked forward has no host sync.
+                logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
+                                    end=[s + bl for s in starts], rows=frame.row_selector(slots, slot_ids),
+                                    skip=skip, real_from=[frame.first_real(s) for s in slots])
         self.forwards += 1
+        stats = None
+        if any(getattr(r.policy, "needs_distribution", False) for r in members):
+            stats = distribution_stats(logits, lm.config.mask_id)  # before predict consumes the logits
+        if verify is not None:
+            verify = token_probability(verify, block, lm.config.mask_id)
         predicted, confidence = self._predict(logits, members)
         for i, r in enumerate(members):
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
-        commit = self._select(members, predicted, confidence, masked)
-        frame.canvas[slot_ids[:, None], columns] = torch.where(commit, predicted, block)
+        commit, remask = self._select(members, predicted, confidence, masked, stats, verify)
+        new_block = torch.where(commit, predicted, block)
+        if remask is not None:
+            new_block = new_block.masked_fill(remask, lm.config.mask_id)
+        if any(getattr(r.policy, "revises", False) for r in members):
+            # A revising policy's tokens are reported only once its block is final (no mask left).
+            revising = to_device([getattr(r.policy, "revises", False) for r in members], device).bool()[:, None]
+            final = ~(new_block == lm.config.mask_id).any(dim=1, keepdim=True)
+            commit = torch.where(revising, final.expand_as(commit), commit)
+            predicted = torch.where(revising, new_block, predicted)
+        frame.canvas[slot_ids[:, None], columns] = new_block
         for i, r in enumerate(members):
             if r.config.cache == "es":
                 r.prev_confidence, r.just_committed = confidence[i], commit[i]
@@ -235,13 +255,15 @@ class Engine:
             predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, gens, consume=True)
         return predicted, confidence
 
-    def _select(self, members, predicted, confidence, masked) -> torch.Tensor:
-        """Each group of rows with the same policy settings, step and block runs its policy once."""
+    def _select(self, members, predicted, confidence, masked, stats=None, verify=None):
+        """Each group of rows with the same policy settings, step and block runs its policy once.
+        Returns what to commit and what to send back to the mask (None: nothing anywhere)."""
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(members):
             groups[(r.policy_key, r.step, r.block)].append(i)
         first = torch.stack([r.block_first_confidence for r in members])
         commit = torch.zeros_like(masked)
+        remask = None
         for idx in groups.values():
             r0 = members[idx[0]]
             whole = len(idx) == len(members)
@@ -251,15 +273,22 @@ class Engine:
             view = StepView(confidence=confidence[at], predicted=predicted[at], masked=masked[at],
                             first_confidence=first[at], step=r0.step, total_steps=T, block_index=r0.block,
                             rows=torch.arange(len(idx), device=masked.device), state=state)
+            if stats is not None:
+                view.entropy, view.second = stats[0][at], stats[1][at]
+            if verify is not None:
+                view.verify_confidence = verify[at]
             with self.policy_timer:
                 chosen = r0.policy(view) & view.masked
-            if r0.step == T - 1:  # the last step commits whatever is left: no mask ever leaves the engine
-                chosen = view.masked
+            if r0.step == r0.step_limit - 1:  # the last step commits whatever is left: no mask ever leaves the engine
+                chosen, view.remask = view.masked, None
+            if view.remask is not None:
+                remask = torch.zeros_like(masked) if remask is None else remask
+                remask[at] = view.remask
             for j, i in enumerate(idx):
                 for name in r0.state_names:
                     members[i].state[name] = state[name][j:j + 1]
             commit[at] = chosen
-        return commit
+        return commit, remask
 
     def _record(self, r: Request, commits: list[bool], tokens: list[int], confidences: list[float],
                 pairs: int) -> CommitEvent:
@@ -317,11 +346,14 @@ class Engine:
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
+        if config.policy == "wino" and lm.model.extra_left:
+            raise InputError(f"decoder 'wino' needs the verify forward (a shadow block with unshifted logits), which "
+                             f"model family {lm.config.family!r} does not have (it predicts position i from i - 1)")
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
         refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
         policy, state_names = make_policy(config, gating)
         policy_key = (config.policy, config.threshold, config.factor, dataclasses.astuple(config.cai), gating,
-                      config.steps_per_block)
+                      config.steps_per_block, decoder_settings(config))
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names, policy_key, generator)
 

@@ -83,8 +83,17 @@ class Request:
         """This step's forward: a full one without a cache, at the block start and
         every f steps (a refresh); the cached mode otherwise."""
         c, t = self.config, self.step
+        if c.policy == "wino":
+            return "verify"
         refresh = c.cache == "none" or t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
         return "full" if refresh else c.cache
+
+    @property
+    def step_limit(self) -> int:
+        """Steps a block may take; its last commits whatever is left. A policy that re-masks
+        (WINO) may need more than the schedule's T."""
+        c = self.config
+        return c.wino_max_steps if c.policy == "wino" else c.steps_per_block
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}

@@ -142,6 +142,19 @@ class DiffusionLM:
             skip.kept = ctx.index[:, extra:] - start_t[:, None]
         return logits
 
+    @torch.no_grad()
+    def forward_with_attention(self, ids: torch.Tensor, positions: torch.Tensor, attention: torch.Tensor,
+                               targets: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [R, k, V] at columns ``targets`` [R, k] of a canvas ``ids`` [R, n] whose
+        RoPE ``positions`` [R, n] and query-by-key ``attention`` [R, 1, n, n] (bool, True = attends)
+        the caller gives: no padding, no cache. For decoders whose forward is not a plain canvas
+        (WINO's shadow block, decode/verify.py); the logits are position-aligned only for
+        families without a shift (Dream predicts i from i - 1: the caller must not use it there)."""
+        c = self.config
+        ctx = Context.build(torch.ones_like(ids, dtype=torch.bool), positions, c.head_dim, c.rope_theta)
+        ctx.key_mask, ctx.targets = attention, targets
+        return self.model(ids, ctx)
+
     def new_cache(self, batch_size: int, length: int, *, skip_schedule=None) -> KVCache:
         """An empty cache for a [batch_size, length] canvas; fill it with mode="full".
         With an early-skip schedule it also keeps the hidden states mode="es" reads."""
