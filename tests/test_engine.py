@@ -27,8 +27,8 @@ def run(lm, prompts, method, **kw):
 
 @pytest.mark.parametrize("method", method_names())
 def test_every_preset_runs_and_never_leaves_a_mask(lm, method):
-    if method == "wino" and lm.config.family == "dream":
-        pytest.skip("WINO is refused on Dream (tests/test_decoders.py)")
+    if method in ("wino", "dkv") and lm.config.family == "dream":
+        pytest.skip("refused on Dream (tests/test_decoders.py, tests/test_dkv.py)")
     results = run(lm, PROMPTS, method)
     assert len(results) == len(PROMPTS)
     for r in results:

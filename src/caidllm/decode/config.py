@@ -15,7 +15,8 @@ from caidllm.errors import InputError
 from caidllm.models.skip import DEFAULT_ALPHA, DEFAULT_SCHEDULE, check_alpha, check_schedule
 
 # "es": the dual cache with ES-dLLM early skipping inside each cached step (models/skip.py).
-CACHE_MODES = ("none", "prefix", "dual", "es")
+# "dkv": dKV-Cache-Decode (decode/dkv.py): only still-masked and just-decoded positions are computed.
+CACHE_MODES = ("none", "prefix", "dual", "es", "dkv")
 POLICIES = ("vanilla", "threshold", "cai", "eb", "slowfast", "wino")
 # EB-Sampler's error proxies (policies/eb.py).
 EB_PROXIES = ("entropy", "confidence", "margin")

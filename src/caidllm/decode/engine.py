@@ -40,6 +40,7 @@ from caidllm.decode.config import DecodeConfig, decoder_settings
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView, make_policy
 from caidllm.decode.policies.base import distribution_stats
+from caidllm.decode.dkv import dkv_forward
 from caidllm.decode.verify import token_probability, verify_forward
 from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.results import result_of
@@ -173,6 +174,8 @@ class Engine:
         for r in self.running.values():
             mode = r.forward_mode()
             schedule = (r.config.es_schedule, r.config.es_alpha) if mode == "es" else ()
+            if mode == "dkv":  # rows computing as many columns share a forward
+                schedule = len(r.dkv_columns())
             groups[(mode, r.config.block_length, schedule)].append(r)
         events: list[CommitEvent] = []
         for (mode, _, _), members in groups.items():
@@ -203,6 +206,8 @@ class Engine:
         with self.forward_timer:
             if mode == "verify":  # WINO: each row alone, with its shadow block (policies/wino.py)
                 logits, verify = verify_forward(lm, frame, slots, starts, bl)
+            elif mode == "dkv":  # dKV-Cache: still-masked and just-decoded columns only (decode/dkv.py)
+                logits = dkv_forward(lm, frame, members, slots, slot_ids)
             else:
                 # Every request was checked at submit and the Frame knows each row's first real column:
                 # the unchecked forward has no host sync.
@@ -300,6 +305,7 @@ class Engine:
         positions = [gs + j for j, c in enumerate(commits) if c]
         committed = [tokens[p - gs] for p in positions]
         global_step = r.steps_before_block + t
+        r.last_committed = positions
         for p, token in zip(positions, committed):
             r.generated[p] = token
             r.commit_step[p] = global_step
@@ -346,6 +352,9 @@ class Engine:
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
+        if config.cache == "dkv" and lm.model.extra_left:
+            raise InputError(f"cache mode 'dkv' (dKV-Cache) needs unshifted logits, which model family "
+                             f"{lm.config.family!r} does not have (it predicts position i from i - 1)")
         if config.policy == "wino" and lm.model.extra_left:
             raise InputError(f"decoder 'wino' needs the verify forward (a shadow block with unshifted logits), which "
                              f"model family {lm.config.family!r} does not have (it predicts position i from i - 1)")

@@ -46,6 +46,9 @@ PRESETS: dict[str, dict] = {
     # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults.
     "slowfast": dict(policy="slowfast", cache="none", sf_explore_steps=6, sf_cycle_threshold=0.3, sf_window=2,
                      sf_std=1.0, sf_high=0.9),
+    # dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache): LLaDA's low-confidence remasking with delayed
+    # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first two.
+    "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
     # WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM) at its official defaults: draft 0.6, verify 0.9.
     "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
 }

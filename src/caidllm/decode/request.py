@@ -64,6 +64,7 @@ class Request:
     block_first_confidence: torch.Tensor | None = None  # [block] s_i of the current block
     prev_confidence: torch.Tensor | None = None  # [block] the previous step's confidences (early skipping)
     just_committed: torch.Tensor | None = None  # [block] committed at the previous step
+    last_committed: list[int] = field(default_factory=list)  # generated positions committed at the previous step
 
     def __post_init__(self):
         G, c = self.config.gen_length, self.config
@@ -85,6 +86,9 @@ class Request:
         c, t = self.config, self.step
         if c.policy == "wino":
             return "verify"
+        if c.cache == "dkv":  # dKV-Cache refreshes at a block's first two steps and every f steps
+            refresh = t <= 1 or (self.refresh_every > 0 and t % self.refresh_every == 0)
+            return "full" if refresh else "dkv"
         refresh = c.cache == "none" or t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
         return "full" if refresh else c.cache
 
@@ -94,6 +98,12 @@ class Request:
         (WINO) may need more than the schedule's T."""
         c = self.config
         return c.wino_max_steps if c.policy == "wino" else c.steps_per_block
+
+    def dkv_columns(self) -> list[int]:
+        """dKV-Cache's computed positions of the generated region: the still-masked ones and those
+        committed at the previous step (their K/V are cached one step late)."""
+        recent = set(self.last_committed)
+        return [p for p, token in enumerate(self.generated) if token is None or p in recent]
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}

@@ -143,6 +143,22 @@ class DiffusionLM:
         return logits
 
     @torch.no_grad()
+    def forward_columns(self, ids, cache: KVCache, columns: torch.Tensor, rows=None,
+                        real_from: list[int] | None = None) -> torch.Tensor:
+        """dKV-Cache's forward (mode "dkv", decode/dkv.py): float32 logits [R, n, V] of ``columns``
+        [R, n] (absolute, ascending per row) of the selected rows of the canvas ``ids`` [B, L]; their
+        K/V are computed and written into ``cache`` (filled by a full forward), every other
+        column's K/V are read from it. Families with a logit shift (Dream) cannot run it."""
+        if self.model.extra_left:
+            raise InputError(f"the dkv forward needs unshifted logits; family {self.config.family!r} predicts "
+                             "position i from i - 1")
+        r = slice(None) if rows is None else rows
+        c = self.config
+        ctx = Context.build(cache.attention_mask[r], cache.positions[r], c.head_dim, c.rope_theta, mode="dkv",
+                            rows=rows, cache=cache, real_from=real_from, columns=columns)
+        return self.model(ids[r].gather(1, columns), ctx)
+
+    @torch.no_grad()
     def forward_with_attention(self, ids: torch.Tensor, positions: torch.Tensor, attention: torch.Tensor,
                                targets: torch.Tensor) -> torch.Tensor:
         """Float32 logits [R, k, V] at columns ``targets`` [R, k] of a canvas ``ids`` [R, n] whose
