@@ -11,7 +11,8 @@ import torch
 from caidllm.decode import build_config
 from caidllm.decode.engine import Engine
 from caidllm.decode.sampling import predict
-from caidllm.decode.verify import shadow_inputs, token_probability
+from caidllm.decode.sampling import token_probability
+from caidllm.models.shadow import shadow_inputs
 from caidllm.errors import InputError
 
 GEN, BLOCK = 16, 8
@@ -222,17 +223,18 @@ def test_wino_streams_only_final_blocks(llada_lm):
 
 def test_wino_revises(llada_lm, monkeypatch):
     # With a low draft threshold some drafted tokens fail verification and go back to the mask.
-    from caidllm.decode.policies import wino
+    import dataclasses
+
+    from caidllm.decode.policies import POLICIES, wino
 
     remasked = []
-    original = wino.select
 
     def counting(view, **kw):
-        commit = original(view, **kw)
+        commit = wino.select(view, **kw)
         remasked.append(int(view.remask.sum()))
         return commit
 
-    monkeypatch.setattr(wino, "select", counting)
+    monkeypatch.setitem(POLICIES, "wino", dataclasses.replace(POLICIES["wino"], select=counting))
     results = run(llada_lm, PROMPTS, "wino", wino_draft=0.02, wino_verify=0.5)
     assert sum(remasked) > 0
     assert all(llada_lm.config.mask_id not in r.token_ids for r in results)
@@ -257,5 +259,5 @@ def test_bad_settings(llada_lm, method, kwargs, message):
 
 
 def test_wino_on_a_family_without_its_forward_is_refused(dream_lm):
-    with pytest.raises(InputError, match="decoder 'wino' needs the verify forward.*family 'dream'"):
+    with pytest.raises(InputError, match="policy 'wino' needs the verify forward.*family 'dream'"):
         run(dream_lm, PROMPTS[:1], "wino")

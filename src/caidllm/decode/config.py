@@ -11,13 +11,14 @@ import math
 
 from dataclasses import dataclass, field, fields
 
+from caidllm.decode import forward_modes, policies
 from caidllm.errors import InputError
 from caidllm.models.skip import DEFAULT_ALPHA, DEFAULT_SCHEDULE, check_alpha, check_schedule
 
-# "es": the dual cache with ES-dLLM early skipping inside each cached step (models/skip.py).
-# "dkv": dKV-Cache-Decode (decode/dkv.py): only still-masked and just-decoded positions are computed.
-CACHE_MODES = ("none", "prefix", "dual", "es", "dkv")
-POLICIES = ("vanilla", "threshold", "cai", "eb", "slowfast", "wino")
+# The valid values, read from their registries: cache modes (decode/forward_modes.py; "es" is the dual
+# cache with ES-dLLM early skipping, models/skip.py) and commit policies (decode/policies/).
+CACHE_MODES = tuple(forward_modes.CACHE_MODES)
+POLICIES = tuple(policies.POLICIES)
 # EB-Sampler's error proxies (policies/eb.py).
 EB_PROXIES = ("entropy", "confidence", "margin")
 # What the CAI controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
@@ -183,11 +184,6 @@ def _numbers(values, count: int) -> bool:
 def _check_unit_interval(name: str, value) -> None:
     if not (_is_number(value) and 0 < value <= 1):
         raise InputError(f"{name} must be in (0, 1], got {value!r}")
-
-
-def decoder_settings(config: DecodeConfig) -> tuple:
-    """The settings of the EB-Sampler / SlowFast / WINO policies (part of a request's policy key)."""
-    return tuple(getattr(config, f.name) for f in fields(config) if f.name.startswith(("eb_", "sf_", "wino_")))
 
 
 DECODE_FIELDS = {f.name for f in fields(DecodeConfig)} - {"cai", "method"}

@@ -15,14 +15,20 @@ import torch
 from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
+from .forward_modes import MODES, ForwardMode
 from .layers import Context, positions_from_mask
+from .shadow import shadow_forward
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 from .transfer import to_device
 
-MODES = ("full", "prefix", "dual", "es")
 
 
 class DiffusionLM:
+    """A loaded model (LLaDA, Dream, ...) with its config and tokenizer, behind the one interface the
+    decoders use: `forward` in each forward mode (models/forward_modes.py) with float32 logits
+    aligned to positions, `new_cache`, chat encoding and decoding; `generate` is the decoders'
+    (registered by caidllm.decode)."""
+
     def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None):
         self.model = model
         self.config = config
@@ -48,7 +54,7 @@ class DiffusionLM:
 
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
-                skip: EarlySkip | None = None, real_from: list[int] | None = None):
+                skip: EarlySkip | None = None, real_from: list[int] | None = None, columns=None, block_at=None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -64,6 +70,10 @@ class DiffusionLM:
                        from the cache, which must be made with
                        new_cache(..., skip_schedule=...). ``skip`` carries
                        the previous step's view and receives the work done.
+        mode="dkv":    (engine only) dKV-Cache: computes ``columns`` [R, n] (see forward_columns);
+                       ``block_at`` [R, end-start] says which of them each block position is.
+        mode="verify": (engine only) WINO: [R, 2 (end-start), V], the block's logits then its
+                       shadow block's (models/shadow.py); no cache.
         (Dream also computes start-1 in prefix/dual/es mode: it predicts start.)
         ``start`` and ``end`` may also be lists with one int per selected row, with
         the same end - start for every row: rows at different blocks share the
@@ -73,6 +83,15 @@ class DiffusionLM:
         requests are checked at submit): the checks and their host syncs are then skipped
         (forward_unchecked; start / end must be lists, rows None, a slice or a device tensor).
         """
+        if mode in (ForwardMode.DKV, ForwardMode.VERIFY):
+            if real_from is None:
+                raise InputError(f"mode={mode!r} is the engine's; call forward_columns / forward_with_attention")
+            r = slice(None) if rows is None else rows
+            if mode == ForwardMode.DKV:
+                logits = self.forward_columns(input_ids, cache, columns, rows=rows, real_from=real_from)
+                return logits.gather(1, block_at[..., None].expand(-1, -1, logits.shape[-1]))
+            canvases = [row[first:] for row, first in zip(input_ids[r], real_from)]
+            return shadow_forward(self, canvases, [s - f for s, f in zip(start, real_from)], end[0] - start[0])
         if real_from is not None:
             return self.forward_unchecked(input_ids, attention_mask, mode=mode, cache=cache, starts=start,
                                           length=end[0] - start[0], rows=rows, real_from=real_from, skip=skip)

@@ -1,4 +1,4 @@
-"""WINO's verify forward (policies/wino.py): the canvas plus a shadow copy of the current
+"""WINO's verify forward (decode/policies/wino.py): a canvas plus a shadow copy of its current
 block, all mask tokens at the block's own positions. Canvas positions attend to the canvas
 only; shadow position j attends to the shadow block and to every canvas position except
 block position j, so its logits say how well the rest of the canvas supports the token at j.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from caidllm.errors import InputError
+from ..errors import InputError
 
 
 def shadow_inputs(canvas: torch.Tensor, block_start: int, block_length: int, mask_id: int):
@@ -30,24 +30,13 @@ def shadow_inputs(canvas: torch.Tensor, block_start: int, block_length: int, mas
     return ids, positions, attention[None, None], targets
 
 
-def verify_forward(lm, frame, slots: list[int], starts: list[int], block_length: int):
-    """Logits of each row's block [R, b, V] and of its shadow block [R, b, V]."""
+def shadow_forward(lm, canvases: list[torch.Tensor], block_starts: list[int], block_length: int) -> torch.Tensor:
+    """Logits [R, 2b, V]: each unpadded canvas row's block, then its shadow block."""
     if lm.model.extra_left:
-        raise InputError(f"WINO's verify forward needs a family without a logit shift; {lm.config.family} "
-                         "predicts position i from i - 1")
-    blocks, shadows = [], []
-    for slot, start in zip(slots, starts):
-        first = frame.first_real(slot)
-        ids, positions, attention, targets = shadow_inputs(frame.canvas[slot, first:], start - first, block_length,
-                                                           lm.config.mask_id)
-        logits = lm.forward_with_attention(ids, positions, attention, targets)
-        blocks.append(logits[:, :block_length])
-        shadows.append(logits[:, block_length:])
-    return torch.cat(blocks), torch.cat(shadows)
-
-
-def token_probability(logits: torch.Tensor, tokens: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """[R, b] probability of `tokens` under `logits`, the mask token excluded (never predicted)."""
-    logits = logits.float().clone()
-    logits[..., mask_id] = float("-inf")
-    return torch.softmax(logits, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+        raise InputError(f"the verify forward needs unshifted logits; family {lm.config.family!r} predicts "
+                         "position i from i - 1")
+    out = []
+    for canvas, start in zip(canvases, block_starts):
+        ids, positions, attention, targets = shadow_inputs(canvas, start, block_length, lm.config.mask_id)
+        out.append(lm.forward_with_attention(ids, positions, attention, targets))
+    return torch.cat(out)
