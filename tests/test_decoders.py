@@ -10,25 +10,12 @@ import torch
 
 from caidllm.decode import build_config
 from caidllm.decode.engine import Engine
-from caidllm.decode.sampling import predict
-from caidllm.decode.sampling import token_probability
-from caidllm.models.shadow import shadow_inputs
+from caidllm.decode.sampling import predict, token_probability
 from caidllm.errors import InputError
+from caidllm.models.shadow import shadow_inputs
+from helpers.decoding import BLOCK, GEN, PROMPTS, run
 
-GEN, BLOCK = 16, 8
-PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
-
-
-@pytest.fixture(params=["llada", "dream"])
-def lm(request, llada_lm, dream_lm):
-    return llada_lm if request.param == "llada" else dream_lm
-
-
-def run(lm, prompts, method, **kw):
-    kw.setdefault("gen_length", GEN)
-    kw.setdefault("block_length", BLOCK)
-    kw.setdefault("early_stop", False)
-    return lm.generate(prompts, method=method, **kw)
+PROMPTS = PROMPTS[:3]
 
 
 def step_predictions(lm, x):

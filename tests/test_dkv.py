@@ -1,4 +1,4 @@
-"""dKV-Cache-Decode (cache mode "dkv", decode/dkv.py): the engine's greedy output equals a plain
+"""dKV-Cache-Decode (cache mode "dkv", decode/forward_modes.py): the engine's greedy output equals a plain
 re-statement of the official LLaDA loop (no engine, no batching) token for token; the dkv forward
 itself; batch invariance; refusal on Dream."""
 
@@ -6,26 +6,18 @@ import pytest
 import torch
 
 import caidllm
-
-from caidllm.decode.sampling import predict
 from caidllm.decode.policies.vanilla import tokens_at_step
+from caidllm.decode.sampling import predict
 from caidllm.errors import InputError
+from helpers.decoding import BLOCK, GEN, PROMPTS, run
 
-GEN, BLOCK = 16, 8
-PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
+PROMPTS = PROMPTS[:3]
 
 
 @pytest.fixture(scope="module")
 def deep_llada(random_checkpoint):
     # Eight layers: stale keys and values of decoded tokens then change some greedy tokens.
     return caidllm.load(random_checkpoint("llada", n_layers=8), device="cpu", dtype="float32")
-
-
-def run(lm, prompts, method, **kw):
-    kw.setdefault("gen_length", GEN)
-    kw.setdefault("block_length", BLOCK)
-    kw.setdefault("early_stop", False)
-    return lm.generate(prompts, method=method, **kw)
 
 
 def dkv_reference(lm, prompt, refresh, steps, gen=GEN, block=BLOCK):

@@ -164,7 +164,7 @@ class DiffusionLM:
     @torch.no_grad()
     def forward_columns(self, ids, cache: KVCache, columns: torch.Tensor, rows=None,
                         real_from: list[int] | None = None) -> torch.Tensor:
-        """dKV-Cache's forward (mode "dkv", decode/dkv.py): float32 logits [R, n, V] of ``columns``
+        """dKV-Cache's forward (mode "dkv", decode/forward_modes.py): float32 logits [R, n, V] of ``columns``
         [R, n] (absolute, ascending per row) of the selected rows of the canvas ``ids`` [B, L]; their
         K/V are computed and written into ``cache`` (filled by a full forward), every other
         column's K/V are read from it. Families with a logit shift (Dream) cannot run it."""
@@ -183,7 +183,7 @@ class DiffusionLM:
         """Float32 logits [R, k, V] at columns ``targets`` [R, k] of a canvas ``ids`` [R, n] whose
         RoPE ``positions`` [R, n] and query-by-key ``attention`` [R, 1, n, n] (bool, True = attends)
         the caller gives: no padding, no cache. For decoders whose forward is not a plain canvas
-        (WINO's shadow block, decode/verify.py); the logits are position-aligned only for
+        (WINO's shadow block, models/shadow.py); the logits are position-aligned only for
         families without a shift (Dream predicts i from i - 1: the caller must not use it there)."""
         c = self.config
         ctx = Context.build(torch.ones_like(ids, dtype=torch.bool), positions, c.head_dim, c.rope_theta)
