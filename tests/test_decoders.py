@@ -185,7 +185,7 @@ def joining_mid_flight(lm, method, **kw):
     return [results[i] for i in ids], events
 
 
-@pytest.mark.parametrize("method", ["eb", "slowfast", "wino"])
+@pytest.mark.parametrize("method", ["eb", "eb-dual", "slowfast", "wino", "dkv"])
 def test_joining_mid_flight_equals_alone(llada_lm, method):
     joint, _ = joining_mid_flight(llada_lm, method)
     for prompt, r in zip(PROMPTS, joint):
