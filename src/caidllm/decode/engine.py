@@ -35,6 +35,7 @@ import copy
 import uuid
 from typing import Iterator
 
+from caidllm.checks import is_id_list
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.policies import make_policy, policy_key
 from caidllm.decode.request import CommitEvent, Request
@@ -175,8 +176,7 @@ class Engine:
 
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
-        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        if not is_id_list(prompt_ids):
             raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
