@@ -8,15 +8,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from .moe import MoEConfig
 
-FAMILIES = ("llada", "dream")
-ARCHITECTURES = {"LLaDAModelLM": "llada", "DreamModel": "dream"}
+FAMILIES = ("llada", "dream", "llada2", "sdar")
+ARCHITECTURES = {"LLaDAModelLM": "llada", "DreamModel": "dream", "LLaDA2MoeModelLM": "llada2",
+                 "SDARForCausalLM": "sdar", "SDARMoeForCausalLM": "sdar"}
+MODEL_TYPES = {"llada": "llada", "dream": "dream", "llada2_moe": "llada2", "sdar": "sdar", "sdar_moe": "sdar"}
 
 # Decoder defaults per family (DESIGN.md): confidence gating on for LLaDA,
 # off for Dream; cache refresh every 16 steps (LLaDA) / 8 steps (Dream).
 FAMILY_DEFAULTS = {
     "llada": {"confidence_gating": True, "cache_refresh_every": 16},
     "dream": {"confidence_gating": False, "cache_refresh_every": 8},
+    # Block-causal families: their cache is exact (never refreshed); no confidence gating.
+    "llada2": {"confidence_gating": False, "cache_refresh_every": 16},
+    "sdar": {"confidence_gating": False, "cache_refresh_every": 16},
 }
 # Dream's config.json inherits max_position_embeddings = 131072 from Qwen2.5, but
 # the model was trained on about 2048 tokens (REFERENCE.md): longer canvases are
@@ -53,6 +59,18 @@ class ModelConfig:
     # block_lengths: the block lengths the model decodes with (empty: any, for full-sequence models).
     block_causal: bool = False
     block_lengths: tuple[int, ...] = ()
+    # Newer layouts (LLaDA2, SDAR): RoPE on the first rope_dim dimensions of each head only
+    # (0: all of them), an RMSNorm over each head's query and key, and a mixture-of-experts
+    # feed-forward in every layer from dense_layers on (moe: None = dense everywhere).
+    rope_dim: int = 0
+    qk_norm: bool = False
+    moe: MoEConfig | None = None
+    dense_layers: int = 0
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates."""
+        return self.rope_dim or self.head_dim
 
 
 def detect_family(raw: dict, source: str = "config.json") -> str:
@@ -60,12 +78,12 @@ def detect_family(raw: dict, source: str = "config.json") -> str:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
     model_type = str(raw.get("model_type", "")).lower()
-    if model_type in FAMILIES:
-        return model_type
+    if model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type]
     raise ModelLoadError(
         f"{source}: unknown model architecture (architectures="
         f"{raw.get('architectures')!r}, model_type={raw.get('model_type')!r}); "
-        f"supported: architectures {sorted(ARCHITECTURES)} or model_type 'llada'/'dream'"
+        f"supported: architectures {sorted(ARCHITECTURES)} or model_type {sorted(MODEL_TYPES)}"
     )
 
 
@@ -84,6 +102,10 @@ def load_config(path: str | Path) -> ModelConfig:
 
 def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
     family = detect_family(raw, source)
+    if family in ("llada2", "sdar"):
+        from .block_configs import PARSERS  # the block-diffusion families' own fields
+
+        return PARSERS[family](raw, source)
     get = _Getter(raw, source)
     if family == "llada":
         _check_llada_flags(raw, source)
@@ -126,10 +148,7 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
     head_dim = get.int("head_dim", None) or (d // h if h else 0)
     if h <= 0 or d % h or head_dim * h != d:
         raise ModelLoadError(f"{source}: hidden size {d} is not divisible into {h} heads")
-    if kv <= 0 or h % kv:
-        raise ModelLoadError(f"{source}: {h} attention heads cannot be grouped over {kv} key/value heads")
-    if head_dim % 2:
-        raise ModelLoadError(f"{source}: head_dim {head_dim} must be even for rotary embeddings")
+    check_heads(h, kv, head_dim, source)
 
     sizes["max_length"] = get.int("caidllm_max_length", sizes["max_length"])
     if sizes["max_length"] < 1:
@@ -167,6 +186,13 @@ def block_diffusion_fields(raw: dict, source: str) -> dict:
         raise ModelLoadError(f"{source}: field 'caidllm_block_lengths' = {lengths!r} must be a list of "
                              "positive integers")
     return dict(block_causal=True, block_lengths=tuple(lengths))
+
+
+def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, source: str) -> None:
+    if n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise ModelLoadError(f"{source}: {n_heads} attention heads cannot be grouped over {n_kv_heads} key/value heads")
+    if head_dim <= 0 or head_dim % 2:
+        raise ModelLoadError(f"{source}: head_dim {head_dim} must be even for rotary embeddings")
 
 
 def _check_llada_flags(raw: dict, source: str) -> None:

@@ -15,18 +15,20 @@ from ..errors import ModelLoadError
 from .config import ModelConfig, load_config
 from .dream import DreamModel
 from .llada import LLaDAModel
+from .llada2 import LLaDA2Model
 from .lm import DiffusionLM
 from .random_init import build_random, is_random_name
+from .sdar import SDARModel
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny"}
-MODEL_CLASSES = {"llada": LLaDAModel, "dream": DreamModel}
+MODEL_CLASSES = {"llada": LLaDAModel, "dream": DreamModel, "llada2": LLaDA2Model, "sdar": SDARModel}
 DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
 }
-END_OF_TURN = ("<|eot_id|>", "<|im_end|>")
+END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaMA-3, ChatML (Qwen, SDAR), LLaDA2
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "additional_special_tokens")
 
 
