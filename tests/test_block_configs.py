@@ -9,7 +9,7 @@ from block_checkpoints import SMALL, write_block_checkpoint
 
 import caidllm
 from caidllm.errors import ModelLoadError
-from caidllm.models.config import parse_config
+from caidllm.models.families import parse_config
 from caidllm.models.random_init import parameter_count
 
 

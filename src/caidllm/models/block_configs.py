@@ -1,7 +1,8 @@
 """config.json of the block-diffusion families, LLaDA2 (``llada2_moe``) and SDAR (``sdar``,
-``sdar_moe``), read into a ModelConfig: official field names, the official defaults where a
-field is absent (the families' configuration classes), and a clear error where a field asks
-for something the official forward does not do.
+``sdar_moe``), read into ModelConfig fields (the registry's read_fields of their entries in
+llada2.py / sdar.py): official field names, the official defaults where a field is absent
+(the families' configuration classes), and a clear error where a field asks for something
+the official forward does not do.
 
 Both use the Hugging Face field names (hidden_size, num_hidden_layers, ...); docs/
 block-diffusion-models.md lists each field and where its meaning comes from.
@@ -10,7 +11,7 @@ block-diffusion-models.md lists each field and where its meaning comes from.
 from __future__ import annotations
 
 from ..errors import ModelLoadError
-from .config import FAMILY_DEFAULTS, ModelConfig, _Getter, check_heads
+from .config import ConfigFields, check_heads
 from .moe import SCORE_FUNCTIONS, MoEConfig
 
 # Token ids of the official tokenizers (defaults when config.json does not name them):
@@ -23,13 +24,12 @@ SDAR_IDS = {"mask": 151669, "eos": 151643}
 LLADA2_BLOCK, SDAR_BLOCK = 32, 4
 
 
-def parse_llada2(raw: dict, source: str) -> ModelConfig:
+def read_llada2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     """LLaDA2MoeModelLM: fused q/k/v, QK-norm (use_qk_norm), RoPE on partial_rotary_factor of
     each head, first_k_dense_replace dense layers, then MoE layers routed as LLaDA2MoeGate does.
     Absent fields take LLaDA2MoeConfig's defaults (use_qk_norm true, partial_rotary_factor 0.5,
     n_group 8, topk_group 4, routed_scaling_factor 2.5); use_bias must be false (its default
     is true, an output bias this implementation does not have)."""
-    get = _Getter(raw, source)
     _expect(raw, source, "LLaDA2", hidden_act=("silu", None), rope_scaling=(None,),
             use_sliding_window=(False, None), use_bias=(False,), norm_head=(False, None))
     shape = _attention_shape(get, source)
@@ -47,13 +47,13 @@ def parse_llada2(raw: dict, source: str) -> ModelConfig:
         raise ModelLoadError(f"{source}: first_k_dense_replace={dense_layers} must be in 0..num_hidden_layers "
                              f"({n_layers})")
     moe = _llada2_moe(raw, get, source) if get.int("num_experts", None) else None
-    return _model_config(
-        raw, get, source, "llada2", shape, n_layers=n_layers, rope_dim=rope_dim, moe=moe, dense_layers=dense_layers,
+    return _fields(
+        raw, get, source, shape, n_layers=n_layers, rope_dim=rope_dim, moe=moe, dense_layers=dense_layers,
         qk_norm=get.bool("use_qk_norm", True), qkv_bias=get.bool("use_qkv_bias", False),
         ids=LLADA2_IDS, block=get.int("block_size", LLADA2_BLOCK))
 
 
-def _llada2_moe(raw: dict, get: _Getter, source: str) -> MoEConfig:
+def _llada2_moe(raw: dict, get: ConfigFields, source: str) -> MoEConfig:
     # The official gate always takes sigmoid scores, always has an expert_bias buffer, and
     # normalises the top-k weights whenever it picks more than one expert.
     score = raw.get("score_function", "sigmoid")
@@ -73,10 +73,9 @@ def _llada2_moe(raw: dict, get: _Getter, source: str) -> MoEConfig:
                 num_shared_experts=get.int("num_shared_experts", 0), router_fp32=True)
 
 
-def parse_sdar(raw: dict, source: str) -> ModelConfig:
+def read_sdar_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     """SDARForCausalLM (Qwen3 layout, block-causal) and SDARMoeForCausalLM (Qwen3-MoE experts
     in every layer)."""
-    get = _Getter(raw, source)
     _expect(raw, source, "SDAR", hidden_act=("silu", None), rope_scaling=(None,), use_sliding_window=(False, None))
     architectures = raw.get("architectures") or []
     is_moe = "SDARMoeForCausalLM" in architectures or str(raw.get("model_type", "")).lower() == "sdar_moe"
@@ -93,8 +92,8 @@ def parse_sdar(raw: dict, source: str) -> ModelConfig:
         moe = _moe(source, hidden_size=get.int("hidden_size"), moe_intermediate_size=get.int("moe_intermediate_size"),
                    num_experts=get.int("num_experts"), num_experts_per_tok=get.int("num_experts_per_tok"),
                    score_function="softmax", norm_topk_prob=get.bool("norm_topk_prob", False), router_fp32=False)
-    return _model_config(
-        raw, get, source, "sdar", _attention_shape(get, source), n_layers=get.int("num_hidden_layers"), moe=moe,
+    return _fields(
+        raw, get, source, _attention_shape(get, source), n_layers=get.int("num_hidden_layers"), moe=moe,
         qk_norm=True, qkv_bias=get.bool("attention_bias", False), ids=SDAR_IDS,
         block=get.int("block_size", SDAR_BLOCK))
 
@@ -114,7 +113,7 @@ def _expect(raw: dict, source: str, family: str, **allowed) -> None:
             raise ModelLoadError(f"{source}: unsupported {family} setting {key}={raw.get(key)!r} (expected {wanted})")
 
 
-def _attention_shape(get: _Getter, source: str) -> dict:
+def _attention_shape(get: ConfigFields, source: str) -> dict:
     d, h = get.int("hidden_size"), get.int("num_attention_heads")
     if h <= 0:
         raise ModelLoadError(f"{source}: num_attention_heads={h} must be positive")
@@ -124,8 +123,9 @@ def _attention_shape(get: _Getter, source: str) -> dict:
     return dict(hidden_size=d, n_heads=h, n_kv_heads=kv, head_dim=head_dim)
 
 
-def _model_config(raw, get, source, family, shape, *, n_layers, ids, block, qk_norm, qkv_bias, moe=None,
-                  rope_dim=0, dense_layers=0) -> ModelConfig:
+def _fields(raw, get, source, shape, *, n_layers, ids, block, qk_norm, qkv_bias, moe=None, rope_dim=0,
+            dense_layers=0) -> dict:
+    """The ModelConfig fields both families read alike (token ids default to the official ones)."""
     eos_id = get.int("eos_token_id", None)
     if eos_id is None:
         eos_id = get.int("pad_token_id", ids["eos"])
@@ -134,21 +134,10 @@ def _model_config(raw, get, source, family, shape, *, n_layers, ids, block, qk_n
                                                           for n in lengths)):
         raise ModelLoadError(f"{source}: block lengths {lengths!r} (block_size / caidllm_block_lengths) must be "
                              "positive integers")
-    max_length = get.int("caidllm_max_length", get.int("max_position_embeddings"))
-    if max_length < 1:
-        raise ModelLoadError(f"{source}: the model's context length must be positive, got {max_length}")
-    defaults = FAMILY_DEFAULTS[family]
-    return ModelConfig(
-        family=family, vocab_size=get.int("vocab_size"), n_layers=n_layers,
-        intermediate_size=get.int("intermediate_size"), rope_theta=get.float("rope_theta", 10000.0),
-        rms_norm_eps=get.float("rms_norm_eps", 1e-6), max_length=max_length, qkv_bias=qkv_bias,
+    return dict(
+        vocab_size=get.int("vocab_size"), n_layers=n_layers, intermediate_size=get.int("intermediate_size"),
+        rope_theta=get.float("rope_theta", 10000.0), rms_norm_eps=get.float("rms_norm_eps", 1e-6),
+        max_length=get.int("max_position_embeddings"), qkv_bias=qkv_bias,
         tie_embeddings=get.bool("tie_word_embeddings", False), mask_id=get.int("mask_token_id", ids["mask"]),
-        eos_id=eos_id, eos_ids=(eos_id,), pad_id=get.int("pad_token_id", eos_id), bos_id=get.int("bos_token_id", None),
-        confidence_gating=get.bool("caidllm_confidence_gating", defaults["confidence_gating"]),
-        cache_refresh_every=get.int("caidllm_cache_refresh_every", defaults["cache_refresh_every"]),
-        torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"), raw=raw,
-        block_causal=True, block_lengths=tuple(lengths), rope_dim=rope_dim, qk_norm=qk_norm, moe=moe,
-        dense_layers=dense_layers, **shape)
-
-
-PARSERS = {"llada2": parse_llada2, "sdar": parse_sdar}
+        eos_id=eos_id, block_causal=True, block_lengths=tuple(lengths), rope_dim=rope_dim, qk_norm=qk_norm,
+        moe=moe, dense_layers=dense_layers, **shape)

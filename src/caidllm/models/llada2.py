@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from .block_configs import read_llada2_fields
+from .config import Family, ModelConfig
 from .decoder import DecoderLM, PreNormLayer, head_norm
 from .layers import Context, RMSNorm
 
@@ -52,3 +53,11 @@ class LLaDA2Model(DecoderLM):
 
     def __init__(self, config: ModelConfig):
         super().__init__(config, [LLaDA2Layer(config, i, LLaDA2Attention(config)) for i in range(config.n_layers)])
+
+
+# No confidence gating (the family's own decoders are threshold decoders); its cache is exact.
+LLADA2 = Family(
+    name="llada2", architectures=("LLaDA2MoeModelLM",), model_types=("llada2_moe",),
+    read_fields=read_llada2_fields, model_class=LLaDA2Model, confidence_gating=False, cache_refresh_every=16,
+    description="LLaDA2.0 / LLaDA2.1 (inclusionAI): block-diffusion MoE transformer, blocks of 32",
+)

@@ -12,17 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelLoadError
-from .config import ModelConfig, load_config
-from .dream import DreamModel
-from .llada import LLaDAModel
-from .llada2 import LLaDA2Model
+from .config import ModelConfig
+from .families import get_family, load_config
 from .lm import DiffusionLM
 from .random_init import build_random, is_random_name
-from .sdar import SDARModel
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny"}
-MODEL_CLASSES = {"llada": LLaDAModel, "dream": DreamModel, "llada2": LLaDA2Model, "sdar": SDARModel}
 DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -200,7 +196,7 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
     from safetensors import safe_open
 
     with torch.device("meta"):
-        model = MODEL_CLASSES[config.family](config)
+        model = get_family(config.family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     where = weight_files(folder)
     found = _check_weights(where, expected, config)

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from . import block_random
-from .config import parse_config
+from .families import get_family, parse_config
 from .layers import RMSNorm
 from .moe import Router
 
@@ -110,7 +110,7 @@ def _typed(name: str, key: str, text: str, official):
 def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
     """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
     from .lm import DiffusionLM
-    from .loading import MODEL_CLASSES, check_device_dtype, resolve_dtype
+    from .loading import check_device_dtype, resolve_dtype
     from .testing import generated_tokenizer
 
     family, raw = random_raw_config(name)
@@ -126,7 +126,7 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
         check_device_dtype(device, dtype)
     config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *_end_of_turn(tokenizer)])))
     with torch.device("meta"):
-        model = MODEL_CLASSES[family](config)
+        model = get_family(config.family).model_class(config)
     model = model.to(dtype)
     if device.type != "meta":
         model = model.to_empty(device=device)

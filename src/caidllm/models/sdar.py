@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from .block_configs import read_sdar_fields
+from .config import Family, ModelConfig
 from .decoder import DecoderLM, PreNormLayer, head_norm
 from .layers import Context, RMSNorm
 
@@ -41,3 +42,11 @@ class SDARModel(DecoderLM):
 
     def __init__(self, config: ModelConfig):
         super().__init__(config, [PreNormLayer(config, i, SDARAttention(config)) for i in range(config.n_layers)])
+
+
+# No confidence gating (the family's own decoders are threshold decoders); its cache is exact.
+SDAR = Family(
+    name="sdar", architectures=("SDARForCausalLM", "SDARMoeForCausalLM"), model_types=("sdar", "sdar_moe"),
+    read_fields=read_sdar_fields, model_class=SDARModel, confidence_gating=False, cache_refresh_every=16,
+    description="SDAR (JetAstra): Qwen3-layout block-diffusion transformer (dense or MoE), blocks of 4",
+)
