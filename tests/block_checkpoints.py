@@ -47,7 +47,10 @@ def write_block_checkpoint(path, kind: str = "llada2", *, seed: int = 0, config_
     _write_json(path / "config.json", config)
     _write_json(path / "tokenizer_config.json", tok_config)
     g = torch.Generator().manual_seed(seed)
-    tensors = (_llada2_tensors if family == "llada2" else _sdar_tensors)(config, g)
+    if family == "llada2":
+        tensors = _tensors(config, g, "model.word_embeddings.weight", _llada2_attention, _llada2_feed_forward)
+    else:
+        tensors = _tensors(config, g, "model.embed_tokens.weight", _sdar_attention, _sdar_feed_forward)
     _write_shards(path, tensors)
     return path
 
@@ -73,49 +76,54 @@ def _experts(t, g, prefix, c):
         _swiglu(t, g, f"{prefix}experts.{e}.", d, c["moe_intermediate_size"])
 
 
-def _llada2_tensors(c, g):
-    d, hd, V = c["hidden_size"], c["head_dim"], c["vocab_size"]
-    h, kv = c["num_attention_heads"], c["num_key_value_heads"]
-    t = {"model.word_embeddings.weight": torch.randn(V, d, generator=g)}
+def _tensors(c, g, embedding: str, attention, feed_forward):
+    """The whole checkpoint: embedding, per layer the two norms, the family's attention and
+    feed-forward tensors (written by `attention(t, g, prefix, c)` / `feed_forward(...)`), the
+    final norm and the untied head."""
+    d, V = c["hidden_size"], c["vocab_size"]
+    t = {embedding: torch.randn(V, d, generator=g)}
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = _norm(g, d)
-        t[p + "attention.query_key_value.weight"] = _linear(g, (h + 2 * kv) * hd, d)
-        t[p + "attention.query_layernorm.weight"] = _norm(g, hd)
-        t[p + "attention.key_layernorm.weight"] = _norm(g, hd)
-        t[p + "attention.dense.weight"] = _linear(g, d, h * hd)
+        attention(t, g, p, c)
         t[p + "post_attention_layernorm.weight"] = _norm(g, d)
-        if i < c["first_k_dense_replace"]:
-            _swiglu(t, g, p + "mlp.", d, c["intermediate_size"])
-        else:
-            _experts(t, g, p + "mlp.", c)
-            t[p + "mlp.gate.expert_bias"] = 0.05 * torch.randn(c["num_experts"], generator=g)
-            _swiglu(t, g, p + "mlp.shared_experts.", d, c["moe_intermediate_size"] * c["num_shared_experts"])
+        feed_forward(t, g, p, c, i)
     t["model.norm.weight"] = _norm(g, d)
     t["lm_head.weight"] = _linear(g, V, d)
     return t
 
 
-def _sdar_tensors(c, g):
-    d, hd, V = c["hidden_size"], c["head_dim"], c["vocab_size"]
-    h, kv = c["num_attention_heads"], c["num_key_value_heads"]
-    t = {"model.embed_tokens.weight": torch.randn(V, d, generator=g)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = _norm(g, d)
-        for name, n_out in (("q_proj", h * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-            t[p + f"self_attn.{name}.weight"] = _linear(g, n_out, d)
-        t[p + "self_attn.o_proj.weight"] = _linear(g, d, h * hd)
-        t[p + "self_attn.q_norm.weight"] = _norm(g, hd)
-        t[p + "self_attn.k_norm.weight"] = _norm(g, hd)
-        t[p + "post_attention_layernorm.weight"] = _norm(g, d)
-        if c.get("num_experts"):
-            _experts(t, g, p + "mlp.", c)
-        else:
-            _swiglu(t, g, p + "mlp.", d, c["intermediate_size"])
-    t["model.norm.weight"] = _norm(g, d)
-    t["lm_head.weight"] = _linear(g, V, d)
-    return t
+def _llada2_attention(t, g, p, c):
+    d, hd, h, kv = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    t[p + "attention.query_key_value.weight"] = _linear(g, (h + 2 * kv) * hd, d)
+    t[p + "attention.query_layernorm.weight"] = _norm(g, hd)
+    t[p + "attention.key_layernorm.weight"] = _norm(g, hd)
+    t[p + "attention.dense.weight"] = _linear(g, d, h * hd)
+
+
+def _llada2_feed_forward(t, g, p, c, layer):
+    if layer < c["first_k_dense_replace"]:
+        _swiglu(t, g, p + "mlp.", c["hidden_size"], c["intermediate_size"])
+        return
+    _experts(t, g, p + "mlp.", c)
+    t[p + "mlp.gate.expert_bias"] = 0.05 * torch.randn(c["num_experts"], generator=g)
+    _swiglu(t, g, p + "mlp.shared_experts.", c["hidden_size"], c["moe_intermediate_size"] * c["num_shared_experts"])
+
+
+def _sdar_attention(t, g, p, c):
+    d, hd, h, kv = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    for name, n_out in (("q_proj", h * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+        t[p + f"self_attn.{name}.weight"] = _linear(g, n_out, d)
+    t[p + "self_attn.o_proj.weight"] = _linear(g, d, h * hd)
+    t[p + "self_attn.q_norm.weight"] = _norm(g, hd)
+    t[p + "self_attn.k_norm.weight"] = _norm(g, hd)
+
+
+def _sdar_feed_forward(t, g, p, c, layer):
+    if c.get("num_experts"):
+        _experts(t, g, p + "mlp.", c)
+    else:
+        _swiglu(t, g, p + "mlp.", c["hidden_size"], c["intermediate_size"])
 
 
 def _write_shards(path: Path, tensors: dict):
