@@ -175,3 +175,19 @@ PROMPTS = {
     "llada2": "<role>HUMAN</role>is the answer yes<|role_end|><role>ASSISTANT</role>",
     "sdar": "<|im_start|>user\nis the answer yes<|im_end|>\n<|im_start|>assistant\n",
 }
+
+
+@pytest.mark.parametrize("kind", ("llada2", "sdar-moe"))
+def test_a_row_does_not_depend_on_its_batch(models, kind):
+    """A left-padded row in a batch has the logits it has alone (blocks laid from its first
+    real token; MoE routing is per token)."""
+    lm = models[kind]
+    g = torch.Generator().manual_seed(5)
+    short = torch.randint(5, len(lm.tokenizer), (1, 12), generator=g)
+    other = torch.randint(5, len(lm.tokenizer), (1, 16), generator=g)
+    batch = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.long), short], dim=1), other])
+    mask = torch.ones_like(batch)
+    mask[0, :4] = 0
+    together = lm.forward(batch, mask)
+    torch.testing.assert_close(together[:1, 4:], lm.forward(short), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(together[1:], lm.forward(other), atol=1e-5, rtol=1e-5)
