@@ -135,8 +135,8 @@ class BackgroundEngine:
 
     def run_here(self) -> None:
         """Run the loop in the calling thread until `stop()` (from another thread or a signal
-        handler). `caidllm serve` runs it in the main thread: torch ops run ~10% slower on the
-        CPU from a secondary thread (measured on the development machine)."""
+        handler). `caidllm serve` runs it in the main thread, where torch ops ran faster on the
+        CPU (BENCHMARKS.md, "Where the engine loop runs")."""
         self._thread = threading.current_thread()
         self._run()
 

@@ -35,6 +35,7 @@ import copy
 import uuid
 from typing import Iterator
 
+from caidllm.checks import is_id_list
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
@@ -180,22 +181,24 @@ class Engine:
                        policy_key(config, gating), generator)
 
     def _check_family(self, config: DecodeConfig) -> None:
-        """A decoder whose forward needs unshifted logits (dKV-Cache's columns, WINO's shadow block)
-        is refused on a family that predicts position i from i - 1 (Dream), naming both."""
-        if not self.lm.model.extra_left:
+        """A decoder whose forward needs bidirectional attention and unshifted logits (dKV-Cache's
+        columns, WINO's shadow block) is refused on a family that predicts position i from i - 1
+        (Dream) or attends block-causally (LLaDA2, SDAR), naming both."""
+        c = self.lm.config
+        if not (self.lm.model.extra_left or c.block_causal):
             return
         own = policy_spec(config.policy).forward
         needs = ([f"policy {config.policy!r} needs the {own} forward"] if own in UNSHIFTED_MODES else []) + (
             [f"cache mode {config.cache!r} needs the {config.cache} forward"]
             if CACHE_MODES[config.cache].between_refreshes in UNSHIFTED_MODES else [])
         if needs:
-            raise InputError(f"{'; '.join(needs)} (unshifted logits), which model family "
-                             f"{self.lm.config.family!r} does not have (it predicts position i from i - 1)")
+            lacks = "block-causal attention" if c.block_causal else "it predicts position i from i - 1"
+            raise InputError(f"{'; '.join(needs)} (bidirectional attention, unshifted logits), which model family "
+                             f"{c.family!r} does not have ({lacks})")
 
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
-        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        if not is_id_list(prompt_ids):
             raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
