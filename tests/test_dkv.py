@@ -5,6 +5,8 @@ itself; batch invariance; refusal on Dream."""
 import pytest
 import torch
 
+from block_checkpoints import write_block_checkpoint
+
 import caidllm
 from caidllm.decode.policies.vanilla import tokens_at_step
 from caidllm.decode.sampling import predict
@@ -92,3 +94,10 @@ def test_batch_invariance(llada_lm):
 def test_dkv_on_dream_is_refused_naming_both(dream_lm):
     with pytest.raises(InputError, match="cache mode 'dkv'.*family 'dream'"):
         run(dream_lm, PROMPTS[:1], "dkv")
+
+
+@pytest.mark.parametrize("method, needs", [("dkv", "cache mode 'dkv'"), ("wino", "policy 'wino'")])
+def test_block_causal_family_is_refused_naming_both(tmp_path, method, needs):
+    lm = caidllm.load(write_block_checkpoint(tmp_path / "sdar", "sdar"), device="cpu", dtype="float32")
+    with pytest.raises(InputError, match=f"{needs} needs .*family 'sdar'.*block-causal"):
+        run(lm, PROMPTS[:1], method)
