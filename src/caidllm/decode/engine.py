@@ -51,6 +51,24 @@ from caidllm.models.forward_modes import ForwardMode
 UNSHIFTED_MODES = (ForwardMode.DKV, ForwardMode.VERIFY)
 
 
+def family_refusal(lm, config: DecodeConfig) -> str | None:
+    """Why the model's family cannot run `config`'s decoder (None when it can): a forward that needs
+    bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
+    that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
+    c = lm.config
+    if not (lm.model.extra_left or c.block_causal):
+        return None
+    own = policy_spec(config.policy).forward
+    needs = ([f"policy {config.policy!r} needs the {own} forward"] if own in UNSHIFTED_MODES else []) + (
+        [f"cache mode {config.cache!r} needs the {config.cache} forward"]
+        if CACHE_MODES[config.cache].between_refreshes in UNSHIFTED_MODES else [])
+    if not needs:
+        return None
+    lacks = "block-causal attention" if c.block_causal else "it predicts position i from i - 1"
+    return (f"{'; '.join(needs)} (bidirectional attention, unshifted logits), which model family {c.family!r} "
+            f"does not have ({lacks})")
+
+
 class Engine:
     """Holds the requests in flight and advances them together, one denoising step per `step()`.
 
@@ -181,20 +199,9 @@ class Engine:
                        policy_key(config, gating), generator)
 
     def _check_family(self, config: DecodeConfig) -> None:
-        """A decoder whose forward needs bidirectional attention and unshifted logits (dKV-Cache's
-        columns, WINO's shadow block) is refused on a family that predicts position i from i - 1
-        (Dream) or attends block-causally (LLaDA2, SDAR), naming both."""
-        c = self.lm.config
-        if not (self.lm.model.extra_left or c.block_causal):
-            return
-        own = policy_spec(config.policy).forward
-        needs = ([f"policy {config.policy!r} needs the {own} forward"] if own in UNSHIFTED_MODES else []) + (
-            [f"cache mode {config.cache!r} needs the {config.cache} forward"]
-            if CACHE_MODES[config.cache].between_refreshes in UNSHIFTED_MODES else [])
-        if needs:
-            lacks = "block-causal attention" if c.block_causal else "it predicts position i from i - 1"
-            raise InputError(f"{'; '.join(needs)} (bidirectional attention, unshifted logits), which model family "
-                             f"{c.family!r} does not have ({lacks})")
+        refusal = family_refusal(self.lm, config)
+        if refusal:
+            raise InputError(refusal)
 
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
