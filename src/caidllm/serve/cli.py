@@ -31,6 +31,12 @@ def register(sub, name: str) -> None:
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (rows per forward)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429")
     p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+                   help="largest request body; a larger one gets 413 before it is read")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds to receive a request's whole body; past it: 408")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="on SIGTERM, seconds requests in flight may go on; then each ends with a clean error")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="CAI settings file (caidllm calibrate): the defaults of requests for its method")
@@ -43,10 +49,12 @@ def settings_from(args, lm):
     from caidllm.serve.app import ServeSettings
     from caidllm.serve.protocol import ServerDefaults
 
-    for name in ("gen_length", "block_length", "max_batch", "port"):
+    for name in ("gen_length", "block_length", "max_batch", "port", "max_body_bytes", "body_timeout"):
         value = getattr(args, name)
         if value < (0 if name == "port" else 1):
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.shutdown_grace < 0:
+        raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
     from caidllm.decode.presets import build_config
 
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # checks them
@@ -57,7 +65,8 @@ def settings_from(args, lm):
                               max_prompt_tokens=args.max_prompt_tokens, settings=_settings(args))
     return ServeSettings(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
                          api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
-                         max_request_time=args.max_request_time)
+                         max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
+                         body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace)
 
 
 def _settings(args):
@@ -72,6 +81,7 @@ def run(args) -> int:
     import uvicorn
 
     from caidllm.cli import load_model
+    from caidllm.serve.shutdown import uvicorn_config
     from caidllm.decode.presets import build_config
     from caidllm.serve.app import create_app
 
@@ -83,14 +93,15 @@ def run(args) -> int:
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
     # HTTP in a thread, the engine loop in the main thread (torch is faster there). SIGTERM / SIGINT:
-    # uvicorn stops accepting, lets requests in flight finish (10 s at most), shuts the app down;
-    # then the engine stops, cancelling whatever is left, and the exit status is 0.
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=10))
+    # uvicorn stops accepting and the app drains (serve/shutdown.py): requests in flight go on for
+    # --shutdown-grace seconds, then end with a clean error; the app shuts down, then the engine
+    # stops, and the exit status is 0.
+    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_grace))
     http = threading.Thread(target=server.run, name="caidllm-http")
 
     def on_signal(signum, frame):
         server.should_exit = True
+        app.state.shutdown.begin_from_thread()
 
     def stop_engine_after_http():
         http.join()

@@ -11,9 +11,9 @@ early_stop, and any CAI setting by name.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
-from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, DecodeConfig
+from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 
@@ -95,11 +95,16 @@ OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", 
                  "stream_options", "user", "messages", "prompt"}
 EXTENSIONS = (DECODE_FIELDS | CAI_FIELDS | {"cai", "method"}) - {"temperature", "seed"}
 OWN_FIELDS = {"commit_events"}
+# caidllm's fields whose default is a bool or a str take only a bool or a str (the rest are checked by
+# DecodeConfig.validate): "early_stop": "no" must be refused, not read as true.
+STRICT_TYPES = {f.name: type(f.default) for f in (*fields(DecodeConfig), *fields(CAISettings))
+                if f.default is not MISSING and type(f.default) in (bool, str)}
 
 
 def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    _check_text(body)
     body = {k: v for k, v in body.items() if v is not None}
     prompt_field = "messages" if kind == "chat" else "prompt"
     other = "prompt" if kind == "chat" else "messages"
@@ -114,6 +119,9 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     if prompt_field not in body:
         raise RequestError(f"{prompt_field!r} is required", prompt_field)
     model = body.get("model", defaults.model_name)
+    for name in ("model", "user"):
+        if name in body and not isinstance(body[name], str):
+            raise RequestError(f"{name} must be a string, got {_type(body[name])}", name)
     if model != defaults.model_name:
         raise RequestError(f"the model {model!r} does not exist; this server serves {defaults.model_name!r}",
                            "model", status=404, code="model_not_found")
@@ -141,6 +149,7 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
 
 
 def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerDefaults) -> DecodeConfig:
+    _check_types(extensions)
     ext = dict(extensions)
     method = ext.pop("method", defaults.method)
     block = ext.setdefault("block_length", defaults.block_length)
@@ -149,8 +158,9 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
             raise RequestError(f"{max_name} ({max_tokens}) exceeds gen_length ({ext['gen_length']})", max_name)
     elif _int(block) and block > 0:
         # The canvas: max_tokens rounded up to whole blocks, else the server default (whole blocks too).
+        # Integer arithmetic: a huge max_tokens must not overflow a float.
         wanted = max_tokens if max_tokens is not None else defaults.gen_length
-        ext["gen_length"] = math.ceil(wanted / block) * block
+        ext["gen_length"] = -(-wanted // block) * block
     gen_length = ext.get("gen_length")
     if _int(gen_length) and gen_length > defaults.max_gen_length:
         param = "gen_length" if "gen_length" in extensions else max_name
@@ -169,6 +179,42 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         raise RequestError(str(error), _param_named(str(error), ["method", *extensions])) from None
 
 
+def _check_text(body: dict) -> None:
+    """Every string of the body (keys too) must be valid Unicode: JSON may carry a lone surrogate
+    ("\\ud800"), which no tokenizer takes. Iterative, so deep nesting cannot exhaust the stack."""
+    for top, value in body.items():
+        stack = [top, value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    name = top.encode("utf-8", "backslashreplace").decode("utf-8")
+                    raise RequestError(f"{name!r} holds text that is not valid Unicode (a lone surrogate "
+                                       "such as \\ud800)", name) from None
+            elif isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+
+
+def _check_types(extensions: dict) -> None:
+    cai = extensions.get("cai", {})
+    if not isinstance(cai, dict):
+        raise RequestError(f"cai must be an object of CAI settings, got {_type(cai)}", "cai")
+    for label, name, value in [*((n, n, v) for n, v in extensions.items()), *((f"cai.{n}", n, v) for n, v in cai.items())]:
+        wanted = STRICT_TYPES.get(name)
+        if wanted is not None and value is not None and not isinstance(value, wanted):
+            kind = "true or false" if wanted is bool else "a string"
+            raise RequestError(f"{label} must be {kind}, got {_type(value)}", label.split(".")[0])
+
+
+def _type(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+
+
 def _messages(messages, lm) -> list[list[int]]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
@@ -184,6 +230,8 @@ def _messages(messages, lm) -> list[list[int]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string", "messages")
+        if not isinstance(m.get("name", ""), str):
+            raise RequestError(f"messages[{i}].name must be a string", "messages")
         extra = set(m) - {"role", "content", "name"}
         if extra:
             raise RequestError(f"messages[{i}] has fields caidllm does not support: {', '.join(sorted(extra))}",
