@@ -116,6 +116,8 @@ class DecodeConfig:
             raise InputError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise InputError(f"seed must be an integer or None, got {self.seed!r}")
+        if not isinstance(self.early_stop, bool):
+            raise InputError(f"early_stop must be True or False, got {self.early_stop!r}")
         c = self.cai
         for name in ("theta_start", "theta_end", "block_end_floor", "fallback_threshold", "clip_low", "clip_high",
                      "easy_confidence", "hard_confidence"):

@@ -96,6 +96,7 @@ class Engine:
         self.policy_timer = DeviceTimer(lm.device)
         self.forward_timer = DeviceTimer(lm.device)  # time inside the model forwards
         self.forwards = 0  # forward passes run (one per group per step)
+        self.faults: dict[str, Exception] = {}  # request id -> why its decode failed (take_faults)
         self.steps = 0
         c = lm.config
         self._eos_ids = set(c.eos_ids)
@@ -136,6 +137,11 @@ class Engine:
         self.frame.release(r.slot)
         self._finished_ids.append(request_id)
 
+    def take_faults(self) -> dict[str, Exception]:
+        """The requests whose decode raised since the last call (already out of the engine), and why."""
+        faults, self.faults = self.faults, {}
+        return faults
+
     def drop_running(self) -> list[str]:
         """Drop every in-flight request and start a fresh Frame; their ids. After a step that raised
         this is required: that step may have advanced some groups and not others. Queued requests stay."""
@@ -159,7 +165,10 @@ class Engine:
     def run(self) -> Iterator[CommitEvent]:
         """Step until every submitted request has finished, yielding each event."""
         while self.has_work:
-            yield from self.step()
+            events = self.step()
+            if self.faults:  # a caller stepping alone has nobody else to hand the failure to
+                raise next(iter(self.take_faults().values()))
+            yield from events
 
     # ---- one step ----------------------------------------------------------------
 
@@ -175,6 +184,12 @@ class Engine:
         events: list[CommitEvent] = []
         for (mode, _, _), members in groups.items():
             events.extend(self._advance(mode, sorted(members, key=lambda r: r.slot)))
+        if self.faults:  # rows whose policy raised this step leave now; the others go on
+            events = [e for e in events if e.request_id not in self.faults]
+            for request_id in self.faults:
+                if (r := self.running.pop(request_id, None)) is not None:
+                    self.frame.release(r.slot)
+                    self._finished_ids.append(request_id)
         for event in events:
             if event.finished:
                 r = self.running.pop(event.request_id)
@@ -251,8 +266,12 @@ class Engine:
             view = StepView(confidence=confidence[at], predicted=predicted[at], masked=masked[at],
                             first_confidence=first[at], step=r0.step, total_steps=T, block_index=r0.block,
                             rows=torch.arange(len(idx), device=masked.device), state=state)
-            with self.policy_timer:
-                chosen = r0.policy(view) & view.masked
+            try:
+                with self.policy_timer:
+                    chosen = r0.policy(view) & view.masked
+            except Exception as error:  # noqa: BLE001 - this group's requests fail alone (step() drops them)
+                self.faults.update((members[i].id, error) for i in idx)
+                chosen = torch.zeros_like(view.masked)
             if r0.step == T - 1:  # the last step commits whatever is left: no mask ever leaves the engine
                 chosen = view.masked
             for j, i in enumerate(idx):

@@ -35,7 +35,7 @@ from caidllm.serve.answer import Answer
 from caidllm.serve.call import CLIENT_CLOSED, Call, cancel
 from caidllm.serve.guard import Guard, check_json_content_type, error_response, read_body
 from caidllm.serve.metrics import ServerMetrics
-from caidllm.serve.protocol import RequestError, ServerDefaults, parse
+from caidllm.serve.protocol import RequestError, ServerDefaults, parse, prompt_char_limit
 from caidllm.serve.shutdown import Shutdown
 
 logger = logging.getLogger("caidllm.serve")
@@ -61,6 +61,8 @@ def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> Fa
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
     background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue))
     metrics = ServerMetrics(background)
+    if settings.defaults.max_prompt_chars is None:
+        settings.defaults.max_prompt_chars = prompt_char_limit(lm)
     shutdown = Shutdown(settings.shutdown_grace)
 
     @asynccontextmanager

@@ -43,6 +43,7 @@ class ServerDefaults:
     max_prompt_tokens: int | None = None  # None: whatever fits the model's context
     max_prompts: int = 16  # prompts in one /v1/completions request
     settings: object = None  # a calibrate settings file (Settings): its values are the defaults of its method
+    max_prompt_chars: int | None = None  # longer text cannot fit the context: refused untokenised (prompt_char_limit)
 
 
 @dataclass
@@ -136,7 +137,7 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
     max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = _positive_int(body, max_name)
-    prompts = _messages(body["messages"], lm) if kind == "chat" else _prompts(body["prompt"], lm, defaults)
+    prompts = _messages(body["messages"], lm, defaults) if kind == "chat" else _prompts(body["prompt"], lm, defaults)
     if defaults.max_prompt_tokens is not None:
         for ids in prompts:
             if len(ids) > defaults.max_prompt_tokens:
@@ -166,6 +167,9 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         param = "gen_length" if "gen_length" in extensions else max_name
         raise RequestError(f"the canvas of {gen_length} positions exceeds this server's limit of "
                            f"{defaults.max_gen_length}", param)
+    steps = ext.get("steps")
+    if _int(steps) and _int(gen_length) and steps > gen_length:  # steps that commit nothing, for nothing
+        raise RequestError(f"steps ({steps}) exceeds the canvas of {gen_length} positions", "steps")
     temperature = body.get("temperature", 0.0)
     if not _number(temperature) or temperature < 0:
         raise RequestError(f"temperature must be a number >= 0, got {temperature!r}", "temperature")
@@ -215,7 +219,21 @@ def _type(value) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
 
 
-def _messages(messages, lm) -> list[list[int]]:
+def prompt_char_limit(lm) -> int:
+    """Text longer than this cannot fit the model's context, so it is refused before the tokenizer
+    spends seconds on it: a token covers at most as many characters as its longest vocabulary entry
+    has (byte-level, SentencePiece and WordPiece entries alike), with 4x to spare for normalizers."""
+    longest = max(map(len, lm.tokenizer.get_vocab()), default=1)
+    return 4 * longest * lm.config.max_length
+
+
+def _check_length(text: str, defaults: ServerDefaults, param: str) -> None:
+    if defaults.max_prompt_chars is not None and len(text) > defaults.max_prompt_chars:
+        raise RequestError(f"the {param} has {len(text)} characters; no text over {defaults.max_prompt_chars} "
+                           "characters fits the model's context", param)
+
+
+def _messages(messages, lm, defaults: ServerDefaults) -> list[list[int]]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
     turns = []
@@ -239,6 +257,7 @@ def _messages(messages, lm) -> list[list[int]]:
         turns.append({"role": m["role"], "content": content})
     if not any(t["content"].strip() for t in turns):
         raise RequestError("messages are all empty", "messages")
+    _check_length("".join(t["content"] for t in turns), defaults, "messages")
     try:
         return [lm.encode_messages(turns)]
     except InputError as error:
@@ -259,6 +278,7 @@ def _prompts(prompt, lm, defaults: ServerDefaults) -> list[list[int]]:
         if isinstance(p, str):
             if not p.strip():
                 raise RequestError(f"prompt {i} is empty", "prompt")
+            _check_length(p, defaults, "prompt")
             out.append(lm.tokenizer.encode(p, add_special_tokens=False))
         elif _ids(p):
             out.append(list(p))
