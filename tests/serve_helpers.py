@@ -8,13 +8,21 @@ import sys
 import time
 
 import httpx
+import pytest
 
+import caidllm
 from caidllm.serve.app import ServeSettings, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
 
 PROMPT = "not ( True ) and ( True ) is"
 SETTINGS = dict(gen_length=64, block_length=16)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The shipped tiny model, fp32 on the CPU (a test module imports this fixture by name)."""
+    return caidllm.load("tiny", device="cpu", dtype="float32")
 
 
 def start(lm, max_gen_length=256, **kw):

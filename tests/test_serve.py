@@ -9,14 +9,8 @@ import httpx
 import openai
 import pytest
 
-import caidllm
 from caidllm.serve.loadtest import run_load
-from serve_helpers import PROMPT, SETTINGS, metric, start
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return caidllm.load("tiny", device="cpu", dtype="float32")
+from serve_helpers import PROMPT, SETTINGS, metric, start, tiny  # noqa: F401 - tiny is a fixture
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import caidllm
 from caidllm.serve.protocol import NEUTRAL, OPENAI_FIELDS
-from serve_helpers import PROMPT, start
+from serve_helpers import PROMPT, start, tiny  # noqa: F401 - tiny is a fixture
 
 settings.register_profile("ci", max_examples=60, derandomize=True, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -65,11 +64,6 @@ def bodies(draw):
         else:
             body[draw(odd_text)] = draw(values)
     return ("/v1/chat/completions" if chat else "/v1/completions"), body
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return caidllm.load("tiny", device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,13 @@ import time
 import httpx
 import pytest
 
-import caidllm
 from caidllm.decode import policies
 from caidllm.serve.guard import OPEN_PATHS, OPEN_PREFIXES
-from serve_helpers import PROMPT, free_port, metric, spawn_serve, start, wait_until
+from serve_helpers import (PROMPT, free_port, metric, spawn_serve, start, tiny,  # noqa: F401 - tiny is a fixture
+                           wait_until)
 
 JSON = {"content-type": "application/json"}
 FAST = {"method": "fastdllm", "gen_length": 16, "block_length": 16}
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return caidllm.load("tiny", device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,9 @@ import asyncio
 
 import pytest
 
-import caidllm
 from caidllm.errors import InputError
 from caidllm.serve.soak import run_soak
-from serve_helpers import start
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return caidllm.load("tiny", device="cpu", dtype="float32")
+from serve_helpers import start, tiny  # noqa: F401 - tiny is a fixture
 
 
 def test_a_short_soak_loses_nothing(tiny):

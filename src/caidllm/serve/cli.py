@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -119,4 +121,9 @@ def run(args) -> int:
     http.join()
     if not server.started:
         raise InputError(f"the server could not start on {args.host}:{args.port} (see the log above)")
-    return 0
+    # All has stopped cleanly. The interpreter's teardown of torch and the model would take seconds
+    # more on a loaded machine (measured: 2 s, past the grace period); there is nothing left to save.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

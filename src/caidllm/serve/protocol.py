@@ -180,7 +180,8 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         own = defaults.settings if defaults.settings is not None and defaults.settings.method == method else None
         return build_config(method, settings=own, temperature=float(temperature), seed=seed, **ext)
     except InputError as error:
-        raise RequestError(str(error), _param_named(str(error), ["method", *extensions])) from None
+        param = _param_named(str(error), ["method", *extensions]) or ("cai" if "cai" in extensions else "method")
+        raise RequestError(str(error), param) from None
 
 
 def _check_text(body: dict) -> None:
@@ -208,7 +209,8 @@ def _check_types(extensions: dict) -> None:
     cai = extensions.get("cai", {})
     if not isinstance(cai, dict):
         raise RequestError(f"cai must be an object of CAI settings, got {_type(cai)}", "cai")
-    for label, name, value in [*((n, n, v) for n, v in extensions.items()), *((f"cai.{n}", n, v) for n, v in cai.items())]:
+    named = [(n, n, v) for n, v in extensions.items()] + [(f"cai.{n}", n, v) for n, v in cai.items()]
+    for label, name, value in named:
         wanted = STRICT_TYPES.get(name)
         if wanted is not None and value is not None and not isinstance(value, wanted):
             kind = "true or false" if wanted is bool else "a string"
