@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from caidllm.serve.loadtest import run_load
-from serve_helpers import PROMPT, SETTINGS, metric, start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import PROMPT, SETTINGS, metric, start, tiny  # noqa: F401 - tiny is a fixture
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 from caidllm.decode import policies
 from caidllm.serve.guard import OPEN_PATHS, OPEN_PREFIXES
-from serve_helpers import (PROMPT, free_port, metric, spawn_serve, start, tiny,  # noqa: F401 - tiny is a fixture
+from helpers.serve import (PROMPT, free_port, metric, spawn_serve, start, tiny,  # noqa: F401 - tiny is a fixture
                            wait_until)
 
 JSON = {"content-type": "application/json"}

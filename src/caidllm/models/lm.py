@@ -15,14 +15,19 @@ import torch
 from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
+from .forward_modes import MODES
 from .layers import Context, positions_from_mask
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 from .transfer import to_device
 
-MODES = ("full", "prefix", "dual", "es")
 
 
 class DiffusionLM:
+    """A loaded model (LLaDA, Dream, ...) with its config and tokenizer, behind the one interface the
+    decoders use: `forward` in each forward mode (models/forward_modes.py) with float32 logits
+    aligned to positions, `new_cache`, chat encoding and decoding; `generate` is the decoders'
+    (registered by caidllm.decode)."""
+
     def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None):
         self.model = model
         self.config = config
@@ -159,11 +164,17 @@ class DiffusionLM:
 
     # ---- decoding -------------------------------------------------------
 
-    def generate(self, prompts, method: str = "cai", **options):
-        """Decode `prompts` with a method preset; see caidllm.decode.generate."""
-        from ..decode import generate
+    # The decoders live a layer above the model: caidllm.decode registers its generate() here when
+    # it is imported (importing caidllm does), so this module never imports them.
+    _generate_function = None
 
-        return generate(self, prompts, method=method, **options)
+    @classmethod
+    def register_generate(cls, function) -> None:
+        cls._generate_function = staticmethod(function)
+
+    def generate(self, prompts, method: str = "cai", **options):
+        """Decode `prompts` with a method preset; see caidllm.decode.generate (the same function)."""
+        return self._generate_function(self, prompts, method=method, **options)
 
     # ---- text -----------------------------------------------------------
 

@@ -44,7 +44,9 @@ INLINE_PARSE_BYTES = 64 * 1024  # bodies up to this size are decoded and tokenis
 
 
 @dataclass
-class ServeSettings:
+class ServerConfig:
+    """How `caidllm serve` runs: request defaults, engine limits, API key, time limit, replica name."""
+
     defaults: ServerDefaults
     max_batch: int = 8
     max_queue: int = 64
@@ -56,7 +58,10 @@ class ServeSettings:
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
-def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> FastAPI:
+ServeSettings = ServerConfig  # the old name
+
+
+def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> FastAPI:
     """The app. With engine_thread the engine loop runs in its own thread from startup to
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
     background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue))
@@ -98,7 +103,7 @@ def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> Fa
 
     @app.get("/health")
     async def health():
-        alive = background._thread is not None and background._thread.is_alive()
+        alive = background.alive
         status = "draining" if shutdown.draining else "ok" if alive else "stopped"
         return JSONResponse({"status": status, "replica": settings.replica},
                             status_code=200 if status == "ok" else 503)

@@ -9,15 +9,15 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from caidllm.decode.presets import method_names
 from caidllm.errors import InputError
 from caidllm.serve import replicas
+from caidllm.serve.launch import settings_file_of, settings_from  # noqa: F401 - also read from here
 
 
 def register(sub, name: str) -> None:
-    from caidllm.cli import add_model_arguments
+    from caidllm.options import add_model_arguments
 
     p = sub.add_parser(name, help="serve a model with an OpenAI-compatible HTTP API",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -48,57 +48,25 @@ def register(sub, name: str) -> None:
     p.set_defaults(handler=run)
 
 
-def settings_from(args, lm):
-    from caidllm.serve.app import ServeSettings
-    from caidllm.serve.protocol import ServerDefaults
-
-    for name in ("gen_length", "block_length", "max_batch", "port", "max_body_bytes", "body_timeout"):
-        value = getattr(args, name)
-        if value < (0 if name == "port" else 1):
-            raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if args.shutdown_grace < 0:
-        raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
-    from caidllm.decode.presets import build_config
-
-    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # checks them
-    name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
-    defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
-                              block_length=args.block_length,
-                              max_gen_length=args.max_gen_length or lm.config.max_length,
-                              max_prompt_tokens=args.max_prompt_tokens, settings=_settings(args))
-    return ServeSettings(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
-                         api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
-                         max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
-                         body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace)
-
-
-def _settings(args):
-    if getattr(args, "settings", None) is None:
-        return None
-    from caidllm.decode.settings_file import load_settings
-
-    return load_settings(args.settings)
-
-
 def run(args) -> int:
     import uvicorn
 
-    from caidllm.cli import load_model
-    from caidllm.serve.shutdown import uvicorn_config
     from caidllm.decode.presets import build_config
+    from caidllm.options import load_model
     from caidllm.serve.app import create_app
+    from caidllm.serve.shutdown import uvicorn_config
 
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
-        return replicas.run(args)
+        return run_replicas(args)
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
-    _settings(args)  # a bad settings file fails before the model loads too
+    settings_file_of(args)  # a bad settings file fails before the model loads too
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
-    # HTTP in a thread, the engine loop in the main thread (torch is faster there). SIGTERM / SIGINT:
-    # uvicorn stops accepting and the app drains (serve/shutdown.py): requests in flight go on for
-    # --shutdown-grace seconds, then end with a clean error; the app shuts down, then the engine
-    # stops, and the exit status is 0.
+    # HTTP in a thread, the engine loop in the main thread (BENCHMARKS.md: "Where the engine loop runs").
+    # SIGTERM / SIGINT: uvicorn stops accepting and the app drains (serve/shutdown.py): requests in
+    # flight go on for --shutdown-grace seconds, then end with a clean error; the app shuts down,
+    # then the engine stops, and the exit status is 0.
     server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_grace))
     http = threading.Thread(target=server.run, name="caidllm-http")
 
@@ -127,3 +95,12 @@ def run(args) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def run_replicas(args) -> int:
+    replicas.check(args)
+    try:
+        from caidllm.serve import ray_deployment
+    except ImportError as e:
+        raise InputError(f"--replicas needs Ray Serve ({e.name or e} is missing): pip install 'caidllm[ray]'") from None
+    return ray_deployment.serve_until_stopped(args)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import caidllm
-from caidllm.serve.app import ServeSettings, create_app
+from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
 
@@ -27,7 +27,7 @@ def tiny():
 
 def start(lm, max_gen_length=256, **kw):
     defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=max_gen_length)
-    return LocalServer(create_app(lm, ServeSettings(defaults=defaults, **kw)))
+    return LocalServer(create_app(lm, ServerConfig(defaults=defaults, **kw)))
 
 
 def metric(url, name, headers=None):
