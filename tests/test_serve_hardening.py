@@ -1,6 +1,7 @@
 """The server as a hostile client meets it (issue 30): every case that once answered 500, stalled,
 hung or leaked is here as a regression test, on live servers on 127.0.0.1 with the tiny model."""
 
+import dataclasses
 import json
 import signal
 import socket
@@ -144,18 +145,14 @@ def test_open_endpoints_are_exactly_the_documented_ones(tiny):
 def test_a_decode_that_raises_fails_alone(tiny, monkeypatch):
     """A policy that raises (injected through the policy registry) fails its own request with a clean
     error; the requests decoding next to it finish with their alone answers."""
-    real = policies.POLICY_BUILDERS["threshold"]
+    real = policies.POLICIES["threshold"]
 
-    def faulty(config, gating):
-        select, state = real(config, gating)
-        if config.threshold != 0.5:
-            return select, state
-
-        def broken(view):
+    def faulty(view, threshold, factor):
+        if threshold == 0.5:
             raise ArithmeticError("injected fault")
-        return broken, state
+        return real.select(view, threshold=threshold, factor=factor)
 
-    monkeypatch.setitem(policies.POLICY_BUILDERS, "threshold", faulty)
+    monkeypatch.setitem(policies.POLICIES, "threshold", dataclasses.replace(real, select=faulty))
     prompts = [PROMPT, "7 + 5 * 3 =", "( 1 + 2 ) * 3 ="]
     want = tiny.generate(prompts, method="fastdllm", chat=False, batch_size=1, gen_length=32, block_length=16)
     with start(tiny) as s:
