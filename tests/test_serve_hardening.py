@@ -83,6 +83,9 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(tiny):
     with start(tiny) as s:  # the default limit, 4 MiB
         r, took = _timed("POST", f"{s.url}/v1/completions", content=b" " * 5_000_000, headers=JSON)
         assert refused(r, 413)["code"] == "request_too_large" and took < 3.0, took
+        chunked = iter([b" " * 1_000_000] * 5)  # no Content-Length: counted as it is read
+        r, took = _timed("POST", f"{s.url}/v1/completions", content=chunked, headers=JSON)
+        assert refused(r, 413)["code"] == "request_too_large" and took < 3.0, took
         assert _timed("GET", f"{s.url}/health")[0].status_code == 200
 
 
