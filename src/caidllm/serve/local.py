@@ -34,4 +34,5 @@ class LocalServer:
 
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
+        self.config.app.state.shutdown.begin_from_thread()  # as on SIGTERM: requests in flight drain
         self.thread.join(timeout=30)
