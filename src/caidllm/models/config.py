@@ -24,7 +24,7 @@ class ModelConfig:
     max_length: int  # longest canvas the model accepts
     qkv_bias: bool
     tie_embeddings: bool  # LM head shares the input embedding matrix
-    mask_id: int
+    mask_id: int | None  # None until the tokenizer names it (config.json may not)
     eos_id: int  # fills the canvas after an answer ends
     eos_ids: tuple[int, ...]  # every id that ends an answer (eos, end of turn)
     pad_id: int
@@ -38,6 +38,11 @@ class ModelConfig:
     # block_lengths: the block lengths the model decodes with (empty: any, for full-sequence models).
     block_causal: bool = False
     block_lengths: tuple[int, ...] = ()
+    # Mixture-of-experts families (models/moe.py): the routed layer's sizes and routing, and which
+    # layers use it (the others keep a dense SwiGLU of intermediate_size). None / (): a dense model.
+    moe: object | None = None  # a moe.MoEConfig
+    moe_layers: tuple[int, ...] = ()
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (LLaDA-MoE)
 
 
 class ConfigFields:

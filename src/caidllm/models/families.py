@@ -1,6 +1,8 @@
 """The registry of model families: which config.json each one reads and which
 module it builds. A family is one entry (config.Family, defined beside its
-module); adding one is adding it to FAMILIES, nothing else branches on names."""
+module); adding one is adding it to FAMILIES, nothing else branches on names.
+A config.json is recognised by its architectures first, then by its model_type
+(the first family, in this order, that lists it)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from ..errors import ModelLoadError
 from .config import ConfigFields, Family, ModelConfig
 from .dream import DREAM
 from .llada import LLADA
+from .llada_moe import LLADA_MOE
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE)}
 
 
 def get_family(name: str) -> Family:
@@ -23,14 +26,19 @@ def get_family(name: str) -> Family:
 
 def family_of(raw: dict, source: str = "config.json") -> Family:
     """The family whose architectures (first) or model_type name this config.json."""
+    model_type = str(raw.get("model_type", "")).lower()
+    by_type = next((f for f in FAMILIES.values() if model_type in f.model_types), None)
     for arch in raw.get("architectures") or []:
         for family in FAMILIES.values():
             if arch in family.architectures:
+                if by_type is not None and model_type not in family.model_types:
+                    raise ModelLoadError(
+                        f"{source}: architectures {raw.get('architectures')!r} name the {family.name} family but "
+                        f"model_type {raw.get('model_type')!r} names {by_type.name}; the fields contradict each "
+                        "other (fix one of them)")
                 return family
-    model_type = str(raw.get("model_type", "")).lower()
-    for family in FAMILIES.values():
-        if model_type in family.model_types:
-            return family
+    if by_type is not None:
+        return by_type
     known = "; ".join(f"{f.name} (architectures {', '.join(f.architectures)}; model_type {', '.join(f.model_types)})"
                       for f in FAMILIES.values())
     raise ModelLoadError(
@@ -71,10 +79,10 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
     if fields["max_length"] < 1:
         raise ModelLoadError(f"{source}: the model's context length must be positive, got {fields['max_length']}")
     eos_id = get.int("eos_token_id")
+    fields.setdefault("mask_id", get.int("mask_token_id", None))  # else the tokenizer's mask token
     return ModelConfig(
         family=family.name,
         head_dim=head_dim,
-        mask_id=get.int("mask_token_id"),
         eos_id=eos_id,
         eos_ids=(eos_id,),  # widened with end-of-turn ids once the tokenizer is known
         pad_id=get.int("pad_token_id", eos_id),

@@ -24,7 +24,7 @@ DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
 }
-END_OF_TURN = ("<|eot_id|>", "<|im_end|>")
+END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaDA, ChatML, Ling (LLaDA-MoE)
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "additional_special_tokens")
 
 
@@ -125,25 +125,60 @@ def load_tokenizer(folder: Path, config: ModelConfig):
     n = len(tokenizer)
     if n > config.vocab_size:
         raise ModelLoadError(f"{tok_file} has {n} tokens but the model's vocabulary has only {config.vocab_size}")
-    mask_token = tokenizer.convert_ids_to_tokens(config.mask_id) if 0 <= config.mask_id < n else None
-    if mask_token is None:
-        raise ModelLoadError(f"mask_token_id {config.mask_id} of config.json is not a token of {tok_file} ({n} tokens)")
-    if "mask" not in mask_token.lower() and mask_token != tokenizer.mask_token:
-        raise ModelLoadError(f"token {mask_token!r} at mask_token_id {config.mask_id} is not a mask token ({tok_file})")
+    generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+    mask_id = checkpoint_mask_id(tokenizer, config, generation, folder)
     if tokenizer.mask_token is None:
-        tokenizer.mask_token = mask_token
+        tokenizer.mask_token = tokenizer.convert_ids_to_tokens(mask_id)
     for name in ("eos_id", "pad_id"):
         value = getattr(config, name)
         if not 0 <= value < config.vocab_size:
             raise ModelLoadError(f"config.json {name}={value} is outside the vocabulary (size {config.vocab_size})")
 
-    eos_ids = [config.eos_id]
-    for token in (tokenizer.eos_token, *END_OF_TURN):
+    # Every id the checkpoint's own files give as an end: config.json's and generation_config.json's
+    # eos, the tokenizer's eos and pad (an instruct model fills the tail with it: DiffuCoder's
+    # <|dlm_pad|>) and the end-of-turn tokens its chat template writes.
+    eos_ids = [config.eos_id, *_ids(generation.get("eos_token_id")), config.pad_id]
+    for token in (tokenizer.eos_token, tokenizer.pad_token, *END_OF_TURN):
         tid = tokenizer.convert_tokens_to_ids(token) if token else None
-        if tid is not None and tid != tokenizer.unk_token_id and tid not in eos_ids:
+        if tid is not None and tid != tokenizer.unk_token_id:
             eos_ids.append(tid)
+    eos_ids = tuple(i for i in dict.fromkeys(eos_ids) if i != mask_id)
     bos_id = config.bos_id if config.bos_id is not None else tokenizer.bos_token_id
-    return tokenizer, replace(config, eos_ids=tuple(eos_ids), bos_id=bos_id)
+    return tokenizer, replace(config, mask_id=mask_id, eos_ids=eos_ids, bos_id=bos_id)
+
+
+def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder: Path) -> int:
+    """The mask id the checkpoint's own files give: config.json's mask_token_id, else
+    generation_config.json's, else tokenizer_config.json's mask_token. The id must be a
+    token of the tokenizer whose text is a mask token; two files naming different mask
+    tokens are an error (never a silent choice)."""
+    n = len(tokenizer)
+    named = {}
+    for source, value in (("config.json mask_token_id", config.mask_id),
+                          ("generation_config.json mask_token_id", generation.get("mask_token_id"))):
+        if isinstance(value, int) and not isinstance(value, bool):
+            named[source] = value
+    if tokenizer.mask_token is not None:
+        named["tokenizer_config.json mask_token"] = tokenizer.convert_tokens_to_ids(tokenizer.mask_token)
+    if not named:
+        raise ModelLoadError(f"{folder}: no mask token: config.json has no mask_token_id and tokenizer_config.json "
+                             "no mask_token (a masked diffusion model needs one)")
+    for source, mask_id in named.items():
+        token = tokenizer.convert_ids_to_tokens(mask_id) if 0 <= mask_id < n else None
+        if token is None:
+            raise ModelLoadError(f"{source} {mask_id} is not a token of {folder / 'tokenizer.json'} ({n} tokens)")
+        if "mask" not in token.lower() and token != tokenizer.mask_token:
+            raise ModelLoadError(f"token {token!r} at {source.split()[1]} {mask_id} is not a mask token ({source})")
+    if len(set(named.values())) > 1:
+        raise ModelLoadError(f"{folder}: the mask token ids disagree: "
+                             + ", ".join(f"{source} = {i}" for source, i in named.items()))
+    return next(iter(named.values()))
+
+
+def _ids(value) -> list[int]:
+    """eos_token_id of a generation_config.json: an int, a list of ints, or absent."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
 def fast_tokenizer(tok_cfg: dict, chat_template, **source):
