@@ -13,7 +13,20 @@ def test_every_family_is_found_by_its_architectures_and_model_types(name):
     for arch in family.architectures:
         assert family_of({"architectures": [arch]}) is family
     for model_type in family.model_types:
-        assert family_of({"model_type": model_type.upper()}) is family  # model_type compared lower-cased
+        # model_type compared lower-cased; alone, it names the first family (registry order) listing it
+        first = next(f for f in FAMILIES.values() if model_type in f.model_types)
+        assert family_of({"model_type": model_type.upper()}) is first
+        assert family_of({"architectures": [family.architectures[0]], "model_type": model_type}) is family
+
+
+def test_llada_moe_official_config_says_model_type_llada():
+    assert family_of({"architectures": ["LLaDAMoEModelLM"], "model_type": "llada"}).name == "llada_moe"
+
+
+def test_architectures_contradicting_model_type_are_refused():
+    with pytest.raises(ModelLoadError, match="architectures \\['DreamModel'\\] name the dream family but "
+                                             "model_type 'llada' names llada; the fields contradict"):
+        family_of({"architectures": ["DreamModel"], "model_type": "llada"})
 
 
 def test_unknown_architecture_names_it_and_the_known_families():
