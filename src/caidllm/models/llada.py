@@ -122,7 +122,9 @@ def check_settings(raw: dict, source: str, supported: dict, family: str) -> None
 
 # Confidence gating on, cache refresh every 16 steps (DESIGN.md).
 LLADA = Family(
-    name="llada", architectures=("LLaDAModelLM",), model_types=("llada",), read_fields=read_llada_fields,
+    # MMaDA-8B (Gen-Verse) is LLaDA's layout with a larger vocabulary (image codes): its text path runs here.
+    name="llada", architectures=("LLaDAModelLM", "MMadaModelLM"), model_types=("llada", "mmada"),
+    read_fields=read_llada_fields,
     model_class=LLaDAModel, confidence_gating=True, cache_refresh_every=16,
     description="LLaDA (GSAI-ML): LLaMA-shaped bidirectional transformer, OLMo-style config.json",
 )

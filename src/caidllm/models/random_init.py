@@ -1,5 +1,6 @@
 """Random-weight models of the official shapes, by name: ``random:llada-8b``,
-``random:dream-7b``, with config.json fields overridden by a query string:
+``random:dream-7b``, ``random:llada-moe-7b`` ... (OFFICIAL: one per public checkpoint layout), with
+config.json fields overridden by a query string:
 
     caidllm.load("random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816")
 
@@ -25,6 +26,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from .families import get_family, parse_config
 from .layers import RMSNorm
+from .moe import Router
 
 PREFIX = "random:"
 
@@ -47,7 +49,28 @@ OFFICIAL = {
         "use_sliding_window": False, "vocab_size": 152064,
     },
 }
-FAMILY = {"llada-8b": "llada", "dream-7b": "dream"}
+DREAM_CODER = {**OFFICIAL["dream-7b"], "max_position_embeddings": 32768}  # Qwen2.5-Coder-7B's context
+OFFICIAL.update({
+    # MMaDA-8B (Gen-Verse): LLaDA's layout, its vocabulary grown by 8192 image codes (its text path).
+    "mmada-8b": {**OFFICIAL["llada-8b"], "architectures": ["MMadaModelLM"], "model_type": "mmada",
+                 "embedding_size": 134656, "vocab_size": 134656, "llm_vocab_size": 126464, "codebook_size": 8192},
+    # Dream-Coder-v0-Instruct-7B (Dream-org) and DiffuCoder-7B (Apple): Dream's layout on Qwen2.5-Coder-7B.
+    "dream-coder-7b": DREAM_CODER,
+    "diffucoder-7b": DREAM_CODER,
+    # LLaDA-MoE-7B-A1B (inclusionAI): OLMoE layout, 64 experts, top 8 (its config.json says model_type "llada").
+    "llada-moe-7b": {
+        "architectures": ["LLaDAMoEModelLM"], "model_type": "llada", "hidden_size": 2048, "num_hidden_layers": 16,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 157184, "max_position_embeddings": 8192,
+        "rope_theta": 50000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "attention_bias": False,
+        "tie_word_embeddings": False, "qk_layernorm": True, "num_experts": 64, "num_experts_per_tok": 8,
+        "expert_intermediate_size": 1024, "dense_intermediate_size": 8192, "moe_layer_freq": [1] * 16,
+        "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
+        "partial_rotary_factor": 1.0, "torch_dtype": "bfloat16",
+    },
+})
+# Which generated tokenizer (models/testing.py) stands in for each shape's real one.
+GENERATED_TOKENIZER = {"llada-8b": "llada", "mmada-8b": "llada", "llada-moe-7b": "llada",
+                       "dream-7b": "dream", "dream-coder-7b": "dream", "diffucoder-7b": "dream"}
 TOKEN_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
 
 
@@ -56,7 +79,8 @@ def is_random_name(name) -> bool:
 
 
 def random_raw_config(name: str) -> tuple[str, dict]:
-    """The shape's family and its config.json dict with the overrides of `name` applied."""
+    """The shape's generated-tokenizer kind ("llada" / "dream") and its config.json dict with the
+    overrides of `name` applied."""
     shape, _, query = name[len(PREFIX):].partition("?")
     if shape not in OFFICIAL:
         raise ModelLoadError(f"unknown random model shape {shape!r} in {name!r}; known: "
@@ -73,9 +97,12 @@ def random_raw_config(name: str) -> tuple[str, dict]:
             raise ModelLoadError(f"{name!r}: {key!r} is not a config.json field of {shape}; fields: "
                                  + ", ".join(sorted(raw)))
         raw[key] = _typed(name, key, text, raw[key])
-    if shape == "llada-8b" and "embedding_size" not in dict(pairs) and "vocab_size" in dict(pairs):
+    given = dict(pairs)
+    if "embedding_size" in raw and "embedding_size" not in given and "vocab_size" in given:
         raw["embedding_size"] = raw["vocab_size"]  # the weights are sized by embedding_size
-    return FAMILY[shape], raw
+    if "moe_layer_freq" in raw and "num_hidden_layers" in given:
+        raw["moe_layer_freq"] = [1] * raw["num_hidden_layers"]  # every layer MoE, as the official one
+    return GENERATED_TOKENIZER[shape], raw
 
 
 def _typed(name: str, key: str, text: str, official):
@@ -107,8 +134,8 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
     from .loading import check_device_dtype, resolve_dtype
     from .testing import generated_tokenizer
 
-    family, raw = random_raw_config(name)
-    tokenizer, ids = generated_tokenizer(family, max_length=_max_length(raw))
+    kind, raw = random_raw_config(name)
+    tokenizer, ids = generated_tokenizer(kind, max_length=_max_length(raw))
     raw.update(ids)
     config = parse_config(raw, source=name)
     if config.vocab_size < len(tokenizer):
@@ -143,7 +170,7 @@ def _end_of_turn(tokenizer) -> list[int]:
 @torch.no_grad()
 def initialise(model: nn.Module, generator: torch.Generator) -> None:
     """In place, on the parameters' own device and dtype: embeddings N(0, 1), linear weights
-    N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
+    and MoE gates N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
     weights N(1, 0.1^2)."""
     for module in model.modules():
         if isinstance(module, nn.Embedding):
@@ -154,6 +181,8 @@ def initialise(model: nn.Module, generator: torch.Generator) -> None:
                 module.bias.normal_(0.0, 0.02, generator=generator)
         elif isinstance(module, RMSNorm):
             module.weight.normal_(1.0, 0.1, generator=generator)
+        elif isinstance(module, Router):  # the MoE gate: a bare weight [experts, hidden]
+            module.weight.normal_(0.0, module.weight.shape[1] ** -0.5, generator=generator)
 
 
 def parameter_count(model: nn.Module) -> int:
