@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelLoadError
+from .checkpoints import identify
 from .config import ModelConfig
 from .families import get_family, load_config
+from .hub import download, is_hub_id
 from .lm import DiffusionLM
 from .random_init import build_random, is_random_name
 
@@ -48,31 +50,42 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False) -> Diffus
 def _load(path_or_name, device, dtype) -> DiffusionLM:
     if is_random_name(path_or_name):
         return build_random(path_or_name, resolve_device(device), dtype)
-    folder = resolve_folder(path_or_name)
+    folder, hub_id = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
+    checkpoint = identify(folder, config.raw, hub_id)
+    if checkpoint is not None:  # its recommended gating and f, unless config.json sets its own
+        config = replace(config, confidence_gating=config.raw.get("caidllm_confidence_gating",
+                                                                  checkpoint.recommended.confidence_gating),
+                         cache_refresh_every=config.raw.get("caidllm_cache_refresh_every",
+                                                            checkpoint.recommended.refresh_every))
     device = resolve_device(device)
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     check_device_dtype(device, dtype)
     tokenizer, config = load_tokenizer(folder, config)
     model = load_model(folder, config, device, dtype)
-    return DiffusionLM(model, config, tokenizer, device, dtype, path=folder)
+    lm = DiffusionLM(model, config, tokenizer, device, dtype, path=folder)
+    lm.name, lm.checkpoint = hub_id or str(path_or_name), checkpoint
+    return lm
 
 
-def resolve_folder(path_or_name) -> Path:
+def resolve_folder(path_or_name) -> tuple[Path, str | None]:
+    """The local folder of `path_or_name` and, when it was a hub id, that id (models/hub.py)."""
     if isinstance(path_or_name, str) and path_or_name in EMBEDDED:
         folder = EMBEDDED[path_or_name]
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"the embedded model {path_or_name!r} is not installed (expected it at {folder})")
-        return folder
+        return folder, None
     folder = Path(path_or_name).expanduser()
+    if not folder.exists() and isinstance(path_or_name, str) and is_hub_id(path_or_name):
+        return download(path_or_name), path_or_name.split("@", 1)[0]
     if not folder.exists():
         raise ModelLoadError(
-            f"model folder {folder} does not exist (expected a local folder in Hugging Face layout, "
-            f"or one of the embedded names {sorted(EMBEDDED)}, or random:llada-8b / random:dream-7b)"
+            f"model folder {folder} does not exist (expected a local folder in Hugging Face layout, a hub id "
+            f"ORG/NAME[@REVISION], one of the embedded names {sorted(EMBEDDED)}, or random:llada-8b / random:dream-7b)"
         )
     if not folder.is_dir():
         raise ModelLoadError(f"{folder} is a file; expected a model folder containing config.json")
-    return folder
+    return folder, None
 
 
 def resolve_device(device) -> torch.device:
@@ -259,7 +272,9 @@ def weight_files(folder: Path) -> dict[str, Path]:
         return where
     if single.is_file():
         return {name: single for name in _file_names(single)}
-    raise ModelLoadError(f"no weights in {folder}: expected model.safetensors or model.safetensors.index.json")
+    pickles = sorted(p.name for p in folder.glob("*.bin"))
+    hint = f" ({', '.join(pickles[:2])} found: caidllm reads safetensors only, never .bin pickles)" if pickles else ""
+    raise ModelLoadError(f"no weights in {folder}: expected model.safetensors or model.safetensors.index.json{hint}")
 
 
 def _file_names(file: Path) -> list[str]:
