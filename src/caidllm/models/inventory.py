@@ -1,0 +1,76 @@
+"""What a user checks before renting a GPU: the families and known checkpoints caidllm runs,
+their parameters (total / active per token), context, the decoders and cache modes that
+apply, the recommended settings, and for a given model and dtype the memory of its weights
+and of the KV cache one request needs at a given length. `caidllm models` prints it."""
+
+from __future__ import annotations
+
+import torch
+
+from .checkpoints import KNOWN, Checkpoint
+from .families import FAMILIES, get_family
+from .skip import DEFAULT_SCHEDULE, hidden_levels
+
+DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+
+def parameter_counts(lm) -> tuple[int, int]:
+    """(total, active): every parameter; those a token's forward multiplies by, i.e. without
+    the routed experts it does not use and without the input embedding table (a lookup), as
+    MoE model cards count "activated" parameters."""
+    c = lm.config
+    total = sum(p.numel() for p in lm.model.parameters())
+    inactive = 0
+    if c.moe is not None:
+        per_expert = 3 * c.hidden_size * c.moe.moe_intermediate_size
+        inactive = len(c.moe_layers) * (c.moe.num_experts - c.moe.num_experts_per_tok) * per_expert
+    embedding = 0 if c.tie_embeddings else c.vocab_size * c.hidden_size
+    return total, total - inactive - embedding
+
+
+def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes of cache one request of `length` positions needs, per cache mode: keys and values
+    of every layer (dual), twice that while prefix forwards run (their working copy), plus the
+    hidden states the early-skip mode keeps (es, default schedule); none keeps nothing."""
+    size = DTYPE_BYTES[dtype]
+    kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * length * size
+    levels = len(hidden_levels(DEFAULT_SCHEDULE, config.n_layers))
+    return {"none": 0, "prefix": 2 * kv, "dual": kv, "es": kv + levels * length * config.hidden_size * size}
+
+
+def family_rows() -> list[dict]:
+    """One row per registry entry: its name, the config.json names it answers to, what it is."""
+    return [{"family": f.name, "architectures": list(f.architectures), "model_types": list(f.model_types),
+             "confidence_gating": f.confidence_gating, "cache_refresh_every": f.cache_refresh_every,
+             "description": f.description} for f in FAMILIES.values()]
+
+
+def checkpoint_row(checkpoint: Checkpoint) -> dict:
+    """A known checkpoint with the figures of its official shape (built on the meta device)."""
+    from .loading import load
+
+    lm = load(f"random:{checkpoint.shape}", device="meta")
+    total, active = parameter_counts(lm)
+    family = get_family(lm.config.family)
+    return {**checkpoint.to_dict(), "architecture": lm.config.raw["architectures"][0],
+            "parameters_total": total, "parameters_active": active, "context": lm.config.max_length,
+            "decoders": list(decoders(family)), "cache_modes": list(family.cache_modes)}
+
+
+def decoders(family) -> tuple[str, ...]:
+    from ..decode.presets import method_names
+
+    return family.decoders or tuple(method_names())
+
+
+def checkpoint_rows() -> list[dict]:
+    return [checkpoint_row(c) for c in KNOWN]
+
+
+def model_memory(lm, dtype: torch.dtype, length: int) -> dict:
+    """Weights and per-request cache memory of a loaded (or meta) model in `dtype`."""
+    total, active = parameter_counts(lm)
+    return {"model": lm.name, "family": lm.config.family, "dtype": str(dtype).removeprefix("torch."),
+            "parameters_total": total, "parameters_active": active, "weights_bytes": total * DTYPE_BYTES[dtype],
+            "length": length, "cache_bytes_per_request": cache_bytes(lm.config, length, dtype),
+            "context": lm.config.max_length}
