@@ -1,4 +1,4 @@
-"""Command line: `caidllm generate`, `train`, `bench`, `calibrate`, `serve`, `loadtest`.
+"""Command line: `caidllm generate`, `train`, `bench`, `calibrate`, `serve`, `loadtest`, `models`.
 
 A thin front end over the public API. Bad input prints one line naming the
 problem and exits with status 2; any other failure exits non-zero too.
@@ -15,6 +15,7 @@ from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
+from caidllm.models.cli import register as register_models
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_calibrate(sub, "calibrate")
     register_serve(sub, "serve")
     register_loadtest(sub, "loadtest")
+    register_models(sub, "models")
     return parser
 
 

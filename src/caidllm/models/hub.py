@@ -34,13 +34,32 @@ def split_hub_id(name: str) -> tuple[str, str | None]:
 def download(name: str, cache_dir: str | Path | None = None) -> Path:
     """The local snapshot folder of hub id `name` (from the cache, or downloaded)."""
     from huggingface_hub import snapshot_download
+
+    repo_id, revision = split_hub_id(name)
+    folder = Path(_fetched(name, lambda: snapshot_download(repo_id, revision=revision, allow_patterns=FILES_READ,
+                                                           cache_dir=cache_dir)))
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"{name}: the snapshot {folder} has no config.json: not a model in Hugging Face layout")
+    return folder
+
+
+def download_file(name: str, filename: str) -> Path:
+    """One file of hub id `name` (config.json, for `caidllm models`), from the cache or the hub."""
+    from huggingface_hub import hf_hub_download
+
+    repo_id, revision = split_hub_id(name)
+    return Path(_fetched(name, lambda: hf_hub_download(repo_id, filename, revision=revision)))
+
+
+def _fetched(name: str, fetch):
+    """fetch()'s result, or its huggingface_hub error as one ModelLoadError line naming the id."""
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
     repo_id, revision = split_hub_id(name)
     at = f" at revision {revision!r}" if revision else ""
     try:
-        folder = snapshot_download(repo_id, revision=revision, allow_patterns=FILES_READ, cache_dir=cache_dir)
+        return fetch()
     except RevisionNotFoundError:
         raise ModelLoadError(f"{name}: the hub has no revision {revision!r} of {repo_id} "
                              "(a branch, tag or commit hash after @)") from None
@@ -56,9 +75,5 @@ def download(name: str, cache_dir: str | Path | None = None) -> Path:
             f"network); download it where there is a network (huggingface-cli download {repo_id}"
             f"{' --revision ' + revision if revision else ''} --local-dir DIR) and pass --model DIR") from None
     except (HfHubHTTPError, OSError) as error:
-        raise ModelLoadError(f"{name}: cannot fetch it from the hub: {type(error).__name__}: "
-                             f"{str(error).splitlines()[0] if str(error) else ''}") from None
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise ModelLoadError(f"{name}: the snapshot {folder} has no config.json: not a model in Hugging Face layout")
-    return folder
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise ModelLoadError(f"{name}: cannot fetch it from the hub: {type(error).__name__}: {first_line}") from None

@@ -5,10 +5,14 @@ and of the KV cache one request needs at a given length. `caidllm models` prints
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
-from .checkpoints import KNOWN, Checkpoint
-from .families import FAMILIES, get_family
+from ..errors import InputError, ModelLoadError
+from .checkpoints import KNOWN, Checkpoint, find_checkpoint, identify
+from .families import FAMILIES, get_family, load_config
 from .skip import DEFAULT_SCHEDULE, hidden_levels
 
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
@@ -17,7 +21,7 @@ DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 def parameter_counts(lm) -> tuple[int, int]:
     """(total, active): every parameter; those a token's forward multiplies by, i.e. without
     the routed experts it does not use and without the input embedding table (a lookup), as
-    MoE model cards count "activated" parameters."""
+    MoE model cards count "activated" parameters. `lm`: anything with .model and .config."""
     c = lm.config
     total = sum(p.numel() for p in lm.model.parameters())
     inactive = 0
@@ -67,10 +71,49 @@ def checkpoint_rows() -> list[dict]:
     return [checkpoint_row(c) for c in KNOWN]
 
 
+@dataclass
+class Described:
+    """A model's module on the meta device (no memory, no weights read) and its config."""
+
+    name: str
+    model: torch.nn.Module
+    config: object
+    checkpoint: Checkpoint | None
+
+
+def describe(name: str) -> Described:
+    """`name` (random:..., a known checkpoint's hub id or name, a folder, or any hub id) built on
+    the meta device from its config.json alone: nothing but config.json is read or fetched."""
+    from .hub import download_file, is_hub_id
+    from .loading import EMBEDDED, load
+    from .random_init import is_random_name
+
+    if is_random_name(name):
+        lm = load(name, device="meta")
+        return Described(name, lm.model, lm.config, None)
+    known = find_checkpoint(name)
+    folder = EMBEDDED.get(name, Path(name).expanduser())
+    if known is not None and not folder.exists():  # its official shape: no download needed
+        lm = load(f"random:{known.shape}", device="meta")
+        return Described(known.hub_id, lm.model, lm.config, known)
+    if folder.is_dir():
+        config_file = folder / "config.json"
+    elif is_hub_id(name):
+        config_file = download_file(name, "config.json")
+    else:
+        raise ModelLoadError(f"{name}: not a model folder, a hub id ORG/NAME[@REVISION] or random:SHAPE")
+    config = load_config(config_file)
+    with torch.device("meta"):
+        model = get_family(config.family).model_class(config)
+    return Described(name, model, config, identify(config_file.parent, config.raw))
+
+
 def model_memory(lm, dtype: torch.dtype, length: int) -> dict:
-    """Weights and per-request cache memory of a loaded (or meta) model in `dtype`."""
+    """Weights and per-request cache memory of a (meta) model in `dtype`."""
+    if length < 1:
+        raise InputError(f"--length must be a positive number of positions, got {length}")
     total, active = parameter_counts(lm)
     return {"model": lm.name, "family": lm.config.family, "dtype": str(dtype).removeprefix("torch."),
             "parameters_total": total, "parameters_active": active, "weights_bytes": total * DTYPE_BYTES[dtype],
-            "length": length, "cache_bytes_per_request": cache_bytes(lm.config, length, dtype),
-            "context": lm.config.max_length}
+            "length": length, "context": lm.config.max_length,
+            "cache_bytes_per_request": cache_bytes(lm.config, length, dtype)}
