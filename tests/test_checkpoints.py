@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from checkpoint_files import write_checkpoint
+from helpers.checkpoint_files import write_checkpoint
 
 import caidllm
 from caidllm.errors import InputError

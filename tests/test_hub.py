@@ -5,7 +5,7 @@ models--ORG--NAME/{refs/main, snapshots/COMMIT/...}."""
 import shutil
 
 import pytest
-from checkpoint_files import write_checkpoint
+from helpers.checkpoint_files import write_checkpoint
 
 import caidllm
 from caidllm.cli import main

@@ -4,7 +4,7 @@ model folders: one line naming the file or field, exit status 2."""
 import json
 
 import pytest
-from checkpoint_files import write_checkpoint
+from helpers.checkpoint_files import write_checkpoint
 
 from caidllm.cli import main
 from caidllm.models.checkpoints import KNOWN

@@ -6,7 +6,7 @@ fp32, no padding, max abs difference at the 1e-5 level."""
 import pytest
 import torch
 import torch.nn.functional as F
-from checkpoint_files import write_checkpoint
+from helpers.checkpoint_files import write_checkpoint
 from safetensors.torch import load_file
 
 import caidllm

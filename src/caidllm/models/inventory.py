@@ -43,10 +43,12 @@ def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
 
 
 def family_rows() -> list[dict]:
-    """One row per registry entry: its name, the config.json names it answers to, what it is."""
+    """One row per registry entry: its name, the config.json names it answers to, what it is,
+    the decoders (empty: every method preset) and cache modes that apply."""
     return [{"family": f.name, "architectures": list(f.architectures), "model_types": list(f.model_types),
              "confidence_gating": f.confidence_gating, "cache_refresh_every": f.cache_refresh_every,
-             "description": f.description} for f in FAMILIES.values()]
+             "description": f.description, "decoders": list(f.decoders), "cache_modes": list(f.cache_modes)}
+            for f in FAMILIES.values()]
 
 
 def checkpoint_row(checkpoint: Checkpoint) -> dict:
@@ -58,13 +60,7 @@ def checkpoint_row(checkpoint: Checkpoint) -> dict:
     family = get_family(lm.config.family)
     return {**checkpoint.to_dict(), "architecture": lm.config.raw["architectures"][0],
             "parameters_total": total, "parameters_active": active, "context": lm.config.max_length,
-            "decoders": list(decoders(family)), "cache_modes": list(family.cache_modes)}
-
-
-def decoders(family) -> tuple[str, ...]:
-    from ..decode.presets import method_names
-
-    return family.decoders or tuple(method_names())
+            "decoders": list(family.decoders), "cache_modes": list(family.cache_modes)}
 
 
 def checkpoint_rows() -> list[dict]:

@@ -6,7 +6,7 @@ config.json fields overridden by a query string:
 
 They exist to measure speed and memory without a checkpoint: the weights are
 drawn directly on the target device in the target dtype (no file, no CPU
-round-trip), and a small generated tokenizer (models/testing.py) stands in for
+round-trip), and a small generated tokenizer (models/generated_tokenizer.py) stands in for
 the real one, so every command accepts them. The text they write means
 nothing. ``device="meta"`` builds the module without memory (to count
 parameters). The token ids of the config (mask, eos, pad, bos) are those of the
@@ -24,9 +24,13 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
+from .device import check_device_dtype, resolve_dtype
 from .families import get_family, parse_config
+from .generated_tokenizer import generated_tokenizer
 from .layers import RMSNorm
+from .lm import DiffusionLM
 from .moe import Router
+from .tokenizer import end_of_turn_ids
 
 PREFIX = "random:"
 
@@ -68,7 +72,7 @@ OFFICIAL.update({
         "partial_rotary_factor": 1.0, "torch_dtype": "bfloat16",
     },
 })
-# Which generated tokenizer (models/testing.py) stands in for each shape's real one.
+# Which generated tokenizer (models/generated_tokenizer.py) stands in for each shape's real one.
 GENERATED_TOKENIZER = {"llada-8b": "llada", "mmada-8b": "llada", "llada-moe-7b": "llada",
                        "dream-7b": "dream", "dream-coder-7b": "dream", "diffucoder-7b": "dream"}
 TOKEN_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
@@ -130,9 +134,6 @@ def _typed(name: str, key: str, text: str, official):
 
 def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
     """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
-    from .lm import DiffusionLM
-    from .loading import check_device_dtype, resolve_dtype
-    from .testing import generated_tokenizer
 
     kind, raw = random_raw_config(name)
     tokenizer, ids = generated_tokenizer(kind, max_length=_max_length(raw))
@@ -144,7 +145,7 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     if device.type != "meta":
         check_device_dtype(device, dtype)
-    config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *_end_of_turn(tokenizer)])))
+    config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *end_of_turn_ids(tokenizer)])))
     with torch.device("meta"):
         model = get_family(config.family).model_class(config)
     model = model.to(dtype)
@@ -158,13 +159,6 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
 
 def _max_length(raw: dict) -> int:
     return int(raw.get("max_sequence_length") or raw.get("max_position_embeddings"))
-
-
-def _end_of_turn(tokenizer) -> list[int]:
-    from .loading import END_OF_TURN
-
-    found = [tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN]
-    return [i for i in found if i is not None and i != tokenizer.unk_token_id]
 
 
 @torch.no_grad()

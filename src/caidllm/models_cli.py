@@ -33,8 +33,9 @@ def register(sub, name: str = "models") -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from .inventory import checkpoint_rows, describe, family_rows, model_memory
-    from .loading import resolve_dtype
+    from caidllm.decode.presets import method_names
+    from caidllm.models.device import resolve_dtype
+    from caidllm.models.inventory import checkpoint_rows, describe, family_rows, model_memory
 
     if args.model is not None:
         dtype = resolve_dtype(args.dtype)  # a bad dtype fails before anything is read
@@ -46,6 +47,8 @@ def run(args) -> int:
         print(json.dumps(memory) if args.json else "\n".join(memory_lines(memory)))
         return 0
     families, checkpoints = family_rows(), checkpoint_rows()
+    for row in families + checkpoints:  # an empty list of decoders means every method preset
+        row["decoders"] = row["decoders"] or method_names()
     if args.json:
         print(json.dumps({"families": families, "checkpoints": checkpoints}))
     else:
