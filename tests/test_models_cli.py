@@ -118,3 +118,23 @@ def test_bad_folder_is_one_line_and_exit_2(capsys, tmp_path, hub_id, breaks):
     status, _, err = run(capsys, "generate", "hi", "--model", str(folder), "--device", "cpu")
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and re.search(message, lines[0]), lines
+
+
+def test_generate_on_a_known_checkpoint_applies_and_names_its_recommendation(capsys, tmp_path):
+    folder = write_checkpoint(tmp_path, "apple/DiffuCoder-7B-cpGRPO")
+    status, out, err = run(capsys, "generate", "what is 2 + 3 ?", "--model", str(folder), "--device", "cpu",
+                           "--dtype", "float32", "--gen-length", "32", "--json")
+    assert status == 0
+    assert "apple/DiffuCoder-7B-cpGRPO: recommended settings applied: block_length 32, temperature 0; " \
+           "confidence gating off, f 8; chat template by default (source: apple/DiffuCoder-7B-Instruct model card" in err
+    result = json.loads(out)
+    assert result["answer_length"] <= 32
+
+
+def test_generate_on_a_base_model_decodes_raw_text_unless_told(capsys, tmp_path):
+    folder = write_checkpoint(tmp_path, "inclusionAI/LLaDA-MoE-7B-A1B-Base")
+    argv = ["generate", "what is 2 + 3 ?", "--model", str(folder), "--device", "cpu", "--gen-length", "32"]
+    status, _, err = run(capsys, *argv)
+    assert status == 0 and "base model: raw text by default" in err
+    status, _, err = run(capsys, *argv, "--chat")
+    assert status == 2 and "LLaDA-MoE-7B-A1B-Base has no chat template" in err and "--no-chat" in err
