@@ -123,3 +123,16 @@ def test_unknown_folder_keeps_the_family_defaults(folders, tmp_path):
     config["caidllm_checkpoint"] = "GSAI-ML/LLaDA-8B-Base"  # the user says which it is
     (path / "config.json").write_text(json.dumps(config))
     assert caidllm.load(path, device="cpu", dtype="float32").chat_default is False
+
+
+def test_readme_model_table_matches_the_known_checkpoints():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for c in KNOWN:
+        r = c.recommended
+        row = next((line for line in readme.splitlines() if line.startswith(f"| {c.hub_id} |")), None)
+        assert row is not None, c.hub_id
+        assert f"| {c.family} (" in row and f"| {r.gen_length} / {r.block_length} / {r.steps} / {r.temperature:g} |" in row
+        assert f"| {'on' if r.confidence_gating else 'off'}, {r.refresh_every} |" in row
+        assert f"| {'yes' if c.instruct else 'no'} |" in row

@@ -5,6 +5,7 @@ and of the KV cache one request needs at a given length. `caidllm models` prints
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,13 +54,20 @@ def family_rows() -> list[dict]:
 
 def checkpoint_row(checkpoint: Checkpoint) -> dict:
     """A known checkpoint with the figures of its official shape (built on the meta device)."""
+    return {**checkpoint.to_dict(), **shape_figures(checkpoint.shape)}
+
+
+@functools.lru_cache(maxsize=None)
+def shape_figures(shape: str) -> dict:
+    """Architecture, parameters, context, decoders and cache modes of a random: shape (several
+    checkpoints share one; built once)."""
     from .loading import load
 
-    lm = load(f"random:{checkpoint.shape}", device="meta")
+    lm = load(f"random:{shape}", device="meta")
     total, active = parameter_counts(lm)
     family = get_family(lm.config.family)
-    return {**checkpoint.to_dict(), "architecture": lm.config.raw["architectures"][0],
-            "parameters_total": total, "parameters_active": active, "context": lm.config.max_length,
+    return {"architecture": lm.config.raw["architectures"][0], "parameters_total": total,
+            "parameters_active": active, "context": lm.config.max_length,
             "decoders": list(family.decoders), "cache_modes": list(family.cache_modes)}
 
 
