@@ -47,6 +47,16 @@ def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, ker
     return kernel(x, gate.weight, up.weight, down.weight)
 
 
+def logits_at_targets(ctx: "Context", x: torch.Tensor, norm: nn.Module, head: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of the final hidden states x at ``ctx.targets`` (every computed position when
+    None), for a model without Dream's shift: only there, since the head over a large vocabulary
+    is the costly part."""
+    offsets = ctx.target_offsets()
+    if offsets is not None:
+        x = x.gather(1, offsets[..., None].expand(-1, -1, x.shape[-1]))
+    return F.linear(norm(x), head).float()
+
+
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     """RoPE positions of a left-padded canvas: the first real token is 0, padding is 0."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)

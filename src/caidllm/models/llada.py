@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .config import ConfigFields, Family, ModelConfig
-from .layers import Context, RMSNorm, swiglu, swiglu_weights
+from .layers import Context, RMSNorm, logits_at_targets, swiglu, swiglu_weights
 
 
 class LLaDABlock(nn.Module):
@@ -68,12 +68,8 @@ class LLaDAModel(nn.Module):
             x = block(ctx.enter(i, x), ctx, i)  # es mode: fewer positions at deeper layers
         x = ctx.leave(len(t.blocks), x)  # back to every computed position
 
-        # The head over a 126k vocabulary is the costly part: only where asked.
-        offsets = ctx.target_offsets()
-        if offsets is not None:
-            x = x.gather(1, offsets[..., None].expand(-1, -1, x.shape[-1]))
         head = t.wte.weight if self.cfg.tie_embeddings else t.ff_out.weight
-        return nn.functional.linear(t.ln_f(x), head).float()
+        return logits_at_targets(ctx, x, t.ln_f, head)
 
 
 # ---- config.json -------------------------------------------------------------

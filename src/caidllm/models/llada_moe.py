@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .config import ConfigFields, Family, ModelConfig
-from .layers import Context, RMSNorm
+from .layers import Context, RMSNorm, logits_at_targets
 from .moe import ExpertMLP, MoEConfig, MoEFeedForward
 
 
@@ -80,11 +80,8 @@ class LLaDAMoEModel(nn.Module):
         for i, layer in enumerate(m.layers):
             x = layer(ctx.enter(i, x), ctx, i)
         x = ctx.leave(len(m.layers), x)
-        offsets = ctx.target_offsets()
-        if offsets is not None:
-            x = x.gather(1, offsets[..., None].expand(-1, -1, x.shape[-1]))
         head = m.embed_tokens.weight if self.cfg.tie_embeddings else self.lm_head.weight
-        return nn.functional.linear(m.norm(x), head).float()
+        return logits_at_targets(ctx, x, m.norm, head)
 
 
 # ---- config.json -------------------------------------------------------------
