@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import ModelLoadError
+from .moe import MoEConfig
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -38,11 +39,18 @@ class ModelConfig:
     # block_lengths: the block lengths the model decodes with (empty: any, for full-sequence models).
     block_causal: bool = False
     block_lengths: tuple[int, ...] = ()
-    # Mixture-of-experts families (models/moe.py): the routed layer's sizes and routing, and which
-    # layers use it (the others keep a dense SwiGLU of intermediate_size). None / (): a dense model.
-    moe: object | None = None  # a moe.MoEConfig
-    moe_layers: tuple[int, ...] = ()
-    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (LLaDA-MoE)
+    # Newer layouts (LLaDA2, SDAR): RoPE on the first rope_dim dimensions of each head only
+    # (0: all of them), an RMSNorm over each head's query and key, and a mixture-of-experts
+    # feed-forward in every layer from dense_layers on (moe: None = dense everywhere).
+    rope_dim: int = 0
+    qk_norm: bool = False
+    moe: MoEConfig | None = None
+    dense_layers: int = 0
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates."""
+        return self.rope_dim or self.head_dim
 
 
 class ConfigFields:

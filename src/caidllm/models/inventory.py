@@ -28,7 +28,7 @@ def parameter_counts(lm) -> tuple[int, int]:
     inactive = 0
     if c.moe is not None:
         per_expert = 3 * c.hidden_size * c.moe.moe_intermediate_size
-        inactive = len(c.moe_layers) * (c.moe.num_experts - c.moe.num_experts_per_tok) * per_expert
+        inactive = (c.n_layers - c.dense_layers) * (c.moe.num_experts - c.moe.num_experts_per_tok) * per_expert
     embedding = 0 if c.tie_embeddings else c.vocab_size * c.hidden_size
     return total, total - inactive - embedding
 

@@ -46,7 +46,7 @@ class LLaDAMoELayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LLaDAMoEAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        if index in cfg.moe_layers:
+        if index >= cfg.dense_layers:
             self.mlp = MoEFeedForward(cfg.moe)
         else:
             self.mlp = ExpertMLP(cfg.hidden_size, cfg.intermediate_size)
@@ -116,14 +116,16 @@ def read_llada_moe_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     if not (isinstance(freq, list) and len(freq) == n_layers and all(f in (0, 1) for f in freq)):
         raise ModelLoadError(f"{source}: field 'moe_layer_freq' = {freq!r} must list 0 (dense) or 1 (MoE) "
                              f"for each of the {n_layers} layers")
+    dense_layers = freq.index(1) if 1 in freq else n_layers
+    if any(f == 0 for f in freq[dense_layers:]):  # the released checkpoints are MoE in every layer
+        raise ModelLoadError(f"{source}: field 'moe_layer_freq' = {freq!r}: caidllm runs dense layers first, then "
+                             "MoE ones (a dense layer after an MoE one is not supported)")
     moe = MoEConfig(hidden_size=hidden, moe_intermediate_size=get.int("expert_intermediate_size"),
                     num_experts=get.int("num_experts"), num_experts_per_tok=get.int("num_experts_per_tok"),
                     score_function="softmax", norm_topk_prob=False,
                     router_fp32=False)  # the official gate runs in the model dtype, its softmax in fp32
-    moe_layers = tuple(i for i, f in enumerate(freq) if f)
     # The dense layers' width: required only when some layer is dense (the released checkpoints have none).
-    dense_width = get.int("dense_intermediate_size") if len(moe_layers) < n_layers else \
-        get.int("dense_intermediate_size", 0)
+    dense_width = get.int("dense_intermediate_size") if dense_layers else get.int("dense_intermediate_size", 0)
     return dict(
         vocab_size=get.int("vocab_size"),
         hidden_size=hidden,
@@ -137,7 +139,7 @@ def read_llada_moe_fields(raw: dict, get: ConfigFields, source: str) -> dict:
         qkv_bias=get.bool("attention_bias", False),
         tie_embeddings=get.bool("tie_word_embeddings", False),
         moe=moe,
-        moe_layers=moe_layers,
+        dense_layers=dense_layers,
         qk_norm=True,
     )
 
