@@ -136,3 +136,17 @@ def test_readme_model_table_matches_the_known_checkpoints():
         assert f"| {c.family} (" in row and f"| {r.gen_length} / {r.block_length} / {r.steps} / {r.temperature:g} |" in row
         assert f"| {'on' if r.confidence_gating else 'off'}, {r.refresh_every} |" in row
         assert f"| {'yes' if c.instruct else 'no'} |" in row
+
+
+@pytest.mark.parametrize("method", ["cai", "es-dllm"])
+def test_llada_moe_answers_do_not_depend_on_the_batch(folders, method):
+    """MoE routing is per token: a prompt's answer alone equals its answer in a batch (left-padded)."""
+    lm = caidllm.load(folders["inclusionAI/LLaDA-MoE-7B-A1B-Base"], device="cpu", dtype="float32")
+    prompts = ["what is 2 + 3 ?", "how many", "the answer of the question is"]
+    alone = [lm.generate([p], method=method, gen_length=16, block_length=8)[0].token_ids for p in prompts]
+    together = lm.generate(prompts, method=method, gen_length=16, block_length=8, batch_size=3)
+    assert [r.token_ids for r in together] == alone
+    ids = torch.randint(0, len(lm.tokenizer), (2, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, :4] = False
+    torch.testing.assert_close(lm.logits(ids, mask)[1, 4:], lm.logits(ids[1:, 4:])[0], atol=1e-5, rtol=1e-5)
