@@ -133,7 +133,8 @@ def test_readme_model_table_matches_the_known_checkpoints():
         r = c.recommended
         row = next((line for line in readme.splitlines() if line.startswith(f"| {c.hub_id} |")), None)
         assert row is not None, c.hub_id
-        assert f"| {c.family} (" in row and f"| {r.gen_length} / {r.block_length} / {r.steps} / {r.temperature:g} |" in row
+        assert f"| {c.family} (" in row
+        assert f"| {r.gen_length} / {r.block_length} / {r.steps} / {r.temperature:g} |" in row
         assert f"| {'on' if r.confidence_gating else 'off'}, {r.refresh_every} |" in row
         assert f"| {'yes' if c.instruct else 'no'} |" in row
 

@@ -125,8 +125,9 @@ def test_generate_on_a_known_checkpoint_applies_and_names_its_recommendation(cap
     status, out, err = run(capsys, "generate", "what is 2 + 3 ?", "--model", str(folder), "--device", "cpu",
                            "--dtype", "float32", "--gen-length", "32", "--json")
     assert status == 0
-    assert "apple/DiffuCoder-7B-cpGRPO: recommended settings applied: block_length 32, temperature 0; " \
-           "confidence gating off, f 8; chat template by default (source: apple/DiffuCoder-7B-Instruct model card" in err
+    assert ("apple/DiffuCoder-7B-cpGRPO: recommended settings applied: block_length 32, temperature 0; "
+            "confidence gating off, f 8; chat template by default (source: apple/DiffuCoder-7B-Instruct "
+            "model card") in err
     result = json.loads(out)
     assert result["answer_length"] <= 32
 

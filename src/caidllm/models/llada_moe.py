@@ -146,7 +146,8 @@ def read_llada_moe_fields(raw: dict, get: ConfigFields, source: str) -> dict:
 
 # LLaDA's decoding (the official generate is LLaDA's): confidence gating on, refresh every 16 steps.
 LLADA_MOE = Family(
-    name="llada_moe", architectures=("LLaDAMoEModelLM",), model_types=("lladamoe", "llada_moe", "llada"),  # the official config.json says "llada"
+    # The official config.json says model_type "llada": its architectures tell it from LLaDA's.
+    name="llada_moe", architectures=("LLaDAMoEModelLM",), model_types=("lladamoe", "llada_moe", "llada"),
     read_fields=read_llada_moe_fields, model_class=LLaDAMoEModel, confidence_gating=True, cache_refresh_every=16,
     description="LLaDA-MoE (inclusionAI): OLMoE-shaped, QK-norm, 64 experts top-8 (models/moe.py)",
 )
