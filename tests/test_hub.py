@@ -41,10 +41,13 @@ def test_hub_id_loads_from_the_cache_offline(hub_cache, name):
     assert lm.chat_default is False
 
 
-def test_bad_revision_names_it(hub_cache):
+def test_bad_revision_names_it(hub_cache, capsys):
     with pytest.raises(ModelLoadError, match="GSAI-ML/LLaDA-8B-Base@nope: not in the Hugging Face cache at "
                                              "revision 'nope' and the hub cannot be reached"):
         caidllm.load("GSAI-ML/LLaDA-8B-Base@nope")
+    assert main(["generate", "hi", "--model", "GSAI-ML/LLaDA-8B-Base@nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "revision 'nope'" in err[0] and "--revision nope" in err[0]
 
 
 def test_revision_unknown_to_the_hub_names_it(monkeypatch):
