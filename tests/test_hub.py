@@ -42,8 +42,8 @@ def test_hub_id_loads_from_the_cache_offline(hub_cache, name):
 
 
 def test_bad_revision_names_it(hub_cache, capsys):
-    with pytest.raises(ModelLoadError, match="GSAI-ML/LLaDA-8B-Base@nope: not in the Hugging Face cache at "
-                                             "revision 'nope' and the hub cannot be reached"):
+    with pytest.raises(ModelLoadError, match="GSAI-ML/LLaDA-8B-Base@nope: no local folder of that name, not in the "
+                                             "Hugging Face cache at revision 'nope', and the hub cannot be reached"):
         caidllm.load("GSAI-ML/LLaDA-8B-Base@nope")
     assert main(["generate", "hi", "--model", "GSAI-ML/LLaDA-8B-Base@nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -69,11 +69,12 @@ def test_nothing_cached_offline_is_one_line_naming_the_id_and_the_folder_alterna
     with pytest.raises(ModelLoadError) as error:
         caidllm.load("Dream-org/Dream-v0-Base-7B")
     line = str(error.value)
-    assert "\n" not in line and line.startswith("Dream-org/Dream-v0-Base-7B: not in the Hugging Face cache")
+    assert "\n" not in line and line.startswith("Dream-org/Dream-v0-Base-7B: no local folder of that name, not in "
+                                                 "the Hugging Face cache")
     assert "--local-dir DIR" in line and "--model DIR" in line
     assert main(["generate", "hi", "--model", "Dream-org/Dream-v0-Base-7B"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("caidllm: error: Dream-org/Dream-v0-Base-7B: not in the")
+    assert len(err) == 1 and err[0].startswith("caidllm: error: Dream-org/Dream-v0-Base-7B: no local folder")
 
 
 def test_only_the_files_the_loader_reads_are_fetched(monkeypatch, tmp_path):

@@ -71,7 +71,8 @@ def _fetched(name: str, fetch):
                              "huggingface-cli login, or set HF_TOKEN)") from None
     except LocalEntryNotFoundError:
         raise ModelLoadError(
-            f"{name}: not in the Hugging Face cache{at} and the hub cannot be reached (HF_HUB_OFFLINE=1 or no "
+            f"{name}: no local folder of that name, not in the Hugging Face cache{at}, and the hub cannot be "
+            f"reached (HF_HUB_OFFLINE=1 or no "
             f"network); download it where there is a network (huggingface-cli download {repo_id}"
             f"{' --revision ' + revision if revision else ''} --local-dir DIR) and pass --model DIR") from None
     except (HfHubHTTPError, OSError) as error:
