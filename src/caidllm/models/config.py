@@ -10,6 +10,7 @@ from typing import Callable
 from ..errors import ModelLoadError
 from .moe import MoEConfig
 
+
 @dataclass(frozen=True)
 class ModelConfig:
     family: str  # a name of the registry (models/families.py): "llada", "dream", ...
@@ -51,6 +52,30 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         """Dimensions of each head that RoPE rotates."""
         return self.rope_dim or self.head_dim
+
+
+def block_diffusion_fields(raw: dict, source: str) -> dict:
+    """block_causal / block_lengths of a config that marks a LLaDA-layout model block-causal
+    ("caidllm_block_causal": true, "caidllm_block_lengths": [8, 32], as tiny-bd's does)."""
+    block_causal = ConfigFields(raw, source).bool("caidllm_block_causal", False)
+    lengths = raw.get("caidllm_block_lengths")
+    if lengths is None:
+        return dict(block_causal=block_causal, block_lengths=())
+    if not block_causal:
+        raise ModelLoadError(f"{source}: caidllm_block_lengths is set but caidllm_block_causal is not true")
+    if not (isinstance(lengths, list) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                              for n in lengths)):
+        raise ModelLoadError(f"{source}: field 'caidllm_block_lengths' = {lengths!r} must be a list of "
+                             "positive integers")
+    return dict(block_causal=True, block_lengths=tuple(lengths))
+
+
+def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, source: str) -> None:
+    """Grouped-query heads and an even head_dim (RoPE rotates pairs)."""
+    if n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise ModelLoadError(f"{source}: {n_heads} attention heads cannot be grouped over {n_kv_heads} key/value heads")
+    if head_dim <= 0 or head_dim % 2:
+        raise ModelLoadError(f"{source}: head_dim {head_dim} must be even for rotary embeddings")
 
 
 class ConfigFields:

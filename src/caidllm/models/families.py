@@ -10,12 +10,14 @@ import json
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from .config import ConfigFields, Family, ModelConfig
+from .config import ConfigFields, Family, ModelConfig, block_diffusion_fields, check_heads
 from .dream import DREAM
 from .llada import LLADA
+from .llada2 import LLADA2
 from .llada_moe import LLADA_MOE
+from .sdar import SDAR
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR)}
 
 
 def get_family(name: str) -> Family:
@@ -67,19 +69,22 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
     get = ConfigFields(raw, source)
     fields = family.read_fields(raw, get, source)
     d, h, kv = fields["hidden_size"], fields["n_heads"], fields["n_kv_heads"]
-    head_dim = fields.pop("head_dim", None) or get.int("head_dim", None) or (d // h if h else 0)
-    if h <= 0 or d % h or head_dim * h != d:
-        raise ModelLoadError(f"{source}: hidden size {d} is not divisible into {h} heads")
-    if kv <= 0 or h % kv:
-        raise ModelLoadError(f"{source}: {h} attention heads cannot be grouped over {kv} key/value heads")
-    if head_dim % 2:
-        raise ModelLoadError(f"{source}: head_dim {head_dim} must be even for rotary embeddings")
+    head_dim = fields.pop("head_dim", None)
+    if head_dim is None:  # heads split the hidden size (a family whose reader gives head_dim checks its own)
+        head_dim = get.int("head_dim", None) or (d // h if h else 0)
+        if h <= 0 or d % h or head_dim * h != d:
+            raise ModelLoadError(f"{source}: hidden size {d} is not divisible into {h} heads")
+    check_heads(h, kv, head_dim, source)
 
     fields["max_length"] = get.int("caidllm_max_length", fields["max_length"])
     if fields["max_length"] < 1:
         raise ModelLoadError(f"{source}: the model's context length must be positive, got {fields['max_length']}")
-    eos_id = get.int("eos_token_id")
+    eos_id = fields.pop("eos_id", None)  # a family may know its official end id when config.json has none
+    if eos_id is None:
+        eos_id = get.int("eos_token_id")
     fields.setdefault("mask_id", get.int("mask_token_id", None))  # else the tokenizer's mask token
+    if "block_causal" not in fields:  # a block-diffusion family's reader sets its own
+        fields.update(block_diffusion_fields(raw, source))
     return ModelConfig(
         family=family.name,
         head_dim=head_dim,

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .config import ConfigFields, Family, ModelConfig
-from .layers import Context, RMSNorm, logits_at_targets, swiglu, swiglu_weights
+from .layers import Context, RMSNorm, default_attention_block, logits_at_targets, swiglu, swiglu_weights
 
 
 class LLaDABlock(nn.Module):
@@ -61,7 +61,7 @@ class LLaDAModel(nn.Module):
         when it is None). Without ctx: the whole canvas, no padding, no cache."""
         t = self.model.transformer
         if ctx is None:
-            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta)
+            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta, default_attention_block(self.cfg))
 
         x = t.wte(ids)
         for i, block in enumerate(t.blocks):

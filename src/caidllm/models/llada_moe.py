@@ -1,8 +1,9 @@
 """LLaDA-MoE (inclusionAI, LLaDA-MoE-7B-A1B-Base / -Instruct): LLaDA's masked diffusion on an
 OLMoE-shaped transformer: RMSNorm over each head of q and k before RoPE, and a
 mixture-of-experts feed-forward layer (models/moe.py: softmax over 64 experts, top 8,
-weights not renormalised) in every layer that config.json's moe_layer_freq marks (a dense
-SwiGLU of dense_intermediate_size in the others). Logits are not shifted (as LLaDA's).
+weights not renormalised) from the first layer config.json's moe_layer_freq marks as MoE on (a
+dense SwiGLU of dense_intermediate_size before it; the released checkpoints have none). Logits
+are not shifted (as LLaDA's).
 
 Module names mirror the official checkpoint (OLMoE layout): model.{embed_tokens,
 layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
@@ -11,77 +12,20 @@ post_attention_layernorm, mlp.gate, mlp.experts.{e}.{gate,up,down}_proj}, norm},
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from ..errors import ModelLoadError
 from .config import ConfigFields, Family, ModelConfig
-from .layers import Context, RMSNorm, logits_at_targets
-from .moe import ExpertMLP, MoEConfig, MoEFeedForward
+from .decoder import DecoderLM, PreNormLayer
+from .moe import MoEConfig
+from .sdar import SDARAttention
 
 
-class LLaDAMoEAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        d, hd = cfg.hidden_size, cfg.head_dim
-        self.head_dim = hd
-        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=cfg.qkv_bias)
-        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)  # one weight shared by every head
-        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-
-    def forward(self, x: torch.Tensor, ctx: Context, layer: int) -> torch.Tensor:
-        R, n, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(R, n, -1, self.head_dim)).view(R, n, -1)
-        k = self.k_norm(self.k_proj(x).view(R, n, -1, self.head_dim)).view(R, n, -1)
-        # The official rotary tables are cast to the model dtype before use (rope_fp32=False).
-        return self.o_proj(ctx.attend(layer, q, k, self.v_proj(x), self.head_dim, rope_fp32=False))
-
-
-class LLaDAMoELayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LLaDAMoEAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        if index >= cfg.dense_layers:
-            self.mlp = MoEFeedForward(cfg.moe)
-        else:
-            self.mlp = ExpertMLP(cfg.hidden_size, cfg.intermediate_size)
-
-    def forward(self, x: torch.Tensor, ctx: Context, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class LLaDAMoEModel(nn.Module):
-    """Maps token ids of the computed positions to logits (no shift)."""
-
-    extra_left = 0
+class LLaDAMoEModel(DecoderLM):
+    """Maps token ids of the computed positions to logits (no shift). Its attention is SDAR's
+    (Qwen3 and OLMoE share it: no biases, an RMSNorm over each head of q and k before RoPE,
+    the rotary tables cast to the model dtype) and its layers the shared pre-norm ones."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.model.layers = nn.ModuleList(LLaDAMoELayer(cfg, i) for i in range(cfg.n_layers))
-        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        if not cfg.tie_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-
-    def forward(self, ids: torch.Tensor, ctx: Context | None = None):
-        """As LLaDAModel.forward: float32 logits [R, block, V] for ``ctx.targets``."""
-        m = self.model
-        if ctx is None:
-            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta)
-        x = m.embed_tokens(ids)
-        for i, layer in enumerate(m.layers):
-            x = layer(ctx.enter(i, x), ctx, i)
-        x = ctx.leave(len(m.layers), x)
-        head = m.embed_tokens.weight if self.cfg.tie_embeddings else self.lm_head.weight
-        return logits_at_targets(ctx, x, m.norm, head)
+        super().__init__(cfg, [PreNormLayer(cfg, i, SDARAttention(cfg)) for i in range(cfg.n_layers)])
 
 
 # ---- config.json -------------------------------------------------------------

@@ -16,8 +16,8 @@ from .checkpoints import identify
 from .config import ModelConfig
 from .families import get_family, load_config
 from .hub import download, is_hub_id
-from .lm import DiffusionLM
 from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
+from .lm import DiffusionLM
 from .random_init import build_random, is_random_name
 from .tokenizer import END_OF_TURN, fast_tokenizer
 

@@ -145,6 +145,18 @@ class Router(nn.Module):
         return route(logits, self.config, self.expert_bias)
 
 
+class Projection(nn.Linear):
+    """A bias-free Linear left uninitialised: its weights are always loaded or drawn afterwards
+    (loading.py, random_init.py), and an MoE model has tens of thousands of them (LLaDA2.0-flash:
+    23,808), whose default initialisation would dominate building the model."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class ExpertMLP(nn.Module):
     """One SwiGLU expert: down(silu(gate(x)) * up(x)), no biases."""
 
@@ -152,9 +164,9 @@ class ExpertMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = Projection(hidden_size, intermediate_size)
+        self.up_proj = Projection(hidden_size, intermediate_size)
+        self.down_proj = Projection(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x, self.gate_proj, self.up_proj, self.down_proj, self.mlp_kernel)
