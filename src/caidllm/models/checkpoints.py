@@ -13,7 +13,7 @@ models--ORG--NAME included) or config.json's "_name_or_path".
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 CAI_PAPER_LLADA = "CAI-dLLM paper: confidence gating on, f=16 for LLaDA"
@@ -67,29 +67,25 @@ LLADA_CARD = Recommendation(
     gen_length=128, block_length=32, steps=128, temperature=0.0, confidence_gating=True, refresh_every=16,
     source="GSAI-ML/LLaDA-8B-Instruct model card and ML-GSAI/LLaDA generate.py (gen_length 128, steps 128, "
            f"block_length 32, temperature 0); {CAI_PAPER_LLADA}")
-LLADA_MOE_CARD = Recommendation(
-    gen_length=128, block_length=32, steps=128, temperature=0.0, confidence_gating=True, refresh_every=16,
-    source="inclusionAI/LLaDA-MoE-7B-A1B model cards (LLaDA's generate: gen_length 128, steps 128, block_length 32, "
-           f"temperature 0); gating and f as LLaDA's ({CAI_PAPER_LLADA}; not measured on the MoE)")
-MMADA_TEXT = Recommendation(
-    gen_length=128, block_length=32, steps=128, temperature=0.0, confidence_gating=True, refresh_every=16,
-    source="MMaDA's text path is LLaDA's generate: LLaDA's card values (gen_length 128, steps 128, block_length 32, "
-           f"temperature 0); {CAI_PAPER_LLADA} (not measured on MMaDA)")
+LLADA_MOE_CARD = replace(LLADA_CARD, source=(
+    "inclusionAI/LLaDA-MoE-7B-A1B model cards (LLaDA's generate: gen_length 128, steps 128, block_length 32, "
+    f"temperature 0); gating and f as LLaDA's ({CAI_PAPER_LLADA}; not measured on the MoE)"))
+MMADA_TEXT = replace(LLADA_CARD, source=(
+    "MMaDA's text path is LLaDA's generate: LLaDA's card values (gen_length 128, steps 128, block_length 32, "
+    f"temperature 0); {CAI_PAPER_LLADA} (not measured on MMaDA)"))
 DREAM_CARD = Recommendation(
     gen_length=512, block_length=32, steps=512, temperature=0.0, confidence_gating=False, refresh_every=8,
     source="Dream-org/Dream-v0-Instruct-7B model card (max_new_tokens 512, steps 512; its temperature 0.2 with "
            "top_p 0.95 needs top-p, which caidllm lacks: greedy, as the CAI-dLLM paper evaluates Dream); "
            f"block_length 32 (Dream's generate has no blocks); {CAI_PAPER_DREAM}")
-DREAM_CODER_CARD = Recommendation(
-    gen_length=768, block_length=32, steps=768, temperature=0.0, confidence_gating=False, refresh_every=8,
-    source="Dream-org/Dream-Coder-v0-Instruct-7B model card (max_new_tokens 768, steps 768; temperature 0.1 with "
-           "top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); block_length 32; "
-           f"gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on Dream-Coder)")
-DIFFUCODER_CARD = Recommendation(
-    gen_length=256, block_length=32, steps=256, temperature=0.0, confidence_gating=False, refresh_every=8,
-    source="apple/DiffuCoder-7B-Instruct model card (max_new_tokens 256, steps 256 = one token per step; "
-           "temperature 0.4 with top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); "
-           f"block_length 32; gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on DiffuCoder)")
+DREAM_CODER_CARD = replace(DREAM_CARD, gen_length=768, steps=768, source=(
+    "Dream-org/Dream-Coder-v0-Instruct-7B model card (max_new_tokens 768, steps 768; temperature 0.1 with "
+    "top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); block_length 32; "
+    f"gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on Dream-Coder)"))
+DIFFUCODER_CARD = replace(DREAM_CARD, gen_length=256, steps=256, source=(
+    "apple/DiffuCoder-7B-Instruct model card (max_new_tokens 256, steps 256 = one token per step; "
+    "temperature 0.4 with top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); "
+    f"block_length 32; gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on DiffuCoder)"))
 
 KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("GSAI-ML/LLaDA-8B-Instruct", "llada", "llada-8b", True, LLADA_CARD),
