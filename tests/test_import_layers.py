@@ -11,7 +11,7 @@ Layers, lowest first (a module may import its own layer and those below):
   front end: options (what every command-line front end shares: model flags, load_model, flag checks)
   apps:      bench/, evaluation/, train/, models_cli (`caidllm models`)
   serve:     serve/
-  top:       cli, models_cli (caidllm models), __main__
+  top:       cli, __main__
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ LAYERS = [
     ["caidllm.options"],
     ["caidllm.bench", "caidllm.evaluation", "caidllm.train", "caidllm.models_cli"],
     ["caidllm.serve"],
-    ["caidllm.cli", "caidllm.models_cli", "caidllm.__main__"],
+    ["caidllm.cli", "caidllm.__main__"],
 ]
 
 
