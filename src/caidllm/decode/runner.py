@@ -46,6 +46,7 @@ class Runner:
         self.policy_timer = DeviceTimer(lm.device)
         self.forward_timer = DeviceTimer(lm.device)  # time inside the model forwards
         self.forwards = 0  # forward passes run (one per group per step)
+        self.faults: dict[str, Exception] = {}  # request id -> why its policy raised (Engine.take_faults)
 
     def run(self, frame: Frame, groups: list[ForwardGroup]) -> list[RowStep]:
         rows: list[RowStep] = []
@@ -142,8 +143,12 @@ class Runner:
                 view.entropy, view.second = stats[0][at], stats[1][at]
             if support is not None:
                 view.verify_confidence = support[at]
-            with self.policy_timer:
-                chosen = lead.policy(view) & view.masked
+            try:
+                with self.policy_timer:
+                    chosen = lead.policy(view) & view.masked
+            except Exception as error:  # noqa: BLE001 - these requests fail alone; the engine drops them
+                self.faults.update((members[i].id, error) for i in indices)
+                chosen, view.remask = torch.zeros_like(view.masked), None
             if lead.step == lead.step_limit - 1:  # the last step commits whatever is left: no mask leaves the engine
                 chosen, view.remask = view.masked, None
             if view.remask is not None:
