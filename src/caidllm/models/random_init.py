@@ -101,10 +101,13 @@ def _typed(name: str, key: str, text: str, official):
     raise ModelLoadError(f"{name!r}: {key} (official value {official!r}) cannot be overridden")
 
 
-def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
-    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
+def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0,
+                 quantize: str | None = None, quantize_head: bool = False):
+    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`;
+    with `quantize`, each layer is quantized as soon as it is drawn (models/quantize.py)."""
     from .lm import DiffusionLM
     from .loading import MODEL_CLASSES, check_device_dtype, resolve_dtype
+    from .quantize import make_plan
     from .testing import generated_tokenizer
 
     family, raw = random_raw_config(name)
@@ -117,14 +120,15 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     if device.type != "meta":
         check_device_dtype(device, dtype)
+    plan = make_plan(quantize, device, dtype, quantize_head) if quantize or quantize_head else None
     config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *_end_of_turn(tokenizer)])))
     with torch.device("meta"):
         model = MODEL_CLASSES[family](config)
     model = model.to(dtype)
     if device.type != "meta":
-        model = model.to_empty(device=device)
-        initialise(model, torch.Generator(device=device).manual_seed(seed))
-    lm = DiffusionLM(model.eval(), config, tokenizer, device, dtype, path=None)
+        materialise(model, device, torch.Generator(device=device).manual_seed(seed), plan)
+    lm = DiffusionLM(model.eval(), config, tokenizer, device, dtype, path=None, quantization=quantize,
+                     quantized_head=quantize_head)
     lm.name, lm.random_weights = name, True
     return lm
 
@@ -140,20 +144,48 @@ def _end_of_turn(tokenizer) -> list[int]:
     return [i for i in found if i is not None and i != tokenizer.unk_token_id]
 
 
+def materialise(model: nn.Module, device: torch.device, generator: torch.Generator, plan=None) -> None:
+    """Allocate and draw the weights of a meta-device model on `device`, module by module in
+    the order of model.modules() (so the same seed draws the same weights with or without a
+    plan); with a quantization plan, each layer is quantized right after it is drawn."""
+    from .quantize import decoder_layers
+
+    layers = decoder_layers(model)[1] if plan is not None else ()
+    inside = {id(m) for layer in layers for m in layer.modules() if m is not layer}
+    starts = {id(layer) for layer in layers}
+    for module in model.modules():
+        if id(module) in inside:
+            continue  # drawn with its layer
+        if id(module) in starts:
+            module.to_empty(device=device)
+            initialise(module, generator)
+            plan.layer(module)
+        else:
+            module.to_empty(device=device, recurse=False)
+            _initialise_one(module, generator)
+    if plan is not None:
+        plan.finish(model, None)
+
+
 @torch.no_grad()
 def initialise(model: nn.Module, generator: torch.Generator) -> None:
     """In place, on the parameters' own device and dtype: embeddings N(0, 1), linear weights
     N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
     weights N(1, 0.1^2)."""
     for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            module.weight.normal_(0.0, 1.0, generator=generator)
-        elif isinstance(module, nn.Linear):
-            module.weight.normal_(0.0, module.in_features ** -0.5, generator=generator)
-            if module.bias is not None:
-                module.bias.normal_(0.0, 0.02, generator=generator)
-        elif isinstance(module, RMSNorm):
-            module.weight.normal_(1.0, 0.1, generator=generator)
+        _initialise_one(module, generator)
+
+
+@torch.no_grad()
+def _initialise_one(module: nn.Module, generator: torch.Generator) -> None:
+    if isinstance(module, nn.Embedding):
+        module.weight.normal_(0.0, 1.0, generator=generator)
+    elif isinstance(module, nn.Linear):
+        module.weight.normal_(0.0, module.in_features ** -0.5, generator=generator)
+        if module.bias is not None:
+            module.bias.normal_(0.0, 0.02, generator=generator)
+    elif isinstance(module, RMSNorm):
+        module.weight.normal_(1.0, 0.1, generator=generator)
 
 
 def parameter_count(model: nn.Module) -> int:
