@@ -15,31 +15,10 @@ from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
+from caidllm.options import MODEL_HELP, add_model_arguments, load_model  # noqa: F401 - the old import path
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
-
-
-MODEL_HELP = ("model folder (Hugging Face layout), 'tiny' (default), or random weights of an official shape: "
-              "random:llada-8b, random:dream-7b, with config.json overrides: 'random:llada-8b?n_layers=4'")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help=MODEL_HELP)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
-    parser.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
-    add_quantize_arguments(parser)
-
-
-def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
-    from caidllm.models.quantize import quantization_names
-
-    parser.add_argument("--quantize", default=None, metavar="KIND",
-                        help=f"torchao quantized weights for the layers' linear layers: {', '.join(quantization_names())} "
-                             "(int4 and fp8 with --dtype bfloat16; fp8 on CUDA 8.9+ only; pip install 'caidllm[quant]')")
-    parser.add_argument("--quantize-head", action="store_true",
-                        help="quantize the output head too (default: it stays in the model dtype, like the embeddings)")
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,17 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     register_serve(sub, "serve")
     register_loadtest(sub, "loadtest")
     return parser
-
-
-def load_model(args):
-    from caidllm.models import load
-
-    lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False),
-              quantize=getattr(args, "quantize", None), quantize_head=getattr(args, "quantize_head", False))
-    if getattr(lm, "random_weights", False):
-        print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
-              file=sys.stderr)
-    return lm
 
 
 def run_generate(args) -> int:
