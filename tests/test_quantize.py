@@ -60,6 +60,19 @@ def test_weights_shrink_and_only_the_layers_linear_layers_are_quantized(quantize
 
 
 @needs_torchao
+def test_expected_weights_equal_the_loaded_ones_without_loading(quantized):
+    from caidllm.models.quantize import expected_weights_bytes, weights_bytes
+
+    meta = caidllm.load(SMALL_RANDOM, device="meta").model
+    assert expected_weights_bytes(meta, torch.float32) == weights_bytes(caidllm.load(SMALL_RANDOM, device="cpu",
+                                                                                     dtype="float32").model)
+    for kind, lm in quantized.items():
+        assert expected_weights_bytes(lm.model, lm.dtype, kind) == weights_bytes(lm.model), kind
+    head = caidllm.load("tiny", device="cpu", quantize="int8", quantize_head=True)
+    assert expected_weights_bytes(head.model, torch.float32, "int8", head=True) == weights_bytes(head.model)
+
+
+@needs_torchao
 @pytest.mark.parametrize("kind", list(SETTINGS))
 def test_a_quantized_model_gives_a_request_the_same_tokens_alone_and_batched(quantized, kind):
     lm = quantized[kind]

@@ -33,6 +33,8 @@ class Quantization:
     name: str
     summary: str
     configs: dict[str, Callable[[], object]]  # device type -> a fresh torchao config
+    # bytes torchao stores for an [out, in] weight in model dtype d: data, scales, zero points
+    linear_bytes: Callable[[int, int, torch.dtype], int]
     dtypes: tuple[torch.dtype, ...] = ()  # model dtypes its kernels run in (empty: any)
     needs: Callable[[torch.device], str | None] = field(default=lambda device: None)  # why not here, or None
 
@@ -81,15 +83,27 @@ def _fp8_hardware(device: torch.device) -> str | None:
     return None
 
 
+def _int8_bytes(out: int, inp: int, dtype) -> int:
+    return out * inp + out * (4 + 1)  # int8 data, a float32 scale and an int8 zero point per row
+
+
+def _int4_bytes(out: int, inp: int, dtype) -> int:
+    return out * inp // 2 + out * (inp // INT4_GROUP) * 2 * dtype.itemsize  # a scale and a zero per group
+
+
+def _fp8_bytes(out: int, inp: int, dtype) -> int:
+    return out * inp + out * 4  # float8 data, a float32 scale per row
+
+
 QUANTIZATIONS = {q.name: q for q in (
     Quantization("int8", "int8 weights (one scale per output channel), activations in the model dtype",
-                 {"cpu": _int8_weight_only, "cuda": _int8_weight_only}),
+                 {"cpu": _int8_weight_only, "cuda": _int8_weight_only}, _int8_bytes),
     Quantization("int8-dynamic", "int8 weights (per output channel) and int8 activations (per token, "
-                 "quantized on the fly)", {"cpu": _int8_dynamic, "cuda": _int8_dynamic}),
+                 "quantized on the fly)", {"cpu": _int8_dynamic, "cuda": _int8_dynamic}, _int8_bytes),
     Quantization("int4", f"int4 weights in groups of {INT4_GROUP} (packed two per byte), activations in bfloat16",
-                 {"cpu": _int4_cpu, "cuda": _int4_cuda}, dtypes=(torch.bfloat16,)),
+                 {"cpu": _int4_cpu, "cuda": _int4_cuda}, _int4_bytes, dtypes=(torch.bfloat16,)),
     Quantization("fp8", "float8 e4m3 weights and activations, one scale per row (CUDA compute capability 8.9+)",
-                 {"cuda": _fp8_rowwise}, dtypes=(torch.bfloat16,), needs=_fp8_hardware),
+                 {"cuda": _fp8_rowwise}, _fp8_bytes, dtypes=(torch.bfloat16,), needs=_fp8_hardware),
 )}
 
 
@@ -265,6 +279,31 @@ def weights_bytes(model: nn.Module) -> int:
         if id(t) not in seen:
             seen.add(id(t))
             total += tensor_bytes(t)
+    return total
+
+
+def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str | None = None,
+                           head: bool = False) -> int:
+    """The bytes weights_bytes() will count once `model` (a meta-device module is fine: nothing is
+    read) is loaded in `dtype` with `quantize`: for `caidllm models` and sizing a GPU before a load."""
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise InputError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
+    quantized = set()
+    if quantize is not None:
+        for layer in decoder_layers(model)[1]:
+            quantized |= {id(m) for m in layer.modules() if isinstance(m, nn.Linear)}
+        if head and output_head(model) is not None:
+            quantized.add(id(output_head(model)))
+    total, seen = 0, set()
+    for module in model.modules():
+        for name, t in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)):
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            if id(module) in quantized and name == "weight":
+                total += QUANTIZATIONS[quantize].linear_bytes(module.out_features, module.in_features, dtype)
+            else:
+                total += t.numel() * dtype.itemsize
     return total
 
 

@@ -1,0 +1,82 @@
+"""CPU time of one decoding forward per weight setting (BENCHMARKS.md, quantization).
+
+    OMP_NUM_THREADS=1 python benchmarks/quant_forward.py --out runs/quant-forward.json
+    python benchmarks/quant_forward.py --threads 1,2 --batches 1,8 --repeats 5 --out ...
+
+The model is random:llada-8b reduced to 4 layers of width 1024 (LLaDA's 126k vocabulary kept).
+One forward = a full forward of a canvas of --prompt + --gen positions returning the logits of
+the first --block generated positions; by default 128 positions, the logits of all of them (as
+llama.cpp's diffusion example computes them; caidllm's engine asks only for its block's). Each
+setting loads the model once; the times are medians of --repeats forwards after one warm-up: the
+process's CPU time (at 1 thread, the forward's time on a core of its own, whatever else runs on
+the machine) and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import caidllm
+from caidllm.models.quantize import weights_mb
+
+MODEL = "random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816"
+SETTINGS = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "int8": ("float32", "int8"),
+            "int8-dynamic": ("float32", "int8-dynamic"), "int4": ("bfloat16", "int4")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--threads", default="1")
+    p.add_argument("--prompt", type=int, default=0)
+    p.add_argument("--gen", type=int, default=128)
+    p.add_argument("--block", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    rows = []
+    for name in args.settings.split(","):
+        dtype, quantize = SETTINGS[name]
+        lm = caidllm.load(MODEL, device="cpu", dtype=dtype, quantize=quantize)
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            for batch in (int(b) for b in args.batches.split(",")):
+                cpu_ms, wall_ms = forward_ms(lm, batch, args)
+                rows.append(dict(setting=name, dtype=dtype, quantize=quantize, threads=threads, batch=batch,
+                                 cpu_ms=round(cpu_ms, 1), wall_ms=round(wall_ms, 1), weights_mb=round(weights_mb(lm), 1)))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        del lm
+    report = dict(model=MODEL, torch=torch.__version__, canvas=args.prompt + args.gen, block=args.block,
+                  repeats=args.repeats, rows=rows)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    return 0
+
+
+def forward_ms(lm, batch: int, args) -> tuple[float, float]:
+    """(CPU ms, wall ms) of one forward, medians. On a shared machine the process's CPU time is the
+    forward's cost (at 1 thread, its time on a core of its own); wall time includes waiting for one."""
+    length = args.prompt + args.gen
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, len(lm.tokenizer), (batch, length), generator=generator)
+    start = args.prompt
+    lm.forward(ids, start=start, end=start + args.block)  # warm-up
+    cpu, wall = [], []
+    for _ in range(args.repeats):
+        tick, cpu_tick = time.perf_counter(), time.process_time()
+        lm.forward(ids, start=start, end=start + args.block)
+        wall.append(time.perf_counter() - tick)
+        cpu.append(time.process_time() - cpu_tick)
+    return 1000 * statistics.median(cpu), 1000 * statistics.median(wall)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
