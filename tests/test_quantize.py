@@ -231,3 +231,26 @@ def test_compile_with_a_quantization_torch_cannot_compile_fails_before_the_model
     assert capsys.readouterr().err.count("\n") == 1
     compiled.compiled_kernels.cache_clear()
     compiled.check_quantized_compile.cache_clear()
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "hi"],
+    ["bench", "--task", "synthetic:arithmetic", "--limit", "2"],
+    ["calibrate", "--task", "synthetic:arithmetic", "--limit", "2", "--out", "{tmp}/settings.json"],
+    ["serve", "--port", "0"],
+])
+def test_every_command_takes_quantize_and_names_a_bad_value(monkeypatch, capsys, tmp_path, argv):
+    _no_model_load(monkeypatch)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv + ["--device", "cpu", "--quantize", "int3"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert errors == ["caidllm: error: unknown quantization 'int3'; expected one of int8, int8-dynamic, int4, fp8"]
+
+
+@needs_torchao
+def test_lm_eval_adapter_takes_quantize_in_its_model_args():
+    pytest.importorskip("lm_eval")
+    from caidllm.evaluation.lm_eval_adapter import CaidllmLM
+
+    adapter = CaidllmLM(pretrained="tiny", device="cpu", quantize="int8")
+    assert adapter.lm.quantization == "int8" and is_quantized(adapter.lm.model)
