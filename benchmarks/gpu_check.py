@@ -125,7 +125,8 @@ def quantized_runs(shape, device, args, started, peak) -> list[dict]:
                 row = run_one(lm, name, "cai", batch, shape, False, peak)
             except Exception as e:  # noqa: BLE001 - one failed run must not end the check
                 row = dict(model=name, batch=batch, method="cai", skipped=f"failed: {type(e).__name__}: {e}")
-            rows.append(dict(row, quantize=label, weights_gb=float(f"{weights_mb(lm) / 1024:.4g}"), load_peak_gb=load_peak))
+            weights_gb = float(f"{weights_mb(lm) / 1024:.4g}")
+            rows.append(dict(row, quantize=label, weights_gb=weights_gb, load_peak_gb=load_peak))
             print(json.dumps(rows[-1]), file=sys.stderr)
         del lm
     return rows

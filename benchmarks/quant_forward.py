@@ -26,31 +26,42 @@ import caidllm
 from caidllm.models.quantize import weights_mb
 
 MODEL = "random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816"
-SETTINGS = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "int8": ("float32", "int8"),
-            "int8-dynamic": ("float32", "int8-dynamic"), "int4": ("bfloat16", "int4")}
+# setting -> (model dtype, quantization, quantize the output head too)
+SETTINGS = {"fp32": ("float32", None, False), "bf16": ("bfloat16", None, False), "int8": ("float32", "int8", False),
+            "int8-dynamic": ("float32", "int8-dynamic", False), "int4": ("bfloat16", "int4", False),
+            "int8+head": ("float32", "int8", True), "int8-dynamic+head": ("float32", "int8-dynamic", True),
+            "int4+head": ("bfloat16", "int4", True)}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
-    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--settings", default=",".join(SETTINGS), help="from: " + ", ".join(SETTINGS))
     p.add_argument("--batches", default="1,8")
     p.add_argument("--threads", default="1")
     p.add_argument("--prompt", type=int, default=0)
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--block", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--load-peak", default=None, metavar="MODEL",
+                   help="instead: the peak RSS of loading MODEL in each setting, each in a fresh process")
+    p.add_argument("--peak-of", default=None, help=argparse.SUPPRESS)  # one such process
     args = p.parse_args(argv)
+    if args.peak_of:
+        return print_load_peak(args.load_peak, args.peak_of)
+    if args.load_peak:
+        return load_peaks(args)
     rows = []
     for name in args.settings.split(","):
-        dtype, quantize = SETTINGS[name]
-        lm = caidllm.load(MODEL, device="cpu", dtype=dtype, quantize=quantize)
+        dtype, quantize, head = SETTINGS[name]
+        lm = caidllm.load(MODEL, device="cpu", dtype=dtype, quantize=quantize, quantize_head=head)
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             for batch in (int(b) for b in args.batches.split(",")):
                 cpu_ms, wall_ms = forward_ms(lm, batch, args)
-                rows.append(dict(setting=name, dtype=dtype, quantize=quantize, threads=threads, batch=batch,
-                                 cpu_ms=round(cpu_ms, 1), wall_ms=round(wall_ms, 1), weights_mb=round(weights_mb(lm), 1)))
+                rows.append(dict(setting=name, dtype=dtype, quantize=quantize, head=head, threads=threads,
+                                 batch=batch, cpu_ms=round(cpu_ms, 1), wall_ms=round(wall_ms, 1),
+                                 weights_mb=round(weights_mb(lm), 1)))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         del lm
     report = dict(model=MODEL, torch=torch.__version__, canvas=args.prompt + args.gen, block=args.block,
@@ -58,6 +69,33 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
+    return 0
+
+
+def load_peaks(args) -> int:
+    import subprocess
+
+    rows = []
+    for name in args.settings.split(","):
+        done = subprocess.run([sys.executable, __file__, "--out", "-", "--load-peak", args.load_peak,
+                               "--peak-of", name], capture_output=True, text=True, check=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    with open(args.out, "w") as f:
+        json.dump(dict(model=args.load_peak, rows=rows), f, indent=2)
+        f.write("\n")
+    return 0
+
+
+def print_load_peak(model: str, name: str) -> int:
+    import resource
+
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # torch and caidllm imported
+    dtype, quantize, head = SETTINGS[name]
+    lm = caidllm.load(model, device="cpu", dtype=dtype, quantize=quantize, quantize_head=head)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(dict(setting=name, weights_mb=round(weights_mb(lm), 1), peak_rss_mb=round(peak, 1),
+                          peak_over_imports_mb=round(peak - baseline, 1))))
     return 0
 
 

@@ -41,8 +41,8 @@ def load_runs(folders: list[str]) -> dict:
 
 
 def table(runs: dict) -> str:
-    lines = ["| Task | Method | Weights | n | Score ± stderr (%) | NFE | Wall (s) | weights_mb | Same answer as fp32 | "
-             "s_i > 0.9 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| Task | Method | Weights | n | Score ± stderr (%) | NFE | Wall (s) | weights_mb | "
+             "Same answer as fp32 | s_i > 0.9 |", "|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(task, method) for task, method, _ in runs})
     for task, method in keys:
         reference = runs.get((task, method, "fp32"))

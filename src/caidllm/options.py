@@ -37,8 +37,8 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     from caidllm.models.quantize import quantization_names
 
     parser.add_argument("--quantize", default=None, metavar="KIND",
-                        help=f"torchao quantized weights for the layers' linear layers: {', '.join(quantization_names())} "
-                             "(int4 and fp8 with --dtype bfloat16; fp8 on CUDA compute capability 8.9+ only; "
+                        help="torchao quantized weights for the layers' linear layers: "
+                             f"{', '.join(quantization_names())} (int4 and fp8 with --dtype bfloat16; fp8 on CUDA compute capability 8.9+ only; "
                              "pip install 'caidllm[quant]')")
     parser.add_argument("--quantize-head", action="store_true",
                         help="quantize the output head too (default: it stays in the model dtype, like the embeddings)")

@@ -4,7 +4,6 @@ tokenizer_config.json (special tokens, chat template)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -175,19 +174,17 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
 
-    with contextlib.ExitStack() as files:
-        opened = {}
-        for group, layer in _load_groups(model, found, plan):
-            state = {}
-            for file, names in _by_file(group, where).items():
-                if file not in opened:
-                    opened[file] = files.enter_context(safe_open(str(file), framework="pt", device=str(device)))
+    for group, layer in _load_groups(model, found, plan):
+        state = {}
+        # Each group opens its files anew: a file's mapped pages are let go once its group is read.
+        for file, names in _by_file(group, where).items():
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
                 for name in names:
-                    state[name] = opened[file].get_tensor(name).to(dtype)
-            model.load_state_dict(state, strict=False, assign=True)
-            del state
-            if layer is not None:
-                plan.layer(layer)
+                    state[name] = f.get_tensor(name).to(dtype)
+        model.load_state_dict(state, strict=False, assign=True)
+        del state
+        if layer is not None:
+            plan.layer(layer)
     if plan is not None:
         plan.finish(model, config)
     return model.eval()
