@@ -254,3 +254,15 @@ def test_lm_eval_adapter_takes_quantize_in_its_model_args():
 
     adapter = CaidllmLM(pretrained="tiny", device="cpu", quantize="int8")
     assert adapter.lm.quantization == "int8" and is_quantized(adapter.lm.model)
+
+
+@needs_torchao
+def test_a_torchao_without_the_config_is_a_clear_error(monkeypatch):
+    _no_model_load(monkeypatch)
+
+    def missing():
+        raise ImportError("cannot import name 'PrototypeInt4WeightOnlyConfig'")
+
+    monkeypatch.setitem(quant.QUANTIZATIONS["int4"].configs, "cpu", missing)
+    with pytest.raises(InputError, match="quantization 'int4': torchao .* cannot make its config on cpu"):
+        caidllm.load("tiny", device="cpu", dtype="bfloat16", quantize="int4")

@@ -156,9 +156,14 @@ def check_quantization(name, device: torch.device, dtype: torch.dtype) -> Quanti
                          f"{str(dtype).removeprefix('torch.')}: add --dtype {wanted} (dtype= in the API)")
     if torchao_version() is None:
         raise InputError(f"quantization {name!r} needs torchao: pip install 'caidllm[quant]'")
-    with _quiet_import():
-        import torchao  # noqa: F401 - the first import logs; do it here, quietly
-    q.config(device)  # a torchao without this config fails here, before the model loads
+    try:
+        with _quiet_import():
+            import torchao  # noqa: F401 - the first import logs; do it here, quietly
+        q.config(device)  # a torchao without this config fails here, before the model loads
+    except (ImportError, AttributeError, TypeError) as e:
+        raise InputError(f"quantization {name!r}: torchao {torchao_version()} cannot make its config on "
+                         f"{device.type} ({type(e).__name__}: {e}); pip install 'caidllm[quant]' "
+                         "(torchao>=0.18)") from None
     return q
 
 
