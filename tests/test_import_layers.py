@@ -1,8 +1,10 @@
 """The package's imports point one way: no import cycle between modules, and no module
 imports one of a higher layer. Read from the source (ast), imports inside functions included.
 
+Imports under `if TYPE_CHECKING:` (annotations only) are not counted.
+
 Layers, lowest first (a module may import its own layer and those below):
-  base:      errors, distributed, tasks/ (the synthetic task generators and their scoring)
+  base:      errors, checks (small value predicates), distributed, tasks/ (the synthetic task generators and their scoring)
   models:    models/ (torch modules, loading, the generated tokenizer of random: models)
   decode:    decode/ (config, presets, policies, engine, generate()), and the package's own
              __init__ (caidllm.load, caidllm.generate; it registers DiffusionLM.generate)
@@ -21,7 +23,7 @@ import caidllm
 
 PACKAGE = Path(caidllm.__file__).resolve().parent
 LAYERS = [
-    ["caidllm.errors", "caidllm.distributed", "caidllm.tasks"],
+    ["caidllm.errors", "caidllm.checks", "caidllm.distributed", "caidllm.tasks"],
     ["caidllm.models"],
     ["caidllm.decode", "caidllm"],
     ["caidllm.options"],
@@ -57,7 +59,11 @@ def imports_of(module: str, path: Path, known: dict) -> set[str]:
     as its submodule when it is one)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block) for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:  # `if TYPE_CHECKING:` imports are for annotations; they never run
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -75,6 +81,10 @@ def imports_of(module: str, path: Path, known: dict) -> set[str]:
             if target and target != module:
                 found.add(target)
     return found
+
+
+def _is_type_checking(node) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
 def graph() -> dict[str, set[str]]:
@@ -114,3 +124,10 @@ def test_the_walker_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "a.py"
     source.write_text("def f():\n    from caidllm import b\n    from . import b as again\n")
     assert imports_of("caidllm.a", source, known) == {"caidllm.b"}
+
+
+def test_the_package_map_names_every_module():
+    mapped = (Path(__file__).parent.parent / "docs" / "PACKAGE_MAP.md").read_text()
+    missing = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if path.name != "__init__.py" and f"`{path.relative_to(PACKAGE).as_posix()}`" not in mapped)
+    assert not missing, "add these modules to docs/PACKAGE_MAP.md: " + ", ".join(missing)

@@ -124,9 +124,9 @@ def test_random_model_quantized_as_it_is_drawn_equals_quantizing_it_afterwards()
 
 @needs_torchao
 def test_bench_states_the_quantization_and_weights(tmp_path):
-    from caidllm.bench import BenchSettings, run_bench
+    from caidllm.bench import BenchConfig, run_bench
 
-    report = run_bench(BenchSettings(model="tiny", tasks=["synthetic:arithmetic"], methods=["fastdllm"], limit=2,
+    report = run_bench(BenchConfig(model="tiny", tasks=["synthetic:arithmetic"], methods=["fastdllm"], limit=2,
                                      gen_length=32, block_length=16, batch_size=2, quantize="int8", device="cpu",
                                      out=str(tmp_path), progress=False), log=lambda m: None)
     s, row = report["settings"], report["results"][0]

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import caidllm
-from caidllm.serve.app import ServeSettings, create_app
+from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.loadtest import run_load
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
@@ -30,7 +30,7 @@ def tiny():
 
 def start(lm, **kw):
     defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
-    return LocalServer(create_app(lm, ServeSettings(defaults=defaults, **kw)))
+    return LocalServer(create_app(lm, ServerConfig(defaults=defaults, **kw)))
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from caidllm.checks import is_id_list, is_int
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
@@ -28,12 +29,12 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
     at once. compile=True: the model runs its norms and MLPs through torch.compile from
     then on (models/compiled.py). `settings`: a settings file (path or loaded, see
     decode/settings_file.py) whose CAI values apply under the keywords. Each result's elapsed_s,
-    controller_s and forward_s are those of the whole run."""
+    policy_s and forward_s are those of the whole run."""
     config = build_config(method, settings=settings, gen_length=gen_length, block_length=block_length, steps=steps,
                           cache=cache,
                           threshold=threshold, temperature=temperature, seed=seed, early_stop=early_stop,
                           **overrides)
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     if compile:  # the model's norms and MLPs through torch.compile from now on (models/compiled.py)
         from caidllm.models.compiled import enable_compile
@@ -46,9 +47,9 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
     ids = [engine.submit(p, config) for p in token_prompts]
     results = {event.request_id: event.result for event in engine.run() if event.finished}
     _sync(lm)
-    elapsed, controller = time.perf_counter() - started, engine.policy_timer.total()
+    elapsed, policy = time.perf_counter() - started, engine.policy_timer.total()
     forward = engine.forward_timer.total()
-    return [dataclasses.replace(results[i], elapsed_s=elapsed, controller_s=controller, forward_s=forward)
+    return [dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward)
             for i in ids]
 
 
@@ -58,15 +59,15 @@ def _sync(lm) -> None:
 
 
 def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
-    if isinstance(prompts, str) or _is_id_list(prompts):
+    if isinstance(prompts, str) or is_id_list(prompts):
         prompts = [prompts]
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise InputError("prompts must be a non-empty list of strings or of token-id lists")
     # An empty list counts as token ids here, so that it gets its own clear error below.
-    kinds = {"text" if isinstance(p, str) else "ids" if _is_id_list(p, allow_empty=True) else "other"
+    kinds = {"text" if isinstance(p, str) else "ids" if is_id_list(p, allow_empty=True) else "other"
              for p in prompts}
     if "other" in kinds:
-        bad = next(p for p in prompts if not isinstance(p, str) and not _is_id_list(p, allow_empty=True))
+        bad = next(p for p in prompts if not isinstance(p, str) and not is_id_list(p, allow_empty=True))
         raise InputError(f"each prompt must be a string or a list of token ids, got {type(bad).__name__}: {bad!r:.80}")
     if len(kinds) > 1:
         raise InputError("a batch must not mix strings and token-id lists; pass one kind")
@@ -85,11 +86,6 @@ def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
                 raise InputError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {lm.config.vocab_size})")
         token_prompts.append(ids)
     return token_prompts
-
-
-def _is_id_list(value, allow_empty: bool = False) -> bool:
-    return isinstance(value, (list, tuple)) and (allow_empty or len(value) > 0) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 DiffusionLM.register_generate(generate)  # lm.generate(...) is this generate(lm, ...)

@@ -12,18 +12,16 @@ import torch
 import torch.nn.functional as F  # noqa: F401 - tests patch loading.F
 
 from ..errors import ModelLoadError
-from .config import ModelConfig, load_config
-from .dream import DreamModel
-from .llada import LLaDAModel
-from .lm import DiffusionLM
+from .config import ModelConfig
+from .families import get_family, load_config
 from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
+from .lm import DiffusionLM
 from .quantize import QuantizePlan, check_not_quantized, check_quantization, decoder_layers, make_plan
 from .random_init import build_random, is_random_name, random_raw_config
 from .tokenizer import END_OF_TURN, fast_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny"}
-MODEL_CLASSES = {"llada": LLaDAModel, "dream": DreamModel}
 
 
 def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize: str | None = None,
@@ -65,8 +63,7 @@ def _check_compile_quantized(path_or_name, device, dtype, quantize) -> None:
 
 def _load(path_or_name, device, dtype, quantize, quantize_head) -> DiffusionLM:
     if is_random_name(path_or_name):
-        return build_random(path_or_name, resolve_device(device), dtype, MODEL_CLASSES, quantize=quantize,
-                            quantize_head=quantize_head)
+        return build_random(path_or_name, resolve_device(device), dtype, quantize=quantize, quantize_head=quantize_head)
     folder = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
     device = resolve_device(device)
@@ -169,7 +166,7 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
     from safetensors import safe_open
 
     with torch.device("meta"):
-        model = MODEL_CLASSES[config.family](config)
+        model = get_family(config.family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     where = weight_files(folder)
     found = _check_weights(where, expected, config)

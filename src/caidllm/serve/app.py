@@ -38,7 +38,9 @@ STATIC = Path(__file__).parent / "static"  # the live view (plain HTML/CSS/JS, s
 
 
 @dataclass
-class ServeSettings:
+class ServerConfig:
+    """How `caidllm serve` runs: request defaults, engine limits, API key, time limit, replica name."""
+
     defaults: ServerDefaults
     max_batch: int = 8
     max_queue: int = 64
@@ -47,7 +49,10 @@ class ServeSettings:
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
-def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> FastAPI:
+ServeSettings = ServerConfig  # the old name
+
+
+def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> FastAPI:
     """The app. With engine_thread the engine loop runs in its own thread from startup to
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
     background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue))
@@ -91,7 +96,7 @@ def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> Fa
 
     @app.get("/health")
     async def health():
-        alive = background._thread is not None and background._thread.is_alive()
+        alive = background.alive
         return JSONResponse({"status": "ok" if alive else "stopped", "replica": settings.replica},
                             status_code=200 if alive else 503)
 
@@ -191,7 +196,7 @@ class Call:
     id: str
     background: BackgroundEngine
     metrics: ServerMetrics
-    settings: ServeSettings
+    settings: ServerConfig
     first_text_at: float | None = None
     disconnected: bool = False
 

@@ -52,7 +52,7 @@ def run(args) -> int:
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
-    # HTTP in a thread, the engine loop in the main thread (torch is faster there). SIGTERM / SIGINT:
+    # HTTP in a thread, the engine loop in the main thread (BENCHMARKS.md: "Where the engine loop runs"). SIGTERM / SIGINT:
     # uvicorn stops accepting, lets requests in flight finish (10 s at most), shuts the app down;
     # then the engine stops, cancelling whatever is left, and the exit status is 0.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

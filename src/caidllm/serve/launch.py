@@ -10,7 +10,7 @@ from caidllm.errors import InputError
 
 
 def settings_from(args, lm):
-    from caidllm.serve.app import ServeSettings
+    from caidllm.serve.app import ServerConfig
     from caidllm.serve.protocol import ServerDefaults
 
     for name in ("gen_length", "block_length", "max_batch", "port"):
@@ -25,7 +25,7 @@ def settings_from(args, lm):
                               block_length=args.block_length,
                               max_gen_length=args.max_gen_length or lm.config.max_length,
                               max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
-    return ServeSettings(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
+    return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
                          api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
                          max_request_time=args.max_request_time)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from caidllm.checks import is_id_list, is_int, is_number
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, DecodeConfig
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
@@ -42,7 +43,7 @@ class ServerDefaults:
     max_gen_length: int = 1024  # the largest canvas a request may ask for
     max_prompt_tokens: int | None = None  # None: whatever fits the model's context
     max_prompts: int = 16  # prompts in one /v1/completions request
-    settings: object = None  # a calibrate settings file (Settings): its values are the defaults of its method
+    settings: object = None  # a calibrate settings file (CalibratedSettings): its values are the defaults of its method
 
 
 @dataclass
@@ -66,7 +67,7 @@ def _is_none(v):
 
 NEUTRAL = {
     "n": lambda v: v in (None, 1),
-    "top_p": lambda v: v is None or (_number(v) and v >= 1),
+    "top_p": lambda v: v is None or (is_number(v) and v >= 1),
     "presence_penalty": lambda v: v in (None, 0),
     "frequency_penalty": lambda v: v in (None, 0),
     "repetition_penalty": lambda v: v in (None, 1),
@@ -145,22 +146,22 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
     method = ext.pop("method", defaults.method)
     block = ext.setdefault("block_length", defaults.block_length)
     if "gen_length" in ext:
-        if max_tokens is not None and _int(ext["gen_length"]) and max_tokens > ext["gen_length"]:
+        if max_tokens is not None and is_int(ext["gen_length"]) and max_tokens > ext["gen_length"]:
             raise RequestError(f"{max_name} ({max_tokens}) exceeds gen_length ({ext['gen_length']})", max_name)
-    elif _int(block) and block > 0:
+    elif is_int(block) and block > 0:
         # The canvas: max_tokens rounded up to whole blocks, else the server default (whole blocks too).
         wanted = max_tokens if max_tokens is not None else defaults.gen_length
         ext["gen_length"] = math.ceil(wanted / block) * block
     gen_length = ext.get("gen_length")
-    if _int(gen_length) and gen_length > defaults.max_gen_length:
+    if is_int(gen_length) and gen_length > defaults.max_gen_length:
         param = "gen_length" if "gen_length" in extensions else max_name
         raise RequestError(f"the canvas of {gen_length} positions exceeds this server's limit of "
                            f"{defaults.max_gen_length}", param)
     temperature = body.get("temperature", 0.0)
-    if not _number(temperature) or temperature < 0:
+    if not is_number(temperature) or temperature < 0:
         raise RequestError(f"temperature must be a number >= 0, got {temperature!r}", "temperature")
     seed = body.get("seed")
-    if seed is not None and not _int(seed):
+    if seed is not None and not is_int(seed):
         raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
     try:
         own = defaults.settings if defaults.settings is not None and defaults.settings.method == method else None
@@ -200,7 +201,7 @@ def _messages(messages, lm) -> list[list[int]]:
 
 
 def _prompts(prompt, lm, defaults: ServerDefaults) -> list[list[int]]:
-    if isinstance(prompt, str) or _ids(prompt):
+    if isinstance(prompt, str) or is_id_list(prompt):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt:
         raise RequestError("prompt must be a string, a list of strings, or token ids", "prompt")
@@ -212,7 +213,7 @@ def _prompts(prompt, lm, defaults: ServerDefaults) -> list[list[int]]:
             if not p.strip():
                 raise RequestError(f"prompt {i} is empty", "prompt")
             out.append(lm.tokenizer.encode(p, add_special_tokens=False))
-        elif _ids(p):
+        elif is_id_list(p):
             out.append(list(p))
         else:
             raise RequestError(f"prompt {i} must be a string or a non-empty list of token ids", "prompt")
@@ -241,18 +242,6 @@ def _bool(body, name, default, label=None):
 
 def _positive_int(body, name):
     value = body.get(name)
-    if value is not None and not (_int(value) and value >= 1):
+    if value is not None and not (is_int(value) and value >= 1):
         raise RequestError(f"{name} must be a positive integer, got {value!r}", name)
     return value
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _ids(v) -> bool:
-    return isinstance(v, list) and len(v) > 0 and all(_int(t) for t in v)
