@@ -273,11 +273,11 @@ def test_mixture_of_experts_quantizes_its_experts_and_keeps_its_router():
     from caidllm.models.moe import Router
 
     name = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
-            "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=8&vocab_size=512")
+            "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512")
     lm = caidllm.load(name, device="cpu", dtype="float32", quantize="int8")
     layers = list(lm.model.model.layers)
     linears = [m for layer in layers for m in layer.modules() if isinstance(m, nn.Linear)]
     routers = [m for layer in layers for m in layer.modules() if isinstance(m, Router)]
-    assert routers and len(linears) > 8 * 3  # the experts' projections are Linear layers
+    assert routers and len(linears) > 16 * 3  # the experts' projections are Linear layers
     assert all(is_quantized(m) for m in linears) and not any(is_quantized(r) for r in routers)
     assert lm.generate(["hello"], method="fastdllm", gen_length=32, block_length=32)[0].nfe > 0
