@@ -43,17 +43,20 @@ def main(argv=None) -> int:
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--block", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dtype", default=None, help="the model dtype of every setting (default: each setting's own)")
     p.add_argument("--load-peak", default=None, metavar="MODEL",
-                   help="instead: the peak RSS of loading MODEL in each setting, each in a fresh process")
+                   help="instead: the resident memory while loading MODEL in each setting and after one forward, "
+                        "each in a fresh process")
     p.add_argument("--peak-of", default=None, help=argparse.SUPPRESS)  # one such process
     args = p.parse_args(argv)
     if args.peak_of:
-        return print_load_peak(args.load_peak, args.peak_of)
+        return print_load_peak(args.load_peak, args.peak_of, args.dtype)
     if args.load_peak:
         return load_peaks(args)
     rows = []
     for name in args.settings.split(","):
         dtype, quantize, head = SETTINGS[name]
+        dtype = args.dtype or dtype
         lm = caidllm.load(MODEL, device="cpu", dtype=dtype, quantize=quantize, quantize_head=head)
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
@@ -77,8 +80,9 @@ def load_peaks(args) -> int:
 
     rows = []
     for name in args.settings.split(","):
+        dtype = ["--dtype", args.dtype] if args.dtype else []
         done = subprocess.run([sys.executable, __file__, "--out", "-", "--load-peak", args.load_peak,
-                               "--peak-of", name], capture_output=True, text=True, check=True)
+                               "--peak-of", name, *dtype], capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     with open(args.out, "w") as f:
@@ -87,15 +91,31 @@ def load_peaks(args) -> int:
     return 0
 
 
-def print_load_peak(model: str, name: str) -> int:
-    import resource
+def print_load_peak(model: str, name: str, dtype: str | None = None) -> int:
+    """One process: the largest resident set while loading (sampled every 5 ms: a checkpoint's
+    mapped pages count once touched) and the resident set after one forward has read every weight."""
+    import os
+    import threading
 
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # torch and caidllm imported
-    dtype, quantize, head = SETTINGS[name]
-    lm = caidllm.load(model, device="cpu", dtype=dtype, quantize=quantize, quantize_head=head)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(dict(setting=name, weights_mb=round(weights_mb(lm), 1), peak_rss_mb=round(peak, 1),
-                          peak_over_imports_mb=round(peak - baseline, 1))))
+    page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+    rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page_mb  # noqa: E731
+    peak, done = [rss()], threading.Event()
+    before = peak[0]
+
+    def sample():
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], rss())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    own_dtype, quantize, head = SETTINGS[name]
+    lm = caidllm.load(model, device="cpu", dtype=dtype or own_dtype, quantize=quantize, quantize_head=head)
+    done.set()
+    sampler.join()
+    peak[0] = max(peak[0], rss())
+    lm.forward(torch.arange(3, 19)[None])
+    print(json.dumps(dict(setting=name, weights_mb=round(weights_mb(lm), 1), rss_before_mb=round(before, 1),
+                          load_peak_rss_mb=round(peak[0], 1), rss_after_forward_mb=round(rss(), 1))))
     return 0
 
 
