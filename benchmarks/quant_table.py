@@ -24,7 +24,7 @@ def setting_of(settings: dict) -> str:
 
 
 def load_runs(folders: list[str]) -> dict:
-    """(task, method, setting) -> (row, {sample id: extracted answer})."""
+    """(task, method, setting) -> (row, {sample id: (extracted answer, generated text)})."""
     runs = {}
     for folder in folders:
         for path in sorted(Path(folder).rglob("results.json")):
@@ -35,14 +35,14 @@ def load_runs(folders: list[str]) -> dict:
                 with open(path.parent / row["samples"], encoding="utf-8") as f:
                     for line in f:
                         record = json.loads(line)
-                        answers[record["id"]] = record["extracted"]
+                        answers[record["id"]] = (record["extracted"], record["generated"])
                 runs[(row["task"], row["method"], setting)] = (row, answers)
     return runs
 
 
 def table(runs: dict) -> str:
     lines = ["| Task | Method | Weights | n | Score ± stderr (%) | NFE | Wall (s) | weights_mb | "
-             "Same answer as fp32 | s_i > 0.9 |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "Same answer as fp32 | Same text as fp32 | s_i > 0.9 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(task, method) for task, method, _ in runs})
     for task, method in keys:
         reference = runs.get((task, method, "fp32"))
@@ -50,17 +50,21 @@ def table(runs: dict) -> str:
             if (task, method, setting) not in runs:
                 continue
             row, answers = runs[(task, method, setting)]
-            same = "n/a"
-            if reference is not None:
-                common = [i for i in answers if i in reference[1]]
-                if common:
-                    same = f"{100 * sum(answers[i] == reference[1][i] for i in common) / len(common):.1f}%"
+            same = [agreement(answers, reference[1] if reference else {}, part) for part in (0, 1)]
             share = row.get("high_first_confidence_share")
             lines.append(f"| {task} | {method} | {setting} | {row['n']} | {100 * row['accuracy']:.2f} ± "
                          f"{100 * row['stderr']:.2f} | {row['nfe_mean']:.2f} | {row['wall_s']:.1f} | "
-                         f"{row['weights_mb']:.2f} | {same} | "
+                         f"{row['weights_mb']:.2f} | {same[0]} | {same[1]} | "
                          f"{'n/a' if share is None else f'{100 * share:.1f}%'} |")
     return "\n".join(lines)
+
+
+def agreement(answers: dict, reference: dict, part: int) -> str:
+    """Share of the questions both runs answered whose answer (part 0) or whole text (1) is the same."""
+    common = [i for i in answers if i in reference]
+    if not common:
+        return "n/a"
+    return f"{100 * sum(answers[i][part] == reference[i][part] for i in common) / len(common):.1f}%"
 
 
 def main(argv=None) -> int:
