@@ -16,7 +16,8 @@ from .config import ModelConfig
 from .families import get_family, load_config
 from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
 from .lm import DiffusionLM
-from .quantize import QuantizePlan, check_not_quantized, check_quantization, decoder_layers, make_plan
+from .quantize import (QuantizePlan, check_not_quantized, check_quantization, decoder_layers, is_quantized_tensor,
+                       make_plan)
 from .random_init import build_random, is_random_name, random_raw_config
 from .tokenizer import END_OF_TURN, fast_tokenizer
 
@@ -182,9 +183,23 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
         del state
         if layer is not None:
             plan.layer(layer)
+            _own_copies(layer)
     if plan is not None:
         plan.finish(model, config)
     return model.eval()
+
+
+@torch.no_grad()
+def _own_copies(layer) -> None:
+    """Give the layer's unquantized tensors (norms, a router) memory of their own: on a CPU,
+    safetensors' tensors are views of the file's mapping, and one small norm weight would keep the
+    whole file mapped, with every page the layer's quantization read."""
+    for module in layer.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if not is_quantized_tensor(param):
+                module._parameters[name] = torch.nn.Parameter(param.clone(), requires_grad=param.requires_grad)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            module._buffers[name] = buffer.clone()
 
 
 def _load_groups(model, names: list[str], plan: QuantizePlan | None):

@@ -244,10 +244,10 @@ def make_plan(quantize, device: torch.device, dtype: torch.dtype, head: bool = F
 
 def is_quantized(model: nn.Module) -> bool:
     """Whether any parameter of `model` is a torchao quantized tensor."""
-    return any(_is_subclass(p) for p in model.parameters())
+    return any(is_quantized_tensor(p) for p in model.parameters())
 
 
-def _is_subclass(t: torch.Tensor) -> bool:
+def is_quantized_tensor(t: torch.Tensor) -> bool:
     return type(t) not in (torch.Tensor, nn.Parameter) or hasattr(t, "__tensor_flatten__")
 
 
