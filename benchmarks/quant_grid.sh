@@ -7,6 +7,7 @@
 set -euo pipefail
 data=${1:?data folder (with bbh/)}; out=${2:?output folder}; shift 2
 phases=${*:-fast vanilla}
+mkdir -p "$out"
 declare -A flags=([fp32]="--dtype float32" [bf16]="--dtype bfloat16" [int8]="--quantize int8"
                   [int8-dynamic]="--quantize int8-dynamic" [int4]="--quantize int4 --dtype bfloat16")
 declare -A methods=([fast]="fastdllm,cai" [vanilla]="vanilla")
