@@ -197,6 +197,15 @@ def test_quantize_head_alone_is_an_error():
 
 
 @needs_torchao
+def test_quantize_head_of_a_tied_head_is_an_error_before_any_weight(monkeypatch):
+    drawn = []
+    monkeypatch.setattr("caidllm.models.random_init.initialise", lambda *a: drawn.append(a))
+    with pytest.raises(InputError, match="output head is tied to its input embedding"):
+        caidllm.load(SMALL_RANDOM + "&weight_tying=true", device="cpu", quantize="int8", quantize_head=True)
+    assert not drawn
+
+
+@needs_torchao
 def test_quantizing_an_already_quantized_model_is_an_error(quantized, tmp_path, capsys):
     with pytest.raises(InputError, match=r"already quantized \(int8\)"):
         quantize_loaded(quantized["int8"], "int4")

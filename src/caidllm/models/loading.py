@@ -169,6 +169,8 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
     with torch.device("meta"):
         model = get_family(config.family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if plan is not None:
+        plan.check(model)
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
 
@@ -185,7 +187,7 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
             plan.layer(layer)
             _own_copies(layer)
     if plan is not None:
-        plan.finish(model, config)
+        plan.finish(model)
     return model.eval()
 
 

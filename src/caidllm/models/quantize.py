@@ -223,14 +223,16 @@ class QuantizePlan:
     def layer(self, layer: nn.Module) -> None:
         quantize_module(layer, self.quantization, self.device)
 
-    def finish(self, model: nn.Module, config) -> None:
+    def check(self, model: nn.Module) -> None:
+        """Before any weight is read (`model` on the meta device): a head to quantize exists."""
+        if self.head and output_head(model) is None:
+            raise InputError("quantize_head: this model's output head is tied to its input embedding; "
+                             "embeddings stay in the model dtype")
+
+    def finish(self, model: nn.Module) -> None:
         """After every layer: the head, if asked."""
         if self.head:
-            head = output_head(model)
-            if head is None:
-                raise InputError("quantize_head: this model's output head is tied to its input embedding; "
-                                 "embeddings stay in the model dtype")
-            quantize_module(head, self.quantization, self.device)
+            quantize_module(output_head(model), self.quantization, self.device)
 
 
 def make_plan(quantize, device: torch.device, dtype: torch.dtype, head: bool = False) -> QuantizePlan | None:
@@ -260,9 +262,10 @@ def quantize_loaded(lm, quantize: str, head: bool = False) -> None:
     if getattr(lm, "compiled", False):
         raise InputError("quantize a model before compiling it (load(..., quantize=..., compile=True))")
     plan = make_plan(quantize, torch.device(lm.device), lm.dtype, head)
+    plan.check(lm.model)
     for layer in decoder_layers(lm.model)[1]:
         plan.layer(layer)
-    plan.finish(lm.model, lm.config)
+    plan.finish(lm.model)
     lm.quantization, lm.quantized_head = plan.quantization.name, head
 
 

@@ -149,6 +149,8 @@ def materialise(model: nn.Module, device: torch.device, generator: torch.Generat
     the order of model.modules() (so the same seed draws the same weights with or without a
     plan); with a quantization plan, each layer is quantized right after it is drawn."""
     layers = decoder_layers(model)[1] if plan is not None else ()
+    if plan is not None:
+        plan.check(model)
     inside = {id(m) for layer in layers for m in layer.modules() if m is not layer}
     starts = {id(layer) for layer in layers}
     for module in model.modules():
@@ -162,7 +164,7 @@ def materialise(model: nn.Module, device: torch.device, generator: torch.Generat
             module.to_empty(device=device, recurse=False)
             _initialise_one(module, generator)
     if plan is not None:
-        plan.finish(model, None)
+        plan.finish(model)
 
 
 @torch.no_grad()
