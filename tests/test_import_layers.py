@@ -9,7 +9,7 @@ Layers, lowest first (a module may import its own layer and those below):
   decode:    decode/ (config, presets, policies, engine, generate()), and the package's own
              __init__ (caidllm.load, caidllm.generate; it registers DiffusionLM.generate)
   front end: options (what every command-line front end shares: model flags, load_model, flag checks)
-  apps:      bench/, evaluation/, train/
+  apps:      bench/, evaluation/, train/, models_cli (`caidllm models`)
   serve:     serve/
   top:       cli, __main__
 """
@@ -27,7 +27,7 @@ LAYERS = [
     ["caidllm.models"],
     ["caidllm.decode", "caidllm"],
     ["caidllm.options"],
-    ["caidllm.bench", "caidllm.evaluation", "caidllm.train"],
+    ["caidllm.bench", "caidllm.evaluation", "caidllm.train", "caidllm.models_cli"],
     ["caidllm.serve"],
     ["caidllm.cli", "caidllm.__main__"],
 ]

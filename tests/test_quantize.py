@@ -290,3 +290,15 @@ def test_mixture_of_experts_quantizes_its_experts_and_keeps_its_router():
     assert routers and len(linears) > 16 * 3  # the experts' projections are Linear layers
     assert all(is_quantized(m) for m in linears) and not any(is_quantized(r) for r in routers)
     assert lm.generate(["hello"], method="fastdllm", gen_length=32, block_length=32)[0].nfe > 0
+
+
+@needs_torchao
+def test_caidllm_models_gives_the_quantized_weights_a_load_would_hold(capsys):
+    from caidllm.models.quantize import weights_bytes
+
+    assert main(["models", "--model", SMALL_RANDOM, "--dtype", "float32", "--quantize", "int8", "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)
+    loaded = caidllm.load(SMALL_RANDOM, device="cpu", dtype="float32", quantize="int8")
+    assert memory["quantization"] == "int8" and memory["weights_bytes"] == weights_bytes(loaded.model)
+    assert main(["models", "--model", SMALL_RANDOM, "--quantize", "int4", "--dtype", "float32"]) == 2
+    assert "runs its kernels in bfloat16" in capsys.readouterr().err

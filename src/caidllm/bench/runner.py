@@ -200,7 +200,8 @@ def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
         if getattr(lm, "random_weights", False):
             log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
         torch.manual_seed(settings.seed)
-        chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None))
+        # A base checkpoint (models/checkpoints.py) reads raw prompts, as does a tokenizer without a template.
+        chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None)) and lm.chat_default
         encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
         T = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
                              gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block

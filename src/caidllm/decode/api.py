@@ -13,16 +13,21 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
 from caidllm.errors import InputError
+from caidllm.models.checkpoints import recommended_options
 from caidllm.models.lm import DiffusionLM
 
 
-def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_length: int = 64,
+def generate(lm, prompts, method: str = "cai", gen_length: int | None = None, block_length: int | None = None,
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
-             temperature: float = 0.0, seed: int | None = None, early_stop: bool = True,
-             batch_size: int = 8, chat: bool = True, compile: bool = False, settings=None,
+             temperature: float | None = None, seed: int | None = None, early_stop: bool = True,
+             batch_size: int = 8, chat: bool | None = None, compile: bool = False, settings=None,
              **overrides) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a
     method preset; any keyword given overrides the preset's value.
+
+    gen_length / block_length / steps / temperature left None: the recommendation of a known
+    checkpoint (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0.
+    chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
 
     A client of the step-level engine: every prompt is submitted, at most
     `batch_size` decode together, and a finished one's slot goes to the next
@@ -30,17 +35,17 @@ def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_leng
     then on (models/compiled.py). `settings`: a settings file (path or loaded, see
     decode/settings_file.py) whose CAI values apply under the keywords. Each result's elapsed_s,
     policy_s and forward_s are those of the whole run."""
-    config = build_config(method, settings=settings, gen_length=gen_length, block_length=block_length, steps=steps,
-                          cache=cache,
-                          threshold=threshold, temperature=temperature, seed=seed, early_stop=early_stop,
-                          **overrides)
+    lengths, _ = recommended_options(getattr(lm, "checkpoint", None), gen_length=gen_length,
+                                     block_length=block_length, steps=steps, temperature=temperature)
+    config = build_config(method, settings=settings, cache=cache, threshold=threshold, seed=seed,
+                          early_stop=early_stop, **lengths, **overrides)
     if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     if compile:  # the model's norms and MLPs through torch.compile from now on (models/compiled.py)
         from caidllm.models.compiled import enable_compile
 
         enable_compile(lm)
-    token_prompts = tokenize_prompts(lm, prompts, chat)
+    token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
 
     engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts))
     started = time.perf_counter()

@@ -229,6 +229,9 @@ class BackgroundEngine:
                 for request_id in self.engine.drop_running():  # queued requests stay and run next
                     self._end(request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}"))
                 continue
+            for request_id, error in self.engine.take_faults().items():
+                logger.error("request %s failed in its decode; the others go on", request_id, exc_info=error)
+                self._end(request_id, RuntimeError(f"its decode failed: {type(error).__name__}: {error}"))
             pairs = []
             with self._lock:
                 for event in events:

@@ -169,6 +169,7 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     FieldRule("es_alpha", normalise=check_alpha),
     FieldRule("temperature", "a finite number >= 0", _non_negative),
     FieldRule("seed", "an integer or None", lambda v: v is None or is_int(v)),
+    FieldRule("early_stop", "True or False", lambda v: isinstance(v, bool)),
     *(FieldRule(f"cai.{name}", UNIT_INTERVAL, _unit_interval) for name in CAI_UNIT_FIELDS),
     FieldRule("cai.warmup", "in [0, 1)", lambda v: is_number(v) and 0 <= v < 1),
     FieldRule("cai.block_end_decay", "a number >= 0", _non_negative),

@@ -150,10 +150,7 @@ def check_quantization(name, device: torch.device, dtype: torch.dtype) -> Quanti
     reason = q.needs(device)
     if reason:
         raise InputError(f"quantization {name!r} cannot run on {device}: {reason}")
-    if q.dtypes and dtype not in q.dtypes:
-        wanted = " or ".join(str(d).removeprefix("torch.") for d in q.dtypes)
-        raise InputError(f"quantization {name!r} runs its kernels in {wanted}; the model would load as "
-                         f"{str(dtype).removeprefix('torch.')}: add --dtype {wanted} (dtype= in the API)")
+    _check_dtype(q, dtype)
     if torchao_version() is None:
         raise InputError(f"quantization {name!r} needs torchao: pip install 'caidllm[quant]'")
     try:
@@ -165,6 +162,13 @@ def check_quantization(name, device: torch.device, dtype: torch.dtype) -> Quanti
                          f"{device.type} ({type(e).__name__}: {e}); pip install 'caidllm[quant]' "
                          "(torchao>=0.18)") from None
     return q
+
+
+def _check_dtype(q: Quantization, dtype: torch.dtype) -> None:
+    if q.dtypes and dtype not in q.dtypes:
+        wanted = " or ".join(str(d).removeprefix("torch.") for d in q.dtypes)
+        raise InputError(f"quantization {q.name!r} runs its kernels in {wanted}; the model would load as "
+                         f"{str(dtype).removeprefix('torch.')}: add --dtype {wanted} (dtype= in the API)")
 
 
 def check_not_quantized(raw_config: dict, source) -> None:
@@ -294,8 +298,12 @@ def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str |
                            head: bool = False) -> int:
     """The bytes weights_bytes() will count once `model` (a meta-device module is fine: nothing is
     read) is loaded in `dtype` with `quantize`: for `caidllm models` and sizing a GPU before a load."""
+    if quantize is None and head:
+        raise InputError("quantize_head needs a quantization (quantize= / --quantize)")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise InputError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
+    if quantize is not None:
+        _check_dtype(QUANTIZATIONS[quantize], dtype)
     quantized = set()
     if quantize is not None:
         for layer in decoder_layers(model)[1]:
