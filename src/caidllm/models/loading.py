@@ -229,7 +229,7 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
             with safe_open(str(file), framework="pt", device=str(device)) as f:
                 for name in names:
                     state[name] = f.get_tensor(name).to(dtype)
-        model.load_state_dict(state, strict=False, assign=True)
+        model.load_state_dict(state, strict=plan is None, assign=True)  # in groups: each is a part
         del state
         if layer is not None:
             plan.layer(layer)
