@@ -87,6 +87,11 @@ class DecodeConfig:
     wino_draft: float = 0.6
     wino_verify: float = 0.9
     wino_max_steps: int = 256
+    # Elastic-Cache (cache="elastic", decode/elastic.py): the drift test's cosine threshold, the sliding
+    # window (None: 16, cut to the block), and the depth boundary (the shallowest layer it may refresh).
+    elastic_gamma: float = 0.9
+    elastic_window: int | None = None
+    elastic_layer: int = 0
     temperature: float = 0.0
     seed: int | None = None
     early_stop: bool = True
@@ -166,6 +171,20 @@ def _wino_thresholds_ordered(config: "DecodeConfig") -> None:
                          f"wino_verify ({config.wino_verify}) (draft wide, verify narrow)")
 
 
+def _elastic_window_fits_the_block(config: "DecodeConfig") -> None:
+    if config.cache == "elastic" and (config.elastic_window or 0) > config.block_length:
+        raise InputError(f"elastic_window ({config.elastic_window}) is longer than the block ({config.block_length})")
+
+
+def _elastic_refreshes_adaptively(config: "DecodeConfig") -> None:
+    if config.cache == "elastic" and config.refresh_every:
+        raise InputError(f"cache 'elastic' with refresh_every={config.refresh_every} is not meaningful: "
+                         "Elastic-Cache refreshes when its drift test says so (use refresh_every=0)")
+    if config.cache == "elastic" and config.policy == "cai" and config.cai.grinding_action == "exit":
+        raise InputError("cache 'elastic' with cai.grinding_action='exit' is not meaningful: the exit commits "
+                         "the whole block at once, but an elastic step predicts only its window")
+
+
 def _wino_without_cache(config: "DecodeConfig") -> None:
     if config.policy == "wino" and config.cache != "none":
         raise InputError(f"policy 'wino' with cache={config.cache!r} is not meaningful: WINO's verify forward reads "
@@ -230,6 +249,11 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     _wino_thresholds_ordered,
     FieldRule("wino_max_steps", "a positive integer", _positive_int),
     _wino_without_cache,
+    FieldRule("elastic_gamma", UNIT_INTERVAL, _unit_interval),
+    FieldRule("elastic_window", "a positive integer or None", lambda v: v is None or _positive_int(v)),
+    _elastic_window_fits_the_block,
+    FieldRule("elastic_layer", "an integer >= 0", lambda v: is_int(v) and v >= 0),
+    _elastic_refreshes_adaptively,
 ]
 
 

@@ -37,6 +37,7 @@ from typing import Iterator
 
 from caidllm.checks import is_id_list
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.elastic import ElasticState
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
 from caidllm.decode.request import CommitEvent, Request
@@ -56,6 +57,12 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
     bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
     that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
     c = lm.config
+    if config.cache == "elastic" and config.elastic_layer >= c.n_layers:
+        return (f"elastic_layer ({config.elastic_layer}) is beyond the model's layers "
+                f"(family {c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})")
+    if config.cache == "elastic" and c.block_causal:
+        return (f"cache mode 'elastic' needs the elastic forward (bidirectional attention over every column), "
+                f"which model family {c.family!r} does not have (block-causal attention)")
     if not (lm.model.extra_left or c.block_causal):
         return None
     own = policy_spec(config.policy).forward
@@ -206,10 +213,13 @@ class Engine:
         self._check_family(config)
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
         refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
+        elastic = None
+        if config.cache == "elastic":  # refreshes by its drift test, never on a fixed period
+            refresh_every, elastic = 0, ElasticState(lm.model.extra_left, lm.config.n_layers)
         policy, state_names = make_policy(config, gating)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
-                       policy_key(config, gating), generator)
+                       policy_key(config, gating), generator, elastic=elastic)
 
     def _check_family(self, config: DecodeConfig) -> None:
         refusal = family_refusal(self.lm, config)

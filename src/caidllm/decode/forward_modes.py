@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from caidllm.models.elastic import ElasticInputs
 from caidllm.models.forward_modes import ForwardMode
 from caidllm.models.skip import EarlySkip
 from caidllm.models.transfer import to_device
@@ -31,6 +32,10 @@ def _no_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int]
     return {}
 
 
+def _nothing_after(members: list["Request"], inputs: dict) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class ForwardPlan:
     """What the runner does for one forward mode.
@@ -44,11 +49,22 @@ class ForwardPlan:
     group_key: Callable[["Request"], tuple] = _no_key
     inputs: Callable[[list["Request"], torch.Tensor, list[int]], dict] = _no_inputs
     shadow: bool = False  # the forward returns the block's logits, then a verifying shadow block's
+    # What the requests keep from the forward once it ran (Elastic-Cache: its attention profiles).
+    after: Callable[[list["Request"], dict], None] = _nothing_after
 
     def computed_pairs(self, inputs: dict, n_layers: int, block_length: int) -> int:
         """(layer, block position) pairs the forward computed for each row."""
-        skip = inputs.get("skip")
+        skip, elastic = inputs.get("skip"), inputs.get("elastic")
+        if elastic is not None:  # the window below the refresh layer, the whole block from it on
+            deep = n_layers - elastic.refresh_from
+            return (n_layers - deep) * elastic.window.shape[1] + deep * block_length
         return n_layers * block_length if skip is None else skip.computed_pairs
+
+    @staticmethod
+    def eligible(inputs: dict) -> torch.Tensor | None:
+        """[R, block] the block positions the forward predicts (None: all of them)."""
+        elastic = inputs.get("elastic")
+        return None if elastic is None else elastic.eligible
 
 
 def _early_skip_key(request: "Request") -> tuple:
@@ -87,6 +103,34 @@ def _dkv_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int
     return {"columns": to_device(columns, masked.device), "block_at": to_device(block_at, masked.device)}
 
 
+def _elastic_key(request: "Request") -> tuple:
+    computed, window = request.elastic_columns()
+    return (len(computed), len(window), request.elastic.refresh_from)
+
+
+def _elastic_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int]) -> dict:
+    """Elastic-Cache (decode/elastic.py, models/elastic.py): each row's columns and window as absolute
+    columns, the block positions its window predicts, and the layer its refresh starts from."""
+    columns, windows, block_at, eligible = [], [], [], []
+    for r, start in zip(members, starts):
+        computed, window = r.elastic_columns()
+        first = start - len(r.prompt) - r.block_bounds[0]  # the row's first real column
+        columns.append([first + c for c in computed])
+        windows.append([first + c for c in window])
+        where = {c - len(r.prompt) - r.block_bounds[0]: i for i, c in enumerate(window)}
+        block_at.append([where.get(b, 0) for b in range(r.config.block_length)])
+        eligible.append([b in where for b in range(r.config.block_length)])
+    device = masked.device
+    return {"elastic": ElasticInputs(to_device(columns, device), to_device(windows, device),
+                                     members[0].elastic.refresh_from, to_device(block_at, device),
+                                     to_device(eligible, device).bool())}
+
+
+def _elastic_after(members: list["Request"], inputs: dict) -> None:
+    for r, profiles in zip(members, inputs["elastic"].profiles):
+        r.elastic.observe(profiles, r.config.elastic_gamma, r.config.elastic_layer)
+
+
 FORWARD_PLANS: dict[ForwardMode, ForwardPlan] = {
     ForwardMode.FULL: ForwardPlan(),
     ForwardMode.PREFIX: ForwardPlan(),
@@ -95,6 +139,7 @@ FORWARD_PLANS: dict[ForwardMode, ForwardPlan] = {
     ForwardMode.DKV: ForwardPlan(group_key=_dkv_key, inputs=_dkv_inputs),
     # WINO's verify forward (models/shadow.py): each row alone, with a shadow copy of its block.
     ForwardMode.VERIFY: ForwardPlan(shadow=True),
+    ForwardMode.ELASTIC: ForwardPlan(group_key=_elastic_key, inputs=_elastic_inputs, after=_elastic_after),
 }
 
 
@@ -109,6 +154,7 @@ class CacheMode:
     # Steps at a block's start that are refreshes (dKV-Cache refreshes at its first two: at the first,
     # the block's tokens are all masks; at the second, the first step's commits get their K/V).
     refreshes_at_start: int = 1
+    hidden_every_layer: bool = False  # the cache keeps every layer's input (Elastic-Cache's deep refresh reads it)
 
     @property
     def uses_cache(self) -> bool:
@@ -121,4 +167,6 @@ CACHE_MODES: dict[str, CacheMode] = {
     "dual": CacheMode(ForwardMode.DUAL),
     "es": CacheMode(ForwardMode.ES, early_skipping=True),  # the dual cache with ES-dLLM early skipping
     "dkv": CacheMode(ForwardMode.DKV, refreshes_at_start=2),  # dKV-Cache-Decode (refresh every f: 8 in its preset)
+    # Elastic-Cache: a full refresh at a block's start, then refreshes from the layer its drift test names.
+    "elastic": CacheMode(ForwardMode.ELASTIC, hidden_every_layer=True),
 }

@@ -41,12 +41,13 @@ class Frame:
     def free_slots(self) -> list[int]:
         return [s for s, n in enumerate(self.lengths) if n == 0]
 
-    def place(self, slot: int, prompt: list[int], gen_length: int, *, cached: bool, skip_schedule=None) -> None:
+    def place(self, slot: int, prompt: list[int], gen_length: int, *, cached: bool, skip_schedule=None,
+              every_layer: bool = False) -> None:
         """Write a new request's canvas into a free slot (widening the frame if needed)."""
         length = len(prompt) + gen_length
         self.lengths[slot] = length
         if cached:
-            self._ensure_cache(skip_schedule)
+            self._ensure_cache(skip_schedule, every_layer)
         if length > self.width:
             self._resize(length)
         c = self.lm.config
@@ -83,8 +84,10 @@ class Frame:
 
     # ---- storage ----------------------------------------------------------
 
-    def _ensure_cache(self, skip_schedule) -> None:
-        levels = set(hidden_levels(skip_schedule, self.lm.config.n_layers)) if skip_schedule else set()
+    def _ensure_cache(self, skip_schedule, every_layer: bool = False) -> None:
+        n_layers = self.lm.config.n_layers
+        levels = set(hidden_levels(skip_schedule, n_layers)) if skip_schedule else set()
+        levels |= set(range(n_layers)) if every_layer else set()
         if self.cache is not None and levels <= self._hidden_levels:
             return
         self._hidden_levels |= levels

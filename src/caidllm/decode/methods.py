@@ -52,6 +52,11 @@ PRESETS: dict[str, dict] = {
     "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
     # WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM) at its official defaults: draft 0.6, verify 0.9.
     "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
+    # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache): Fast-dLLM's threshold 0.9 rule over the
+    # attention-drift refreshed cache, gamma 0.9, a window of 16 (decode/elastic.py for the readings taken).
+    "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9),
+    # CAI-dLLM's budgets and schedule over the Elastic-Cache backend (as cai-es over ES-dLLM's).
+    "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0, elastic_gamma=0.9),
 }
 
 

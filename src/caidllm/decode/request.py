@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from caidllm.decode import elastic
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import Policy, policy_spec
@@ -69,6 +70,7 @@ class Request:
     prev_confidence: torch.Tensor | None = None  # [block] the previous step's confidences (early skipping)
     just_committed: torch.Tensor | None = None  # [block] committed at the previous step
     last_committed: list[int] = field(default_factory=list)  # generated positions committed at the previous step
+    elastic: elastic.ElasticState | None = None  # cache mode "elastic" only (decode/elastic.py)
 
     def __post_init__(self):
         G, c = self.config.gen_length, self.config
@@ -106,6 +108,14 @@ class Request:
         committed at the previous step (their K/V are cached one step late)."""
         recent = set(self.last_committed)
         return [p for p, token in enumerate(self.generated) if token is None or p in recent]
+
+    def elastic_columns(self) -> tuple[list[int], list[int]]:
+        """Elastic-Cache's computed columns and its window (the block positions it predicts), relative
+        to the row's first real column (decode/elastic.py)."""
+        self.elastic.enter_block(self.block)
+        size = self.config.elastic_window or elastic.DEFAULT_WINDOW  # None: 16, cut to the block when shorter
+        predicted = elastic.window(self.generated, self.block_bounds, size, self.step == self.step_limit - 1)
+        return elastic.columns(self.elastic, len(self.prompt), predicted), [len(self.prompt) + p for p in predicted]
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}

@@ -65,6 +65,9 @@ class Runner:
         masked = block == lm.config.mask_id
         plan = FORWARD_PLANS[mode]
         inputs = plan.inputs(members, masked, starts)
+        eligible = plan.eligible(inputs)  # a forward that predicts only part of the block: the rest waits
+        if eligible is not None:
+            masked = masked & eligible
         # Every request was checked at submit and the Frame knows each row's first real column:
         # the unchecked forward has no host sync.
         with self.forward_timer:
@@ -72,6 +75,7 @@ class Runner:
                                 end=[s + block_length for s in starts], rows=frame.row_selector(slots, slot_ids),
                                 real_from=[frame.first_real(s) for s in slots], **inputs)
         self.forwards += 1
+        plan.after(members, inputs)
         support = stats = None
         if plan.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token
             logits, shadow = logits.split(block_length, dim=1)

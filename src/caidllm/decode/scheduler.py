@@ -149,7 +149,8 @@ class Scheduler:
             r = self.queue.popleft()
             config, cache = r.config, CACHE_MODES[r.config.cache]
             self.frame.place(slot, r.prompt, config.gen_length, cached=cache.uses_cache,
-                             skip_schedule=config.es_schedule if cache.early_skipping else None)
+                             skip_schedule=config.es_schedule if cache.early_skipping else None,
+                             every_layer=cache.hidden_every_layer)
             r.slot, r.admitted_at = slot, time.perf_counter()
             self._on_admit(r, slot)
             self.running[r.id] = r

@@ -17,6 +17,8 @@ class ForwardMode(str, Enum):
     DUAL = "dual"  # the block only; every other position's K/V from the cache
     ES = "es"  # dual with early skipping of unimportant block positions past layer-group boundaries
     DKV = "dkv"  # dKV-Cache: the still-masked and just-decoded columns only; every other column's K/V cached
+    # Elastic-Cache: the block's window and the most-attended columns; every column from a layer on (a refresh)
+    ELASTIC = "elastic"
     VERIFY = "verify"  # WINO: the whole canvas plus a shadow copy of the block that verifies it (no cache)
 
     def __str__(self) -> str:

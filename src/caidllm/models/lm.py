@@ -16,6 +16,7 @@ from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
 from .forward_modes import MODES, ForwardMode
+from .elastic import ElasticInputs, elastic_context
 from .layers import Context, default_attention_block, positions_from_mask
 from .shadow import shadow_forward
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
@@ -70,7 +71,7 @@ class DiffusionLM:
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
                 skip: EarlySkip | None = None, real_from: list[int] | None = None,
-                attention_block: int | None = None, columns=None, block_at=None):
+                attention_block: int | None = None, columns=None, block_at=None, elastic=None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -88,6 +89,7 @@ class DiffusionLM:
                        the previous step's view and receives the work done.
         mode="dkv":    (engine only) dKV-Cache: computes ``columns`` [R, n] (see forward_columns);
                        ``block_at`` [R, end-start] says which of them each block position is.
+        mode="elastic": (engine only) Elastic-Cache: ``elastic`` (models/elastic.ElasticInputs).
         mode="verify": (engine only) WINO: [R, 2 (end-start), V], the block's logits then its
                        shadow block's (models/shadow.py); no cache.
         (Dream also computes start-1 in prefix/dual/es mode: it predicts start.)
@@ -101,10 +103,14 @@ class DiffusionLM:
         ``attention_block``: block-causal models only, the block length of their attention (blocks
         laid from each row's first real token); None = the model's default (layers.default_attention_block).
         """
-        if mode in (ForwardMode.DKV, ForwardMode.VERIFY):
+        if mode in (ForwardMode.DKV, ForwardMode.VERIFY, ForwardMode.ELASTIC):
             if real_from is None:
-                raise InputError(f"mode={mode!r} is the engine's; call forward_columns / forward_with_attention")
+                raise InputError(f"mode={mode!r} is the engine's; call forward_columns / forward_elastic / "
+                                 "forward_with_attention")
             r = slice(None) if rows is None else rows
+            if mode == ForwardMode.ELASTIC:
+                logits = self.forward_elastic(input_ids, cache, elastic, rows=rows, real_from=real_from)
+                return logits.gather(1, elastic.block_at[..., None].expand(-1, -1, logits.shape[-1]))
             if mode == ForwardMode.DKV:
                 logits = self.forward_columns(input_ids, cache, columns, rows=rows, real_from=real_from)
                 return logits.gather(1, block_at[..., None].expand(-1, -1, logits.shape[-1]))
@@ -183,6 +189,20 @@ class DiffusionLM:
         return logits
 
     @torch.no_grad()
+    def forward_elastic(self, ids, cache: KVCache, inputs: ElasticInputs, rows=None,
+                        real_from: list[int] | None = None) -> torch.Tensor:
+        """Elastic-Cache's forward (mode "elastic", models/elastic.py): float32 logits [R, k, V] of
+        ``inputs.window``; fills ``inputs.profiles`` and ``inputs.computed_pairs``. The cache must hold
+        the hidden states of every layer's input (new_cache(..., hidden_levels=range(n_layers)))."""
+        r = slice(None) if rows is None else rows
+        c = self.config
+        ctx = elastic_context(cache.attention_mask[r], cache.positions[r], c.rotary_dim, c.rope_theta, inputs,
+                              rows=rows, cache=cache, real_from=real_from, n_layers=c.n_layers)
+        logits = self.model(ids[r].gather(1, inputs.columns), ctx)
+        inputs.profiles = ctx.profiles
+        return logits
+
+    @torch.no_grad()
     def forward_columns(self, ids, cache: KVCache, columns: torch.Tensor, rows=None,
                         real_from: list[int] | None = None) -> torch.Tensor:
         """dKV-Cache's forward (mode "dkv", decode/forward_modes.py): float32 logits [R, n, V] of ``columns``
@@ -225,11 +245,12 @@ class DiffusionLM:
                              f"(allowed: {', '.join(map(str, c.block_lengths))})")
         return attention_block
 
-    def new_cache(self, batch_size: int, length: int, *, skip_schedule=None) -> KVCache:
+    def new_cache(self, batch_size: int, length: int, *, skip_schedule=None, every_layer: bool = False) -> KVCache:
         """An empty cache for a [batch_size, length] canvas; fill it with mode="full".
-        With an early-skip schedule it also keeps the hidden states mode="es" reads."""
+        With an early-skip schedule it also keeps the hidden states mode="es" reads; with
+        every_layer, those of every layer's input (mode="elastic")."""
         c = self.config
-        levels = ()
+        levels = tuple(range(c.n_layers)) if every_layer else ()
         if skip_schedule is not None:
             levels = hidden_levels(check_schedule(skip_schedule, "skip_schedule"), c.n_layers)
         for name, value in (("batch_size", batch_size), ("length", length)):
