@@ -9,7 +9,7 @@ from block_checkpoints import write_block_checkpoint
 
 import caidllm
 from caidllm.decode.policies.vanilla import tokens_at_step
-from caidllm.decode.sampling import predict
+from caidllm.decode.sampling import predict, request_generator
 from caidllm.errors import InputError
 from helpers.decoding import BLOCK, GEN, PROMPTS, run
 
@@ -101,3 +101,87 @@ def test_block_causal_family_is_refused_naming_both(tmp_path, method, needs):
     lm = caidllm.load(write_block_checkpoint(tmp_path / "sdar", "sdar"), device="cpu", dtype="float32")
     with pytest.raises(InputError, match=f"{needs} needs .*family 'sdar'.*block-causal"):
         run(lm, PROMPTS[:1], method)
+
+
+# ---- dKV-Cache-Greedy (cache "dkv-greedy" with policy "random") -------------------------------------------
+
+def greedy_reference(lm, prompt, refresh, window, seed, gen=GEN, block=BLOCK):
+    """The official dKV-Cache-Greedy generate at batch size 1 (random remasking): each block's positions
+    are decoded in a random order drawn at its start, the linear schedule's share per step; full forwards
+    at steps 0, f, 2f ...; otherwise only the columns chosen at the previous step: the positions this step
+    decodes, those the previous step decoded, and up to `window` masked neighbours of each of the former
+    (nearest first, left then right, masked before the previous step's commits)."""
+    mask = lm.config.mask_id
+    p = len(prompt)
+    x = torch.tensor([prompt + [mask] * gen])
+    cache = lm.new_cache(1, x.shape[1])
+    generator = request_generator(seed, prompt, "cpu")
+    T = steps = GEN // (gen // block)
+    for b in range(gen // block):
+        lo = p + b * block
+        draws = torch.rand(block, generator=generator, dtype=torch.float64)
+        order = [lo + i for i in torch.sort(draws, descending=True, stable=True).indices.tolist()]
+        shares = [block // T + (i < block % T) for i in range(T)]
+        starts = [sum(shares[:i]) for i in range(T + 1)]
+        planned = None
+        for i in range(steps):
+            masked_now = set((x[0] == mask).nonzero()[:, 0].tolist())
+            if i % refresh != 0:
+                columns = torch.tensor([sorted(planned)])
+                some = lm.forward_columns(x, cache, columns)
+                logits = torch.zeros(1, x.shape[1], some.shape[-1])
+                logits[0, columns[0]] = some[0]
+            else:
+                logits = lm.forward(x, mode="full", cache=cache)
+            tokens, _ = predict(logits.clone(), mask, 0.0, None)
+            now = order[starts[i]:starts[i + 1]]
+            x[0, now] = tokens[0, now]
+            if i < steps - 1:
+                upcoming = order[starts[i + 1]:starts[i + 2]]
+                planned = set(upcoming) | set(now)
+                for c in upcoming:
+                    left, right, found, go_left = c - 1, c + 1, 0, True
+                    while found < window and (left >= 0 or right < x.shape[1]):
+                        if go_left:
+                            if left >= 0 and left not in planned and left in masked_now:
+                                planned.add(left)
+                                found += 1
+                            left -= 1
+                        else:
+                            if right < x.shape[1] and right not in planned and right in masked_now:
+                                planned.add(right)
+                                found += 1
+                            right += 1
+                        go_left = not go_left
+    return x[0, p:].tolist()
+
+
+@pytest.mark.parametrize("refresh, window", [(4, 1), (100, 2)])
+def test_greedy_matches_the_official_loop(deep_llada, refresh, window):
+    results = run(deep_llada, PROMPTS, "dkv-greedy", refresh_every=refresh, dkv_window=window, seed=3)
+    for prompt, r in zip(PROMPTS, results):
+        assert r.token_ids == greedy_reference(deep_llada, prompt, refresh, window, 3)
+    plain = run(deep_llada, PROMPTS, "dkv-greedy", cache="none", seed=3)  # the same random order, no cache
+    assert any(a.token_ids != b.token_ids for a, b in zip(results, plain))  # the cache is really used
+
+
+def test_greedy_batch_invariance(llada_lm):
+    together = run(llada_lm, PROMPTS, "dkv-greedy", refresh_every=4, seed=5, batch_size=3)
+    for prompt, joint in zip(PROMPTS, together):
+        (alone,) = run(llada_lm, [prompt], "dkv-greedy", refresh_every=4, seed=5)
+        assert alone.token_ids == joint.token_ids and alone.trace.commit_step == joint.trace.commit_step
+
+
+@pytest.mark.parametrize("options, error", [
+    (dict(policy="vanilla"), "cache 'dkv-greedy' with policy 'vanilla' is not meaningful"),
+    (dict(dkv_window=-1), "dkv_window must be an integer >= 0"),
+    (dict(dkv_window=BLOCK + 1), f"dkv_window \\({BLOCK + 1}\\) is longer than the block \\({BLOCK}\\)"),
+])
+def test_greedy_bad_settings(llada_lm, options, error):
+    with pytest.raises(InputError, match=error):
+        run(llada_lm, PROMPTS[:1], "dkv-greedy", **options)
+
+
+def test_greedy_on_dream_is_refused_naming_both(dream_lm):
+    with pytest.raises(InputError, match="cache mode 'dkv-greedy'.*family 'dream'"):
+        run(dream_lm, PROMPTS[:1], "dkv-greedy")

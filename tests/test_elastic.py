@@ -34,6 +34,7 @@ def commit(x, logits, allowed, mask, threshold, everything):
     best = max(range(len(allowed)), key=lambda i: (conf[i], -i))
     for i in set(chosen) | {best}:
         x[0, allowed[i]] = tokens[0, i]
+    return {allowed[i] for i in set(chosen) | {best}}
 
 
 def elastic_reference(lm, prompt, gamma, window, boundary=0, threshold=0.9, gen=GEN, block=BLOCK):
@@ -52,17 +53,17 @@ def elastic_reference(lm, prompt, gamma, window, boundary=0, threshold=0.9, gen=
         lo, hi = p + b * block, p + (b + 1) * block
         logits = lm.forward(x, mode="full", cache=cache)[0, lo:hi]
         masked = [c for c in range(lo, hi) if x[0, c] == mask]
-        commit(x, logits[[c - lo for c in masked]], masked, mask, threshold, False)
+        decoded = commit(x, logits[[c - lo for c in masked]], masked, mask, threshold, False)
         previous, watched, refresh_from = None, [], n_layers
         for i in range(1, steps):
             masked = [c for c in range(lo, hi) if x[0, c] == mask]
             if not masked:
                 break
             win = masked if i == steps - 1 else masked[:window]
-            columns = sorted(set(win) | {c - shift for c in win} | set(watched))
-            inputs = ElasticInputs(torch.tensor([columns]), torch.tensor([win]), refresh_from, None, None)
+            columns = sorted(set(win) | {c - shift for c in win} | set(watched) | decoded)
+            inputs = ElasticInputs(torch.tensor([columns]), torch.tensor([win]), refresh_from)
             logits = lm.forward_elastic(x, cache, inputs, real_from=[0])[0]
-            commit(x, logits, win, mask, threshold, i == steps - 1)
+            decoded = commit(x, logits, win, mask, threshold, i == steps - 1)
             profiles = inputs.profiles[0]
             refresh_from = n_layers
             if previous is not None:
@@ -101,14 +102,14 @@ def test_elastic_forward_without_a_refresh_reads_the_cache(llada_lm):
     full = llada_lm.forward(ids, mode="full", cache=cache)
     n = llada_lm.config.n_layers
     for refresh_from in (n, 1, 0):  # right after a refresh, any depth of refresh gives the full forward's logits
-        inputs = ElasticInputs(torch.tensor([[2, 3, 4, 9]]), torch.tensor([[3, 4]]), refresh_from, None, None)
+        inputs = ElasticInputs(torch.tensor([[2, 3, 4, 9]]), torch.tensor([[3, 4]]), refresh_from)
         assert torch.allclose(llada_lm.forward_elastic(ids, cache, inputs, real_from=[0]), full[:, [3, 4]], atol=1e-5)
         assert len(inputs.profiles[0]) == n and inputs.profiles[0][0].shape == (llada_lm.config.n_heads, 11)
     changed = ids.clone()
     changed[0, 8] = 9  # a column it does not compute: stale below the refresh layer, fresh from it on
-    stale = ElasticInputs(torch.tensor([[3, 4]]), torch.tensor([[3, 4]]), n, None, None)
+    stale = ElasticInputs(torch.tensor([[3, 4]]), torch.tensor([[3, 4]]), n)
     assert torch.allclose(llada_lm.forward_elastic(changed, cache, stale, real_from=[0]), full[:, [3, 4]], atol=1e-5)
-    fresh = ElasticInputs(torch.tensor([[3, 4, 8]]), torch.tensor([[3, 4]]), 0, None, None)
+    fresh = ElasticInputs(torch.tensor([[3, 4, 8]]), torch.tensor([[3, 4]]), 0)
     assert torch.allclose(llada_lm.forward_elastic(changed, cache, fresh, real_from=[0]),
                           llada_lm.forward(changed)[:, [3, 4]], atol=1e-5)
 

@@ -92,6 +92,8 @@ class DecodeConfig:
     elastic_gamma: float = 0.9
     elastic_window: int | None = None
     elastic_layer: int = 0
+    # dKV-Cache-Greedy (cache="dkv-greedy"): masked neighbours computed around each position a step decodes.
+    dkv_window: int = 0
     temperature: float = 0.0
     seed: int | None = None
     early_stop: bool = True
@@ -185,6 +187,15 @@ def _elastic_refreshes_adaptively(config: "DecodeConfig") -> None:
                          "the whole block at once, but an elastic step predicts only its window")
 
 
+def _greedy_needs_an_order(config: "DecodeConfig") -> None:
+    if config.cache == "dkv-greedy" and config.policy != "random":
+        raise InputError(f"cache 'dkv-greedy' with policy {config.policy!r} is not meaningful: it computes only the "
+                         "positions a step will decode, known in advance only from policy 'random' (its random "
+                         "order), as in the official dKV-Cache-Greedy")
+    if config.cache == "dkv-greedy" and config.dkv_window > config.block_length:
+        raise InputError(f"dkv_window ({config.dkv_window}) is longer than the block ({config.block_length})")
+
+
 def _wino_without_cache(config: "DecodeConfig") -> None:
     if config.policy == "wino" and config.cache != "none":
         raise InputError(f"policy 'wino' with cache={config.cache!r} is not meaningful: WINO's verify forward reads "
@@ -254,6 +265,8 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     _elastic_window_fits_the_block,
     FieldRule("elastic_layer", "an integer >= 0", lambda v: is_int(v) and v >= 0),
     _elastic_refreshes_adaptively,
+    FieldRule("dkv_window", "an integer >= 0", lambda v: is_int(v) and v >= 0),
+    _greedy_needs_an_order,
 ]
 
 

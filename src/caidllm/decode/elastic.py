@@ -5,7 +5,8 @@ in our search index: the rule below is the paper's, in the reading stated here).
 Per request and block: the block's first step is a full forward (a refresh of every layer). After it,
 each step computes only the sliding window (the first ``elastic_window`` still-masked positions of the
 block; the whole rest of the block at the block's last allowed step, so no mask is left), the
-positions whose hidden state predicts them (Dream: i - 1) and the previous step's most-attended tokens;
+positions whose hidden state predicts them (Dream: i - 1), the previous step's most-attended tokens and
+the positions the previous step decoded (once, so that their K/V are their token's, not their mask's);
 every other column's K/V come from the cache, and only the window's positions may be committed.
 
 When: at every layer the forward measures the window queries' attention, averaged over the queries,
@@ -19,7 +20,8 @@ canvas (models/elastic.py); shallower layers keep their cache.
 Readings taken (the official loop was not available to check them): the refresh runs at the next
 step (the engine runs one forward per step), not again within the step that detected the drift; the
 similarity is over heads x most-attended tokens (a lone token's scalar cosine is always 1); the
-window is taken inside the current block; no drift test at the first step after a refresh of the
+just-decoded positions are recomputed once (as dKV-Cache's delayed caching does); the window is taken
+inside the current block; no drift test at the first step after a refresh of the
 whole depth (nothing to compare with); gamma 0.9 and a window of 16 are the defaults (a window of
 16 is cut to the block when the block is shorter).
 """
@@ -80,8 +82,10 @@ def window(generated: list[int | None], block_bounds: tuple[int, int], size: int
     return masked if last_step else masked[:size]
 
 
-def columns(state: ElasticState, prompt_length: int, predicted: list[int]) -> list[int]:
-    """The columns an elastic forward computes (relative): the window, what predicts it, the most-attended."""
+def columns(state: ElasticState, prompt_length: int, predicted: list[int], just_decoded: list[int]) -> list[int]:
+    """The columns an elastic forward computes (relative): the window, what predicts it, the most-attended,
+    and the positions decoded at the previous step (their K/V were still their mask's)."""
     window_columns = [prompt_length + p for p in predicted]
     sources = [c - state.shift for c in window_columns]
-    return sorted(set(window_columns) | set(sources) | set(state.most_attended))
+    decoded = [prompt_length + p for p in just_decoded]
+    return sorted(set(window_columns) | set(sources) | set(state.most_attended) | set(decoded))

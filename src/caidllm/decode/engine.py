@@ -218,8 +218,10 @@ class Engine:
             refresh_every, elastic = 0, ElasticState(lm.model.extra_left, lm.config.n_layers)
         policy, state_names = make_policy(config, gating)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
+        # An ordered policy's order: reproducible without a seed too (seed 0), like the greedy decoders.
+        order = request_generator(config.seed or 0, prompt, "cpu") if policy_spec(config.policy).ordered else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
-                       policy_key(config, gating), generator, elastic=elastic)
+                       policy_key(config, gating), generator, elastic=elastic, order_generator=order)
 
     def _check_family(self, config: DecodeConfig) -> None:
         refusal = family_refusal(self.lm, config)

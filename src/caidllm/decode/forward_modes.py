@@ -60,12 +60,6 @@ class ForwardPlan:
             return (n_layers - deep) * elastic.window.shape[1] + deep * block_length
         return n_layers * block_length if skip is None else skip.computed_pairs
 
-    @staticmethod
-    def eligible(inputs: dict) -> torch.Tensor | None:
-        """[R, block] the block positions the forward predicts (None: all of them)."""
-        elastic = inputs.get("elastic")
-        return None if elastic is None else elastic.eligible
-
 
 def _early_skip_key(request: "Request") -> tuple:
     return (request.config.es_schedule, request.config.es_alpha)
@@ -111,7 +105,7 @@ def _elastic_key(request: "Request") -> tuple:
 def _elastic_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int]) -> dict:
     """Elastic-Cache (decode/elastic.py, models/elastic.py): each row's columns and window as absolute
     columns, the block positions its window predicts, and the layer its refresh starts from."""
-    columns, windows, block_at, eligible = [], [], [], []
+    columns, windows, block_at = [], [], []
     for r, start in zip(members, starts):
         computed, window = r.elastic_columns()
         first = start - len(r.prompt) - r.block_bounds[0]  # the row's first real column
@@ -119,11 +113,9 @@ def _elastic_inputs(members: list["Request"], masked: torch.Tensor, starts: list
         windows.append([first + c for c in window])
         where = {c - len(r.prompt) - r.block_bounds[0]: i for i, c in enumerate(window)}
         block_at.append([where.get(b, 0) for b in range(r.config.block_length)])
-        eligible.append([b in where for b in range(r.config.block_length)])
     device = masked.device
     return {"elastic": ElasticInputs(to_device(columns, device), to_device(windows, device),
-                                     members[0].elastic.refresh_from, to_device(block_at, device),
-                                     to_device(eligible, device).bool())}
+                                     members[0].elastic.refresh_from, to_device(block_at, device))}
 
 
 def _elastic_after(members: list["Request"], inputs: dict) -> None:
@@ -167,6 +159,9 @@ CACHE_MODES: dict[str, CacheMode] = {
     "dual": CacheMode(ForwardMode.DUAL),
     "es": CacheMode(ForwardMode.ES, early_skipping=True),  # the dual cache with ES-dLLM early skipping
     "dkv": CacheMode(ForwardMode.DKV, refreshes_at_start=2),  # dKV-Cache-Decode (refresh every f: 8 in its preset)
+    # dKV-Cache-Greedy: only the positions a step decodes, the previous step's and a window of masked
+    # neighbours are computed (Request.dkv_columns); its official generate refreshes at steps 0, f, 2f ...
+    "dkv-greedy": CacheMode(ForwardMode.DKV),
     # Elastic-Cache: a full refresh at a block's start, then refreshes from the layer its drift test names.
     "elastic": CacheMode(ForwardMode.ELASTIC, hidden_every_layer=True),
 }

@@ -50,6 +50,10 @@ PRESETS: dict[str, dict] = {
     # dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache): LLaDA's low-confidence remasking with delayed
     # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first two.
     "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
+    # dKV-Cache-Greedy (same paper and repository): LLaDA's random remasking (the only one its official
+    # generate supports); between refreshes only the positions a step decodes, the previous step's and 2
+    # masked neighbours of each are computed; refreshed every 8 steps (window and period: our pick, as dkv).
+    "dkv-greedy": dict(policy="random", cache="dkv-greedy", refresh_every=8, dkv_window=2),
     # WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM) at its official defaults: draft 0.6, verify 0.9.
     "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache): Fast-dLLM's threshold 0.9 rule over the

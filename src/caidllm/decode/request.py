@@ -13,7 +13,7 @@ import torch
 from caidllm.decode import elastic
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.policies import Policy, policy_spec
+from caidllm.decode.policies import Policy, policy_spec, random_order
 from caidllm.decode.results import GenerationResult, result_of
 from caidllm.models.forward_modes import ForwardMode
 
@@ -71,6 +71,8 @@ class Request:
     just_committed: torch.Tensor | None = None  # [block] committed at the previous step
     last_committed: list[int] = field(default_factory=list)  # generated positions committed at the previous step
     elastic: elastic.ElasticState | None = None  # cache mode "elastic" only (decode/elastic.py)
+    order_generator: torch.Generator | None = None  # an ordered policy's (policies/random_order.py)
+    commit_order: list[int] | None = None  # its block's decoding order
 
     def __post_init__(self):
         G, c = self.config.gen_length, self.config
@@ -104,10 +106,34 @@ class Request:
         return c.wino_max_steps if policy_spec(c.policy).revises else c.steps_per_block
 
     def dkv_columns(self) -> list[int]:
-        """dKV-Cache's computed positions of the generated region: the still-masked ones and those
-        committed at the previous step (their K/V are cached one step late)."""
+        """dKV-Cache's computed positions of the generated region. Decode: the still-masked ones and
+        those committed at the previous step (their K/V are cached one step late). Greedy: the ones
+        this step decodes, those the previous step decoded, and up to `dkv_window` still-masked
+        neighbours of each (nearest first, left then right; masked as of the previous step)."""
         recent = set(self.last_committed)
-        return [p for p, token in enumerate(self.generated) if token is None or p in recent]
+        if self.config.cache != "dkv-greedy":
+            return [p for p, token in enumerate(self.generated) if token is None or p in recent]
+        now, before = self.scheduled(self.step), self.scheduled(self.step - 1)
+        chosen = set(now) | set(before)
+        masked = {p for p, token in enumerate(self.generated) if token is None} | recent
+        for p in now:
+            chosen |= set(nearest_masked(p, masked - chosen, self.config.dkv_window, len(self.generated)))
+        return sorted(chosen)
+
+    def scheduled(self, step: int) -> list[int]:
+        """The generated positions an ordered policy decodes at `step` of the current block."""
+        block_start, block_end = self.block_bounds
+        order = random_order.scheduled(self.commit_order, block_end - block_start, step, self.config.steps_per_block)
+        return [block_start + b for b in order]
+
+    def commit_only(self) -> set[int] | None:
+        """The block positions this step may commit (None: any masked one): an ordered policy's share of
+        its order, Elastic-Cache's window between refreshes."""
+        if self.commit_order is not None:
+            return {p - self.block_bounds[0] for p in self.scheduled(self.step)}
+        if self.elastic is not None and self.forward_mode() == ForwardMode.ELASTIC:
+            return {c - len(self.prompt) - self.block_bounds[0] for c in self.elastic_columns()[1]}
+        return None
 
     def elastic_columns(self) -> tuple[list[int], list[int]]:
         """Elastic-Cache's computed columns and its window (the block positions it predicts), relative
@@ -115,10 +141,13 @@ class Request:
         self.elastic.enter_block(self.block)
         size = self.config.elastic_window or elastic.DEFAULT_WINDOW  # None: 16, cut to the block when shorter
         predicted = elastic.window(self.generated, self.block_bounds, size, self.step == self.step_limit - 1)
-        return elastic.columns(self.elastic, len(self.prompt), predicted), [len(self.prompt) + p for p in predicted]
+        columns = elastic.columns(self.elastic, len(self.prompt), predicted, self.last_committed)
+        return columns, [len(self.prompt) + p for p in predicted]
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}
+        if self.order_generator is not None:
+            self.commit_order = random_order.block_order(self.order_generator, self.config.block_length)
 
     def advance_prefix(self, eos_ids: set[int]) -> None:
         """Extend the committed prefix; note the answer's end when the prefix reaches an end token."""
@@ -179,3 +208,19 @@ class Request:
     def result(self, lm, policy_seconds_now: float) -> GenerationResult:
         """The GenerationResult of this finished request (policy time: the engine's since admission)."""
         return result_of(lm, self, policy_seconds_now - self.policy_seconds_at_admission)
+
+
+def nearest_masked(position: int, masked: set[int], size: int, length: int) -> list[int]:
+    """Up to `size` of the `masked` positions nearest `position`, looking left and right in turn."""
+    found, left, right, look_left = [], position - 1, position + 1, True
+    while len(found) < size and (left >= 0 or right < length):
+        if look_left:
+            if left in masked:
+                found.append(left)
+            left -= 1
+        else:
+            if right < length and right in masked:
+                found.append(right)
+            right += 1
+        look_left = not look_left
+    return found

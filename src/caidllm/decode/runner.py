@@ -65,9 +65,10 @@ class Runner:
         masked = block == lm.config.mask_id
         plan = FORWARD_PLANS[mode]
         inputs = plan.inputs(members, masked, starts)
-        eligible = plan.eligible(inputs)  # a forward that predicts only part of the block: the rest waits
-        if eligible is not None:
-            masked = masked & eligible
+        only = [r.commit_only() for r in members]  # a step that may commit only part of the block: the rest waits
+        if any(positions is not None for positions in only):
+            allowed = [[positions is None or b in positions for b in range(block_length)] for positions in only]
+            masked = masked & to_device(allowed, device).bool()
         # Every request was checked at submit and the Frame knows each row's first real column:
         # the unchecked forward has no host sync.
         with self.forward_timer:

@@ -32,8 +32,7 @@ class ElasticInputs:
     columns: torch.Tensor
     window: torch.Tensor
     refresh_from: int
-    block_at: torch.Tensor  # [R, block] index of each block position in `window` (0 where it is not)
-    eligible: torch.Tensor  # [R, block] bool: the block positions the window predicts
+    block_at: torch.Tensor | None = None  # [R, block] index of each block position in `window` (0 where it is not)
     profiles: list[list[torch.Tensor]] = field(default_factory=list)
     computed_pairs: int = 0
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from caidllm.decode.policies import cai, eb, slowfast, threshold, vanilla, wino
+from caidllm.decode.policies import cai, eb, random_order, slowfast, threshold, vanilla, wino
 from caidllm.decode.policies.base import StepView
 from caidllm.errors import InputError
 
@@ -48,6 +48,9 @@ class PolicySpec:
     needs_distribution: bool = False  # the view carries each position's entropy and second probability
     revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
     forward: str | None = None  # a forward mode of its own, at every step (models/forward_modes.py)
+    # The request draws a decoding order at each block start and the policy is offered only the
+    # step's share of it (policies/random_order.py).
+    ordered: bool = False
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -67,6 +70,7 @@ POLICIES: dict[str, PolicySpec] = {
                            state_for=lambda config: slowfast.state_names(config.sf_window)),
     "wino": PolicySpec(wino.select, lambda config, gating: dict(draft=config.wino_draft, verify=config.wino_verify),
                        state_names=wino.STATE, revises=True, forward="verify"),
+    "random": PolicySpec(random_order.select, ordered=True),
 }
 
 
