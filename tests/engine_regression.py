@@ -56,7 +56,7 @@ def record_of(result) -> dict:
 def compute(models: dict) -> dict:
     out = {}
     for name, model, prompts, kw in CASES:
-        for method in method_names():
+        for method in method_names(block_causal=False):
             out[f"{name}/{method}"] = [record_of(r) for r in models[model].generate(prompts, method=method, **kw)]
     name, model, prompts, kw = SAMPLING_CASE
     out[name] = [record_of(r) for r in models[model].generate(prompts, **kw)]

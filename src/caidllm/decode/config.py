@@ -15,8 +15,10 @@ from caidllm.errors import InputError
 from caidllm.models.skip import DEFAULT_ALPHA, DEFAULT_SCHEDULE, check_alpha, check_schedule
 
 # "es": the dual cache with ES-dLLM early skipping inside each cached step (models/skip.py).
-CACHE_MODES = ("none", "prefix", "dual", "es")
-POLICIES = ("vanilla", "threshold", "cai")
+# "block": block-causal models' exact cache (each step runs only the current block; decode/block_diffusion.py).
+CACHE_MODES = ("none", "prefix", "dual", "es", "block")
+# "dynamic" / "static": the block-diffusion models' own decoders (policies/block_quota.py).
+POLICIES = ("vanilla", "threshold", "cai", "dynamic", "static")
 # What the CAI controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
 # current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
@@ -66,11 +68,17 @@ class DecodeConfig:
     es_schedule: tuple[tuple[float, float], ...] = DEFAULT_SCHEDULE
     es_alpha: float = DEFAULT_ALPHA
     threshold: float = 0.9  # Fast-dLLM threshold rule, and CAI's fixed threshold when adaptive=False
+    # Block-diffusion decoders ("dynamic", "static"): LLaDA2's minimal_topk caps the steps of a block at
+    # gen_length // minimal_topk (its official reading).
+    minimal_topk: int = 1
     factor: float | None = None  # Fast-dLLM factor rule instead of the threshold rule
     temperature: float = 0.0
     seed: int | None = None
     early_stop: bool = True
     cai: CAISettings = field(default_factory=CAISettings)
+    # The fields the caller set (build_config fills it): on a model family a setting does not apply to,
+    # a given one is refused, a preset's default is replaced by the family's (decode/block_diffusion.py).
+    given: tuple[str, ...] = ()
 
     @property
     def num_blocks(self) -> int:
@@ -79,7 +87,10 @@ class DecodeConfig:
     @property
     def steps_per_block(self) -> int:
         total = self.gen_length if self.steps is None else self.steps
-        return total // self.num_blocks
+        per_block = total // self.num_blocks
+        if self.policy in ("dynamic", "static"):  # LLaDA2: steps = min(steps, gen_length // minimal_topk)
+            per_block = min(per_block, self.gen_length // self.minimal_topk)
+        return per_block
 
     def validate(self) -> "DecodeConfig":
         """Raise InputError naming the first invalid value."""
@@ -99,6 +110,8 @@ class DecodeConfig:
                     f"steps ({self.steps}) must be a multiple of the number of blocks "
                     f"({self.num_blocks} = gen_length {self.gen_length} / block_length {self.block_length})"
                 )
+        if not (_is_int(self.minimal_topk) and self.minimal_topk >= 1):
+            raise InputError(f"minimal_topk must be an integer >= 1, got {self.minimal_topk!r}")
         if self.steps_per_block < 1:
             raise InputError(f"steps per block must be at least 1, got {self.steps_per_block}")
         if self.policy not in POLICIES:
@@ -163,5 +176,5 @@ def _check_unit_interval(name: str, value) -> None:
         raise InputError(f"{name} must be in (0, 1], got {value!r}")
 
 
-DECODE_FIELDS = {f.name for f in fields(DecodeConfig)} - {"cai", "method"}
+DECODE_FIELDS = {f.name for f in fields(DecodeConfig)} - {"cai", "method", "given"}
 CAI_FIELDS = {f.name for f in fields(CAISettings)}

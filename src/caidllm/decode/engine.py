@@ -36,6 +36,7 @@ from typing import Iterator
 
 import torch
 
+from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView, make_policy
@@ -119,6 +120,7 @@ class Engine:
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
         config = copy.deepcopy(config).validate()  # the request's own: a caller's later edit cannot reach it
+        config = fit_to_model(config, self.lm.config)
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         return self._new_request(request_id, prompt, config)
@@ -171,10 +173,10 @@ class Engine:
         for r in self.running.values():
             mode = r.forward_mode()
             schedule = (r.config.es_schedule, r.config.es_alpha) if mode == "es" else ()
-            groups[(mode, r.config.block_length, schedule)].append(r)
+            groups[(mode, r.config.block_length, schedule, r.fold())].append(r)
         events: list[CommitEvent] = []
-        for (mode, _, _), members in groups.items():
-            events.extend(self._advance(mode, sorted(members, key=lambda r: r.slot)))
+        for (mode, _, _, fold), members in groups.items():
+            events.extend(self._advance(mode, sorted(members, key=lambda r: r.slot), fold))
         for event in events:
             if event.finished:
                 r = self.running.pop(event.request_id)
@@ -183,11 +185,11 @@ class Engine:
         self.steps += bool(events)
         return events
 
-    def _advance(self, mode: str, members: list[Request]) -> list[CommitEvent]:
+    def _advance(self, mode: str, members: list[Request], fold: int = 0) -> list[CommitEvent]:
         lm, frame, device = self.lm, self.frame, self.lm.device
         bl = members[0].config.block_length
         slots = [r.slot for r in members]
-        starts = [frame.block_start(r.slot, r.config.gen_length, r.block * bl) for r in members]
+        starts = [frame.block_start(r.slot, r.layout.span, r.block_bounds[0]) for r in members]
         slot_ids = to_device(slots, device)  # no host sync on the hot path (models/transfer.py)
         columns = to_device(starts, device)[:, None] + torch.arange(bl, device=device)
         block = frame.canvas[slot_ids[:, None], columns]
@@ -202,7 +204,8 @@ class Engine:
         with self.forward_timer:
             logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
                                 end=[s + bl for s in starts], rows=frame.row_selector(slots, slot_ids), skip=skip,
-                                real_from=[frame.first_real(s) for s in slots])
+                                real_from=[frame.first_real(s) for s in slots],
+                                attention_block=bl if lm.config.block_causal else None, fold=fold)
         self.forwards += 1
         predicted, confidence = self._predict(logits, members)
         for i, r in enumerate(members):
@@ -267,7 +270,8 @@ class Engine:
         gs, ge = r.block_bounds
         t = r.step
         if t == 0:
-            r.first_confidence[gs:ge] = confidences
+            for p in range(max(gs, 0), ge):  # block diffusion: the block may start inside the prompt
+                r.first_confidence[p] = confidences[p - gs]
         positions = [gs + j for j, c in enumerate(commits) if c]
         committed = [tokens[p - gs] for p in positions]
         global_step = r.steps_before_block + t
@@ -280,8 +284,11 @@ class Engine:
         r.steps_per_block[r.block] += 1
         if positions and r.first_commit_at is None:
             r.first_commit_at = time.perf_counter()
-        event = CommitEvent(r.id, r.block, t, positions, committed, [r.first_confidence[p] for p in positions])
-        block_done = all(x is not None for x in r.generated[gs:ge])
+        # Positions past gen_length (the end of block diffusion's last block) are decoded, never reported.
+        shown = [i for i, p in enumerate(positions) if p < r.config.gen_length]
+        event = CommitEvent(r.id, r.block, t, [positions[i] for i in shown], [committed[i] for i in shown],
+                            [r.first_confidence[positions[i]] for i in shown])
+        block_done = all(x is not None for x in r.generated[max(gs, 0):ge])
         r.step += 1
         r.advance_prefix(self._eos_ids)
         if r.config.early_stop and r.answer_end is not None:
@@ -291,11 +298,11 @@ class Engine:
         elif block_done:
             r.steps_before_block += r.steps_per_block[r.block]
             r.block, r.step = r.block + 1, 0
-            if r.block == r.config.num_blocks:
+            if r.block == r.layout.num_blocks:
                 event.finished = True
             else:
                 r.start_block(self.lm.device)
-        event.prefix_length = r.prefix
+        event.prefix_length = min(r.prefix, r.config.gen_length)
         if event.finished:
             event.result = result_of(self.lm, r, self.policy_timer.total() - r.controller_at_admission)
         return event
@@ -308,7 +315,7 @@ class Engine:
                 return
             r = self.queue.popleft()
             c = r.config
-            self.frame.place(slot, r.prompt, c.gen_length, cached=c.cache != "none",
+            self.frame.place(slot, r.prompt, r.layout.span, cached=c.cache != "none",
                              skip_schedule=c.es_schedule if c.cache == "es" else None)
             r.slot, r.admitted_at = slot, time.perf_counter()
             r.controller_at_admission = self.policy_timer.total()
@@ -323,7 +330,8 @@ class Engine:
         policy_key = (config.policy, config.threshold, config.factor, dataclasses.astuple(config.cai), gating,
                       config.steps_per_block)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
-        return Request(request_id, prompt, config, gating, refresh_every, policy, state_names, policy_key, generator)
+        return Request(request_id, prompt, config, gating, refresh_every, policy, state_names, policy_key, generator,
+                       block_causal=lm.config.block_causal)
 
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
@@ -333,8 +341,10 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
             raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
-        if len(prompt_ids) + config.gen_length > c.max_length:
+        span = Layout.of(len(prompt_ids), config, c.block_causal).span
+        if len(prompt_ids) + span > c.max_length:
+            laid = "" if span == config.gen_length else f", laid out to the end of its last block: {span}"
             raise InputError(
-                f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}) = "
-                f"{len(prompt_ids) + config.gen_length} exceeds the model's context of {c.max_length} tokens")
+                f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}{laid}) = "
+                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens")
         return list(prompt_ids)

@@ -39,10 +39,23 @@ PRESETS: dict[str, dict] = {
                     cai=dict(block_schedule=False, position_factors=False, gating=False)),
     "cai-apd-block": dict(policy="cai", cache="dual", cai=dict(position_factors=False, gating=False)),
     "cai-apd-block-pos": dict(policy="cai", cache="dual", cai=dict(gating=False)),
+    # Block-diffusion models' own decoders with their official defaults (docs/block-diffusion.md), on the
+    # exact block cache. LLaDA2.x: threshold decoding, block 32, 32 steps per block, threshold 0.95.
+    "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),
+    # SDAR: block 4, 4 denoising steps per block; low_confidence_dynamic (threshold 0.9) or _static.
+    "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.9),
+    "sdar-static": dict(policy="static", cache="block", block_length=4),
 }
 
+# Presets that only apply to block-causal models (their own decoders); the others run on every family.
+BLOCK_DIFFUSION_PRESETS = ("llada2", "sdar", "sdar-static")
 
-def method_names() -> list[str]:
+
+def method_names(block_causal: bool | None = None) -> list[str]:
+    """Every preset; with block_causal=False, those a full-sequence model runs (its own
+    decoders are the block-diffusion models')."""
+    if block_causal is False:
+        return [m for m in PRESETS if m not in BLOCK_DIFFUSION_PRESETS]
     return list(PRESETS)
 
 
@@ -94,5 +107,6 @@ def build_config(method: str, settings=None, **overrides) -> DecodeConfig:
     for key in ("factors", "budget_fractions"):
         if isinstance(cai_overrides.get(key), list):
             cai_overrides[key] = tuple(cai_overrides[key])
-    config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides))
+    given = tuple(sorted(k for k, v in overrides.items() if v is not None))
+    config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides), given=given)
     return config.validate()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from caidllm.decode.block_diffusion import Layout
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.policies import Policy
 
@@ -64,27 +65,39 @@ class Request:
     block_first_confidence: torch.Tensor | None = None  # [block] s_i of the current block
     prev_confidence: torch.Tensor | None = None  # [block] the previous step's confidences (early skipping)
     just_committed: torch.Tensor | None = None  # [block] committed at the previous step
+    block_causal: bool = False  # a block-diffusion model's request: blocks laid from the prompt's start
 
     def __post_init__(self):
-        G, c = self.config.gen_length, self.config
+        self.layout = Layout.of(len(self.prompt), self.config, self.block_causal)
+        G = self.layout.span  # gen_length, up to the end of the last block for block diffusion
         self.generated: list[int | None] = [None] * G  # None = still masked
         self.commit_step = [-1] * G
         self.commit_step_in_block = [-1] * G
         self.first_confidence = [math.nan] * G
-        self.steps_per_block = [0] * c.num_blocks
+        self.steps_per_block = [0] * self.layout.num_blocks
 
     @property
     def block_bounds(self) -> tuple[int, int]:
-        """The current block inside the generated region."""
+        """The current block inside the generated region (block diffusion: its start may be
+        negative, the block holding the end of the prompt)."""
         bl = self.config.block_length
-        return self.block * bl, (self.block + 1) * bl
+        first = self.block * bl - self.layout.lead
+        return first, first + bl
 
     def forward_mode(self) -> str:
         """This step's forward: a full one without a cache, at the block start and
-        every f steps (a refresh); the cached mode otherwise."""
+        every f steps (a refresh); the cached mode otherwise. The exact block cache runs
+        one full forward (the request's first: prompt blocks prefilled), then "block"."""
         c, t = self.config, self.step
+        if c.cache == "block":
+            return "full" if self.block == 0 and t == 0 else "block"
         refresh = c.cache == "none" or t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
         return "full" if refresh else c.cache
+
+    def fold(self) -> int:
+        """Positions left of the block that this step's forward recomputes: the previous block,
+        whose final keys/values the block cache writes at the next block's first step."""
+        return self.config.block_length if self.config.cache == "block" and self.step == 0 and self.block else 0
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}

@@ -104,6 +104,9 @@ class Context:
                 the next refresh: so the prefix is read in place, never concatenated).
     - "dual":   each row's own block (``index``: absolute columns, per row), whose K/V are
                 fresh and written into the cache; every other position's K/V come from it.
+    - "block":  block-causal models' exact cache: like dual (``index``: the row's block, and
+                ``extra`` positions left of it whose final K/V are written once), but reading
+                only the blocks left of it, whose cached K/V are final (``attention_block``).
     - "es":     like dual, but at the layers where ``plan`` drops, only the most important
                 block positions go on (models/skip.py); ``index`` then narrows.
     Rows may sit at different block starts in one forward (the step-level engine batches
@@ -171,7 +174,7 @@ class Context:
         if starts is not None:
             offsets = torch.arange(block_length, device=mask.device)
             targets = starts[:, None] + offsets
-        if mode in ("dual", "es"):
+        if mode in ("dual", "es", "block"):
             index = starts[:, None] - extra + torch.arange(block_length + extra, device=mask.device)
             cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
         else:

@@ -19,7 +19,7 @@ from .layers import Context, default_attention_block, positions_from_mask
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 from .transfer import to_device
 
-MODES = ("full", "prefix", "dual", "es")
+MODES = ("full", "prefix", "dual", "es", "block")
 
 
 class DiffusionLM:
@@ -49,7 +49,7 @@ class DiffusionLM:
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
                 skip: EarlySkip | None = None, real_from: list[int] | None = None,
-                attention_block: int | None = None):
+                attention_block: int | None = None, fold: int = 0):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -65,6 +65,10 @@ class DiffusionLM:
                        from the cache, which must be made with
                        new_cache(..., skip_schedule=...). ``skip`` carries
                        the previous step's view and receives the work done.
+        mode="block":  block-causal models only, the exact block cache: computes [start, end)
+                       (and the ``fold`` positions left of start, a just-completed block whose
+                       final K/V are written here once) against the cache, whose K/V of every
+                       earlier block are final; later blocks are never read.
         (Dream also computes start-1 in prefix/dual/es mode: it predicts start.)
         ``start`` and ``end`` may also be lists with one int per selected row, with
         the same end - start for every row: rows at different blocks share the
@@ -79,8 +83,13 @@ class DiffusionLM:
         if real_from is not None:
             return self.forward_unchecked(input_ids, attention_mask, mode=mode, cache=cache, starts=start,
                                           length=end[0] - start[0], rows=rows, real_from=real_from, skip=skip,
-                                          attention_block=attention_block)
+                                          attention_block=attention_block, fold=fold)
         attention_block = self._check_attention_block(attention_block)
+        if mode == "block" and not self.config.block_causal:
+            raise InputError(f"mode='block' (the exact block cache) needs a block-causal model; the "
+                             f"{self.config.family} model's attention is bidirectional")
+        if fold and mode != "block" or not isinstance(fold, int) or fold < 0:
+            raise InputError(f"fold={fold!r}: a non-negative int, and only with mode='block'")
         if mode not in MODES:
             raise InputError(f"unknown forward mode {mode!r}; expected one of {MODES}")
         if (mode == "es") != (skip is not None):
@@ -92,7 +101,7 @@ class DiffusionLM:
         r = slice(None) if rows is None else rows
         R = B if rows is None else len(rows)
         starts, length = _check_range(start, end, L, R)
-        extra = 0 if mode == "full" else self.model.extra_left
+        extra = 0 if mode == "full" else self.model.extra_left + fold
         if min(starts) < extra:
             raise InputError(f"mode={mode!r}: start must be >= {extra} for this model (it predicts position "
                              f"start from the hidden state of start - 1); got start={min(starts)}")
@@ -108,12 +117,13 @@ class DiffusionLM:
         if mode == "es":
             self._check_skip(skip, cache, R, length)
         return self.forward_unchecked(ids, mask, mode=mode, cache=cache, starts=starts, length=length, rows=rows,
-                                      real_from=_left_padding(mask[r]), skip=skip, attention_block=attention_block)
+                                      real_from=_left_padding(mask[r]), skip=skip, attention_block=attention_block,
+                                      fold=fold)
 
     @torch.no_grad()
     def forward_unchecked(self, ids, mask, *, mode: str, cache, starts: list[int], length: int, rows,
                           real_from: list[int] | None, skip: EarlySkip | None = None,
-                          attention_block: int | None = None):
+                          attention_block: int | None = None, fold: int = 0):
         """forward() without its argument checks and without any host sync: for a caller that
         checked its inputs once (the engine checks each request when it is submitted) and
         knows each row's first real column (``real_from``; the Frame's rows are left-padded).
@@ -121,7 +131,7 @@ class DiffusionLM:
         (host ints); rows: None (all), a slice (contiguous rows: the cache is read as a view)
         or a long tensor on the device."""
         r = slice(None) if rows is None else rows
-        extra = 0 if mode == "full" else self.model.extra_left
+        extra = 0 if mode == "full" else self.model.extra_left + fold
         if mode == "full":
             mask_r = mask[r]
             pos_r = positions_from_mask(mask_r)

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.policies import cai, threshold, vanilla
+from caidllm.decode.policies import block_quota, cai, threshold, vanilla
 from caidllm.decode.policies.base import StepView
 from caidllm.errors import InputError
 
@@ -31,11 +31,21 @@ def _cai(config: DecodeConfig, gating: bool):
     return partial(cai.select, s=config.cai, gating=gating, fixed_threshold=config.threshold), ("low_yield_steps",)
 
 
+def _dynamic(config: DecodeConfig, gating: bool):
+    return partial(block_quota.select_dynamic, threshold=config.threshold), ()
+
+
+def _static(config: DecodeConfig, gating: bool):
+    return block_quota.select_static, ()
+
+
 # DecodeConfig.policy -> builder of (policy function, names of its per-row state tensors).
 POLICY_BUILDERS: dict[str, Callable[[DecodeConfig, bool], tuple[Policy, tuple[str, ...]]]] = {
     "vanilla": _vanilla,
     "threshold": _threshold,
     "cai": _cai,
+    "dynamic": _dynamic,
+    "static": _static,
 }
 
 
