@@ -98,3 +98,44 @@ def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, stra
         if any(int(t) in stop_ids for t in x[P:end]):
             break
     return _answer(x, P, gen_length, stop_ids)
+
+
+def llada21_generate(lm, prompt, *, gen_length, block_length, threshold, editing_threshold, max_post_steps,
+                     num_to_transfer=1, eos_early_stop=True, stop_ids=()):
+    """inclusionAI's LLaDA2.1 `generate`: threshold decoding with a fixed quota (num_to_transfer) and
+    token editing of the current block's committed, non-prompt positions; up to max_post_steps
+    editing steps once the block has no mask; stop after a block when the answer has an end token."""
+    mask_id = lm.config.mask_id
+    P = len(prompt)
+    num_blocks = (P + gen_length + block_length - 1) // block_length
+    x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
+    x[:P] = torch.tensor(prompt)
+    for block in range(P // block_length, num_blocks):
+        start, end = block * block_length, (block + 1) * block_length
+        prompt_in_block = torch.arange(start, end) < P
+        post_steps = 0
+        while True:
+            old = x[start:end].clone()
+            active = old == mask_id
+            if not active.any():
+                post_steps += 1
+            if post_steps > max_post_steps:
+                break
+            x0, p = _greedy(lm, x, end, block_length)
+            transfer = torch.zeros_like(active)
+            if active.any():
+                confidence = torch.where(active, p, torch.tensor(-torch.inf, dtype=p.dtype))
+                high = confidence > threshold
+                if int(high.sum()) >= num_to_transfer:
+                    transfer = high
+                else:
+                    transfer[torch.topk(confidence, min(num_to_transfer, int(active.sum()))).indices] = True
+            editable = ~active & ~prompt_in_block
+            edit = editable & (p > editing_threshold) & (x0 != old)
+            x[start:end][transfer | edit] = x0[transfer | edit]
+            if not active.any() and not edit.any():
+                break
+        generated = x[P:end].tolist()
+        if eos_early_stop and mask_id not in generated and any(t in stop_ids for t in generated):
+            break
+    return _answer(x, P, gen_length, stop_ids)

@@ -9,7 +9,7 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 
-from bd_reference import llada2_generate, sdar_generate
+from bd_reference import llada21_generate, llada2_generate, sdar_generate
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19], list(range(20, 33))]
 
@@ -81,6 +81,36 @@ def test_sdar_parity(bd_lm, strategy, method):
         assert answer(result) == official
 
 
+@pytest.mark.parametrize("method, threshold, editing, post", [("llada2.1", 0.7, 0.5, 16),
+                                                               ("llada2.1-speed", 0.5, 0.0, 16),
+                                                               ("llada2.1", 0.7, 0.2, 1)])
+def test_llada21_editing_parity(bd_lm, method, threshold, editing, post):
+    stop = set(bd_lm.config.eos_ids)
+    results = bd_lm.generate(PROMPTS, method=method, gen_length=16, block_length=8, max_post_steps=post,
+                             editing_threshold=editing)
+    for prompt, result in zip(PROMPTS, results):
+        official = llada21_generate(bd_lm, prompt, gen_length=16, block_length=8, threshold=threshold,
+                                    editing_threshold=editing, max_post_steps=post, stop_ids=stop)
+        assert answer(result) == official
+
+
+def test_editing_streams_final_blocks_only(bd_lm):
+    """A block that may still be edited is not streamed: each position is reported once, when its
+    block is final, with its final token."""
+    config = build_config("llada2.1-speed", gen_length=16, block_length=8, early_stop=False)
+    engine = Engine(bd_lm, max_batch=1)
+    engine.submit(PROMPTS[1], config)
+    seen, silent_steps = {}, 0
+    for event in engine.run():
+        silent_steps += not event.positions
+        for p, t in zip(event.positions, event.token_ids):
+            assert p not in seen and t != bd_lm.config.mask_id
+            seen[p] = t
+        if event.finished:
+            result = event.result
+    assert silent_steps > 0 and [seen[p] for p in range(16)] == result.token_ids
+
+
 def _run(engine):
     return {e.request_id: e.result for e in engine.run() if e.finished}
 
@@ -129,6 +159,9 @@ def test_streamed_commits_are_answer_positions(bd_lm):
     (dict(method="llada2", block_length=16), "block_length 16 is not one the llada model decodes with"),
     (dict(method="cai", refresh_every=4), "refresh_every does not apply"),
     (dict(method="llada2", minimal_topk=0), "minimal_topk"),
+    (dict(method="llada2.1", editing_threshold=1.5), r"editing_threshold must be in \[0, 1\]"),
+    (dict(method="llada2.1", editing_threshold=-0.1), r"editing_threshold must be in \[0, 1\]"),
+    (dict(method="llada2.1", max_post_steps=-1), "max_post_steps"),
 ])
 def test_block_causal_refusals(bd_lm, options, needle):
     options = {"block_length": 8, **options}
@@ -140,6 +173,7 @@ def test_block_causal_refusals(bd_lm, options, needle):
     (dict(method="llada2"), "block-diffusion decoder; the llada model is full-sequence"),
     (dict(method="cai", cache="block"), "cache='block'"),
     (dict(method="vanilla", policy="static"), "block-diffusion decoder"),
+    (dict(method="cai", editing_threshold=0.5), "editing_threshold"),
 ])
 def test_full_sequence_refusals(llada_lm, options, needle):
     with pytest.raises(InputError, match=needle):

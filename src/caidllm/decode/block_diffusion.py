@@ -12,10 +12,14 @@ completed block's final keys/values are written by the next block's first forwar
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import torch
 
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.presets import BLOCK_DIFFUSION_PRESETS
 from caidllm.errors import InputError
+from caidllm.models.transfer import to_device
 
 BLOCK_CACHES = ("block", "none")  # the exact block cache, or the whole window recomputed every step
 BLOCK_POLICIES = ("dynamic", "static")
@@ -48,6 +52,9 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         if config.method in BLOCK_DIFFUSION_PRESETS or config.policy in BLOCK_POLICIES:
             raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
                              f"the {model.family} model is full-sequence (bidirectional attention)")
+        if config.editing_threshold is not None:
+            raise InputError(f"editing_threshold (LLaDA2.1 token editing) does not apply to the {model.family} "
+                             "model: it is a block-diffusion decoder")
         if config.cache == "block":
             raise InputError(f"cache='block' (the exact block cache) does not apply to the {model.family} model: "
                              "its attention is bidirectional; use none, prefix, dual or es")
@@ -65,3 +72,34 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
                          "never refreshed")
     return dataclasses.replace(config, **changes) if changes else config
+
+
+# ---- LLaDA2.1 token editing ------------------------------------------------------------------
+# A committed, non-prompt position of the current block whose prediction differs from its token,
+# with confidence above editing_threshold, is rewritten. Once the block has no mask left, up to
+# max_post_steps more steps may edit it; the block ends at the first step that starts without a
+# mask and edits nothing. Earlier blocks never change, so a block's text is final when it ends:
+# only then is it streamed (the team's rule for decoders that revise tokens).
+
+def edits(members, predicted: torch.Tensor, confidence: torch.Tensor, masked: torch.Tensor,
+          block: torch.Tensor, columns: torch.Tensor, answer_starts: list[int]) -> torch.Tensor | None:
+    """[R, block] positions each editing request rewrites this step (None: no request edits)."""
+    thresholds = [r.config.editing_threshold for r in members]
+    if all(t is None for t in thresholds):
+        return None
+    device = masked.device
+    limit = to_device([math.inf if t is None else t for t in thresholds], device, torch.float32)
+    answer = columns >= to_device(answer_starts, device)[:, None]  # the part-prompt block's prompt never changes
+    return ~masked & answer & (predicted != block) & (confidence > limit[:, None])
+
+
+def editing_block_done(r, started_masked: bool, edited: bool) -> bool:
+    """Whether an editing request's block ends after this step (the official loop's rule)."""
+    if not started_masked and not edited:
+        return True
+    if any(x is None for x in r.generated[max(r.block_bounds[0], 0):r.block_bounds[1]]):
+        return False
+    if r.post_steps + 1 > r.config.max_post_steps:  # the next step would be one post-step too many
+        return True
+    r.post_steps += 1
+    return False

@@ -71,6 +71,12 @@ class DecodeConfig:
     # Block-diffusion decoders ("dynamic", "static"): LLaDA2's minimal_topk caps the steps of a block at
     # gen_length // minimal_topk (its official reading).
     minimal_topk: int = 1
+    # "dynamic" with a fixed quota per step (LLaDA2.1's num_to_transfer) instead of the schedule; None = schedule.
+    num_to_transfer: int | None = None
+    # LLaDA2.1 token editing (decode/block_diffusion.py): None = off; max_post_steps bounds the editing
+    # steps once a block has no mask left.
+    editing_threshold: float | None = None
+    max_post_steps: int = 16
     factor: float | None = None  # Fast-dLLM factor rule instead of the threshold rule
     temperature: float = 0.0
     seed: int | None = None
@@ -110,6 +116,14 @@ class DecodeConfig:
                     f"steps ({self.steps}) must be a multiple of the number of blocks "
                     f"({self.num_blocks} = gen_length {self.gen_length} / block_length {self.block_length})"
                 )
+        if self.editing_threshold is not None and not (_is_number(self.editing_threshold)
+                                                       and 0 <= self.editing_threshold <= 1):
+            raise InputError(f"editing_threshold must be in [0, 1] (or None: no editing), got {self.editing_threshold!r}")
+        if not (_is_int(self.max_post_steps) and self.max_post_steps >= 0):
+            raise InputError(f"max_post_steps must be an integer >= 0, got {self.max_post_steps!r}")
+        if self.num_to_transfer is not None and not (_is_int(self.num_to_transfer) and self.num_to_transfer >= 1):
+            raise InputError(f"num_to_transfer must be an integer >= 1 (or None: the schedule), "
+                             f"got {self.num_to_transfer!r}")
         if not (_is_int(self.minimal_topk) and self.minimal_topk >= 1):
             raise InputError(f"minimal_topk must be an integer >= 1, got {self.minimal_topk!r}")
         if self.steps_per_block < 1:

@@ -36,7 +36,7 @@ from typing import Iterator
 
 import torch
 
-from caidllm.decode.block_diffusion import Layout, fit_to_model
+from caidllm.decode.block_diffusion import Layout, editing_block_done, edits, fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView, make_policy
@@ -212,16 +212,21 @@ class Engine:
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
         commit = self._select(members, predicted, confidence, masked)
-        frame.canvas[slot_ids[:, None], columns] = torch.where(commit, predicted, block)
+        edit = edits(members, predicted, confidence, masked, block, columns,
+                     [frame.block_start(r.slot, r.layout.span, 0) for r in members])
+        changed = commit if edit is None else commit | edit
+        frame.canvas[slot_ids[:, None], columns] = torch.where(changed, predicted, block)
         for i, r in enumerate(members):
             if r.config.cache == "es":
                 r.prev_confidence, r.just_committed = confidence[i], commit[i]
         pairs = lm.config.n_layers * bl if skip is None else skip.computed_pairs
         # Commits, tokens and confidences of these rows reach the host in one transfer.
         # The step's one host sync per forward group (transfer.to_host).
-        commits, tokens, confidences = transfer.to_host(
-            torch.stack([commit.double(), predicted.double(), confidence.double()]))
-        return [self._record(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs)
+        commits, tokens, confidences, edited = transfer.to_host(
+            torch.stack([commit.double(), predicted.double(), confidence.double(),
+                         (commit if edit is None else edit).double()]))
+        return [self._record(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs,
+                             [bool(x) for x in edited[i]] if edit is not None else None)
                 for i, r in enumerate(members)]
 
     def _predict(self, logits: torch.Tensor, members: list[Request]):
@@ -265,10 +270,13 @@ class Engine:
         return commit
 
     def _record(self, r: Request, commits: list[bool], tokens: list[int], confidences: list[float],
-                pairs: int) -> CommitEvent:
-        """Host bookkeeping of one request's step: traces, counters, block and answer progress."""
+                pairs: int, edits: list[bool] | None = None) -> CommitEvent:
+        """Host bookkeeping of one request's step: traces, counters, block and answer progress.
+        edits: the positions an editing request rewrote (LLaDA2.1); its block is streamed when final."""
         gs, ge = r.block_bounds
         t = r.step
+        editing = r.config.editing_threshold is not None
+        started_masked = any(x is None for x in r.generated[max(gs, 0):ge])
         if t == 0:
             for p in range(max(gs, 0), ge):  # block diffusion: the block may start inside the prompt
                 r.first_confidence[p] = confidences[p - gs]
@@ -284,20 +292,29 @@ class Engine:
         r.steps_per_block[r.block] += 1
         if positions and r.first_commit_at is None:
             r.first_commit_at = time.perf_counter()
+        edited = [gs + j for j, e in enumerate(edits or ()) if e and not commits[j]] if editing else []
+        for p in edited:
+            r.generated[p] = tokens[p - gs]
+        if editing:
+            block_done = editing_block_done(r, started_masked, bool(edited))
+            positions = list(range(max(gs, 0), ge)) if block_done else []  # streamed once final
+            committed = [r.generated[p] for p in positions]
+        else:
+            block_done = all(x is not None for x in r.generated[max(gs, 0):ge])
         # Positions past gen_length (the end of block diffusion's last block) are decoded, never reported.
         shown = [i for i, p in enumerate(positions) if p < r.config.gen_length]
         event = CommitEvent(r.id, r.block, t, [positions[i] for i in shown], [committed[i] for i in shown],
                             [r.first_confidence[positions[i]] for i in shown])
-        block_done = all(x is not None for x in r.generated[max(gs, 0):ge])
         r.step += 1
-        r.advance_prefix(self._eos_ids)
+        if block_done or not editing:  # an editing request's answer grows only by final blocks
+            r.advance_prefix(self._eos_ids)
         if r.config.early_stop and r.answer_end is not None:
             r.fill_after_end(self.lm.config.eos_id)
             r.early_stopped = True
             event.finished = True
         elif block_done:
             r.steps_before_block += r.steps_per_block[r.block]
-            r.block, r.step = r.block + 1, 0
+            r.block, r.step, r.post_steps = r.block + 1, 0, 0
             if r.block == r.layout.num_blocks:
                 event.finished = True
             else:
@@ -327,7 +344,8 @@ class Engine:
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
         refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
         policy, state_names = make_policy(config, gating)
-        policy_key = (config.policy, config.threshold, config.factor, dataclasses.astuple(config.cai), gating,
+        policy_key = (config.policy, config.threshold, config.factor, config.num_to_transfer,
+                      dataclasses.astuple(config.cai), gating,
                       config.steps_per_block)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names, policy_key, generator,

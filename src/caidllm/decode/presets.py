@@ -42,13 +42,19 @@ PRESETS: dict[str, dict] = {
     # Block-diffusion models' own decoders with their official defaults (docs/block-diffusion.md), on the
     # exact block cache. LLaDA2.x: threshold decoding, block 32, 32 steps per block, threshold 0.95.
     "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),
+    # LLaDA2.1: threshold decoding with token editing, one forced commit a step (num_to_transfer 1), up to 16
+    # editing steps after a block's last mask; quality mode (threshold 0.7, editing 0.5) and speed mode (0.5, 0.0).
+    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, threshold=0.7, editing_threshold=0.5,
+                     num_to_transfer=1, max_post_steps=16),
+    "llada2.1-speed": dict(policy="dynamic", cache="block", block_length=32, threshold=0.5, editing_threshold=0.0,
+                           num_to_transfer=1, max_post_steps=16),
     # SDAR: block 4, 4 denoising steps per block; low_confidence_dynamic (threshold 0.9) or _static.
     "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.9),
     "sdar-static": dict(policy="static", cache="block", block_length=4),
 }
 
 # Presets that only apply to block-causal models (their own decoders); the others run on every family.
-BLOCK_DIFFUSION_PRESETS = ("llada2", "sdar", "sdar-static")
+BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-speed", "sdar", "sdar-static")
 
 
 def method_names(block_causal: bool | None = None) -> list[str]:

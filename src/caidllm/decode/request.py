@@ -66,6 +66,7 @@ class Request:
     prev_confidence: torch.Tensor | None = None  # [block] the previous step's confidences (early skipping)
     just_committed: torch.Tensor | None = None  # [block] committed at the previous step
     block_causal: bool = False  # a block-diffusion model's request: blocks laid from the prompt's start
+    post_steps: int = 0  # token editing: steps run on the current block since its last mask went
 
     def __post_init__(self):
         self.layout = Layout.of(len(self.prompt), self.config, self.block_causal)

@@ -32,7 +32,7 @@ def _cai(config: DecodeConfig, gating: bool):
 
 
 def _dynamic(config: DecodeConfig, gating: bool):
-    return partial(block_quota.select_dynamic, threshold=config.threshold), ()
+    return partial(block_quota.select_dynamic, threshold=config.threshold, fixed_quota=config.num_to_transfer), ()
 
 
 def _static(config: DecodeConfig, gating: bool):

@@ -7,6 +7,7 @@ whole block even where the block starts part prompt).
 - "dynamic" (SDAR's low_confidence_dynamic, and LLaDA2.x's threshold decoding, the same rule):
   commit every masked position whose confidence is strictly above the threshold when at least
   the quota of them pass; otherwise the quota's most confident ones.
+LLaDA2.1 keeps the dynamic rule with a fixed quota (num_to_transfer) at every step.
 The quota never exceeds the masked positions left (the official LLaDA2 loop's min()).
 """
 
@@ -30,8 +31,9 @@ def select_static(view: StepView) -> torch.Tensor:
     return most_confident(view, quota(view.block_length, view.step, view.total_steps))
 
 
-def select_dynamic(view: StepView, threshold: float) -> torch.Tensor:
-    k = quota(view.block_length, view.step, view.total_steps)
+def select_dynamic(view: StepView, threshold: float, fixed_quota: int | None = None) -> torch.Tensor:
+    """fixed_quota: LLaDA2.1's num_to_transfer, the same quota at every step (None: the schedule)."""
+    k = quota(view.block_length, view.step, view.total_steps) if fixed_quota is None else fixed_quota
     above = view.masked & (view.confidence > threshold)
     enough = above.sum(dim=1, keepdim=True) >= k
     return torch.where(enough, above, most_confident(view, k))
