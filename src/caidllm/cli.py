@@ -33,10 +33,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gen-length", type=int, default=256)
-    parser.add_argument("--block-length", type=int, default=64)
+    parser.add_argument("--block-length", type=int, default=None,
+                        help="default: the method's (block-diffusion presets), else the model's, else 64")
     parser.add_argument("--steps", type=int, default=None, help="total steps over the generation (default gen-length)")
     parser.add_argument("--cache", choices=CACHE_MODES, default=None, help="override the method's cache mode")
     parser.add_argument("--threshold", type=float, default=None)
+    parser.add_argument("--editing-threshold", type=float, default=None,
+                        help="LLaDA2.1 token editing: rewrite a committed token whose prediction changed with "
+                             "confidence above this (block-diffusion models)")
+    parser.add_argument("--max-post-steps", type=int, default=None, help="token editing: steps after a block's last mask")
+    parser.add_argument("--minimal-topk", type=int, default=None, help="LLaDA2: steps per block <= gen-length // this")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -86,6 +92,8 @@ def run_generate(args) -> int:
     method = args.method or (settings.method if settings else "cai")
     options = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
                    threshold=args.threshold, temperature=args.temperature, seed=args.seed,
+                   editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
+                   minimal_topk=args.minimal_topk,
                    early_stop=not args.no_early_stop)
     build_config(method, settings=settings, **options)  # a bad method or setting fails before the model load
     lm = load_model(args)

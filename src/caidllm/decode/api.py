@@ -14,7 +14,7 @@ from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-ex
 from caidllm.errors import InputError
 
 
-def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_length: int = 64,
+def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_length: int | None = None,
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
              temperature: float = 0.0, seed: int | None = None, early_stop: bool = True,
              batch_size: int = 8, chat: bool = True, compile: bool = False, settings=None,

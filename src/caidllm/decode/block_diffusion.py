@@ -65,13 +65,15 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
             raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
                              "its cache is 'block' (exact) or 'none' (the whole window every step)")
         changes["cache"] = "block"
-    if model.block_lengths and config.block_length not in model.block_lengths:
+    if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
+        changes["block_length"] = model.block_lengths[0]  # the preset's does not apply: the model's own
+    elif model.block_lengths and config.block_length not in model.block_lengths:
         raise InputError(f"block_length {config.block_length} is not one the {model.family} model decodes with "
                          f"(allowed: {', '.join(map(str, model.block_lengths))})")
     if "refresh_every" in given:
         raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
                          "never refreshed")
-    return dataclasses.replace(config, **changes) if changes else config
+    return dataclasses.replace(config, **changes).validate() if changes else config
 
 
 # ---- LLaDA2.1 token editing ------------------------------------------------------------------
