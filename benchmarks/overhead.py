@@ -2,7 +2,7 @@
 overhead = wall - forwards - policy (BENCHMARKS.md, "Engine overhead"). It needs no feature of
 the tree it measures beyond generate(), so the same script times an older commit too
 (PYTHONPATH=OLD/src). Random prompts; pass a model folder (a random checkpoint of the wanted shape,
-caidllm.models.testing.write_random_checkpoint) so both trees load the same weights.
+tests/helpers/checkpoints.py: write_random_checkpoint) so both trees load the same weights.
 
     python benchmarks/overhead.py MODEL_DIR vanilla,fastdllm,cai 32    # methods, total steps
 """

@@ -15,20 +15,10 @@ from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
+from caidllm.options import MODEL_HELP, add_model_arguments, load_model  # noqa: F401 - the old import path
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
-
-
-MODEL_HELP = ("model folder (Hugging Face layout), 'tiny' (default), or random weights of an official shape: "
-              "random:llada-8b, random:dream-7b, with config.json overrides: 'random:llada-8b?n_layers=4'")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help=MODEL_HELP)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
-    parser.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,16 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
     register_serve(sub, "serve")
     register_loadtest(sub, "loadtest")
     return parser
-
-
-def load_model(args):
-    from caidllm.models import load
-
-    lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False))
-    if getattr(lm, "random_weights", False):
-        print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
-              file=sys.stderr)
-    return lm
 
 
 def run_generate(args) -> int:

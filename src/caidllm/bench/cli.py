@@ -30,7 +30,7 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                                    "memory and energy. Under torchrun (torchrun --nproc-per-node N -m caidllm "
                                    "bench ...) each rank takes a share of every task and rank 0 writes the report.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from caidllm.cli import MODEL_HELP
+    from caidllm.options import MODEL_HELP
 
     p.add_argument("--model", default="tiny", help=MODEL_HELP)
     p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None,

@@ -12,6 +12,7 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
 from caidllm.errors import InputError
+from caidllm.models.lm import DiffusionLM
 
 
 def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_length: int | None = None,
@@ -89,3 +90,6 @@ def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
 def _is_id_list(value, allow_empty: bool = False) -> bool:
     return isinstance(value, (list, tuple)) and (allow_empty or len(value) > 0) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+DiffusionLM.register_generate(generate)  # lm.generate(...) is this generate(lm, ...)

@@ -17,7 +17,7 @@ import math
 import torch
 
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.presets import BLOCK_DIFFUSION_PRESETS
+from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
 

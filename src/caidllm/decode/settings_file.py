@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caidllm.decode.config import CAI_FIELDS
+from caidllm.decode.methods import PRESETS, preset_config, uses_cai
 from caidllm.errors import InputError
 
 FORMAT_KEY = "caidllm_settings"
@@ -111,10 +112,12 @@ def _from_dict(data: dict, source: str | None) -> Settings:
     if not isinstance(calibration, dict):
         raise InputError(f"{where}: 'calibration' must be an object, got {type(calibration).__name__}")
     settings = Settings(method=method, cai=cai, name=name, calibration=calibration, source=source)
-    from caidllm.decode.presets import build_config
-
     try:  # every value checked now, by the decoder's own validation
-        build_config(method, settings=settings)
+        if method not in PRESETS:
+            raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
+        if not uses_cai(method):
+            raise InputError(f"the settings are CAI settings; method {method!r} does not run the CAI controller")
+        preset_config(method, cai_under=cai)
     except InputError as error:
         raise InputError(f"{where}: {error}") from None
     return settings

@@ -189,11 +189,17 @@ class DiffusionLM:
 
     # ---- decoding -------------------------------------------------------
 
-    def generate(self, prompts, method: str = "cai", **options):
-        """Decode `prompts` with a method preset; see caidllm.decode.generate."""
-        from ..decode import generate
+    # The decoders live a layer above the model: caidllm.decode registers its generate() here when
+    # it is imported (importing caidllm does), so this module never imports them.
+    _generate_function = None
 
-        return generate(self, prompts, method=method, **options)
+    @classmethod
+    def register_generate(cls, function) -> None:
+        cls._generate_function = staticmethod(function)
+
+    def generate(self, prompts, method: str = "cai", **options):
+        """Decode `prompts` with a method preset; see caidllm.decode.generate (the same function)."""
+        return self._generate_function(self, prompts, method=method, **options)
 
     # ---- text -----------------------------------------------------------
 

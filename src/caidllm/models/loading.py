@@ -9,25 +9,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: F401 - tests patch loading.F
 
 from ..errors import ModelLoadError
 from .config import ModelConfig, load_config
 from .dream import DreamModel
 from .llada import LLaDAModel
 from .lm import DiffusionLM
+from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
 from .random_init import build_random, is_random_name
+from .tokenizer import END_OF_TURN, fast_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny"}
 MODEL_CLASSES = {"llada": LLaDAModel, "dream": DreamModel}
-DTYPES = {
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-}
-END_OF_TURN = ("<|eot_id|>", "<|im_end|>")
-SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "additional_special_tokens")
 
 
 def load(path_or_name, device=None, dtype=None, compile: bool = False) -> DiffusionLM:
@@ -49,7 +44,7 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False) -> Diffus
 
 def _load(path_or_name, device, dtype) -> DiffusionLM:
     if is_random_name(path_or_name):
-        return build_random(path_or_name, resolve_device(device), dtype)
+        return build_random(path_or_name, resolve_device(device), dtype, MODEL_CLASSES)
     folder = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
     device = resolve_device(device)
@@ -75,37 +70,6 @@ def resolve_folder(path_or_name) -> Path:
     if not folder.is_dir():
         raise ModelLoadError(f"{folder} is a file; expected a model folder containing config.json")
     return folder
-
-
-def resolve_device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ModelLoadError(f"unknown device {device!r}: {e}") from None
-
-
-def resolve_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype in DTYPES.values():
-            return dtype
-        raise ModelLoadError(f"unsupported dtype {dtype}; expected bfloat16, float16 or float32")
-    name = str(dtype).lower().removeprefix("torch.")
-    if name not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
-    return DTYPES[name]
-
-
-def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
-    # A tiny trial of the two kernels the model needs, so an unusable pair
-    # fails here with a clear message instead of deep inside the first forward.
-    try:
-        a = torch.ones(1, 1, 4, 8, device=device, dtype=dtype)
-        (a @ a.transpose(-1, -2)).sum().item()
-        F.scaled_dot_product_attention(a, a, a).sum().item()
-    except Exception as e:  # noqa: BLE001 - any failure means the pair is unusable
-        raise ModelLoadError(f"device {device} cannot run dtype {dtype}: {type(e).__name__}: {e}") from None
 
 
 # ---- tokenizer --------------------------------------------------------------
@@ -146,28 +110,6 @@ def load_tokenizer(folder: Path, config: ModelConfig):
             eos_ids.append(tid)
     bos_id = config.bos_id if config.bos_id is not None else tokenizer.bos_token_id
     return tokenizer, replace(config, eos_ids=tuple(eos_ids), bos_id=bos_id)
-
-
-def fast_tokenizer(tok_cfg: dict, chat_template, **source):
-    """A PreTrainedTokenizerFast from `source` (tokenizer_file= or tokenizer_object=) with the
-    special tokens and settings of a tokenizer_config.json dict."""
-    from transformers import PreTrainedTokenizerFast
-
-    kwargs = {k: _token_text(tok_cfg[k]) for k in SPECIAL_KEYS if tok_cfg.get(k) is not None}
-    kwargs["chat_template"] = chat_template
-    if "model_max_length" in tok_cfg:
-        kwargs["model_max_length"] = tok_cfg["model_max_length"]
-    kwargs["clean_up_tokenization_spaces"] = bool(tok_cfg.get("clean_up_tokenization_spaces", False))
-    return PreTrainedTokenizerFast(**source, **kwargs)
-
-
-def _token_text(value):
-    # tokenizer_config.json stores special tokens as strings or AddedToken dicts.
-    if isinstance(value, dict):
-        return value.get("content")
-    if isinstance(value, list):
-        return [_token_text(v) for v in value]
-    return value
 
 
 def _chat_template(folder: Path, tok_cfg: dict):

@@ -5,7 +5,7 @@
 
 They exist to measure speed and memory without a checkpoint: the weights are
 drawn directly on the target device in the target dtype (no file, no CPU
-round-trip), and a small generated tokenizer (models/testing.py) stands in for
+round-trip), and a small generated tokenizer (models/generated_tokenizer.py) stands in for
 the real one, so every command accepts them. The text they write means
 nothing. ``device="meta"`` builds the module without memory (to count
 parameters). The token ids of the config (mask, eos, pad, bos) are those of the
@@ -24,7 +24,11 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .config import parse_config
+from .device import check_device_dtype, resolve_dtype
+from .generated_tokenizer import generated_tokenizer
 from .layers import RMSNorm
+from .lm import DiffusionLM
+from .tokenizer import end_of_turn_ids
 
 PREFIX = "random:"
 
@@ -101,11 +105,9 @@ def _typed(name: str, key: str, text: str, official):
     raise ModelLoadError(f"{name!r}: {key} (official value {official!r}) cannot be overridden")
 
 
-def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
-    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
-    from .lm import DiffusionLM
-    from .loading import MODEL_CLASSES, check_device_dtype, resolve_dtype
-    from .testing import generated_tokenizer
+def build_random(name: str, device: torch.device, dtype: torch.dtype | None, model_classes: dict, seed: int = 0):
+    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`
+    (model_classes: family -> module class, from the loader)."""
 
     family, raw = random_raw_config(name)
     tokenizer, ids = generated_tokenizer(family, max_length=_max_length(raw))
@@ -117,9 +119,9 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     if device.type != "meta":
         check_device_dtype(device, dtype)
-    config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *_end_of_turn(tokenizer)])))
+    config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *end_of_turn_ids(tokenizer)])))
     with torch.device("meta"):
-        model = MODEL_CLASSES[family](config)
+        model = model_classes[family](config)
     model = model.to(dtype)
     if device.type != "meta":
         model = model.to_empty(device=device)
@@ -131,13 +133,6 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
 
 def _max_length(raw: dict) -> int:
     return int(raw.get("max_sequence_length") or raw.get("max_position_embeddings"))
-
-
-def _end_of_turn(tokenizer) -> list[int]:
-    from .loading import END_OF_TURN
-
-    found = [tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN]
-    return [i for i in found if i is not None and i != tokenizer.unk_token_id]
 
 
 @torch.no_grad()

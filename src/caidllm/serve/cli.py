@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import threading
-from pathlib import Path
 
 from caidllm.decode.presets import method_names
 from caidllm.errors import InputError
 from caidllm.serve import replicas
+from caidllm.serve.launch import settings_file_of, settings_from  # noqa: F401 - also read from here
 
 
 def register(sub, name: str) -> None:
-    from caidllm.cli import add_model_arguments
+    from caidllm.options import add_model_arguments
 
     p = sub.add_parser(name, help="serve a model with an OpenAI-compatible HTTP API",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -39,49 +38,17 @@ def register(sub, name: str) -> None:
     p.set_defaults(handler=run)
 
 
-def settings_from(args, lm):
-    from caidllm.serve.app import ServeSettings
-    from caidllm.serve.protocol import ServerDefaults
-
-    for name in ("gen_length", "block_length", "max_batch", "port"):
-        value = getattr(args, name)
-        if value < (0 if name == "port" else 1):
-            raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    from caidllm.decode.presets import build_config
-
-    from caidllm.decode.block_diffusion import fit_to_model
-
-    # Checks them, and that they apply to the model's family (a block length it decodes with, ...).
-    fit_to_model(build_config(args.method, gen_length=args.gen_length, block_length=args.block_length), lm.config)
-    name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
-    defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
-                              block_length=args.block_length,
-                              max_gen_length=args.max_gen_length or lm.config.max_length,
-                              max_prompt_tokens=args.max_prompt_tokens, settings=_settings(args))
-    return ServeSettings(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
-                         api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
-                         max_request_time=args.max_request_time)
-
-
-def _settings(args):
-    if getattr(args, "settings", None) is None:
-        return None
-    from caidllm.decode.settings_file import load_settings
-
-    return load_settings(args.settings)
-
-
 def run(args) -> int:
     import uvicorn
 
-    from caidllm.cli import load_model
+    from caidllm.options import load_model
     from caidllm.decode.presets import build_config
     from caidllm.serve.app import create_app
 
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
-        return replicas.run(args)
+        return run_replicas(args)
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
-    _settings(args)  # a bad settings file fails before the model loads too
+    settings_file_of(args)  # a bad settings file fails before the model loads too
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
@@ -108,3 +75,12 @@ def run(args) -> int:
     if not server.started:
         raise InputError(f"the server could not start on {args.host}:{args.port} (see the log above)")
     return 0
+
+
+def run_replicas(args) -> int:
+    replicas.check(args)
+    try:
+        from caidllm.serve import ray_deployment
+    except ImportError as e:
+        raise InputError(f"--replicas needs Ray Serve ({e.name or e} is missing): pip install 'caidllm[ray]'") from None
+    return ray_deployment.serve_until_stopped(args)
