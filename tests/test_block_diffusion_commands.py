@@ -105,3 +105,73 @@ def test_server_streams_block_diffusion_text(server, bd_lm):
                 for choice in json.loads(line[6:])["choices"]:
                     text += choice["delta"].get("content") or ""
     assert text == want
+
+
+def test_commit_events_say_where_a_block_starts(server, bd_lm):
+    """The live view draws blocks as they are: the first block of a block-diffusion answer is part
+    prompt (block_start < 0), the others start block_length apart."""
+    import json
+    prompt_length = len(bd_lm.encode_messages(MESSAGES))
+    events = []
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=120,
+                      json={"messages": MESSAGES, "stream": True, "commit_events": True, "early_stop": False}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                events += json.loads(line[6:]).get("caidllm", {}).get("commit_events", [])
+    lead = prompt_length % 8
+    assert {(e["block"], e["block_start"]) for e in events} == {(b, b * 8 - lead) for b in range(len(
+        {e["block"] for e in events}))}
+    assert sorted(e["position"] for e in events) == list(range(16))
+
+
+BENCH_DATA = __import__("pathlib").Path(__file__).parent / "data" / "bench"
+
+
+def test_bench_runs_every_family_decoder(bd_dir, tmp_path):
+    import json
+    out = tmp_path / "run"
+    assert main(["bench", "--model", str(bd_dir), "--task", "bbh:boolean_expressions", "--methods",
+                 "llada2,llada2.1,sdar,vanilla,cai", "--limit", "2", "--data-dir", str(BENCH_DATA), "--out", str(out),
+                 "--gen-length", "16", "--block-length", "8", "--batch-size", "2", "--no-progress"]) == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [r["method"] for r in rows] == ["llada2", "llada2.1", "sdar", "vanilla", "cai"]
+    assert all(r["n"] == 2 and r["errors"] == 0 and r["nfe_mean"] >= 1 for r in rows)
+
+
+def test_bench_refuses_a_block_decoder_on_a_full_sequence_model(llada_dir, tmp_path, capsys):
+    assert main(["bench", "--model", str(llada_dir), "--task", "bbh:boolean_expressions", "--methods", "llada2",
+                 "--limit", "2", "--data-dir", str(BENCH_DATA), "--out", str(tmp_path / "r"), "--gen-length", "16",
+                 "--block-length", "8", "--no-progress"]) == 2
+    assert "block-diffusion decoder" in capsys.readouterr().err
+
+
+def test_calibrate_runs_on_a_block_diffusion_model(bd_lm, tmp_path):
+    from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
+
+    options = CalibrateOptions(tasks=["synthetic:boolean_expressions"], out=str(tmp_path / "s.json"), limit=2,
+                               budget=2, gen_length=16, block_length=8, progress=False)
+    report = run_calibrate(options, lm=bd_lm, log=lambda m: None)
+    assert len(report["trials"]) == 2 and report["trials"][0].label == "start"
+
+
+def test_lm_eval_adapter_on_a_block_diffusion_model(bd_dir):
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from caidllm.evaluation.lm_eval_adapter import CaidllmLM
+
+    adapter = CaidllmLM(pretrained=str(bd_dir), method="llada2", gen_length=16, block_length=8, batch_size=2,
+                        device="cpu")
+    requests = [Instance(request_type="generate_until", doc={}, arguments=(q, {"until": []}), idx=i)
+                for i, q in enumerate(["What is 2 + 2?", "Say yes."])]
+    assert all(isinstance(a, str) for a in adapter.generate_until(requests))
+    with pytest.raises(Exception, match="cache='dual' does not apply"):
+        CaidllmLM(pretrained=str(bd_dir), method="cai", cache="dual", gen_length=16, block_length=8, device="cpu")
+
+
+def test_compiled_block_diffusion_gives_the_same_tokens(bd_dir, bd_lm):
+    compiled = caidllm.load(bd_dir, device="cpu", dtype="float32", compile=True)
+    prompts = ["two and two", "yes"]
+    want = bd_lm.generate(prompts, method="llada2.1", gen_length=16, block_length=8)
+    got = compiled.generate(prompts, method="llada2.1", gen_length=16, block_length=8)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]

@@ -305,6 +305,7 @@ class Engine:
         shown = [i for i, p in enumerate(positions) if p < r.config.gen_length]
         event = CommitEvent(r.id, r.block, t, [positions[i] for i in shown], [committed[i] for i in shown],
                             [r.first_confidence[positions[i]] for i in shown])
+        event.block_start = gs
         r.step += 1
         if block_done or not editing:  # an editing request's answer grows only by final blocks
             r.advance_prefix(self._eos_ids)

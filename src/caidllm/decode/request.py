@@ -30,6 +30,9 @@ class CommitEvent:
     prefix_length: int = 0
     at: float = field(default_factory=time.perf_counter)  # when the step's results reached the host
     result: object | None = None  # the GenerationResult, on the request's last event
+    # Where the step's block starts in the generated region: < 0 for a block-diffusion block that
+    # holds the end of the prompt (its first -block_start positions are prompt).
+    block_start: int = 0
 
 
 @dataclass
