@@ -1,6 +1,8 @@
 """The package's imports point one way: no import cycle between modules, and no module
 imports one of a higher layer. Read from the source (ast), imports inside functions included.
 
+Imports under `if TYPE_CHECKING:` (annotations only) are not counted.
+
 Layers, lowest first (a module may import its own layer and those below):
   base:      errors, distributed, tasks/ (the synthetic task generators and their scoring)
   models:    models/ (torch modules, loading, the generated tokenizer of random: models)
@@ -57,7 +59,11 @@ def imports_of(module: str, path: Path, known: dict) -> set[str]:
     as its submodule when it is one)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block) for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:  # `if TYPE_CHECKING:` imports are for annotations; they never run
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -75,6 +81,10 @@ def imports_of(module: str, path: Path, known: dict) -> set[str]:
             if target and target != module:
                 found.add(target)
     return found
+
+
+def _is_type_checking(node) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
 def graph() -> dict[str, set[str]]:

@@ -11,14 +11,14 @@ import math
 
 from dataclasses import dataclass, field, fields
 
+from caidllm.decode import forward_modes, policies
 from caidllm.errors import InputError
 from caidllm.models.skip import DEFAULT_ALPHA, DEFAULT_SCHEDULE, check_alpha, check_schedule
 
-# "es": the dual cache with ES-dLLM early skipping inside each cached step (models/skip.py).
-# "block": block-causal models' exact cache (each step runs only the current block; decode/block_diffusion.py).
-CACHE_MODES = ("none", "prefix", "dual", "es", "block")
-# "dynamic" / "static": the block-diffusion models' own decoders (policies/block_quota.py).
-POLICIES = ("vanilla", "threshold", "cai", "dynamic", "static")
+# The valid values, read from their registries: cache modes (decode/forward_modes.py; "es" is the dual
+# cache with ES-dLLM early skipping, models/skip.py) and commit policies (decode/policies/).
+CACHE_MODES = tuple(forward_modes.CACHE_MODES)
+POLICIES = tuple(policies.POLICIES)
 # What the CAI controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
 # current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).

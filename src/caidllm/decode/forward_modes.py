@@ -60,11 +60,19 @@ def _early_skip_inputs(members: list["Request"], masked: torch.Tensor) -> dict:
                               config.es_schedule, config.es_alpha)}
 
 
+def _fold_inputs(members: list["Request"], masked: torch.Tensor) -> dict:
+    # The scheduler groups rows by their fold (Request.fold): every member has the same.
+    return {"fold": members[0].fold()}
+
+
 FORWARD_PLANS: dict[ForwardMode, ForwardPlan] = {
     ForwardMode.FULL: ForwardPlan(),
     ForwardMode.PREFIX: ForwardPlan(),
     ForwardMode.DUAL: ForwardPlan(),
     ForwardMode.ES: ForwardPlan(group_key=_early_skip_key, inputs=_early_skip_inputs),
+    # Block diffusion's exact cache (decode/block_diffusion.py): the block, after a completed block the
+    # previous one too (its final keys/values written once).
+    ForwardMode.BLOCK: ForwardPlan(inputs=_fold_inputs),
 }
 
 
@@ -76,6 +84,8 @@ class CacheMode:
 
     between_refreshes: ForwardMode
     early_skipping: bool = False
+    # Exact (block-causal models): never refreshed; a full forward only as the request's first.
+    exact: bool = False
 
     @property
     def uses_cache(self) -> bool:
@@ -87,4 +97,5 @@ CACHE_MODES: dict[str, CacheMode] = {
     "prefix": CacheMode(ForwardMode.PREFIX),
     "dual": CacheMode(ForwardMode.DUAL),
     "es": CacheMode(ForwardMode.ES, early_skipping=True),  # the dual cache with ES-dLLM early skipping
+    "block": CacheMode(ForwardMode.BLOCK, exact=True),  # block-causal models' exact cache
 }

@@ -1,5 +1,6 @@
 """One request in the step-level engine: what it asked for, where it is, and
-what it has produced so far; and the events the engine reports for it."""
+what it has produced so far (its own bookkeeping, step by step, and its
+result); and the events the engine reports for it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from caidllm.decode.block_diffusion import Layout
+from caidllm.decode.block_diffusion import Layout, editing_block_done
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import Policy
+from caidllm.decode.results import GenerationResult, result_of
+from caidllm.models.forward_modes import ForwardMode
 
 
 @dataclass
@@ -61,7 +65,7 @@ class Request:
     early_stopped: bool = False
     admitted_at: float | None = None
     first_commit_at: float | None = None
-    controller_at_admission: float = 0.0
+    policy_seconds_at_admission: float = 0.0  # the engine's policy time when this request took its slot
     prefix: int = 0  # longest gap-free committed prefix of the generated region, end token excluded
     answer_end: int | None = None  # position of the first end token, once the prefix reaches it
     state: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -89,19 +93,21 @@ class Request:
         return first, first + bl
 
     def forward_mode(self) -> str:
-        """This step's forward: a full one without a cache, at the block start and
-        every f steps (a refresh); the cached mode otherwise. The exact block cache runs
-        one full forward (the request's first: prompt blocks prefilled), then "block"."""
-        c, t = self.config, self.step
-        if c.cache == "block":
-            return "full" if self.block == 0 and t == 0 else "block"
-        refresh = c.cache == "none" or t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
-        return "full" if refresh else c.cache
+        """This step's forward: a full one at the block start and every f steps (a refresh);
+        the cache mode's forward otherwise (decode/forward_modes.py; full without a cache).
+        An exact cache (block diffusion's) is never refreshed: one full forward, the request's first."""
+        t, cache = self.step, CACHE_MODES[self.config.cache]
+        if cache.exact:
+            refresh = self.block == 0 and t == 0
+        else:
+            refresh = t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
+        return (ForwardMode.FULL if refresh else cache.between_refreshes).value
 
     def fold(self) -> int:
         """Positions left of the block that this step's forward recomputes: the previous block,
-        whose final keys/values the block cache writes at the next block's first step."""
-        return self.config.block_length if self.config.cache == "block" and self.step == 0 and self.block else 0
+        whose final keys/values the exact block cache writes at the next block's first step."""
+        exact = CACHE_MODES[self.config.cache].exact
+        return self.config.block_length if exact and self.step == 0 and self.block else 0
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}
@@ -121,3 +127,63 @@ class Request:
         committed), one already committed keeps its step (results.Trace)."""
         for p in range(self.answer_end + 1, len(self.generated)):
             self.generated[p] = eos_id
+
+    def record(self, commits: list[bool], tokens: list[int], confidences: list[float], computed_pairs: int,
+               eos_ids: set[int], eos_id: int, device, edits: list[bool] | None = None) -> CommitEvent:
+        """Host bookkeeping of one step of this request (its block's commits, every position's
+        predicted token and confidence): traces, counters, block and answer progress.
+        edits: the positions an editing request rewrote (LLaDA2.1); its block is streamed when final."""
+        block_start, block_end = self.block_bounds
+        answer_from = max(block_start, 0)  # block diffusion: the block may start inside the prompt
+        t = self.step
+        editing = self.config.editing_threshold is not None
+        started_masked = any(x is None for x in self.generated[answer_from:block_end])
+        if t == 0:
+            for p in range(answer_from, block_end):
+                self.first_confidence[p] = confidences[p - block_start]
+        positions = [block_start + j for j, committed in enumerate(commits) if committed]
+        committed_tokens = [tokens[p - block_start] for p in positions]
+        global_step = self.steps_before_block + t
+        for p, token in zip(positions, committed_tokens):
+            self.generated[p] = token
+            self.commit_step[p] = global_step
+            self.commit_step_in_block[p] = t
+        self.nfe += 1
+        self.computed_pairs += computed_pairs
+        self.steps_per_block[self.block] += 1
+        if positions and self.first_commit_at is None:
+            self.first_commit_at = time.perf_counter()
+        edited = [block_start + j for j, e in enumerate(edits or ()) if e and not commits[j]] if editing else []
+        for p in edited:
+            self.generated[p] = tokens[p - block_start]
+        if editing:
+            block_done = editing_block_done(self, started_masked, bool(edited))
+            positions = list(range(answer_from, block_end)) if block_done else []  # streamed once final
+            committed_tokens = [self.generated[p] for p in positions]
+        else:
+            block_done = all(x is not None for x in self.generated[answer_from:block_end])
+        # Positions past gen_length (the end of block diffusion's last block) are decoded, never reported.
+        shown = [i for i, p in enumerate(positions) if p < self.config.gen_length]
+        event = CommitEvent(self.id, self.block, t, [positions[i] for i in shown],
+                            [committed_tokens[i] for i in shown], [self.first_confidence[positions[i]] for i in shown],
+                            block_start=block_start)
+        self.step += 1
+        if block_done or not editing:  # an editing request's answer grows only by final blocks
+            self.advance_prefix(eos_ids)
+        if self.config.early_stop and self.answer_end is not None:
+            self.fill_after_end(eos_id)
+            self.early_stopped = True
+            event.finished = True
+        elif block_done:
+            self.steps_before_block += self.steps_per_block[self.block]
+            self.block, self.step, self.post_steps = self.block + 1, 0, 0
+            if self.block == self.layout.num_blocks:
+                event.finished = True
+            else:
+                self.start_block(device)
+        event.prefix_length = min(self.prefix, self.config.gen_length)
+        return event
+
+    def result(self, lm, policy_seconds_now: float) -> GenerationResult:
+        """The GenerationResult of this finished request (policy time: the engine's since admission)."""
+        return result_of(lm, self, policy_seconds_now - self.policy_seconds_at_admission)

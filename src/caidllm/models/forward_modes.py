@@ -16,6 +16,7 @@ class ForwardMode(str, Enum):
     PREFIX = "prefix"  # the block and everything after it; the prefix's K/V from the cache
     DUAL = "dual"  # the block only; every other position's K/V from the cache
     ES = "es"  # dual with early skipping of unimportant block positions past layer-group boundaries
+    BLOCK = "block"  # block-causal models' exact cache: the block (and a just-completed one, folded) only
 
     def __str__(self) -> str:
         return self.value

@@ -15,14 +15,19 @@ import torch
 from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
+from .forward_modes import MODES
 from .layers import Context, default_attention_block, positions_from_mask
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 from .transfer import to_device
 
-MODES = ("full", "prefix", "dual", "es", "block")
 
 
 class DiffusionLM:
+    """A loaded model (LLaDA, Dream, ...) with its config and tokenizer, behind the one interface the
+    decoders use: `forward` in each forward mode (models/forward_modes.py) with float32 logits
+    aligned to positions, `new_cache`, chat encoding and decoding; `generate` is the decoders'
+    (registered by caidllm.decode)."""
+
     def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None):
         self.model = model
         self.config = config

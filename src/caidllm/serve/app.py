@@ -90,7 +90,7 @@ def create_app(lm, settings: ServeSettings, *, engine_thread: bool = True) -> Fa
 
     @app.get("/health")
     async def health():
-        alive = background._thread is not None and background._thread.is_alive()
+        alive = background.alive
         return JSONResponse({"status": "ok" if alive else "stopped", "replica": settings.replica},
                             status_code=200 if alive else 503)
 

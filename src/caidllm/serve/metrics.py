@@ -25,7 +25,7 @@ class ServerMetrics:
         Gauge("caidllm_queue_depth", "Requests waiting for a slot", registry=self.registry).set_function(
             lambda: background.queued)
         Gauge("caidllm_rows_in_flight", "Requests decoding now (rows of the batch)",
-              registry=self.registry).set_function(lambda: len(engine.running))
+              registry=self.registry).set_function(lambda: engine.scheduler.in_flight)
         self.registry.register(_EngineCounters(engine))
 
     def render(self) -> bytes:
