@@ -49,8 +49,9 @@ PRESETS: dict[str, dict] = {
                      num_to_transfer=1, max_post_steps=16),
     "llada2.1-speed": dict(policy="dynamic", cache="block", block_length=32, threshold=0.5, editing_threshold=0.0,
                            num_to_transfer=1, max_post_steps=16),
-    # SDAR: block 4, 4 denoising steps per block; low_confidence_dynamic (threshold 0.9) or _static.
-    "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.9),
+    # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
+    # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.
+    "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.85),
     "sdar-static": dict(policy="static", cache="block", block_length=4),
 }
 
