@@ -28,6 +28,15 @@ def _greedy(lm, x, window_end, block_length):
     return x0, probs.gather(-1, x0[:, None])[:, 0]
 
 
+def _canvas(prompt, gen_length, block_length, mask_id):
+    """The official layout: blocks from position 0, masks to the end of the last block."""
+    P = len(prompt)
+    num_blocks = (P + gen_length + block_length - 1) // block_length
+    x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
+    x[:P] = torch.tensor(prompt)
+    return P, num_blocks, x
+
+
 def _answer(x, prompt_length, gen_length, stop_ids):
     out = x[prompt_length:prompt_length + gen_length].tolist()
     for i, t in enumerate(out):
@@ -40,10 +49,7 @@ def llada2_generate(lm, prompt, *, gen_length, block_length, steps, threshold, m
                     eos_early_stop=True, stop_ids=()):
     mask_id = lm.config.mask_id
     steps = min(steps, gen_length // minimal_topk)
-    P = len(prompt)
-    num_blocks = (P + gen_length + block_length - 1) // block_length
-    x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
-    x[:P] = torch.tensor(prompt)
+    P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
     schedule = transfer_schedule(block_length, steps)
     for block in range(P // block_length, num_blocks):
         end = (block + 1) * block_length
@@ -75,10 +81,7 @@ def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, stra
     """Official SDAR loop; its static rule's top-k is capped at the masks left (the official one,
     uncapped, would overwrite prompt positions of a part-prompt block when steps < block_length)."""
     mask_id = lm.config.mask_id
-    P = len(prompt)
-    num_blocks = (P + gen_length + block_length - 1) // block_length
-    x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
-    x[:P] = torch.tensor(prompt)
+    P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
     schedule = transfer_schedule(block_length, denoising_steps)
     for block in range(P // block_length, num_blocks):
         end = (block + 1) * block_length
@@ -106,10 +109,7 @@ def llada21_generate(lm, prompt, *, gen_length, block_length, threshold, editing
     token editing of the current block's committed, non-prompt positions; up to max_post_steps
     editing steps once the block has no mask; stop after a block when the answer has an end token."""
     mask_id = lm.config.mask_id
-    P = len(prompt)
-    num_blocks = (P + gen_length + block_length - 1) // block_length
-    x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
-    x[:P] = torch.tensor(prompt)
+    P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
     for block in range(P // block_length, num_blocks):
         start, end = block * block_length, (block + 1) * block_length
         prompt_in_block = torch.arange(start, end) < P

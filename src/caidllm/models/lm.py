@@ -137,6 +137,10 @@ class DiffusionLM:
         or a long tensor on the device."""
         r = slice(None) if rows is None else rows
         extra = 0 if mode == "full" else self.model.extra_left + fold
+        if mode == "full" and cache is None and attention_block and starts:
+            # Block-causal, no cache: the window is the blocks up to the rows' current ones (as the
+            # official loops recompute it); later positions are never seen by these.
+            ids, mask = ids[:, :max(starts) + length], mask[:, :max(starts) + length]
         if mode == "full":
             mask_r = mask[r]
             pos_r = positions_from_mask(mask_r)
