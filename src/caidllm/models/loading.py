@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F  # noqa: F401 - tests patch loading.F
 
 from ..errors import ModelLoadError
-from .config import ModelConfig, load_config
-from .dream import DreamModel
-from .llada import LLaDAModel
+from .config import ModelConfig
+from .families import get_family, load_config
 from .lm import DiffusionLM
 from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
 from .random_init import build_random, is_random_name
@@ -22,7 +21,6 @@ from .tokenizer import END_OF_TURN, fast_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny"}
-MODEL_CLASSES = {"llada": LLaDAModel, "dream": DreamModel}
 
 
 def load(path_or_name, device=None, dtype=None, compile: bool = False) -> DiffusionLM:
@@ -44,7 +42,7 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False) -> Diffus
 
 def _load(path_or_name, device, dtype) -> DiffusionLM:
     if is_random_name(path_or_name):
-        return build_random(path_or_name, resolve_device(device), dtype, MODEL_CLASSES)
+        return build_random(path_or_name, resolve_device(device), dtype)
     folder = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
     device = resolve_device(device)
@@ -140,7 +138,7 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
     from safetensors import safe_open
 
     with torch.device("meta"):
-        model = MODEL_CLASSES[config.family](config)
+        model = get_family(config.family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     where = weight_files(folder)
     found = _check_weights(where, expected, config)

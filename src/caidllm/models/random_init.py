@@ -1,5 +1,7 @@
 """Random-weight models of the official shapes, by name: ``random:llada-8b``,
-``random:dream-7b``, with config.json fields overridden by a query string:
+``random:dream-7b``, ``random:llada2-mini``, ``random:llada2-flash``, ``random:sdar-1.7b``,
+``random:sdar-8b``, ``random:sdar-30b-a3b`` (block_random.py), with config.json fields
+overridden by a query string:
 
     caidllm.load("random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816")
 
@@ -23,11 +25,13 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
-from .config import parse_config
+from . import block_random
 from .device import check_device_dtype, resolve_dtype
+from .families import get_family, parse_config
 from .generated_tokenizer import generated_tokenizer
 from .layers import RMSNorm
 from .lm import DiffusionLM
+from .moe import Router
 from .tokenizer import end_of_turn_ids
 
 PREFIX = "random:"
@@ -52,6 +56,8 @@ OFFICIAL = {
     },
 }
 FAMILY = {"llada-8b": "llada", "dream-7b": "dream"}
+OFFICIAL.update(block_random.OFFICIAL)  # llada2-mini, llada2-flash, sdar-1.7b, sdar-8b, sdar-30b-a3b
+FAMILY.update(block_random.FAMILY)
 TOKEN_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
 
 
@@ -105,12 +111,12 @@ def _typed(name: str, key: str, text: str, official):
     raise ModelLoadError(f"{name!r}: {key} (official value {official!r}) cannot be overridden")
 
 
-def build_random(name: str, device: torch.device, dtype: torch.dtype | None, model_classes: dict, seed: int = 0):
-    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`
-    (model_classes: family -> module class, from the loader)."""
+def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
+    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
 
     family, raw = random_raw_config(name)
-    tokenizer, ids = generated_tokenizer(family, max_length=_max_length(raw))
+    make_tokenizer = block_random.generated_tokenizer if family in block_random.TOKENIZERS else generated_tokenizer
+    tokenizer, ids = make_tokenizer(family, max_length=_max_length(raw))
     raw.update(ids)
     config = parse_config(raw, source=name)
     if config.vocab_size < len(tokenizer):
@@ -121,7 +127,7 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, mod
         check_device_dtype(device, dtype)
     config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *end_of_turn_ids(tokenizer)])))
     with torch.device("meta"):
-        model = model_classes[family](config)
+        model = get_family(config.family).model_class(config)
     model = model.to(dtype)
     if device.type != "meta":
         model = model.to_empty(device=device)
@@ -149,6 +155,10 @@ def initialise(model: nn.Module, generator: torch.Generator) -> None:
                 module.bias.normal_(0.0, 0.02, generator=generator)
         elif isinstance(module, RMSNorm):
             module.weight.normal_(1.0, 0.1, generator=generator)
+        elif isinstance(module, Router):  # MoE gate: logits of order 1, a small score bias
+            module.weight.normal_(0.0, module.weight.shape[1] ** -0.5, generator=generator)
+            if module.expert_bias is not None:
+                module.expert_bias.normal_(0.0, 0.01, generator=generator)
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -3,7 +3,7 @@ tokenizer_config.json; the end-of-turn tokens every family stops at."""
 
 from __future__ import annotations
 
-END_OF_TURN = ("<|eot_id|>", "<|im_end|>")
+END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaMA-3, ChatML (Qwen, SDAR), LLaDA2
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "additional_special_tokens")
 
 
