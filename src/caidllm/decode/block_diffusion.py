@@ -46,7 +46,8 @@ class Layout:
 def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
     """`config` as it runs on the model (its ModelConfig): a setting the caller gave that does not
     apply to the family raises InputError naming it; a preset's default that does not apply is
-    replaced by the family's (a block-causal model's cache is its exact block cache)."""
+    replaced by the family's (every preset runs on a block-causal model's exact block cache, unless
+    the caller asks for cache="none", the whole window recomputed every step)."""
     given = set(config.given)
     if not model.block_causal:
         if config.method in BLOCK_DIFFUSION_PRESETS or config.policy in BLOCK_POLICIES:
@@ -60,11 +61,12 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
                              "its attention is bidirectional; use none, prefix, dual or es")
         return config
     changes = {}
-    if config.cache not in BLOCK_CACHES:
-        if "cache" in given:
-            raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
-                             "its cache is 'block' (exact) or 'none' (the whole window every step)")
+    if "cache" not in given:
+        # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too.
         changes["cache"] = "block"
+    elif config.cache not in BLOCK_CACHES:
+        raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
+                         "its cache is 'block' (exact) or 'none' (the whole window every step)")
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
         changes["block_length"] = model.block_lengths[0]  # the preset's does not apply: the model's own
     elif model.block_lengths and config.block_length not in model.block_lengths:
@@ -73,7 +75,7 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
     if "refresh_every" in given:
         raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
                          "never refreshed")
-    return dataclasses.replace(config, **changes).validate() if changes else config
+    return dataclasses.replace(config, **changes).validate() if changes != {"cache": config.cache} else config
 
 
 # ---- LLaDA2.1 token editing ------------------------------------------------------------------
