@@ -25,7 +25,7 @@ ap.add_argument("--shape", default="hidden_size=256,n_layers=4,n_heads=4,n_kv_he
                                    "vocab_size=4096,max_length=1024")
 args = ap.parse_args()
 
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path[:0] = [str(HERE.parent / "tests"), str(Path(args.new).resolve() / "src")]  # the writer needs the new tree
 from helpers.checkpoints import write_random_checkpoint  # noqa: E402
 
 sizes = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}

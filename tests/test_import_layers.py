@@ -4,12 +4,12 @@ imports one of a higher layer. Read from the source (ast), imports inside functi
 Imports under `if TYPE_CHECKING:` (annotations only) are not counted.
 
 Layers, lowest first (a module may import its own layer and those below):
-  base:      errors, distributed, tasks/ (the synthetic task generators and their scoring)
+  base:      errors, checks (small value predicates), distributed, tasks/ (the synthetic task generators and their scoring)
   models:    models/ (torch modules, loading, the generated tokenizer of random: models)
   decode:    decode/ (config, presets, policies, engine, generate()), and the package's own
              __init__ (caidllm.load, caidllm.generate; it registers DiffusionLM.generate)
   front end: options (what every command-line front end shares: model flags, load_model, flag checks)
-  apps:      bench/, evaluation/, train/
+  apps:      bench/, evaluation/, train/, models_cli (`caidllm models`)
   serve:     serve/
   top:       cli, __main__
 """
@@ -23,11 +23,11 @@ import caidllm
 
 PACKAGE = Path(caidllm.__file__).resolve().parent
 LAYERS = [
-    ["caidllm.errors", "caidllm.distributed", "caidllm.tasks"],
+    ["caidllm.errors", "caidllm.checks", "caidllm.distributed", "caidllm.tasks"],
     ["caidllm.models"],
     ["caidllm.decode", "caidllm"],
     ["caidllm.options"],
-    ["caidllm.bench", "caidllm.evaluation", "caidllm.train"],
+    ["caidllm.bench", "caidllm.evaluation", "caidllm.train", "caidllm.models_cli"],
     ["caidllm.serve"],
     ["caidllm.cli", "caidllm.__main__"],
 ]
@@ -124,3 +124,10 @@ def test_the_walker_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "a.py"
     source.write_text("def f():\n    from caidllm import b\n    from . import b as again\n")
     assert imports_of("caidllm.a", source, known) == {"caidllm.b"}
+
+
+def test_the_package_map_names_every_module():
+    mapped = (Path(__file__).parent.parent / "docs" / "PACKAGE_MAP.md").read_text()
+    missing = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if path.name != "__init__.py" and f"`{path.relative_to(PACKAGE).as_posix()}`" not in mapped)
+    assert not missing, "add these modules to docs/PACKAGE_MAP.md: " + ", ".join(missing)

@@ -21,8 +21,10 @@ def json_object_option(text: str, flag: str, what: str = "object") -> dict:
     return value
 
 
-MODEL_HELP = ("model folder (Hugging Face layout), 'tiny' (default), or random weights of an official shape: "
-              "random:llada-8b, random:dream-7b, with config.json overrides: 'random:llada-8b?n_layers=4'")
+MODEL_HELP = ("model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
+              "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an official "
+              "shape: random:llada-8b, random:dream-7b, random:llada-moe-7b ..., with config.json overrides: "
+              "'random:llada-8b?n_layers=4'")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

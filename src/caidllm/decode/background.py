@@ -135,8 +135,8 @@ class BackgroundEngine:
 
     def run_here(self) -> None:
         """Run the loop in the calling thread until `stop()` (from another thread or a signal
-        handler). `caidllm serve` runs it in the main thread: torch ops run ~10% slower on the
-        CPU from a secondary thread (measured on the development machine)."""
+        handler). `caidllm serve` runs it in the main thread, where torch ops ran faster on the
+        CPU (BENCHMARKS.md, "Where the engine loop runs")."""
         self._thread = threading.current_thread()
         self._run()
 
@@ -229,6 +229,9 @@ class BackgroundEngine:
                 for request_id in self.engine.drop_running():  # queued requests stay and run next
                     self._end(request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}"))
                 continue
+            for request_id, error in self.engine.take_faults().items():
+                logger.error("request %s failed in its decode; the others go on", request_id, exc_info=error)
+                self._end(request_id, RuntimeError(f"its decode failed: {type(error).__name__}: {error}"))
             pairs = []
             with self._lock:
                 for event in events:

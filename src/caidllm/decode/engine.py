@@ -35,6 +35,7 @@ import copy
 import uuid
 from typing import Iterator
 
+from caidllm.checks import is_id_list
 from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.policies import make_policy, policy_key
@@ -132,7 +133,10 @@ class Engine:
     def run(self) -> Iterator[CommitEvent]:
         """Step until every submitted request has finished, yielding each event."""
         while self.has_work:
-            yield from self.step()
+            events = self.step()
+            if self.runner.faults:  # a caller stepping alone has nobody else to hand the failure to
+                raise next(iter(self.take_faults().values()))
+            yield from events
 
     # ---- one step ----------------------------------------------------------------
 
@@ -141,7 +145,17 @@ class Engine:
         request by one denoising step. Returns the step's events."""
         groups = self.scheduler.schedule()
         rows = self.runner.run(self.scheduler.frame, groups)
+        if self.runner.faults:  # rows whose policy raised leave now (take_faults says why); the others go on
+            for row in rows:
+                if row.request.id in self.runner.faults:
+                    self.scheduler.retire(row.request)
+            rows = [row for row in rows if row.request.id not in self.runner.faults]
         return self._update(rows)
+
+    def take_faults(self) -> dict[str, Exception]:
+        """The requests whose decode raised since the last call (already out of the engine), and why."""
+        faults, self.runner.faults = self.runner.faults, {}
+        return faults
 
     def _update(self, rows: list[RowStep]) -> list[CommitEvent]:
         """Each request records its step; a finished one gets its result and leaves its slot."""
@@ -177,8 +191,7 @@ class Engine:
 
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
-        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        if not is_id_list(prompt_ids):
             raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:

@@ -15,7 +15,7 @@ def build_config(method: str, settings=None, **overrides) -> DecodeConfig:
 
     Overrides may name any DecodeConfig field or any CAISettings field
     (CAI fields may also be given as a dict under `cai`). `settings`: a
-    settings file (path, dict or Settings, see settings_file.py) whose CAI
+    settings file (path, dict or CalibratedSettings, see settings_file.py) whose CAI
     values go over the preset and under `overrides`; `method` must be a
     CAI preset.
     """

@@ -47,6 +47,7 @@ class Runner:
         self.policy_timer = DeviceTimer(lm.device)
         self.forward_timer = DeviceTimer(lm.device)  # time inside the model forwards
         self.forwards = 0  # forward passes run (one per group per step)
+        self.faults: dict[str, Exception] = {}  # request id -> why its policy raised (Engine.take_faults)
 
     def run(self, frame: Frame, groups: list[ForwardGroup]) -> list[RowStep]:
         rows: list[RowStep] = []
@@ -127,8 +128,12 @@ class Runner:
                             first_confidence=first[at], step=lead.step, total_steps=total_steps,
                             block_index=lead.block, rows=torch.arange(len(indices), device=masked.device),
                             state=state)
-            with self.policy_timer:
-                chosen = lead.policy(view) & view.masked
+            try:
+                with self.policy_timer:
+                    chosen = lead.policy(view) & view.masked
+            except Exception as error:  # noqa: BLE001 - these requests fail alone; the engine drops them
+                self.faults.update((members[i].id, error) for i in indices)
+                chosen = torch.zeros_like(view.masked)
             if lead.step == total_steps - 1:  # the last step commits whatever is left: no mask leaves the engine
                 chosen = view.masked
             for j, i in enumerate(indices):

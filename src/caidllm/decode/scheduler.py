@@ -13,6 +13,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from caidllm.checks import is_int
 from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
 from caidllm.decode.frame import Frame
 from caidllm.decode.request import Request
@@ -36,7 +37,7 @@ class Scheduler:
 
     def __init__(self, lm, max_batch: int, max_queue: int, on_admit: Callable[[Request, int], None]):
         for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            if not is_int(value) or value < low:
                 raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
         self.lm = lm
         self.max_batch, self.max_queue = max_batch, max_queue

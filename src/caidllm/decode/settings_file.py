@@ -28,7 +28,9 @@ _TUPLE_FIELDS = ("factors", "budget_fractions")  # JSON lists, tuples in CAISett
 
 
 @dataclass
-class Settings:
+class CalibratedSettings:
+    """The contents of a settings file: CAI values found by `caidllm calibrate` for one cai preset."""
+
     method: str = "cai"
     cai: dict = field(default_factory=dict)  # CAISettings field -> value
     name: str = "cai-calibrated"
@@ -51,18 +53,19 @@ class Settings:
                 "calibrated_on": self.calibration.get("tasks")}
 
 
-def load_settings(settings) -> Settings:
-    """A Settings from a path (str / Path), a dict of the file's shape, or a Settings (returned as is)."""
-    if isinstance(settings, Settings):
+def load_settings(settings) -> CalibratedSettings:
+    """CalibratedSettings from a path (str / Path), a dict of the file's shape, or CalibratedSettings
+    (returned as is)."""
+    if isinstance(settings, CalibratedSettings):
         return settings
     if isinstance(settings, (str, Path)):
         return _from_dict(_read(Path(settings).expanduser()), str(settings))
     if isinstance(settings, dict):
         return _from_dict(settings, None)
-    raise InputError(f"settings must be a settings file path, a dict or a Settings, got {type(settings).__name__}")
+    raise InputError(f"settings must be a settings file path, a dict or a CalibratedSettings, got {type(settings).__name__}")
 
 
-def write_settings(path, settings: Settings) -> None:
+def write_settings(path, settings: CalibratedSettings) -> None:
     path = Path(path).expanduser()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +90,7 @@ def _read(path: Path) -> dict:
     return data
 
 
-def _from_dict(data: dict, source: str | None) -> Settings:
+def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
     where = f"settings file {source}" if source else "settings"
     if data.get(FORMAT_KEY) != FORMAT_VERSION:
         raise InputError(f"{where} is not a caidllm settings file (needs \"{FORMAT_KEY}\": {FORMAT_VERSION}; "
@@ -111,7 +114,7 @@ def _from_dict(data: dict, source: str | None) -> Settings:
     calibration = data.get("calibration", {})
     if not isinstance(calibration, dict):
         raise InputError(f"{where}: 'calibration' must be an object, got {type(calibration).__name__}")
-    settings = Settings(method=method, cai=cai, name=name, calibration=calibration, source=source)
+    settings = CalibratedSettings(method=method, cai=cai, name=name, calibration=calibration, source=source)
     try:  # every value checked now, by the decoder's own validation
         if method not in PRESETS:
             raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
@@ -121,3 +124,6 @@ def _from_dict(data: dict, source: str | None) -> Settings:
     except InputError as error:
         raise InputError(f"{where}: {error}") from None
     return settings
+
+
+Settings = CalibratedSettings  # the old name

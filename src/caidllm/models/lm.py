@@ -37,6 +37,16 @@ class DiffusionLM:
         self.path = Path(path) if path is not None else None
         self.random_weights = False  # built by random_init.py: speed and memory only, the text means nothing
         self.compiled = False  # set by compiled.enable_compile
+        self.name = str(path) if path is not None else None  # what it was loaded by (folder, hub id, random:...)
+        self.checkpoint = None  # the known public checkpoint it is (models/checkpoints.py), if any
+
+    @property
+    def chat_default(self) -> bool:
+        """Whether prompts go through the chat template unless told: a known checkpoint's
+        instruct flag (base models decode raw text), else whether the tokenizer has a template."""
+        if self.checkpoint is not None:
+            return self.checkpoint.instruct
+        return bool(self.tokenizer.chat_template)
 
     def __repr__(self) -> str:
         c = self.config
@@ -223,7 +233,9 @@ class DiffusionLM:
         """Token ids of a conversation ([{"role", "content"}, ...]) through the chat
         template, ending with the assistant generation prompt."""
         if not self.tokenizer.chat_template:
-            raise InputError(f"the tokenizer of {self.path} has no chat template (tokenizer_config.json)")
+            raise InputError(f"{self.name or self.path} has no chat template (its tokenizer_config.json has no "
+                             "chat_template: a base model?); decode the prompt as raw text with chat=False "
+                             "(--no-chat on the command line)")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 

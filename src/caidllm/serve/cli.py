@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import gc
+import logging
+import os
 import signal
+import sys
 import threading
 
 from caidllm.decode.presets import method_names
@@ -30,6 +34,12 @@ def register(sub, name: str) -> None:
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (rows per forward)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429")
     p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+                   help="largest request body; a larger one gets 413 before it is read")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds to receive a request's whole body; past it: 408")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="on SIGTERM, seconds requests in flight may go on; then each ends with a clean error")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="CAI settings file (caidllm calibrate): the defaults of requests for its method")
@@ -41,9 +51,10 @@ def register(sub, name: str) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from caidllm.options import load_model
     from caidllm.decode.presets import build_config
+    from caidllm.options import load_model
     from caidllm.serve.app import create_app
+    from caidllm.serve.shutdown import uvicorn_config
 
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return run_replicas(args)
@@ -52,15 +63,16 @@ def run(args) -> int:
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
-    # HTTP in a thread, the engine loop in the main thread (torch is faster there). SIGTERM / SIGINT:
-    # uvicorn stops accepting, lets requests in flight finish (10 s at most), shuts the app down;
-    # then the engine stops, cancelling whatever is left, and the exit status is 0.
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=10))
+    # HTTP in a thread, the engine loop in the main thread (BENCHMARKS.md: "Where the engine loop runs").
+    # SIGTERM / SIGINT: uvicorn stops accepting and the app drains (serve/shutdown.py): requests in
+    # flight go on for --shutdown-grace seconds, then end with a clean error; the app shuts down,
+    # then the engine stops, and the exit status is 0.
+    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_grace))
     http = threading.Thread(target=server.run, name="caidllm-http")
 
     def on_signal(signum, frame):
         server.should_exit = True
+        app.state.shutdown.begin_from_thread()
 
     def stop_engine_after_http():
         http.join()
@@ -68,13 +80,21 @@ def run(args) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # What is loaded now lives as long as the process: the collector skips it from here on (at exit
+    # too, where scanning the imports' and the model's objects once took seconds past the grace period).
+    gc.freeze()
     http.start()
     threading.Thread(target=stop_engine_after_http, daemon=True).start()
     background.run_here()
     http.join()
     if not server.started:
         raise InputError(f"the server could not start on {args.host}:{args.port} (see the log above)")
-    return 0
+    # All has stopped cleanly. The interpreter's teardown of torch and the model would take seconds
+    # more on a loaded machine (measured: 2 s, past the grace period); there is nothing left to save.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_replicas(args) -> int:

@@ -10,13 +10,15 @@ from caidllm.errors import InputError
 
 
 def settings_from(args, lm):
-    from caidllm.serve.app import ServeSettings
+    from caidllm.serve.app import ServerConfig
     from caidllm.serve.protocol import ServerDefaults
 
-    for name in ("gen_length", "block_length", "max_batch", "port"):
+    for name in ("gen_length", "block_length", "max_batch", "port", "max_body_bytes", "body_timeout"):
         value = getattr(args, name)
         if value < (0 if name == "port" else 1):
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.shutdown_grace < 0:
+        raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
     from caidllm.decode.presets import build_config
 
     from caidllm.decode.block_diffusion import fit_to_model
@@ -28,9 +30,10 @@ def settings_from(args, lm):
                               block_length=args.block_length,
                               max_gen_length=args.max_gen_length or lm.config.max_length,
                               max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
-    return ServeSettings(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
-                         api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
-                         max_request_time=args.max_request_time)
+    return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
+                        api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
+                        max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
+                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace)
 
 
 def settings_file_of(args):

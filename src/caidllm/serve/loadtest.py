@@ -1,6 +1,7 @@
 """`caidllm loadtest`: a bounded load on an OpenAI-compatible server.
 
     caidllm loadtest --url http://127.0.0.1:8000 --concurrency 8 --requests 64 --max-tokens 64
+    caidllm loadtest --soak --url http://127.0.0.1:8000 --duration 600   # serve/soak.py
 
 C workers send N streamed chat requests in all (prompts of the synthetic
 tasks' test split, or --prompts FILE with one prompt per line), and stop by
@@ -33,6 +34,12 @@ def register(sub, name: str) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the summary to this file")
+    soak = p.add_argument_group("soak and fault run (--soak; serve/soak.py): mixed traffic checked to the end")
+    soak.add_argument("--soak", action="store_true", help="mixed traffic (streamed or not, every method, clients "
+                      "that leave, malformed requests, bursts) checked against each request's answer alone")
+    soak.add_argument("--burst", type=int, default=20, help="requests of a burst (make it pass the server's queue)")
+    soak.add_argument("--malformed-rate", type=float, default=0.1)
+    soak.add_argument("--max-rss-growth-mb", type=float, default=64.0, help="fail past this RSS growth after warm-up")
     p.set_defaults(handler=run)
 
 
@@ -40,6 +47,10 @@ def run(args) -> int:
     for name in ("concurrency", "requests"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.soak:
+        from caidllm.serve import soak
+
+        return soak.run(args)
     body = json_object_option(args.extra, "--extra", "object of request fields")
     if args.max_tokens:
         body["max_tokens"] = args.max_tokens
