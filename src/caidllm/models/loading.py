@@ -19,7 +19,7 @@ from .lm import DiffusionLM
 from .random_init import build_random, is_random_name
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-EMBEDDED = {"tiny": ASSETS / "tiny"}
+EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd"}  # tiny-bd: block-causal (block diffusion)
 MODEL_CLASSES = {"llada": LLaDAModel, "dream": DreamModel}
 DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
