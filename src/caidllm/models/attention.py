@@ -60,18 +60,20 @@ class RowGroups:
                 at = to_device(members, device)
                 self.groups.append((key_from, query_from, at, absolute.index_select(0, at)))
 
-    def attend(self, q, keys, values, from_cache: bool, rows) -> torch.Tensor:
+    def attend(self, q, keys, values, from_cache: bool, rows, visible=None) -> torch.Tensor:
         """q: [R, H, n, hd]; keys/values: the whole layer cache [B, Hkv, L, hd] when
-        from_cache (rows pick the forward's rows), else the forward's own [R, Hkv, L, hd]."""
+        from_cache (rows pick the forward's rows), else the forward's own [R, Hkv, L, hd].
+        visible: None (bidirectional), or [R, 1, n, L] bool, which keys each query may read."""
         if self.single:
             k, v = (cache_rows(t, rows, self.key_from) if from_cache else t[:, :, self.key_from:]
                     for t in (keys, values))
-            return sdpa(q, k, v)
+            return sdpa(q, k, v, None if visible is None else visible[..., self.key_from:])
         out = q.new_zeros(q.shape)
         for key_from, query_from, at, absolute in self.groups:
             k, v = (cache_rows(t, absolute, key_from) if from_cache else t[:, :, key_from:].index_select(0, at)
                     for t in (keys, values))
-            out[at, :, query_from:] = sdpa(q.index_select(0, at)[:, :, query_from:], k, v)
+            mask = None if visible is None else visible.index_select(0, at)[:, :, query_from:, key_from:]
+            out[at, :, query_from:] = sdpa(q.index_select(0, at)[:, :, query_from:], k, v, mask)
         return out
 
 

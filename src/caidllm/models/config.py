@@ -148,8 +148,25 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
         cache_refresh_every=get.int("caidllm_cache_refresh_every", defaults["cache_refresh_every"]),
         torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         raw=raw,
+        **block_diffusion_fields(raw, source),
         **sizes,
     )
+
+
+def block_diffusion_fields(raw: dict, source: str) -> dict:
+    """block_causal / block_lengths of a config that marks a LLaDA-layout model block-causal
+    ("caidllm_block_causal": true, "caidllm_block_lengths": [8, 32], as tiny-bd's does)."""
+    block_causal = _Getter(raw, source).bool("caidllm_block_causal", False)
+    lengths = raw.get("caidllm_block_lengths")
+    if lengths is None:
+        return dict(block_causal=block_causal, block_lengths=())
+    if not block_causal:
+        raise ModelLoadError(f"{source}: caidllm_block_lengths is set but caidllm_block_causal is not true")
+    if not (isinstance(lengths, list) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                              for n in lengths)):
+        raise ModelLoadError(f"{source}: field 'caidllm_block_lengths' = {lengths!r} must be a list of "
+                             "positive integers")
+    return dict(block_causal=True, block_lengths=tuple(lengths))
 
 
 def _check_llada_flags(raw: dict, source: str) -> None:

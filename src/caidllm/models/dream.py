@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import Context, RMSNorm, swiglu, swiglu_weights
+from .layers import Context, RMSNorm, default_attention_block, swiglu, swiglu_weights
 
 
 class DreamAttention(nn.Module):
@@ -81,7 +81,7 @@ class DreamModel(nn.Module):
         Without ctx: the whole canvas, no padding, no cache."""
         m = self.model
         if ctx is None:
-            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta)
+            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta, default_attention_block(self.cfg))
 
         x = m.embed_tokens(ids)
         for i, layer in enumerate(m.layers):

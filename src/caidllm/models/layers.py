@@ -1,5 +1,6 @@
-"""Pieces shared by LLaDA and Dream: RMSNorm, RoPE, SwiGLU and bidirectional
-attention over a (possibly cached) canvas.
+"""Pieces shared by every family: RMSNorm, RoPE, SwiGLU and attention over a
+(possibly cached) canvas: bidirectional, or block-causal for block-diffusion
+models (``Context.attention_block``).
 
 The two families name their parameters differently, so each model file owns
 its Linear layers (with the official names) and calls these functions.
@@ -45,6 +46,22 @@ class RMSNorm(nn.Module):
 def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, kernel=swiglu_weights) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); `kernel` computes it from the weights (compiled.py may compile it)."""
     return kernel(x, gate.weight, up.weight, down.weight)
+
+
+def default_attention_block(config) -> int | None:
+    """The attention block length of a forward that names none: None (bidirectional) for a
+    full-sequence model, else the first block length the model decodes with (32 when the
+    config allows any, LLaDA2's default)."""
+    if not config.block_causal:
+        return None
+    return config.block_lengths[0] if config.block_lengths else 32
+
+
+def block_visibility(query_positions: torch.Tensor, key_positions: torch.Tensor, block: int) -> torch.Tensor:
+    """Block-causal attention: [R, 1, n, L] bool, True where a query may read a key. Blocks
+    are laid from position 0 (the first real token); a position sees its own block and
+    every earlier one, never a later one."""
+    return (key_positions // block)[:, None, None, :] <= (query_positions // block)[:, None, :, None]
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -117,6 +134,10 @@ class Context:
     skip: EarlySkip | None = None
     plan: list[int] | None = None  # block positions that run each layer
     forced: torch.Tensor | None = None  # [R, block] forced keeps
+    # Block-causal models: the attention block length (None: bidirectional), and the RoPE
+    # positions [R, L] of the rows, from which each query's and key's block is read.
+    attention_block: int | None = None
+    positions: torch.Tensor | None = None
 
     def __post_init__(self):
         # The key mask serves rows whose padding is not all on the left (a caller's own canvas);
@@ -127,10 +148,11 @@ class Context:
         self._row_groups = None
 
     @classmethod
-    def whole_canvas(cls, ids: torch.Tensor, head_dim: int, theta: float) -> "Context":
+    def whole_canvas(cls, ids: torch.Tensor, head_dim: int, theta: float,
+                     attention_block: int | None = None) -> "Context":
         """Every position of ``ids``, no padding, no cache (as in training)."""
         mask = torch.ones_like(ids, dtype=torch.bool)
-        ctx = cls.build(mask, positions_from_mask(mask), head_dim, theta)
+        ctx = cls.build(mask, positions_from_mask(mask), head_dim, theta, attention_block=attention_block)
         ctx.key_mask = None  # no padding and no batch to stay invariant to: let SDPA pick its fastest kernel
         return ctx
 
@@ -146,10 +168,12 @@ class Context:
 
     @classmethod
     def build(cls, mask, positions, head_dim, theta, *, mode="full", starts=None, block_length=None, extra=0,
-              rows=None, cache=None, skip=None, plan=None, real_from=None, start_list=None):
+              rows=None, cache=None, skip=None, plan=None, real_from=None, start_list=None,
+              attention_block=None):
         """mask, positions: [R, L] of the selected rows; starts: [R] long, each row's
         block start (None with mode="full": all positions, logits of all); start_list:
-        the same on the host (prefix mode needs its min and max without a device sync)."""
+        the same on the host (prefix mode needs its min and max without a device sync);
+        attention_block: the block length of block-causal attention (None: bidirectional)."""
         R, L = mask.shape
         rows = slice(None) if rows is None else rows
         targets = index = fresh_from = None
@@ -167,7 +191,7 @@ class Context:
                     fresh_from = starts - extra
             cos, sin = rope_cos_sin(positions[:, lo:], head_dim, theta)
         ctx = cls(mode, lo, rows, mask, cos, sin, cache, targets=targets, index=index, fresh_from=fresh_from,
-                  extra=extra, real_from=real_from)
+                  extra=extra, real_from=real_from, attention_block=attention_block, positions=positions)
         if mode == "es":
             ctx.skip, ctx.plan = skip, plan
             ctx.forced = forced_keeps(skip.prev_confidence, skip.masked, skip.just_committed)
@@ -274,14 +298,29 @@ class Context:
                 cached_v[self.row_ids, :, self.index] = v.transpose(1, 2)
             keys, values = c.keys[layer], c.values[layer]
 
-        # Bidirectional: no causal mask. Left-padded rows attend over their real keys only, unmasked.
+        # Bidirectional: no mask. Left-padded rows attend over their real keys only, unmasked.
+        # Block-causal: the same, with each query's later blocks hidden.
+        visible = self._block_visibility()
         if self.real_from is not None:
-            out = self.row_groups.attend(q, keys, values, from_cache, rows)
+            out = self.row_groups.attend(q, keys, values, from_cache, rows, visible)
         else:
             if from_cache:
                 keys, values = cache_rows(keys, rows), cache_rows(values, rows)
-            out = sdpa(q, keys, values, self.key_mask)
+            mask = self.key_mask
+            if visible is not None:
+                mask = visible if mask is None else mask & visible
+            out = sdpa(q, keys, values, mask)
         return out.transpose(1, 2).reshape(R, n, -1)
+
+    def _block_visibility(self) -> torch.Tensor | None:
+        """[R, 1, n, L] block-causal mask of the positions computed at this layer (None: bidirectional)."""
+        if self.attention_block is None:
+            return None
+        if self.index is None:
+            queries = self.positions[:, self.lo:]
+        else:
+            queries = self.positions.gather(1, self.index)
+        return block_visibility(queries, self.positions, self.attention_block)
 
     def _write_fresh(self, cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
         """Prefix mode: write the fresh K/V of columns [lo, L) into the layer's working copy,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import Context, RMSNorm, swiglu, swiglu_weights
+from .layers import Context, RMSNorm, default_attention_block, swiglu, swiglu_weights
 
 
 class LLaDABlock(nn.Module):
@@ -60,7 +60,7 @@ class LLaDAModel(nn.Module):
         when it is None). Without ctx: the whole canvas, no padding, no cache."""
         t = self.model.transformer
         if ctx is None:
-            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta)
+            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta, default_attention_block(self.cfg))
 
         x = t.wte(ids)
         for i, block in enumerate(t.blocks):

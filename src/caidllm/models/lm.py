@@ -15,7 +15,7 @@ import torch
 from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
-from .layers import Context, positions_from_mask
+from .layers import Context, default_attention_block, positions_from_mask
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 from .transfer import to_device
 
@@ -48,7 +48,8 @@ class DiffusionLM:
 
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
-                skip: EarlySkip | None = None, real_from: list[int] | None = None):
+                skip: EarlySkip | None = None, real_from: list[int] | None = None,
+                attention_block: int | None = None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -72,10 +73,14 @@ class DiffusionLM:
         for a caller that checked its inputs once and vouches for them (the engine, whose
         requests are checked at submit): the checks and their host syncs are then skipped
         (forward_unchecked; start / end must be lists, rows None, a slice or a device tensor).
+        ``attention_block``: block-causal models only, the block length of their attention (blocks
+        laid from each row's first real token); None = the model's default (layers.default_attention_block).
         """
         if real_from is not None:
             return self.forward_unchecked(input_ids, attention_mask, mode=mode, cache=cache, starts=start,
-                                          length=end[0] - start[0], rows=rows, real_from=real_from, skip=skip)
+                                          length=end[0] - start[0], rows=rows, real_from=real_from, skip=skip,
+                                          attention_block=attention_block)
+        attention_block = self._check_attention_block(attention_block)
         if mode not in MODES:
             raise InputError(f"unknown forward mode {mode!r}; expected one of {MODES}")
         if (mode == "es") != (skip is not None):
@@ -103,11 +108,12 @@ class DiffusionLM:
         if mode == "es":
             self._check_skip(skip, cache, R, length)
         return self.forward_unchecked(ids, mask, mode=mode, cache=cache, starts=starts, length=length, rows=rows,
-                                      real_from=_left_padding(mask[r]), skip=skip)
+                                      real_from=_left_padding(mask[r]), skip=skip, attention_block=attention_block)
 
     @torch.no_grad()
     def forward_unchecked(self, ids, mask, *, mode: str, cache, starts: list[int], length: int, rows,
-                          real_from: list[int] | None, skip: EarlySkip | None = None):
+                          real_from: list[int] | None, skip: EarlySkip | None = None,
+                          attention_block: int | None = None):
         """forward() without its argument checks and without any host sync: for a caller that
         checked its inputs once (the engine checks each request when it is submitted) and
         knows each row's first real column (``real_from``; the Frame's rows are left-padded).
@@ -131,7 +137,7 @@ class DiffusionLM:
         start_t = to_device(starts, self.device)
         ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, starts=start_t, block_length=length,
                             extra=extra, rows=rows, cache=cache, skip=skip, plan=plan, real_from=real_from,
-                            start_list=starts)
+                            start_list=starts, attention_block=attention_block or default_attention_block(c))
         if ctx.index is not None:
             computed_ids = ids[r].gather(1, ctx.index)
         else:
@@ -141,6 +147,20 @@ class DiffusionLM:
             skip.computed_pairs, skip.full_pairs = sum(plan), c.n_layers * length
             skip.kept = ctx.index[:, extra:] - start_t[:, None]
         return logits
+
+    def _check_attention_block(self, attention_block):
+        c = self.config
+        if attention_block is None:
+            return default_attention_block(c)
+        if not c.block_causal:
+            raise InputError(f"attention_block={attention_block!r}: the {c.family} model's attention is "
+                             "bidirectional (not block-causal)")
+        if not isinstance(attention_block, int) or isinstance(attention_block, bool) or attention_block < 1:
+            raise InputError(f"attention_block must be a positive integer, got {attention_block!r}")
+        if c.block_lengths and attention_block not in c.block_lengths:
+            raise InputError(f"block length {attention_block} is not one this model decodes with "
+                             f"(allowed: {', '.join(map(str, c.block_lengths))})")
+        return attention_block
 
     def new_cache(self, batch_size: int, length: int, *, skip_schedule=None) -> KVCache:
         """An empty cache for a [batch_size, length] canvas; fill it with mode="full".
