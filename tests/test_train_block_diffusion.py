@@ -1,6 +1,7 @@
 """Block-diffusion training (train/block_diffusion.py): the 2L mask, the loss, the
 trainer's options, and the plain block decoder it validates with."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -12,9 +13,10 @@ from safetensors.torch import load_file
 from caidllm.cli import main as cli_main
 from caidllm.errors import InputError
 from caidllm.models.loading import ASSETS
-from caidllm.models.layers import Context
+from caidllm.models.layers import Context, block_visibility
+from caidllm.models.llada import LLaDAModel
 from caidllm.train.bd_decode import block_diffusion_generate
-from caidllm.train.block_diffusion import block_causal_mask, block_diffusion_logits, noise_blocks, training_mask
+from caidllm.train.block_diffusion import block_diffusion_logits, noise_blocks, training_mask
 from caidllm.train.trainer import TrainConfig, Trainer
 
 MICRO = dict(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, batch_size=4, threads=1,
@@ -80,21 +82,23 @@ def test_a_noisy_block_sees_only_itself_and_the_clean_earlier_blocks(trainer):
     assert not torch.allclose(_logits(trainer, noisy, other(clean, earlier))[0, here], reference, atol=1e-3)
 
 
-def test_the_training_copy_computes_what_block_causal_inference_computes(trainer):
-    """Noisy block b beside the clean copy == a plain block-causal forward of
-    [clean blocks < b, noisy block b], as a block decoder runs it."""
+def test_the_training_copy_computes_what_the_block_causal_model_computes(trainer):
+    """Noisy block b beside the clean copy == the plain forward of a block-causal model
+    (config.json's caidllm_block_causal, as the export writes it) over [clean blocks < b,
+    noisy block b]: what a block decoder runs."""
     batch = trainer.stream.batch(0)
     clean = batch.input_ids[:1]
     noisy = noise_blocks(batch, 4, trainer.special["mask"], torch.Generator().manual_seed(2))[0][:1]
     block = int(batch.answer_start[0]) // 4 + 1
     end = 4 * block + 4
     canvas = torch.cat([clean[:, :4 * block], noisy[:, 4 * block:end]], dim=1)
-    positions = torch.arange(end)[None]
-    blocks = positions // 4
-    ctx = Context.explicit(positions, block_causal_mask(blocks, blocks), 32 // 2, trainer.model_config.rope_theta)
+    block_causal = LLaDAModel(dataclasses.replace(trainer.model_config, block_causal=True, block_lengths=(4,)))
+    block_causal.load_state_dict(trainer.model.state_dict())
     with torch.no_grad():
-        inference = trainer.model(canvas, ctx)[0, 4 * block:]
+        inference = block_causal(canvas)[0, 4 * block:]
     assert torch.allclose(_logits(trainer, noisy, clean)[0, 4 * block:end], inference, atol=1e-5)
+    with torch.no_grad():  # and not what the bidirectional model computes
+        assert not torch.allclose(trainer.model(canvas)[0, 4 * block:], inference, atol=1e-3)
 
 
 def test_each_block_has_its_own_mask_ratio_and_only_answers_are_masked(trainer):
@@ -127,8 +131,7 @@ def _whole_window_decode(lm, prompt: str, block_length: int, gen_length: int) ->
     prompt_ids = lm.encode_chat(prompt)
     ids = torch.tensor([prompt_ids + [c.mask_id] * gen_length])
     positions = torch.arange(ids.shape[1])[None]
-    blocks = positions // block_length
-    ctx_mask = block_causal_mask(blocks, blocks)
+    ctx_mask = block_visibility(positions, positions, block_length)[:, 0]
     for block in range(len(prompt_ids) // block_length, -(-ids.shape[1] // block_length)):
         columns = torch.arange(block * block_length, min((block + 1) * block_length, ids.shape[1]))
         while bool((ids[0, columns] == c.mask_id).any()):

@@ -15,16 +15,6 @@ from __future__ import annotations
 import torch
 
 from caidllm.models.layers import Context
-from caidllm.train.block_diffusion import block_causal_mask
-
-
-def _attention(columns: torch.Tensor, real: torch.Tensor, block_length: int) -> torch.Tensor:
-    """[B, n, L] mask of the queries at `columns` [n]: the real keys of their block and the
-    blocks before it, and always themselves (a padding query must see something)."""
-    B, L = real.shape
-    keys = torch.arange(L)
-    allowed = block_causal_mask((columns // block_length)[None], (keys // block_length)[None]) & real[:, None, :]
-    return allowed | (columns[:, None] == keys[None, :])[None]
 
 
 @torch.no_grad()
@@ -56,22 +46,19 @@ def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length:
     ids, real, positions = ids.to(lm.device), real.to(lm.device), positions.to(lm.device)
     cache = lm.new_cache(B, L)
 
-    prefill = Context.build(real, positions, config.head_dim, config.rope_theta, cache=cache)
-    prefill.key_mask = _attention(torch.arange(L), real, bl)[:, None].to(lm.device)
-    model(ids, prefill)
+    # The model layer's block-causal attention (blocks from each row's first real token), as
+    # the engine runs it; the key mask hides the padding.
+    model(ids, Context.build(real, positions, config.head_dim, config.rope_theta, cache=cache, attention_block=bl))
 
     eos = torch.tensor(config.eos_ids, device=lm.device)
     done = torch.zeros(B, dtype=torch.bool, device=lm.device)
     first_block = min(starts) // bl
     for block in range(first_block, L // bl):
-        columns = torch.arange(block * bl, (block + 1) * bl)
         block_starts = torch.full((B,), block * bl, device=lm.device)
-        attention = _attention(columns, real, bl)[:, None].to(lm.device)
 
         def forward():
             ctx = Context.build(real, positions, config.head_dim, config.rope_theta, mode="dual",
-                                starts=block_starts, block_length=bl, cache=cache)
-            ctx.key_mask = attention
+                                starts=block_starts, block_length=bl, cache=cache, attention_block=bl)
             return model(ids[:, block * bl:(block + 1) * bl], ctx)
 
         for _ in range(bl):

@@ -24,11 +24,6 @@ from caidllm.models.layers import Context
 from caidllm.train.data import Batch, masked_loss
 
 
-def block_causal_mask(query_blocks: torch.Tensor, key_blocks: torch.Tensor) -> torch.Tensor:
-    """[R, n, m] bool: query i may see key j when block(j) <= block(i) (inference's attention)."""
-    return key_blocks[:, None, :] <= query_blocks[:, :, None]
-
-
 def training_mask(blocks: torch.Tensor) -> torch.Tensor:
     """[R, 2L, 2L] bool attention of the noisy copy (first L) and the clean copy (last L)
     of sequences whose positions fall in `blocks` [R, L]."""
