@@ -4,7 +4,9 @@
     python benchmarks/gpu_check.py --tiny --out /tmp/gc          # a reduced run on a CPU (seconds)
 
 1. The GPU's bf16 matmul peak: a large GEMM (8192^3), timed with CUDA events.
-2. random:llada-8b and random:dream-7b in bf16 (random weights, built on the GPU),
+2. random:llada-8b, random:dream-7b and random:llada2-mini (LLaDA2.0-mini: block-causal,
+   256 experts routed top-8 by sigmoid group-limited scores, a shared expert; its block is
+   its own, 32) in bf16 (random weights, built on the GPU),
    batch 1 and 8, gen 256, block 64, methods vanilla / fastdllm / cai / es-dllm,
    without and then with --compile: the model forwards' TFLOP/s (FLOPs counted
    from each forward's shapes, time from the engine's forward timer) and their
@@ -30,12 +32,15 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 
 METHODS = ("vanilla", "fastdllm", "cai", "es-dllm")
-FULL = dict(models=("random:llada-8b", "random:dream-7b"), batches=(1, 8), gen=256, block=64, prompt=64,
-            dtype="bfloat16", gemm=8192)
+FULL = dict(models=("random:llada-8b", "random:dream-7b", "random:llada2-mini"), batches=(1, 8), gen=256, block=64,
+            prompt=64, dtype="bfloat16", gemm=8192)
 TINY = dict(models=("random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=4&mlp_hidden_size=128"
                     "&embedding_size=512&vocab_size=512",
                     "random:dream-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
-                    "&num_key_value_heads=2&intermediate_size=128&vocab_size=512"),
+                    "&num_key_value_heads=2&intermediate_size=128&vocab_size=512",
+                    "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
+                    "&num_key_value_heads=2&head_dim=16&rotary_dim=8&intermediate_size=128"
+                    "&moe_intermediate_size=16&num_experts=16&vocab_size=512"),
             batches=(1, 2), gen=16, block=8, prompt=8, dtype="float32", gemm=256)
 
 
@@ -46,8 +51,12 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=450.0, help="skip the runs left after this many seconds")
     p.add_argument("--no-compile", action="store_true", help="leave out the --compile runs")
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--models", help="comma-separated subset of the shape's models, by prefix (e.g. random:llada2-mini)")
     args = p.parse_args(argv)
     shape = TINY if args.tiny else FULL
+    if args.models:
+        wanted = args.models.split(",")
+        shape = {**shape, "models": tuple(m for m in shape["models"] if any(m.startswith(w) for w in wanted))}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,9 +131,10 @@ class FlopCount:
     def __init__(self, lm):
         self.flops = 0.0
         c = lm.config
-        d, kv = c.hidden_size, c.n_kv_heads * c.head_dim
-        self.layer_weights = d * d * 2 + d * kv * 2 + 3 * d * c.intermediate_size
-        self.width, self.head, self.n_layers = c.n_heads * c.head_dim, d * c.vocab_size, c.n_layers
+        d, q, kv = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        # Per layer, the weights each token multiplies: MoE layers count the experts a token runs.
+        self.layer_weights = [2 * d * q + 2 * d * kv + self.mlp_weights(c, layer) for layer in range(c.n_layers)]
+        self.width, self.head, self.n_layers = q, d * c.vocab_size, c.n_layers
         self.model = lm.model
         self._forward = lm.model.forward
         lm.model.forward = self
@@ -134,8 +144,8 @@ class FlopCount:
         keys = ctx.mask.shape[1]
         extra = ctx.extra
         per_layer = [p + extra for p in ctx.plan] if ctx.plan else [n] * self.n_layers
-        for tokens in per_layer:
-            self.flops += 2 * self.layer_weights * R * tokens + 4 * R * tokens * keys * self.width
+        for weights, tokens in zip(self.layer_weights, per_layer):
+            self.flops += 2 * weights * R * tokens + 4 * R * tokens * keys * self.width
         targets = n if ctx.targets is None else ctx.targets.shape[1]
         self.flops += 2 * self.head * R * targets
         return self._forward(ids, ctx)
@@ -143,12 +153,22 @@ class FlopCount:
     def remove(self):
         self.model.forward = self._forward
 
+    @staticmethod
+    def mlp_weights(c, layer: int) -> int:
+        moe = c.moe
+        if moe is None or layer < c.dense_layers:
+            return 3 * c.hidden_size * c.intermediate_size
+        return 3 * c.hidden_size * moe.moe_intermediate_size * moe.active_experts + moe.num_experts * c.hidden_size
+
 
 def run_one(lm, name, method, batch, shape, compiled, peak) -> dict:
     from caidllm.models.compiled import recompiles
 
     device = lm.device
-    config = build_config(method, gen_length=shape["gen"], block_length=shape["block"], early_stop=False)
+    # A block-causal model decodes with its own block length (LLaDA2: 32), a whole number of them.
+    block = lm.config.block_lengths[0] if lm.config.block_lengths else shape["block"]
+    gen = -(-shape["gen"] // block) * block
+    config = build_config(method, gen_length=gen, block_length=block, early_stop=False)
     prompts = [[7 + (i * 13 + j) % 200 for j in range(shape["prompt"] + i)] for i in range(batch)]
     warm = Engine(lm, max_batch=batch)  # warm-up (and, compiled, the compile itself): one prompt's whole decode
     warm.submit(prompts[0], config)
@@ -182,7 +202,7 @@ def run_one(lm, name, method, batch, shape, compiled, peak) -> dict:
     tflops = counter.flops / forward_s / 1e12 if forward_s > 0 else None
     return dict(model=name.split("?")[0] + ("?..." if "?" in name else ""), method=method, batch=batch,
                 compile=compiled, wall_s=round(wall, 4), steps=engine.steps, forwards=engine.forwards,
-                tokens_per_s=round(batch * shape["gen"] / wall, 2), forward_share=round(forward_s / wall, 4),
+                block=block, tokens_per_s=round(batch * gen / wall, 2), forward_share=round(forward_s / wall, 4),
                 engine_overhead_share=round((wall - forward_s - policy_s) / wall, 4),
                 forward_tflops=None if tflops is None else float(f"{tflops:.4g}"),
                 peak_share=None if tflops is None else float(f"{tflops * 1e12 / peak:.4g}"),
@@ -194,16 +214,16 @@ def markdown(report: dict) -> str:
     lines = [f"# GPU check: {report['device']}, torch {report['torch']}", "",
              f"bf16 matmul peak (measured): {report['matmul_peak_tflops']:.1f} TFLOP/s. Random weights: "
              "only speed and memory mean anything. Tokens/s = generated positions per second.", "",
-             "| Model | Compile | Batch | Method | Tokens/s | Fwd TFLOP/s | % of peak | Fwd share | Overhead | "
+             "| Model | Compile | Batch | Method | Block | Tokens/s | Fwd TFLOP/s | % of peak | Fwd share | Overhead | "
              "Peak mem (GB) | Syncs/forward | New graphs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         if "skipped" in r:
             lines.append(f"| {r['model']} | {r['compile']} | {r.get('batch', '-')} | {r.get('method', 'all')} | "
-                         f"skipped: {r['skipped']} | | | | | | | |")
+                         f"| skipped: {r['skipped']} | | | | | | | |")
             continue
         pct = "n/a" if r["peak_share"] is None else f"{100 * r['peak_share']:.1f}%"
-        lines.append(f"| {r['model']} | {r['compile']} | {r['batch']} | {r['method']} | {r['tokens_per_s']} | "
+        lines.append(f"| {r['model']} | {r['compile']} | {r['batch']} | {r['method']} | {r['block']} | {r['tokens_per_s']} | "
                      f"{r['forward_tflops']} | {pct} | {100 * r['forward_share']:.1f}% | "
                      f"{100 * r['engine_overhead_share']:.1f}% | {r['peak_mem_gb']} | {r['syncs_per_forward']} | "
                      f"{r['new_graphs']} |")

@@ -8,7 +8,7 @@ import torch
 
 import caidllm
 from caidllm.errors import InputError, ModelLoadError
-from caidllm.models.config import parse_config
+from caidllm.models.families import parse_config
 
 BLOCK_CAUSAL = {"caidllm_block_causal": True, "caidllm_block_lengths": [4, 8]}
 

@@ -282,7 +282,7 @@ def test_confidence_gating_false_is_read_as_false(copy_of, llada_dir):
 
 
 def test_dream_context_is_its_usable_2048_not_max_position_embeddings(copy_of, dream_dir):
-    from caidllm.models.config import load_config
+    from caidllm.models.families import load_config
 
     path = copy_of(dream_dir)
     edit_json(path / "config.json", max_position_embeddings=131072)  # what the real Dream config.json says

@@ -1,32 +1,19 @@
-"""ModelConfig: one description of a LLaDA or Dream model, parsed from the
-official config.json of either family (their field names differ)."""
+"""ModelConfig: one description of a model, whatever its family; Family: what
+the registry (models/families.py) knows of one family: how to recognise its
+config.json, read it into a ModelConfig, and build its module."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Callable
 
 from ..errors import ModelLoadError
-
-FAMILIES = ("llada", "dream")
-ARCHITECTURES = {"LLaDAModelLM": "llada", "DreamModel": "dream"}
-
-# Decoder defaults per family (DESIGN.md): confidence gating on for LLaDA,
-# off for Dream; cache refresh every 16 steps (LLaDA) / 8 steps (Dream).
-FAMILY_DEFAULTS = {
-    "llada": {"confidence_gating": True, "cache_refresh_every": 16},
-    "dream": {"confidence_gating": False, "cache_refresh_every": 8},
-}
-# Dream's config.json inherits max_position_embeddings = 131072 from Qwen2.5, but
-# the model was trained on about 2048 tokens (REFERENCE.md): longer canvases are
-# accepted only when config.json says so with "caidllm_max_length".
-DREAM_USABLE_CONTEXT = 2048
+from .moe import MoEConfig
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # "llada" | "dream"
+    family: str  # a name of the registry (models/families.py): "llada", "dream", ...
     vocab_size: int  # rows of the embedding / LM head (may exceed the tokenizer)
     hidden_size: int
     n_layers: int
@@ -53,110 +40,24 @@ class ModelConfig:
     # block_lengths: the block lengths the model decodes with (empty: any, for full-sequence models).
     block_causal: bool = False
     block_lengths: tuple[int, ...] = ()
+    # Newer layouts (LLaDA2, SDAR): RoPE on the first rope_dim dimensions of each head only
+    # (0: all of them), an RMSNorm over each head's query and key, and a mixture-of-experts
+    # feed-forward in every layer from dense_layers on (moe: None = dense everywhere).
+    rope_dim: int = 0
+    qk_norm: bool = False
+    moe: MoEConfig | None = None
+    dense_layers: int = 0
 
-
-def detect_family(raw: dict, source: str = "config.json") -> str:
-    for arch in raw.get("architectures") or []:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    model_type = str(raw.get("model_type", "")).lower()
-    if model_type in FAMILIES:
-        return model_type
-    raise ModelLoadError(
-        f"{source}: unknown model architecture (architectures="
-        f"{raw.get('architectures')!r}, model_type={raw.get('model_type')!r}); "
-        f"supported: architectures {sorted(ARCHITECTURES)} or model_type 'llada'/'dream'"
-    )
-
-
-def load_config(path: str | Path) -> ModelConfig:
-    path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"missing config file {path}")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"cannot read {path} as JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object, found {type(raw).__name__}")
-    return parse_config(raw, source=str(path))
-
-
-def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
-    family = detect_family(raw, source)
-    get = _Getter(raw, source)
-    if family == "llada":
-        _check_llada_flags(raw, source)
-        d = get.int("d_model")
-        n_heads = get.int("n_heads")
-        sizes = dict(
-            # The weights are sized by embedding_size when it is set (it pads vocab_size).
-            vocab_size=get.int("embedding_size", None) or get.int("vocab_size"),
-            hidden_size=d,
-            n_layers=get.int("n_layers"),
-            n_heads=n_heads,
-            n_kv_heads=get.int("n_kv_heads", None) or n_heads,
-            intermediate_size=get.int("mlp_hidden_size"),
-            rope_theta=get.float("rope_theta", 10000.0),
-            rms_norm_eps=get.float("rms_norm_eps", 1e-5),
-            max_length=get.int("max_sequence_length"),
-            qkv_bias=bool(raw.get("include_qkv_bias") or raw.get("include_bias")),
-            tie_embeddings=bool(raw.get("weight_tying", False)),
-        )
-    else:
-        if raw.get("rope_scaling"):
-            raise ModelLoadError(f"{source}: rope_scaling={raw['rope_scaling']!r} is not supported (expected null)")
-        if raw.get("use_sliding_window"):
-            raise ModelLoadError(f"{source}: use_sliding_window=true is not supported (expected false)")
-        n_heads = get.int("num_attention_heads")
-        sizes = dict(
-            vocab_size=get.int("vocab_size"),
-            hidden_size=get.int("hidden_size"),
-            n_layers=get.int("num_hidden_layers"),
-            n_heads=n_heads,
-            n_kv_heads=get.int("num_key_value_heads", None) or n_heads,
-            intermediate_size=get.int("intermediate_size"),
-            rope_theta=get.float("rope_theta", 10000.0),
-            rms_norm_eps=get.float("rms_norm_eps", 1e-6),
-            max_length=min(get.int("max_position_embeddings"), DREAM_USABLE_CONTEXT),
-            qkv_bias=True,  # Qwen2 layout: q/k/v always carry biases
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        )
-    d, h, kv = sizes["hidden_size"], sizes["n_heads"], sizes["n_kv_heads"]
-    head_dim = get.int("head_dim", None) or (d // h if h else 0)
-    if h <= 0 or d % h or head_dim * h != d:
-        raise ModelLoadError(f"{source}: hidden size {d} is not divisible into {h} heads")
-    if kv <= 0 or h % kv:
-        raise ModelLoadError(f"{source}: {h} attention heads cannot be grouped over {kv} key/value heads")
-    if head_dim % 2:
-        raise ModelLoadError(f"{source}: head_dim {head_dim} must be even for rotary embeddings")
-
-    sizes["max_length"] = get.int("caidllm_max_length", sizes["max_length"])
-    if sizes["max_length"] < 1:
-        raise ModelLoadError(f"{source}: the model's context length must be positive, got {sizes['max_length']}")
-    eos_id = get.int("eos_token_id")
-    defaults = FAMILY_DEFAULTS[family]
-    return ModelConfig(
-        family=family,
-        head_dim=head_dim,
-        mask_id=get.int("mask_token_id"),
-        eos_id=eos_id,
-        eos_ids=(eos_id,),  # widened with end-of-turn ids once the tokenizer is known
-        pad_id=get.int("pad_token_id", eos_id),
-        bos_id=get.int("bos_token_id", None),
-        confidence_gating=get.bool("caidllm_confidence_gating", defaults["confidence_gating"]),
-        cache_refresh_every=get.int("caidllm_cache_refresh_every", defaults["cache_refresh_every"]),
-        torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
-        raw=raw,
-        **block_diffusion_fields(raw, source),
-        **sizes,
-    )
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates."""
+        return self.rope_dim or self.head_dim
 
 
 def block_diffusion_fields(raw: dict, source: str) -> dict:
     """block_causal / block_lengths of a config that marks a LLaDA-layout model block-causal
     ("caidllm_block_causal": true, "caidllm_block_lengths": [8, 32], as tiny-bd's does)."""
-    block_causal = _Getter(raw, source).bool("caidllm_block_causal", False)
+    block_causal = ConfigFields(raw, source).bool("caidllm_block_causal", False)
     lengths = raw.get("caidllm_block_lengths")
     if lengths is None:
         return dict(block_causal=block_causal, block_lengths=())
@@ -169,26 +70,15 @@ def block_diffusion_fields(raw: dict, source: str) -> dict:
     return dict(block_causal=True, block_lengths=tuple(lengths))
 
 
-def _check_llada_flags(raw: dict, source: str) -> None:
-    # Settings of the LLaDA (OLMo-style) config that this implementation does
-    # not model; reject them instead of computing something silently different.
-    expected = {
-        "block_type": ("llama", None),
-        "activation_type": ("silu", "swiglu", None),
-        "layer_norm_type": ("rms", None),
-        "rope": (True, None),
-        "alibi": (False, None),
-        "attention_layer_norm": (False, None),
-        "input_emb_norm": (False, None),
-        "scale_logits": (False, None),
-    }
-    for key, allowed in expected.items():
-        if raw.get(key) not in allowed:
-            wanted = " or ".join(repr(a) for a in allowed if a is not None)
-            raise ModelLoadError(f"{source}: unsupported LLaDA setting {key}={raw.get(key)!r} (expected {wanted})")
+def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, source: str) -> None:
+    """Grouped-query heads and an even head_dim (RoPE rotates pairs)."""
+    if n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise ModelLoadError(f"{source}: {n_heads} attention heads cannot be grouped over {n_kv_heads} key/value heads")
+    if head_dim <= 0 or head_dim % 2:
+        raise ModelLoadError(f"{source}: head_dim {head_dim} must be even for rotary embeddings")
 
 
-class _Getter:
+class ConfigFields:
     """Reads typed fields, naming the field and file when one is missing or wrong."""
 
     _MISSING = object()
@@ -225,3 +115,28 @@ class _Getter:
 
     def float(self, key, default=_MISSING):
         return self._get(key, default, float)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family of the registry (models/families.py).
+
+    architectures / model_types: the config.json values that name it (model_type compared
+    lower-cased). read_fields(raw, fields, source): the family's own config.json fields as
+    ModelConfig fields (at least the sizes: vocab_size, hidden_size, n_layers, n_heads,
+    n_kv_heads, intermediate_size, rope_theta, rms_norm_eps, max_length, qkv_bias,
+    tie_embeddings; block-diffusion families also block_causal / block_lengths); token ids,
+    head_dim and caidllm's own fields are read the same way for every family.
+    model_class(config): the torch module whose state dict matches the checkpoint's names.
+    confidence_gating / cache_refresh_every: the decoder defaults for the family (DESIGN.md),
+    which config.json may override with caidllm_confidence_gating / caidllm_cache_refresh_every.
+    """
+
+    name: str
+    architectures: tuple[str, ...]
+    model_types: tuple[str, ...]
+    read_fields: Callable[[dict, "ConfigFields", str], dict]
+    model_class: type
+    confidence_gating: bool
+    cache_refresh_every: int
+    description: str = ""

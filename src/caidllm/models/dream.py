@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from ..errors import ModelLoadError
+from .config import ConfigFields, Family, ModelConfig
 from .layers import Context, RMSNorm, default_attention_block, swiglu, swiglu_weights
 
 
@@ -104,3 +105,41 @@ class DreamModel(nn.Module):
         the first real token of a left-padded row, reuse their own)."""
         left_real = mask.gather(1, (targets - 1).clamp(min=0)) & (targets > 0)
         return torch.where(left_real, targets - 1, targets)
+
+
+# ---- config.json -------------------------------------------------------------
+
+# Dream's config.json inherits max_position_embeddings = 131072 from Qwen2.5, but the model
+# was trained on about 2048 tokens (REFERENCE.md): longer canvases are accepted only when
+# config.json says so with "caidllm_max_length".
+DREAM_USABLE_CONTEXT = 2048
+
+
+def read_dream_fields(raw: dict, get: ConfigFields, source: str) -> dict:
+    """The ModelConfig sizes of a Dream config.json (Qwen2 field names)."""
+    if raw.get("rope_scaling"):
+        raise ModelLoadError(f"{source}: rope_scaling={raw['rope_scaling']!r} is not supported (expected null)")
+    if raw.get("use_sliding_window"):
+        raise ModelLoadError(f"{source}: use_sliding_window=true is not supported (expected false)")
+    n_heads = get.int("num_attention_heads")
+    return dict(
+        vocab_size=get.int("vocab_size"),
+        hidden_size=get.int("hidden_size"),
+        n_layers=get.int("num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=get.int("num_key_value_heads", None) or n_heads,
+        intermediate_size=get.int("intermediate_size"),
+        rope_theta=get.float("rope_theta", 10000.0),
+        rms_norm_eps=get.float("rms_norm_eps", 1e-6),
+        max_length=min(get.int("max_position_embeddings"), DREAM_USABLE_CONTEXT),
+        qkv_bias=True,  # Qwen2 layout: q/k/v always carry biases
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+    )
+
+
+# Confidence gating off, cache refresh every 8 steps (DESIGN.md).
+DREAM = Family(
+    name="dream", architectures=("DreamModel",), model_types=("dream",), read_fields=read_dream_fields,
+    model_class=DreamModel, confidence_gating=False, cache_refresh_every=8,
+    description="Dream (Dream-org): Qwen2-shaped bidirectional transformer, shifted logits",
+)

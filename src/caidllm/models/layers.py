@@ -70,7 +70,8 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [R, 1, n, head_dim] in fp32 for positions [R, n]."""
+    """cos, sin of shape [R, 1, n, head_dim] in fp32 for positions [R, n] (head_dim: the
+    dimensions rotated, fewer than a head's with partial rotary embeddings)."""
     exponent = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     inv_freq = 1.0 / (theta**exponent)
     freqs = positions.float()[..., None] * inv_freq  # [R, n, hd/2]
@@ -85,6 +86,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool) -> torch.Tensor:
     # LLaDA rotates in fp32 and casts back; Dream casts cos/sin to the model dtype first.
+    rotated = cos.shape[-1]
+    if rotated < x.shape[-1]:  # partial rotary (LLaDA2): the last dimensions pass through unrotated
+        return torch.cat([apply_rope(x[..., :rotated], cos, sin, fp32), x[..., rotated:]], dim=-1)
     if fp32:
         x32 = x.float()
         return (x32 * cos + _rotate_half(x32) * sin).to(x.dtype)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import ModelConfig
+from ..errors import ModelLoadError
+from .config import ConfigFields, Family, ModelConfig
 from .layers import Context, RMSNorm, default_attention_block, swiglu, swiglu_weights
 
 
@@ -73,3 +74,55 @@ class LLaDAModel(nn.Module):
             x = x.gather(1, offsets[..., None].expand(-1, -1, x.shape[-1]))
         head = t.wte.weight if self.cfg.tie_embeddings else t.ff_out.weight
         return nn.functional.linear(t.ln_f(x), head).float()
+
+
+# ---- config.json -------------------------------------------------------------
+
+# Settings of the LLaDA (OLMo-style) config.json that this implementation does not
+# model, with the values it does: anything else is refused rather than computed differently.
+LLADA_SUPPORTED_SETTINGS = {
+    "block_type": ("llama", None),
+    "activation_type": ("silu", "swiglu", None),
+    "layer_norm_type": ("rms", None),
+    "rope": (True, None),
+    "alibi": (False, None),
+    "attention_layer_norm": (False, None),
+    "input_emb_norm": (False, None),
+    "scale_logits": (False, None),
+}
+
+
+def read_llada_fields(raw: dict, get: ConfigFields, source: str) -> dict:
+    """The ModelConfig sizes of a LLaDA config.json (OLMo field names)."""
+    check_settings(raw, source, LLADA_SUPPORTED_SETTINGS, "LLaDA")
+    n_heads = get.int("n_heads")
+    return dict(
+        # The weights are sized by embedding_size when it is set (it pads vocab_size).
+        vocab_size=get.int("embedding_size", None) or get.int("vocab_size"),
+        hidden_size=get.int("d_model"),
+        n_layers=get.int("n_layers"),
+        n_heads=n_heads,
+        n_kv_heads=get.int("n_kv_heads", None) or n_heads,
+        intermediate_size=get.int("mlp_hidden_size"),
+        rope_theta=get.float("rope_theta", 10000.0),
+        rms_norm_eps=get.float("rms_norm_eps", 1e-5),
+        max_length=get.int("max_sequence_length"),
+        qkv_bias=bool(raw.get("include_qkv_bias") or raw.get("include_bias")),
+        tie_embeddings=bool(raw.get("weight_tying", False)),
+    )
+
+
+def check_settings(raw: dict, source: str, supported: dict, family: str) -> None:
+    """Refuse a config.json setting outside `supported` (key -> allowed values, None = absent)."""
+    for key, allowed in supported.items():
+        if raw.get(key) not in allowed:
+            wanted = " or ".join(repr(a) for a in allowed if a is not None)
+            raise ModelLoadError(f"{source}: unsupported {family} setting {key}={raw.get(key)!r} (expected {wanted})")
+
+
+# Confidence gating on, cache refresh every 16 steps (DESIGN.md).
+LLADA = Family(
+    name="llada", architectures=("LLaDAModelLM",), model_types=("llada",), read_fields=read_llada_fields,
+    model_class=LLaDAModel, confidence_gating=True, cache_refresh_every=16,
+    description="LLaDA (GSAI-ML): LLaMA-shaped bidirectional transformer, OLMo-style config.json",
+)

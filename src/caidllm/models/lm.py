@@ -135,7 +135,7 @@ class DiffusionLM:
         c = self.config
         plan = keep_counts(skip.schedule, c.n_layers, length) if mode == "es" else None
         start_t = to_device(starts, self.device)
-        ctx = Context.build(mask_r, pos_r, c.head_dim, c.rope_theta, mode=mode, starts=start_t, block_length=length,
+        ctx = Context.build(mask_r, pos_r, c.rotary_dim, c.rope_theta, mode=mode, starts=start_t, block_length=length,
                             extra=extra, rows=rows, cache=cache, skip=skip, plan=plan, real_from=real_from,
                             start_list=starts, attention_block=attention_block or default_attention_block(c))
         if ctx.index is not None:

@@ -12,21 +12,19 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelLoadError
-from .config import ModelConfig, load_config
-from .dream import DreamModel
-from .llada import LLaDAModel
+from .config import ModelConfig
+from .families import get_family, load_config
 from .lm import DiffusionLM
 from .random_init import build_random, is_random_name
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd"}  # tiny-bd: block-causal (block diffusion)
-MODEL_CLASSES = {"llada": LLaDAModel, "dream": DreamModel}
 DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
 }
-END_OF_TURN = ("<|eot_id|>", "<|im_end|>")
+END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaMA-3, ChatML (Qwen, SDAR), LLaDA2
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "additional_special_tokens")
 
 
@@ -198,7 +196,7 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
     from safetensors import safe_open
 
     with torch.device("meta"):
-        model = MODEL_CLASSES[config.family](config)
+        model = get_family(config.family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     where = weight_files(folder)
     found = _check_weights(where, expected, config)

@@ -1,5 +1,7 @@
 """Random-weight models of the official shapes, by name: ``random:llada-8b``,
-``random:dream-7b``, with config.json fields overridden by a query string:
+``random:dream-7b``, ``random:llada2-mini``, ``random:llada2-flash``, ``random:sdar-1.7b``,
+``random:sdar-8b``, ``random:sdar-30b-a3b`` (block_random.py), with config.json fields
+overridden by a query string:
 
     caidllm.load("random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816")
 
@@ -23,8 +25,10 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
-from .config import parse_config
+from . import block_random
+from .families import get_family, parse_config
 from .layers import RMSNorm
+from .moe import Router
 
 PREFIX = "random:"
 
@@ -48,6 +52,8 @@ OFFICIAL = {
     },
 }
 FAMILY = {"llada-8b": "llada", "dream-7b": "dream"}
+OFFICIAL.update(block_random.OFFICIAL)  # llada2-mini, llada2-flash, sdar-1.7b, sdar-8b, sdar-30b-a3b
+FAMILY.update(block_random.FAMILY)
 TOKEN_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
 
 
@@ -104,11 +110,12 @@ def _typed(name: str, key: str, text: str, official):
 def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
     """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
     from .lm import DiffusionLM
-    from .loading import MODEL_CLASSES, check_device_dtype, resolve_dtype
+    from .loading import check_device_dtype, resolve_dtype
     from .testing import generated_tokenizer
 
     family, raw = random_raw_config(name)
-    tokenizer, ids = generated_tokenizer(family, max_length=_max_length(raw))
+    make_tokenizer = block_random.generated_tokenizer if family in block_random.TOKENIZERS else generated_tokenizer
+    tokenizer, ids = make_tokenizer(family, max_length=_max_length(raw))
     raw.update(ids)
     config = parse_config(raw, source=name)
     if config.vocab_size < len(tokenizer):
@@ -119,7 +126,7 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
         check_device_dtype(device, dtype)
     config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *_end_of_turn(tokenizer)])))
     with torch.device("meta"):
-        model = MODEL_CLASSES[family](config)
+        model = get_family(config.family).model_class(config)
     model = model.to(dtype)
     if device.type != "meta":
         model = model.to_empty(device=device)
@@ -154,6 +161,10 @@ def initialise(model: nn.Module, generator: torch.Generator) -> None:
                 module.bias.normal_(0.0, 0.02, generator=generator)
         elif isinstance(module, RMSNorm):
             module.weight.normal_(1.0, 0.1, generator=generator)
+        elif isinstance(module, Router):  # MoE gate: logits of order 1, a small score bias
+            module.weight.normal_(0.0, module.weight.shape[1] ** -0.5, generator=generator)
+            if module.expert_bias is not None:
+                module.expert_bias.normal_(0.0, 0.01, generator=generator)
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from caidllm.errors import InputError
-from caidllm.models.config import parse_config
+from caidllm.models.families import parse_config
 from caidllm.models.llada import LLaDAModel
 from caidllm.models.lm import DiffusionLM
 from caidllm.models.loading import load_tokenizer, resolve_folder

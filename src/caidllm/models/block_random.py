@@ -1,0 +1,92 @@
+"""The official shapes of the block-diffusion families for ``random:`` models
+(random_init.py), and the small generated tokenizers that stand in for their real ones.
+
+Shapes (config.json fields; sources in docs/block-diffusion-models.md):
+- llada2-mini / llada2-flash: inclusionAI's LLaDA2.0-mini / -flash config.json
+  (LLaDA2.1 has the same shapes);
+- sdar-1.7b: JetLM/SDAR-1.7B-Chat's config.json; sdar-8b and sdar-30b-a3b: the Qwen3-8B
+  and Qwen3-30B-A3B shapes SDAR-8B-Chat and SDAR-30B-A3B-Chat were trained from, with
+  SDAR's block_size and mask token.
+"""
+
+from __future__ import annotations
+
+_LLADA2 = {
+    "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe", "hidden_act": "silu", "head_dim": 128,
+    "first_k_dense_replace": 1, "max_position_embeddings": 16384, "n_group": 8, "norm_head": False,
+    "norm_topk_prob": True, "num_experts": 256, "num_experts_per_tok": 8, "num_key_value_heads": 4,
+    "num_shared_experts": 1, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-6, "rope_scaling": None,
+    "rope_theta": 600000.0, "rotary_dim": 64, "routed_scaling_factor": 2.5, "moe_router_enable_expert_bias": True,
+    "router_dtype": "fp32", "score_function": "sigmoid", "tie_word_embeddings": False, "topk_group": 4,
+    "torch_dtype": "bfloat16", "use_bias": False, "use_qk_norm": True, "use_qkv_bias": False,
+    "use_sliding_window": False, "vocab_size": 157184,
+}
+_SDAR = {
+    "architectures": ["SDARForCausalLM"], "model_type": "sdar", "attention_bias": False, "block_size": 4,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+    "rope_scaling": None, "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+
+OFFICIAL = {
+    "llada2-mini": {**_LLADA2, "hidden_size": 2048, "intermediate_size": 5120, "moe_intermediate_size": 512,
+                    "num_attention_heads": 16, "num_hidden_layers": 20},
+    "llada2-flash": {**_LLADA2, "hidden_size": 4096, "intermediate_size": 9216, "moe_intermediate_size": 1024,
+                     "num_attention_heads": 32, "num_hidden_layers": 32},
+    "sdar-1.7b": {**_SDAR, "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 16,
+                  "num_hidden_layers": 28, "num_key_value_heads": 8},
+    "sdar-8b": {**_SDAR, "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
+                "num_hidden_layers": 36, "num_key_value_heads": 8},
+    "sdar-30b-a3b": {**_SDAR, "architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe",
+                     "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                     "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 4,
+                     "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+                     "decoder_sparse_step": 1, "mlp_only_layers": []},
+}
+FAMILY = {name: ("llada2" if name.startswith("llada2") else "sdar") for name in OFFICIAL}
+
+# The generated tokenizers: the families' special tokens (their official spellings) and a chat
+# template of the same layout as the official one (the real template comes with a checkpoint).
+LLADA2_TEMPLATE = (
+    "{% for message in messages %}{% set role = 'HUMAN' if message['role'] == 'user' else message['role'] | upper %}"
+    "<role>{{ role }}</role>{{ message['content'] }}<|role_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}"
+)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOKENIZERS = {
+    "llada2": dict(specials=["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
+                   template=LLADA2_TEMPLATE, eos="<|endoftext|>", mask="<|mask|>", bos=None),
+    "sdar": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"],
+                 template=CHATML_TEMPLATE, eos="<|endoftext|>", mask="<|MASK|>", bos="<|endoftext|>"),
+}
+
+
+def tokenizer_files(family: str, max_length: int) -> tuple[dict, dict]:
+    """(tokenizer_config.json dict, config.json token-id fields) of `family`'s generated
+    tokenizer, whose special tokens take ids 0, 1, ... in the order of TOKENIZERS."""
+    spec = TOKENIZERS[family]
+    ids = {t: i for i, t in enumerate(spec["specials"])}
+    tok_config = {
+        "bos_token": spec["bos"], "eos_token": spec["eos"], "pad_token": spec["eos"], "mask_token": spec["mask"],
+        "additional_special_tokens": [t for t in spec["specials"] if t not in (spec["eos"], spec["mask"])],
+        "chat_template": spec["template"], "clean_up_tokenization_spaces": False, "model_max_length": max_length,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    fields = {"mask_token_id": ids[spec["mask"]], "eos_token_id": ids[spec["eos"]], "pad_token_id": ids[spec["eos"]]}
+    if spec["bos"] is not None:
+        fields["bos_token_id"] = ids[spec["bos"]]
+    return tok_config, fields
+
+
+def generated_tokenizer(family: str, max_length: int):
+    """A PreTrainedTokenizerFast for a random `family` model, and its config.json token-id fields."""
+    from .loading import fast_tokenizer
+    from .testing import build_tokenizer
+
+    tok_config, fields = tokenizer_files(family, max_length)
+    tokenizer = fast_tokenizer(tok_config, tok_config["chat_template"],
+                               tokenizer_object=build_tokenizer(TOKENIZERS[family]["specials"]))
+    return tokenizer, fields

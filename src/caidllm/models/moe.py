@@ -1,0 +1,228 @@
+"""Mixture-of-experts feed-forward layer, its routing given by configuration.
+
+One module serves every MoE family caidllm knows:
+- LLaDA2.0 / LLaDA2.1 (inclusionAI): sigmoid scores, an expert score bias used for the
+  choice only, group-limited top-k (n_group / topk_group, a group scored by the sum of
+  its two best experts), normalised top-k weights, a routed scaling factor, one shared expert;
+- LLaDA-MoE-7B-A1B (OLMoE layout): softmax over 64 experts, top-8, weights not normalised;
+- SDAR-30B-A3B (Qwen3-MoE layout): softmax over 128 experts, top-8, weights normalised.
+
+Routing works on the whole batch of tokens at once; the experts then run one after the
+other on the tokens routed to them (a loop over experts, never over tokens). Parameter
+names follow the official checkpoints: ``gate.weight`` [experts, hidden] (and
+``gate.expert_bias`` [experts] where the config has one), ``experts.{e}.{gate,up,down}_proj``
+and ``shared_experts.{gate,up,down}_proj``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+from .layers import swiglu, swiglu_weights
+
+# Score functions by their config.json name (LLaDA2's "score_function").
+SCORE_FUNCTIONS = {
+    "softmax": lambda logits: logits.softmax(dim=-1),
+    "sigmoid": torch.sigmoid,
+}
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sizes and routing of one MoE layer; field names are the official config.json ones.
+
+    num_experts_per_tok experts are chosen per token among num_experts. With n_group > 1
+    the experts form n_group equal groups, each scored by the sum of its ``group_top``
+    best scores, and only the topk_group best groups are eligible (DeepSeek-V3 / LLaDA2).
+    The expert bias (moe_router_enable_expert_bias) is added to the scores for the choice
+    only; the weights come from the unbiased scores, normalised to sum 1 when
+    norm_topk_prob, then multiplied by routed_scaling_factor. num_shared_experts > 0 adds
+    one SwiGLU of that many times moe_intermediate_size, applied to every token.
+    """
+
+    hidden_size: int
+    moe_intermediate_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    score_function: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    group_top: int = 2
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+    expert_bias: bool = False
+    num_shared_experts: int = 0
+    # Router logits from fp32 inputs and weights (LLaDA2's router_dtype "fp32"); else in the model dtype.
+    router_fp32: bool = True
+
+    def __post_init__(self):
+        if self.score_function not in SCORE_FUNCTIONS:
+            raise ModelLoadError(f"MoE routing: unknown score_function={self.score_function!r}; "
+                                 f"expected one of {sorted(SCORE_FUNCTIONS)}")
+        for name in ("hidden_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
+                     "n_group", "topk_group", "group_top"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelLoadError(f"MoE routing: {name}={value!r} must be a positive integer")
+        if isinstance(self.num_shared_experts, bool) or not isinstance(self.num_shared_experts, int) \
+                or self.num_shared_experts < 0:
+            raise ModelLoadError(f"MoE routing: num_shared_experts={self.num_shared_experts!r} "
+                                 "must be a non-negative integer")
+        if self.num_experts % self.n_group:
+            raise ModelLoadError(f"MoE routing: num_experts={self.num_experts} is not divisible "
+                                 f"into n_group={self.n_group} groups")
+        if self.topk_group > self.n_group:
+            raise ModelLoadError(f"MoE routing: topk_group={self.topk_group} exceeds n_group={self.n_group}")
+        per_group = self.num_experts // self.n_group
+        if self.n_group > 1 and self.group_top > per_group:
+            raise ModelLoadError(f"MoE routing: group_top={self.group_top} exceeds the {per_group} experts "
+                                 "of a group")
+        if self.num_experts_per_tok > self.topk_group * per_group:
+            raise ModelLoadError(
+                f"MoE routing: num_experts_per_tok={self.num_experts_per_tok} exceeds the "
+                f"{self.topk_group * per_group} experts eligible (topk_group={self.topk_group} groups "
+                f"of {per_group})")
+        scale = self.routed_scaling_factor
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ModelLoadError(f"MoE routing: routed_scaling_factor={scale!r} must be a positive number")
+
+    @property
+    def active_experts(self) -> int:
+        """Expert SwiGLUs that run per token (routed and shared)."""
+        return self.num_experts_per_tok + (1 if self.num_shared_experts else 0)
+
+
+def route(logits: torch.Tensor, config: MoEConfig, bias: torch.Tensor | None = None):
+    """Chosen experts and their weights for router logits [T, E] (fp32 recommended).
+
+    Returns (experts [T, k] long, weights [T, k] in the logits' dtype)."""
+    scores = SCORE_FUNCTIONS[config.score_function](logits)
+    for_choice = scores if bias is None else scores + bias
+    if config.n_group > 1:
+        for_choice = _eligible_groups_only(for_choice, config)
+    experts = for_choice.topk(config.num_experts_per_tok, dim=-1).indices
+    weights = scores.gather(1, experts)
+    if config.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)  # 1e-20: a zero sum stays finite
+    return experts, weights * config.routed_scaling_factor
+
+
+def _eligible_groups_only(scores: torch.Tensor, config: MoEConfig) -> torch.Tensor:
+    """scores with every expert outside each token's topk_group best groups set to -inf."""
+    tokens = scores.shape[0]
+    grouped = scores.view(tokens, config.n_group, -1)
+    group_scores = grouped.topk(config.group_top, dim=-1).values.sum(dim=-1)  # [T, n_group]
+    best = group_scores.topk(config.topk_group, dim=-1, sorted=False).indices
+    eligible = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    return grouped.masked_fill(~eligible[..., None], float("-inf")).view(tokens, -1)
+
+
+class Router(nn.Module):
+    """The gate: one logit per expert (``weight`` [experts, hidden]) and, where the config
+    has one, the score bias that steers the choice (``expert_bias`` [experts], a buffer
+    saved in the checkpoint)."""
+
+    def __init__(self, config: MoEConfig):
+        super().__init__()
+        self.config = config
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+        if config.expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(config.num_experts))
+        else:
+            self.expert_bias = None
+
+    def forward(self, x: torch.Tensor):
+        """x [T, hidden] -> (experts [T, k], weights [T, k] fp32 when router_fp32)."""
+        if self.config.router_fp32:
+            logits = nn.functional.linear(x.float(), self.weight.float())
+        else:
+            logits = nn.functional.linear(x, self.weight).float()
+        return route(logits, self.config, self.expert_bias)
+
+
+class Projection(nn.Linear):
+    """A bias-free Linear left uninitialised: its weights are always loaded or drawn afterwards
+    (loading.py, random_init.py), and an MoE model has tens of thousands of them (LLaDA2.0-flash:
+    23,808), whose default initialisation would dominate building the model."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class ExpertMLP(nn.Module):
+    """One SwiGLU expert: down(silu(gate(x)) * up(x)), no biases."""
+
+    mlp_kernel = staticmethod(swiglu_weights)
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = Projection(hidden_size, intermediate_size)
+        self.up_proj = Projection(hidden_size, intermediate_size)
+        self.down_proj = Projection(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj, self.mlp_kernel)
+
+
+class MoEFeedForward(nn.Module):
+    """Routed experts (plus shared experts) in place of a dense feed-forward layer.
+
+    forward(x [..., hidden]) -> [..., hidden] in x's dtype. The routed outputs are
+    weighted and summed in fp32, then cast back (as LLaDA2's official forward does)."""
+
+    def __init__(self, config: MoEConfig):
+        super().__init__()
+        self.config = config
+        self.gate = Router(config)
+        self.experts = nn.ModuleList(ExpertMLP(config.hidden_size, config.moe_intermediate_size)
+                                     for _ in range(config.num_experts))
+        self.shared_experts = None
+        if config.num_shared_experts:
+            self.shared_experts = ExpertMLP(config.hidden_size,
+                                            config.moe_intermediate_size * config.num_shared_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        experts, weights = self.gate(flat)
+        out = self.run_experts(flat, experts, weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view(shape)
+
+    def run_experts(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for every token t, [T, hidden].
+
+        The (token, choice) pairs are sorted by expert so each expert runs once on a
+        contiguous slice of its tokens; one host sync reads how many each expert got."""
+        tokens, k = experts.shape
+        pairs = experts.reshape(-1)
+        order = pairs.argsort(stable=True)
+        counts = torch.bincount(pairs, minlength=self.config.num_experts).tolist()
+        routed_inputs = x[order // k]
+        routed_outputs = torch.empty_like(routed_inputs)
+        start = 0
+        for expert, count in zip(self.experts, counts):
+            if count:
+                routed_outputs[start:start + count] = expert(routed_inputs[start:start + count])
+                start += count
+        per_pair = torch.empty_like(routed_outputs)
+        per_pair[order] = routed_outputs
+        mixed = (per_pair.view(tokens, k, -1).float() * weights.float()[..., None]).sum(dim=1)
+        return mixed.to(x.dtype)
+
+
+def expert_parameter_counts(config: MoEConfig) -> tuple[int, int]:
+    """(all parameters, parameters active per token) of one MoE layer (the bias buffer excluded)."""
+    expert = 3 * config.hidden_size * config.moe_intermediate_size
+    router = config.num_experts * config.hidden_size
+    shared = expert * config.num_shared_experts
+    return router + expert * config.num_experts + shared, router + expert * config.num_experts_per_tok + shared
