@@ -174,6 +174,16 @@ class Context:
         return ctx
 
     @classmethod
+    def explicit(cls, positions: torch.Tensor, attention: torch.Tensor, head_dim: int, theta: float) -> "Context":
+        """Every position of the input, no cache, each with its own RoPE position and an
+        explicit mask: ``attention`` [R, n, n] bool, True where query i may see key j.
+        Block-diffusion training uses it: the noisy and the clean copy of a sequence side
+        by side (2L tokens, the same positions twice, train/block_diffusion.py)."""
+        ctx = cls.build(torch.ones_like(positions, dtype=torch.bool), positions, head_dim, theta)
+        ctx.key_mask = attention[:, None]
+        return ctx
+
+    @classmethod
     def build(cls, mask, positions, head_dim, theta, *, mode="full", starts=None, block_length=None, extra=0,
               rows=None, cache=None, skip=None, plan=None, real_from=None, start_list=None,
               attention_block=None):
