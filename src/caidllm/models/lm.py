@@ -28,7 +28,8 @@ class DiffusionLM:
     aligned to positions, `new_cache`, chat encoding and decoding; `generate` is the decoders'
     (registered by caidllm.decode)."""
 
-    def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None):
+    def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None,
+                 quantization: str | None = None, quantized_head: bool = False):
         self.model = model
         self.config = config
         self.tokenizer = tokenizer
@@ -37,6 +38,10 @@ class DiffusionLM:
         self.path = Path(path) if path is not None else None
         self.random_weights = False  # built by random_init.py: speed and memory only, the text means nothing
         self.compiled = False  # set by compiled.enable_compile
+        # torchao quantized linear layers (models/quantize.py): "int8", "int8-dynamic", "int4", "fp8" or None;
+        # self.dtype stays the activations' (and embeddings', norms', cache's) dtype
+        self.quantization = quantization
+        self.quantized_head = quantized_head
         self.name = str(path) if path is not None else None  # what it was loaded by (folder, hub id, random:...)
         self.checkpoint = None  # the known public checkpoint it is (models/checkpoints.py), if any
 
@@ -52,7 +57,7 @@ class DiffusionLM:
         c = self.config
         return (
             f"DiffusionLM({c.family}, layers={c.n_layers}, d={c.hidden_size}, vocab={c.vocab_size}, "
-            f"device={self.device}, dtype={self.dtype}, path={self.path})"
+            f"device={self.device}, dtype={self.dtype}, quantization={self.quantization}, path={self.path})"
         )
 
     # ---- forward passes -------------------------------------------------
