@@ -36,6 +36,7 @@ import uuid
 from typing import Iterator
 
 from caidllm.checks import is_id_list
+from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
@@ -134,6 +135,7 @@ class Engine:
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
         config = copy.deepcopy(config).validate()  # the request's own: a caller's later edit cannot reach it
+        config = fit_to_model(config, self.lm.config)  # a setting the model's family does not take is refused
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         return self._new_request(request_id, prompt, config)
@@ -184,7 +186,7 @@ class Engine:
         for row in rows:
             request = row.request
             event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
-                                   self.lm.config.eos_id, self.lm.device)
+                                   self.lm.config.eos_id, self.lm.device, row.edits)
             if event.finished:
                 event.result = request.result(self.lm, self.runner.policy_timer.total())
             events.append(event)
@@ -209,7 +211,7 @@ class Engine:
         policy, state_names = make_policy(config, gating)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
-                       policy_key(config, gating), generator)
+                       policy_key(config, gating), generator, block_causal=lm.config.block_causal)
 
     def _check_family(self, config: DecodeConfig) -> None:
         refusal = family_refusal(self.lm, config)
@@ -223,8 +225,10 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
             raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
-        if len(prompt_ids) + config.gen_length > c.max_length:
+        span = Layout.of(len(prompt_ids), config, c.block_causal).span
+        if len(prompt_ids) + span > c.max_length:
+            laid = "" if span == config.gen_length else f", laid out to the end of its last block: {span}"
             raise InputError(
-                f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}) = "
-                f"{len(prompt_ids) + config.gen_length} exceeds the model's context of {c.max_length} tokens")
+                f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}{laid}) = "
+                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens")
         return list(prompt_ids)

@@ -85,6 +85,9 @@ def _dkv_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int
         block_start, block_end = r.block_bounds
         block_at.append([where.get(p, 0) for p in range(block_start, block_end)])
     return {"columns": to_device(columns, masked.device), "block_at": to_device(block_at, masked.device)}
+def _fold_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int]) -> dict:
+    # The scheduler groups rows by their fold (Request.fold): every member has the same.
+    return {"fold": members[0].fold()}
 
 
 FORWARD_PLANS: dict[ForwardMode, ForwardPlan] = {
@@ -95,6 +98,9 @@ FORWARD_PLANS: dict[ForwardMode, ForwardPlan] = {
     ForwardMode.DKV: ForwardPlan(group_key=_dkv_key, inputs=_dkv_inputs),
     # WINO's verify forward (models/shadow.py): each row alone, with a shadow copy of its block.
     ForwardMode.VERIFY: ForwardPlan(shadow=True),
+    # Block diffusion's exact cache (decode/block_diffusion.py): the block, after a completed block the
+    # previous one too (its final keys/values written once).
+    ForwardMode.BLOCK: ForwardPlan(inputs=_fold_inputs),
 }
 
 
@@ -109,6 +115,8 @@ class CacheMode:
     # Steps at a block's start that are refreshes (dKV-Cache refreshes at its first two: at the first,
     # the block's tokens are all masks; at the second, the first step's commits get their K/V).
     refreshes_at_start: int = 1
+    # Exact (block-causal models): never refreshed; a full forward only as the request's first.
+    exact: bool = False
 
     @property
     def uses_cache(self) -> bool:
@@ -121,4 +129,5 @@ CACHE_MODES: dict[str, CacheMode] = {
     "dual": CacheMode(ForwardMode.DUAL),
     "es": CacheMode(ForwardMode.ES, early_skipping=True),  # the dual cache with ES-dLLM early skipping
     "dkv": CacheMode(ForwardMode.DKV, refreshes_at_start=2),  # dKV-Cache-Decode (refresh every f: 8 in its preset)
+    "block": CacheMode(ForwardMode.BLOCK, exact=True),  # block-causal models' exact cache
 }

@@ -18,6 +18,7 @@ class ForwardMode(str, Enum):
     ES = "es"  # dual with early skipping of unimportant block positions past layer-group boundaries
     DKV = "dkv"  # dKV-Cache: the still-masked and just-decoded columns only; every other column's K/V cached
     VERIFY = "verify"  # WINO: the whole canvas plus a shadow copy of the block that verifies it (no cache)
+    BLOCK = "block"  # block-causal models' exact cache: the block (and a just-completed one, folded) only
 
     def __str__(self) -> str:
         return self.value
