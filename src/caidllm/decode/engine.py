@@ -135,6 +135,7 @@ class Engine:
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
         config = copy.deepcopy(config).validate()  # the request's own: a caller's later edit cannot reach it
+        self._check_family(config)  # a decoder whose forward the family lacks, before the family's defaults apply
         config = fit_to_model(config, self.lm.config)  # a setting the model's family does not take is refused
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
@@ -205,7 +206,6 @@ class Engine:
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
-        self._check_family(config)
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
         refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
         policy, state_names = make_policy(config, gating)
