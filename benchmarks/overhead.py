@@ -2,7 +2,7 @@
 overhead = wall - forwards - policy (BENCHMARKS.md, "Engine overhead"). It needs no feature of
 the tree it measures beyond generate(), so the same script times an older commit too
 (PYTHONPATH=OLD/src). Random prompts; pass a model folder (a random checkpoint of the wanted shape,
-caidllm.models.testing.write_random_checkpoint) so both trees load the same weights.
+tests/helpers/checkpoints.py: write_random_checkpoint) so both trees load the same weights.
 
     python benchmarks/overhead.py MODEL_DIR vanilla,fastdllm,cai 32    # methods, total steps
 """
@@ -24,7 +24,7 @@ for m in methods:
     lm.generate(prompts[:2], **{**kw, "gen_length": 64, "steps": None if steps is None else 16})  # warm-up
     fwd["s"] = 0.0
     t = time.perf_counter(); rs = lm.generate(prompts, **kw); wall = time.perf_counter() - t
-    pol = rs[0].controller_s
+    pol = getattr(rs[0], "policy_s", None) or rs[0].controller_s  # controller_s: trees before the rename
     rows.append(dict(method=m, wall=wall, fwd=fwd["s"] / wall, policy=pol / wall, overhead=(wall - fwd["s"] - pol) / wall,
                      nfe=sum(r.nfe for r in rs) / len(rs)))
     print(json.dumps(rows[-1]), flush=True)

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from caidllm.models.block_random import OFFICIAL, TOKENIZERS, tokenizer_files
-from caidllm.models.testing import build_tokenizer
+from caidllm.models.generated_tokenizer import build_tokenizer
 
 SMALL = {
     "llada2": {**OFFICIAL["llada2-mini"], "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,

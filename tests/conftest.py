@@ -1,5 +1,5 @@
 """Shared fixtures: tiny random checkpoints in the official LLaDA / Dream
-layout (caidllm.models.testing), written once per session, and fp32 CPU
+layout (tests/helpers/checkpoints.py), written once per session, and fp32 CPU
 models loaded from them."""
 
 import os
@@ -12,7 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 import caidllm
-from caidllm.models.testing import write_random_checkpoint
+from helpers.checkpoints import write_random_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ DATA = Path(__file__).parent / "data"
 BENCH = DATA / "bench"
 SMALL = ["--gen-length", "16", "--block-length", "8", "--batch-size", "2", "--no-progress"]
 REQUIRED = {"task", "method", "n", "accuracy", "stderr", "nfe_mean", "steps_per_block", "wall_s", "tps_positions",
-            "tps_answer", "speedup", "peak_mem_mb", "energy_j", "controller_share"}
+            "tps_answer", "speedup", "peak_mem_mb", "energy_j", "policy_share"}
 
 
 def _bench(*args):
@@ -39,7 +39,7 @@ def test_two_methods_write_results_table_plots_and_samples(llada_dir, tmp_path, 
         assert row["n"] == 3 and 0.0 <= row["accuracy"] <= 1.0 and row["errors"] == 0
         assert row["nfe_mean"] >= 1 and len(row["steps_per_block"]) == 2
         assert row["wall_s"] > 0 and row["tps_positions"] > 0 and row["tps_answer"] >= 0
-        assert row["peak_mem_mb"] > 0 and 0.0 <= row["controller_share"] <= 1.0
+        assert row["peak_mem_mb"] > 0 and 0.0 <= row["policy_share"] <= 1.0
         assert row["energy_j"] is None or row["energy_j"] >= 0
         lines = (out / row["samples"]).read_text().splitlines()
         assert len(lines) == 3

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import caidllm
-from caidllm.serve.app import ServeSettings, create_app
+from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
 
@@ -34,7 +34,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 def server():
     lm = caidllm.load("tiny", device="cpu", dtype="float32")
     defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=512)
-    with LocalServer(create_app(lm, ServeSettings(defaults=defaults))) as s:
+    with LocalServer(create_app(lm, ServerConfig(defaults=defaults))) as s:
         yield s
 
 

@@ -81,8 +81,28 @@ def test_unsupported_llada_setting(copy_of, llada_dir):
 
 def test_missing_config_field(copy_of, dream_dir):
     path = copy_of(dream_dir)
+    edit_json(path / "config.json", num_attention_heads=None)
+    with pytest.raises(ModelLoadError, match="missing required field 'num_attention_heads'"):
+        caidllm.load(path)
+
+
+def test_mask_id_from_the_tokenizer_when_config_has_none(copy_of, dream_dir, llada_dir):
+    path = copy_of(dream_dir)
+    official = caidllm.load(dream_dir, device="cpu", dtype="float32").config.mask_id
+    edit_json(path / "config.json", mask_token_id=None)  # tokenizer_config.json still names <|mask|>
+    assert caidllm.load(path, device="cpu", dtype="float32").config.mask_id == official
+    shutil.rmtree(path)
+    path = shutil.copytree(llada_dir, path)  # LLaDA's tokenizer_config.json names no mask token
     edit_json(path / "config.json", mask_token_id=None)
-    with pytest.raises(ModelLoadError, match="missing required field 'mask_token_id'"):
+    with pytest.raises(ModelLoadError, match="no mask token: config.json has no mask_token_id"):
+        caidllm.load(path)
+
+
+def test_mask_ids_that_disagree_are_refused(copy_of, dream_dir):
+    path = copy_of(dream_dir)
+    edit_json(path / "tokenizer_config.json", mask_token="<|im_end|>")
+    with pytest.raises(ModelLoadError, match="mask token ids disagree: config.json mask_token_id = 3, "
+                                             "tokenizer_config.json mask_token = 2"):
         caidllm.load(path)
 
 
@@ -137,7 +157,7 @@ def test_mask_id_not_a_mask_token(copy_of, llada_dir):
 def test_mask_id_not_in_tokenizer(copy_of, dream_dir):
     path = copy_of(dream_dir)
     edit_json(path / "config.json", mask_token_id=440)  # inside the padded embedding, past the tokenizer
-    with pytest.raises(ModelLoadError, match="mask_token_id 440 .* is not a token"):
+    with pytest.raises(ModelLoadError, match="mask_token_id 440 is not a token of .*tokenizer.json"):
         caidllm.load(path)
 
 

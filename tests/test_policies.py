@@ -278,9 +278,10 @@ def test_every_policy_name_has_a_builder_and_unknown_names_are_refused():
     from dataclasses import replace
 
     from caidllm.decode.config import POLICIES
-    from caidllm.decode.policies import POLICY_BUILDERS, make_policy
+    from caidllm.decode.policies import POLICIES as REGISTRY
+    from caidllm.decode.policies import make_policy
 
-    assert sorted(POLICY_BUILDERS) == sorted(POLICIES)
+    assert sorted(REGISTRY) == sorted(POLICIES)
     policy, state = make_policy(build_config("vanilla"), gating=True)
     assert policy is vanilla.select and state == ("n_masked",)
     with pytest.raises(InputError, match="unknown policy 'turbo'"):

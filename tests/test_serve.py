@@ -3,34 +3,14 @@ through the official `openai` client and raw HTTP."""
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-import caidllm
-from caidllm.serve.app import ServeSettings, create_app
 from caidllm.serve.loadtest import run_load
-from caidllm.serve.local import LocalServer
-from caidllm.serve.protocol import ServerDefaults
-
-PROMPT = "not ( True ) and ( True ) is"
-SETTINGS = dict(gen_length=64, block_length=16)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return caidllm.load("tiny", device="cpu", dtype="float32")
-
-
-def start(lm, **kw):
-    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
-    return LocalServer(create_app(lm, ServeSettings(defaults=defaults, **kw)))
+from helpers.serve import PROMPT, SETTINGS, metric, start, tiny  # noqa: F401 - tiny is a fixture
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +22,6 @@ def server(tiny):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-def metric(url, name):
-    text = httpx.get(f"{url}/metrics").text
-    line = next(l for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
-    return float(line.rsplit(" ", 1)[1])
 
 
 def test_chat_matches_generate_and_stream_matches_whole(client, tiny):
@@ -237,32 +211,3 @@ def test_disconnect_cancels_the_request(server):
         time.sleep(0.1)
     assert metric(server.url, 'caidllm_requests_total{outcome="cancelled"}') == before + 1
     assert metric(server.url, "caidllm_rows_in_flight") == 0
-
-
-def test_cli_serve_answers_and_exits_cleanly_on_sigterm(tmp_path):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "caidllm.cli", "serve", "--port", str(port), "--gen-length", "32",
-                             "--block-length", "16", "--device", "cpu"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                       json={"messages": [{"role": "user", "content": PROMPT}]}, timeout=60)
-        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert "Application shutdown complete" in proc.stdout.read()

@@ -1,4 +1,4 @@
-"""Command line: `caidllm generate`, `train`, `bench`, `calibrate`, `serve`, `loadtest`.
+"""Command line: `caidllm generate`, `train`, `bench`, `calibrate`, `serve`, `loadtest`, `models`.
 
 A thin front end over the public API. Bad input prints one line naming the
 problem and exits with status 2; any other failure exits non-zero too.
@@ -15,29 +15,22 @@ from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
+from caidllm.models_cli import register as register_models
+from caidllm.options import MODEL_HELP, add_model_arguments, load_model  # noqa: F401 - the old import path
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
 
 
-MODEL_HELP = ("model folder (Hugging Face layout), 'tiny' (default), or random weights of an official shape: "
-              "random:llada-8b, random:dream-7b, with config.json overrides: 'random:llada-8b?n_layers=4'")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help=MODEL_HELP)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
-    parser.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
-
-
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gen-length", type=int, default=256)
-    parser.add_argument("--block-length", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=None, help="total steps over the generation (default gen-length)")
+    known = " (default: a known checkpoint's recommendation, caidllm models lists them; else {})"
+    parser.add_argument("--gen-length", type=int, default=None, help="answer tokens" + known.format(256))
+    parser.add_argument("--block-length", type=int, default=None, help="tokens per block" + known.format(64))
+    parser.add_argument("--steps", type=int, default=None,
+                        help="total steps over the generation" + known.format("gen-length"))
     parser.add_argument("--cache", choices=CACHE_MODES, default=None, help="override the method's cache mode")
     parser.add_argument("--threshold", type=float, default=None)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature" + known.format(0))
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
@@ -55,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_arguments(gen)
     gen.add_argument("--settings", default=None, metavar="FILE",
                      help="CAI settings file (from caidllm calibrate) applied over the method's preset")
-    gen.add_argument("--no-chat", action="store_true", help="use the prompt as raw text, without the chat template")
+    chat = gen.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
+                      help="put the prompt through the chat template (default for instruct models)")
+    chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
+                      help="use the prompt as raw text, without the chat template (default for base models)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     gen.set_defaults(handler=run_generate)
 
@@ -64,17 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_calibrate(sub, "calibrate")
     register_serve(sub, "serve")
     register_loadtest(sub, "loadtest")
+    register_models(sub, "models")
     return parser
-
-
-def load_model(args):
-    from caidllm.models import load
-
-    lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False))
-    if getattr(lm, "random_weights", False):
-        print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
-              file=sys.stderr)
-    return lm
 
 
 def run_generate(args) -> int:
@@ -87,10 +75,16 @@ def run_generate(args) -> int:
     options = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
                    threshold=args.threshold, temperature=args.temperature, seed=args.seed,
                    early_stop=not args.no_early_stop)
-    build_config(method, settings=settings, **options)  # a bad method or setting fails before the model load
+    # A bad method or setting fails before the model loads (an unset length may come from the checkpoint).
+    check = dict(options)
+    if check["gen_length"] is None or check["block_length"] is None:
+        check["gen_length"] = check["block_length"] = check["gen_length"] or check["block_length"]
+    build_config(method, settings=settings, **check)
     lm = load_model(args)
+    options = apply_recommendation(lm, options)
+    chat = lm.chat_default if args.chat is None else args.chat
     results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
-                          chat=not args.no_chat, **options)
+                          chat=chat, **options)
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):
@@ -101,6 +95,24 @@ def run_generate(args) -> int:
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
                   f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}]")
     return 0
+
+
+def apply_recommendation(lm, options: dict) -> dict:
+    """The options with the unset lengths, steps and temperature of a known checkpoint's
+    recommendation (models/checkpoints.py), saying on stderr which it applied and from where."""
+    from caidllm.models.checkpoints import recommended_options
+
+    checkpoint = lm.checkpoint
+    if checkpoint is None:
+        return options
+    options, taken = recommended_options(checkpoint, **options)
+    r = checkpoint.recommended
+    applied = ", ".join(f"{key} {options[key]:g}" for key in taken)
+    print(f"caidllm: {checkpoint.hub_id}: recommended settings applied: {applied or 'none (all given)'}; "
+          f"confidence gating {'on' if lm.config.confidence_gating else 'off'}, f {lm.config.cache_refresh_every}; "
+          f"{'chat template' if checkpoint.instruct else 'base model: raw text'} by default (source: {r.source})",
+          file=sys.stderr)
+    return options
 
 
 def main(argv: list[str] | None = None) -> int:

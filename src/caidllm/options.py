@@ -1,8 +1,11 @@
-"""Small checks shared by command-line front ends."""
+"""What every command-line front end shares: the model flags, loading the model they name,
+and small checks of flag values. Below every sub-command (cli.py, bench, serve, train)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 
 from caidllm.errors import InputError
 
@@ -16,3 +19,26 @@ def json_object_option(text: str, flag: str, what: str = "object") -> dict:
     if not isinstance(value, dict):
         raise InputError(f"{flag} must be a JSON {what}")
     return value
+
+
+MODEL_HELP = ("model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
+              "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an official "
+              "shape: random:llada-8b, random:dream-7b, random:llada-moe-7b ..., with config.json overrides: "
+              "'random:llada-8b?n_layers=4'")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help=MODEL_HELP)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
+    parser.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
+
+
+def load_model(args):
+    from caidllm.models import load
+
+    lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False))
+    if getattr(lm, "random_weights", False):
+        print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
+              file=sys.stderr)
+    return lm

@@ -2,10 +2,10 @@
 
     caidllm bench --model tiny --task synthetic:arithmetic --methods vanilla,fastdllm,cai --limit 64 --out runs/bench
 
-or from Python: ``run_bench(BenchSettings(...))``. See BENCHMARKS.md.
+or from Python: ``run_bench(BenchConfig(...))``. See BENCHMARKS.md.
 """
 
-from caidllm.bench.runner import BenchSettings, run_bench
+from caidllm.bench.runner import BenchConfig, BenchSettings, run_bench
 from caidllm.bench.tasks import TASK_KINDS, load_task
 
-__all__ = ["BenchSettings", "run_bench", "load_task", "TASK_KINDS"]
+__all__ = ["BenchConfig", "BenchSettings", "run_bench", "load_task", "TASK_KINDS"]

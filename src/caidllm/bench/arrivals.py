@@ -28,12 +28,9 @@ import time
 from dataclasses import dataclass
 
 import caidllm
+from caidllm.bench.loadgen import percentile, synthetic_prompts  # noqa: F401 - also read from here
 from caidllm.decode import build_config
 from caidllm.decode.engine import Engine
-from caidllm.tasks import get_task
-
-TASKS = ("boolean_expressions", "arithmetic", "web_of_lies", "navigate")
-
 
 @dataclass
 class Served:
@@ -41,14 +38,6 @@ class Served:
     first_commit: float
     finish: float
     answer_tokens: int
-
-
-def synthetic_prompts(n: int, seed: int) -> list[str]:
-    """n prompts drawn evenly from the synthetic tasks' test split, shuffled."""
-    per_task = -(-n // len(TASKS))
-    examples = [ex for name in TASKS for ex in get_task(name).examples("test", per_task, seed=seed)]
-    random.Random(seed).shuffle(examples)
-    return [ex.prompt for ex in examples[:n]]
 
 
 def prompts_of(lm, n: int, seed: int) -> list[list[int]]:
@@ -112,12 +101,6 @@ def summary(served: list[Served]) -> dict:
         "latency_mean_s": sum(latency) / len(latency), "latency_p99_s": percentile(latency, 99),
         "ttft_mean_s": sum(ttft) / len(ttft), "ttft_p99_s": percentile(ttft, 99),
     }
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    rank = max(1, -(-len(sorted_values) * q // 100))
-    return sorted_values[int(rank) - 1]
 
 
 def capacity(lm, prompts, config, max_batch: int) -> float:

@@ -21,7 +21,7 @@ from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE, Trial, choose, coo
 from caidllm.bench.metrics import mean
 from caidllm.bench.tasks import BenchTask, kind_of, load_task
 from caidllm.decode.presets import build_config, uses_cai
-from caidllm.decode.settings_file import Settings, write_settings
+from caidllm.decode.settings_file import CalibratedSettings, write_settings
 from caidllm.errors import InputError
 
 
@@ -128,7 +128,7 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
                                options.objective, options.seed, on_trial)
     progress.close()
     chosen = choose(trials, floor, options.objective)
-    settings = Settings(method=options.method, name=options.name, cai=dict(chosen.values),
+    settings = CalibratedSettings(method=options.method, name=options.name, cai=dict(chosen.values),
                         calibration=_calibration(options, tasks, vanilla, trials, chosen, floor))
     table = markdown_table(vanilla, trials, chosen, floor, options)
     write_settings(options.out, settings)

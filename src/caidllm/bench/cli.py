@@ -7,7 +7,7 @@ import json
 import sys
 
 from caidllm.bench.datadir import default_data_dir
-from caidllm.bench.runner import BenchSettings, run_bench
+from caidllm.bench.runner import BenchConfig, run_bench
 from caidllm.bench.tasks import TASK_KINDS, kind_of, reads_data_folder
 from caidllm.decode.presets import method_names
 
@@ -30,7 +30,7 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                                    "memory and energy. Under torchrun (torchrun --nproc-per-node N -m caidllm "
                                    "bench ...) each rank takes a share of every task and rank 0 writes the report.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from caidllm.cli import MODEL_HELP
+    from caidllm.options import MODEL_HELP
 
     p.add_argument("--model", default="tiny", help=MODEL_HELP)
     p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None,
@@ -80,13 +80,13 @@ def resolve_data_dir(data_dir: str | None, tasks: list[str]) -> str | None:
     return None if found is None else str(found)
 
 
-def settings_from_args(args) -> BenchSettings:
+def settings_from_args(args) -> BenchConfig:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     tasks = args.tasks or []
     for spec in tasks:
         kind_of(spec)  # unknown task names fail before anything else
     data_dir = resolve_data_dir(args.data_dir, tasks)
-    return BenchSettings(
+    return BenchConfig(
         model=args.model, tasks=tasks, methods=methods, limit=args.limit, batch_size=args.batch_size,
         gen_length=args.gen_length, block_length=args.block_length, data_dir=data_dir, out=args.out,
         device=args.device, dtype=args.dtype, early_stop=not args.no_early_stop, seed=args.seed,

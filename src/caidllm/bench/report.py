@@ -78,8 +78,8 @@ def markdown(report: dict) -> str:
             cells += [_num(None if row[k] is None else 100 * row[k], ".2f") for k in extra]
             cells += [_num(row["nfe_mean"], ".1f"), _num(row["nfe_ratio"], ".2f"), _steps(row),
                       _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
-                      _num(None if row["controller_share"] is None else 100 * row["controller_share"], ".1f", "n/a")
-                      + ("%" if row["controller_share"] is not None else ""),
+                      _num(None if row["policy_share"] is None else 100 * row["policy_share"], ".1f", "n/a")
+                      + ("%" if row["policy_share"] is not None else ""),
                       _share(row.get("forward_share")), _share(row.get("engine_overhead_share")),
                       str(row["errors"])]
             lines.append("| " + " | ".join(cells) + " |")

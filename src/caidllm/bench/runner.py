@@ -2,8 +2,8 @@
 process or in several under torchrun (each rank takes every world_size-th
 sample of each task; rank 0 gathers them and writes the report).
 
-    from caidllm.bench import BenchSettings, run_bench
-    results = run_bench(BenchSettings(model="tiny", tasks=["synthetic:arithmetic"],
+    from caidllm.bench import BenchConfig, run_bench
+    results = run_bench(BenchConfig(model="tiny", tasks=["synthetic:arithmetic"],
                                       methods=["vanilla", "fastdllm", "cai"], limit=64, out="runs/bench"))
 
 Order of work: check every setting and the output directory, load every
@@ -57,7 +57,7 @@ DEFINITIONS = {
                    "so far (getrusage; monotone, not per method); under torchrun the largest rank's",
     "energy_j": "GPU: NVML energy counter (or sampled power integrated) during the method's generate() calls; "
                 "CPU: RAPL package energy; null when not measurable",
-    "controller_share": "time in the commit policy (controller_s) / wall time, summed over batches (and ranks)",
+    "policy_share": "time in the commit policy (policy_s) / wall time, summed over batches (and ranks)",
     "forward_share": "time inside the model forwards (the engine's forward timer, CUDA events on a GPU) / wall time",
     "engine_overhead_share": "the engine's own time: (wall - forwards - commit policy) / wall: batching, "
                              "prediction, bookkeeping, host transfers",
@@ -66,7 +66,9 @@ DEFINITIONS = {
 
 
 @dataclass
-class BenchSettings:
+class BenchConfig:
+    """One `caidllm bench` run: model, tasks, methods, decoding sizes, output folder."""
+
     model: str = "tiny"
     tasks: list[str] = field(default_factory=list)
     methods: list[str] = field(default_factory=lambda: ["vanilla", "fastdllm", "cai"])
@@ -143,7 +145,10 @@ class BenchSettings:
                          temperature=self.temperature, early_stop=self.early_stop)
 
 
-def _check_not_calibrated_on(settings: BenchSettings, tasks: list[BenchTask]) -> None:
+BenchSettings = BenchConfig  # the old name
+
+
+def _check_not_calibrated_on(settings: BenchConfig, tasks: list[BenchTask]) -> None:
     """A settings file's held-out samples must not be evaluated: that would grade it on its own training set."""
     loaded = settings.loaded_settings()
     for task in tasks if loaded is not None else ():
@@ -158,7 +163,7 @@ def _check_not_calibrated_on(settings: BenchSettings, tasks: list[BenchTask]) ->
 # ---- entry point -------------------------------------------------------------
 
 
-def run_bench(settings: BenchSettings, lm=None, log=None) -> dict | None:
+def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
     """Run the benchmark; returns the results object (also written to
     settings.out when given); under torchrun, on rank 0 only (None on the
     others). `lm`: an already loaded DiffusionLM to use instead of loading
@@ -187,7 +192,8 @@ def run_bench(settings: BenchSettings, lm=None, log=None) -> dict | None:
         if getattr(lm, "random_weights", False):
             log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
         torch.manual_seed(settings.seed)
-        chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None))
+        # A base checkpoint (models/checkpoints.py) reads raw prompts, as does a tokenizer without a template.
+        chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None)) and lm.chat_default
         encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
         T = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
                              gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block
@@ -285,7 +291,7 @@ def _truncate_context(lm, sample: Sample, chat: bool, budget: int, ids: list[int
     return ids, True
 
 
-def _warm_up(lm, settings: BenchSettings, encoded: list[Encoded], log) -> None:
+def _warm_up(lm, settings: BenchConfig, encoded: list[Encoded], log) -> None:
     batch = [e.ids for e in encoded if e.ids is not None][:settings.batch_size]
     if not batch:
         return
@@ -298,7 +304,7 @@ def _warm_up(lm, settings: BenchSettings, encoded: list[Encoded], log) -> None:
     sync(lm)
 
 
-def _settings_dict(s: BenchSettings, lm, tasks: list[BenchTask], data_dir, chat: bool, T: dict) -> dict:
+def _settings_dict(s: BenchConfig, lm, tasks: list[BenchTask], data_dir, chat: bool, T: dict) -> dict:
     device = torch.device(lm.device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     from importlib.metadata import PackageNotFoundError, version
@@ -348,4 +354,4 @@ def _settings_dict(s: BenchSettings, lm, tasks: list[BenchTask], data_dir, chat:
     }
 
 
-__all__ = ["BenchSettings", "run_bench", "DEFINITIONS", "CONFIDENCE_BUCKETS"]
+__all__ = ["BenchConfig", "run_bench", "DEFINITIONS", "CONFIDENCE_BUCKETS"]

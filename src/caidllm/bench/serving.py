@@ -23,8 +23,8 @@ import time
 import httpx
 
 import caidllm
-from caidllm.bench.arrivals import markdown_table, synthetic_prompts, write_json
-from caidllm.serve.loadtest import run_load
+from caidllm.bench.arrivals import markdown_table, write_json
+from caidllm.bench.loadgen import run_load, synthetic_prompts
 
 
 def free_port() -> int:

@@ -38,7 +38,7 @@ class Outcome:
 class ShardRun:
     outcomes: dict[int, Outcome]  # global sample index -> outcome
     wall_s: float
-    controller_s: float
+    policy_s: float
     engine_s: float
     forward_s: float
     energy: EnergyReading
@@ -59,7 +59,7 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
     generations: dict[int, object] = {}
     errors: dict[int, str] = {i: encoded[i].error for i in indices if encoded[i].error}
     memory, energy = MemoryMeter(lm.device), EnergyMeter(lm.device)
-    wall = controller = engine = forward = 0.0
+    wall = policy = engine = forward = 0.0
     progress = _progress(len(todo), f"{task.name} {method}", settings.progress)
 
     memory.reset()
@@ -85,7 +85,7 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
             continue
         sync(lm)
         wall += time.perf_counter() - started
-        controller += out_batch[0].controller_s
+        policy += out_batch[0].policy_s
         forward += out_batch[0].forward_s
         engine += out_batch[0].elapsed_s
         for i, result in zip(batch, out_batch):
@@ -102,7 +102,7 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
             outcomes[i] = Outcome(None, None, errors.get(i))
         else:
             outcomes[i] = Outcome(result, *_score(task, result.text, encoded[i].sample))
-    return ShardRun(outcomes, wall, controller, engine, forward, reading, peak, memory.kind)
+    return ShardRun(outcomes, wall, policy, engine, forward, reading, peak, memory.kind)
 
 
 def _score(task: BenchTask, text: str, sample: Sample) -> tuple[Scored | None, str | None]:

@@ -3,7 +3,7 @@
 Per-sample figures (score, NFE, steps per block, confidence buckets) are
 over all samples in task order, whichever rank decoded them. Timings: the
 ranks ran side by side, so wall time is the slowest rank's, throughput is the
-whole set over it; controller time and energy add up over ranks; memory is
+whole set over it; policy time and energy add up over ranks; memory is
 the largest rank's peak.
 """
 
@@ -31,7 +31,7 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
     if sorted(outcomes) != list(range(len(encoded))):  # never a report of a subset
         raise RuntimeError(f"{task.name} {method}: the ranks returned {len(outcomes)} of {len(encoded)} samples")
     wall = max(p.wall_s for p in parts)
-    controller = sum(p.controller_s for p in parts)
+    policy = sum(p.policy_s for p in parts)
     forward = sum(p.forward_s for p in parts)
     busy = sum(p.wall_s for p in parts)
     records, scores, extras = [], [], {k: [] for k in task.extra_metrics}
@@ -83,11 +83,11 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
         "energy_source": reading.source,
         "energy_note": reading.note,
         "avg_power_w": reading.avg_power_w,
-        "controller_s": controller,
-        "controller_share": controller / busy if busy > 0 else None,
+        "policy_s": policy,
+        "policy_share": policy / busy if busy > 0 else None,
         "forward_s": forward,
         "forward_share": forward / busy if busy > 0 else None,
-        "engine_overhead_share": (busy - forward - controller) / busy if busy > 0 else None,
+        "engine_overhead_share": (busy - forward - policy) / busy if busy > 0 else None,
         "flops_share": mean(fractions) if fractions else None,
         "early_stopped": mean(float(r.early_stopped) for r in done),
         "errors": sum(1 for r in records if r["error"]),

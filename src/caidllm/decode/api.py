@@ -8,46 +8,53 @@ from typing import Sequence
 
 import torch
 
+from caidllm.checks import is_id_list, is_int
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
 from caidllm.errors import InputError
+from caidllm.models.checkpoints import recommended_options
+from caidllm.models.lm import DiffusionLM
 
 
-def generate(lm, prompts, method: str = "cai", gen_length: int = 256, block_length: int = 64,
+def generate(lm, prompts, method: str = "cai", gen_length: int | None = None, block_length: int | None = None,
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
-             temperature: float = 0.0, seed: int | None = None, early_stop: bool = True,
-             batch_size: int = 8, chat: bool = True, compile: bool = False, settings=None,
+             temperature: float | None = None, seed: int | None = None, early_stop: bool = True,
+             batch_size: int = 8, chat: bool | None = None, compile: bool = False, settings=None,
              **overrides) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a
     method preset; any keyword given overrides the preset's value.
+
+    gen_length / block_length / steps / temperature left None: the recommendation of a known
+    checkpoint (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0.
+    chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
 
     A client of the step-level engine: every prompt is submitted, at most
     `batch_size` decode together, and a finished one's slot goes to the next
     at once. compile=True: the model runs its norms and MLPs through torch.compile from
     then on (models/compiled.py). `settings`: a settings file (path or loaded, see
     decode/settings_file.py) whose CAI values apply under the keywords. Each result's elapsed_s,
-    controller_s and forward_s are those of the whole run."""
-    config = build_config(method, settings=settings, gen_length=gen_length, block_length=block_length, steps=steps,
-                          cache=cache,
-                          threshold=threshold, temperature=temperature, seed=seed, early_stop=early_stop,
-                          **overrides)
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+    policy_s and forward_s are those of the whole run."""
+    lengths, _ = recommended_options(getattr(lm, "checkpoint", None), gen_length=gen_length,
+                                     block_length=block_length, steps=steps, temperature=temperature)
+    config = build_config(method, settings=settings, cache=cache, threshold=threshold, seed=seed,
+                          early_stop=early_stop, **lengths, **overrides)
+    if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     if compile:  # the model's norms and MLPs through torch.compile from now on (models/compiled.py)
         from caidllm.models.compiled import enable_compile
 
         enable_compile(lm)
-    token_prompts = tokenize_prompts(lm, prompts, chat)
+    token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
 
     engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts))
     started = time.perf_counter()
     ids = [engine.submit(p, config) for p in token_prompts]
     results = {event.request_id: event.result for event in engine.run() if event.finished}
     _sync(lm)
-    elapsed, controller = time.perf_counter() - started, engine.policy_timer.total()
+    elapsed, policy = time.perf_counter() - started, engine.policy_timer.total()
     forward = engine.forward_timer.total()
-    return [dataclasses.replace(results[i], elapsed_s=elapsed, controller_s=controller, forward_s=forward)
+    return [dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward)
             for i in ids]
 
 
@@ -57,15 +64,15 @@ def _sync(lm) -> None:
 
 
 def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
-    if isinstance(prompts, str) or _is_id_list(prompts):
+    if isinstance(prompts, str) or is_id_list(prompts):
         prompts = [prompts]
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise InputError("prompts must be a non-empty list of strings or of token-id lists")
     # An empty list counts as token ids here, so that it gets its own clear error below.
-    kinds = {"text" if isinstance(p, str) else "ids" if _is_id_list(p, allow_empty=True) else "other"
+    kinds = {"text" if isinstance(p, str) else "ids" if is_id_list(p, allow_empty=True) else "other"
              for p in prompts}
     if "other" in kinds:
-        bad = next(p for p in prompts if not isinstance(p, str) and not _is_id_list(p, allow_empty=True))
+        bad = next(p for p in prompts if not isinstance(p, str) and not is_id_list(p, allow_empty=True))
         raise InputError(f"each prompt must be a string or a list of token ids, got {type(bad).__name__}: {bad!r:.80}")
     if len(kinds) > 1:
         raise InputError("a batch must not mix strings and token-id lists; pass one kind")
@@ -86,6 +93,4 @@ def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
     return token_prompts
 
 
-def _is_id_list(value, allow_empty: bool = False) -> bool:
-    return isinstance(value, (list, tuple)) and (allow_empty or len(value) > 0) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
+DiffusionLM.register_generate(generate)  # lm.generate(...) is this generate(lm, ...)

@@ -110,6 +110,10 @@ def _put_all(batch) -> None:
 
 
 class BackgroundEngine:
+    """An Engine driven by a loop of its own (a thread, or the caller's via run_here), which
+    other threads and event loops feed: submit and cancel go through an inbox read at each step
+    boundary, events come back through each request's RequestHandle."""
+
     def __init__(self, engine: Engine):
         self.engine = engine
         self._lock = threading.Lock()
@@ -131,8 +135,8 @@ class BackgroundEngine:
 
     def run_here(self) -> None:
         """Run the loop in the calling thread until `stop()` (from another thread or a signal
-        handler). `caidllm serve` runs it in the main thread: torch ops run ~10% slower on the
-        CPU from a secondary thread (measured on the development machine)."""
+        handler). `caidllm serve` runs it in the main thread, where torch ops ran faster on the
+        CPU (BENCHMARKS.md, "Where the engine loop runs")."""
         self._thread = threading.current_thread()
         self._run()
 
@@ -140,15 +144,11 @@ class BackgroundEngine:
                loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
         """Check and hand over a request; raises InputError (bad request) or EngineFullError."""
         request = self.engine.prepare(prompt_ids, config, request_id)
-        e = self.engine
         with self._lock:
-            if self._stopping or self._thread is None or not self._thread.is_alive():
+            if self._stopping or not self.alive:
                 raise EngineFullError("the engine is not running (not started, stopped, or shutting down)")
-            if request.id in self._handles:
-                raise InputError(f"request id {request.id!r} is already in the engine")
-            if len(self._handles) >= e.max_batch + e.max_queue:
-                raise EngineFullError(f"the engine is full: {len(self._handles)} requests in flight or queued "
-                                      f"(max_batch {e.max_batch}, max_queue {e.max_queue})")
+            # The scheduler's limits, counting the requests of the inbox too (its own count lags until the next step).
+            self.engine.scheduler.check_room(request.id, request.id in self._handles, len(self._handles))
             handle = RequestHandle(request.id, loop)
             self._handles[request.id] = handle
             self._inbox.append(request)
@@ -178,13 +178,18 @@ class BackgroundEngine:
             self._fail_all(RequestCancelled("the engine stopped"))
 
     @property
+    def alive(self) -> bool:
+        """Whether the loop is running (started and not ended)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def pending(self) -> int:
         """Requests submitted and not finished (queued or in flight)."""
         return len(self._handles)
 
     @property
     def queued(self) -> int:
-        return len(self._inbox) + len(self.engine.queue)
+        return len(self._inbox) + self.engine.scheduler.queued
 
     # ---- the engine thread -------------------------------------------------------------
 
@@ -205,7 +210,7 @@ class BackgroundEngine:
                 inbox, self._inbox = self._inbox, []
                 cancels, self._cancels = self._cancels, []
                 stopping = self._stopping
-            self.engine.queue.extend(inbox)
+            self.engine.scheduler.add_checked(inbox)
             for handle in cancels:
                 if self._handles.get(handle.id) is handle:  # still the request the cancel was for
                     self.engine.cancel(handle.id)
@@ -224,6 +229,9 @@ class BackgroundEngine:
                 for request_id in self.engine.drop_running():  # queued requests stay and run next
                     self._end(request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}"))
                 continue
+            for request_id, error in self.engine.take_faults().items():
+                logger.error("request %s failed in its decode; the others go on", request_id, exc_info=error)
+                self._end(request_id, RuntimeError(f"its decode failed: {type(error).__name__}: {error}"))
             pairs = []
             with self._lock:
                 for event in events:

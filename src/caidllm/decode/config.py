@@ -7,16 +7,18 @@ Presets (presets.py) are just named sets of overrides of these fields.
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass, field, fields
+from typing import Callable
 
+from caidllm.checks import are_numbers, is_int, is_number
+from caidllm.decode import forward_modes, policies
 from caidllm.errors import InputError
 from caidllm.models.skip import DEFAULT_ALPHA, DEFAULT_SCHEDULE, check_alpha, check_schedule
 
-# "es": the dual cache with ES-dLLM early skipping inside each cached step (models/skip.py).
-CACHE_MODES = ("none", "prefix", "dual", "es")
-POLICIES = ("vanilla", "threshold", "cai")
+# The valid values, read from their registries: cache modes (decode/forward_modes.py; "es" is the dual
+# cache with ES-dLLM early skipping, models/skip.py) and commit policies (decode/policies/).
+CACHE_MODES = tuple(forward_modes.CACHE_MODES)
+POLICIES = tuple(policies.POLICIES)
 # What the CAI controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
 # current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
@@ -82,85 +84,106 @@ class DecodeConfig:
         return total // self.num_blocks
 
     def validate(self) -> "DecodeConfig":
-        """Raise InputError naming the first invalid value."""
-        for name in ("gen_length", "block_length"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"{name} must be a positive integer, got {value!r}")
-        if self.gen_length % self.block_length:
-            raise InputError(
-                f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})"
-            )
-        if self.steps is not None:
-            if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
-                raise InputError(f"steps must be a positive integer or None, got {self.steps!r}")
-            if self.steps % self.num_blocks:
-                raise InputError(
-                    f"steps ({self.steps}) must be a multiple of the number of blocks "
-                    f"({self.num_blocks} = gen_length {self.gen_length} / block_length {self.block_length})"
-                )
-        if self.steps_per_block < 1:
-            raise InputError(f"steps per block must be at least 1, got {self.steps_per_block}")
-        if self.policy not in POLICIES:
-            raise InputError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        if self.cache not in CACHE_MODES:
-            raise InputError(f"unknown cache mode {self.cache!r}; choose one of {', '.join(CACHE_MODES)}")
-        _check_unit_interval("threshold", self.threshold)
-        if self.factor is not None and not (_is_number(self.factor) and self.factor > 0):
-            raise InputError(f"factor must be a positive number, got {self.factor!r}")
-        if self.refresh_every is not None and not (_is_int(self.refresh_every) and self.refresh_every >= 0):
-            raise InputError(f"refresh_every must be an integer >= 0 (0 = block starts only), got {self.refresh_every!r}")
-        self.es_schedule = check_schedule(self.es_schedule, "es_schedule")
-        self.es_alpha = check_alpha(self.es_alpha, "es_alpha")
-        if not (_is_number(self.temperature) and self.temperature >= 0):
-            raise InputError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise InputError(f"seed must be an integer or None, got {self.seed!r}")
-        c = self.cai
-        for name in ("theta_start", "theta_end", "block_end_floor", "fallback_threshold", "clip_low", "clip_high",
-                     "easy_confidence", "hard_confidence"):
-            _check_unit_interval(f"cai.{name}", getattr(c, name))
-        if not (_is_number(c.warmup) and 0 <= c.warmup < 1):
-            raise InputError(f"cai.warmup must be in [0, 1), got {c.warmup!r}")
-        if not (_is_number(c.block_end_decay) and c.block_end_decay >= 0):
-            raise InputError(f"cai.block_end_decay must be a number >= 0, got {c.block_end_decay!r}")
-        if not (_is_number(c.grinding_yield) and c.grinding_yield >= 0):
-            raise InputError(f"cai.grinding_yield must be a number >= 0, got {c.grinding_yield!r}")
-        if c.clip_low > c.clip_high:
-            raise InputError(f"cai.clip_low ({c.clip_low}) must not exceed cai.clip_high ({c.clip_high})")
-        if not (_is_int(c.grinding_patience) and c.grinding_patience >= 1):
-            raise InputError(f"cai.grinding_patience must be an integer >= 1, got {c.grinding_patience!r}")
-        if not (_numbers(c.factors, 4) and all(f > 0 for f in c.factors)):
-            raise InputError(f"cai.factors must be four positive numbers, got {c.factors!r}")
-        if not (_numbers(c.budget_fractions, 3) and all(0 < f <= 1 for f in c.budget_fractions)):
-            raise InputError(f"cai.budget_fractions must be three numbers in (0, 1], got {c.budget_fractions!r}")
-        for name in ("adaptive", "block_schedule", "position_factors"):
-            if not isinstance(getattr(c, name), bool):
-                raise InputError(f"cai.{name} must be True or False, got {getattr(c, name)!r}")
-        if c.grinding_action not in GRINDING_ACTIONS:
-            raise InputError(f"cai.grinding_action must be one of {', '.join(GRINDING_ACTIONS)}, "
-                             f"got {c.grinding_action!r}")
-        if c.gating is not None and not isinstance(c.gating, bool):
-            raise InputError(f"cai.gating must be True, False or None (model default), got {c.gating!r}")
+        """Raise InputError naming the first invalid value (the rules of VALIDATION, in order)."""
+        for rule in VALIDATION:
+            rule(self)
         return self
 
 
-def _is_number(value) -> bool:
-    """A finite int or float (bools are not numbers here)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+@dataclass(frozen=True)
+class FieldRule:
+    """One field's check: `ok(value)` or the error "<label> must be <expected>, got <value>".
+    `normalise` (instead of `ok`) returns the value to keep, raising its own error."""
+
+    field: str  # a DecodeConfig field, or "cai.<name>" for a CAISettings field
+    expected: str = ""
+    ok: Callable[[object], bool] | None = None
+    normalise: Callable[[object, str], object] | None = None
+
+    def __call__(self, config: "DecodeConfig") -> None:
+        owner, name = (config.cai, self.field[4:]) if self.field.startswith("cai.") else (config, self.field)
+        value = getattr(owner, name)
+        if self.normalise is not None:
+            setattr(owner, name, self.normalise(value, self.field))
+        elif not self.ok(value):
+            raise InputError(f"{self.field} must be {self.expected}, got {value!r}")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _choice(field_name: str, what: str, choices: tuple[str, ...]) -> Callable[["DecodeConfig"], None]:
+    def check(config: "DecodeConfig") -> None:
+        value = getattr(config, field_name)
+        if value not in choices:
+            raise InputError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
+    return check
 
 
-def _numbers(values, count: int) -> bool:
-    return isinstance(values, (tuple, list)) and len(values) == count and all(_is_number(v) for v in values)
+def _whole_blocks(config: "DecodeConfig") -> None:
+    if config.gen_length % config.block_length:
+        raise InputError(f"gen_length ({config.gen_length}) must be a multiple of block_length ({config.block_length})")
 
 
-def _check_unit_interval(name: str, value) -> None:
-    if not (_is_number(value) and 0 < value <= 1):
-        raise InputError(f"{name} must be in (0, 1], got {value!r}")
+def _steps_per_block(config: "DecodeConfig") -> None:
+    if config.steps is not None and config.steps % config.num_blocks:
+        raise InputError(
+            f"steps ({config.steps}) must be a multiple of the number of blocks "
+            f"({config.num_blocks} = gen_length {config.gen_length} / block_length {config.block_length})")
+    if config.steps_per_block < 1:
+        raise InputError(f"steps per block must be at least 1, got {config.steps_per_block}")
+
+
+def _clips_ordered(config: "DecodeConfig") -> None:
+    c = config.cai
+    if c.clip_low > c.clip_high:
+        raise InputError(f"cai.clip_low ({c.clip_low}) must not exceed cai.clip_high ({c.clip_high})")
+
+
+def _positive_int(v) -> bool:
+    return is_int(v) and v >= 1
+
+
+def _unit_interval(v) -> bool:
+    return is_number(v) and 0 < v <= 1
+
+
+def _non_negative(v) -> bool:
+    return is_number(v) and v >= 0
+
+
+UNIT_INTERVAL = "in (0, 1]"
+CAI_UNIT_FIELDS = ("theta_start", "theta_end", "block_end_floor", "fallback_threshold", "clip_low", "clip_high",
+                   "easy_confidence", "hard_confidence")
+
+# DecodeConfig.validate: every rule in this order; the first that fails names the problem.
+VALIDATION: list[Callable[["DecodeConfig"], None]] = [
+    FieldRule("gen_length", "a positive integer", _positive_int),
+    FieldRule("block_length", "a positive integer", _positive_int),
+    _whole_blocks,
+    FieldRule("steps", "a positive integer or None", lambda v: v is None or _positive_int(v)),
+    _steps_per_block,
+    _choice("policy", "policy", POLICIES),
+    _choice("cache", "cache mode", CACHE_MODES),
+    FieldRule("threshold", UNIT_INTERVAL, _unit_interval),
+    FieldRule("factor", "a positive number", lambda v: v is None or (is_number(v) and v > 0)),
+    FieldRule("refresh_every", "an integer >= 0 (0 = block starts only)", lambda v: v is None or (is_int(v) and v >= 0)),
+    FieldRule("es_schedule", normalise=check_schedule),
+    FieldRule("es_alpha", normalise=check_alpha),
+    FieldRule("temperature", "a finite number >= 0", _non_negative),
+    FieldRule("seed", "an integer or None", lambda v: v is None or is_int(v)),
+    FieldRule("early_stop", "True or False", lambda v: isinstance(v, bool)),
+    *(FieldRule(f"cai.{name}", UNIT_INTERVAL, _unit_interval) for name in CAI_UNIT_FIELDS),
+    FieldRule("cai.warmup", "in [0, 1)", lambda v: is_number(v) and 0 <= v < 1),
+    FieldRule("cai.block_end_decay", "a number >= 0", _non_negative),
+    FieldRule("cai.grinding_yield", "a number >= 0", _non_negative),
+    _clips_ordered,
+    FieldRule("cai.grinding_patience", "an integer >= 1", _positive_int),
+    FieldRule("cai.factors", "four positive numbers", lambda v: are_numbers(v, 4) and all(f > 0 for f in v)),
+    FieldRule("cai.budget_fractions", "three numbers in (0, 1]",
+              lambda v: are_numbers(v, 3) and all(0 < f <= 1 for f in v)),
+    *(FieldRule(f"cai.{name}", "True or False", lambda v: isinstance(v, bool))
+      for name in ("adaptive", "block_schedule", "position_factors")),
+    FieldRule("cai.grinding_action", f"one of {', '.join(GRINDING_ACTIONS)}", lambda v: v in GRINDING_ACTIONS),
+    FieldRule("cai.gating", "True, False or None (model default)", lambda v: v is None or isinstance(v, bool)),
+]
 
 
 DECODE_FIELDS = {f.name for f in fields(DecodeConfig)} - {"cai", "method"}

@@ -23,82 +23,79 @@ A new request's first forward is the refresh of its first block: admitting
 it writes only its own slot. Limits: `max_batch` requests in flight (so at
 most that many rows per forward) and `max_queue` waiting; past both,
 `submit` raises EngineFullError.
+
+The parts: scheduler.py (queue, limits, admission, grouping into forwards),
+runner.py (the forwards, prediction and policies of a step), request.py (each
+request's bookkeeping and result), timing.py (the step's timers).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import time
 import uuid
-from collections import OrderedDict, defaultdict, deque
 from typing import Iterator
 
-import torch
-
+from caidllm.checks import is_id_list
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.frame import Frame
-from caidllm.decode.policies import StepView, make_policy
+from caidllm.decode.policies import make_policy, policy_key
 from caidllm.decode.request import CommitEvent, Request
-from caidllm.decode.results import result_of
-from caidllm.decode.sampling import predict, request_generator
-from caidllm.errors import EngineFullError, InputError
-from caidllm.models import transfer
-from caidllm.models.skip import EarlySkip
-from caidllm.models.transfer import to_device
-
-
-class DeviceTimer:
-    """Time spent in a part of the step (the commit policy, the model forwards). On CUDA,
-    events around each call are read at the end, so the timing adds no host sync to the step
-    (events already passed, as they are after the step's transfer, are read without one)."""
-
-    def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
-        self.seconds = 0.0
-        self.events: list = []
-
-    def __enter__(self):
-        if self.cuda:
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._tick = time.perf_counter()
-
-    def __exit__(self, *exc):
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.events.append((self._start, end))
-        else:
-            self.seconds += time.perf_counter() - self._tick
-
-    def total(self) -> float:
-        if self.cuda:
-            if not all(end.query() for _, end in self.events):
-                torch.cuda.synchronize()
-            self.seconds += sum(start.elapsed_time(end) for start, end in self.events) / 1000
-            self.events.clear()
-        return self.seconds
+from caidllm.decode.runner import RowStep, Runner
+from caidllm.decode.sampling import request_generator
+from caidllm.decode.scheduler import Scheduler
+from caidllm.decode.timing import DeviceTimer  # noqa: F401 - the old import path
+from caidllm.errors import InputError
 
 
 class Engine:
+    """Holds the requests in flight and advances them together, one denoising step per `step()`.
+
+    Submit and cancel between steps (one thread; BackgroundEngine runs it from a thread of its
+    own for servers). `step()` = schedule (scheduler.py), run (runner.py), update (request.py)."""
+
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256):
-        for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
         self.lm = lm
-        self.max_batch, self.max_queue = max_batch, max_queue
-        self.frame = Frame(lm, max_batch)
-        self.queue: deque[Request] = deque()
-        self.running: OrderedDict[str, Request] = OrderedDict()  # in admission order
-        self._finished_ids: deque[str] = deque(maxlen=4096)  # for a clear error on a late cancel
-        self.policy_timer = DeviceTimer(lm.device)
-        self.forward_timer = DeviceTimer(lm.device)  # time inside the model forwards
-        self.forwards = 0  # forward passes run (one per group per step)
+        self.scheduler = Scheduler(lm, max_batch, max_queue, on_admit=self._start)
+        self.runner = Runner(lm)
         self.steps = 0
-        c = lm.config
-        self._eos_ids = set(c.eos_ids)
+        self._eos_ids = set(lm.config.eos_ids)
+
+    # ---- what the engine holds (the scheduler's; read-only views for callers and tests) ----
+
+    @property
+    def max_batch(self) -> int:
+        return self.scheduler.max_batch
+
+    @property
+    def max_queue(self) -> int:
+        return self.scheduler.max_queue
+
+    @property
+    def frame(self):
+        return self.scheduler.frame
+
+    @property
+    def queue(self):
+        return self.scheduler.queue
+
+    @property
+    def running(self):
+        return self.scheduler.running
+
+    @property
+    def policy_timer(self) -> DeviceTimer:
+        return self.runner.policy_timer
+
+    @property
+    def forward_timer(self) -> DeviceTimer:
+        return self.runner.forward_timer
+
+    @property
+    def forwards(self) -> int:
+        return self.runner.forwards
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
 
     # ---- requests in and out -------------------------------------------------
 
@@ -106,12 +103,7 @@ class Engine:
         """Queue a tokenised prompt; it joins the running batch at the next step.
         Everything is checked here, before anything is queued."""
         request = self.prepare(prompt_ids, config, request_id)
-        if request.id in self.running or any(r.id == request.id for r in self.queue):
-            raise InputError(f"request id {request.id!r} is already in the engine")
-        if len(self.running) + len(self.queue) >= self.max_batch + self.max_queue:
-            raise EngineFullError(f"the engine is full: {len(self.running)} requests in flight and "
-                                  f"{len(self.queue)} queued (max_batch {self.max_batch}, max_queue {self.max_queue})")
-        self.queue.append(request)
+        self.scheduler.add(request)
         return request.id
 
     def prepare(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None) -> Request:
@@ -125,210 +117,79 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         """Remove a queued or in-flight request now (between steps) and free its slot."""
-        for r in self.queue:
-            if r.id == request_id:
-                self.queue.remove(r)
-                return
-        r = self.running.pop(request_id, None)
-        if r is None:
-            state = "already finished" if request_id in self._finished_ids else "unknown"
-            raise InputError(f"cannot cancel request {request_id!r}: {state}")
-        self.frame.release(r.slot)
-        self._finished_ids.append(request_id)
+        self.scheduler.cancel(request_id)
 
     def drop_running(self) -> list[str]:
         """Drop every in-flight request and start a fresh Frame; their ids. After a step that raised
         this is required: that step may have advanced some groups and not others. Queued requests stay."""
-        ids = list(self.running)
-        self.running.clear()
-        self.frame = Frame(self.lm, self.max_batch)
-        self._finished_ids.extend(ids)
-        return ids
+        return self.scheduler.drop_running()
 
     def cancel_all(self) -> list[str]:
         """Drop every queued and in-flight request (shutdown); their ids."""
-        ids = [r.id for r in self.queue]
-        self.queue.clear()
-        self._finished_ids.extend(ids)
-        return ids + self.drop_running()
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.running or self.queue)
+        return self.scheduler.cancel_all()
 
     def run(self) -> Iterator[CommitEvent]:
         """Step until every submitted request has finished, yielding each event."""
         while self.has_work:
-            yield from self.step()
+            events = self.step()
+            if self.runner.faults:  # a caller stepping alone has nobody else to hand the failure to
+                raise next(iter(self.take_faults().values()))
+            yield from events
 
     # ---- one step ----------------------------------------------------------------
 
     def step(self) -> list[CommitEvent]:
         """Admit waiting requests into free slots, then advance every in-flight
         request by one denoising step. Returns the step's events."""
-        self._admit()
-        groups: dict[tuple, list[Request]] = defaultdict(list)
-        for r in self.running.values():
-            mode = r.forward_mode()
-            schedule = (r.config.es_schedule, r.config.es_alpha) if mode == "es" else ()
-            groups[(mode, r.config.block_length, schedule)].append(r)
-        events: list[CommitEvent] = []
-        for (mode, _, _), members in groups.items():
-            events.extend(self._advance(mode, sorted(members, key=lambda r: r.slot)))
-        for event in events:
+        groups = self.scheduler.schedule()
+        rows = self.runner.run(self.scheduler.frame, groups)
+        if self.runner.faults:  # rows whose policy raised leave now (take_faults says why); the others go on
+            for row in rows:
+                if row.request.id in self.runner.faults:
+                    self.scheduler.retire(row.request)
+            rows = [row for row in rows if row.request.id not in self.runner.faults]
+        return self._update(rows)
+
+    def take_faults(self) -> dict[str, Exception]:
+        """The requests whose decode raised since the last call (already out of the engine), and why."""
+        faults, self.runner.faults = self.runner.faults, {}
+        return faults
+
+    def _update(self, rows: list[RowStep]) -> list[CommitEvent]:
+        """Each request records its step; a finished one gets its result and leaves its slot."""
+        events = []
+        for row in rows:
+            request = row.request
+            event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
+                                   self.lm.config.eos_id, self.lm.device)
             if event.finished:
-                r = self.running.pop(event.request_id)
-                self.frame.release(r.slot)
-                self._finished_ids.append(r.id)
+                event.result = request.result(self.lm, self.runner.policy_timer.total())
+            events.append(event)
+        for event, row in zip(events, rows):
+            if event.finished:
+                self.scheduler.retire(row.request)
         self.steps += bool(events)
         return events
 
-    def _advance(self, mode: str, members: list[Request]) -> list[CommitEvent]:
-        lm, frame, device = self.lm, self.frame, self.lm.device
-        bl = members[0].config.block_length
-        slots = [r.slot for r in members]
-        starts = [frame.block_start(r.slot, r.config.gen_length, r.block * bl) for r in members]
-        slot_ids = to_device(slots, device)  # no host sync on the hot path (models/transfer.py)
-        columns = to_device(starts, device)[:, None] + torch.arange(bl, device=device)
-        block = frame.canvas[slot_ids[:, None], columns]
-        masked = block == lm.config.mask_id
-        skip = None
-        if mode == "es":
-            r0 = members[0].config
-            skip = EarlySkip(torch.stack([r.prev_confidence for r in members]),
-                             torch.stack([r.just_committed for r in members]), masked, r0.es_schedule, r0.es_alpha)
-        # Every request was checked at submit and the Frame knows each row's first real column:
-        # the unchecked forward has no host sync.
-        with self.forward_timer:
-            logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
-                                end=[s + bl for s in starts], rows=frame.row_selector(slots, slot_ids), skip=skip,
-                                real_from=[frame.first_real(s) for s in slots])
-        self.forwards += 1
-        predicted, confidence = self._predict(logits, members)
-        for i, r in enumerate(members):
-            if r.step == 0:
-                r.block_first_confidence = confidence[i]
-        commit = self._select(members, predicted, confidence, masked)
-        frame.canvas[slot_ids[:, None], columns] = torch.where(commit, predicted, block)
-        for i, r in enumerate(members):
-            if r.config.cache == "es":
-                r.prev_confidence, r.just_committed = confidence[i], commit[i]
-        pairs = lm.config.n_layers * bl if skip is None else skip.computed_pairs
-        # Commits, tokens and confidences of these rows reach the host in one transfer.
-        # The step's one host sync per forward group (transfer.to_host).
-        commits, tokens, confidences = transfer.to_host(
-            torch.stack([commit.double(), predicted.double(), confidence.double()]))
-        return [self._record(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs)
-                for i, r in enumerate(members)]
-
-    def _predict(self, logits: torch.Tensor, members: list[Request]):
-        mask_id = self.lm.config.mask_id
-        temperatures = {r.config.temperature for r in members}
-        if temperatures == {0}:
-            return predict(logits, mask_id, 0.0, None, consume=True)
-        predicted = torch.empty(logits.shape[:2], dtype=torch.long, device=logits.device)
-        confidence = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
-        for temperature in sorted(temperatures):
-            idx = [i for i, r in enumerate(members) if r.config.temperature == temperature]
-            gens = [members[i].generator for i in idx] if temperature > 0 else None
-            at = to_device(idx, logits.device)
-            predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, gens, consume=True)
-        return predicted, confidence
-
-    def _select(self, members, predicted, confidence, masked) -> torch.Tensor:
-        """Each group of rows with the same policy settings, step and block runs its policy once."""
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, r in enumerate(members):
-            groups[(r.policy_key, r.step, r.block)].append(i)
-        first = torch.stack([r.block_first_confidence for r in members])
-        commit = torch.zeros_like(masked)
-        for idx in groups.values():
-            r0 = members[idx[0]]
-            whole = len(idx) == len(members)
-            at = slice(None) if whole else to_device(idx, masked.device)
-            state = {name: torch.cat([members[i].state[name] for i in idx]) for name in r0.state_names}
-            T = r0.config.steps_per_block
-            view = StepView(confidence=confidence[at], predicted=predicted[at], masked=masked[at],
-                            first_confidence=first[at], step=r0.step, total_steps=T, block_index=r0.block,
-                            rows=torch.arange(len(idx), device=masked.device), state=state)
-            with self.policy_timer:
-                chosen = r0.policy(view) & view.masked
-            if r0.step == T - 1:  # the last step commits whatever is left: no mask ever leaves the engine
-                chosen = view.masked
-            for j, i in enumerate(idx):
-                for name in r0.state_names:
-                    members[i].state[name] = state[name][j:j + 1]
-            commit[at] = chosen
-        return commit
-
-    def _record(self, r: Request, commits: list[bool], tokens: list[int], confidences: list[float],
-                pairs: int) -> CommitEvent:
-        """Host bookkeeping of one request's step: traces, counters, block and answer progress."""
-        gs, ge = r.block_bounds
-        t = r.step
-        if t == 0:
-            r.first_confidence[gs:ge] = confidences
-        positions = [gs + j for j, c in enumerate(commits) if c]
-        committed = [tokens[p - gs] for p in positions]
-        global_step = r.steps_before_block + t
-        for p, token in zip(positions, committed):
-            r.generated[p] = token
-            r.commit_step[p] = global_step
-            r.commit_step_in_block[p] = t
-        r.nfe += 1
-        r.computed_pairs += pairs
-        r.steps_per_block[r.block] += 1
-        if positions and r.first_commit_at is None:
-            r.first_commit_at = time.perf_counter()
-        event = CommitEvent(r.id, r.block, t, positions, committed, [r.first_confidence[p] for p in positions])
-        block_done = all(x is not None for x in r.generated[gs:ge])
-        r.step += 1
-        r.advance_prefix(self._eos_ids)
-        if r.config.early_stop and r.answer_end is not None:
-            r.fill_after_end(self.lm.config.eos_id)
-            r.early_stopped = True
-            event.finished = True
-        elif block_done:
-            r.steps_before_block += r.steps_per_block[r.block]
-            r.block, r.step = r.block + 1, 0
-            if r.block == r.config.num_blocks:
-                event.finished = True
-            else:
-                r.start_block(self.lm.device)
-        event.prefix_length = r.prefix
-        if event.finished:
-            event.result = result_of(self.lm, r, self.policy_timer.total() - r.controller_at_admission)
-        return event
-
     # ---- helpers -----------------------------------------------------------------
 
-    def _admit(self) -> None:
-        for slot in self.frame.free_slots():
-            if not self.queue:
-                return
-            r = self.queue.popleft()
-            c = r.config
-            self.frame.place(slot, r.prompt, c.gen_length, cached=c.cache != "none",
-                             skip_schedule=c.es_schedule if c.cache == "es" else None)
-            r.slot, r.admitted_at = slot, time.perf_counter()
-            r.controller_at_admission = self.policy_timer.total()
-            r.start_block(self.lm.device)
-            self.running[r.id] = r
+    def _start(self, request: Request, slot: int) -> None:
+        """A request took a slot: its policy time so far is the baseline of its own."""
+        request.policy_seconds_at_admission = self.runner.policy_timer.total()
+        request.start_block(self.lm.device)
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
         refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
         policy, state_names = make_policy(config, gating)
-        policy_key = (config.policy, config.threshold, config.factor, dataclasses.astuple(config.cai), gating,
-                      config.steps_per_block)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
-        return Request(request_id, prompt, config, gating, refresh_every, policy, state_names, policy_key, generator)
+        return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
+                       policy_key(config, gating), generator)
 
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
-        if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        if not is_id_list(prompt_ids):
             raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:

@@ -22,6 +22,10 @@ from caidllm.models.skip import hidden_levels
 
 
 class Frame:
+    """The canvas, attention mask and KV cache rows of every slot, right-aligned in a frame as wide
+    as the longest request in flight. The scheduler places and releases requests; the runner reads
+    and writes their blocks."""
+
     def __init__(self, lm, slots: int):
         self.lm = lm
         self.slots = slots

@@ -1,5 +1,6 @@
 """One request in the step-level engine: what it asked for, where it is, and
-what it has produced so far; and the events the engine reports for it."""
+what it has produced so far (its own bookkeeping, step by step, and its
+result); and the events the engine reports for it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from dataclasses import dataclass, field
 import torch
 
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import Policy
+from caidllm.decode.results import GenerationResult, result_of
+from caidllm.models.forward_modes import ForwardMode
 
 
 @dataclass
@@ -57,7 +61,7 @@ class Request:
     early_stopped: bool = False
     admitted_at: float | None = None
     first_commit_at: float | None = None
-    controller_at_admission: float = 0.0
+    policy_seconds_at_admission: float = 0.0  # the engine's policy time when this request took its slot
     prefix: int = 0  # longest gap-free committed prefix of the generated region, end token excluded
     answer_end: int | None = None  # position of the first end token, once the prefix reaches it
     state: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -80,11 +84,11 @@ class Request:
         return self.block * bl, (self.block + 1) * bl
 
     def forward_mode(self) -> str:
-        """This step's forward: a full one without a cache, at the block start and
-        every f steps (a refresh); the cached mode otherwise."""
-        c, t = self.config, self.step
-        refresh = c.cache == "none" or t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
-        return "full" if refresh else c.cache
+        """This step's forward: a full one at the block start and every f steps (a refresh);
+        the cache mode's forward otherwise (decode/forward_modes.py; full without a cache)."""
+        t = self.step
+        refresh = t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
+        return (ForwardMode.FULL if refresh else CACHE_MODES[self.config.cache].between_refreshes).value
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}
@@ -104,3 +108,46 @@ class Request:
         committed), one already committed keeps its step (results.Trace)."""
         for p in range(self.answer_end + 1, len(self.generated)):
             self.generated[p] = eos_id
+
+    def record(self, commits: list[bool], tokens: list[int], confidences: list[float], computed_pairs: int,
+               eos_ids: set[int], eos_id: int, device) -> CommitEvent:
+        """Host bookkeeping of one step of this request (its block's commits, every position's
+        predicted token and confidence): traces, counters, block and answer progress."""
+        block_start, block_end = self.block_bounds
+        t = self.step
+        if t == 0:
+            self.first_confidence[block_start:block_end] = confidences
+        positions = [block_start + j for j, committed in enumerate(commits) if committed]
+        committed_tokens = [tokens[p - block_start] for p in positions]
+        global_step = self.steps_before_block + t
+        for p, token in zip(positions, committed_tokens):
+            self.generated[p] = token
+            self.commit_step[p] = global_step
+            self.commit_step_in_block[p] = t
+        self.nfe += 1
+        self.computed_pairs += computed_pairs
+        self.steps_per_block[self.block] += 1
+        if positions and self.first_commit_at is None:
+            self.first_commit_at = time.perf_counter()
+        event = CommitEvent(self.id, self.block, t, positions, committed_tokens,
+                            [self.first_confidence[p] for p in positions])
+        block_done = all(x is not None for x in self.generated[block_start:block_end])
+        self.step += 1
+        self.advance_prefix(eos_ids)
+        if self.config.early_stop and self.answer_end is not None:
+            self.fill_after_end(eos_id)
+            self.early_stopped = True
+            event.finished = True
+        elif block_done:
+            self.steps_before_block += self.steps_per_block[self.block]
+            self.block, self.step = self.block + 1, 0
+            if self.block == self.config.num_blocks:
+                event.finished = True
+            else:
+                self.start_block(device)
+        event.prefix_length = self.prefix
+        return event
+
+    def result(self, lm, policy_seconds_now: float) -> GenerationResult:
+        """The GenerationResult of this finished request (policy time: the engine's since admission)."""
+        return result_of(lm, self, policy_seconds_now - self.policy_seconds_at_admission)

@@ -22,13 +22,15 @@ class Trace:
 
 @dataclass
 class GenerationResult:
+    """One finished request: its answer, tokens and decoding statistics (what generate() returns)."""
+
     text: str  # the answer, up to the first end token
     token_ids: list[int]  # every generated position (prompt excluded), end tokens included
     answer_length: int  # answer tokens: generated positions before the first end token
     nfe: int  # forward passes this row took part in
     steps_per_block: list[int]
     elapsed_s: float  # wall time from admission to the end (generate(): of the whole run)
-    controller_s: float  # of which in the commit policy (of every request in flight meanwhile)
+    policy_s: float  # of which in the commit policy (of every request in flight meanwhile)
     early_stopped: bool
     method: str
     prompt_length: int
@@ -42,8 +44,13 @@ class GenerationResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def controller_s(self) -> float:
+        """The old name of policy_s (kept for callers written before the rename)."""
+        return self.policy_s
 
-def result_of(lm, r, controller_s: float) -> GenerationResult:
+
+def result_of(lm, r, policy_s: float) -> GenerationResult:
     """The GenerationResult of a finished Request (every position committed or filled)."""
     ids = list(r.generated)
     eos_ids = set(lm.config.eos_ids)
@@ -57,6 +64,6 @@ def result_of(lm, r, controller_s: float) -> GenerationResult:
     return GenerationResult(
         text=lm.decode(ids[:answer_length]), token_ids=ids, answer_length=answer_length, nfe=r.nfe,
         steps_per_block=list(r.steps_per_block), elapsed_s=time.perf_counter() - r.admitted_at,
-        controller_s=controller_s, early_stopped=r.early_stopped, method=r.config.method,
+        policy_s=policy_s, early_stopped=r.early_stopped, method=r.config.method,
         prompt_length=len(r.prompt), trace=trace, computed_fraction=r.computed_pairs / max(r.nfe * step_pairs, 1),
     )

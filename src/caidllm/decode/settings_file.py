@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caidllm.decode.config import CAI_FIELDS
+from caidllm.decode.methods import PRESETS, preset_config, uses_cai
 from caidllm.errors import InputError
 
 FORMAT_KEY = "caidllm_settings"
@@ -27,7 +28,9 @@ _TUPLE_FIELDS = ("factors", "budget_fractions")  # JSON lists, tuples in CAISett
 
 
 @dataclass
-class Settings:
+class CalibratedSettings:
+    """The contents of a settings file: CAI values found by `caidllm calibrate` for one cai preset."""
+
     method: str = "cai"
     cai: dict = field(default_factory=dict)  # CAISettings field -> value
     name: str = "cai-calibrated"
@@ -50,18 +53,19 @@ class Settings:
                 "calibrated_on": self.calibration.get("tasks")}
 
 
-def load_settings(settings) -> Settings:
-    """A Settings from a path (str / Path), a dict of the file's shape, or a Settings (returned as is)."""
-    if isinstance(settings, Settings):
+def load_settings(settings) -> CalibratedSettings:
+    """CalibratedSettings from a path (str / Path), a dict of the file's shape, or CalibratedSettings
+    (returned as is)."""
+    if isinstance(settings, CalibratedSettings):
         return settings
     if isinstance(settings, (str, Path)):
         return _from_dict(_read(Path(settings).expanduser()), str(settings))
     if isinstance(settings, dict):
         return _from_dict(settings, None)
-    raise InputError(f"settings must be a settings file path, a dict or a Settings, got {type(settings).__name__}")
+    raise InputError(f"settings must be a settings file path, a dict or a CalibratedSettings, got {type(settings).__name__}")
 
 
-def write_settings(path, settings: Settings) -> None:
+def write_settings(path, settings: CalibratedSettings) -> None:
     path = Path(path).expanduser()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +90,7 @@ def _read(path: Path) -> dict:
     return data
 
 
-def _from_dict(data: dict, source: str | None) -> Settings:
+def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
     where = f"settings file {source}" if source else "settings"
     if data.get(FORMAT_KEY) != FORMAT_VERSION:
         raise InputError(f"{where} is not a caidllm settings file (needs \"{FORMAT_KEY}\": {FORMAT_VERSION}; "
@@ -110,11 +114,16 @@ def _from_dict(data: dict, source: str | None) -> Settings:
     calibration = data.get("calibration", {})
     if not isinstance(calibration, dict):
         raise InputError(f"{where}: 'calibration' must be an object, got {type(calibration).__name__}")
-    settings = Settings(method=method, cai=cai, name=name, calibration=calibration, source=source)
-    from caidllm.decode.presets import build_config
-
+    settings = CalibratedSettings(method=method, cai=cai, name=name, calibration=calibration, source=source)
     try:  # every value checked now, by the decoder's own validation
-        build_config(method, settings=settings)
+        if method not in PRESETS:
+            raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
+        if not uses_cai(method):
+            raise InputError(f"the settings are CAI settings; method {method!r} does not run the CAI controller")
+        preset_config(method, cai_under=cai)
     except InputError as error:
         raise InputError(f"{where}: {error}") from None
     return settings
+
+
+Settings = CalibratedSettings  # the old name

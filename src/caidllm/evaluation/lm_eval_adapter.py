@@ -107,7 +107,7 @@ class CaidllmLM(LM):
         self._template_markers = [t.content for t in self.lm.tokenizer.added_tokens_decoder.values()
                                   if t.special and t.content and t.content in template]
         self.stats = {"requests": 0, "nfe": 0, "positions": 0, "answer_tokens": 0, "wall_s": 0.0,
-                      "controller_s": 0.0, "steps_per_block_sum": [], "truncated_prompts": 0}
+                      "policy_s": 0.0, "steps_per_block_sum": [], "truncated_prompts": 0}
 
     # ---- lm-eval interface ----------------------------------------------------
 
@@ -209,7 +209,7 @@ class CaidllmLM(LM):
         s["positions"] += len(results) * self.gen_length
         s["answer_tokens"] += sum(r.answer_length for r in results)
         s["wall_s"] += wall
-        s["controller_s"] += results[0].controller_s
+        s["policy_s"] += results[0].policy_s
         for r in results:
             spb = s["steps_per_block_sum"]
             spb.extend([0] * (len(r.steps_per_block) - len(spb)))
@@ -232,7 +232,7 @@ class CaidllmLM(LM):
             "wall_s": wall,
             "tps_positions": s["positions"] / wall if wall else None,
             "tps_answer": s["answer_tokens"] / wall if wall else None,
-            "controller_share": s["controller_s"] / s.get("busy_s", wall) if wall else None,
+            "policy_share": s["policy_s"] / s.get("busy_s", wall) if wall else None,
             "truncated_prompts": s["truncated_prompts"],
             "world_size": self.world.world_size,
             "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm bench` "
@@ -263,7 +263,7 @@ def _combined(per_rank: list[dict]) -> dict:
     """The ranks' statistics as one run's: counts add up, the wall time is the slowest rank's (they ran
     side by side). lm-eval pads the shorter ranks with copies of their last request; those count too."""
     total = {k: sum(s[k] for s in per_rank) for k in ("requests", "nfe", "positions", "answer_tokens",
-                                                      "controller_s", "truncated_prompts")}
+                                                      "policy_s", "truncated_prompts")}
     total["wall_s"] = max(s["wall_s"] for s in per_rank)
     total["busy_s"] = sum(s["wall_s"] for s in per_rank)
     blocks = max(len(s["steps_per_block_sum"]) for s in per_rank)

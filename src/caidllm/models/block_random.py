@@ -11,6 +11,9 @@ Shapes (config.json fields; sources in docs/block-diffusion-models.md):
 
 from __future__ import annotations
 
+from .generated_tokenizer import build_tokenizer
+from .tokenizer import fast_tokenizer
+
 _LLADA2 = {
     "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe", "hidden_act": "silu", "head_dim": 128,
     "first_k_dense_replace": 1, "max_position_embeddings": 16384, "n_group": 8, "norm_head": False,
@@ -83,9 +86,6 @@ def tokenizer_files(family: str, max_length: int) -> tuple[dict, dict]:
 
 def generated_tokenizer(family: str, max_length: int):
     """A PreTrainedTokenizerFast for a random `family` model, and its config.json token-id fields."""
-    from .loading import fast_tokenizer
-    from .testing import build_tokenizer
-
     tok_config, fields = tokenizer_files(family, max_length)
     tokenizer = fast_tokenizer(tok_config, tok_config["chat_template"],
                                tokenizer_object=build_tokenizer(TOKENIZERS[family]["specials"]))

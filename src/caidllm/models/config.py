@@ -26,7 +26,7 @@ class ModelConfig:
     max_length: int  # longest canvas the model accepts
     qkv_bias: bool
     tie_embeddings: bool  # LM head shares the input embedding matrix
-    mask_id: int
+    mask_id: int | None  # None until the tokenizer names it (config.json may not)
     eos_id: int  # fills the canvas after an answer ends
     eos_ids: tuple[int, ...]  # every id that ends an answer (eos, end of turn)
     pad_id: int
@@ -130,6 +130,8 @@ class Family:
     model_class(config): the torch module whose state dict matches the checkpoint's names.
     confidence_gating / cache_refresh_every: the decoder defaults for the family (DESIGN.md),
     which config.json may override with caidllm_confidence_gating / caidllm_cache_refresh_every.
+    decoders / cache_modes: the method presets and cache modes that apply (`caidllm models`
+    lists them); decoders empty = every preset.
     """
 
     name: str
@@ -140,3 +142,5 @@ class Family:
     confidence_gating: bool
     cache_refresh_every: int
     description: str = ""
+    decoders: tuple[str, ...] = ()
+    cache_modes: tuple[str, ...] = ("none", "prefix", "dual", "es")  # decode.config.CACHE_MODES

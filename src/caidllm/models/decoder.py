@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import Context, RMSNorm, default_attention_block
+from .layers import Context, RMSNorm, default_attention_block, logits_at_targets
 from .moe import ExpertMLP, MoEFeedForward
 
 
@@ -78,8 +78,5 @@ class DecoderLM(nn.Module):
         for i, layer in enumerate(m.layers):
             x = layer(ctx.enter(i, x), ctx, i)  # es mode: fewer positions at deeper layers
         x = ctx.leave(len(m.layers), x)
-        offsets = ctx.target_offsets()
-        if offsets is not None:  # the head over a large vocabulary only where asked
-            x = x.gather(1, offsets[..., None].expand(-1, -1, x.shape[-1]))
         head = self.embedding.weight if c.tie_embeddings else self.lm_head.weight
-        return nn.functional.linear(m.norm(x), head).float()
+        return logits_at_targets(ctx, x, m.norm, head)

@@ -1,6 +1,8 @@
 """The registry of model families: which config.json each one reads and which
 module it builds. A family is one entry (config.Family, defined beside its
-module); adding one is adding it to FAMILIES, nothing else branches on names."""
+module); adding one is adding it to FAMILIES, nothing else branches on names.
+A config.json is recognised by its architectures first, then by its model_type
+(the first family, in this order, that lists it)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from .config import ConfigFields, Family, ModelConfig, block_diffusion_fields, c
 from .dream import DREAM
 from .llada import LLADA
 from .llada2 import LLADA2
+from .llada_moe import LLADA_MOE
 from .sdar import SDAR
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA2, SDAR)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR)}
 
 
 def get_family(name: str) -> Family:
@@ -25,14 +28,19 @@ def get_family(name: str) -> Family:
 
 def family_of(raw: dict, source: str = "config.json") -> Family:
     """The family whose architectures (first) or model_type name this config.json."""
+    model_type = str(raw.get("model_type", "")).lower()
+    by_type = next((f for f in FAMILIES.values() if model_type in f.model_types), None)
     for arch in raw.get("architectures") or []:
         for family in FAMILIES.values():
             if arch in family.architectures:
+                if by_type is not None and model_type not in family.model_types:
+                    raise ModelLoadError(
+                        f"{source}: architectures {raw.get('architectures')!r} name the {family.name} family but "
+                        f"model_type {raw.get('model_type')!r} names {by_type.name}; the fields contradict each "
+                        "other (fix one of them)")
                 return family
-    model_type = str(raw.get("model_type", "")).lower()
-    for family in FAMILIES.values():
-        if model_type in family.model_types:
-            return family
+    if by_type is not None:
+        return by_type
     known = "; ".join(f"{f.name} (architectures {', '.join(f.architectures)}; model_type {', '.join(f.model_types)})"
                       for f in FAMILIES.values())
     raise ModelLoadError(
@@ -74,7 +82,7 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
     eos_id = fields.pop("eos_id", None)  # a family may know its official end id when config.json has none
     if eos_id is None:
         eos_id = get.int("eos_token_id")
-    fields.setdefault("mask_id", get.int("mask_token_id"))
+    fields.setdefault("mask_id", get.int("mask_token_id", None))  # else the tokenizer's mask token
     if "block_causal" not in fields:  # a block-diffusion family's reader sets its own
         fields.update(block_diffusion_fields(raw, source))
     return ModelConfig(

@@ -48,6 +48,16 @@ def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, ker
     return kernel(x, gate.weight, up.weight, down.weight)
 
 
+def logits_at_targets(ctx: "Context", x: torch.Tensor, norm: nn.Module, head: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of the final hidden states x at ``ctx.targets`` (every computed position when
+    None), for a model without Dream's shift: only there, since the head over a large vocabulary
+    is the costly part."""
+    offsets = ctx.target_offsets()
+    if offsets is not None:
+        x = x.gather(1, offsets[..., None].expand(-1, -1, x.shape[-1]))
+    return F.linear(norm(x), head).float()
+
+
 def default_attention_block(config) -> int | None:
     """The attention block length of a forward that names none: None (bidirectional) for a
     full-sequence model, else the first block length the model decodes with (32 when the

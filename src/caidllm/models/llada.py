@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .config import ConfigFields, Family, ModelConfig
-from .layers import Context, RMSNorm, default_attention_block, swiglu, swiglu_weights
+from .layers import Context, RMSNorm, default_attention_block, logits_at_targets, swiglu, swiglu_weights
 
 
 class LLaDABlock(nn.Module):
@@ -68,12 +68,8 @@ class LLaDAModel(nn.Module):
             x = block(ctx.enter(i, x), ctx, i)  # es mode: fewer positions at deeper layers
         x = ctx.leave(len(t.blocks), x)  # back to every computed position
 
-        # The head over a 126k vocabulary is the costly part: only where asked.
-        offsets = ctx.target_offsets()
-        if offsets is not None:
-            x = x.gather(1, offsets[..., None].expand(-1, -1, x.shape[-1]))
         head = t.wte.weight if self.cfg.tie_embeddings else t.ff_out.weight
-        return nn.functional.linear(t.ln_f(x), head).float()
+        return logits_at_targets(ctx, x, t.ln_f, head)
 
 
 # ---- config.json -------------------------------------------------------------
@@ -122,7 +118,9 @@ def check_settings(raw: dict, source: str, supported: dict, family: str) -> None
 
 # Confidence gating on, cache refresh every 16 steps (DESIGN.md).
 LLADA = Family(
-    name="llada", architectures=("LLaDAModelLM",), model_types=("llada",), read_fields=read_llada_fields,
+    # MMaDA-8B (Gen-Verse) is LLaDA's layout with a larger vocabulary (image codes): its text path runs here.
+    name="llada", architectures=("LLaDAModelLM", "MMadaModelLM"), model_types=("llada", "mmada"),
+    read_fields=read_llada_fields,
     model_class=LLaDAModel, confidence_gating=True, cache_refresh_every=16,
     description="LLaDA (GSAI-ML): LLaMA-shaped bidirectional transformer, OLMo-style config.json",
 )

@@ -15,14 +15,19 @@ import torch
 from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
+from .forward_modes import MODES
 from .layers import Context, default_attention_block, positions_from_mask
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 from .transfer import to_device
 
-MODES = ("full", "prefix", "dual", "es")
 
 
 class DiffusionLM:
+    """A loaded model (LLaDA, Dream, ...) with its config and tokenizer, behind the one interface the
+    decoders use: `forward` in each forward mode (models/forward_modes.py) with float32 logits
+    aligned to positions, `new_cache`, chat encoding and decoding; `generate` is the decoders'
+    (registered by caidllm.decode)."""
+
     def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None):
         self.model = model
         self.config = config
@@ -32,6 +37,16 @@ class DiffusionLM:
         self.path = Path(path) if path is not None else None
         self.random_weights = False  # built by random_init.py: speed and memory only, the text means nothing
         self.compiled = False  # set by compiled.enable_compile
+        self.name = str(path) if path is not None else None  # what it was loaded by (folder, hub id, random:...)
+        self.checkpoint = None  # the known public checkpoint it is (models/checkpoints.py), if any
+
+    @property
+    def chat_default(self) -> bool:
+        """Whether prompts go through the chat template unless told: a known checkpoint's
+        instruct flag (base models decode raw text), else whether the tokenizer has a template."""
+        if self.checkpoint is not None:
+            return self.checkpoint.instruct
+        return bool(self.tokenizer.chat_template)
 
     def __repr__(self) -> str:
         c = self.config
@@ -179,11 +194,17 @@ class DiffusionLM:
 
     # ---- decoding -------------------------------------------------------
 
-    def generate(self, prompts, method: str = "cai", **options):
-        """Decode `prompts` with a method preset; see caidllm.decode.generate."""
-        from ..decode import generate
+    # The decoders live a layer above the model: caidllm.decode registers its generate() here when
+    # it is imported (importing caidllm does), so this module never imports them.
+    _generate_function = None
 
-        return generate(self, prompts, method=method, **options)
+    @classmethod
+    def register_generate(cls, function) -> None:
+        cls._generate_function = staticmethod(function)
+
+    def generate(self, prompts, method: str = "cai", **options):
+        """Decode `prompts` with a method preset; see caidllm.decode.generate (the same function)."""
+        return self._generate_function(self, prompts, method=method, **options)
 
     # ---- text -----------------------------------------------------------
 
@@ -198,7 +219,9 @@ class DiffusionLM:
         """Token ids of a conversation ([{"role", "content"}, ...]) through the chat
         template, ending with the assistant generation prompt."""
         if not self.tokenizer.chat_template:
-            raise InputError(f"the tokenizer of {self.path} has no chat template (tokenizer_config.json)")
+            raise InputError(f"{self.name or self.path} has no chat template (its tokenizer_config.json has no "
+                             "chat_template: a base model?); decode the prompt as raw text with chat=False "
+                             "(--no-chat on the command line)")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 

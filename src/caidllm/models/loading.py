@@ -9,23 +9,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: F401 - tests patch loading.F
 
 from ..errors import ModelLoadError
+from .checkpoints import identify
 from .config import ModelConfig
 from .families import get_family, load_config
+from .hub import download, is_hub_id
+from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
 from .lm import DiffusionLM
 from .random_init import build_random, is_random_name
+from .tokenizer import END_OF_TURN, fast_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd"}  # tiny-bd: block-causal (block diffusion)
-DTYPES = {
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-}
-END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaMA-3, ChatML (Qwen, SDAR), LLaDA2
-SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "additional_special_tokens")
 
 
 def load(path_or_name, device=None, dtype=None, compile: bool = False) -> DiffusionLM:
@@ -48,62 +45,42 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False) -> Diffus
 def _load(path_or_name, device, dtype) -> DiffusionLM:
     if is_random_name(path_or_name):
         return build_random(path_or_name, resolve_device(device), dtype)
-    folder = resolve_folder(path_or_name)
+    folder, hub_id = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
+    checkpoint = identify(folder, config.raw, hub_id)
+    if checkpoint is not None:  # its recommended gating and f, unless config.json sets its own
+        config = replace(config, confidence_gating=config.raw.get("caidllm_confidence_gating",
+                                                                  checkpoint.recommended.confidence_gating),
+                         cache_refresh_every=config.raw.get("caidllm_cache_refresh_every",
+                                                            checkpoint.recommended.refresh_every))
     device = resolve_device(device)
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     check_device_dtype(device, dtype)
     tokenizer, config = load_tokenizer(folder, config)
     model = load_model(folder, config, device, dtype)
-    return DiffusionLM(model, config, tokenizer, device, dtype, path=folder)
+    lm = DiffusionLM(model, config, tokenizer, device, dtype, path=folder)
+    lm.name, lm.checkpoint = hub_id or str(path_or_name), checkpoint
+    return lm
 
 
-def resolve_folder(path_or_name) -> Path:
+def resolve_folder(path_or_name) -> tuple[Path, str | None]:
+    """The local folder of `path_or_name` and, when it was a hub id, that id (models/hub.py)."""
     if isinstance(path_or_name, str) and path_or_name in EMBEDDED:
         folder = EMBEDDED[path_or_name]
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"the embedded model {path_or_name!r} is not installed (expected it at {folder})")
-        return folder
+        return folder, None
     folder = Path(path_or_name).expanduser()
+    if not folder.exists() and isinstance(path_or_name, str) and is_hub_id(path_or_name):
+        return download(path_or_name), path_or_name.split("@", 1)[0]
     if not folder.exists():
         raise ModelLoadError(
-            f"model folder {folder} does not exist (expected a local folder in Hugging Face layout, "
-            f"or one of the embedded names {sorted(EMBEDDED)}, or random:llada-8b / random:dream-7b)"
+            f"model folder {folder} does not exist (expected a local folder in Hugging Face layout, a hub id "
+            f"ORG/NAME[@REVISION], one of the embedded names {sorted(EMBEDDED)}, or random:llada-8b / random:dream-7b)"
         )
     if not folder.is_dir():
         raise ModelLoadError(f"{folder} is a file; expected a model folder containing config.json")
-    return folder
-
-
-def resolve_device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ModelLoadError(f"unknown device {device!r}: {e}") from None
-
-
-def resolve_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype in DTYPES.values():
-            return dtype
-        raise ModelLoadError(f"unsupported dtype {dtype}; expected bfloat16, float16 or float32")
-    name = str(dtype).lower().removeprefix("torch.")
-    if name not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
-    return DTYPES[name]
-
-
-def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
-    # A tiny trial of the two kernels the model needs, so an unusable pair
-    # fails here with a clear message instead of deep inside the first forward.
-    try:
-        a = torch.ones(1, 1, 4, 8, device=device, dtype=dtype)
-        (a @ a.transpose(-1, -2)).sum().item()
-        F.scaled_dot_product_attention(a, a, a).sum().item()
-    except Exception as e:  # noqa: BLE001 - any failure means the pair is unusable
-        raise ModelLoadError(f"device {device} cannot run dtype {dtype}: {type(e).__name__}: {e}") from None
+    return folder, None
 
 
 # ---- tokenizer --------------------------------------------------------------
@@ -125,47 +102,60 @@ def load_tokenizer(folder: Path, config: ModelConfig):
     n = len(tokenizer)
     if n > config.vocab_size:
         raise ModelLoadError(f"{tok_file} has {n} tokens but the model's vocabulary has only {config.vocab_size}")
-    mask_token = tokenizer.convert_ids_to_tokens(config.mask_id) if 0 <= config.mask_id < n else None
-    if mask_token is None:
-        raise ModelLoadError(f"mask_token_id {config.mask_id} of config.json is not a token of {tok_file} ({n} tokens)")
-    if "mask" not in mask_token.lower() and mask_token != tokenizer.mask_token:
-        raise ModelLoadError(f"token {mask_token!r} at mask_token_id {config.mask_id} is not a mask token ({tok_file})")
+    generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+    mask_id = checkpoint_mask_id(tokenizer, config, generation, folder)
     if tokenizer.mask_token is None:
-        tokenizer.mask_token = mask_token
+        tokenizer.mask_token = tokenizer.convert_ids_to_tokens(mask_id)
     for name in ("eos_id", "pad_id"):
         value = getattr(config, name)
         if not 0 <= value < config.vocab_size:
             raise ModelLoadError(f"config.json {name}={value} is outside the vocabulary (size {config.vocab_size})")
 
-    eos_ids = [config.eos_id]
-    for token in (tokenizer.eos_token, *END_OF_TURN):
+    # Every id the checkpoint's own files give as an end: config.json's and generation_config.json's
+    # eos, the tokenizer's eos and pad (an instruct model fills the tail with it: DiffuCoder's
+    # <|dlm_pad|>) and the end-of-turn tokens its chat template writes.
+    eos_ids = [config.eos_id, *_ids(generation.get("eos_token_id")), config.pad_id]
+    for token in (tokenizer.eos_token, tokenizer.pad_token, *END_OF_TURN):
         tid = tokenizer.convert_tokens_to_ids(token) if token else None
-        if tid is not None and tid != tokenizer.unk_token_id and tid not in eos_ids:
+        if tid is not None and tid != tokenizer.unk_token_id:
             eos_ids.append(tid)
+    eos_ids = tuple(i for i in dict.fromkeys(eos_ids) if i != mask_id)
     bos_id = config.bos_id if config.bos_id is not None else tokenizer.bos_token_id
-    return tokenizer, replace(config, eos_ids=tuple(eos_ids), bos_id=bos_id)
+    return tokenizer, replace(config, mask_id=mask_id, eos_ids=eos_ids, bos_id=bos_id)
 
 
-def fast_tokenizer(tok_cfg: dict, chat_template, **source):
-    """A PreTrainedTokenizerFast from `source` (tokenizer_file= or tokenizer_object=) with the
-    special tokens and settings of a tokenizer_config.json dict."""
-    from transformers import PreTrainedTokenizerFast
+def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder: Path) -> int:
+    """The mask id the checkpoint's own files give: config.json's mask_token_id, else
+    generation_config.json's, else tokenizer_config.json's mask_token. The id must be a
+    token of the tokenizer whose text is a mask token; two files naming different mask
+    tokens are an error (never a silent choice)."""
+    n = len(tokenizer)
+    named = {}
+    for source, value in (("config.json mask_token_id", config.mask_id),
+                          ("generation_config.json mask_token_id", generation.get("mask_token_id"))):
+        if isinstance(value, int) and not isinstance(value, bool):
+            named[source] = value
+    if tokenizer.mask_token is not None:
+        named["tokenizer_config.json mask_token"] = tokenizer.convert_tokens_to_ids(tokenizer.mask_token)
+    if not named:
+        raise ModelLoadError(f"{folder}: no mask token: config.json has no mask_token_id and tokenizer_config.json "
+                             "no mask_token (a masked diffusion model needs one)")
+    for source, mask_id in named.items():
+        token = tokenizer.convert_ids_to_tokens(mask_id) if 0 <= mask_id < n else None
+        if token is None:
+            raise ModelLoadError(f"{source} {mask_id} is not a token of {folder / 'tokenizer.json'} ({n} tokens)")
+        if "mask" not in token.lower() and token != tokenizer.mask_token:
+            raise ModelLoadError(f"token {token!r} at {source.split()[1]} {mask_id} is not a mask token ({source})")
+    if len(set(named.values())) > 1:
+        raise ModelLoadError(f"{folder}: the mask token ids disagree: "
+                             + ", ".join(f"{source} = {i}" for source, i in named.items()))
+    return next(iter(named.values()))
 
-    kwargs = {k: _token_text(tok_cfg[k]) for k in SPECIAL_KEYS if tok_cfg.get(k) is not None}
-    kwargs["chat_template"] = chat_template
-    if "model_max_length" in tok_cfg:
-        kwargs["model_max_length"] = tok_cfg["model_max_length"]
-    kwargs["clean_up_tokenization_spaces"] = bool(tok_cfg.get("clean_up_tokenization_spaces", False))
-    return PreTrainedTokenizerFast(**source, **kwargs)
 
-
-def _token_text(value):
-    # tokenizer_config.json stores special tokens as strings or AddedToken dicts.
-    if isinstance(value, dict):
-        return value.get("content")
-    if isinstance(value, list):
-        return [_token_text(v) for v in value]
-    return value
+def _ids(value) -> list[int]:
+    """eos_token_id of a generation_config.json: an int, a list of ints, or absent."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
 def _chat_template(folder: Path, tok_cfg: dict):
@@ -224,7 +214,9 @@ def weight_files(folder: Path) -> dict[str, Path]:
         return where
     if single.is_file():
         return {name: single for name in _file_names(single)}
-    raise ModelLoadError(f"no weights in {folder}: expected model.safetensors or model.safetensors.index.json")
+    pickles = sorted(p.name for p in folder.glob("*.bin"))
+    hint = f" ({', '.join(pickles[:2])} found: caidllm reads safetensors only, never .bin pickles)" if pickles else ""
+    raise ModelLoadError(f"no weights in {folder}: expected model.safetensors or model.safetensors.index.json{hint}")
 
 
 def _file_names(file: Path) -> list[str]:

@@ -1,13 +1,13 @@
 """Random-weight models of the official shapes, by name: ``random:llada-8b``,
-``random:dream-7b``, ``random:llada2-mini``, ``random:llada2-flash``, ``random:sdar-1.7b``,
-``random:sdar-8b``, ``random:sdar-30b-a3b`` (block_random.py), with config.json fields
-overridden by a query string:
+``random:dream-7b``, ``random:llada-moe-7b`` ... (OFFICIAL: one per public checkpoint layout), and the
+block-diffusion ``random:llada2-mini``, ``random:llada2-flash``, ``random:sdar-1.7b``, ``random:sdar-8b``,
+``random:sdar-30b-a3b`` (block_random.py), with config.json fields overridden by a query string:
 
     caidllm.load("random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816")
 
 They exist to measure speed and memory without a checkpoint: the weights are
 drawn directly on the target device in the target dtype (no file, no CPU
-round-trip), and a small generated tokenizer (models/testing.py) stands in for
+round-trip), and a small generated tokenizer (models/generated_tokenizer.py) stands in for
 the real one, so every command accepts them. The text they write means
 nothing. ``device="meta"`` builds the module without memory (to count
 parameters). The token ids of the config (mask, eos, pad, bos) are those of the
@@ -26,9 +26,13 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from . import block_random
+from .device import check_device_dtype, resolve_dtype
 from .families import get_family, parse_config
+from .generated_tokenizer import generated_tokenizer
 from .layers import RMSNorm
+from .lm import DiffusionLM
 from .moe import Router
+from .tokenizer import end_of_turn_ids
 
 PREFIX = "random:"
 
@@ -51,9 +55,30 @@ OFFICIAL = {
         "use_sliding_window": False, "vocab_size": 152064,
     },
 }
-FAMILY = {"llada-8b": "llada", "dream-7b": "dream"}
+DREAM_CODER = {**OFFICIAL["dream-7b"], "max_position_embeddings": 32768}  # Qwen2.5-Coder-7B's context
+OFFICIAL.update({
+    # MMaDA-8B (Gen-Verse): LLaDA's layout, its vocabulary grown by 8192 image codes (its text path).
+    "mmada-8b": {**OFFICIAL["llada-8b"], "architectures": ["MMadaModelLM"], "model_type": "mmada",
+                 "embedding_size": 134656, "vocab_size": 134656, "llm_vocab_size": 126464, "codebook_size": 8192},
+    # Dream-Coder-v0-Instruct-7B (Dream-org) and DiffuCoder-7B (Apple): Dream's layout on Qwen2.5-Coder-7B.
+    "dream-coder-7b": DREAM_CODER,
+    "diffucoder-7b": DREAM_CODER,
+    # LLaDA-MoE-7B-A1B (inclusionAI): OLMoE layout, 64 experts, top 8 (its config.json says model_type "llada").
+    "llada-moe-7b": {
+        "architectures": ["LLaDAMoEModelLM"], "model_type": "llada", "hidden_size": 2048, "num_hidden_layers": 16,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 157184, "max_position_embeddings": 8192,
+        "rope_theta": 50000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "attention_bias": False,
+        "tie_word_embeddings": False, "qk_layernorm": True, "num_experts": 64, "num_experts_per_tok": 8,
+        "expert_intermediate_size": 1024, "dense_intermediate_size": 8192, "moe_layer_freq": [1] * 16,
+        "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
+        "partial_rotary_factor": 1.0, "torch_dtype": "bfloat16",
+    },
+})
+# Which generated tokenizer (models/generated_tokenizer.py) stands in for each shape's real one.
+GENERATED_TOKENIZER = {"llada-8b": "llada", "mmada-8b": "llada", "llada-moe-7b": "llada",
+                       "dream-7b": "dream", "dream-coder-7b": "dream", "diffucoder-7b": "dream"}
 OFFICIAL.update(block_random.OFFICIAL)  # llada2-mini, llada2-flash, sdar-1.7b, sdar-8b, sdar-30b-a3b
-FAMILY.update(block_random.FAMILY)
+GENERATED_TOKENIZER.update(block_random.FAMILY)
 TOKEN_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
 
 
@@ -62,7 +87,8 @@ def is_random_name(name) -> bool:
 
 
 def random_raw_config(name: str) -> tuple[str, dict]:
-    """The shape's family and its config.json dict with the overrides of `name` applied."""
+    """The shape's generated-tokenizer kind ("llada" / "dream") and its config.json dict with the
+    overrides of `name` applied."""
     shape, _, query = name[len(PREFIX):].partition("?")
     if shape not in OFFICIAL:
         raise ModelLoadError(f"unknown random model shape {shape!r} in {name!r}; known: "
@@ -79,9 +105,12 @@ def random_raw_config(name: str) -> tuple[str, dict]:
             raise ModelLoadError(f"{name!r}: {key!r} is not a config.json field of {shape}; fields: "
                                  + ", ".join(sorted(raw)))
         raw[key] = _typed(name, key, text, raw[key])
-    if shape == "llada-8b" and "embedding_size" not in dict(pairs) and "vocab_size" in dict(pairs):
+    given = dict(pairs)
+    if "embedding_size" in raw and "embedding_size" not in given and "vocab_size" in given:
         raw["embedding_size"] = raw["vocab_size"]  # the weights are sized by embedding_size
-    return FAMILY[shape], raw
+    if "moe_layer_freq" in raw and "num_hidden_layers" in given:
+        raw["moe_layer_freq"] = [1] * raw["num_hidden_layers"]  # every layer MoE, as the official one
+    return GENERATED_TOKENIZER[shape], raw
 
 
 def _typed(name: str, key: str, text: str, official):
@@ -109,13 +138,9 @@ def _typed(name: str, key: str, text: str, official):
 
 def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
     """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
-    from .lm import DiffusionLM
-    from .loading import check_device_dtype, resolve_dtype
-    from .testing import generated_tokenizer
-
-    family, raw = random_raw_config(name)
-    make_tokenizer = block_random.generated_tokenizer if family in block_random.TOKENIZERS else generated_tokenizer
-    tokenizer, ids = make_tokenizer(family, max_length=_max_length(raw))
+    kind, raw = random_raw_config(name)
+    make_tokenizer = block_random.generated_tokenizer if kind in block_random.TOKENIZERS else generated_tokenizer
+    tokenizer, ids = make_tokenizer(kind, max_length=_max_length(raw))
     raw.update(ids)
     config = parse_config(raw, source=name)
     if config.vocab_size < len(tokenizer):
@@ -124,7 +149,7 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     if device.type != "meta":
         check_device_dtype(device, dtype)
-    config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *_end_of_turn(tokenizer)])))
+    config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *end_of_turn_ids(tokenizer)])))
     with torch.device("meta"):
         model = get_family(config.family).model_class(config)
     model = model.to(dtype)
@@ -140,17 +165,10 @@ def _max_length(raw: dict) -> int:
     return int(raw.get("max_sequence_length") or raw.get("max_position_embeddings"))
 
 
-def _end_of_turn(tokenizer) -> list[int]:
-    from .loading import END_OF_TURN
-
-    found = [tokenizer.convert_tokens_to_ids(t) for t in END_OF_TURN]
-    return [i for i in found if i is not None and i != tokenizer.unk_token_id]
-
-
 @torch.no_grad()
 def initialise(model: nn.Module, generator: torch.Generator) -> None:
     """In place, on the parameters' own device and dtype: embeddings N(0, 1), linear weights
-    N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
+    and MoE gates N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
     weights N(1, 0.1^2)."""
     for module in model.modules():
         if isinstance(module, nn.Embedding):

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import gc
+import logging
 import os
 import signal
+import sys
 import threading
-from pathlib import Path
 
 from caidllm.decode.presets import method_names
 from caidllm.errors import InputError
 from caidllm.serve import replicas
+from caidllm.serve.launch import settings_file_of, settings_from  # noqa: F401 - also read from here
 
 
 def register(sub, name: str) -> None:
-    from caidllm.cli import add_model_arguments
+    from caidllm.options import add_model_arguments
 
     p = sub.add_parser(name, help="serve a model with an OpenAI-compatible HTTP API",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -31,6 +34,12 @@ def register(sub, name: str) -> None:
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (rows per forward)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429")
     p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+                   help="largest request body; a larger one gets 413 before it is read")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds to receive a request's whole body; past it: 408")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="on SIGTERM, seconds requests in flight may go on; then each ends with a clean error")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="CAI settings file (caidllm calibrate): the defaults of requests for its method")
@@ -39,58 +48,31 @@ def register(sub, name: str) -> None:
     p.set_defaults(handler=run)
 
 
-def settings_from(args, lm):
-    from caidllm.serve.app import ServeSettings
-    from caidllm.serve.protocol import ServerDefaults
-
-    for name in ("gen_length", "block_length", "max_batch", "port"):
-        value = getattr(args, name)
-        if value < (0 if name == "port" else 1):
-            raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    from caidllm.decode.presets import build_config
-
-    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # checks them
-    name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
-    defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
-                              block_length=args.block_length,
-                              max_gen_length=args.max_gen_length or lm.config.max_length,
-                              max_prompt_tokens=args.max_prompt_tokens, settings=_settings(args))
-    return ServeSettings(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
-                         api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
-                         max_request_time=args.max_request_time)
-
-
-def _settings(args):
-    if getattr(args, "settings", None) is None:
-        return None
-    from caidllm.decode.settings_file import load_settings
-
-    return load_settings(args.settings)
-
-
 def run(args) -> int:
     import uvicorn
 
-    from caidllm.cli import load_model
     from caidllm.decode.presets import build_config
+    from caidllm.options import load_model
     from caidllm.serve.app import create_app
+    from caidllm.serve.shutdown import uvicorn_config
 
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
-        return replicas.run(args)
+        return run_replicas(args)
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
-    _settings(args)  # a bad settings file fails before the model loads too
+    settings_file_of(args)  # a bad settings file fails before the model loads too
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
-    # HTTP in a thread, the engine loop in the main thread (torch is faster there). SIGTERM / SIGINT:
-    # uvicorn stops accepting, lets requests in flight finish (10 s at most), shuts the app down;
-    # then the engine stops, cancelling whatever is left, and the exit status is 0.
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=10))
+    # HTTP in a thread, the engine loop in the main thread (BENCHMARKS.md: "Where the engine loop runs").
+    # SIGTERM / SIGINT: uvicorn stops accepting and the app drains (serve/shutdown.py): requests in
+    # flight go on for --shutdown-grace seconds, then end with a clean error; the app shuts down,
+    # then the engine stops, and the exit status is 0.
+    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_grace))
     http = threading.Thread(target=server.run, name="caidllm-http")
 
     def on_signal(signum, frame):
         server.should_exit = True
+        app.state.shutdown.begin_from_thread()
 
     def stop_engine_after_http():
         http.join()
@@ -98,10 +80,27 @@ def run(args) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # What is loaded now lives as long as the process: the collector skips it from here on (at exit
+    # too, where scanning the imports' and the model's objects once took seconds past the grace period).
+    gc.freeze()
     http.start()
     threading.Thread(target=stop_engine_after_http, daemon=True).start()
     background.run_here()
     http.join()
     if not server.started:
         raise InputError(f"the server could not start on {args.host}:{args.port} (see the log above)")
-    return 0
+    # All has stopped cleanly. The interpreter's teardown of torch and the model would take seconds
+    # more on a loaded machine (measured: 2 s, past the grace period); there is nothing left to save.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_replicas(args) -> int:
+    replicas.check(args)
+    try:
+        from caidllm.serve import ray_deployment
+    except ImportError as e:
+        raise InputError(f"--replicas needs Ray Serve ({e.name or e} is missing): pip install 'caidllm[ray]'") from None
+    return ray_deployment.serve_until_stopped(args)

@@ -8,10 +8,13 @@ import time
 
 import uvicorn
 
+from caidllm.serve.shutdown import uvicorn_config
+
 
 class LocalServer:
     def __init__(self, app, start_timeout: float = 60.0):
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        grace = app.state.settings.shutdown_grace
+        self.config = uvicorn_config(app, "127.0.0.1", 0, "warning", grace)
         self.server = uvicorn.Server(self.config)
         self.start_timeout = start_timeout
         self.thread: threading.Thread | None = None
@@ -31,4 +34,5 @@ class LocalServer:
 
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
+        self.config.app.state.shutdown.begin_from_thread()  # as on SIGTERM: requests in flight drain
         self.thread.join(timeout=30)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-OUTCOMES = ("completed", "refused", "queue_full", "cancelled", "timeout", "failed")
+OUTCOMES = ("completed", "refused", "queue_full", "cancelled", "timeout", "shutdown", "failed")
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class ServerMetrics:
+    """The Prometheus metrics of one app: outcomes, latencies, the engine's gauges and counters, the process."""
+
     def __init__(self, background):
         self.registry = CollectorRegistry()
         self.requests = Counter("caidllm_requests", "Requests by outcome", ["outcome"], registry=self.registry)
@@ -25,8 +27,11 @@ class ServerMetrics:
         Gauge("caidllm_queue_depth", "Requests waiting for a slot", registry=self.registry).set_function(
             lambda: background.queued)
         Gauge("caidllm_rows_in_flight", "Requests decoding now (rows of the batch)",
-              registry=self.registry).set_function(lambda: len(engine.running))
+              registry=self.registry).set_function(lambda: engine.scheduler.in_flight)
+        Gauge("caidllm_requests_in_engine", "Engine requests submitted and not ended (queued or decoding)",
+              registry=self.registry).set_function(lambda: background.pending)
         self.registry.register(_EngineCounters(engine))
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like (Linux)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,10 +10,10 @@ early_stop, and any CAI setting by name.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
-from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, DecodeConfig
+from caidllm.checks import is_id_list, is_int, is_number
+from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 
@@ -42,7 +42,8 @@ class ServerDefaults:
     max_gen_length: int = 1024  # the largest canvas a request may ask for
     max_prompt_tokens: int | None = None  # None: whatever fits the model's context
     max_prompts: int = 16  # prompts in one /v1/completions request
-    settings: object = None  # a calibrate settings file (Settings): its values are the defaults of its method
+    settings: object = None  # a calibrate settings file (CalibratedSettings): its values are the defaults of its method
+    max_prompt_chars: int | None = None  # longer text cannot fit the context: refused untokenised (prompt_char_limit)
 
 
 @dataclass
@@ -66,7 +67,7 @@ def _is_none(v):
 
 NEUTRAL = {
     "n": lambda v: v in (None, 1),
-    "top_p": lambda v: v is None or (_number(v) and v >= 1),
+    "top_p": lambda v: v is None or (is_number(v) and v >= 1),
     "presence_penalty": lambda v: v in (None, 0),
     "frequency_penalty": lambda v: v in (None, 0),
     "repetition_penalty": lambda v: v in (None, 1),
@@ -95,11 +96,16 @@ OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", 
                  "stream_options", "user", "messages", "prompt"}
 EXTENSIONS = (DECODE_FIELDS | CAI_FIELDS | {"cai", "method"}) - {"temperature", "seed"}
 OWN_FIELDS = {"commit_events"}
+# caidllm's fields whose default is a bool or a str take only a bool or a str (the rest are checked by
+# DecodeConfig.validate): "early_stop": "no" must be refused, not read as true.
+STRICT_TYPES = {f.name: type(f.default) for f in (*fields(DecodeConfig), *fields(CAISettings))
+                if f.default is not MISSING and type(f.default) in (bool, str)}
 
 
 def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    _check_text(body)
     body = {k: v for k, v in body.items() if v is not None}
     prompt_field = "messages" if kind == "chat" else "prompt"
     other = "prompt" if kind == "chat" else "messages"
@@ -114,6 +120,9 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     if prompt_field not in body:
         raise RequestError(f"{prompt_field!r} is required", prompt_field)
     model = body.get("model", defaults.model_name)
+    for name in ("model", "user"):
+        if name in body and not isinstance(body[name], str):
+            raise RequestError(f"{name} must be a string, got {_type(body[name])}", name)
     if model != defaults.model_name:
         raise RequestError(f"the model {model!r} does not exist; this server serves {defaults.model_name!r}",
                            "model", status=404, code="model_not_found")
@@ -128,7 +137,7 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
     max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = _positive_int(body, max_name)
-    prompts = _messages(body["messages"], lm) if kind == "chat" else _prompts(body["prompt"], lm, defaults)
+    prompts = _messages(body["messages"], lm, defaults) if kind == "chat" else _prompts(body["prompt"], lm, defaults)
     if defaults.max_prompt_tokens is not None:
         for ids in prompts:
             if len(ids) > defaults.max_prompt_tokens:
@@ -141,35 +150,92 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
 
 
 def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerDefaults) -> DecodeConfig:
+    _check_types(extensions)
     ext = dict(extensions)
     method = ext.pop("method", defaults.method)
     block = ext.setdefault("block_length", defaults.block_length)
     if "gen_length" in ext:
-        if max_tokens is not None and _int(ext["gen_length"]) and max_tokens > ext["gen_length"]:
+        if max_tokens is not None and is_int(ext["gen_length"]) and max_tokens > ext["gen_length"]:
             raise RequestError(f"{max_name} ({max_tokens}) exceeds gen_length ({ext['gen_length']})", max_name)
-    elif _int(block) and block > 0:
+    elif is_int(block) and block > 0:
         # The canvas: max_tokens rounded up to whole blocks, else the server default (whole blocks too).
+        # Integer arithmetic: a huge max_tokens must not overflow a float.
         wanted = max_tokens if max_tokens is not None else defaults.gen_length
-        ext["gen_length"] = math.ceil(wanted / block) * block
+        ext["gen_length"] = -(-wanted // block) * block
     gen_length = ext.get("gen_length")
-    if _int(gen_length) and gen_length > defaults.max_gen_length:
+    if is_int(gen_length) and gen_length > defaults.max_gen_length:
         param = "gen_length" if "gen_length" in extensions else max_name
         raise RequestError(f"the canvas of {gen_length} positions exceeds this server's limit of "
                            f"{defaults.max_gen_length}", param)
+    steps = ext.get("steps")
+    if is_int(steps) and is_int(gen_length) and steps > gen_length:  # steps that commit nothing, for nothing
+        raise RequestError(f"steps ({steps}) exceeds the canvas of {gen_length} positions", "steps")
     temperature = body.get("temperature", 0.0)
-    if not _number(temperature) or temperature < 0:
+    if not is_number(temperature) or temperature < 0:
         raise RequestError(f"temperature must be a number >= 0, got {temperature!r}", "temperature")
     seed = body.get("seed")
-    if seed is not None and not _int(seed):
+    if seed is not None and not is_int(seed):
         raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
     try:
         own = defaults.settings if defaults.settings is not None and defaults.settings.method == method else None
         return build_config(method, settings=own, temperature=float(temperature), seed=seed, **ext)
     except InputError as error:
-        raise RequestError(str(error), _param_named(str(error), ["method", *extensions])) from None
+        param = _param_named(str(error), ["method", *extensions]) or ("cai" if "cai" in extensions else "method")
+        raise RequestError(str(error), param) from None
 
 
-def _messages(messages, lm) -> list[list[int]]:
+def _check_text(body: dict) -> None:
+    """Every string of the body (keys too) must be valid Unicode: JSON may carry a lone surrogate
+    ("\\ud800"), which no tokenizer takes. Iterative, so deep nesting cannot exhaust the stack."""
+    for top, value in body.items():
+        stack = [top, value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    name = top.encode("utf-8", "backslashreplace").decode("utf-8")
+                    raise RequestError(f"{name!r} holds text that is not valid Unicode (a lone surrogate "
+                                       "such as \\ud800)", name) from None
+            elif isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+
+
+def _check_types(extensions: dict) -> None:
+    cai = extensions.get("cai", {})
+    if not isinstance(cai, dict):
+        raise RequestError(f"cai must be an object of CAI settings, got {_type(cai)}", "cai")
+    named = [(n, n, v) for n, v in extensions.items()] + [(f"cai.{n}", n, v) for n, v in cai.items()]
+    for label, name, value in named:
+        wanted = STRICT_TYPES.get(name)
+        if wanted is not None and value is not None and not isinstance(value, wanted):
+            kind = "true or false" if wanted is bool else "a string"
+            raise RequestError(f"{label} must be {kind}, got {_type(value)}", label.split(".")[0])
+
+
+def _type(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+
+
+def prompt_char_limit(lm) -> int:
+    """Text longer than this cannot fit the model's context, so it is refused before the tokenizer
+    spends seconds on it: a token covers at most as many characters as its longest vocabulary entry
+    has (byte-level, SentencePiece and WordPiece entries alike), with 4x to spare for normalizers."""
+    longest = max(map(len, lm.tokenizer.get_vocab()), default=1)
+    return 4 * longest * lm.config.max_length
+
+
+def _check_length(text: str, defaults: ServerDefaults, param: str) -> None:
+    if defaults.max_prompt_chars is not None and len(text) > defaults.max_prompt_chars:
+        raise RequestError(f"the {param} has {len(text)} characters; no text over {defaults.max_prompt_chars} "
+                           "characters fits the model's context", param)
+
+
+def _messages(messages, lm, defaults: ServerDefaults) -> list[list[int]]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
     turns = []
@@ -184,6 +250,8 @@ def _messages(messages, lm) -> list[list[int]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string", "messages")
+        if not isinstance(m.get("name", ""), str):
+            raise RequestError(f"messages[{i}].name must be a string", "messages")
         extra = set(m) - {"role", "content", "name"}
         if extra:
             raise RequestError(f"messages[{i}] has fields caidllm does not support: {', '.join(sorted(extra))}",
@@ -191,6 +259,7 @@ def _messages(messages, lm) -> list[list[int]]:
         turns.append({"role": m["role"], "content": content})
     if not any(t["content"].strip() for t in turns):
         raise RequestError("messages are all empty", "messages")
+    _check_length("".join(t["content"] for t in turns), defaults, "messages")
     try:
         return [lm.encode_messages(turns)]
     except InputError as error:
@@ -200,7 +269,7 @@ def _messages(messages, lm) -> list[list[int]]:
 
 
 def _prompts(prompt, lm, defaults: ServerDefaults) -> list[list[int]]:
-    if isinstance(prompt, str) or _ids(prompt):
+    if isinstance(prompt, str) or is_id_list(prompt):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt:
         raise RequestError("prompt must be a string, a list of strings, or token ids", "prompt")
@@ -211,8 +280,9 @@ def _prompts(prompt, lm, defaults: ServerDefaults) -> list[list[int]]:
         if isinstance(p, str):
             if not p.strip():
                 raise RequestError(f"prompt {i} is empty", "prompt")
+            _check_length(p, defaults, "prompt")
             out.append(lm.tokenizer.encode(p, add_special_tokens=False))
-        elif _ids(p):
+        elif is_id_list(p):
             out.append(list(p))
         else:
             raise RequestError(f"prompt {i} must be a string or a non-empty list of token ids", "prompt")
@@ -241,18 +311,6 @@ def _bool(body, name, default, label=None):
 
 def _positive_int(body, name):
     value = body.get(name)
-    if value is not None and not (_int(value) and value >= 1):
+    if value is not None and not (is_int(value) and value >= 1):
         raise RequestError(f"{name} must be a positive integer, got {value!r}", name)
     return value
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _ids(v) -> bool:
-    return isinstance(v, list) and len(v) > 0 and all(_int(t) for t in v)

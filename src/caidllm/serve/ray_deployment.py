@@ -25,8 +25,8 @@ APP_NAME = "caidllm"
 @serve.ingress()  # the app is built in each replica, by __serve_build_asgi_app__
 class CaidllmReplica:
     def __init__(self, args):
-        from caidllm.cli import load_model
-        from caidllm.serve.cli import settings_from
+        from caidllm.options import load_model
+        from caidllm.serve.launch import settings_from
 
         self.lm = load_model(args)  # Ray gives a replica with num_gpus=1 its GPU as cuda:0
         self.settings = settings_from(args, self.lm)

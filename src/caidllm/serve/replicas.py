@@ -11,7 +11,8 @@ The endpoints, streaming, limits and errors are those of `caidllm serve`
 replica answered. Ray Serve options go through unchanged with
 `--ray-options '{"max_ongoing_requests": 16, "autoscaling_config":
 {"min_replicas": 1, "max_replicas": 4}}'` (any `serve.deployment` option).
-This file only reads the flags; serve/ray_deployment.py holds the Ray code.
+This file only reads the flags; serve/ray_deployment.py holds the Ray code
+(serve/cli.py starts it).
 """
 
 from __future__ import annotations
@@ -66,12 +67,3 @@ def check(args) -> None:
     from caidllm.decode.presets import build_config
 
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)
-
-
-def run(args) -> int:
-    check(args)
-    try:
-        from caidllm.serve import ray_deployment
-    except ImportError as e:
-        raise InputError(f"--replicas needs Ray Serve ({e.name or e} is missing): pip install 'caidllm[ray]'") from None
-    return ray_deployment.serve_until_stopped(args)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from caidllm.tasks.registry import check_task
+
 # Last "the answer is X" on a line (lm-eval's BBH CoT filter takes the same).
 _ANSWER = re.compile(r"the answer is[ \t]*([^\n]*)", re.IGNORECASE)
 
@@ -45,8 +47,6 @@ def normalise(task: str, answer: str) -> str:
 
 def score(task: str, generated_text: str, target: str) -> bool:
     """True when the answer extracted from ``generated_text`` equals ``target``."""
-    from caidllm.tasks import check_task  # late import: avoids a cycle
-
     check_task(task)
     answer = extract_answer(generated_text)
     if answer is None:

@@ -1,49 +1,81 @@
-"""Commit policies: which masked positions of the block to commit at a step.
+"""Commit policies (the decoders' commit rules): which masked positions of the block to commit at a step.
 
-`make_policy(config, gating)` returns a function of a StepView, plus the
-names of the per-row state tensors it keeps across steps.
+Each policy is one PolicySpec in POLICIES: its select function (a batched tensor
+function of a StepView), the settings it takes from the DecodeConfig, and the
+per-row state it keeps across steps. The valid values of DecodeConfig.policy
+are the keys of POLICIES; rows whose policy and settings are equal share one
+select call (the engine's grouping key is `policy_key`).
+
+Adding a decoder: a module here with its select function, and one entry in
+POLICIES (then a preset in decode/methods.py names it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from caidllm.decode.config import DecodeConfig
 from caidllm.decode.policies import cai, threshold, vanilla
 from caidllm.decode.policies.base import StepView
 from caidllm.errors import InputError
 
+if TYPE_CHECKING:
+    from caidllm.decode.config import DecodeConfig
+
 Policy = Callable[[StepView], torch.Tensor]
 
 
-def _vanilla(config: DecodeConfig, gating: bool):
-    return vanilla.select, ("n_masked",)
+@dataclass(frozen=True)
+class PolicySpec:
+    """One commit rule as the engine runs it.
+
+    select: select(view, **settings) -> [R, block] bool, the positions to commit.
+    settings: the keyword arguments select takes from a request's DecodeConfig and its
+        confidence gating (resolved from the model's default); rows with equal settings (and
+        steps per block) share one call.
+    state_names: per-row state tensors kept across the steps of a block (one long per row,
+        zeroed at each block start; the policy reads and writes them at view.rows).
+    """
+
+    select: Callable[..., torch.Tensor]
+    settings: Callable[["DecodeConfig", bool], dict] = lambda config, gating: {}
+    state_names: tuple[str, ...] = ()
 
 
-def _threshold(config: DecodeConfig, gating: bool):
-    return partial(threshold.select, threshold=config.threshold, factor=config.factor), ()
-
-
-def _cai(config: DecodeConfig, gating: bool):
-    return partial(cai.select, s=config.cai, gating=gating, fixed_threshold=config.threshold), ("low_yield_steps",)
-
-
-# DecodeConfig.policy -> builder of (policy function, names of its per-row state tensors).
-POLICY_BUILDERS: dict[str, Callable[[DecodeConfig, bool], tuple[Policy, tuple[str, ...]]]] = {
-    "vanilla": _vanilla,
-    "threshold": _threshold,
-    "cai": _cai,
+POLICIES: dict[str, PolicySpec] = {
+    "vanilla": PolicySpec(vanilla.select, state_names=("n_masked",)),
+    "threshold": PolicySpec(threshold.select,
+                            lambda config, gating: dict(threshold=config.threshold, factor=config.factor)),
+    "cai": PolicySpec(cai.select,
+                      lambda config, gating: dict(s=config.cai, gating=gating, fixed_threshold=config.threshold),
+                      state_names=("low_yield_steps",)),
 }
 
 
-def make_policy(config: DecodeConfig, gating: bool) -> tuple[Policy, tuple[str, ...]]:
-    builder = POLICY_BUILDERS.get(config.policy)
-    if builder is None:
-        raise InputError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICY_BUILDERS)}")
-    return builder(config, gating)
+def policy_spec(name: str) -> PolicySpec:
+    spec = POLICIES.get(name)
+    if spec is None:
+        raise InputError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return spec
 
 
-__all__ = ["StepView", "make_policy", "Policy", "POLICY_BUILDERS"]
+def make_policy(config: "DecodeConfig", gating: bool) -> tuple[Policy, tuple[str, ...]]:
+    """The request's select function (its settings bound) and the names of its state tensors."""
+    spec = policy_spec(config.policy)
+    settings = spec.settings(config, gating)
+    return (partial(spec.select, **settings) if settings else spec.select), spec.state_names
+
+
+def policy_key(config: "DecodeConfig", gating: bool) -> tuple:
+    """Rows with equal keys run one select call: the same policy, settings and steps per block."""
+    settings = policy_spec(config.policy).settings(config, gating)
+    return (config.policy, config.steps_per_block) + tuple(
+        (name, dataclasses.astuple(value) if dataclasses.is_dataclass(value) else value)
+        for name, value in sorted(settings.items()))
+
+
+__all__ = ["POLICIES", "Policy", "PolicySpec", "StepView", "make_policy", "policy_key", "policy_spec"]

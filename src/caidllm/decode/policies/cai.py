@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from caidllm.decode.config import CAISettings
 from caidllm.decode.policies.base import StepView, with_most_confident
+
+if TYPE_CHECKING:
+    from caidllm.decode.config import CAISettings
 
 
 def block_end_threshold(block_index: int, s: CAISettings) -> float:

@@ -1,0 +1,90 @@
+"""Named methods: each preset is a set of overrides of `DecodeConfig`.
+
+The same names are used by the API, the CLI and the benchmark runner. Any
+field can still be overridden by the caller (e.g. method="fastdllm",
+cache="none"). `preset_config` builds and checks one; presets.build_config
+adds a settings file on top (settings_file.py sits between the two).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
+from caidllm.errors import InputError
+
+PRESETS: dict[str, dict] = {
+    # LLaDA low-confidence remasking, no cache, one token per step (steps = gen_length): the paper's 1.0x.
+    "vanilla": dict(policy="vanilla", cache="none"),
+    # Fast-dLLM threshold decoding with DualCache: the paper's "DualCache" baseline. As the official
+    # code runs them, its DualCache and prefix cache are refreshed at block starts only (refresh_every=0);
+    # CAI and ES-dLLM keep the paper's f (the model's cache_refresh_every).
+    "fastdllm": dict(policy="threshold", cache="dual", threshold=0.9, refresh_every=0),
+    "fastdllm-prefix": dict(policy="threshold", cache="prefix", threshold=0.9, refresh_every=0),
+    # ES-dLLM baseline: early skipping on the dual cache, schedule [(1.0, 0.0), (0.5, 0.125), (0.25, 0.25)]
+    # and alpha 0.5 (the DecodeConfig defaults), committing with a fixed confidence threshold of 0.9 (the
+    # paper's ablation starts from ES-dLLM and adds the adaptive schedule, APD, on top of it).
+    "es-dllm": dict(policy="threshold", cache="es", threshold=0.9),
+    # CAI-dLLM, all components, gating from the model's default (on for LLaDA, off for Dream).
+    # Its backend stays the dual cache until the ES backend ("cai-es") is measured against it.
+    "cai": dict(policy="cai", cache="dual"),
+    # CAI-dLLM on the ES-dLLM cache backend, as the paper builds it (Section 5).
+    "cai-es": dict(policy="cai", cache="es"),
+    "cai-gate-off": dict(policy="cai", cache="dual", cai=dict(gating=False)),
+    "cai-gate-on": dict(policy="cai", cache="dual", cai=dict(gating=True)),
+    # Grinding as Algorithm 1 writes it: after K low-yield steps the block ends (BENCHMARKS.md compares both).
+    "cai-exit": dict(policy="cai", cache="dual", cai=dict(grinding_action="exit")),
+    # Ablation ladder of the paper (Tables 3 and 11): APD alone, + block schedule, + position factors.
+    "cai-apd": dict(policy="cai", cache="dual",
+                    cai=dict(block_schedule=False, position_factors=False, gating=False)),
+    "cai-apd-block": dict(policy="cai", cache="dual", cai=dict(position_factors=False, gating=False)),
+    "cai-apd-block-pos": dict(policy="cai", cache="dual", cai=dict(gating=False)),
+}
+
+
+def method_names() -> list[str]:
+    return list(PRESETS)
+
+
+def uses_cai(method: str) -> bool:
+    """Whether the preset runs the CAI controller (so a settings file applies to it)."""
+    return PRESETS.get(method, {}).get("policy") == "cai"
+
+
+def preset_config(method: str, cai_under: dict | None = None, **overrides) -> DecodeConfig:
+    """The preset `method` with `overrides` applied (None values are ignored), checked.
+
+    Overrides may name any DecodeConfig field or any CAISettings field
+    (CAI fields may also be given as a dict under `cai`). `cai_under`: CAI
+    values that go over the preset's and under `overrides` (a settings file's).
+    """
+    if method not in PRESETS:
+        raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
+    preset = copy.deepcopy(PRESETS[method])
+    cai_overrides = preset.pop("cai", {})
+    cai_overrides.update(copy.deepcopy(cai_under or {}))
+    top = dict(preset)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "cai":
+            if not isinstance(value, dict):
+                raise InputError(f"cai overrides must be a dict of CAI settings, got {type(value).__name__}")
+            for k in value:
+                if k not in CAI_FIELDS:
+                    raise InputError(f"unknown CAI setting {k!r}; known: {', '.join(sorted(CAI_FIELDS))}")
+            cai_overrides.update(value)
+        elif key in DECODE_FIELDS:
+            top[key] = value
+        elif key in CAI_FIELDS:
+            cai_overrides[key] = value
+        else:
+            raise InputError(
+                f"unknown decoding option {key!r}; known: {', '.join(sorted(DECODE_FIELDS | CAI_FIELDS))}"
+            )
+    for key in ("factors", "budget_fractions"):
+        if isinstance(cai_overrides.get(key), list):
+            cai_overrides[key] = tuple(cai_overrides[key])
+    config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides))
+    return config.validate()

@@ -1,0 +1,134 @@
+"""Runs a step's forwards: for each group of requests (scheduler.py), one model forward in
+its mode over their cache rows, a prediction and a confidence for each position of their
+blocks, and their commit policies; the commits go into the Frame's canvas and come back to
+the host as one RowStep per request (their bookkeeping is the request's, request.py).
+
+Adding a forward mode: decode/forward_modes.py. Adding a decoder (a commit rule):
+decode/policies/ (one module and one registry line). Neither touches this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
+from caidllm.decode.frame import Frame
+from caidllm.decode.policies import StepView
+from caidllm.decode.request import Request
+from caidllm.decode.sampling import predict
+from caidllm.decode.scheduler import ForwardGroup
+from caidllm.decode.timing import DeviceTimer
+from caidllm.models import transfer
+from caidllm.models.transfer import to_device
+
+
+@dataclass
+class RowStep:
+    """What one step did for one request, on the host: which positions of its block were
+    committed, the predicted token and the confidence of every position, and the
+    (layer, position) pairs its forward computed."""
+
+    request: Request
+    commits: list[bool]
+    tokens: list[int]
+    confidences: list[float]
+    computed_pairs: int
+
+
+class Runner:
+    """Runs the forwards, predictions and policies of a step; times the last two kinds."""
+
+    def __init__(self, lm):
+        self.lm = lm
+        self.policy_timer = DeviceTimer(lm.device)
+        self.forward_timer = DeviceTimer(lm.device)  # time inside the model forwards
+        self.forwards = 0  # forward passes run (one per group per step)
+        self.faults: dict[str, Exception] = {}  # request id -> why its policy raised (Engine.take_faults)
+
+    def run(self, frame: Frame, groups: list[ForwardGroup]) -> list[RowStep]:
+        rows: list[RowStep] = []
+        for group in groups:
+            rows.extend(self._advance(frame, group.mode, group.members))
+        return rows
+
+    def _advance(self, frame: Frame, mode: str, members: list[Request]) -> list[RowStep]:
+        lm, device = self.lm, self.lm.device
+        block_length = members[0].config.block_length
+        slots = [r.slot for r in members]
+        starts = [frame.block_start(r.slot, r.config.gen_length, r.block * block_length) for r in members]
+        slot_ids = to_device(slots, device)  # no host sync on the hot path (models/transfer.py)
+        columns = to_device(starts, device)[:, None] + torch.arange(block_length, device=device)
+        block = frame.canvas[slot_ids[:, None], columns]
+        masked = block == lm.config.mask_id
+        plan = FORWARD_PLANS[mode]
+        inputs = plan.inputs(members, masked)
+        # Every request was checked at submit and the Frame knows each row's first real column:
+        # the unchecked forward has no host sync.
+        with self.forward_timer:
+            logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
+                                end=[s + block_length for s in starts], rows=frame.row_selector(slots, slot_ids),
+                                real_from=[frame.first_real(s) for s in slots], **inputs)
+        self.forwards += 1
+        predicted, confidence = self._predict(logits, members)
+        for i, r in enumerate(members):
+            if r.step == 0:
+                r.block_first_confidence = confidence[i]
+        commit = self._select(members, predicted, confidence, masked)
+        frame.canvas[slot_ids[:, None], columns] = torch.where(commit, predicted, block)
+        for i, r in enumerate(members):
+            if CACHE_MODES[r.config.cache].early_skipping:  # the next step's forward reads these
+                r.prev_confidence, r.just_committed = confidence[i], commit[i]
+        pairs = plan.computed_pairs(inputs, lm.config.n_layers, block_length)
+        # Commits, tokens and confidences of these rows reach the host in one transfer:
+        # the step's one host sync per forward group (transfer.to_host).
+        commits, tokens, confidences = transfer.to_host(
+            torch.stack([commit.double(), predicted.double(), confidence.double()]))
+        return [RowStep(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs)
+                for i, r in enumerate(members)]
+
+    def _predict(self, logits: torch.Tensor, members: list[Request]):
+        """Each position's token and its confidence; sampling runs once per temperature."""
+        mask_id = self.lm.config.mask_id
+        temperatures = {r.config.temperature for r in members}
+        if temperatures == {0}:
+            return predict(logits, mask_id, 0.0, None, consume=True)
+        predicted = torch.empty(logits.shape[:2], dtype=torch.long, device=logits.device)
+        confidence = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
+        for temperature in sorted(temperatures):
+            indices = [i for i, r in enumerate(members) if r.config.temperature == temperature]
+            generators = [members[i].generator for i in indices] if temperature > 0 else None
+            at = to_device(indices, logits.device)
+            predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, generators, consume=True)
+        return predicted, confidence
+
+    def _select(self, members: list[Request], predicted, confidence, masked) -> torch.Tensor:
+        """Each group of rows with the same policy settings, step and block runs its policy once."""
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(members):
+            groups.setdefault((r.policy_key, r.step, r.block), []).append(i)
+        first = torch.stack([r.block_first_confidence for r in members])
+        commit = torch.zeros_like(masked)
+        for indices in groups.values():
+            lead = members[indices[0]]
+            at = slice(None) if len(indices) == len(members) else to_device(indices, masked.device)
+            state = {name: torch.cat([members[i].state[name] for i in indices]) for name in lead.state_names}
+            total_steps = lead.config.steps_per_block
+            view = StepView(confidence=confidence[at], predicted=predicted[at], masked=masked[at],
+                            first_confidence=first[at], step=lead.step, total_steps=total_steps,
+                            block_index=lead.block, rows=torch.arange(len(indices), device=masked.device),
+                            state=state)
+            try:
+                with self.policy_timer:
+                    chosen = lead.policy(view) & view.masked
+            except Exception as error:  # noqa: BLE001 - these requests fail alone; the engine drops them
+                self.faults.update((members[i].id, error) for i in indices)
+                chosen = torch.zeros_like(view.masked)
+            if lead.step == total_steps - 1:  # the last step commits whatever is left: no mask leaves the engine
+                chosen = view.masked
+            for j, i in enumerate(indices):
+                for name in lead.state_names:
+                    members[i].state[name] = state[name][j:j + 1]
+            commit[at] = chosen
+        return commit

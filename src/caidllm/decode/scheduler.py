@@ -1,0 +1,155 @@
+"""Which requests run at a step, and together: the queue, admission into free slots of the
+Frame, the limits (max_batch in flight, max_queue waiting), cancel and drop, and the grouping
+of the requests in flight into the forwards of a step.
+
+The one place these rules live: Engine.submit and the BackgroundEngine ask `check_room`, and
+nothing else reads or writes the queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from caidllm.checks import is_int
+from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
+from caidllm.decode.frame import Frame
+from caidllm.decode.request import Request
+from caidllm.errors import EngineFullError, InputError
+
+
+@dataclass
+class ForwardGroup:
+    """Requests that share one forward at this step: the same mode and block length (and the
+    mode's own key, e.g. the early-skip schedule). Members in slot order."""
+
+    mode: str
+    members: list[Request]
+
+
+class Scheduler:
+    """The queue and the requests in flight, with the limits that govern both.
+
+    on_admit(request, slot) is called when a queued request takes a slot (the engine starts its
+    bookkeeping there)."""
+
+    def __init__(self, lm, max_batch: int, max_queue: int, on_admit: Callable[[Request, int], None]):
+        for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
+            if not is_int(value) or value < low:
+                raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.lm = lm
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.frame = Frame(lm, max_batch)
+        self.queue: deque[Request] = deque()
+        self.running: OrderedDict[str, Request] = OrderedDict()  # in admission order
+        self.finished_ids: deque[str] = deque(maxlen=4096)  # for a clear error on a late cancel
+        self._on_admit = on_admit
+
+    # ---- the limits ------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """Requests the engine holds at most: max_batch in flight and max_queue waiting."""
+        return self.max_batch + self.max_queue
+
+    def check_room(self, request_id: str, known: bool, held: int) -> None:
+        """Refuse a request whose id is `known` already, or one more when `held` requests are
+        already held (the engine's own count, or a BackgroundEngine's including its inbox)."""
+        if known:
+            raise InputError(f"request id {request_id!r} is already in the engine")
+        if held >= self.capacity:
+            raise EngineFullError(f"the engine is full: {held} requests in flight or queued "
+                                  f"(max_batch {self.max_batch}, max_queue {self.max_queue})")
+
+    # ---- requests in and out -----------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue a checked request after checking its id and the room left."""
+        self.check_room(request.id, self.holds(request.id), self.held)
+        self.queue.append(request)
+
+    def add_checked(self, requests: Iterable[Request]) -> None:
+        """Queue requests whose room was checked already (a BackgroundEngine's inbox)."""
+        self.queue.extend(requests)
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self.running or any(r.id == request_id for r in self.queue)
+
+    @property
+    def held(self) -> int:
+        return len(self.running) + len(self.queue)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self.queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in a slot, decoding."""
+        return len(self.running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.queue)
+
+    def cancel(self, request_id: str) -> None:
+        """Remove a queued or in-flight request now (between steps) and free its slot."""
+        for r in self.queue:
+            if r.id == request_id:
+                self.queue.remove(r)
+                return
+        r = self.running.pop(request_id, None)
+        if r is None:
+            state = "already finished" if request_id in self.finished_ids else "unknown"
+            raise InputError(f"cannot cancel request {request_id!r}: {state}")
+        self.frame.release(r.slot)
+        self.finished_ids.append(request_id)
+
+    def retire(self, request: Request) -> None:
+        """A finished request leaves its slot."""
+        self.running.pop(request.id)
+        self.frame.release(request.slot)
+        self.finished_ids.append(request.id)
+
+    def drop_running(self) -> list[str]:
+        """Drop every in-flight request and start a fresh Frame; their ids. Queued requests stay."""
+        ids = list(self.running)
+        self.running.clear()
+        self.frame = Frame(self.lm, self.max_batch)
+        self.finished_ids.extend(ids)
+        return ids
+
+    def cancel_all(self) -> list[str]:
+        """Drop every queued and in-flight request (shutdown); their ids."""
+        ids = [r.id for r in self.queue]
+        self.queue.clear()
+        self.finished_ids.extend(ids)
+        return ids + self.drop_running()
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def schedule(self) -> list[ForwardGroup]:
+        """Admit waiting requests into free slots, then group every request in flight into
+        this step's forwards."""
+        self._admit()
+        groups: dict[tuple, list[Request]] = {}
+        for r in self.running.values():
+            mode = r.forward_mode()
+            key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r.config))
+            groups.setdefault(key, []).append(r)
+        return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
+
+    def _admit(self) -> None:
+        for slot in self.frame.free_slots():
+            if not self.queue:
+                return
+            r = self.queue.popleft()
+            config, cache = r.config, CACHE_MODES[r.config.cache]
+            self.frame.place(slot, r.prompt, config.gen_length, cached=cache.uses_cache,
+                             skip_schedule=config.es_schedule if cache.early_skipping else None)
+            r.slot, r.admitted_at = slot, time.perf_counter()
+            self._on_admit(r, slot)
+            self.running[r.id] = r

@@ -1,0 +1,143 @@
+"""The public checkpoints caidllm knows, and the decoding settings recommended for each.
+
+Every value of a Recommendation names its source (the model card or paper it comes from);
+the presets read them (recommended_options) when the caller leaves a setting unset, so
+`caidllm generate --model DIR` decodes a known checkpoint as its authors do, and says so.
+caidllm has no top-p / entropy ordering: where a card samples with them, the recommendation
+stays greedy (temperature 0, as the CAI-dLLM paper evaluates) and the source says so.
+A folder is recognised as a known checkpoint by (in this order) config.json's
+"caidllm_checkpoint", the hub id it was loaded by, its folder name (a hub cache folder
+models--ORG--NAME included) or config.json's "_name_or_path".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+CAI_PAPER_LLADA = "CAI-dLLM paper: confidence gating on, f=16 for LLaDA"
+CAI_PAPER_DREAM = "CAI-dLLM paper: confidence gating off, f=8 for Dream (Table 11)"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """Decoding settings of one checkpoint: lengths, steps and temperature from its card (or
+    its family's), CAI's confidence gating and cache refresh period f from the CAI-dLLM paper."""
+
+    gen_length: int
+    block_length: int
+    steps: int
+    temperature: float
+    confidence_gating: bool
+    refresh_every: int  # f: full cache refresh every f steps in a block
+    source: str
+
+    def decoding_options(self) -> dict:
+        """The options generate() takes from it (gating and f go into the model's config)."""
+        return dict(gen_length=self.gen_length, block_length=self.block_length, steps=self.steps,
+                    temperature=self.temperature)
+
+    def summary(self) -> str:
+        return (f"gen_length {self.gen_length}, block_length {self.block_length}, steps {self.steps}, "
+                f"temperature {self.temperature:g}, confidence gating {'on' if self.confidence_gating else 'off'}, "
+                f"f {self.refresh_every}")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One public checkpoint: its hub id, the random: shape of its official config (models/random_init.py),
+    whether it is instruction-tuned (chat template by default) and how to decode it."""
+
+    hub_id: str
+    family: str
+    shape: str
+    instruct: bool
+    recommended: Recommendation
+
+    @property
+    def name(self) -> str:
+        return self.hub_id.split("/", 1)[1]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "chat_by_default": self.instruct}
+
+
+LLADA_CARD = Recommendation(
+    gen_length=128, block_length=32, steps=128, temperature=0.0, confidence_gating=True, refresh_every=16,
+    source="GSAI-ML/LLaDA-8B-Instruct model card and ML-GSAI/LLaDA generate.py (gen_length 128, steps 128, "
+           f"block_length 32, temperature 0); {CAI_PAPER_LLADA}")
+LLADA_MOE_CARD = replace(LLADA_CARD, source=(
+    "inclusionAI/LLaDA-MoE-7B-A1B model cards (LLaDA's generate: gen_length 128, steps 128, block_length 32, "
+    f"temperature 0); gating and f as LLaDA's ({CAI_PAPER_LLADA}; not measured on the MoE)"))
+MMADA_TEXT = replace(LLADA_CARD, source=(
+    "MMaDA's text path is LLaDA's generate: LLaDA's card values (gen_length 128, steps 128, block_length 32, "
+    f"temperature 0); {CAI_PAPER_LLADA} (not measured on MMaDA)"))
+DREAM_CARD = Recommendation(
+    gen_length=512, block_length=32, steps=512, temperature=0.0, confidence_gating=False, refresh_every=8,
+    source="Dream-org/Dream-v0-Instruct-7B model card (max_new_tokens 512, steps 512; its temperature 0.2 with "
+           "top_p 0.95 needs top-p, which caidllm lacks: greedy, as the CAI-dLLM paper evaluates Dream); "
+           f"block_length 32 (Dream's generate has no blocks); {CAI_PAPER_DREAM}")
+DREAM_CODER_CARD = replace(DREAM_CARD, gen_length=768, steps=768, source=(
+    "Dream-org/Dream-Coder-v0-Instruct-7B model card (max_new_tokens 768, steps 768; temperature 0.1 with "
+    "top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); block_length 32; "
+    f"gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on Dream-Coder)"))
+DIFFUCODER_CARD = replace(DREAM_CARD, gen_length=256, steps=256, source=(
+    "apple/DiffuCoder-7B-Instruct model card (max_new_tokens 256, steps 256 = one token per step; "
+    "temperature 0.4 with top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); "
+    f"block_length 32; gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on DiffuCoder)"))
+
+KNOWN: tuple[Checkpoint, ...] = (
+    Checkpoint("GSAI-ML/LLaDA-8B-Instruct", "llada", "llada-8b", True, LLADA_CARD),
+    Checkpoint("GSAI-ML/LLaDA-8B-Base", "llada", "llada-8b", False, LLADA_CARD),
+    Checkpoint("GSAI-ML/LLaDA-1.5", "llada", "llada-8b", True, LLADA_CARD),
+    Checkpoint("Gen-Verse/MMaDA-8B-Base", "llada", "mmada-8b", False, MMADA_TEXT),
+    Checkpoint("Gen-Verse/MMaDA-8B-MixCoT", "llada", "mmada-8b", True, MMADA_TEXT),
+    Checkpoint("inclusionAI/LLaDA-MoE-7B-A1B-Base", "llada_moe", "llada-moe-7b", False, LLADA_MOE_CARD),
+    Checkpoint("inclusionAI/LLaDA-MoE-7B-A1B-Instruct", "llada_moe", "llada-moe-7b", True, LLADA_MOE_CARD),
+    Checkpoint("Dream-org/Dream-v0-Instruct-7B", "dream", "dream-7b", True, DREAM_CARD),
+    Checkpoint("Dream-org/Dream-v0-Base-7B", "dream", "dream-7b", False, DREAM_CARD),
+    Checkpoint("Dream-org/Dream-Coder-v0-Instruct-7B", "dream", "dream-coder-7b", True, DREAM_CODER_CARD),
+    Checkpoint("apple/DiffuCoder-7B-Instruct", "dream", "diffucoder-7b", True, DIFFUCODER_CARD),
+    Checkpoint("apple/DiffuCoder-7B-cpGRPO", "dream", "diffucoder-7b", True, DIFFUCODER_CARD),
+)
+BY_HUB_ID = {c.hub_id.lower(): c for c in KNOWN}
+BY_NAME = {c.name.lower(): c for c in KNOWN}
+
+
+def find_checkpoint(name: str) -> Checkpoint | None:
+    """The known checkpoint of a hub id ("ORG/NAME", any case, "@revision" ignored) or a bare NAME."""
+    name = name.split("@", 1)[0].strip().lower()
+    return BY_HUB_ID.get(name) or BY_NAME.get(name)
+
+
+def identify(folder: Path | None, raw: dict, hub_id: str | None = None) -> Checkpoint | None:
+    """Which known checkpoint a loaded folder is (see the module docstring), or None."""
+    candidates = [raw.get("caidllm_checkpoint"), hub_id]
+    if folder is not None:
+        cache = re.search(r"models--([^/\\]+?)--([^/\\]+)", str(folder))  # a huggingface_hub cache snapshot
+        candidates += [f"{cache.group(1)}/{cache.group(2)}" if cache else None, Path(folder).name]
+    candidates.append(str(raw.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1] or None)
+    for candidate in candidates:
+        if isinstance(candidate, str) and (found := find_checkpoint(candidate)) is not None:
+            return found
+    return None
+
+
+def recommended_options(checkpoint: Checkpoint | None, **given) -> tuple[dict, list[str]]:
+    """The decoding options with every unset one (None) taken from the checkpoint's
+    recommendation; returns them and the names of those taken (empty when none was)."""
+    if checkpoint is None:
+        return given, []
+    options, taken = dict(given), []
+    recommended = checkpoint.recommended.decoding_options()
+    if options.get("gen_length") is not None:
+        # The recommended steps go with the recommended length only; a block must divide the length.
+        recommended.pop("steps")
+        if options["gen_length"] % recommended["block_length"]:
+            recommended.pop("block_length")
+    for key, value in recommended.items():
+        if options.get(key) is None:
+            options[key] = value
+            taken.append(key)
+    return options, taken

@@ -1,0 +1,92 @@
+"""`caidllm models`: the families and known checkpoints (models/inventory.py), and with
+--model the memory a model's weights and one request's cache need: what to check before
+renting a GPU. --json prints the same as one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+EPILOG = """\
+examples:
+  caidllm models
+  caidllm models --model inclusionAI/LLaDA-MoE-7B-A1B-Instruct --dtype bfloat16 --length 4096
+  caidllm models --model /path/to/folder --json
+"""
+
+
+def register(sub, name: str = "models") -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help="list the model families and known checkpoints; a model's memory needs",
+                       description="The families caidllm runs and the public checkpoints it knows (hub id, "
+                                   "architecture, parameters total / active per token, context, decoders and cache "
+                                   "modes, recommended settings). With --model: the memory its weights need in "
+                                   "--dtype and the cache one request needs at --length positions (read from "
+                                   "config.json alone; a known checkpoint needs no download).",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="a folder, a hub id ORG/NAME[@REVISION], or random:SHAPE")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
+    p.add_argument("--length", type=int, default=None,
+                   help="positions of one request (prompt + answer) for the cache figure (default: the context)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
+    p.set_defaults(handler=run)
+    return p
+
+
+def run(args) -> int:
+    from caidllm.decode.presets import method_names
+    from caidllm.models.device import resolve_dtype
+    from caidllm.models.inventory import checkpoint_rows, describe, family_rows, model_memory
+
+    if args.model is not None:
+        dtype = resolve_dtype(args.dtype)  # a bad dtype fails before anything is read
+        described = describe(args.model)
+        length = described.config.max_length if args.length is None else args.length
+        memory = model_memory(described, dtype, length)
+        if described.checkpoint is not None:
+            memory["recommended"] = described.checkpoint.recommended.summary()
+        print(json.dumps(memory) if args.json else "\n".join(memory_lines(memory)))
+        return 0
+    families, checkpoints = family_rows(), checkpoint_rows()
+    for row in families + checkpoints:  # an empty list of decoders means every method preset
+        row["decoders"] = row["decoders"] or method_names()
+    if args.json:
+        print(json.dumps({"families": families, "checkpoints": checkpoints}))
+    else:
+        print("\n".join(table_lines(families, checkpoints)))
+    return 0
+
+
+def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
+    lines = ["Families (config.json architectures / model_type):"]
+    for f in families:
+        lines.append(f"  {f['family']:<10} {', '.join(f['architectures'])} / {', '.join(f['model_types'])}: "
+                     f"{f['description']}")
+    lines += ["", "Known checkpoints (parameters: total / active per token; chat: instruct, else raw text):"]
+    header = f"  {'hub id':<39} {'family':<10} {'architecture':<16} {'params':>13} {'context':>7} {'chat':<5} " \
+             "recommended"
+    lines.append(header)
+    for c in checkpoints:
+        r = c["recommended"]
+        params = f"{c['parameters_total'] / 1e9:.2f}B/{c['parameters_active'] / 1e9:.2f}B"
+        lines.append(f"  {c['hub_id']:<39} {c['family']:<10} {c['architecture']:<16} {params:>13} {c['context']:>7} "
+                     f"{'yes' if c['instruct'] else 'no':<5} gen {r['gen_length']}, block {r['block_length']}, "
+                     f"steps {r['steps']}, T {r['temperature']:g}, gating {'on' if r['confidence_gating'] else 'off'}, "
+                     f"f {r['refresh_every']}")
+    decoders = sorted({", ".join(c["decoders"]) for c in checkpoints})
+    caches = sorted({", ".join(c["cache_modes"]) for c in checkpoints})
+    lines += ["", f"Decoders (--method): {'; '.join(decoders)}", f"Cache modes (--cache): {'; '.join(caches)}",
+              "Sources of the recommended settings: caidllm models --json (checkpoints[].recommended.source)."]
+    return lines
+
+
+def memory_lines(m: dict) -> list[str]:
+    gib = 1024 ** 3
+    cache = m["cache_bytes_per_request"]
+    lines = [f"{m['model']} ({m['family']}): {m['parameters_total']:,} parameters, {m['parameters_active']:,} "
+             f"active per token; context {m['context']}",
+             f"weights in {m['dtype']}: {m['weights_bytes'] / gib:.2f} GiB",
+             f"cache per request at {m['length']} positions: "
+             + ", ".join(f"{mode} {cache[mode] / gib:.3f} GiB" for mode in ("dual", "prefix", "es", "none"))]
+    if "recommended" in m:
+        lines.append(f"recommended: {m['recommended']}")
+    return lines

@@ -1,0 +1,41 @@
+"""The server's settings from `caidllm serve`'s flags, for both launchers: one process
+(serve/cli.py) and each Ray Serve replica (serve/ray_deployment.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from caidllm.errors import InputError
+
+
+def settings_from(args, lm):
+    from caidllm.serve.app import ServerConfig
+    from caidllm.serve.protocol import ServerDefaults
+
+    for name in ("gen_length", "block_length", "max_batch", "port", "max_body_bytes", "body_timeout"):
+        value = getattr(args, name)
+        if value < (0 if name == "port" else 1):
+            raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.shutdown_grace < 0:
+        raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
+    from caidllm.decode.presets import build_config
+
+    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # checks them
+    name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
+    defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
+                              block_length=args.block_length,
+                              max_gen_length=args.max_gen_length or lm.config.max_length,
+                              max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
+    return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
+                        api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
+                        max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
+                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace)
+
+
+def settings_file_of(args):
+    if getattr(args, "settings", None) is None:
+        return None
+    from caidllm.decode.settings_file import load_settings
+
+    return load_settings(args.settings)

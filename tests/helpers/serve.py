@@ -1,0 +1,67 @@
+"""Helpers of the server tests: a live app on a free 127.0.0.1 port, its metrics, `caidllm serve`
+as a subprocess."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+import caidllm
+from caidllm.serve.app import ServerConfig, create_app
+from caidllm.serve.local import LocalServer
+from caidllm.serve.protocol import ServerDefaults
+
+PROMPT = "not ( True ) and ( True ) is"
+SETTINGS = dict(gen_length=64, block_length=16)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The shipped tiny model, fp32 on the CPU (a test module imports this fixture by name)."""
+    return caidllm.load("tiny", device="cpu", dtype="float32")
+
+
+def start(lm, max_gen_length=256, **kw):
+    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=max_gen_length)
+    return LocalServer(create_app(lm, ServerConfig(defaults=defaults, **kw)))
+
+
+def metric(url, name, headers=None):
+    text = httpx.get(f"{url}/metrics", headers=headers).text
+    line = next(l for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def wait_until(condition, timeout: float, every: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(every)
+    return condition()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn_serve(port: int, *flags: str) -> subprocess.Popen:
+    """`caidllm serve --model tiny` on the CPU on `port`; returns once /health answers."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "caidllm.cli", "serve", "--port", str(port), "--device", "cpu",
+                             *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def healthy():
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return proc.poll() is not None
+
+    wait_until(healthy, 90, every=0.3)
+    return proc
