@@ -12,6 +12,10 @@
    from each forward's shapes, time from the engine's forward timer) and their
    share of the measured peak, tokens/s (generated positions per second), peak
    memory, host syncs per step (bench/syncs.py), and torch.compile's graph count.
+3. Quantized weights (torchao, --quantize): random:llada-8b in bf16, int8, int8-dynamic,
+   int4 and fp8 (where the GPU has it), method cai, batch 1 and 8, not compiled:
+   tokens/s, weights, the peak while loading (layer by layer) and while decoding.
+   (--tiny: the tiny LLaDA shape in fp32, int8 and int8-dynamic on the CPU.)
 It writes gpu_check.json and gpu_check.md into --out. A run that would pass the
 time budget is skipped and listed as such (non-compiled runs go first).
 """
@@ -33,7 +37,7 @@ from caidllm.decode.presets import build_config
 
 METHODS = ("vanilla", "fastdllm", "cai", "es-dllm")
 FULL = dict(models=("random:llada-8b", "random:dream-7b", "random:llada2-mini"), batches=(1, 8), gen=256, block=64,
-            prompt=64, dtype="bfloat16", gemm=8192)
+            prompt=64, dtype="bfloat16", gemm=8192, quantize=(None, "int8", "int8-dynamic", "int4", "fp8"))
 TINY = dict(models=("random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=4&mlp_hidden_size=128"
                     "&embedding_size=512&vocab_size=512",
                     "random:dream-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
@@ -41,7 +45,8 @@ TINY = dict(models=("random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=
                     "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
                     "&num_key_value_heads=2&head_dim=16&rotary_dim=8&intermediate_size=128"
                     "&moe_intermediate_size=16&num_experts=16&vocab_size=512"),
-            batches=(1, 2), gen=16, block=8, prompt=8, dtype="float32", gemm=256)
+            batches=(1, 2), gen=16, block=8, prompt=8, dtype="float32", gemm=256,
+            quantize=(None, "int8", "int8-dynamic"))
 
 
 def main(argv=None) -> int:
@@ -50,6 +55,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny random shapes, fp32: a CPU smoke run")
     p.add_argument("--budget-s", type=float, default=450.0, help="skip the runs left after this many seconds")
     p.add_argument("--no-compile", action="store_true", help="leave out the --compile runs")
+    p.add_argument("--no-quantize", action="store_true", help="leave out the quantized runs")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--models", help="comma-separated subset of the shape's models, by prefix (e.g. random:llada2-mini)")
     args = p.parse_args(argv)
@@ -63,8 +69,10 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     peak = gemm_peak(device, shape["gemm"], torch.float32 if args.tiny else torch.bfloat16)
     print(f"matmul peak: {peak / 1e12:.1f} TFLOP/s", file=sys.stderr)
-    rows = []
+    rows, quantized = [], []
     for compiled in (False,) if args.no_compile else (False, True):
+        if compiled and not args.no_quantize:  # after the plain runs, before the compiled ones
+            quantized = quantized_runs(shape, device, args, started, peak)
         for name in shape["models"]:
             if time.perf_counter() - started > args.budget_s:
                 rows.append(dict(model=name, compile=compiled, skipped="time budget"))
@@ -92,10 +100,45 @@ def main(argv=None) -> int:
     report = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                   torch=torch.__version__, matmul_peak_tflops=peak / 1e12, tiny=args.tiny,
                   wall_s=time.perf_counter() - started, runs=rows)
+    if args.no_compile and not args.no_quantize:
+        quantized = quantized_runs(shape, device, args, started, peak)
+    report["quantized"] = quantized
+    report["wall_s"] = time.perf_counter() - started
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "gpu_check.md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def quantized_runs(shape, device, args, started, peak) -> list[dict]:
+    """The LLaDA shape with each quantization: cai at every batch size, weights and peaks."""
+    from caidllm.models.quantize import weights_mb
+
+    name, rows = (TINY if shape["gemm"] == TINY["gemm"] else FULL)["models"][0], []  # the LLaDA-8B shape
+    for kind in shape["quantize"]:
+        label = kind or shape["dtype"]
+        if time.perf_counter() - started > args.budget_s:
+            rows.append(dict(model=name, quantize=label, skipped="time budget"))
+            continue
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            lm = caidllm.load(name, device=device, dtype=shape["dtype"], quantize=kind)
+        except Exception as e:  # noqa: BLE001 - e.g. fp8 on a GPU without float8 tensor cores: say so, go on
+            rows.append(dict(model=name, quantize=label, skipped=f"not available: {type(e).__name__}: {e}"))
+            continue
+        load_peak = round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None
+        for batch in shape["batches"]:
+            try:
+                row = run_one(lm, name, "cai", batch, shape, False, peak)
+            except Exception as e:  # noqa: BLE001 - one failed run must not end the check
+                row = dict(model=name, batch=batch, method="cai", skipped=f"failed: {type(e).__name__}: {e}")
+            weights_gb = float(f"{weights_mb(lm) / 1024:.4g}")
+            rows.append(dict(row, quantize=label, weights_gb=weights_gb, load_peak_gb=load_peak))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+        del lm
+    return rows
 
 
 def gemm_peak(device, n: int, dtype) -> float:
@@ -227,6 +270,17 @@ def markdown(report: dict) -> str:
                      f"{r['forward_tflops']} | {pct} | {100 * r['forward_share']:.1f}% | "
                      f"{100 * r['engine_overhead_share']:.1f}% | {r['peak_mem_gb']} | {r['syncs_per_forward']} | "
                      f"{r['new_graphs']} |")
+    if report.get("quantized"):
+        lines += ["", "Quantized weights (torchao; cai, not compiled; Fwd TFLOP/s counts the full-precision FLOPs):",
+                  "", "| Model | Weights | Batch | Tokens/s | Fwd TFLOP/s | Weights (GB) | Load peak (GB) | "
+                  "Decode peak (GB) |", "|---|---|---|---|---|---|---|---|"]
+        for r in report["quantized"]:
+            if "skipped" in r:
+                lines.append(f"| {r['model']} | {r['quantize']} | {r.get('batch', '-')} | skipped: {r['skipped']} "
+                             "| | | | |")
+                continue
+            lines.append(f"| {r['model']} | {r['quantize']} | {r['batch']} | {r['tokens_per_s']} | "
+                         f"{r['forward_tflops']} | {r['weights_gb']} | {r['load_peak_gb']} | {r['peak_mem_gb']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -44,3 +44,9 @@ def llada_lm(llada_dir):
 @pytest.fixture(scope="session")
 def dream_lm(dream_dir):
     return caidllm.load(dream_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(params=["llada", "dream"])
+def lm(request, llada_lm, dream_lm):
+    """Each test that takes `lm` runs on both families (a module may define its own `lm`)."""
+    return llada_lm if request.param == "llada" else dream_lm

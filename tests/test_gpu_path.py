@@ -228,3 +228,7 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
         assert run["forward_tflops"] > 0 and 0 < run["forward_share"] <= 1
         assert run["tokens_per_s"] > 0 and run["steps"] > 0
     assert "| Model | Compile | Batch | Method |" in (tmp_path / "gpu_check.md").read_text()
+    quantized = {r["quantize"]: r for r in report["quantized"] if r.get("batch", 1) == 1}  # a failed load has none
+    if quantized["int8"].get("skipped") is None:  # torchao installed
+        assert quantized["int8"]["weights_gb"] < quantized["float32"]["weights_gb"]
+        assert quantized["int8"]["tokens_per_s"] > 0 and "Quantized weights" in (tmp_path / "gpu_check.md").read_text()

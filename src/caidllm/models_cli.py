@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from caidllm.options import add_quantize_arguments
+
 EPILOG = """\
 examples:
   caidllm models
@@ -27,6 +29,7 @@ def register(sub, name: str = "models") -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
     p.add_argument("--length", type=int, default=None,
                    help="positions of one request (prompt + answer) for the cache figure (default: the context)")
+    add_quantize_arguments(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
     p.set_defaults(handler=run)
     return p
@@ -41,7 +44,7 @@ def run(args) -> int:
         dtype = resolve_dtype(args.dtype)  # a bad dtype fails before anything is read
         described = describe(args.model)
         length = described.config.max_length if args.length is None else args.length
-        memory = model_memory(described, dtype, length)
+        memory = model_memory(described, dtype, length, args.quantize, args.quantize_head)
         if described.checkpoint is not None:
             memory["recommended"] = described.checkpoint.recommended.summary()
         print(json.dumps(memory) if args.json else "\n".join(memory_lines(memory)))
@@ -79,12 +82,18 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     return lines
 
 
+def quantized(m: dict) -> str:
+    if not m.get("quantization"):
+        return ""
+    return f", {m['quantization']} linear layers" + (" and head" if m.get("quantized_head") else "")
+
+
 def memory_lines(m: dict) -> list[str]:
     gib = 1024 ** 3
     cache = m["cache_bytes_per_request"]
     lines = [f"{m['model']} ({m['family']}): {m['parameters_total']:,} parameters, {m['parameters_active']:,} "
              f"active per token; context {m['context']}",
-             f"weights in {m['dtype']}: {m['weights_bytes'] / gib:.2f} GiB",
+             f"weights in {m['dtype']}{quantized(m)}: {m['weights_bytes'] / gib:.2f} GiB",
              f"cache per request at {m['length']} positions: "
              + ", ".join(f"{mode} {cache[mode] / gib:.3f} GiB" for mode in ("dual", "prefix", "es", "none"))]
     if "recommended" in m:

@@ -32,12 +32,25 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
     parser.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
+    add_quantize_arguments(parser)
+
+
+def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
+    from caidllm.models.quantize import quantization_names
+
+    parser.add_argument("--quantize", default=None, metavar="KIND",
+                        help="torchao quantized weights for the layers' linear layers: "
+                             f"{', '.join(quantization_names())} (int4 and fp8 with --dtype bfloat16; fp8 on CUDA compute capability 8.9+ only; "
+                             "pip install 'caidllm[quant]')")
+    parser.add_argument("--quantize-head", action="store_true",
+                        help="quantize the output head too (default: it stays in the model dtype, like the embeddings)")
 
 
 def load_model(args):
     from caidllm.models import load
 
-    lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False))
+    lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False),
+              quantize=getattr(args, "quantize", None), quantize_head=getattr(args, "quantize_head", False))
     if getattr(lm, "random_weights", False):
         print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
               file=sys.stderr)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE
 from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
+from caidllm.options import add_quantize_arguments
 
 
 EPILOG = """\
@@ -45,6 +46,7 @@ def register(sub, name: str = "calibrate") -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="benchmark data folder (as caidllm bench)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
+    add_quantize_arguments(p)
     p.add_argument("--no-chat", action="store_true", help="raw prompts, without the chat template")
     progress = p.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_const", const=True, default=None)
@@ -62,7 +64,8 @@ def run(args) -> int:
         budget=args.budget, objective=args.objective, seed=args.seed, limit=args.limit, holdout=args.holdout,
         gen_length=args.gen_length, block_length=args.block_length, batch_size=args.batch_size,
         data_dir=resolve_data_dir(args.data_dir, tasks),
-        device=args.device, dtype=args.dtype, chat=not args.no_chat, progress=args.progress)
+        device=args.device, dtype=args.dtype, quantize=args.quantize, quantize_head=args.quantize_head,
+        chat=not args.no_chat, progress=args.progress)
     result = run_calibrate(options)
     print(result["table"])
     print(f"wrote {args.out} and {Path(args.out).with_suffix('.md')}", file=sys.stderr)

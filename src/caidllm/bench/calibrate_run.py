@@ -44,6 +44,8 @@ class CalibrateOptions:
     data_dir: str | None = None
     device: str | None = None
     dtype: str | None = None
+    quantize: str | None = None  # torchao quantized linear layers: the settings are calibrated for that model
+    quantize_head: bool = False
     chat: bool = True
     progress: bool | None = None
 
@@ -111,7 +113,8 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
         from caidllm.models import load
 
         log(f"loading model {options.model} ...")
-        lm = load(options.model, device=options.device, dtype=options.dtype)
+        lm = load(options.model, device=options.device, dtype=options.dtype, quantize=options.quantize,
+                  quantize_head=options.quantize_head)
     encoded = {t.name: _encode(lm, t, options) for t in tasks}
     evaluate = _evaluator(lm, options, tasks, encoded)
     progress = _progress(options.budget + 1, options.progress)
@@ -188,7 +191,8 @@ def _trial_dict(t: Trial) -> dict:
 
 def _calibration(options, tasks, vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float) -> dict:
     return {
-        "model": options.model, "tasks": [t.name for t in tasks], "objective": options.objective,
+        "model": options.model, "quantization": options.quantize, "tasks": [t.name for t in tasks],
+        "objective": options.objective,
         "max_loss_points": options.max_loss, "budget": options.budget, "seed": options.seed,
         "gen_length": options.gen_length, "block_length": options.block_length, "batch_size": options.batch_size,
         "held_out": {t.name: {"source": t.source, "ids": [s.id for s in t.samples]} for t in tasks},

@@ -30,7 +30,7 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                                    "memory and energy. Under torchrun (torchrun --nproc-per-node N -m caidllm "
                                    "bench ...) each rank takes a share of every task and rank 0 writes the report.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from caidllm.options import MODEL_HELP
+    from caidllm.options import MODEL_HELP, add_quantize_arguments
 
     p.add_argument("--model", default="tiny", help=MODEL_HELP)
     p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None,
@@ -54,6 +54,7 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
     p.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
+    add_quantize_arguments(p)
     p.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -92,6 +93,7 @@ def settings_from_args(args) -> BenchConfig:
         device=args.device, dtype=args.dtype, early_stop=not args.no_early_stop, seed=args.seed,
         temperature=args.temperature, fewshot=args.fewshot, chat=not args.no_chat, warmup=not args.no_warmup,
         progress=args.progress, code_timeout=args.code_timeout, compile=args.compile, settings_file=args.settings,
+        quantize=args.quantize, quantize_head=args.quantize_head,
     )
 
 

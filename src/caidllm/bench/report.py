@@ -35,10 +35,12 @@ def markdown(report: dict) -> str:
     world = s.get("world_size", 1)
     ranks = (f" x {world} ranks (torchrun; wall = the slowest rank's, throughput over all samples)"
              if world > 1 else "")
+    quantized = (f"; {s['quantization']} linear layers ({s['quantization_summary']}) through torchao {s['torchao']}"
+                 + (", the output head too" if s.get("quantized_head") else "")) if s.get("quantization") else ""
     lines = [
         "# caidllm bench results",
         "",
-        f"Model `{s['model']}` ({s['family']}, {s['dtype']}) on {s['device']}{gpu}{ranks}; "
+        f"Model `{s['model']}` ({s['family']}, {s['dtype']}{quantized}) on {s['device']}{gpu}{ranks}; "
         f"gen_length {s['gen_length']}, block_length {s['block_length']}, batch size {s['batch_size']}, "
         f"temperature {s['temperature']}, early stop {'on' if s['early_stop'] else 'off'}, "
         f"chat template {'on' if s['chat_template'] else 'off'}, seed {s['seed']}. "
@@ -48,7 +50,7 @@ def markdown(report: dict) -> str:
         "Pos/s = generated positions per second (n x gen_length / wall). Speedup = wall-clock time of "
         f"`{s['baseline']}` / wall-clock time of the method on the same examples. Score in % with its standard "
         "error. NFE = forward passes per request (mean). Steps/block = mean denoising steps per block index. "
-        f"Memory: {memory}. "
+        f"Memory: {memory}; Weights = bytes of the model's parameters and buffers. "
         "Energy in joules, n/a where not measurable. Ctrl = share of wall time spent in the commit policy; "
         "Fwd = inside the model forwards; Ovh = the engine's own overhead (wall - forwards - policy).",
         "",
@@ -69,7 +71,7 @@ def markdown(report: dict) -> str:
                   f"Metric: {first['metric']}, n = {first['n']}, {shots}. Source: `{s['task_sources'][task]}`.", ""]
         extra = [k for k in first if k.startswith("accuracy_")]
         header = ["Method", "TPS", "Pos/s", "Speedup", "Score ± stderr"] + [k.removeprefix("accuracy_") for k in extra]
-        header += ["NFE", "NFE ratio", "Steps/block", "Peak mem (MB)", "Energy (J)", "Ctrl", "Fwd", "Ovh", "Errors"]
+        header += ["NFE", "NFE ratio", "Steps/block", "Weights (MB)", "Peak mem (MB)", "Energy (J)", "Ctrl", "Fwd", "Ovh", "Errors"]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join("---" for _ in header) + "|")
         for row in rows:
@@ -77,7 +79,7 @@ def markdown(report: dict) -> str:
                      _num(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""), _score(row)]
             cells += [_num(None if row[k] is None else 100 * row[k], ".2f") for k in extra]
             cells += [_num(row["nfe_mean"], ".1f"), _num(row["nfe_ratio"], ".2f"), _steps(row),
-                      _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
+                      _num(row.get("weights_mb"), ".1f"), _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
                       _num(None if row["policy_share"] is None else 100 * row["policy_share"], ".1f", "n/a")
                       + ("%" if row["policy_share"] is not None else ""),
                       _share(row.get("forward_share")), _share(row.get("engine_overhead_share")),

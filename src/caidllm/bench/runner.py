@@ -36,6 +36,7 @@ from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
 from caidllm.decode.presets import build_config, method_names
+from caidllm.models.quantize import quantization_info, weights_mb
 from caidllm.distributed import World, together
 from caidllm.errors import CaidllmError, InputError
 
@@ -53,6 +54,10 @@ DEFINITIONS = {
     "tps_answer": "answer tokens per second: sum of answer lengths (up to the first end token) / wall_s",
     "speedup": "wall_s of the first method listed / wall_s of this method, same task, same examples",
     "nfe_ratio": "nfe_mean of the first method listed / nfe_mean of this method",
+    "weights_mb": "bytes of the model's parameters and buffers / 2^20 (quantized tensors: their data, scales "
+                  "and zero points), each shared tensor once",
+    "high_first_confidence_share": "share of the decoded positions whose confidence at their block's first step "
+                                   "(s_i) exceeds 0.9, the Fast-dLLM threshold",
     "peak_mem_mb": "CUDA: torch.cuda.max_memory_allocated, reset before each method; CPU: the process's peak RSS "
                    "so far (getrusage; monotone, not per method); under torchrun the largest rank's",
     "energy_j": "GPU: NVML energy counter (or sampled power integrated) during the method's generate() calls; "
@@ -89,6 +94,8 @@ class BenchConfig:
     progress: bool | None = None  # None: only when stderr is a terminal
     code_timeout: float = 10.0
     compile: bool = False
+    quantize: str | None = None  # torchao quantized linear layers (models/quantize.py)
+    quantize_head: bool = False
     # A settings file (caidllm calibrate): its values run as one more method row, named by the file
     # ("cai-calibrated"), beside the presets listed (appended if --methods does not name it).
     settings_file: str | None = None
@@ -188,7 +195,8 @@ def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
             from caidllm.models import load
 
             log(f"loading model {settings.model} ..." + (f" on {world.world_size} ranks" if world.distributed else ""))
-            lm = load(settings.model, device=device, dtype=settings.dtype, compile=settings.compile)
+            lm = load(settings.model, device=device, dtype=settings.dtype, compile=settings.compile,
+                      quantize=settings.quantize, quantize_head=settings.quantize_head)
         if getattr(lm, "random_weights", False):
             log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
         torch.manual_seed(settings.seed)
@@ -212,7 +220,7 @@ def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
             parts: list[ShardRun] | None = world.gather(part)
             if world.is_main:
                 rows.append(build_row(settings, task, method, encoded[task.name], parts, out, traces[method],
-                                      T[method], log))
+                                      T[method], log, weights_mb(lm)))
         if world.is_main:
             relative(rows)
             results.extend(rows)
@@ -318,6 +326,7 @@ def _settings_dict(s: BenchConfig, lm, tasks: list[BenchTask], data_dir, chat: b
         "model_path": str(lm.path) if getattr(lm, "path", None) else None,
         "random_weights": bool(getattr(lm, "random_weights", False)),
         "compile": bool(getattr(lm, "compiled", False)),
+        **quantization_info(lm),
         "settings_file": s.loaded_settings().summary() if s.settings_file else None,
         "family": lm.config.family,
         "device": str(device),

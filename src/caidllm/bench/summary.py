@@ -19,6 +19,7 @@ from caidllm.bench.shard import Encoded, ShardRun
 from caidllm.bench.tasks import BenchTask, Scored
 
 CONFIDENCE_BUCKETS = (">0.50", "0.25-0.50", "<0.25")  # the paper's Figure 1c classes of s_i = c_i(0)
+HIGH_CONFIDENCE = 0.9  # Fast-dLLM's commit threshold: the share above it drives threshold decoders' speed
 
 
 def new_trace_store() -> dict:
@@ -26,7 +27,7 @@ def new_trace_store() -> dict:
 
 
 def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], parts: list[ShardRun],
-              out: Path | None, trace_store: dict, T: int, log) -> dict:
+              out: Path | None, trace_store: dict, T: int, log, weights_mb: float | None = None) -> dict:
     outcomes = {i: o for part in parts for i, o in part.outcomes.items()}
     if sorted(outcomes) != list(range(len(encoded))):  # never a report of a subset
         raise RuntimeError(f"{task.name} {method}: the ranks returned {len(outcomes)} of {len(encoded)} samples")
@@ -77,6 +78,7 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
         "answer_tokens": answer_tokens,
         "speedup": None,
         "nfe_ratio": None,
+        "weights_mb": weights_mb,
         "peak_mem_mb": max(p.peak_mem_mb for p in parts),
         "peak_mem_kind": parts[0].peak_mem_kind,
         "energy_j": reading.joules,
@@ -93,6 +95,7 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
         "errors": sum(1 for r in records if r["error"]),
         "fewshot": task.fewshot,
         "confidence_buckets": _bucket_summary(done),
+        "high_first_confidence_share": high_confidence_share(done),
         "samples": None,
     }
     if len(parts) > 1:
@@ -162,6 +165,12 @@ def collect_trace(result, store: dict) -> None:
         if confidence is None or step < 0 or (isinstance(confidence, float) and math.isnan(confidence)):
             continue
         store["buckets"][_bucket_of(confidence)].append(step)
+
+
+def high_confidence_share(done, threshold: float = HIGH_CONFIDENCE) -> float | None:
+    """Share of decoded positions whose first-step confidence s_i exceeds `threshold`."""
+    seen = [c for r in done for c in r.trace.first_confidence if c is not None and not math.isnan(c)]
+    return sum(c > threshold for c in seen) / len(seen) if seen else None
 
 
 def _bucket_summary(done) -> dict:

@@ -22,6 +22,8 @@ POLICIES = tuple(policies.POLICIES)
 # What the CAI controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
 # current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
+# EB-Sampler's error proxies (policies/eb.py).
+EB_PROXIES = ("entropy", "confidence", "margin")
 GRINDING_ACTIONS = ("continue", "exit")
 
 
@@ -69,6 +71,22 @@ class DecodeConfig:
     es_alpha: float = DEFAULT_ALPHA
     threshold: float = 0.9  # Fast-dLLM threshold rule, and CAI's fixed threshold when adaptive=False
     factor: float | None = None  # Fast-dLLM factor rule instead of the threshold rule
+    # EB-Sampler (policies/eb.py): the error budget gamma of a step and the error proxy.
+    eb_gamma: float = 0.01
+    eb_proxy: str = "entropy"
+    # SlowFast Sampling (policies/slowfast.py): exploratory steps per sub-cycle, the certainty
+    # threshold that marks the cycle's reach, the convergence window and its std bound, and the
+    # high-confidence threshold of the accelerated phase.
+    sf_explore_steps: int = 6
+    sf_cycle_threshold: float = 0.3
+    sf_window: int = 2
+    sf_std: float = 1.0
+    sf_high: float = 0.9
+    # WINO (policies/wino.py): draft (wide-in) and verify (narrow-out) thresholds, and the most
+    # steps a block may take (re-masking can undo progress; past it the rest is committed).
+    wino_draft: float = 0.6
+    wino_verify: float = 0.9
+    wino_max_steps: int = 256
     temperature: float = 0.0
     seed: int | None = None
     early_stop: bool = True
@@ -137,6 +155,23 @@ def _clips_ordered(config: "DecodeConfig") -> None:
         raise InputError(f"cai.clip_low ({c.clip_low}) must not exceed cai.clip_high ({c.clip_high})")
 
 
+def _window_fits_the_block(config: "DecodeConfig") -> None:
+    if config.policy == "slowfast" and config.sf_window > config.block_length:
+        raise InputError(f"sf_window ({config.sf_window}) is longer than the block ({config.block_length})")
+
+
+def _wino_thresholds_ordered(config: "DecodeConfig") -> None:
+    if config.wino_draft > config.wino_verify:
+        raise InputError(f"WINO thresholds out of order: wino_draft ({config.wino_draft}) must not exceed "
+                         f"wino_verify ({config.wino_verify}) (draft wide, verify narrow)")
+
+
+def _wino_without_cache(config: "DecodeConfig") -> None:
+    if config.policy == "wino" and config.cache != "none":
+        raise InputError(f"policy 'wino' with cache={config.cache!r} is not meaningful: WINO's verify forward reads "
+                         "the whole canvas with a shadow block each step (use cache='none')")
+
+
 def _positive_int(v) -> bool:
     return is_int(v) and v >= 1
 
@@ -183,6 +218,18 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
       for name in ("adaptive", "block_schedule", "position_factors")),
     FieldRule("cai.grinding_action", f"one of {', '.join(GRINDING_ACTIONS)}", lambda v: v in GRINDING_ACTIONS),
     FieldRule("cai.gating", "True, False or None (model default)", lambda v: v is None or isinstance(v, bool)),
+    # The post-2025 decoders' settings (checked whatever the policy: a preset may be overridden field by field).
+    FieldRule("eb_gamma", "a positive number", lambda v: is_number(v) and v > 0),
+    FieldRule("eb_proxy", f"one of {', '.join(EB_PROXIES)}", lambda v: v in EB_PROXIES),
+    FieldRule("sf_explore_steps", "a positive integer", _positive_int),
+    FieldRule("sf_window", "a positive integer", _positive_int),
+    _window_fits_the_block,
+    FieldRule("sf_std", "a positive number", lambda v: is_number(v) and v > 0),
+    *(FieldRule(name, UNIT_INTERVAL, _unit_interval)
+      for name in ("sf_cycle_threshold", "sf_high", "wino_draft", "wino_verify")),
+    _wino_thresholds_ordered,
+    FieldRule("wino_max_steps", "a positive integer", _positive_int),
+    _wino_without_cache,
 ]
 
 

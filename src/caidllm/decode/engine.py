@@ -37,13 +37,36 @@ from typing import Iterator
 
 from caidllm.checks import is_id_list
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.policies import make_policy, policy_key
+from caidllm.decode.forward_modes import CACHE_MODES
+from caidllm.decode.policies import make_policy, policy_key, policy_spec
 from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.runner import RowStep, Runner
 from caidllm.decode.sampling import request_generator
 from caidllm.decode.scheduler import Scheduler
 from caidllm.decode.timing import DeviceTimer  # noqa: F401 - the old import path
 from caidllm.errors import InputError
+from caidllm.models.forward_modes import ForwardMode
+
+# Forwards that need logits aligned to positions (a family with a shift predicts i from i - 1).
+UNSHIFTED_MODES = (ForwardMode.DKV, ForwardMode.VERIFY)
+
+
+def family_refusal(lm, config: DecodeConfig) -> str | None:
+    """Why the model's family cannot run `config`'s decoder (None when it can): a forward that needs
+    bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
+    that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
+    c = lm.config
+    if not (lm.model.extra_left or c.block_causal):
+        return None
+    own = policy_spec(config.policy).forward
+    needs = ([f"policy {config.policy!r} needs the {own} forward"] if own in UNSHIFTED_MODES else []) + (
+        [f"cache mode {config.cache!r} needs the {config.cache} forward"]
+        if CACHE_MODES[config.cache].between_refreshes in UNSHIFTED_MODES else [])
+    if not needs:
+        return None
+    lacks = "block-causal attention" if c.block_causal else "it predicts position i from i - 1"
+    return (f"{'; '.join(needs)} (bidirectional attention, unshifted logits), which model family {c.family!r} "
+            f"does not have ({lacks})")
 
 
 class Engine:
@@ -180,12 +203,18 @@ class Engine:
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
+        self._check_family(config)
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
         refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
         policy, state_names = make_policy(config, gating)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
                        policy_key(config, gating), generator)
+
+    def _check_family(self, config: DecodeConfig) -> None:
+        refusal = family_refusal(self.lm, config)
+        if refusal:
+            raise InputError(refusal)
 
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config

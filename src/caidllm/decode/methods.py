@@ -40,6 +40,18 @@ PRESETS: dict[str, dict] = {
                     cai=dict(block_schedule=False, position_factors=False, gating=False)),
     "cai-apd-block": dict(policy="cai", cache="dual", cai=dict(position_factors=False, gating=False)),
     "cai-apd-block-pos": dict(policy="cai", cache="dual", cai=dict(gating=False)),
+    # EB-Sampler (arXiv 2505.24857): entropy-bounded unmasking, no cache, gamma 0.01 (policies/eb.py).
+    "eb": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="entropy"),
+    # EB-Sampler's rule over Fast-dLLM's dual cache refreshed at block starts (a combination, not a paper's).
+    "eb-dual": dict(policy="eb", cache="dual", eb_gamma=0.01, eb_proxy="entropy", refresh_every=0),
+    # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults.
+    "slowfast": dict(policy="slowfast", cache="none", sf_explore_steps=6, sf_cycle_threshold=0.3, sf_window=2,
+                     sf_std=1.0, sf_high=0.9),
+    # dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache): LLaDA's low-confidence remasking with delayed
+    # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first two.
+    "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
+    # WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM) at its official defaults: draft 0.6, verify 0.9.
+    "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
 }
 
 

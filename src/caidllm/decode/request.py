@@ -12,7 +12,7 @@ import torch
 
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.policies import Policy
+from caidllm.decode.policies import Policy, policy_spec
 from caidllm.decode.results import GenerationResult, result_of
 from caidllm.models.forward_modes import ForwardMode
 
@@ -68,6 +68,7 @@ class Request:
     block_first_confidence: torch.Tensor | None = None  # [block] s_i of the current block
     prev_confidence: torch.Tensor | None = None  # [block] the previous step's confidences (early skipping)
     just_committed: torch.Tensor | None = None  # [block] committed at the previous step
+    last_committed: list[int] = field(default_factory=list)  # generated positions committed at the previous step
 
     def __post_init__(self):
         G, c = self.config.gen_length, self.config
@@ -86,9 +87,25 @@ class Request:
     def forward_mode(self) -> str:
         """This step's forward: a full one at the block start and every f steps (a refresh);
         the cache mode's forward otherwise (decode/forward_modes.py; full without a cache)."""
-        t = self.step
-        refresh = t == 0 or (self.refresh_every > 0 and t % self.refresh_every == 0)
-        return (ForwardMode.FULL if refresh else CACHE_MODES[self.config.cache].between_refreshes).value
+        own = policy_spec(self.config.policy).forward
+        if own is not None:  # a decoder with a forward of its own (WINO's verify forward)
+            return own
+        t, cache = self.step, CACHE_MODES[self.config.cache]
+        refresh = t < cache.refreshes_at_start or (self.refresh_every > 0 and t % self.refresh_every == 0)
+        return (ForwardMode.FULL if refresh else cache.between_refreshes).value
+
+    @property
+    def step_limit(self) -> int:
+        """Steps a block may take; its last commits whatever is left. A decoder that re-masks
+        (WINO) may need more than the schedule's T."""
+        c = self.config
+        return c.wino_max_steps if policy_spec(c.policy).revises else c.steps_per_block
+
+    def dkv_columns(self) -> list[int]:
+        """dKV-Cache's computed positions of the generated region: the still-masked ones and those
+        committed at the previous step (their K/V are cached one step late)."""
+        recent = set(self.last_committed)
+        return [p for p, token in enumerate(self.generated) if token is None or p in recent]
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}
@@ -120,6 +137,7 @@ class Request:
         positions = [block_start + j for j, committed in enumerate(commits) if committed]
         committed_tokens = [tokens[p - block_start] for p in positions]
         global_step = self.steps_before_block + t
+        self.last_committed = positions
         for p, token in zip(positions, committed_tokens):
             self.generated[p] = token
             self.commit_step[p] = global_step

@@ -15,9 +15,10 @@ import torch
 
 from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
 from caidllm.decode.frame import Frame
-from caidllm.decode.policies import StepView
+from caidllm.decode.policies import StepView, policy_spec
+from caidllm.decode.policies.base import distribution_stats
 from caidllm.decode.request import Request
-from caidllm.decode.sampling import predict
+from caidllm.decode.sampling import predict, token_probability
 from caidllm.decode.scheduler import ForwardGroup
 from caidllm.decode.timing import DeviceTimer
 from caidllm.models import transfer
@@ -63,7 +64,7 @@ class Runner:
         block = frame.canvas[slot_ids[:, None], columns]
         masked = block == lm.config.mask_id
         plan = FORWARD_PLANS[mode]
-        inputs = plan.inputs(members, masked)
+        inputs = plan.inputs(members, masked, starts)
         # Every request was checked at submit and the Frame knows each row's first real column:
         # the unchecked forward has no host sync.
         with self.forward_timer:
@@ -71,12 +72,29 @@ class Runner:
                                 end=[s + block_length for s in starts], rows=frame.row_selector(slots, slot_ids),
                                 real_from=[frame.first_real(s) for s in slots], **inputs)
         self.forwards += 1
+        support = stats = None
+        if plan.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token
+            logits, shadow = logits.split(block_length, dim=1)
+            support = token_probability(shadow, block, lm.config.mask_id)
+        specs = [policy_spec(r.config.policy) for r in members]
+        if any(spec.needs_distribution for spec in specs):
+            stats = distribution_stats(logits, lm.config.mask_id)  # before prediction consumes the logits
         predicted, confidence = self._predict(logits, members)
         for i, r in enumerate(members):
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
-        commit = self._select(members, predicted, confidence, masked)
-        frame.canvas[slot_ids[:, None], columns] = torch.where(commit, predicted, block)
+        commit, remask = self._select(members, predicted, confidence, masked, stats, support)
+        new_block = torch.where(commit, predicted, block)
+        if remask is not None:
+            new_block = new_block.masked_fill(remask, lm.config.mask_id)
+        if any(spec.revises for spec in specs):
+            # A policy that may take tokens back reports its block only once it is final (no mask
+            # left): a stream never shows a token that could still change, never a mask.
+            revising = to_device([spec.revises for spec in specs], device).bool()[:, None]
+            final = ~(new_block == lm.config.mask_id).any(dim=1, keepdim=True)
+            commit = torch.where(revising, final.expand_as(commit), commit)
+            predicted = torch.where(revising, new_block, predicted)
+        frame.canvas[slot_ids[:, None], columns] = new_block
         for i, r in enumerate(members):
             if CACHE_MODES[r.config.cache].early_skipping:  # the next step's forward reads these
                 r.prev_confidence, r.just_committed = confidence[i], commit[i]
@@ -103,13 +121,15 @@ class Runner:
             predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, generators, consume=True)
         return predicted, confidence
 
-    def _select(self, members: list[Request], predicted, confidence, masked) -> torch.Tensor:
-        """Each group of rows with the same policy settings, step and block runs its policy once."""
+    def _select(self, members: list[Request], predicted, confidence, masked, stats=None, support=None):
+        """Each group of rows with the same policy settings, step and block runs its policy once.
+        Returns what to commit and what to send back to the mask (None: nothing anywhere)."""
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(members):
             groups.setdefault((r.policy_key, r.step, r.block), []).append(i)
         first = torch.stack([r.block_first_confidence for r in members])
         commit = torch.zeros_like(masked)
+        remask = None
         for indices in groups.values():
             lead = members[indices[0]]
             at = slice(None) if len(indices) == len(members) else to_device(indices, masked.device)
@@ -119,16 +139,23 @@ class Runner:
                             first_confidence=first[at], step=lead.step, total_steps=total_steps,
                             block_index=lead.block, rows=torch.arange(len(indices), device=masked.device),
                             state=state)
+            if stats is not None:
+                view.entropy, view.second = stats[0][at], stats[1][at]
+            if support is not None:
+                view.verify_confidence = support[at]
             try:
                 with self.policy_timer:
                     chosen = lead.policy(view) & view.masked
             except Exception as error:  # noqa: BLE001 - these requests fail alone; the engine drops them
                 self.faults.update((members[i].id, error) for i in indices)
-                chosen = torch.zeros_like(view.masked)
-            if lead.step == total_steps - 1:  # the last step commits whatever is left: no mask leaves the engine
-                chosen = view.masked
+                chosen, view.remask = torch.zeros_like(view.masked), None
+            if lead.step == lead.step_limit - 1:  # the last step commits whatever is left: no mask leaves the engine
+                chosen, view.remask = view.masked, None
+            if view.remask is not None:
+                remask = torch.zeros_like(masked) if remask is None else remask
+                remask[at] = view.remask
             for j, i in enumerate(indices):
                 for name in lead.state_names:
                     members[i].state[name] = state[name][j:j + 1]
             commit[at] = chosen
-        return commit
+        return commit, remask

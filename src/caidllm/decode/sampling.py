@@ -64,3 +64,11 @@ def _gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Ge
     uniform = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
     gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
     return (logits.double() / temperature + gumbel).argmax(dim=-1)
+
+
+def token_probability(logits: torch.Tensor, tokens: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """[R, n] probability of `tokens` [R, n] under `logits` [R, n, V], the mask token excluded
+    (never predicted): WINO's verification of the tokens already drafted."""
+    logits = logits.float().clone()
+    logits[..., mask_id] = float("-inf")
+    return torch.softmax(logits, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)

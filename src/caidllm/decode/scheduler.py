@@ -138,7 +138,7 @@ class Scheduler:
         groups: dict[tuple, list[Request]] = {}
         for r in self.running.values():
             mode = r.forward_mode()
-            key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r.config))
+            key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r))
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
 

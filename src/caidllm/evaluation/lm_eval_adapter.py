@@ -76,7 +76,8 @@ def _bool(value, name: str) -> bool:
 class CaidllmLM(LM):
     def __init__(self, pretrained="tiny", method="cai", gen_length=256, block_length=64, steps=None, cache=None,
                  threshold=None, temperature=0.0, seed=0, early_stop=True, dtype=None, chat="auto",
-                 stats_path=None, batch_size=8, max_batch_size=None, device=None, **overrides):
+                 stats_path=None, batch_size=8, max_batch_size=None, device=None, quantize=None, quantize_head=False,
+                 **overrides):
         super().__init__()
         from caidllm.models import load
 
@@ -97,7 +98,8 @@ class CaidllmLM(LM):
         if self.world.distributed and (device is None or str(device).startswith("cuda")):
             device = self.world.device("cuda" if torch.cuda.is_available() else "cpu")  # one GPU per rank
         self.world.init(device)
-        self.lm = load(pretrained, device=device, dtype=dtype)
+        self.lm = load(pretrained, device=device, dtype=dtype, quantize=quantize or None,
+                       quantize_head=_bool(quantize_head, "quantize_head"))
         self._device = self.lm.device
         self._rank, self._world_size = self.world.rank, self.world.world_size  # what lm-eval splits requests by
         self.pretrained = str(pretrained)

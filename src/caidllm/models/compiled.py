@@ -41,6 +41,35 @@ def compiled_kernels(device: str = "cpu"):
     return norm, mlp
 
 
+@functools.lru_cache(maxsize=None)
+def check_quantized_compile(quantization: str, device: str, dtype: torch.dtype) -> None:
+    """A trial: the compiled MLP kernel over weights quantized with `quantization` (checked for
+    the device already), so a pair torch cannot compile fails before the model loads."""
+    from torch import nn
+
+    from .quantize import QUANTIZATIONS, quantize_module
+
+    _, mlp = compiled_kernels(device)
+    try:
+        with torch.device(device):
+            layers = nn.ModuleList(nn.Linear(64, 64, bias=False) for _ in range(3)).to(dtype)
+        quantize_module(layers, QUANTIZATIONS[quantization], torch.device(device))
+        _no_autograd_cache()
+        mlp(torch.ones(2, 3, 64, device=device, dtype=dtype), *(layer.weight for layer in layers)).sum().item()
+    except Exception as e:  # noqa: BLE001 - Dynamo / Inductor / torchao raise many types
+        check_quantized_compile.cache_clear()
+        raise InputError(f"--compile with --quantize {quantization}: torch {torch.__version__} cannot compile "
+                         f"torchao's {quantization} layers on {device} ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); drop one of the two") from None
+
+
+def _no_autograd_cache() -> None:
+    # AOTAutograd's cache cannot hash torchao's tensors and logs a long warning per graph; inference needs no cache.
+    import torch._functorch.config as functorch_config
+
+    functorch_config.enable_autograd_cache = False
+
+
 def enable_compile(lm) -> None:
     """Swap the compiled kernels into every norm and MLP of `lm`'s model."""
     if lm.device.type == "meta":
@@ -48,6 +77,8 @@ def enable_compile(lm) -> None:
     if getattr(lm, "compiled", False):
         return
     norm, mlp = compiled_kernels(lm.device.type)
+    if lm.quantization is not None:
+        check_quantized_compile(lm.quantization, lm.device.type, lm.dtype)
     for module in lm.model.modules():
         if isinstance(module, RMSNorm):
             module.kernel = norm

@@ -16,6 +16,8 @@ class ForwardMode(str, Enum):
     PREFIX = "prefix"  # the block and everything after it; the prefix's K/V from the cache
     DUAL = "dual"  # the block only; every other position's K/V from the cache
     ES = "es"  # dual with early skipping of unimportant block positions past layer-group boundaries
+    DKV = "dkv"  # dKV-Cache: the still-masked and just-decoded columns only; every other column's K/V cached
+    VERIFY = "verify"  # WINO: the whole canvas plus a shadow copy of the block that verifies it (no cache)
 
     def __str__(self) -> str:
         return self.value

@@ -112,12 +112,19 @@ def describe(name: str) -> Described:
     return Described(name, model, config, identify(config_file.parent, config.raw))
 
 
-def model_memory(lm, dtype: torch.dtype, length: int) -> dict:
-    """Weights and per-request cache memory of a (meta) model in `dtype`."""
+def model_memory(lm, dtype: torch.dtype, length: int, quantize: str | None = None, quantize_head: bool = False) -> dict:
+    """Weights and per-request cache memory of a (meta) model in `dtype`, its layers' linear
+    layers quantized with `quantize` (models/quantize.py) when given."""
+    from .quantize import expected_weights_bytes
+
     if length < 1:
         raise InputError(f"--length must be a positive number of positions, got {length}")
     total, active = parameter_counts(lm)
+    weights = total * DTYPE_BYTES[dtype]
+    if quantize is not None or quantize_head:
+        weights = expected_weights_bytes(lm.model, dtype, quantize, quantize_head)
     return {"model": lm.name, "family": lm.config.family, "dtype": str(dtype).removeprefix("torch."),
-            "parameters_total": total, "parameters_active": active, "weights_bytes": total * DTYPE_BYTES[dtype],
+            "quantization": quantize, "quantized_head": quantize_head,
+            "parameters_total": total, "parameters_active": active, "weights_bytes": weights,
             "length": length, "context": lm.config.max_length,
             "cache_bytes_per_request": cache_bytes(lm.config, length, dtype)}

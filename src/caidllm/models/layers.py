@@ -118,6 +118,9 @@ class Context:
                 the next refresh: so the prefix is read in place, never concatenated).
     - "dual":   each row's own block (``index``: absolute columns, per row), whose K/V are
                 fresh and written into the cache; every other position's K/V come from it.
+    - "dkv":    like dual, but over any columns of each row (``index``, ascending; dKV-Cache's
+                still-masked and just-decoded positions): their K/V are fresh and written into the
+                cache, every other column's come from it; logits for every computed column.
     - "es":     like dual, but at the layers where ``plan`` drops, only the most important
                 block positions go on (models/skip.py); ``index`` then narrows.
     Rows may sit at different block starts in one forward (the step-level engine batches
@@ -183,7 +186,7 @@ class Context:
     @classmethod
     def build(cls, mask, positions, head_dim, theta, *, mode="full", starts=None, block_length=None, extra=0,
               rows=None, cache=None, skip=None, plan=None, real_from=None, start_list=None,
-              attention_block=None):
+              attention_block=None, columns=None):
         """mask, positions: [R, L] of the selected rows; starts: [R] long, each row's
         block start (None with mode="full": all positions, logits of all); start_list:
         the same on the host (prefix mode needs its min and max without a device sync);
@@ -195,7 +198,10 @@ class Context:
         if starts is not None:
             offsets = torch.arange(block_length, device=mask.device)
             targets = starts[:, None] + offsets
-        if mode in ("dual", "es"):
+        if mode == "dkv":  # the caller's columns, in ascending order per row: logits for all of them
+            index = columns
+            cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
+        elif mode in ("dual", "es"):
             index = starts[:, None] - extra + torch.arange(block_length + extra, device=mask.device)
             cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
         else:

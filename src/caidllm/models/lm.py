@@ -15,8 +15,9 @@ import torch
 from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
-from .forward_modes import MODES
+from .forward_modes import MODES, ForwardMode
 from .layers import Context, default_attention_block, positions_from_mask
+from .shadow import shadow_forward
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 from .transfer import to_device
 
@@ -28,7 +29,8 @@ class DiffusionLM:
     aligned to positions, `new_cache`, chat encoding and decoding; `generate` is the decoders'
     (registered by caidllm.decode)."""
 
-    def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None):
+    def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None,
+                 quantization: str | None = None, quantized_head: bool = False):
         self.model = model
         self.config = config
         self.tokenizer = tokenizer
@@ -37,6 +39,10 @@ class DiffusionLM:
         self.path = Path(path) if path is not None else None
         self.random_weights = False  # built by random_init.py: speed and memory only, the text means nothing
         self.compiled = False  # set by compiled.enable_compile
+        # torchao quantized linear layers (models/quantize.py): "int8", "int8-dynamic", "int4", "fp8" or None;
+        # self.dtype stays the activations' (and embeddings', norms', cache's) dtype
+        self.quantization = quantization
+        self.quantized_head = quantized_head
         self.name = str(path) if path is not None else None  # what it was loaded by (folder, hub id, random:...)
         self.checkpoint = None  # the known public checkpoint it is (models/checkpoints.py), if any
 
@@ -52,7 +58,7 @@ class DiffusionLM:
         c = self.config
         return (
             f"DiffusionLM({c.family}, layers={c.n_layers}, d={c.hidden_size}, vocab={c.vocab_size}, "
-            f"device={self.device}, dtype={self.dtype}, path={self.path})"
+            f"device={self.device}, dtype={self.dtype}, quantization={self.quantization}, path={self.path})"
         )
 
     # ---- forward passes -------------------------------------------------
@@ -64,7 +70,7 @@ class DiffusionLM:
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
                 skip: EarlySkip | None = None, real_from: list[int] | None = None,
-                attention_block: int | None = None):
+                attention_block: int | None = None, columns=None, block_at=None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -80,6 +86,10 @@ class DiffusionLM:
                        from the cache, which must be made with
                        new_cache(..., skip_schedule=...). ``skip`` carries
                        the previous step's view and receives the work done.
+        mode="dkv":    (engine only) dKV-Cache: computes ``columns`` [R, n] (see forward_columns);
+                       ``block_at`` [R, end-start] says which of them each block position is.
+        mode="verify": (engine only) WINO: [R, 2 (end-start), V], the block's logits then its
+                       shadow block's (models/shadow.py); no cache.
         (Dream also computes start-1 in prefix/dual/es mode: it predicts start.)
         ``start`` and ``end`` may also be lists with one int per selected row, with
         the same end - start for every row: rows at different blocks share the
@@ -91,6 +101,15 @@ class DiffusionLM:
         ``attention_block``: block-causal models only, the block length of their attention (blocks
         laid from each row's first real token); None = the model's default (layers.default_attention_block).
         """
+        if mode in (ForwardMode.DKV, ForwardMode.VERIFY):
+            if real_from is None:
+                raise InputError(f"mode={mode!r} is the engine's; call forward_columns / forward_with_attention")
+            r = slice(None) if rows is None else rows
+            if mode == ForwardMode.DKV:
+                logits = self.forward_columns(input_ids, cache, columns, rows=rows, real_from=real_from)
+                return logits.gather(1, block_at[..., None].expand(-1, -1, logits.shape[-1]))
+            canvases = [row[first:] for row, first in zip(input_ids[r], real_from)]
+            return shadow_forward(self, canvases, [s - f for s, f in zip(start, real_from)], end[0] - start[0])
         if real_from is not None:
             return self.forward_unchecked(input_ids, attention_mask, mode=mode, cache=cache, starts=start,
                                           length=end[0] - start[0], rows=rows, real_from=real_from, skip=skip,
@@ -162,6 +181,35 @@ class DiffusionLM:
             skip.computed_pairs, skip.full_pairs = sum(plan), c.n_layers * length
             skip.kept = ctx.index[:, extra:] - start_t[:, None]
         return logits
+
+    @torch.no_grad()
+    def forward_columns(self, ids, cache: KVCache, columns: torch.Tensor, rows=None,
+                        real_from: list[int] | None = None) -> torch.Tensor:
+        """dKV-Cache's forward (mode "dkv", decode/forward_modes.py): float32 logits [R, n, V] of ``columns``
+        [R, n] (absolute, ascending per row) of the selected rows of the canvas ``ids`` [B, L]; their
+        K/V are computed and written into ``cache`` (filled by a full forward), every other
+        column's K/V are read from it. Families with a logit shift (Dream) cannot run it."""
+        if self.model.extra_left:
+            raise InputError(f"the dkv forward needs unshifted logits; family {self.config.family!r} predicts "
+                             "position i from i - 1")
+        r = slice(None) if rows is None else rows
+        c = self.config
+        ctx = Context.build(cache.attention_mask[r], cache.positions[r], c.head_dim, c.rope_theta, mode="dkv",
+                            rows=rows, cache=cache, real_from=real_from, columns=columns)
+        return self.model(ids[r].gather(1, columns), ctx)
+
+    @torch.no_grad()
+    def forward_with_attention(self, ids: torch.Tensor, positions: torch.Tensor, attention: torch.Tensor,
+                               targets: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [R, k, V] at columns ``targets`` [R, k] of a canvas ``ids`` [R, n] whose
+        RoPE ``positions`` [R, n] and query-by-key ``attention`` [R, 1, n, n] (bool, True = attends)
+        the caller gives: no padding, no cache. For decoders whose forward is not a plain canvas
+        (WINO's shadow block, models/shadow.py); the logits are position-aligned only for
+        families without a shift (Dream predicts i from i - 1: the caller must not use it there)."""
+        c = self.config
+        ctx = Context.build(torch.ones_like(ids, dtype=torch.bool), positions, c.head_dim, c.rope_theta)
+        ctx.key_mask, ctx.targets = attention, targets
+        return self.model(ids, ctx)
 
     def _check_attention_block(self, attention_block):
         c = self.config

@@ -18,14 +18,17 @@ from .families import get_family, load_config
 from .hub import download, is_hub_id
 from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
 from .lm import DiffusionLM
-from .random_init import build_random, is_random_name
+from .quantize import (QuantizePlan, check_not_quantized, check_quantization, decoder_layers, is_quantized_tensor,
+                       make_plan)
+from .random_init import build_random, is_random_name, random_raw_config
 from .tokenizer import END_OF_TURN, fast_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd"}  # tiny-bd: block-causal (block diffusion)
 
 
-def load(path_or_name, device=None, dtype=None, compile: bool = False) -> DiffusionLM:
+def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize: str | None = None,
+         quantize_head: bool = False) -> DiffusionLM:
     """Load a LLaDA or Dream model from a local folder (or the embedded "tiny"), or
     build one with random weights: "random:llada-8b", "random:dream-7b", with
     config.json overrides as a query string ("random:llada-8b?n_layers=4"; random_init.py).
@@ -33,8 +36,13 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False) -> Diffus
     device: None = "cuda" if available else "cpu" ("meta": random models only, no memory).
     dtype: None = the checkpoint's torch_dtype; or a torch.dtype / "bfloat16" / "float16" / "float32".
     compile: run the decoding forwards through torch.compile (models/compiled.py).
+    quantize: None, or "int8", "int8-dynamic", "int4", "fp8": torchao quantized weights for the
+    layers' linear layers, applied layer by layer as they load (models/quantize.py);
+    quantize_head: the untied output head too.
     """
-    lm = _load(path_or_name, device, dtype)
+    if compile and quantize is not None:  # a pair torch cannot compile fails before the model loads
+        _check_compile_quantized(path_or_name, device, dtype, quantize)
+    lm = _load(path_or_name, device, dtype, quantize, quantize_head)
     if compile:
         from .compiled import enable_compile
 
@@ -42,9 +50,23 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False) -> Diffus
     return lm
 
 
-def _load(path_or_name, device, dtype) -> DiffusionLM:
+def _check_compile_quantized(path_or_name, device, dtype, quantize) -> None:
+    from .compiled import check_quantized_compile
+
+    device = resolve_device(device)
+    if dtype is None:  # the checkpoint's, as _load reads it
+        if is_random_name(path_or_name):
+            dtype = random_raw_config(path_or_name)[1]["torch_dtype"]
+        else:
+            dtype = load_config(resolve_folder(path_or_name)[0] / "config.json").torch_dtype
+    dtype = resolve_dtype(dtype)
+    check_quantization(quantize, device, dtype)
+    check_quantized_compile(quantize, device.type, dtype)
+
+
+def _load(path_or_name, device, dtype, quantize, quantize_head) -> DiffusionLM:
     if is_random_name(path_or_name):
-        return build_random(path_or_name, resolve_device(device), dtype)
+        return build_random(path_or_name, resolve_device(device), dtype, quantize=quantize, quantize_head=quantize_head)
     folder, hub_id = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
     checkpoint = identify(folder, config.raw, hub_id)
@@ -56,9 +78,12 @@ def _load(path_or_name, device, dtype) -> DiffusionLM:
     device = resolve_device(device)
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     check_device_dtype(device, dtype)
+    check_not_quantized(config.raw, folder / "config.json")
+    plan = make_plan(quantize, device, dtype, quantize_head)  # before any weight is read
     tokenizer, config = load_tokenizer(folder, config)
-    model = load_model(folder, config, device, dtype)
-    lm = DiffusionLM(model, config, tokenizer, device, dtype, path=folder)
+    model = load_model(folder, config, device, dtype, plan)
+    lm = DiffusionLM(model, config, tokenizer, device, dtype, path=folder, quantization=quantize,
+                     quantized_head=quantize_head)
     lm.name, lm.checkpoint = hub_id or str(path_or_name), checkpoint
     return lm
 
@@ -179,25 +204,69 @@ def _read_json(path: Path):
 # ---- weights ----------------------------------------------------------------
 
 
-def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype):
+def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype,
+               plan: QuantizePlan | None = None):
     """Build the module without memory (meta device), check every checkpoint
     tensor's name and shape against it, then assign the tensors read straight
-    onto `device` in `dtype`: the weights are materialised once."""
+    onto `device` in `dtype`: the weights are materialised once. With a
+    quantization plan, the layers load one at a time, each quantized before
+    the next is read (peak: the rest of the model, the quantized layers and
+    one layer in full precision)."""
     from safetensors import safe_open
 
     with torch.device("meta"):
         model = get_family(config.family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if plan is not None:
+        plan.check(model)
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
 
-    state = {}
-    for file, names in _by_file(found, where).items():
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
-            for name in names:
-                state[name] = f.get_tensor(name).to(dtype)
-    model.load_state_dict(state, strict=True, assign=True)
+    for group, layer in _load_groups(model, found, plan):
+        state = {}
+        # Each group opens its files anew: a file's mapped pages are let go once its group is read.
+        for file, names in _by_file(group, where).items():
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
+                for name in names:
+                    state[name] = f.get_tensor(name).to(dtype)
+        model.load_state_dict(state, strict=plan is None, assign=True)  # in groups: each is a part
+        del state
+        if layer is not None:
+            plan.layer(layer)
+            _own_copies(layer)
+    if plan is not None:
+        plan.finish(model)
     return model.eval()
+
+
+@torch.no_grad()
+def _own_copies(layer) -> None:
+    """Give the layer's unquantized tensors (norms, a router) memory of their own: on a CPU,
+    safetensors' tensors are views of the file's mapping, and one small norm weight would keep the
+    whole file mapped, with every page the layer's quantization read."""
+    for module in layer.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if not is_quantized_tensor(param):
+                module._parameters[name] = torch.nn.Parameter(param.clone(), requires_grad=param.requires_grad)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            module._buffers[name] = buffer.clone()
+
+
+def _load_groups(model, names: list[str], plan: QuantizePlan | None):
+    """(tensor names, layer to quantize after them or None): all at once without a plan; else
+    everything outside the layers first, then each layer's own."""
+    if plan is None:
+        return [(names, None)]
+    prefix, layers = decoder_layers(model)
+    per_layer = {i: [] for i in range(len(layers))}
+    rest = []
+    for name in names:
+        head, _, tail = name.partition(prefix + ".")
+        if head == "" and tail:
+            per_layer[int(tail.split(".", 1)[0])].append(name)
+        else:
+            rest.append(name)
+    return [(rest, None)] + [(per_layer[i], layers[i]) for i in range(len(layers))]
 
 
 def weight_files(folder: Path) -> dict[str, Path]:

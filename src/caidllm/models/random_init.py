@@ -32,6 +32,7 @@ from .generated_tokenizer import generated_tokenizer
 from .layers import RMSNorm
 from .lm import DiffusionLM
 from .moe import Router
+from .quantize import decoder_layers, make_plan
 from .tokenizer import end_of_turn_ids
 
 PREFIX = "random:"
@@ -136,8 +137,10 @@ def _typed(name: str, key: str, text: str, official):
     raise ModelLoadError(f"{name!r}: {key} (official value {official!r}) cannot be overridden")
 
 
-def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0):
-    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`."""
+def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0,
+                 quantize: str | None = None, quantize_head: bool = False):
+    """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`;
+    with `quantize`, each layer is quantized as soon as it is drawn (models/quantize.py)."""
     kind, raw = random_raw_config(name)
     make_tokenizer = block_random.generated_tokenizer if kind in block_random.TOKENIZERS else generated_tokenizer
     tokenizer, ids = make_tokenizer(kind, max_length=_max_length(raw))
@@ -149,14 +152,15 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     if device.type != "meta":
         check_device_dtype(device, dtype)
+    plan = make_plan(quantize, device, dtype, quantize_head) if quantize or quantize_head else None
     config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *end_of_turn_ids(tokenizer)])))
     with torch.device("meta"):
         model = get_family(config.family).model_class(config)
     model = model.to(dtype)
     if device.type != "meta":
-        model = model.to_empty(device=device)
-        initialise(model, torch.Generator(device=device).manual_seed(seed))
-    lm = DiffusionLM(model.eval(), config, tokenizer, device, dtype, path=None)
+        materialise(model, device, torch.Generator(device=device).manual_seed(seed), plan)
+    lm = DiffusionLM(model.eval(), config, tokenizer, device, dtype, path=None, quantization=quantize,
+                     quantized_head=quantize_head)
     lm.name, lm.random_weights = name, True
     return lm
 
@@ -165,24 +169,52 @@ def _max_length(raw: dict) -> int:
     return int(raw.get("max_sequence_length") or raw.get("max_position_embeddings"))
 
 
+def materialise(model: nn.Module, device: torch.device, generator: torch.Generator, plan=None) -> None:
+    """Allocate and draw the weights of a meta-device model on `device`, module by module in
+    the order of model.modules() (so the same seed draws the same weights with or without a
+    plan); with a quantization plan, each layer is quantized right after it is drawn."""
+    layers = decoder_layers(model)[1] if plan is not None else ()
+    if plan is not None:
+        plan.check(model)
+    inside = {id(m) for layer in layers for m in layer.modules() if m is not layer}
+    starts = {id(layer) for layer in layers}
+    for module in model.modules():
+        if id(module) in inside:
+            continue  # drawn with its layer
+        if id(module) in starts:
+            module.to_empty(device=device)
+            initialise(module, generator)
+            plan.layer(module)
+        else:
+            module.to_empty(device=device, recurse=False)
+            _initialise_one(module, generator)
+    if plan is not None:
+        plan.finish(model)
+
+
 @torch.no_grad()
 def initialise(model: nn.Module, generator: torch.Generator) -> None:
     """In place, on the parameters' own device and dtype: embeddings N(0, 1), linear weights
     and MoE gates N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
     weights N(1, 0.1^2)."""
     for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            module.weight.normal_(0.0, 1.0, generator=generator)
-        elif isinstance(module, nn.Linear):
-            module.weight.normal_(0.0, module.in_features ** -0.5, generator=generator)
-            if module.bias is not None:
-                module.bias.normal_(0.0, 0.02, generator=generator)
-        elif isinstance(module, RMSNorm):
-            module.weight.normal_(1.0, 0.1, generator=generator)
-        elif isinstance(module, Router):  # MoE gate: logits of order 1, a small score bias
-            module.weight.normal_(0.0, module.weight.shape[1] ** -0.5, generator=generator)
-            if module.expert_bias is not None:
-                module.expert_bias.normal_(0.0, 0.01, generator=generator)
+        _initialise_one(module, generator)
+
+
+@torch.no_grad()
+def _initialise_one(module: nn.Module, generator: torch.Generator) -> None:
+    if isinstance(module, nn.Embedding):
+        module.weight.normal_(0.0, 1.0, generator=generator)
+    elif isinstance(module, nn.Linear):
+        module.weight.normal_(0.0, module.in_features ** -0.5, generator=generator)
+        if module.bias is not None:
+            module.bias.normal_(0.0, 0.02, generator=generator)
+    elif isinstance(module, RMSNorm):
+        module.weight.normal_(1.0, 0.1, generator=generator)
+    elif isinstance(module, Router):  # MoE gate: logits of order 1, a small score bias
+        module.weight.normal_(0.0, module.weight.shape[1] ** -0.5, generator=generator)
+        if module.expert_bias is not None:
+            module.expert_bias.normal_(0.0, 0.01, generator=generator)
 
 
 def parameter_count(model: nn.Module) -> int:

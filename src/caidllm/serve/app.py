@@ -31,6 +31,7 @@ from caidllm.decode.background import BackgroundEngine
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import method_names
 from caidllm.errors import EngineFullError, InputError
+from caidllm.models.quantize import quantization_info
 from caidllm.serve.answer import Answer
 from caidllm.serve.call import CLIENT_CLOSED, Call, cancel
 from caidllm.serve.guard import Guard, check_json_content_type, error_response, read_body
@@ -112,18 +113,20 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
     async def live_view():
         return FileResponse(STATIC / "index.html")
 
+    weights = {"dtype": str(lm.dtype).removeprefix("torch."), **quantization_info(lm)}  # fixed at start
+
     @app.get("/caidllm/info")
     async def server_info():
         d = settings.defaults
         return {"model": d.model_name, "methods": method_names(), "method": d.method, "gen_length": d.gen_length,
-                "block_length": d.block_length, "replica": settings.replica}
+                "block_length": d.block_length, "replica": settings.replica, **weights}
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": settings.defaults.model_name, "object": "model",
-                                            "created": int(time.time()), "owned_by": "caidllm"}]}
+                                            "created": int(time.time()), "owned_by": "caidllm", **weights}]}
 
     @app.get("/metrics")
     async def prometheus():

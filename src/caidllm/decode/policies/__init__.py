@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from caidllm.decode.policies import cai, threshold, vanilla
+from caidllm.decode.policies import cai, eb, slowfast, threshold, vanilla, wino
 from caidllm.decode.policies.base import StepView
 from caidllm.errors import InputError
 
@@ -44,6 +44,10 @@ class PolicySpec:
     select: Callable[..., torch.Tensor]
     settings: Callable[["DecodeConfig", bool], dict] = lambda config, gating: {}
     state_names: tuple[str, ...] = ()
+    state_for: Callable[["DecodeConfig"], tuple[str, ...]] | None = None  # state names that depend on settings
+    needs_distribution: bool = False  # the view carries each position's entropy and second probability
+    revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
+    forward: str | None = None  # a forward mode of its own, at every step (models/forward_modes.py)
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -53,6 +57,16 @@ POLICIES: dict[str, PolicySpec] = {
     "cai": PolicySpec(cai.select,
                       lambda config, gating: dict(s=config.cai, gating=gating, fixed_threshold=config.threshold),
                       state_names=("low_yield_steps",)),
+    "eb": PolicySpec(eb.select, lambda config, gating: dict(gamma=config.eb_gamma, proxy=config.eb_proxy),
+                     needs_distribution=True),
+    "slowfast": PolicySpec(slowfast.select,
+                           lambda config, gating: dict(explore_steps=config.sf_explore_steps,
+                                                       cycle_threshold=config.sf_cycle_threshold,
+                                                       window=config.sf_window, std_bound=config.sf_std,
+                                                       high=config.sf_high),
+                           state_for=lambda config: slowfast.state_names(config.sf_window)),
+    "wino": PolicySpec(wino.select, lambda config, gating: dict(draft=config.wino_draft, verify=config.wino_verify),
+                       state_names=wino.STATE, revises=True, forward="verify"),
 }
 
 
@@ -67,7 +81,8 @@ def make_policy(config: "DecodeConfig", gating: bool) -> tuple[Policy, tuple[str
     """The request's select function (its settings bound) and the names of its state tensors."""
     spec = policy_spec(config.policy)
     settings = spec.settings(config, gating)
-    return (partial(spec.select, **settings) if settings else spec.select), spec.state_names
+    state_names = spec.state_for(config) if spec.state_for is not None else spec.state_names
+    return (partial(spec.select, **settings) if settings else spec.select), state_names
 
 
 def policy_key(config: "DecodeConfig", gating: bool) -> tuple:

@@ -26,6 +26,14 @@ class StepView:
     block_index: int  # 0-based index of the block in the generation
     rows: torch.Tensor  # [R] indices of these rows in the full batch
     state: dict[str, torch.Tensor]
+    # Only for policies that ask for them (`needs_distribution`): each position's entropy (nats) and
+    # second-highest probability under the un-noised distribution (mask token excluded).
+    entropy: torch.Tensor | None = None  # [R, block]
+    second: torch.Tensor | None = None  # [R, block]
+    # Only for policies that verify (`revises`): each position's probability of its current token when
+    # the position itself is hidden (WINO's shadow block); and what the policy sends back to the mask.
+    verify_confidence: torch.Tensor | None = None  # [R, block]
+    remask: torch.Tensor | None = None  # [R, block] bool, set by the policy
 
     @property
     def block_length(self) -> int:
@@ -54,3 +62,15 @@ def rank_by_confidence(view: StepView) -> torch.Tensor:
     ranks = torch.empty_like(order)
     positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
     return ranks.scatter_(1, order, positions)
+
+
+def distribution_stats(logits: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entropy (nats) and second-highest probability of each position's predictive
+    distribution, the mask token excluded (as it is from prediction). logits: [R, n, V]."""
+    logits = logits.float().clone()
+    logits[..., mask_id] = float("-inf")
+    log_p = torch.log_softmax(logits, dim=-1)
+    p = log_p.exp()
+    entropy = -(p * log_p.masked_fill(p == 0, 0)).sum(dim=-1)
+    second = p.topk(2, dim=-1).values[..., 1]
+    return entropy, second

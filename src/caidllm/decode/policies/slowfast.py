@@ -1,0 +1,102 @@
+"""SlowFast Sampling (Wei et al., "Accelerating Diffusion Large Language Models with
+SlowFast Sampling: The Three Golden Principles", arXiv 2506.10848; official code
+LiangrunFlora/Slow-Fast-Sampling, sampling_utils/generate_slow_fast_sampling.py).
+
+A block is decoded in sub-cycles, each over a span [last, cur) of the block:
+- exploratory (slow) phase, `sf_explore_steps` steps: the span's end is estimated as the
+  farthest masked position from `last` on whose confidence reaches `sf_cycle_threshold`
+  (certainty principle; one position past `last` when none does), and the estimates of
+  the last `sf_window` steps fix it once their standard deviation is below `sf_std`
+  (convergence principle; else their mean, fixed at the phase's last step). Each step
+  commits every masked position from `last` on with confidence >= `sf_high` when there
+  are at least two, else the most confident one there.
+- accelerated (fast) phase, until the span is filled: the same rule inside [last, cur)
+  only (positional principle). Then `last = cur` and the next sub-cycle starts.
+
+Readings taken: the official code's fast-phase forwards after the first of a sub-cycle
+attend only up to the span's end (the rest of the canvas is dropped from the forward);
+here every forward sees the whole canvas (cache modes as configured), so a span's tokens
+may differ from the official where the dropped suffix would have changed them: the parity
+test re-states the official loop with that one change. The official keeps running
+exploratory forwards after the block is full; the engine ends the block at once (same
+tokens, fewer forwards). The mask token is never predicted (engine-wide rule).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from caidllm.decode.policies.base import StepView, masked_confidence
+
+STATE = ("sf_k", "sf_count", "sf_fixed", "sf_cur", "sf_last")
+
+
+def state_names(window: int) -> tuple[str, ...]:
+    return STATE + tuple(f"sf_hist{i}" for i in range(window))
+
+
+def _fill(conf: torch.Tensor, span: torch.Tensor, high: float) -> torch.Tensor:
+    """At least two confident masked positions in the span: all of them; else the most confident one."""
+    candidates = conf.masked_fill(~span, float("-inf"))
+    confident = candidates >= high
+    best = torch.zeros_like(span).scatter_(1, candidates.argmax(dim=1, keepdim=True), True)
+    best &= torch.isfinite(candidates).any(dim=1, keepdim=True)
+    return torch.where(confident.sum(dim=1, keepdim=True) > 1, confident, best)
+
+
+def select(view: StepView, explore_steps: int, cycle_threshold: float, window: int, std_bound: float,
+           high: float) -> torch.Tensor:
+    s, rows, bl = view.state, view.rows, view.block_length
+    if view.step == 0:  # a new block: one sub-cycle spanning the block, nothing fixed yet
+        for name in state_names(window):
+            s[name][rows] = 0
+        s["sf_cur"][rows] = bl
+    k, count, fixed = s["sf_k"][rows], s["sf_count"][rows], s["sf_fixed"][rows].bool()
+    cur, last = s["sf_cur"][rows], s["sf_last"][rows]
+    hist = torch.stack([s[f"sf_hist{i}"][rows] for i in range(window)], dim=1)
+    conf = masked_confidence(view)
+    pos = torch.arange(bl, device=conf.device)[None]
+
+    # A fast phase whose span is filled ends the sub-cycle: this step starts the next one.
+    span = (pos >= last[:, None]) & (pos < cur[:, None])
+    done = (k >= explore_steps) & ~(span & view.masked).any(dim=1)
+    last = torch.where(done, cur, last)
+    k, count = k.masked_fill(done, 0), count.masked_fill(done, 0)
+    fixed = fixed & ~done
+    exploring = k < explore_steps
+
+    # Exploratory step: estimate the span's end from `last` on and push it into the window.
+    scope = pos >= last[:, None]
+    reach = scope & (conf >= cycle_threshold)
+    farthest = torch.where(reach, pos, -1).amax(dim=1)
+    increment = torch.where(reach.any(dim=1), farthest - last + 1, torch.ones_like(last))
+    increment = torch.where(last < bl, increment, torch.zeros_like(last))
+    estimate = (last + increment).clamp(1, bl)
+    push = exploring & ~fixed
+    hist = torch.where(push[:, None], torch.cat([hist[:, 1:], estimate[:, None]], dim=1), hist)
+    count = torch.where(push, (count + 1).clamp(max=window), count)
+    full = push & (count >= window)
+    mean = hist.double().mean(dim=1)
+    stable = hist.double().std(dim=1, unbiased=False) < std_bound
+    mean_length = mean.floor().long().clamp(1, bl)
+    cur = torch.where(full & stable, estimate, torch.where(full, mean_length, cur))
+    fixed = torch.where(full, stable | (k == explore_steps - 1), fixed)
+    k = torch.where(exploring, k + 1, k)
+    # After the last exploratory step an unfixed span takes the mean of what was seen.
+    fallback = exploring & (k == explore_steps) & ~fixed
+    valid = torch.arange(window, device=conf.device)[None] >= (window - count)[:, None]
+    seen_mean = (hist.double() * valid).sum(dim=1) / count.clamp(min=1)
+    seen = torch.where(count > 0, seen_mean.floor().long().clamp(1, bl), torch.full_like(cur, bl // 2))
+    cur = torch.where(fallback, seen, cur)
+    fixed = fixed | fallback
+
+    fast_span = (pos >= last[:, None]) & (pos < cur[:, None])
+    commit_span = torch.where(exploring[:, None], scope, fast_span)
+    commit = _fill(conf, commit_span & view.masked, high)
+
+    for name, value in (("sf_k", k), ("sf_count", count), ("sf_fixed", fixed.long()), ("sf_cur", cur),
+                        ("sf_last", last)):
+        s[name][rows] = value
+    for i in range(window):
+        s[f"sf_hist{i}"][rows] = hist[:, i]
+    return commit

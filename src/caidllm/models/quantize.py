@@ -1,0 +1,339 @@
+"""Quantized weights through torchao (``caidllm.load(..., quantize="int8")``, ``--quantize``).
+
+Each value of ``QUANTIZATIONS`` names the torchao config applied, per device type, to
+every ``nn.Linear`` inside the decoder layers (attention, feed-forward, and experts built
+of Linear layers); the embeddings, the norms and the output head stay in the model dtype
+(``quantize_head=True`` quantizes an untied head too). The model is quantized layer by
+layer as it loads (loading.py, random_init.py), so only one layer at a time is ever held
+in full precision.
+
+``check_quantization`` runs before any weight is read: an unknown value, a missing
+torchao, or a config the device or dtype cannot run is one clear ``InputError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import InputError, ModelLoadError
+
+INT4_GROUP = 32  # weights per int4 scale (as GGUF's Q4_0): finer groups keep more accuracy
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """One ``--quantize`` value: what it stores and the torchao config per device type."""
+
+    name: str
+    summary: str
+    configs: dict[str, Callable[[], object]]  # device type -> a fresh torchao config
+    # bytes torchao stores for an [out, in] weight in model dtype d: data, scales, zero points
+    linear_bytes: Callable[[int, int, torch.dtype], int]
+    dtypes: tuple[torch.dtype, ...] = ()  # model dtypes its kernels run in (empty: any)
+    needs: Callable[[torch.device], str | None] = field(default=lambda device: None)  # why not here, or None
+
+    def config(self, device: torch.device):
+        return self.configs[device.type]()
+
+
+def _int8_weight_only():
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    return Int8WeightOnlyConfig()
+
+
+def _int8_dynamic():
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+    return Int8DynamicActivationInt8WeightConfig()
+
+
+def _int4_cuda():
+    from torchao.quantization import Int4WeightOnlyConfig
+
+    return Int4WeightOnlyConfig(group_size=INT4_GROUP, int4_packing_format="tile_packed_to_4d")
+
+
+def _int4_cpu():
+    # torchao 0.18's CPU layout for packed int4 (aten's _weight_int4pack_mm_for_cpu) is in its prototype package.
+    from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
+
+    return PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP)
+
+
+def _fp8_rowwise():
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow
+
+    return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+
+
+def _fp8_hardware(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None  # the device-type check names the problem
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        return f"it needs float8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); {name} has " \
+               f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
+    return None
+
+
+def _int8_bytes(out: int, inp: int, dtype) -> int:
+    return out * inp + out * (4 + 1)  # int8 data, a float32 scale and an int8 zero point per row
+
+
+def _int4_bytes(out: int, inp: int, dtype) -> int:
+    return out * inp // 2 + out * (inp // INT4_GROUP) * 2 * dtype.itemsize  # a scale and a zero per group
+
+
+def _fp8_bytes(out: int, inp: int, dtype) -> int:
+    return out * inp + out * 4  # float8 data, a float32 scale per row
+
+
+QUANTIZATIONS = {q.name: q for q in (
+    Quantization("int8", "int8 weights (one scale per output channel), activations in the model dtype",
+                 {"cpu": _int8_weight_only, "cuda": _int8_weight_only}, _int8_bytes),
+    Quantization("int8-dynamic", "int8 weights (per output channel) and int8 activations (per token, "
+                 "quantized on the fly)", {"cpu": _int8_dynamic, "cuda": _int8_dynamic}, _int8_bytes),
+    Quantization("int4", f"int4 weights in groups of {INT4_GROUP} (packed two per byte), activations in bfloat16",
+                 {"cpu": _int4_cpu, "cuda": _int4_cuda}, _int4_bytes, dtypes=(torch.bfloat16,)),
+    Quantization("fp8", "float8 e4m3 weights and activations, one scale per row (CUDA compute capability 8.9+)",
+                 {"cuda": _fp8_rowwise}, _fp8_bytes, dtypes=(torch.bfloat16,), needs=_fp8_hardware),
+)}
+
+
+def quantization_names() -> list[str]:
+    return list(QUANTIZATIONS)
+
+
+@contextlib.contextmanager
+def _quiet_import():
+    # torchao logs a warning for each optional GPU extension it cannot load (and torch one more):
+    # noise on every CPU run, not a problem.
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def torchao_version() -> str | None:
+    """The installed torchao's version, or None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchao")
+    except PackageNotFoundError:
+        return None
+
+
+def check_quantization(name, device: torch.device, dtype: torch.dtype) -> Quantization | None:
+    """The Quantization named `name` (None: none), after checking that it can run on `device` in
+    `dtype`; InputError naming the value and the device otherwise. Reads no weight."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in QUANTIZATIONS:
+        raise InputError(f"unknown quantization {name!r}; expected one of {', '.join(QUANTIZATIONS)}")
+    q = QUANTIZATIONS[name]
+    if device.type not in q.configs:
+        raise InputError(f"quantization {name!r} cannot run on {device}: caidllm runs it on "
+                         f"{' and '.join(q.configs)} devices only ({q.summary})")
+    reason = q.needs(device)
+    if reason:
+        raise InputError(f"quantization {name!r} cannot run on {device}: {reason}")
+    _check_dtype(q, dtype)
+    if torchao_version() is None:
+        raise InputError(f"quantization {name!r} needs torchao: pip install 'caidllm[quant]'")
+    try:
+        with _quiet_import():
+            import torchao  # noqa: F401 - the first import logs; do it here, quietly
+        q.config(device)  # a torchao without this config fails here, before the model loads
+    except (ImportError, AttributeError, TypeError) as e:
+        raise InputError(f"quantization {name!r}: torchao {torchao_version()} cannot make its config on "
+                         f"{device.type} ({type(e).__name__}: {e}); pip install 'caidllm[quant]' "
+                         "(torchao>=0.18)") from None
+    return q
+
+
+def _check_dtype(q: Quantization, dtype: torch.dtype) -> None:
+    if q.dtypes and dtype not in q.dtypes:
+        wanted = " or ".join(str(d).removeprefix("torch.") for d in q.dtypes)
+        raise InputError(f"quantization {q.name!r} runs its kernels in {wanted}; the model would load as "
+                         f"{str(dtype).removeprefix('torch.')}: add --dtype {wanted} (dtype= in the API)")
+
+
+def check_not_quantized(raw_config: dict, source) -> None:
+    """A checkpoint saved quantized (config.json "quantization_config", as GPTQ, AWQ, bitsandbytes or
+    torchao write it) cannot be loaded or quantized again: its tensors are not the model's."""
+    found = raw_config.get("quantization_config")
+    if found:
+        method = found.get("quant_method", "unknown method") if isinstance(found, dict) else found
+        raise ModelLoadError(f"{source} is an already quantized checkpoint (quantization_config: {method}); "
+                             "load the full-precision checkpoint, with --quantize for quantized weights")
+
+
+# ---- applying it -----------------------------------------------------------
+
+
+def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """(name, module list) of the model's transformer layers: the first ModuleList holding
+    one module per layer (LLaDA's transformer.blocks, Dream's model.layers)."""
+    n = model.cfg.n_layers
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == n:
+            return name, module
+    raise TypeError(f"{type(model).__name__} has no ModuleList of its {n} layers")
+
+
+def output_head(model: nn.Module) -> nn.Linear | None:
+    """The untied output head: the Linear outside the layers that maps to the vocabulary."""
+    prefix, _ = decoder_layers(model)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and not name.startswith(prefix + ".") \
+                and module.out_features == model.cfg.vocab_size:
+            return module
+    return None
+
+
+def _is_linear(module: nn.Module, fqn: str) -> bool:
+    return isinstance(module, nn.Linear)
+
+
+def quantize_module(module: nn.Module, q: Quantization, device: torch.device) -> None:
+    """Quantize every nn.Linear inside `module` in place (one decoder layer, or the head)."""
+    from torchao.quantization import quantize_
+
+    with _quiet_import():
+        quantize_(module, q.config(device), filter_fn=_is_linear, device=device)
+
+
+@dataclass
+class QuantizePlan:
+    """What load() does to each part of the model as it materialises (None = full precision)."""
+
+    quantization: Quantization
+    device: torch.device
+    head: bool = False  # also quantize the untied output head
+
+    def layer(self, layer: nn.Module) -> None:
+        quantize_module(layer, self.quantization, self.device)
+
+    def check(self, model: nn.Module) -> None:
+        """Before any weight is read (`model` on the meta device): a head to quantize exists."""
+        if self.head and output_head(model) is None:
+            raise InputError("quantize_head: this model's output head is tied to its input embedding; "
+                             "embeddings stay in the model dtype")
+
+    def finish(self, model: nn.Module) -> None:
+        """After every layer: the head, if asked."""
+        if self.head:
+            quantize_module(output_head(model), self.quantization, self.device)
+
+
+def make_plan(quantize, device: torch.device, dtype: torch.dtype, head: bool = False) -> QuantizePlan | None:
+    q = check_quantization(quantize, device, dtype)
+    if q is None:
+        if head:
+            raise InputError("quantize_head needs a quantization (quantize= / --quantize)")
+        return None
+    return QuantizePlan(q, device, head)
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any parameter of `model` is a torchao quantized tensor."""
+    return any(is_quantized_tensor(p) for p in model.parameters())
+
+
+def is_quantized_tensor(t: torch.Tensor) -> bool:
+    return type(t) not in (torch.Tensor, nn.Parameter) or hasattr(t, "__tensor_flatten__")
+
+
+def quantize_loaded(lm, quantize: str, head: bool = False) -> None:
+    """Quantize an already loaded DiffusionLM in place, layer by layer (its full-precision
+    weights are all in memory already; load(..., quantize=) keeps the peak lower)."""
+    if lm.quantization is not None or is_quantized(lm.model):
+        raise InputError(f"the model is already quantized ({lm.quantization or 'torchao tensors'}); "
+                         "load it again in full precision to quantize it another way")
+    if getattr(lm, "compiled", False):
+        raise InputError("quantize a model before compiling it (load(..., quantize=..., compile=True))")
+    plan = make_plan(quantize, torch.device(lm.device), lm.dtype, head)
+    plan.check(lm.model)
+    for layer in decoder_layers(lm.model)[1]:
+        plan.layer(layer)
+    plan.finish(lm.model)
+    lm.quantization, lm.quantized_head = plan.quantization.name, head
+
+
+# ---- memory ------------------------------------------------------------------
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds; a torchao tensor is the sum of its inner tensors (data, scales, zeros)."""
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(inner) for inner in (getattr(t, n) for n in names) if inner is not None)
+    return t.numel() * t.element_size()
+
+
+def weights_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each shared tensor counted once."""
+    seen, total = set(), 0
+    for t in (*model.parameters(), *model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += tensor_bytes(t)
+    return total
+
+
+def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str | None = None,
+                           head: bool = False) -> int:
+    """The bytes weights_bytes() will count once `model` (a meta-device module is fine: nothing is
+    read) is loaded in `dtype` with `quantize`: for `caidllm models` and sizing a GPU before a load."""
+    if quantize is None and head:
+        raise InputError("quantize_head needs a quantization (quantize= / --quantize)")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise InputError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
+    if quantize is not None:
+        _check_dtype(QUANTIZATIONS[quantize], dtype)
+    quantized = set()
+    if quantize is not None:
+        for layer in decoder_layers(model)[1]:
+            quantized |= {id(m) for m in layer.modules() if isinstance(m, nn.Linear)}
+        if head and output_head(model) is not None:
+            quantized.add(id(output_head(model)))
+    total, seen = 0, set()
+    for module in model.modules():
+        for name, t in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)):
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            if id(module) in quantized and name == "weight":
+                total += QUANTIZATIONS[quantize].linear_bytes(module.out_features, module.in_features, dtype)
+            else:
+                total += t.numel() * dtype.itemsize
+    return total
+
+
+def weights_mb(lm) -> float:
+    return weights_bytes(lm.model) / 2**20
+
+
+def quantization_info(lm) -> dict:
+    """What a report, /v1/models or `caidllm models` states about the model's weights."""
+    q = QUANTIZATIONS.get(lm.quantization) if lm.quantization else None
+    return {
+        "quantization": lm.quantization,
+        "quantization_summary": q.summary if q else f"none: every weight in {str(lm.dtype).removeprefix('torch.')}",
+        "quantized_head": bool(getattr(lm, "quantized_head", False)),
+        "torchao": torchao_version() if q else None,
+        "weights_mb": round(weights_mb(lm), 3),
+    }
