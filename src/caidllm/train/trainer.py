@@ -224,7 +224,7 @@ class Trainer:
         self._resume()
 
     def _load_initial_weights(self, name: str) -> None:
-        folder, _ = resolve_folder(name)  # (folder, hub id)
+        folder, _ = resolve_folder(name)
         if not (folder / "model.safetensors").is_file():
             raise InputError(f"init_from {name!r}: {folder} has no model.safetensors")
         weights = load_file(str(folder / "model.safetensors"))
