@@ -87,7 +87,7 @@ def record_of(result) -> dict:
 def compute(models: dict) -> dict:
     out = {}
     for name, model, prompts, kw in CASES:
-        for method in method_names():
+        for method in method_names(block_causal=False):
             if family_refusal(models[model], build_config(method)):
                 continue  # a preset this family refuses (its forward needs what the family lacks)
             out[f"{name}/{method}"] = [record_of(r) for r in models[model].generate(prompts, method=method, **kw)]

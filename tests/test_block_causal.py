@@ -1,8 +1,6 @@
 """Block-causal attention in the shared model layer (block-diffusion models): a position sees
 its own block and every earlier block, never a later one; blocks laid from the first real token."""
 
-import json
-
 import pytest
 import torch
 

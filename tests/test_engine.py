@@ -11,7 +11,7 @@ from caidllm.errors import InputError
 from helpers.decoding import BLOCK, GEN, PROMPTS, run
 
 
-@pytest.mark.parametrize("method", method_names())
+@pytest.mark.parametrize("method", method_names(block_causal=False))
 def test_every_preset_runs_and_never_leaves_a_mask(lm, method):
     if method in ("wino", "dkv", "dkv-greedy") and lm.config.family == "dream":
         pytest.skip("refused on Dream (tests/test_decoders.py, tests/test_dkv.py)")

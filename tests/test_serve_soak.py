@@ -21,7 +21,10 @@ def test_a_short_soak_loses_nothing(tiny):
     summary = report.summary()
     print(summary)
     assert report.ok(max_rss_growth_mb=1e9), summary  # RSS is reported; a 12 s run is too short to judge it
-    assert report.answered > 0 and report.refused and report.disconnects > 0, summary
+    # Whether a leaving client actually cuts an answer short depends on timing (a 16-token answer can
+    # beat the client's deadline), so this short run does not require one; tests/test_serve_hardening.py
+    # checks that each kind of disconnect cancels its request.
+    assert report.answered > 0 and report.refused, summary
 
 
 def test_the_soak_refuses_a_remote_server():

@@ -109,8 +109,13 @@ class _Tokenizer:
         return [5, 6, 7]
 
 
+class _Config:
+    family, block_causal, block_lengths, max_length = "llada", False, (), 1024
+
+
 class _LM:
     tokenizer = _Tokenizer()
+    config = _Config()
 
 
 def test_server_defaults_take_the_file_for_its_method_only(tmp_path):
@@ -134,6 +139,6 @@ def test_serve_cli_reads_the_settings_file(tmp_path):
     register(sub, "serve")
     parser = sub.choices["serve"]
     args = parser.parse_args(["--settings", str(settings_file(tmp_path))])
-    lm = type("LM", (), {"config": type("C", (), {"max_length": 1024})()})()
+    lm = _LM()
     assert settings_from(args, lm).defaults.settings.cai["theta_end"] == 0.5
     assert main(["serve", "--settings", str(tmp_path / "none.json")]) == 2

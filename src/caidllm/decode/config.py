@@ -70,6 +70,15 @@ class DecodeConfig:
     es_schedule: tuple[tuple[float, float], ...] = DEFAULT_SCHEDULE
     es_alpha: float = DEFAULT_ALPHA
     threshold: float = 0.9  # Fast-dLLM threshold rule, and CAI's fixed threshold when adaptive=False
+    # Block-diffusion decoders ("dynamic", "static"): LLaDA2's minimal_topk caps the steps of a block at
+    # gen_length // minimal_topk (its official reading).
+    minimal_topk: int = 1
+    # "dynamic" with a fixed quota per step (LLaDA2.1's num_to_transfer) instead of the schedule; None = schedule.
+    num_to_transfer: int | None = None
+    # LLaDA2.1 token editing (decode/block_diffusion.py): None = off; max_post_steps bounds the editing
+    # steps once a block has no mask left.
+    editing_threshold: float | None = None
+    max_post_steps: int = 16
     factor: float | None = None  # Fast-dLLM factor rule instead of the threshold rule
     # EB-Sampler (policies/eb.py): the error budget gamma of a step and the error proxy.
     eb_gamma: float = 0.01
@@ -98,6 +107,9 @@ class DecodeConfig:
     seed: int | None = None
     early_stop: bool = True
     cai: CAISettings = field(default_factory=CAISettings)
+    # The fields the caller set (build_config fills it): on a model family a setting does not apply to,
+    # a given one is refused, a preset's default is replaced by the family's (decode/block_diffusion.py).
+    given: tuple[str, ...] = ()
 
     @property
     def num_blocks(self) -> int:
@@ -106,7 +118,10 @@ class DecodeConfig:
     @property
     def steps_per_block(self) -> int:
         total = self.gen_length if self.steps is None else self.steps
-        return total // self.num_blocks
+        per_block = total // self.num_blocks
+        if self.policy in ("dynamic", "static"):  # LLaDA2: steps = min(steps, gen_length // minimal_topk)
+            per_block = min(per_block, self.gen_length // self.minimal_topk)
+        return per_block
 
     def validate(self) -> "DecodeConfig":
         """Raise InputError naming the first invalid value (the rules of VALIDATION, in order)."""
@@ -224,10 +239,16 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     FieldRule("block_length", "a positive integer", _positive_int),
     _whole_blocks,
     FieldRule("steps", "a positive integer or None", lambda v: v is None or _positive_int(v)),
+    FieldRule("minimal_topk", "an integer >= 1", _positive_int),
     _steps_per_block,
     _choice("policy", "policy", POLICIES),
     _choice("cache", "cache mode", CACHE_MODES),
     FieldRule("threshold", UNIT_INTERVAL, _unit_interval),
+    # Block diffusion (LLaDA2.1 token editing; decode/block_diffusion.py).
+    FieldRule("editing_threshold", "in [0, 1] (or None: no editing)",
+              lambda v: v is None or (is_number(v) and 0 <= v <= 1)),
+    FieldRule("max_post_steps", "an integer >= 0", lambda v: is_int(v) and v >= 0),
+    FieldRule("num_to_transfer", "an integer >= 1 (or None: the schedule)", lambda v: v is None or _positive_int(v)),
     FieldRule("factor", "a positive number", lambda v: v is None or (is_number(v) and v > 0)),
     FieldRule("refresh_every", "an integer >= 0 (0 = block starts only)", lambda v: v is None or (is_int(v) and v >= 0)),
     FieldRule("es_schedule", normalise=check_schedule),
@@ -270,5 +291,5 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
 ]
 
 
-DECODE_FIELDS = {f.name for f in fields(DecodeConfig)} - {"cai", "method"}
+DECODE_FIELDS = {f.name for f in fields(DecodeConfig)} - {"cai", "method", "given"}
 CAI_FIELDS = {f.name for f in fields(CAISettings)}

@@ -36,6 +36,7 @@ import uuid
 from typing import Iterator
 
 from caidllm.checks import is_id_list
+from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.elastic import ElasticState
 from caidllm.decode.forward_modes import CACHE_MODES
@@ -141,6 +142,8 @@ class Engine:
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
         config = copy.deepcopy(config).validate()  # the request's own: a caller's later edit cannot reach it
+        self._check_family(config)  # a decoder whose forward the family lacks, before the family's defaults apply
+        config = fit_to_model(config, self.lm.config)  # a setting the model's family does not take is refused
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         return self._new_request(request_id, prompt, config)
@@ -191,7 +194,7 @@ class Engine:
         for row in rows:
             request = row.request
             event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
-                                   self.lm.config.eos_id, self.lm.device)
+                                   self.lm.config.eos_id, self.lm.device, row.edits)
             if event.finished:
                 event.result = request.result(self.lm, self.runner.policy_timer.total())
             events.append(event)
@@ -210,7 +213,6 @@ class Engine:
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
-        self._check_family(config)
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
         refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
         elastic = None
@@ -221,7 +223,8 @@ class Engine:
         # An ordered policy's order: reproducible without a seed too (seed 0), like the greedy decoders.
         order = request_generator(config.seed or 0, prompt, "cpu") if policy_spec(config.policy).ordered else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
-                       policy_key(config, gating), generator, elastic=elastic, order_generator=order)
+                       policy_key(config, gating), generator, block_causal=lm.config.block_causal,
+                       elastic=elastic, order_generator=order)
 
     def _check_family(self, config: DecodeConfig) -> None:
         refusal = family_refusal(self.lm, config)
@@ -235,8 +238,10 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
             raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
-        if len(prompt_ids) + config.gen_length > c.max_length:
+        span = Layout.of(len(prompt_ids), config, c.block_causal).span
+        if len(prompt_ids) + span > c.max_length:
+            laid = "" if span == config.gen_length else f", laid out to the end of its last block: {span}"
             raise InputError(
-                f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}) = "
-                f"{len(prompt_ids) + config.gen_length} exceeds the model's context of {c.max_length} tokens")
+                f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}{laid}) = "
+                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens")
         return list(prompt_ids)

@@ -95,6 +95,9 @@ def _dkv_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int
         block_start, block_end = r.block_bounds
         block_at.append([where.get(p, 0) for p in range(block_start, block_end)])
     return {"columns": to_device(columns, masked.device), "block_at": to_device(block_at, masked.device)}
+def _fold_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int]) -> dict:
+    # The scheduler groups rows by their fold (Request.fold): every member has the same.
+    return {"fold": members[0].fold()}
 
 
 def _elastic_key(request: "Request") -> tuple:
@@ -132,6 +135,9 @@ FORWARD_PLANS: dict[ForwardMode, ForwardPlan] = {
     # WINO's verify forward (models/shadow.py): each row alone, with a shadow copy of its block.
     ForwardMode.VERIFY: ForwardPlan(shadow=True),
     ForwardMode.ELASTIC: ForwardPlan(group_key=_elastic_key, inputs=_elastic_inputs, after=_elastic_after),
+    # Block diffusion's exact cache (decode/block_diffusion.py): the block, after a completed block the
+    # previous one too (its final keys/values written once).
+    ForwardMode.BLOCK: ForwardPlan(inputs=_fold_inputs),
 }
 
 
@@ -147,6 +153,8 @@ class CacheMode:
     # the block's tokens are all masks; at the second, the first step's commits get their K/V).
     refreshes_at_start: int = 1
     hidden_every_layer: bool = False  # the cache keeps every layer's input (Elastic-Cache's deep refresh reads it)
+    # Exact (block-causal models): never refreshed; a full forward only as the request's first.
+    exact: bool = False
 
     @property
     def uses_cache(self) -> bool:
@@ -164,4 +172,5 @@ CACHE_MODES: dict[str, CacheMode] = {
     "dkv-greedy": CacheMode(ForwardMode.DKV),
     # Elastic-Cache: a full refresh at a block's start, then refreshes from the layer its drift test names.
     "elastic": CacheMode(ForwardMode.ELASTIC, hidden_every_layer=True),
+    "block": CacheMode(ForwardMode.BLOCK, exact=True),  # block-causal models' exact cache
 }

@@ -61,10 +61,30 @@ PRESETS: dict[str, dict] = {
     "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9),
     # CAI-dLLM's budgets and schedule over the Elastic-Cache backend (as cai-es over ES-dLLM's).
     "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0, elastic_gamma=0.9),
+    # Block-diffusion models' own decoders with their official defaults (docs/block-diffusion.md), on the
+    # exact block cache. LLaDA2.x: threshold decoding, block 32, 32 steps per block, threshold 0.95.
+    "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),
+    # LLaDA2.1: threshold decoding with token editing, one forced commit a step (num_to_transfer 1), up to 16
+    # editing steps after a block's last mask; quality mode (threshold 0.7, editing 0.5) and speed mode (0.5, 0.0).
+    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, threshold=0.7, editing_threshold=0.5,
+                     num_to_transfer=1, max_post_steps=16),
+    "llada2.1-speed": dict(policy="dynamic", cache="block", block_length=32, threshold=0.5, editing_threshold=0.0,
+                           num_to_transfer=1, max_post_steps=16),
+    # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
+    # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.
+    "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.85),
+    "sdar-static": dict(policy="static", cache="block", block_length=4),
 }
 
+# Presets that only apply to block-causal models (their own decoders); the others run on every family.
+BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-speed", "sdar", "sdar-static")
 
-def method_names() -> list[str]:
+
+def method_names(block_causal: bool | None = None) -> list[str]:
+    """Every preset; with block_causal=False, those a full-sequence model runs (its own
+    decoders are the block-diffusion models')."""
+    if block_causal is False:
+        return [m for m in PRESETS if m not in BLOCK_DIFFUSION_PRESETS]
     return list(PRESETS)
 
 
@@ -107,5 +127,6 @@ def preset_config(method: str, cai_under: dict | None = None, **overrides) -> De
     for key in ("factors", "budget_fractions"):
         if isinstance(cai_overrides.get(key), list):
             cai_overrides[key] = tuple(cai_overrides[key])
-    config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides))
+    given = tuple(sorted(k for k, v in overrides.items() if v is not None))
+    config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides), given=given)
     return config.validate()

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.methods import PRESETS, method_names, preset_config, uses_cai  # noqa: F401 - the old import path
+from caidllm.decode.methods import (  # noqa: F401 - the old import path
+    BLOCK_DIFFUSION_PRESETS, PRESETS, method_names, preset_config, uses_cai)
 from caidllm.decode.settings_file import load_settings
 from caidllm.errors import InputError
 

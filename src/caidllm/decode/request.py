@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from caidllm.decode import elastic
+from caidllm.decode.block_diffusion import Layout, editing_block_done
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import Policy, policy_spec, random_order
@@ -34,6 +35,9 @@ class CommitEvent:
     prefix_length: int = 0
     at: float = field(default_factory=time.perf_counter)  # when the step's results reached the host
     result: object | None = None  # the GenerationResult, on the request's last event
+    # Where the step's block starts in the generated region: < 0 for a block-diffusion block that
+    # holds the end of the prompt (its first -block_start positions are prompt).
+    block_start: int = 0
 
 
 @dataclass
@@ -73,30 +77,45 @@ class Request:
     elastic: elastic.ElasticState | None = None  # cache mode "elastic" only (decode/elastic.py)
     order_generator: torch.Generator | None = None  # an ordered policy's (policies/random_order.py)
     commit_order: list[int] | None = None  # its block's decoding order
+    block_causal: bool = False  # a block-diffusion model's request: blocks laid from the prompt's start
+    post_steps: int = 0  # token editing: steps run on the current block since its last mask went
 
     def __post_init__(self):
-        G, c = self.config.gen_length, self.config
+        self.layout = Layout.of(len(self.prompt), self.config, self.block_causal)
+        G = self.layout.span  # gen_length, up to the end of the last block for block diffusion
         self.generated: list[int | None] = [None] * G  # None = still masked
         self.commit_step = [-1] * G
         self.commit_step_in_block = [-1] * G
         self.first_confidence = [math.nan] * G
-        self.steps_per_block = [0] * c.num_blocks
+        self.steps_per_block = [0] * self.layout.num_blocks
 
     @property
     def block_bounds(self) -> tuple[int, int]:
-        """The current block inside the generated region."""
+        """The current block inside the generated region (block diffusion: its start may be
+        negative, the block holding the end of the prompt)."""
         bl = self.config.block_length
-        return self.block * bl, (self.block + 1) * bl
+        first = self.block * bl - self.layout.lead
+        return first, first + bl
 
     def forward_mode(self) -> str:
         """This step's forward: a full one at the block start and every f steps (a refresh);
-        the cache mode's forward otherwise (decode/forward_modes.py; full without a cache)."""
+        the cache mode's forward otherwise (decode/forward_modes.py; full without a cache).
+        An exact cache (block diffusion's) is never refreshed: one full forward, the request's first."""
         own = policy_spec(self.config.policy).forward
         if own is not None:  # a decoder with a forward of its own (WINO's verify forward)
             return own
         t, cache = self.step, CACHE_MODES[self.config.cache]
-        refresh = t < cache.refreshes_at_start or (self.refresh_every > 0 and t % self.refresh_every == 0)
+        if cache.exact:
+            refresh = self.block == 0 and t == 0
+        else:
+            refresh = t < cache.refreshes_at_start or (self.refresh_every > 0 and t % self.refresh_every == 0)
         return (ForwardMode.FULL if refresh else cache.between_refreshes).value
+
+    def fold(self) -> int:
+        """Positions left of the block that this step's forward recomputes: the previous block,
+        whose final keys/values the exact block cache writes at the next block's first step."""
+        exact = CACHE_MODES[self.config.cache].exact
+        return self.config.block_length if exact and self.step == 0 and self.block else 0
 
     @property
     def step_limit(self) -> int:
@@ -166,13 +185,18 @@ class Request:
             self.generated[p] = eos_id
 
     def record(self, commits: list[bool], tokens: list[int], confidences: list[float], computed_pairs: int,
-               eos_ids: set[int], eos_id: int, device) -> CommitEvent:
+               eos_ids: set[int], eos_id: int, device, edits: list[bool] | None = None) -> CommitEvent:
         """Host bookkeeping of one step of this request (its block's commits, every position's
-        predicted token and confidence): traces, counters, block and answer progress."""
+        predicted token and confidence): traces, counters, block and answer progress.
+        edits: the positions an editing request rewrote (LLaDA2.1); its block is streamed when final."""
         block_start, block_end = self.block_bounds
+        answer_from = max(block_start, 0)  # block diffusion: the block may start inside the prompt
         t = self.step
+        editing = self.config.editing_threshold is not None
+        started_masked = any(x is None for x in self.generated[answer_from:block_end])
         if t == 0:
-            self.first_confidence[block_start:block_end] = confidences
+            for p in range(answer_from, block_end):
+                self.first_confidence[p] = confidences[p - block_start]
         positions = [block_start + j for j, committed in enumerate(commits) if committed]
         committed_tokens = [tokens[p - block_start] for p in positions]
         global_step = self.steps_before_block + t
@@ -186,23 +210,35 @@ class Request:
         self.steps_per_block[self.block] += 1
         if positions and self.first_commit_at is None:
             self.first_commit_at = time.perf_counter()
-        event = CommitEvent(self.id, self.block, t, positions, committed_tokens,
-                            [self.first_confidence[p] for p in positions])
-        block_done = all(x is not None for x in self.generated[block_start:block_end])
+        edited = [block_start + j for j, e in enumerate(edits or ()) if e and not commits[j]] if editing else []
+        for p in edited:
+            self.generated[p] = tokens[p - block_start]
+        if editing:
+            block_done = editing_block_done(self, started_masked, bool(edited))
+            positions = list(range(answer_from, block_end)) if block_done else []  # streamed once final
+            committed_tokens = [self.generated[p] for p in positions]
+        else:
+            block_done = all(x is not None for x in self.generated[answer_from:block_end])
+        # Positions past gen_length (the end of block diffusion's last block) are decoded, never reported.
+        shown = [i for i, p in enumerate(positions) if p < self.config.gen_length]
+        event = CommitEvent(self.id, self.block, t, [positions[i] for i in shown],
+                            [committed_tokens[i] for i in shown], [self.first_confidence[positions[i]] for i in shown],
+                            block_start=block_start)
         self.step += 1
-        self.advance_prefix(eos_ids)
+        if block_done or not editing:  # an editing request's answer grows only by final blocks
+            self.advance_prefix(eos_ids)
         if self.config.early_stop and self.answer_end is not None:
             self.fill_after_end(eos_id)
             self.early_stopped = True
             event.finished = True
         elif block_done:
             self.steps_before_block += self.steps_per_block[self.block]
-            self.block, self.step = self.block + 1, 0
-            if self.block == self.config.num_blocks:
+            self.block, self.step, self.post_steps = self.block + 1, 0, 0
+            if self.block == self.layout.num_blocks:
                 event.finished = True
             else:
                 self.start_block(device)
-        event.prefix_length = self.prefix
+        event.prefix_length = min(self.prefix, self.config.gen_length)
         return event
 
     def result(self, lm, policy_seconds_now: float) -> GenerationResult:

@@ -52,13 +52,14 @@ class GenerationResult:
 
 def result_of(lm, r, policy_s: float) -> GenerationResult:
     """The GenerationResult of a finished Request (every position committed or filled)."""
-    ids = list(r.generated)
+    G = r.config.gen_length  # block diffusion decodes to the end of its last block; the answer is G long
+    ids = list(r.generated[:G])
     eos_ids = set(lm.config.eos_ids)
     answer_length = next((i for i, t in enumerate(ids) if t in eos_ids), len(ids))
     trace = Trace(
-        commit_step=list(r.commit_step),
-        commit_step_in_block=list(r.commit_step_in_block),
-        first_confidence=[None if math.isnan(c) else c for c in r.first_confidence],
+        commit_step=list(r.commit_step[:G]),
+        commit_step_in_block=list(r.commit_step_in_block[:G]),
+        first_confidence=[None if math.isnan(c) else c for c in r.first_confidence[:G]],
     )
     step_pairs = lm.config.n_layers * r.config.block_length
     return GenerationResult(

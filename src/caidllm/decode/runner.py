@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from caidllm.decode.block_diffusion import edits
 from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView, policy_spec
@@ -36,6 +37,7 @@ class RowStep:
     tokens: list[int]
     confidences: list[float]
     computed_pairs: int
+    edits: list[bool] | None = None  # token editing (LLaDA2.1): committed positions rewritten
 
 
 class Runner:
@@ -58,7 +60,7 @@ class Runner:
         lm, device = self.lm, self.lm.device
         block_length = members[0].config.block_length
         slots = [r.slot for r in members]
-        starts = [frame.block_start(r.slot, r.config.gen_length, r.block * block_length) for r in members]
+        starts = [frame.block_start(r.slot, r.layout.span, r.block_bounds[0]) for r in members]
         slot_ids = to_device(slots, device)  # no host sync on the hot path (models/transfer.py)
         columns = to_device(starts, device)[:, None] + torch.arange(block_length, device=device)
         block = frame.canvas[slot_ids[:, None], columns]
@@ -69,6 +71,8 @@ class Runner:
         if any(positions is not None for positions in only):
             allowed = [[positions is None or b in positions for b in range(block_length)] for positions in only]
             masked = masked & to_device(allowed, device).bool()
+        if lm.config.block_causal:  # its attention's blocks are the decoding blocks
+            inputs["attention_block"] = block_length
         # Every request was checked at submit and the Frame knows each row's first real column:
         # the unchecked forward has no host sync.
         with self.forward_timer:
@@ -89,7 +93,11 @@ class Runner:
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
         commit, remask = self._select(members, predicted, confidence, masked, stats, support)
-        new_block = torch.where(commit, predicted, block)
+        # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
+        edit = edits(members, predicted, confidence, masked, block, columns,
+                     [frame.block_start(r.slot, r.layout.span, 0) for r in members])
+        changed = commit if edit is None else commit | edit
+        new_block = torch.where(changed, predicted, block)
         if remask is not None:
             new_block = new_block.masked_fill(remask, lm.config.mask_id)
         if any(spec.revises for spec in specs):
@@ -106,9 +114,11 @@ class Runner:
         pairs = plan.computed_pairs(inputs, lm.config.n_layers, block_length)
         # Commits, tokens and confidences of these rows reach the host in one transfer:
         # the step's one host sync per forward group (transfer.to_host).
-        commits, tokens, confidences = transfer.to_host(
-            torch.stack([commit.double(), predicted.double(), confidence.double()]))
-        return [RowStep(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs)
+        commits, tokens, confidences, edited = transfer.to_host(
+            torch.stack([commit.double(), predicted.double(), confidence.double(),
+                         (commit if edit is None else edit).double()]))
+        return [RowStep(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs,
+                        None if edit is None else [bool(x) for x in edited[i]])
                 for i, r in enumerate(members)]
 
     def _predict(self, logits: torch.Tensor, members: list[Request]):

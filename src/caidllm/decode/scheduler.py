@@ -138,7 +138,7 @@ class Scheduler:
         groups: dict[tuple, list[Request]] = {}
         for r in self.running.values():
             mode = r.forward_mode()
-            key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r))
+            key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r), r.fold())
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
 
@@ -148,7 +148,7 @@ class Scheduler:
                 return
             r = self.queue.popleft()
             config, cache = r.config, CACHE_MODES[r.config.cache]
-            self.frame.place(slot, r.prompt, config.gen_length, cached=cache.uses_cache,
+            self.frame.place(slot, r.prompt, r.layout.span, cached=cache.uses_cache,
                              skip_schedule=config.es_schedule if cache.early_skipping else None,
                              every_layer=cache.hidden_every_layer)
             r.slot, r.admitted_at = slot, time.perf_counter()

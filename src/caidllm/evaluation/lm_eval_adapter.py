@@ -49,6 +49,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from caidllm.decode.api import tokenize_prompts
+from caidllm.decode.block_diffusion import fit_to_model
 from caidllm.decode.presets import build_config
 from caidllm.distributed import World
 from caidllm.errors import InputError
@@ -100,6 +101,9 @@ class CaidllmLM(LM):
         self.world.init(device)
         self.lm = load(pretrained, device=device, dtype=dtype, quantize=quantize or None,
                        quantize_head=_bool(quantize_head, "quantize_head"))
+        # Settings the model's family does not take (cache=dual on a block-diffusion model, ...) fail here too.
+        fit_to_model(build_config(self.method, gen_length=self.gen_length, block_length=self.block_length,
+                                  temperature=self.temperature, **self.decode), self.lm.config)
         self._device = self.lm.device
         self._rank, self._world_size = self.world.rank, self.world.world_size  # what lm-eval splits requests by
         self.pretrained = str(pretrained)

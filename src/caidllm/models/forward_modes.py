@@ -20,6 +20,7 @@ class ForwardMode(str, Enum):
     # Elastic-Cache: the block's window and the most-attended columns; every column from a layer on (a refresh)
     ELASTIC = "elastic"
     VERIFY = "verify"  # WINO: the whole canvas plus a shadow copy of the block that verifies it (no cache)
+    BLOCK = "block"  # block-causal models' exact cache: the block (and a just-completed one, folded) only
 
     def __str__(self) -> str:
         return self.value

@@ -121,6 +121,9 @@ class Context:
     - "dkv":    like dual, but over any columns of each row (``index``, ascending; dKV-Cache's
                 still-masked and just-decoded positions): their K/V are fresh and written into the
                 cache, every other column's come from it; logits for every computed column.
+    - "block":  block-causal models' exact cache: like dual (``index``: the row's block, and
+                ``extra`` positions left of it whose final K/V are written once), but reading
+                only the blocks left of it, whose cached K/V are final (``attention_block``).
     - "es":     like dual, but at the layers where ``plan`` drops, only the most important
                 block positions go on (models/skip.py); ``index`` then narrows.
     Rows may sit at different block starts in one forward (the step-level engine batches
@@ -174,6 +177,16 @@ class Context:
         return ctx
 
     @classmethod
+    def explicit(cls, positions: torch.Tensor, attention: torch.Tensor, head_dim: int, theta: float) -> "Context":
+        """Every position of the input, no cache, each with its own RoPE position and an
+        explicit mask: ``attention`` [R, n, n] bool, True where query i may see key j.
+        Block-diffusion training uses it: the noisy and the clean copy of a sequence side
+        by side (2L tokens, the same positions twice, train/block_diffusion.py)."""
+        ctx = cls.build(torch.ones_like(positions, dtype=torch.bool), positions, head_dim, theta)
+        ctx.key_mask = attention[:, None]
+        return ctx
+
+    @classmethod
     def build(cls, mask, positions, head_dim, theta, *, mode="full", starts=None, block_length=None, extra=0,
               rows=None, cache=None, skip=None, plan=None, real_from=None, start_list=None,
               attention_block=None, columns=None):
@@ -191,7 +204,7 @@ class Context:
         if mode == "dkv":  # the caller's columns, in ascending order per row: logits for all of them
             index = columns
             cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
-        elif mode in ("dual", "es"):
+        elif mode in ("dual", "es", "block"):
             index = starts[:, None] - extra + torch.arange(block_length + extra, device=mask.device)
             cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
         else:

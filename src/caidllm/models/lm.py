@@ -71,7 +71,7 @@ class DiffusionLM:
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
                 skip: EarlySkip | None = None, real_from: list[int] | None = None,
-                attention_block: int | None = None, columns=None, block_at=None, elastic=None):
+                attention_block: int | None = None, fold: int = 0, columns=None, block_at=None, elastic=None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -92,6 +92,10 @@ class DiffusionLM:
         mode="elastic": (engine only) Elastic-Cache: ``elastic`` (models/elastic.ElasticInputs).
         mode="verify": (engine only) WINO: [R, 2 (end-start), V], the block's logits then its
                        shadow block's (models/shadow.py); no cache.
+        mode="block":  block-causal models only, the exact block cache: computes [start, end)
+                       (and the ``fold`` positions left of start, a just-completed block whose
+                       final K/V are written here once) against the cache, whose K/V of every
+                       earlier block are final; later blocks are never read.
         (Dream also computes start-1 in prefix/dual/es mode: it predicts start.)
         ``start`` and ``end`` may also be lists with one int per selected row, with
         the same end - start for every row: rows at different blocks share the
@@ -119,8 +123,13 @@ class DiffusionLM:
         if real_from is not None:
             return self.forward_unchecked(input_ids, attention_mask, mode=mode, cache=cache, starts=start,
                                           length=end[0] - start[0], rows=rows, real_from=real_from, skip=skip,
-                                          attention_block=attention_block)
+                                          attention_block=attention_block, fold=fold)
         attention_block = self._check_attention_block(attention_block)
+        if mode == "block" and not self.config.block_causal:
+            raise InputError(f"mode='block' (the exact block cache) needs a block-causal model; the "
+                             f"{self.config.family} model's attention is bidirectional")
+        if fold and mode != "block" or not isinstance(fold, int) or fold < 0:
+            raise InputError(f"fold={fold!r}: a non-negative int, and only with mode='block'")
         if mode not in MODES:
             raise InputError(f"unknown forward mode {mode!r}; expected one of {MODES}")
         if (mode == "es") != (skip is not None):
@@ -132,7 +141,7 @@ class DiffusionLM:
         r = slice(None) if rows is None else rows
         R = B if rows is None else len(rows)
         starts, length = _check_range(start, end, L, R)
-        extra = 0 if mode == "full" else self.model.extra_left
+        extra = 0 if mode == "full" else self.model.extra_left + fold
         if min(starts) < extra:
             raise InputError(f"mode={mode!r}: start must be >= {extra} for this model (it predicts position "
                              f"start from the hidden state of start - 1); got start={min(starts)}")
@@ -148,12 +157,13 @@ class DiffusionLM:
         if mode == "es":
             self._check_skip(skip, cache, R, length)
         return self.forward_unchecked(ids, mask, mode=mode, cache=cache, starts=starts, length=length, rows=rows,
-                                      real_from=_left_padding(mask[r]), skip=skip, attention_block=attention_block)
+                                      real_from=_left_padding(mask[r]), skip=skip, attention_block=attention_block,
+                                      fold=fold)
 
     @torch.no_grad()
     def forward_unchecked(self, ids, mask, *, mode: str, cache, starts: list[int], length: int, rows,
                           real_from: list[int] | None, skip: EarlySkip | None = None,
-                          attention_block: int | None = None):
+                          attention_block: int | None = None, fold: int = 0):
         """forward() without its argument checks and without any host sync: for a caller that
         checked its inputs once (the engine checks each request when it is submitted) and
         knows each row's first real column (``real_from``; the Frame's rows are left-padded).
@@ -161,7 +171,11 @@ class DiffusionLM:
         (host ints); rows: None (all), a slice (contiguous rows: the cache is read as a view)
         or a long tensor on the device."""
         r = slice(None) if rows is None else rows
-        extra = 0 if mode == "full" else self.model.extra_left
+        extra = 0 if mode == "full" else self.model.extra_left + fold
+        if mode == "full" and cache is None and attention_block and starts:
+            # Block-causal, no cache: the window is the blocks up to the rows' current ones (as the
+            # official loops recompute it); later positions are never seen by these.
+            ids, mask = ids[:, :max(starts) + length], mask[:, :max(starts) + length]
         if mode == "full":
             mask_r = mask[r]
             pos_r = positions_from_mask(mask_r)
@@ -214,7 +228,7 @@ class DiffusionLM:
                              "position i from i - 1")
         r = slice(None) if rows is None else rows
         c = self.config
-        ctx = Context.build(cache.attention_mask[r], cache.positions[r], c.head_dim, c.rope_theta, mode="dkv",
+        ctx = Context.build(cache.attention_mask[r], cache.positions[r], c.rotary_dim, c.rope_theta, mode="dkv",
                             rows=rows, cache=cache, real_from=real_from, columns=columns)
         return self.model(ids[r].gather(1, columns), ctx)
 
@@ -227,7 +241,7 @@ class DiffusionLM:
         (WINO's shadow block, models/shadow.py); the logits are position-aligned only for
         families without a shift (Dream predicts i from i - 1: the caller must not use it there)."""
         c = self.config
-        ctx = Context.build(torch.ones_like(ids, dtype=torch.bool), positions, c.head_dim, c.rope_theta)
+        ctx = Context.build(torch.ones_like(ids, dtype=torch.bool), positions, c.rotary_dim, c.rope_theta)
         ctx.key_mask, ctx.targets = attention, targets
         return self.model(ids, ctx)
 

@@ -21,7 +21,10 @@ def settings_from(args, lm):
         raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
     from caidllm.decode.presets import build_config
 
-    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # checks them
+    from caidllm.decode.block_diffusion import fit_to_model
+
+    # Checks them, and that they apply to the model's family (a block length it decodes with, ...).
+    fit_to_model(build_config(args.method, gen_length=args.gen_length, block_length=args.block_length), lm.config)
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
     defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
                               block_length=args.block_length,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 
 from caidllm.checks import is_id_list, is_int, is_number
+from caidllm.decode.block_diffusion import fit_to_model
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
@@ -145,6 +146,10 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
                                    f"{defaults.max_prompt_tokens}", prompt_field)
     extensions = {k: body[k] for k in body if k in EXTENSIONS}
     config = _config(body, extensions, max_tokens, max_name, defaults)
+    try:  # a setting the model's family does not take (cache=dual on a block-diffusion model, ...)
+        config = fit_to_model(config, lm.config)
+    except InputError as error:
+        raise RequestError(str(error), _param_named(str(error), ["method", *extensions])) from None
     return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
                          _bool(body, "commit_events", False), model, extensions)
 

@@ -85,7 +85,8 @@ def chunks(call, index: int, delta: str, event) -> list[dict]:
 def commit_events(call, event) -> list[dict]:
     lm = call.answers[0].lm
     return [{"position": p, "token": t, "text": lm.decode([t]), "step": event.step, "block": event.block,
-             "s_i": s} for p, t, s in zip(event.positions, event.token_ids, event.first_confidence)]
+             "block_start": event.block_start, "s_i": s}
+            for p, t, s in zip(event.positions, event.token_ids, event.first_confidence)]
 
 
 def usage_chunk(call) -> dict:

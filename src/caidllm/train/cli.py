@@ -7,14 +7,15 @@ import json
 from dataclasses import fields
 
 from caidllm.errors import InputError
-from caidllm.train.trainer import TrainConfig, Trainer
+from caidllm.train.trainer import OBJECTIVES, TrainConfig, Trainer
 
 
 def register(sub, name: str) -> None:
     parser = sub.add_parser(name, help="train the tiny model on the synthetic tasks (resumable)")
     parser.add_argument("--out", default="runs/tiny", help="run folder: checkpoint.pt, train.log, tokenizer/")
     for f in fields(TrainConfig):
-        if f.name in ("out_dir", "task_phases", "lr_restarts", "canvas_lengths"):
+        if f.name in ("out_dir", "task_phases", "lr_restarts", "canvas_lengths", "objective", "block_lengths",
+                      "init_from"):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool",) or isinstance(f.default, bool):
@@ -24,6 +25,13 @@ def register(sub, name: str) -> None:
             parser.add_argument(flag, type=float, default=None)
         else:
             parser.add_argument(flag, type=type(f.default), default=None)
+    parser.add_argument("--objective", choices=OBJECTIVES,
+                        help="masked (default): LLaDA's SFT; block_diffusion: block-causal attention, each "
+                             "answer block noised on its own (the recipe of tiny-bd)")
+    parser.add_argument("--block-lengths", metavar="N,N,...",
+                        help="block_diffusion: the block lengths to train on, one drawn per batch (default 4,8,16,32)")
+    parser.add_argument("--init-from", metavar="MODEL",
+                        help="start from this model's weights (a folder or 'tiny') instead of random ones")
     parser.add_argument("--task-mix", metavar="NAME=WEIGHT,...",
                         help="one task mix for the whole run instead of the recipe's phases, e.g. "
                              "dyck_languages=1 to probe a single task")
@@ -35,6 +43,12 @@ def register(sub, name: str) -> None:
 def run_train(args) -> int:
     overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
                  if getattr(args, f.name, None) is not None}
+    if args.objective is not None:
+        overrides["objective"] = args.objective
+    if args.init_from is not None:
+        overrides["init_from"] = args.init_from
+    if args.block_lengths is not None:
+        overrides["block_lengths"] = parse_block_lengths(args.block_lengths)
     if args.task_mix is not None:
         overrides["task_phases"] = ((0, parse_task_mix(args.task_mix)),)
     cfg = TrainConfig(out_dir=args.out, **overrides)
@@ -62,3 +76,11 @@ def parse_task_mix(text: str) -> dict[str, float]:
             raise InputError(f"--task-mix: expected NAME=WEIGHT[,NAME=WEIGHT...], got {part!r} in {text!r}")
         mix[name.strip()] = value
     return mix
+
+
+def parse_block_lengths(text: str) -> tuple[int, ...]:
+    """"4,8,16" -> (4, 8, 16) (TrainConfig checks that each is >= 1)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"--block-lengths: expected integers separated by commas, got {text!r}") from None

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+import torch.nn.functional as F
+
 from caidllm.tasks import get_training_task
 
 # Sequence lengths are rounded up to a multiple of this, so that the CPU
@@ -169,3 +171,12 @@ def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_s
     noised = torch.where(is_cut_row[:, None], cut_tail, noised)
     masked = (torch.rand(B, L, generator=generator) < p_mask) & noised
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask, in_answer
+
+
+def masked_loss(logits: torch.Tensor, ids: torch.Tensor, masked: torch.Tensor, p_mask: torch.Tensor,
+                in_answer: torch.Tensor) -> torch.Tensor:
+    """LLaDA's SFT loss: cross-entropy on the masked positions weighted by 1 / their
+    masking probability, normalised by each row's answer length, averaged over rows."""
+    token_loss = F.cross_entropy(logits[masked].float(), ids[masked], reduction="none") / p_mask[masked]
+    answer_length = in_answer.sum(dim=1, keepdim=True).expand_as(masked)[masked]
+    return (token_loss / answer_length).sum() / ids.shape[0]

@@ -24,8 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
@@ -33,10 +32,12 @@ from caidllm.errors import InputError
 from caidllm.models.families import parse_config
 from caidllm.models.llada import LLaDAModel
 from caidllm.models.lm import DiffusionLM
-from caidllm.models.loading import load_tokenizer
+from caidllm.models.loading import load_tokenizer, resolve_folder
 from caidllm.tasks import DRILL_NAMES, TASK_NAMES, get_task, get_training_task, score
 from caidllm.tasks.vocab import build_tokenizer
-from caidllm.train.data import TaskStream, encode_pair, mask_answers
+from caidllm.train.bd_decode import block_diffusion_generate
+from caidllm.train.block_diffusion import block_diffusion_loss
+from caidllm.train.data import TaskStream, encode_pair, mask_answers, masked_loss
 
 SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask": "<|mdm_mask|>", "eot": "<|eot_id|>"}
 
@@ -56,6 +57,9 @@ TASK_PHASES = (
     (8200, {"boolean_expressions": 1.75, "web_of_lies": 1.0, "navigate": 2.5, "dyck_languages": 0.5,
             "multistep_arithmetic_two": 0.25, "arithmetic": 3.0, "arithmetic_facts": 1.0}),
 )
+
+
+OBJECTIVES = ("masked", "block_diffusion")
 
 
 @dataclass
@@ -103,6 +107,13 @@ class TrainConfig:
     eval_every: int = 1000
     eval_examples: int = 8  # per task, validation split
     time_limit_s: float | None = None  # stop (and save) after this much wall time in this run
+    # "masked": LLaDA's SFT (every row kind above). "block_diffusion": block-causal
+    # attention, each answer block noised on its own (train/block_diffusion.py); each batch
+    # draws one of block_lengths, and the export says the model is block-causal.
+    objective: str = "masked"
+    block_lengths: tuple[int, ...] = (4, 8, 16, 32)
+    keep_validated: bool = False  # also export the model at each validation to RUN/step-N (to pick the best)
+    init_from: str | None = None  # a model folder or embedded name ("tiny") to start from, not random weights
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "block_length", "d_model", "n_layers", "n_heads", "threads"):
@@ -132,6 +143,14 @@ class TrainConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
                 raise InputError(f"{name} must be a number in [0, 1], got {value!r}")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        lengths = self.block_lengths
+        if (not isinstance(lengths, tuple) or not lengths
+                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths)):
+            raise InputError(f"block_lengths must be a non-empty tuple of integers >= 1, got {lengths!r}")
+        if self.init_from is not None:
+            resolve_folder(self.init_from)  # a missing model is refused before any work
         if self.d_model % self.n_heads:
             raise InputError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
 
@@ -188,6 +207,10 @@ class Trainer:
         # loss 0.7 with it and 0.006 without after 150 steps; see
         # tests/test_train.py::test_a_fresh_model_memorises_one_batch).
         self.model = LLaDAModel(self.model_config)
+        if cfg.init_from is not None:
+            self._load_initial_weights(cfg.init_from)
+        if cfg.objective == "block_diffusion":
+            self.raw_config.update(caidllm_block_causal=True, caidllm_block_lengths=list(cfg.block_lengths))
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -199,6 +222,19 @@ class Trainer:
         self.step = 0
         self.trained_s = 0.0
         self._resume()
+
+    def _load_initial_weights(self, name: str) -> None:
+        folder, _ = resolve_folder(name)
+        if not (folder / "model.safetensors").is_file():
+            raise InputError(f"init_from {name!r}: {folder} has no model.safetensors")
+        weights = load_file(str(folder / "model.safetensors"))
+        try:
+            self.model.load_state_dict({key: value.float() for key, value in weights.items()})
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[-1].strip()
+            raise InputError(f"init_from {name!r}: its weights do not fit the model of this TrainConfig "
+                             f"(d_model={self.cfg.d_model}, n_layers={self.cfg.n_layers}, "
+                             f"mlp_hidden_size={self.cfg.mlp_hidden_size}): {first}") from None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -226,6 +262,11 @@ class Trainer:
     def loss_on(self, step: int) -> torch.Tensor:
         batch = self.stream.batch(step)
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
+        if self.cfg.objective == "block_diffusion":
+            lengths = self.cfg.block_lengths
+            block_length = lengths[int(torch.randint(len(lengths), (1,), generator=generator))]
+            return block_diffusion_loss(self.model, batch, block_length, self.special["mask"], generator,
+                                        self.cfg.bf16_autocast)
         # A drill's facts are independent (and listed in its prompt): only its
         # results are worth masking. A chain's results are cut at instead.
         drill = batch.task in DRILL_NAMES
@@ -236,9 +277,7 @@ class Trainer:
             cut_share=self.cfg.cut_share if results and not drill else 0.0)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             logits = self.model(noisy)
-        token_loss = F.cross_entropy(logits[masked].float(), batch.input_ids[masked], reduction="none") / p_mask[masked]
-        answer_length = in_answer.sum(dim=1, keepdim=True).expand_as(masked)[masked]
-        return (token_loss / answer_length).sum() / batch.input_ids.shape[0]
+        return masked_loss(logits, batch.input_ids, masked, p_mask, in_answer)
 
     def train(self) -> None:
         cfg = self.cfg
@@ -265,6 +304,8 @@ class Trainer:
                 self.save()
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
                 self.log({"step": self.step, "facts": self.fact_accuracy(), "validation": self.validate()})
+                if cfg.keep_validated:
+                    self.export(self.out / f"step-{self.step}")
                 self.model.train()
             if cfg.time_limit_s is not None and time.time() - run_started > cfg.time_limit_s:
                 self.save()
@@ -287,9 +328,13 @@ class Trainer:
         accuracy = {}
         for name in TASK_NAMES:
             examples = get_task(name).examples("validation", n, seed=self.cfg.seed)
-            results = generate(lm, [e.prompt for e in examples], method=method, gen_length=gen_length,
-                               block_length=64, batch_size=8)
-            accuracy[name] = sum(score(name, r.text, e.target) for r, e in zip(results, examples)) / len(examples)
+            prompts = [e.prompt for e in examples]
+            if self.cfg.objective == "block_diffusion":  # vanilla at block 8, as the card measures
+                texts = block_diffusion_generate(lm, prompts, 8, gen_length, batch_size=8)
+            else:
+                texts = [r.text for r in generate(lm, prompts, method=method, gen_length=gen_length,
+                                                  block_length=64, batch_size=8)]
+            accuracy[name] = sum(score(name, text, e.target) for text, e in zip(texts, examples)) / len(examples)
         return accuracy
 
     @torch.no_grad()

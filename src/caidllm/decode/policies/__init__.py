@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from caidllm.decode.policies import cai, eb, random_order, slowfast, threshold, vanilla, wino
+from caidllm.decode.policies import block_quota, cai, eb, random_order, slowfast, threshold, vanilla, wino
 from caidllm.decode.policies.base import StepView
 from caidllm.errors import InputError
 
@@ -71,6 +71,11 @@ POLICIES: dict[str, PolicySpec] = {
     "wino": PolicySpec(wino.select, lambda config, gating: dict(draft=config.wino_draft, verify=config.wino_verify),
                        state_names=wino.STATE, revises=True, forward="verify"),
     "random": PolicySpec(random_order.select, ordered=True),
+    # The block-diffusion models' own (policies/block_quota.py): LLaDA2.x threshold decoding and SDAR's
+    # low_confidence_dynamic are "dynamic" (LLaDA2.1: a fixed quota, num_to_transfer); SDAR's _static.
+    "dynamic": PolicySpec(block_quota.select_dynamic,
+                          lambda config, gating: dict(threshold=config.threshold, fixed_quota=config.num_to_transfer)),
+    "static": PolicySpec(block_quota.select_static),
 }
 
 

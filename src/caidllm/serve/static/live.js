@@ -83,14 +83,18 @@ class Lane {
     $(".state-label", this.el).textContent = state;
   }
 
-  buildCanvas() {
+  // lead: prompt positions in the first block (block-diffusion models lay blocks from the prompt's
+  // start, so their first block is part prompt: it shows only its answer positions).
+  buildCanvas(lead = 0) {
     const { gen_length: g, block_length: b } = this.settings;
     if (!Number.isInteger(g) || !Number.isInteger(b) || g < 1 || b < 1 || g % b || g > 4096) return;
     const canvas = this.role("canvas");
-    for (let start = 0; start < g; start += b) {
+    canvas.replaceChildren();
+    this.cells = []; this.blocks = []; this.lead = lead;
+    for (let start = -lead; start < g; start += b) {
       const block = document.createElement("div");
       block.className = "block";
-      for (let i = 0; i < b; i++) {
+      for (let i = Math.max(start, 0); i < Math.min(start + b, g); i++) {
         const cell = document.createElement("span");
         cell.className = "cell masked";
         cell.textContent = "·";
@@ -158,6 +162,7 @@ class Lane {
   }
 
   commit(e) {
+    if (e.block === 0 && e.block_start < 0 && this.lead !== -e.block_start) this.buildCanvas(-e.block_start);
     const cell = this.cells[e.position];
     this.committed += 1;
     this.points.push([e.s_i, e.step]);

@@ -1,0 +1,109 @@
+"""Block diffusion in the engine: which settings apply to which model, and a request's layout.
+
+A block-causal model (LLaDA2.x, SDAR, tiny-bd) sees, from each position, its own block and every
+earlier one. Its canvas is laid in blocks from position 0 (the first prompt token), as the
+official generators lay it: the block holding the end of the prompt is part prompt, part masks,
+and the last block may run past gen_length (those positions are decoded, never returned).
+Its exact cache ("block"): the first forward of a request computes the whole canvas (prompt
+blocks prefilled once); each later step forwards only the current block against the cache; a
+completed block's final keys/values are written by the next block's first forward (``fold``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from caidllm.decode.config import DecodeConfig
+from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS
+from caidllm.errors import InputError
+from caidllm.models.transfer import to_device
+
+BLOCK_CACHES = ("block", "none")  # the exact block cache, or the whole window recomputed every step
+BLOCK_POLICIES = ("dynamic", "static")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a request's blocks lie in its generated region (positions after the prompt)."""
+
+    lead: int  # prompt positions in the first decoded block (its block starts `lead` before the answer)
+    span: int  # generated positions laid out: gen_length, up to the end of the last block
+    num_blocks: int  # blocks decoded
+
+    @classmethod
+    def of(cls, prompt_length: int, config: DecodeConfig, block_causal: bool) -> "Layout":
+        bl, G = config.block_length, config.gen_length
+        if not block_causal:
+            return cls(0, G, config.num_blocks)
+        lead = prompt_length % bl
+        span = -(-(prompt_length + G) // bl) * bl - prompt_length
+        return cls(lead, span, (lead + span) // bl)
+
+
+def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
+    """`config` as it runs on the model (its ModelConfig): a setting the caller gave that does not
+    apply to the family raises InputError naming it; a preset's default that does not apply is
+    replaced by the family's (every preset runs on a block-causal model's exact block cache, unless
+    the caller asks for cache="none", the whole window recomputed every step)."""
+    given = set(config.given)
+    if not model.block_causal:
+        if config.method in BLOCK_DIFFUSION_PRESETS or config.policy in BLOCK_POLICIES:
+            raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
+                             f"the {model.family} model is full-sequence (bidirectional attention)")
+        if config.editing_threshold is not None:
+            raise InputError(f"editing_threshold (LLaDA2.1 token editing) does not apply to the {model.family} "
+                             "model: it is a block-diffusion decoder")
+        if config.cache == "block":
+            raise InputError(f"cache='block' (the exact block cache) does not apply to the {model.family} model: "
+                             "its attention is bidirectional; use none, prefix, dual or es")
+        return config
+    changes = {}
+    if "cache" not in given:
+        # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too.
+        changes["cache"] = "block"
+    elif config.cache not in BLOCK_CACHES:
+        raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
+                         "its cache is 'block' (exact) or 'none' (the whole window every step)")
+    if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
+        changes["block_length"] = model.block_lengths[0]  # the preset's does not apply: the model's own
+    elif model.block_lengths and config.block_length not in model.block_lengths:
+        raise InputError(f"block_length {config.block_length} is not one the {model.family} model decodes with "
+                         f"(allowed: {', '.join(map(str, model.block_lengths))})")
+    if "refresh_every" in given:
+        raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
+                         "never refreshed")
+    return dataclasses.replace(config, **changes).validate() if changes != {"cache": config.cache} else config
+
+
+# ---- LLaDA2.1 token editing ------------------------------------------------------------------
+# A committed, non-prompt position of the current block whose prediction differs from its token,
+# with confidence above editing_threshold, is rewritten. Once the block has no mask left, up to
+# max_post_steps more steps may edit it; the block ends at the first step that starts without a
+# mask and edits nothing. Earlier blocks never change, so a block's text is final when it ends:
+# only then is it streamed (the team's rule for decoders that revise tokens).
+
+def edits(members, predicted: torch.Tensor, confidence: torch.Tensor, masked: torch.Tensor,
+          block: torch.Tensor, columns: torch.Tensor, answer_starts: list[int]) -> torch.Tensor | None:
+    """[R, block] positions each editing request rewrites this step (None: no request edits)."""
+    thresholds = [r.config.editing_threshold for r in members]
+    if all(t is None for t in thresholds):
+        return None
+    device = masked.device
+    limit = to_device([math.inf if t is None else t for t in thresholds], device, torch.float32)
+    answer = columns >= to_device(answer_starts, device)[:, None]  # the part-prompt block's prompt never changes
+    return ~masked & answer & (predicted != block) & (confidence > limit[:, None])
+
+
+def editing_block_done(r, started_masked: bool, edited: bool) -> bool:
+    """Whether an editing request's block ends after this step (the official loop's rule)."""
+    if not started_masked and not edited:
+        return True
+    if any(x is None for x in r.generated[max(r.block_bounds[0], 0):r.block_bounds[1]]):
+        return False
+    if r.post_steps + 1 > r.config.max_post_steps:  # the next step would be one post-step too many
+        return True
+    r.post_steps += 1
+    return False

@@ -1,0 +1,88 @@
+"""A plain block-diffusion decoder for validating and evaluating block-causal training
+(the engine's own block decoding is decode/; this one needs nothing from it).
+
+Vanilla low-confidence remasking per block: blocks of `block_length` counted from
+each prompt's first token (the block holding the prompt's end is part prompt, part
+masks); each step forwards the current block against the cached keys and values of
+the finished ones and commits the masked position the model is surest of; when a
+block is complete its final keys and values are written once. Block-causal
+attention makes that cache exact. A row stops after the block in which it wrote
+an end-of-answer token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from caidllm.models.layers import Context
+
+
+@torch.no_grad()
+def block_diffusion_generate(lm, prompts: list[str], block_length: int, gen_length: int = 256,
+                             batch_size: int = 16) -> list[str]:
+    """Answers to `prompts` (chat template applied), decoded with one token per step."""
+    texts = []
+    for first in range(0, len(prompts), batch_size):
+        texts += _generate_batch(lm, [lm.encode_chat(p) for p in prompts[first:first + batch_size]],
+                                 block_length, gen_length)
+    return texts
+
+
+def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length: int) -> list[str]:
+    model, config, bl = lm.model, lm.config, block_length
+    longest = max(len(p) for p in prompts)
+    # Left padding by whole blocks, so every row's blocks share the same columns.
+    padding = [bl * ((longest - len(p)) // bl) for p in prompts]
+    starts = [pad + len(p) for pad, p in zip(padding, prompts)]  # first answer column
+    L = -(-(longest + gen_length) // bl) * bl
+    B = len(prompts)
+    ids = torch.full((B, L), config.eos_id, dtype=torch.long)
+    real = torch.zeros(B, L, dtype=torch.bool)
+    for r, (pad, prompt, start) in enumerate(zip(padding, prompts, starts)):
+        ids[r, pad:start] = torch.tensor(prompt)
+        ids[r, start:start + gen_length] = config.mask_id
+        real[r, pad:start + gen_length] = True
+    positions = (real.long().cumsum(1) - 1).clamp(min=0)
+    ids, real, positions = ids.to(lm.device), real.to(lm.device), positions.to(lm.device)
+    cache = lm.new_cache(B, L)
+
+    # The model layer's block-causal attention (blocks from each row's first real token), as
+    # the engine runs it; the key mask hides the padding.
+    model(ids, Context.build(real, positions, config.head_dim, config.rope_theta, cache=cache, attention_block=bl))
+
+    eos = torch.tensor(config.eos_ids, device=lm.device)
+    done = torch.zeros(B, dtype=torch.bool, device=lm.device)
+    first_block = min(starts) // bl
+    for block in range(first_block, L // bl):
+        block_starts = torch.full((B,), block * bl, device=lm.device)
+
+        def forward():
+            ctx = Context.build(real, positions, config.head_dim, config.rope_theta, mode="dual",
+                                starts=block_starts, block_length=bl, cache=cache, attention_block=bl)
+            return model(ids[:, block * bl:(block + 1) * bl], ctx)
+
+        for _ in range(bl):
+            masked = (ids[:, block * bl:(block + 1) * bl] == config.mask_id) & ~done[:, None]
+            if not bool(masked.any()):
+                break
+            probabilities = forward().softmax(-1)
+            confidence, predicted = probabilities.max(-1)
+            confidence = torch.where(masked, confidence, torch.full_like(confidence, -1.0))
+            choice = confidence.argmax(1, keepdim=True)
+            rows = masked.any(1)
+            chosen = predicted.gather(1, choice)
+            block_ids = ids[:, block * bl:(block + 1) * bl]
+            block_ids.scatter_(1, choice, torch.where(rows[:, None], chosen, block_ids.gather(1, choice)))
+        for r, start in enumerate(starts):
+            answer = ids[r, start:(block + 1) * bl]
+            done[r] |= bool(torch.isin(answer, eos).any())
+        if bool(done.all()):
+            break
+        forward()  # the finished block's final keys and values, read by every later block
+
+    texts = []
+    for r, start in enumerate(starts):
+        answer = ids[r, start:start + gen_length].tolist()
+        ends = [i for i, token in enumerate(answer) if token in config.eos_ids or token == config.mask_id]
+        texts.append(lm.decode(answer[:ends[0]] if ends else answer))
+    return texts

@@ -1,0 +1,141 @@
+"""Plain re-statements of the official block-diffusion generators, for parity tests.
+
+Each recomputes the whole window (every block up to the current one) at every step, through
+the model's block-causal forward (the official block-diagonal-causal attention mask), with no
+cache. Greedy reading: the predicted token is the argmax and its confidence its softmax
+probability (the official samplers draw from the softmax; at temperature 0 the argmax is what
+LLaDA2's and SDAR's documentation call greedy decoding), the mask token never predicted.
+
+- ``llada2_generate``: inclusionAI's LLaDA2.x `generate` (threshold decoding, eos_early_stop).
+- ``sdar_generate``: JetAstra SDAR's `block_diffusion_generate` (low_confidence_dynamic / _static).
+Both return the generated tokens up to and including the first stop id (or gen_length of them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def transfer_schedule(block_length: int, steps: int) -> list[int]:
+    return [block_length // steps + (i < block_length % steps) for i in range(steps)]
+
+
+def _greedy(lm, x, window_end, block_length):
+    logits = lm.forward(x[None, :window_end], attention_block=block_length)[0, -block_length:]
+    logits[:, lm.config.mask_id] = -torch.inf  # as the engine: the mask token is never a prediction
+    probs = logits.double().softmax(-1)
+    x0 = probs.argmax(-1)
+    return x0, probs.gather(-1, x0[:, None])[:, 0]
+
+
+def _canvas(prompt, gen_length, block_length, mask_id):
+    """The official layout: blocks from position 0, masks to the end of the last block."""
+    P = len(prompt)
+    num_blocks = (P + gen_length + block_length - 1) // block_length
+    x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
+    x[:P] = torch.tensor(prompt)
+    return P, num_blocks, x
+
+
+def _answer(x, prompt_length, gen_length, stop_ids):
+    out = x[prompt_length:prompt_length + gen_length].tolist()
+    for i, t in enumerate(out):
+        if t in stop_ids:
+            return out[:i + 1]
+    return out
+
+
+def llada2_generate(lm, prompt, *, gen_length, block_length, steps, threshold, minimal_topk=1,
+                    eos_early_stop=True, stop_ids=()):
+    mask_id = lm.config.mask_id
+    steps = min(steps, gen_length // minimal_topk)
+    P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
+    schedule = transfer_schedule(block_length, steps)
+    for block in range(P // block_length, num_blocks):
+        end = (block + 1) * block_length
+        for step in range(steps):
+            active = x[end - block_length:end] == mask_id
+            if not active.any():
+                break
+            x0, p = _greedy(lm, x, end, block_length)
+            confidence = torch.where(active, p, torch.tensor(-torch.inf, dtype=p.dtype))
+            high = confidence > threshold
+            if int(high.sum()) >= schedule[step]:
+                transfer = high
+            else:
+                transfer = torch.zeros_like(active)
+                transfer[torch.topk(confidence, min(schedule[step], int(active.sum()))).indices] = True
+            x[end - block_length:end][transfer] = x0[transfer]
+            if eos_early_stop and any(int(t) in stop_ids for t in x0[transfer]):
+                generated = x[P:end].tolist()
+                first = next((i for i, t in enumerate(generated) if t in stop_ids), None)
+                if first is not None and mask_id not in generated[:first]:
+                    return _answer(x, P, gen_length, stop_ids)
+        if any(int(t) in stop_ids for t in x[P:end]):
+            break
+    return _answer(x, P, gen_length, stop_ids)
+
+
+def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, strategy, threshold=0.9,
+                  stop_ids=()):
+    """Official SDAR loop; its static rule's top-k is capped at the masks left (the official one,
+    uncapped, would overwrite prompt positions of a part-prompt block when steps < block_length)."""
+    mask_id = lm.config.mask_id
+    P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
+    schedule = transfer_schedule(block_length, denoising_steps)
+    for block in range(P // block_length, num_blocks):
+        end = (block + 1) * block_length
+        for step in range(denoising_steps):
+            masked = x[end - block_length:end] == mask_id
+            if not masked.any():
+                break
+            x0, p = _greedy(lm, x, end, block_length)
+            confidence = torch.where(masked, p, torch.tensor(-torch.inf, dtype=p.dtype))
+            k = min(schedule[step], int(masked.sum()))
+            transfer = torch.zeros_like(masked)
+            if strategy == "low_confidence_dynamic" and int((confidence > threshold).sum()) >= schedule[step]:
+                transfer = confidence > threshold
+            else:
+                transfer[torch.topk(confidence, k).indices] = True
+            x[end - block_length:end][transfer] = x0[transfer]
+        if any(int(t) in stop_ids for t in x[P:end]):
+            break
+    return _answer(x, P, gen_length, stop_ids)
+
+
+def llada21_generate(lm, prompt, *, gen_length, block_length, threshold, editing_threshold, max_post_steps,
+                     num_to_transfer=1, eos_early_stop=True, stop_ids=()):
+    """inclusionAI's LLaDA2.1 `generate`: threshold decoding with a fixed quota (num_to_transfer) and
+    token editing of the current block's committed, non-prompt positions; up to max_post_steps
+    editing steps once the block has no mask; stop after a block when the answer has an end token."""
+    mask_id = lm.config.mask_id
+    P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
+    for block in range(P // block_length, num_blocks):
+        start, end = block * block_length, (block + 1) * block_length
+        prompt_in_block = torch.arange(start, end) < P
+        post_steps = 0
+        while True:
+            old = x[start:end].clone()
+            active = old == mask_id
+            if not active.any():
+                post_steps += 1
+            if post_steps > max_post_steps:
+                break
+            x0, p = _greedy(lm, x, end, block_length)
+            transfer = torch.zeros_like(active)
+            if active.any():
+                confidence = torch.where(active, p, torch.tensor(-torch.inf, dtype=p.dtype))
+                high = confidence > threshold
+                if int(high.sum()) >= num_to_transfer:
+                    transfer = high
+                else:
+                    transfer[torch.topk(confidence, min(num_to_transfer, int(active.sum()))).indices] = True
+            editable = ~active & ~prompt_in_block
+            edit = editable & (p > editing_threshold) & (x0 != old)
+            x[start:end][transfer | edit] = x0[transfer | edit]
+            if not active.any() and not edit.any():
+                break
+        generated = x[P:end].tolist()
+        if eos_early_stop and mask_id not in generated and any(t in stop_ids for t in generated):
+            break
+    return _answer(x, P, gen_length, stop_ids)

@@ -1,0 +1,71 @@
+"""The block-diffusion decoders on the real families' layouts (tiny random LLaDA2 MoE and SDAR
+checkpoints, fp32): the exact cache gives the tokens of whole-window recomputation, and each
+official loop (re-stated in bd_reference.py) gives the engine's greedy tokens."""
+
+import pytest
+
+import caidllm
+
+from bd_reference import llada21_generate, llada2_generate, sdar_generate
+from block_checkpoints import write_block_checkpoint
+
+PROMPTS = [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60]]
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    made = {}
+
+    def get(kind):
+        if kind not in made:
+            overrides = {"caidllm_block_lengths": [4, 8]} if kind == "llada2" else None
+            folder = write_block_checkpoint(tmp_path_factory.mktemp(kind), kind, seed=11, config_overrides=overrides)
+            made[kind] = caidllm.load(folder, device="cpu", dtype="float32")
+        return made[kind]
+
+    return get
+
+
+def answer(result):
+    return result.token_ids[:result.answer_length + 1] if result.answer_length < len(result.token_ids) \
+        else result.token_ids
+
+
+@pytest.mark.parametrize("kind, method, block", [("llada2", "llada2", 8), ("llada2", "llada2.1", 8),
+                                                 ("sdar", "sdar", 4), ("sdar-moe", "sdar-static", 4)])
+def test_block_cache_is_exact(family, kind, method, block):
+    lm = family(kind)
+    runs = [lm.generate(PROMPTS, method=method, gen_length=16, block_length=block, cache=cache, early_stop=False)
+            for cache in ("block", "none")]
+    assert [r.token_ids for r in runs[0]] == [r.token_ids for r in runs[1]]
+
+
+@pytest.mark.parametrize("threshold", [0.95, 0.02])
+def test_llada2_parity(family, threshold):
+    lm = family("llada2")
+    stop = set(lm.config.eos_ids)
+    results = lm.generate(PROMPTS, method="llada2", gen_length=16, block_length=8, threshold=threshold)
+    for prompt, result in zip(PROMPTS, results):
+        assert answer(result) == llada2_generate(lm, prompt, gen_length=16, block_length=8, steps=8,
+                                                 threshold=threshold, stop_ids=stop)
+
+
+def test_llada21_parity(family):
+    lm = family("llada2")
+    stop = set(lm.config.eos_ids)
+    results = lm.generate(PROMPTS, method="llada2.1", gen_length=16, block_length=8, threshold=0.03,
+                          editing_threshold=0.01, max_post_steps=3)
+    for prompt, result in zip(PROMPTS, results):
+        assert answer(result) == llada21_generate(lm, prompt, gen_length=16, block_length=8, threshold=0.03,
+                                                  editing_threshold=0.01, max_post_steps=3, stop_ids=stop)
+
+
+@pytest.mark.parametrize("strategy, method", [("low_confidence_dynamic", "sdar"),
+                                              ("low_confidence_static", "sdar-static")])
+def test_sdar_parity(family, strategy, method):
+    lm = family("sdar")
+    stop = set(lm.config.eos_ids)
+    results = lm.generate(PROMPTS, method=method, gen_length=16, block_length=4, threshold=0.02)
+    for prompt, result in zip(PROMPTS, results):
+        assert answer(result) == sdar_generate(lm, prompt, gen_length=16, block_length=4, denoising_steps=4,
+                                               strategy=strategy, threshold=0.02, stop_ids=stop)
