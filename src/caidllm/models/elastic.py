@@ -98,3 +98,17 @@ def elastic_context(mask, positions, rotary_dim, theta, inputs: ElasticInputs, *
     deep = max(n_layers - inputs.refresh_from, 0)
     inputs.computed_pairs = (n_layers - deep) * n + deep * L
     return ctx
+
+
+@torch.no_grad()
+def forward_elastic(lm, ids, cache, inputs: ElasticInputs, rows=None, real_from: list[int] | None = None) -> torch.Tensor:
+    """DiffusionLM.forward_elastic (mode "elastic"): float32 logits [R, k, V] of ``inputs.window`` of the
+    selected rows of the canvas ``ids`` [B, L]; fills ``inputs.profiles`` and ``inputs.computed_pairs``.
+    The cache must hold every layer's input hidden states (new_cache(..., every_layer=True))."""
+    r = slice(None) if rows is None else rows
+    c = lm.config
+    ctx = elastic_context(cache.attention_mask[r], cache.positions[r], c.rotary_dim, c.rope_theta, inputs,
+                          rows=rows, cache=cache, real_from=real_from, n_layers=c.n_layers)
+    logits = lm.model(ids[r].gather(1, inputs.columns), ctx)
+    inputs.profiles = ctx.profiles
+    return logits

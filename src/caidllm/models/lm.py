@@ -16,7 +16,7 @@ from ..errors import InputError
 from .cache import KVCache
 from .config import ModelConfig
 from .forward_modes import MODES, ForwardMode
-from .elastic import ElasticInputs, elastic_context
+from .elastic import forward_elastic
 from .layers import Context, default_attention_block, positions_from_mask
 from .shadow import shadow_forward
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
@@ -202,19 +202,7 @@ class DiffusionLM:
             skip.kept = ctx.index[:, extra:] - start_t[:, None]
         return logits
 
-    @torch.no_grad()
-    def forward_elastic(self, ids, cache: KVCache, inputs: ElasticInputs, rows=None,
-                        real_from: list[int] | None = None) -> torch.Tensor:
-        """Elastic-Cache's forward (mode "elastic", models/elastic.py): float32 logits [R, k, V] of
-        ``inputs.window``; fills ``inputs.profiles`` and ``inputs.computed_pairs``. The cache must hold
-        the hidden states of every layer's input (new_cache(..., hidden_levels=range(n_layers)))."""
-        r = slice(None) if rows is None else rows
-        c = self.config
-        ctx = elastic_context(cache.attention_mask[r], cache.positions[r], c.rotary_dim, c.rope_theta, inputs,
-                              rows=rows, cache=cache, real_from=real_from, n_layers=c.n_layers)
-        logits = self.model(ids[r].gather(1, inputs.columns), ctx)
-        inputs.profiles = ctx.profiles
-        return logits
+    forward_elastic = forward_elastic  # Elastic-Cache's forward (models/elastic.py)
 
     @torch.no_grad()
     def forward_columns(self, ids, cache: KVCache, columns: torch.Tensor, rows=None,
