@@ -12,6 +12,7 @@ import copy
 from dataclasses import replace
 
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
+from caidllm.decode.field_scope import check_given_apply
 from caidllm.errors import InputError
 
 PRESETS: dict[str, dict] = {
@@ -129,4 +130,6 @@ def preset_config(method: str, cai_under: dict | None = None, **overrides) -> De
             cai_overrides[key] = tuple(cai_overrides[key])
     given = tuple(sorted(k for k, v in overrides.items() if v is not None))
     config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides), given=given)
-    return config.validate()
+    config.validate()
+    check_given_apply(config, PRESETS)  # a setting this decoder does not read is refused, not ignored
+    return config
