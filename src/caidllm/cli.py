@@ -86,7 +86,7 @@ def run_generate(args) -> int:
     check = dict(options)
     if check["gen_length"] is None or check["block_length"] is None:
         check["gen_length"] = check["block_length"] = check["gen_length"] or check["block_length"]
-    build_config(method, settings=settings, **check)
+    build_config(method, settings=settings, strict=True, **check)  # a flag the method does not read: refused
     lm = load_model(args)
     options = apply_recommendation(lm, options)
     chat = lm.chat_default if args.chat is None else args.chat
