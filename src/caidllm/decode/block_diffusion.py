@@ -76,9 +76,13 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
                          f"cache {config.cache!r} is {METHOD_CACHES[config.cache]}, which needs bidirectional "
                          f"attention; use method {BLOCK_ALTERNATIVE.get(config.policy, 'fastdllm')!r} (its rule "
                          "on the exact block cache)")
-    if "cache" not in given and policy_spec(config.policy).forward is None:
-        # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too;
-        # not a policy with a forward of its own each step (WINO's verify: its preset's cache='none').
+    own_forward = policy_spec(config.policy).forward
+    if own_forward is not None:  # refused here, with no advice about its cache that a second refusal undoes
+        raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
+                         f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
+                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder (llada2, sdar)")
+    if "cache" not in given:
+        # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too.
         changes["cache"] = "block"
     elif config.cache not in BLOCK_CACHES:
         raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "

@@ -273,8 +273,11 @@ def _stop(body) -> list[str]:
 
 
 def param_named(message: str, names) -> str | None:
-    return next((n for n in names if f"{n} " in message or f"'{n}'" in message or f"cai.{n}" in message
-                 or message.startswith(n)), None)
+    """The field an error message is about: the one it starts with, else the first it names."""
+    names = list(names)
+    first = next((n for n in names if message.startswith((f"{n} ", f"cai.{n} "))), None)
+    return first or next((n for n in names if f"{n} " in message or f"'{n}'" in message or f"cai.{n}" in message
+                          or message.startswith(n)), None)
 
 
 def _bool(body, name, default, label=None):
