@@ -16,6 +16,9 @@
    int4 and fp8 (where the GPU has it), method cai, batch 1 and 8, not compiled:
    tokens/s, weights, the peak while loading (layer by layer) and while decoding.
    (--tiny: the tiny LLaDA shape in fp32, int8 and int8-dynamic on the CPU.)
+4. Mixture of experts (gpu_check_moe.py): LLaDA2.0-mini's shape with every layer, its experts
+   run by the per-expert loop and by the grouped kernel (bf16, fastdllm, batch 1 and 8; syncs per
+   forward); and generate at --tp 2 beside --tp 1, only where two GPUs are present.
 It writes gpu_check.json and gpu_check.md into --out. A run that would pass the
 time budget is skipped and listed as such (non-compiled runs go first).
 """
@@ -34,6 +37,9 @@ import caidllm
 from caidllm.bench.syncs import syncs_per_step
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_check_moe, however this file is loaded
+import gpu_check_moe  # noqa: E402
 
 METHODS = ("vanilla", "fastdllm", "cai", "es-dllm")
 FULL = dict(models=("random:llada-8b", "random:dream-7b", "random:llada2-mini"), batches=(1, 8), gen=256, block=64,
@@ -56,6 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=450.0, help="skip the runs left after this many seconds")
     p.add_argument("--no-compile", action="store_true", help="leave out the --compile runs")
     p.add_argument("--no-quantize", action="store_true", help="leave out the quantized runs")
+    p.add_argument("--no-moe", action="store_true", help="leave out the MoE kernel and --tp 2 rows")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--models", help="comma-separated subset of the shape's models, by prefix (e.g. random:llada2-mini)")
     args = p.parse_args(argv)
@@ -69,9 +76,11 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     peak = gemm_peak(device, shape["gemm"], torch.float32 if args.tiny else torch.bfloat16)
     print(f"matmul peak: {peak / 1e12:.1f} TFLOP/s", file=sys.stderr)
-    rows, quantized = [], []
+    rows, quantized, moe = [], [], {}
     for compiled in (False,) if args.no_compile else (False, True):
-        if compiled and not args.no_quantize:  # after the plain runs, before the compiled ones
+        if compiled and not args.no_moe:  # after the plain runs, before the compiled ones
+            moe = moe_rows(shape, device, args, started, peak)
+        if compiled and not args.no_quantize:
             quantized = quantized_runs(shape, device, args, started, peak)
         for name in shape["models"]:
             if time.perf_counter() - started > args.budget_s:
@@ -100,14 +109,22 @@ def main(argv=None) -> int:
     report = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                   torch=torch.__version__, matmul_peak_tflops=peak / 1e12, tiny=args.tiny,
                   wall_s=time.perf_counter() - started, runs=rows)
+    if args.no_compile and not args.no_moe:
+        moe = moe_rows(shape, device, args, started, peak)
     if args.no_compile and not args.no_quantize:
         quantized = quantized_runs(shape, device, args, started, peak)
     report["quantized"] = quantized
+    report.update(moe)
     report["wall_s"] = time.perf_counter() - started
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "gpu_check.md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def moe_rows(shape, device, args, started, peak) -> dict:
+    return {"moe_kernels": gpu_check_moe.moe_kernel_runs(shape, device, args, started, peak, run_one),
+            "tensor_parallel": gpu_check_moe.tp_runs(args, started)}
 
 
 def quantized_runs(shape, device, args, started, peak) -> list[dict]:
@@ -281,7 +298,7 @@ def markdown(report: dict) -> str:
                 continue
             lines.append(f"| {r['model']} | {r['quantize']} | {r['batch']} | {r['tokens_per_s']} | "
                          f"{r['forward_tflops']} | {r['weights_gb']} | {r['load_peak_gb']} | {r['peak_mem_gb']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + gpu_check_moe.markdown(report)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,111 @@
+"""gpu_check.py's mixture-of-experts rows (imported by it; not a script of its own).
+
+1. LLaDA2.0-mini's shape with every layer (random:llada2-mini: 20 layers, 256 experts top-8
+   plus a shared one) in bf16, method fastdllm, batch 1 and 8, its experts run by the per-expert
+   loop (the reference, one host sync per MoE layer) and by the grouped kernel (moe_kernels.py):
+   tokens/s, forward TFLOP/s and the host syncs per forward (the grouped kernel adds none).
+   (--tiny: a 2-layer, 16-expert LLaDA2 shape in fp32 on the CPU.)
+2. Tensor parallelism 2: ``caidllm generate --tp 2`` against ``--tp 1`` on the same shape and
+   prompts, each a separate process (rank 0 spawns rank 1, one GPU each): wall time (load
+   included) and whether the texts are the same. It runs only where two GPUs are present;
+   elsewhere the row says it was skipped, and why.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+import caidllm
+from caidllm.models.moe import set_moe_kernel
+
+KERNELS = ("loop", "grouped")
+FULL_MODEL = "random:llada2-mini"
+TINY_MODEL = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+              "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=16&num_experts=16&vocab_size=512")
+TP_PROMPTS = ("What is the capital of France?", "Count from one to five.")
+
+
+def moe_kernel_runs(shape, device, args, started, peak, run_one) -> list[dict]:
+    """LLaDA2.0-mini (every layer) with each MoE kernel: run_one's figures, one row per kernel and batch."""
+    name = TINY_MODEL if args.tiny else FULL_MODEL
+    rows = []
+    try:
+        lm = caidllm.load(name, device=device, dtype=shape["dtype"])
+    except Exception as e:  # noqa: BLE001 - e.g. out of memory: say so, go on
+        return [dict(model=name, moe_kernel="all", skipped=f"failed: {type(e).__name__}: {str(e)[:200]}")]
+    for batch in shape["batches"]:
+        for kernel in KERNELS:
+            if time.perf_counter() - started > args.budget_s:
+                rows.append(dict(model=name, moe_kernel=kernel, batch=batch, skipped="time budget"))
+                continue
+            set_moe_kernel(lm.model, kernel)
+            try:
+                rows.append(dict(run_one(lm, name, "fastdllm", batch, shape, False, peak), moe_kernel=kernel))
+            except Exception as e:  # noqa: BLE001 - one failed run must not end the check
+                rows.append(dict(model=name, moe_kernel=kernel, batch=batch,
+                                 skipped=f"failed: {type(e).__name__}: {str(e)[:200]}"))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    del lm
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def tp_runs(args, started, timeout_s: float = 240.0) -> list[dict]:
+    """generate --tp 2 beside --tp 1 (separate processes), only with two GPUs present."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < 2:
+        return [dict(model=FULL_MODEL, tp=2, skipped=f"needs 2 GPUs, this machine has {gpus}")]
+    rows, texts = [], {}
+    for tp in (1, 2):
+        if time.perf_counter() - started > args.budget_s:
+            rows.append(dict(model=FULL_MODEL, tp=tp, skipped="time budget"))
+            continue
+        command = [sys.executable, "-m", "caidllm", "generate", *TP_PROMPTS, "--model", FULL_MODEL, "--tp", str(tp),
+                   "--device", "cuda", "--dtype", "bfloat16", "--method", "fastdllm", "--gen-length", "64",
+                   "--block-length", "32", "--json"]
+        tick = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rows.append(dict(model=FULL_MODEL, tp=tp, skipped=f"failed: no answer within {timeout_s:.0f} s"))
+            continue
+        wall = time.perf_counter() - tick
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            rows.append(dict(model=FULL_MODEL, tp=tp, skipped=f"failed (exit {done.returncode}): {last[:200]}"))
+            continue
+        texts[tp] = done.stdout
+        rows.append(dict(model=FULL_MODEL, tp=tp, wall_s=round(wall, 2)))
+    if 1 in texts and 2 in texts:
+        rows[-1]["same_text_as_tp1"] = texts[1] == texts[2]
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = []
+    runs = report.get("moe_kernels") or []
+    if runs:
+        lines += ["", "### Mixture-of-experts kernels (LLaDA2.0-mini shape, every layer, fastdllm)", "",
+                  "| Kernel | Batch | Tokens/s | Forward TFLOP/s | Syncs / forward | Peak GB |", "|---|---|---|---|---|---|"]
+        for r in runs:
+            if "skipped" in r:
+                lines.append(f"| {r['moe_kernel']} | {r.get('batch', '')} | skipped: {r['skipped']} | | | |")
+            else:
+                lines.append(f"| {r['moe_kernel']} | {r['batch']} | {r['tokens_per_s']} | {r['forward_tflops']} | "
+                             f"{r['syncs_per_forward']} | {r['peak_mem_gb']} |")
+    tp = report.get("tensor_parallel") or []
+    if tp:
+        lines += ["", "### Tensor parallelism (generate, LLaDA2.0-mini shape, bf16)", "",
+                  "| tp | Wall s (load included) | Same text as tp 1 |", "|---|---|---|"]
+        for r in tp:
+            if "skipped" in r:
+                lines.append(f"| {r['tp']} | skipped: {r['skipped']} | |")
+            else:
+                lines.append(f"| {r['tp']} | {r['wall_s']} | {r.get('same_text_as_tp1', '')} |")
+    return "\n".join(lines) + ("\n" if lines else "")
