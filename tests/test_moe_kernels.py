@@ -182,3 +182,25 @@ def test_quantized_experts_run_one_at_a_time():
     with pytest.raises(InputError, match="moe_kernel 'padded' runs stacked full-precision experts"):
         set_moe_kernel(lm.model, "padded")
     assert lm.generate(["hello"], method="fastdllm", gen_length=8, block_length=4)[0].nfe > 0
+
+
+def test_quantized_experts_weigh_what_models_predicts():
+    pytest.importorskip("torchao")
+    from caidllm.models.quantize import expected_weights_bytes, weights_bytes
+
+    meta = caidllm.load(RANDOM["llada2"], device="meta")
+    loaded = caidllm.load(RANDOM["llada2"], device="cpu", dtype="float32", quantize="int8")
+    assert expected_weights_bytes(meta.model, torch.float32, "int8") == weights_bytes(loaded.model)
+
+
+def test_a_checkpoint_loads_quantized_layer_by_layer(moe_folder):
+    pytest.importorskip("torchao")
+    from caidllm.models.quantize import is_quantized
+
+    full = caidllm.load(moe_folder, device="cpu", dtype="float32")
+    lm = caidllm.load(moe_folder, device="cpu", dtype="float32", quantize="int8")
+    layer = lm.model.model.layers[1].mlp
+    assert isinstance(layer.experts, ExpertList) and all(is_quantized(e) for e in layer.experts)
+    ids = torch.randint(0, 30, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # int8 weights: close to the full-precision logits, not equal
+        torch.testing.assert_close(lm.logits(ids), full.logits(ids), atol=0.15, rtol=0.1)
