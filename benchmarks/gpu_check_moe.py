@@ -88,24 +88,26 @@ def tp_runs(args, started, timeout_s: float = 240.0) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    lines = []
-    runs = report.get("moe_kernels") or []
-    if runs:
-        lines += ["", "### Mixture-of-experts kernels (LLaDA2.0-mini shape, every layer, fastdllm)", "",
-                  "| Kernel | Batch | Tokens/s | Forward TFLOP/s | Syncs / forward | Peak GB |", "|---|---|---|---|---|---|"]
-        for r in runs:
-            if "skipped" in r:
-                lines.append(f"| {r['moe_kernel']} | {r.get('batch', '')} | skipped: {r['skipped']} | | | |")
-            else:
-                lines.append(f"| {r['moe_kernel']} | {r['batch']} | {r['tokens_per_s']} | {r['forward_tflops']} | "
-                             f"{r['syncs_per_forward']} | {r['peak_mem_gb']} |")
-    tp = report.get("tensor_parallel") or []
-    if tp:
-        lines += ["", "### Tensor parallelism (generate, LLaDA2.0-mini shape, bf16)", "",
-                  "| tp | Wall s (load included) | Same text as tp 1 |", "|---|---|---|"]
-        for r in tp:
-            if "skipped" in r:
-                lines.append(f"| {r['tp']} | skipped: {r['skipped']} | |")
-            else:
-                lines.append(f"| {r['tp']} | {r['wall_s']} | {r.get('same_text_as_tp1', '')} |")
+    lines = _table("Mixture-of-experts kernels (LLaDA2.0-mini shape, every layer, fastdllm)",
+                   ("Kernel", "Batch", "Tokens/s", "Forward TFLOP/s", "Syncs / forward", "Peak GB"),
+                   report.get("moe_kernels"), ("moe_kernel", "batch"),
+                   ("tokens_per_s", "forward_tflops", "syncs_per_forward", "peak_mem_gb"))
+    lines += _table("Tensor parallelism (generate, LLaDA2.0-mini shape, bf16)",
+                    ("tp", "Wall s (load included)", "Same text as tp 1"), report.get("tensor_parallel"), ("tp",),
+                    ("wall_s", "same_text_as_tp1"))
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _table(title: str, header: tuple, rows, keys: tuple, figures: tuple) -> list[str]:
+    """A Markdown table of `rows`: the `keys` columns, then the figures, or the reason it was skipped."""
+    if not rows:
+        return []
+    lines = ["", f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [str(r.get(k, "")) for k in keys]
+        if "skipped" in r:
+            cells += [f"skipped: {r['skipped']}"] + [""] * (len(figures) - 1)
+        else:
+            cells += [str(r.get(f, "")) for f in figures]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
