@@ -6,7 +6,8 @@
 1. The GPU's bf16 matmul peak: a large GEMM (8192^3), timed with CUDA events.
 2. random:llada-8b, random:dream-7b and random:llada2-mini (LLaDA2.0-mini: block-causal,
    256 experts routed top-8 by sigmoid group-limited scores, a shared expert; its block is
-   its own, 32) in bf16 (random weights, built on the GPU),
+   its own, 32; and, before the compiled runs, its experts by the per-expert loop against the
+   grouped kernel with their syncs per forward: gpu_check_moe.py) in bf16 (random weights, built on the GPU),
    batch 1 and 8, gen 256, block 64, methods vanilla / fastdllm / cai / es-dllm,
    without and then with --compile: the model forwards' TFLOP/s (FLOPs counted
    from each forward's shapes, time from the engine's forward timer) and their
@@ -16,9 +17,6 @@
    int4 and fp8 (where the GPU has it), method cai, batch 1 and 8, not compiled:
    tokens/s, weights, the peak while loading (layer by layer) and while decoding.
    (--tiny: the tiny LLaDA shape in fp32, int8 and int8-dynamic on the CPU.)
-4. Mixture of experts (gpu_check_moe.py): LLaDA2.0-mini's shape with every layer, its experts
-   run by the per-expert loop and by the grouped kernel (bf16, fastdllm, batch 1 and 8; syncs per
-   forward); and generate at --tp 2 beside --tp 1, only where two GPUs are present.
 It writes gpu_check.json and gpu_check.md into --out. A run that would pass the
 time budget is skipped and listed as such (non-compiled runs go first).
 """
@@ -62,7 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=450.0, help="skip the runs left after this many seconds")
     p.add_argument("--no-compile", action="store_true", help="leave out the --compile runs")
     p.add_argument("--no-quantize", action="store_true", help="leave out the quantized runs")
-    p.add_argument("--no-moe", action="store_true", help="leave out the MoE kernel and --tp 2 rows")
+    p.add_argument("--no-moe", action="store_true", help="leave out the MoE kernel rows")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--models", help="comma-separated subset of the shape's models, by prefix (e.g. random:llada2-mini)")
     args = p.parse_args(argv)
@@ -76,10 +74,10 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     peak = gemm_peak(device, shape["gemm"], torch.float32 if args.tiny else torch.bfloat16)
     print(f"matmul peak: {peak / 1e12:.1f} TFLOP/s", file=sys.stderr)
-    rows, quantized, moe = [], [], {}
+    rows, quantized, moe = [], [], []
     for compiled in (False,) if args.no_compile else (False, True):
         if compiled and not args.no_moe:  # after the plain runs, before the compiled ones
-            moe = moe_rows(shape, device, args, started, peak)
+            moe = gpu_check_moe.moe_kernel_runs(shape, device, args, started, peak, run_one)
         if compiled and not args.no_quantize:
             quantized = quantized_runs(shape, device, args, started, peak)
         for name in shape["models"]:
@@ -106,25 +104,19 @@ def main(argv=None) -> int:
             del lm
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    report = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    if args.no_compile and not args.no_moe:
+        moe = gpu_check_moe.moe_kernel_runs(shape, device, args, started, peak, run_one)
+    report = dict(moe_kernels=moe, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                   torch=torch.__version__, matmul_peak_tflops=peak / 1e12, tiny=args.tiny,
                   wall_s=time.perf_counter() - started, runs=rows)
-    if args.no_compile and not args.no_moe:
-        moe = moe_rows(shape, device, args, started, peak)
     if args.no_compile and not args.no_quantize:
         quantized = quantized_runs(shape, device, args, started, peak)
     report["quantized"] = quantized
-    report.update(moe)
     report["wall_s"] = time.perf_counter() - started
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "gpu_check.md").write_text(markdown(report))
     print(markdown(report))
     return 0
-
-
-def moe_rows(shape, device, args, started, peak) -> dict:
-    return {"moe_kernels": gpu_check_moe.moe_kernel_runs(shape, device, args, started, peak, run_one),
-            "tensor_parallel": gpu_check_moe.tp_runs(args, started)}
 
 
 def quantized_runs(shape, device, args, started, peak) -> list[dict]:

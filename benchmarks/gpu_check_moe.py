@@ -5,16 +5,14 @@
    loop (the reference, one host sync per MoE layer) and by the grouped kernel (moe_kernels.py):
    tokens/s, forward TFLOP/s and the host syncs per forward (the grouped kernel adds none).
    (--tiny: a 2-layer, 16-expert LLaDA2 shape in fp32 on the CPU.)
-2. Tensor parallelism 2: ``caidllm generate --tp 2`` against ``--tp 1`` on the same shape and
-   prompts, each a separate process (rank 0 spawns rank 1, one GPU each): wall time (load
-   included) and whether the texts are the same. It runs only where two GPUs are present;
-   elsewhere the row says it was skipped, and why.
+
+The --tp 2 row (LLaDA2.0-mini at tp 1 and 2, only where two GPUs are present) is the tensor
+parallelism work's own (benchmarks/tensor_parallel.py, issue 33 part 2), in gpu_check.py.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
@@ -27,7 +25,6 @@ KERNELS = ("loop", "grouped")
 FULL_MODEL = "random:llada2-mini"
 TINY_MODEL = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
               "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=16&num_experts=16&vocab_size=512")
-TP_PROMPTS = ("What is the capital of France?", "Count from one to five.")
 
 
 def moe_kernel_runs(shape, device, args, started, peak, run_one) -> list[dict]:
@@ -56,45 +53,11 @@ def moe_kernel_runs(shape, device, args, started, peak, run_one) -> list[dict]:
     return rows
 
 
-def tp_runs(args, started, timeout_s: float = 240.0) -> list[dict]:
-    """generate --tp 2 beside --tp 1 (separate processes), only with two GPUs present."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus < 2:
-        return [dict(model=FULL_MODEL, tp=2, skipped=f"needs 2 GPUs, this machine has {gpus}")]
-    rows, texts = [], {}
-    for tp in (1, 2):
-        if time.perf_counter() - started > args.budget_s:
-            rows.append(dict(model=FULL_MODEL, tp=tp, skipped="time budget"))
-            continue
-        command = [sys.executable, "-m", "caidllm", "generate", *TP_PROMPTS, "--model", FULL_MODEL, "--tp", str(tp),
-                   "--device", "cuda", "--dtype", "bfloat16", "--method", "fastdllm", "--gen-length", "64",
-                   "--block-length", "32", "--json"]
-        tick = time.perf_counter()
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rows.append(dict(model=FULL_MODEL, tp=tp, skipped=f"failed: no answer within {timeout_s:.0f} s"))
-            continue
-        wall = time.perf_counter() - tick
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            rows.append(dict(model=FULL_MODEL, tp=tp, skipped=f"failed (exit {done.returncode}): {last[:200]}"))
-            continue
-        texts[tp] = done.stdout
-        rows.append(dict(model=FULL_MODEL, tp=tp, wall_s=round(wall, 2)))
-    if 1 in texts and 2 in texts:
-        rows[-1]["same_text_as_tp1"] = texts[1] == texts[2]
-    return rows
-
-
 def markdown(report: dict) -> str:
     lines = _table("Mixture-of-experts kernels (LLaDA2.0-mini shape, every layer, fastdllm)",
                    ("Kernel", "Batch", "Tokens/s", "Forward TFLOP/s", "Syncs / forward", "Peak GB"),
                    report.get("moe_kernels"), ("moe_kernel", "batch"),
                    ("tokens_per_s", "forward_tflops", "syncs_per_forward", "peak_mem_gb"))
-    lines += _table("Tensor parallelism (generate, LLaDA2.0-mini shape, bf16)",
-                    ("tp", "Wall s (load included)", "Same text as tp 1"), report.get("tensor_parallel"), ("tp",),
-                    ("wall_s", "same_text_as_tp1"))
     return "\n".join(lines) + ("\n" if lines else "")
 
 

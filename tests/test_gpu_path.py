@@ -233,8 +233,6 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
     assert set(kernels) == {(k, b) for k in ("loop", "grouped") for b in (1, 2)}
     assert all(kernels["loop", b]["syncs_per_forward"] == 2.0 and kernels["grouped", b]["syncs_per_forward"] == 1.0
                for b in (1, 2))
-    assert report["tensor_parallel"] == [{"model": "random:llada2-mini", "tp": 2,
-                                          "skipped": "needs 2 GPUs, this machine has 0"}]
     assert "### Mixture-of-experts kernels" in (tmp_path / "gpu_check.md").read_text()
     quantized = {r["quantize"]: r for r in report["quantized"] if r.get("batch", 1) == 1}  # a failed load has none
     if quantized["int8"].get("skipped") is None:  # torchao installed
