@@ -46,7 +46,8 @@ def test_every_parameter_is_counted_once():
 
 
 def test_the_command_prints_the_plan_and_its_json(capsys):
-    assert main(["models", "--plan", "random:llada2-flash", "--tp", "4", "--gpu-memory", "80", "--context", "4096"]) == 0
+    flash = ["models", "--plan", "random:llada2-flash"]
+    assert main([*flash, "--tp", "4", "--gpu-memory", "80", "--context", "4096"]) == 0
     out = capsys.readouterr().out
     assert "tp 4, bfloat16, 80 GiB per GPU" in out and "weights per rank: 49.76 GiB" in out
     assert "requests that fit: " in out
