@@ -93,14 +93,18 @@ def test_a_second_signal_ends_the_drain_at_once():
     assert "Traceback" not in log, log
 
 
-def _raw(url: str, request: bytes) -> tuple[int, dict]:
+def _raw(url: str, request: bytes, skip: int = 0) -> tuple[int, dict]:
+    """The status and JSON body of the response after the first `skip` (each with a Content-Length)."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(request)
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+    for _ in range(skip + 1):
+        head, _, data = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        body, data = data[:length], data[length:]
     return int(head.split()[1]), json.loads(body)
 
 
@@ -113,6 +117,13 @@ def _raw(url: str, request: bytes) -> tuple[int, dict]:
 def test_malformed_http_gets_the_openai_body(server, request_bytes):
     status, body = _raw(server.url, request_bytes)
     assert status == 400 and body["error"]["type"] == "invalid_request_error" and body["error"]["message"], body
+
+
+def test_malformed_http_on_a_kept_alive_connection_gets_the_openai_body(server):
+    """The second request on a connection (the first one answered) is malformed: it gets the 400 body too."""
+    status, body = _raw(server.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n", skip=1)
+    assert status == 400 and body["error"]["code"] == "bad_http_request", body
 
 
 def test_a_huge_token_id_list_is_refused_from_its_bytes_while_others_answer(server):

@@ -25,7 +25,9 @@ class OpenAIH11Protocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         import h11
 
-        if self.cycle is not None and self.cycle.response_started:  # the app answers already: just end it
+        # A response may start only before one has (a fresh connection, or the next request on a kept-alive
+        # one: `self.cycle` is then the last, finished one); once the app answers, just end the connection.
+        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             self.transport.close()
             return
         body = json.dumps(MALFORMED, separators=(",", ":")).encode("ascii")
