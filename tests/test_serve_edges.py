@@ -103,7 +103,8 @@ def _raw(url: str, request: bytes, skip: int = 0) -> tuple[int, dict]:
             data += chunk
     for _ in range(skip + 1):
         head, _, data = data.partition(b"\r\n\r\n")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        lines = head.lower().split(b"\r\n")
+        length = int(next(line.split(b":")[1] for line in lines if line.startswith(b"content-length")))
         body, data = data[:length], data[length:]
     return int(head.split()[1]), json.loads(body)
 
