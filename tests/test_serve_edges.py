@@ -17,6 +17,7 @@ import pytest
 
 from caidllm.cli import build_parser
 from caidllm.serve.app import ServerConfig
+from caidllm.serve.http_edges import id_list_bounds
 from helpers.serve import PROMPT, free_port, spawn_serve, start, tiny, wait_until  # noqa: F401 - tiny is a fixture
 
 FAST = {"method": "fastdllm", "gen_length": 16, "block_length": 16}
@@ -147,6 +148,30 @@ def test_a_huge_token_id_list_is_refused_from_its_bytes_while_others_answer(serv
     nested = '{"prompt": [[1, 2], [' + "7," * 100_000 + '7]]}'
     r = httpx.post(f"{server.url}/v1/completions", content=nested, headers={"content-type": "application/json"})
     assert r.status_code == 400 and "about 100001 token ids" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, bounds", [
+    (b'{"prompt": [1, 2, 3], "max_tokens": 4}', (3, 0)),
+    (b'{"prompt": [[1, 2], [3]]}', (2, 2)),
+    (b'{"prompt": ["a, b, c [1, 2, 3, 4]", "d"], "stop": ["[1,1,1,1,1]"]}', (1, 0)),  # text: not an id list
+    (b'{"prompt": [1], "prompt": [' + b"7," * 9 + b'7]}', (10, 0)),  # JSON takes the last of two keys
+    (b'{"prompt": [null, ' + b"7," * 9 + b'7]}', (11, 0)),  # an entry that is not an id hides nothing
+    (b'{"prompt": [1.5, 1e3, true, ' + b"7," * 9 + b'7]}', (13, 0)),
+    (b'{"prompt": [' + b"[7]," * 99 + b'[7]]}', (1, 100)),  # many prompts of one id each
+    (b'{"prompt": "text"}', (0, 0)),
+])
+def test_id_list_bounds_are_counted_from_the_bytes(body, bounds):
+    assert id_list_bounds(body) == bounds
+    assert json.loads(body)  # each is valid JSON
+
+
+def test_many_short_id_lists_are_refused_from_their_bytes(server):
+    """A million one-id prompts: refused by their count before json.loads builds a list for each."""
+    many = '{"prompt": [' + "[7]," * 1_000_000 + '[7]]}'
+    r = httpx.post(f"{server.url}/v1/completions", content=many, headers={"content-type": "application/json"},
+                   timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "prompt" and "about 1000001 prompts" in error["message"], error
 
 
 @pytest.mark.parametrize("key", ["", "  "])
