@@ -141,6 +141,23 @@ def test_a_good_value_passes_on_all_three(tiny, name, method, value):
     parse({"prompt": PROMPT, "method": method, name: value}, "completion", tiny, defaults)
 
 
+def test_a_cai_threshold_is_refused_under_the_adaptive_schedule_and_taken_without_it(tiny):
+    """CAI reads `threshold` only with adaptive=false: under the schedule it was accepted and ignored."""
+    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
+    with pytest.raises(RequestError) as refused:
+        parse({"prompt": PROMPT, "method": "cai", "threshold": 0.5}, "completion", tiny, defaults)
+    assert refused.value.param == "threshold" and "adaptive=false" in refused.value.message
+    assert _cli(["generate", "x", "--method", "cai", "--threshold", "0.5"]) == 2
+    # The advice works: on the server (top level or under cai) and in the CLI's check.
+    for body in ({"adaptive": False}, {"cai": {"adaptive": False}}):
+        req = parse({"prompt": PROMPT, "method": "cai", "threshold": 0.5, **body}, "completion", tiny, defaults)
+        assert req.config.threshold == 0.5 and not req.config.cai.adaptive
+    build_config("cai", strict=True, threshold=0.5, adaptive=False)
+    build_config("cai", strict=True, threshold=0.5, settings={"caidllm_settings": 1, "cai": {"adaptive": False}})
+    build_config("fastdllm", strict=True, threshold=0.5)
+    build_config("cai", threshold=0.5)  # the Python API's default stays lenient
+
+
 @pytest.mark.parametrize("name, method, value", [
     ("threshold", "vanilla", 0.5), ("wino_draft", "cai", 0.5), ("gating", "fastdllm", False),
     ("elastic_gamma", "cai", 0.5), ("eb_gamma", "fastdllm", 0.1), ("refresh_every", "vanilla", 2),

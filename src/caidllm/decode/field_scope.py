@@ -31,7 +31,7 @@ class Scope:
 
 
 SCOPES = (
-    Scope(("threshold",), policies=("threshold", "dynamic", "cai")),  # cai: its fixed threshold (adaptive off)
+    Scope(("threshold",), policies=("threshold", "dynamic", "cai")),  # cai: only with adaptive off (below)
     Scope(("factor",), policies=("threshold",)),
     Scope(("eb_gamma", "eb_proxy"), policies=("eb",)),
     Scope(("sf_explore_steps", "sf_cycle_threshold", "sf_window", "sf_std", "sf_high"), policies=("slowfast",)),
@@ -49,6 +49,10 @@ SCOPE_OF = {name: scope for scope in SCOPES for name in scope.fields}
 
 def check_given_apply(config: DecodeConfig, presets: dict[str, dict]) -> None:
     """InputError naming the first setting in `config.given` that its policy and cache do not read."""
+    if "threshold" in config.given and config.policy == "cai" and config.cai.adaptive:
+        raise InputError(f"threshold does not apply to method {config.method!r} with CAI's adaptive schedule on: "
+                         "its thresholds follow the schedule; give adaptive=false with it (the CLI: in a --settings "
+                         "file's cai) for a fixed threshold, or use method 'fastdllm'")
     for name in config.given:
         scope = SCOPE_OF.get(name)
         if scope is None or scope.reads(config.policy, config.cache):
