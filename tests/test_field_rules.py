@@ -158,6 +158,18 @@ def test_a_cai_threshold_is_refused_under_the_adaptive_schedule_and_taken_withou
     build_config("cai", threshold=0.5)  # the Python API's default stays lenient
 
 
+def test_steps_are_refused_with_a_decoder_that_re_masks_and_its_own_limit_taken(tiny):
+    """WINO's blocks end by wino_max_steps, never by steps: a `steps` given was accepted and ignored."""
+    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
+    with pytest.raises(RequestError) as refused:
+        parse({"prompt": PROMPT, "method": "wino", "steps": 16}, "completion", tiny, defaults)
+    assert refused.value.param == "steps" and "wino_max_steps" in refused.value.message
+    assert _cli(["generate", "x", "--method", "wino", "--steps", "16"]) == 2
+    req = parse({"prompt": PROMPT, "method": "wino", "wino_max_steps": 16}, "completion", tiny, defaults)
+    assert req.config.wino_max_steps == 16
+    parse({"prompt": PROMPT, "method": "vanilla", "steps": 16}, "completion", tiny, defaults)
+
+
 @pytest.mark.parametrize("name, method, value", [
     ("threshold", "vanilla", 0.5), ("wino_draft", "cai", 0.5), ("gating", "fastdllm", False),
     ("elastic_gamma", "cai", 0.5), ("eb_gamma", "fastdllm", 0.1), ("refresh_every", "vanilla", 2),
