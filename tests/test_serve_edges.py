@@ -158,6 +158,7 @@ def test_a_huge_token_id_list_is_refused_from_its_bytes_while_others_answer(serv
     (b'{"prompt": [null, ' + b"7," * 9 + b'7]}', (11, 0)),  # an entry that is not an id hides nothing
     (b'{"prompt": [1.5, 1e3, true, ' + b"7," * 9 + b'7]}', (13, 0)),
     (b'{"prompt": [' + b"[7]," * 99 + b'[7]]}', (1, 100)),  # many prompts of one id each
+    (b'{"prompt": [' + b"[7]," * 4999 + b'[7]]}', (0, 5000)),  # past _SPLIT_LISTS: only counted
     (b'{"prompt": "text"}', (0, 0)),
 ])
 def test_id_list_bounds_are_counted_from_the_bytes(body, bounds):
