@@ -3,6 +3,7 @@
 token-id list is refused from its bytes, `--api-key ""` is refused, 401 names its scheme, HEAD works
 where GET does, and the body timeout defaults to 10 s. Live servers on 127.0.0.1 with the tiny model."""
 
+import gc
 import json
 import signal
 import socket
@@ -16,8 +17,9 @@ import openai
 import pytest
 
 from caidllm.cli import build_parser
-from caidllm.serve.app import ServerConfig
+from caidllm.serve.app import ServerConfig, _decode_and_parse
 from caidllm.serve.http_edges import id_list_bounds
+from caidllm.serve.protocol import RequestError, ServerDefaults
 from helpers.serve import PROMPT, free_port, spawn_serve, start, tiny, wait_until  # noqa: F401 - tiny is a fixture
 
 FAST = {"method": "fastdllm", "gen_length": 16, "block_length": 16}
@@ -173,6 +175,16 @@ def test_many_short_id_lists_are_refused_from_their_bytes(server):
                    timeout=60)
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "prompt" and "about 1000001 prompts" in error["message"], error
+
+
+def test_the_collector_is_paused_while_a_body_is_parsed_and_back_after(monkeypatch):
+    """json.loads holds the interpreter; with the collector on, a million small lists took 2 s of it."""
+    seen, real = [], json.loads
+    monkeypatch.setattr(json, "loads", lambda raw: seen.append(gc.isenabled()) or real(raw))
+    for raw in (b"[]", b"[", b'{"prompt": 1}'):  # not an object; not JSON; refused by the parser
+        with pytest.raises(RequestError):
+            _decode_and_parse(raw, "completion", None, ServerDefaults(model_name="tiny"))
+    assert seen == [False] * 3 and gc.isenabled()
 
 
 @pytest.mark.parametrize("key", ["", "  "])
