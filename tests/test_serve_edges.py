@@ -3,6 +3,7 @@
 token-id list is refused from its bytes, `--api-key ""` is refused, 401 names its scheme, HEAD works
 where GET does, and the body timeout defaults to 10 s. Live servers on 127.0.0.1 with the tiny model."""
 
+import argparse
 import gc
 import json
 import signal
@@ -17,8 +18,10 @@ import openai
 import pytest
 
 from caidllm.cli import build_parser
+from caidllm.errors import InputError
 from caidllm.serve.app import ServerConfig, _decode_and_parse
 from caidllm.serve.http_edges import id_list_bounds
+from caidllm.serve.launch import check_api_key
 from caidllm.serve.protocol import RequestError, ServerDefaults
 from helpers.serve import PROMPT, free_port, spawn_serve, start, tiny, wait_until  # noqa: F401 - tiny is a fixture
 
@@ -193,6 +196,26 @@ def test_an_empty_api_key_is_refused(key):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--api-key is empty" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flag, env, refusal", [
+    (None, "", "CAIDLLM_API_KEY is empty"), (None, " ", "CAIDLLM_API_KEY is empty"),
+    (" k3y", None, "--api-key has spaces at its ends"), (None, "k3y\n", "CAIDLLM_API_KEY has spaces at its ends"),
+])
+def test_an_api_key_that_would_open_the_server_or_match_no_one_is_refused(monkeypatch, flag, env, refusal):
+    monkeypatch.delenv("CAIDLLM_API_KEY", raising=False)
+    if env is not None:
+        monkeypatch.setenv("CAIDLLM_API_KEY", env)
+    with pytest.raises(InputError, match=refusal):
+        check_api_key(argparse.Namespace(api_key=flag))
+
+
+def test_the_api_key_comes_from_the_flag_else_the_environment(monkeypatch):
+    monkeypatch.setenv("CAIDLLM_API_KEY", "from-env")
+    assert check_api_key(argparse.Namespace(api_key="from-flag")) == "from-flag"
+    assert check_api_key(argparse.Namespace(api_key=None)) == "from-env"
+    monkeypatch.delenv("CAIDLLM_API_KEY")
+    assert check_api_key(argparse.Namespace(api_key=None)) is None
 
 
 def test_a_401_names_its_scheme(tiny):
