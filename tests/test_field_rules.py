@@ -9,6 +9,8 @@ import math
 from dataclasses import fields
 
 import pytest
+
+import caidllm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -168,6 +170,25 @@ def test_steps_are_refused_with_a_decoder_that_re_masks_and_its_own_limit_taken(
     req = parse({"prompt": PROMPT, "method": "wino", "wino_max_steps": 16}, "completion", tiny, defaults)
     assert req.config.wino_max_steps == 16
     parse({"prompt": PROMPT, "method": "vanilla", "steps": 16}, "completion", tiny, defaults)
+
+
+@pytest.mark.parametrize("model, body, refusal", [
+    ("tiny", {"method": "fastdllm", "num_to_transfer": 1}, "num_to_transfer (LLaDA2.1's quota per step) does not "
+     "apply to the llada model"),
+    ("tiny", {"minimal_topk": 2}, "minimal_topk (LLaDA2's step cap) does not apply to the llada model"),
+    ("tiny-bd", {"method": "vanilla", "refresh_every": 2}, "refresh_every does not apply to a block-causal model"),
+])
+def test_a_setting_the_model_never_reads_is_refused_as_such_not_with_a_method_it_refuses(tiny, model, body,
+                                                                                         refusal):
+    """Before: "read only by ... (methods: llada2, sdar)" on a full-sequence model, or "(methods: fastdllm,
+    ...)" for refresh_every on a block-causal one: advice the model then refused in turn."""
+    lm = tiny if model == "tiny" else caidllm.load("tiny-bd", device="cpu", dtype="float32")
+    defaults = ServerDefaults(model_name=model, gen_length=32, block_length=lm.config.block_lengths[0]
+                              if lm.config.block_lengths else 16, max_gen_length=256)
+    with pytest.raises(RequestError) as refused:
+        parse({"prompt": PROMPT, **body}, "completion", lm, defaults)
+    name = next(k for k in body if k != "method")
+    assert refused.value.param == name and refused.value.message.startswith(refusal), refused.value.message
 
 
 @pytest.mark.parametrize("name, method, value", [
