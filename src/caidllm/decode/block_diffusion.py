@@ -54,8 +54,8 @@ class Layout:
 
 def check_given_fit(given, model) -> None:
     """InputError naming the first setting in `given` (names) that the model's family never reads, whatever
-    the method: checked before the method's own scope (decode/field_scope.py), whose advice (another
-    method) would otherwise name one this model refuses in turn. `editing_threshold` set by a preset counts."""
+    the method. The server checks it before the method's own scope (decode/field_scope.py), whose advice
+    (another method) would otherwise name one this model refuses in turn."""
     if not model.block_causal:
         for name in BLOCK_ONLY_FIELDS:
             if name in given:
