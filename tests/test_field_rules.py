@@ -143,33 +143,32 @@ def test_a_good_value_passes_on_all_three(tiny, name, method, value):
     parse({"prompt": PROMPT, "method": method, name: value}, "completion", tiny, defaults)
 
 
-def test_a_cai_threshold_is_refused_under_the_adaptive_schedule_and_taken_without_it(tiny):
-    """CAI reads `threshold` only with adaptive=false: under the schedule it was accepted and ignored."""
+@pytest.mark.parametrize("method, name, value, advice, advised", [
+    # CAI reads `threshold` only with adaptive=false (top level or under cai); WINO's blocks end by wino_max_steps.
+    ("cai", "threshold", 0.5, "adaptive=false",
+     [{"threshold": 0.5, "adaptive": False}, {"threshold": 0.5, "cai": {"adaptive": False}}]),
+    ("wino", "steps", 16, "wino_max_steps", [{"wino_max_steps": 16}]),
+])
+def test_a_setting_its_policy_does_not_read_in_this_mode_is_refused_and_the_advice_works(tiny, method, name, value,
+                                                                                         advice, advised):
+    """Both were accepted and ignored."""
     defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
     with pytest.raises(RequestError) as refused:
-        parse({"prompt": PROMPT, "method": "cai", "threshold": 0.5}, "completion", tiny, defaults)
-    assert refused.value.param == "threshold" and "adaptive=false" in refused.value.message
-    assert _cli(["generate", "x", "--method", "cai", "--threshold", "0.5"]) == 2
-    # The advice works: on the server (top level or under cai) and in the CLI's check.
-    for body in ({"adaptive": False}, {"cai": {"adaptive": False}}):
-        req = parse({"prompt": PROMPT, "method": "cai", "threshold": 0.5, **body}, "completion", tiny, defaults)
-        assert req.config.threshold == 0.5 and not req.config.cai.adaptive
+        parse({"prompt": PROMPT, "method": method, name: value}, "completion", tiny, defaults)
+    assert refused.value.param == name and advice in refused.value.message
+    assert _cli(["generate", "x", "--method", method, f"--{name}", str(value)]) == 2
+    for fix in advised:
+        req = parse({"prompt": PROMPT, "method": method, **fix}, "completion", tiny, defaults)
+        first = next(iter(fix))  # the setting kept: honoured
+        assert getattr(req.config, first) == fix[first]
+    build_config(method, **{name: value})  # the Python API's default stays lenient
+
+
+def test_a_cai_threshold_is_taken_with_adaptive_off_from_a_settings_file_and_with_fastdllm():
     build_config("cai", strict=True, threshold=0.5, adaptive=False)
     build_config("cai", strict=True, threshold=0.5, settings={"caidllm_settings": 1, "cai": {"adaptive": False}})
     build_config("fastdllm", strict=True, threshold=0.5)
-    build_config("cai", threshold=0.5)  # the Python API's default stays lenient
-
-
-def test_steps_are_refused_with_a_decoder_that_re_masks_and_its_own_limit_taken(tiny):
-    """WINO's blocks end by wino_max_steps, never by steps: a `steps` given was accepted and ignored."""
-    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
-    with pytest.raises(RequestError) as refused:
-        parse({"prompt": PROMPT, "method": "wino", "steps": 16}, "completion", tiny, defaults)
-    assert refused.value.param == "steps" and "wino_max_steps" in refused.value.message
-    assert _cli(["generate", "x", "--method", "wino", "--steps", "16"]) == 2
-    req = parse({"prompt": PROMPT, "method": "wino", "wino_max_steps": 16}, "completion", tiny, defaults)
-    assert req.config.wino_max_steps == 16
-    parse({"prompt": PROMPT, "method": "vanilla", "steps": 16}, "completion", tiny, defaults)
+    build_config("vanilla", strict=True, steps=16)
 
 
 @pytest.mark.parametrize("model, body, refusal", [
