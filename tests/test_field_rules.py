@@ -9,6 +9,8 @@ import math
 from dataclasses import fields
 
 import pytest
+
+import caidllm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -139,6 +141,53 @@ def test_a_good_value_passes_on_all_three(tiny, name, method, value):
     build_config(method, strict=True, **{name: value})
     defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
     parse({"prompt": PROMPT, "method": method, name: value}, "completion", tiny, defaults)
+
+
+@pytest.mark.parametrize("method, name, value, advice, advised", [
+    # CAI reads `threshold` only with adaptive=false (top level or under cai); WINO's blocks end by wino_max_steps.
+    ("cai", "threshold", 0.5, "adaptive=false",
+     [{"threshold": 0.5, "adaptive": False}, {"threshold": 0.5, "cai": {"adaptive": False}}]),
+    ("wino", "steps", 16, "wino_max_steps", [{"wino_max_steps": 16}]),
+])
+def test_a_setting_its_policy_does_not_read_in_this_mode_is_refused_and_the_advice_works(tiny, method, name, value,
+                                                                                         advice, advised):
+    """Both were accepted and ignored."""
+    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
+    with pytest.raises(RequestError) as refused:
+        parse({"prompt": PROMPT, "method": method, name: value}, "completion", tiny, defaults)
+    assert refused.value.param == name and advice in refused.value.message
+    assert _cli(["generate", "x", "--method", method, f"--{name}", str(value)]) == 2
+    for fix in advised:
+        req = parse({"prompt": PROMPT, "method": method, **fix}, "completion", tiny, defaults)
+        first = next(iter(fix))  # the setting kept: honoured
+        assert getattr(req.config, first) == fix[first]
+    build_config(method, **{name: value})  # the Python API's default stays lenient
+
+
+def test_a_cai_threshold_is_taken_with_adaptive_off_from_a_settings_file_and_with_fastdllm():
+    build_config("cai", strict=True, threshold=0.5, adaptive=False)
+    build_config("cai", strict=True, threshold=0.5, settings={"caidllm_settings": 1, "cai": {"adaptive": False}})
+    build_config("fastdllm", strict=True, threshold=0.5)
+    build_config("vanilla", strict=True, steps=16)
+
+
+@pytest.mark.parametrize("model, body, refusal", [
+    ("tiny", {"method": "fastdllm", "num_to_transfer": 1}, "num_to_transfer (LLaDA2.1's quota per step) does not "
+     "apply to the llada model"),
+    ("tiny", {"minimal_topk": 2}, "minimal_topk (LLaDA2's step cap) does not apply to the llada model"),
+    ("tiny-bd", {"method": "vanilla", "refresh_every": 2}, "refresh_every does not apply to a block-causal model"),
+])
+def test_a_setting_the_model_never_reads_is_refused_as_such_not_with_a_method_it_refuses(tiny, model, body,
+                                                                                         refusal):
+    """Before: "read only by ... (methods: llada2, sdar)" on a full-sequence model, or "(methods: fastdllm,
+    ...)" for refresh_every on a block-causal one: advice the model then refused in turn."""
+    lm = tiny if model == "tiny" else caidllm.load("tiny-bd", device="cpu", dtype="float32")
+    defaults = ServerDefaults(model_name=model, gen_length=32, block_length=lm.config.block_lengths[0]
+                              if lm.config.block_lengths else 16, max_gen_length=256)
+    with pytest.raises(RequestError) as refused:
+        parse({"prompt": PROMPT, **body}, "completion", lm, defaults)
+    name = next(k for k in body if k != "method")
+    assert refused.value.param == name and refused.value.message.startswith(refusal), refused.value.message
 
 
 @pytest.mark.parametrize("name, method, value", [

@@ -52,6 +52,20 @@ class Layout:
         return cls(lead, span, (lead + span) // bl)
 
 
+def check_given_fit(given, model) -> None:
+    """InputError naming the first setting in `given` (names) that the model's family never reads, whatever
+    the method. The server checks it before the method's own scope (decode/field_scope.py), whose advice
+    (another method) would otherwise name one this model refuses in turn."""
+    if not model.block_causal:
+        for name in BLOCK_ONLY_FIELDS:
+            if name in given:
+                raise InputError(f"{name} ({BLOCK_ONLY_FIELDS[name]}) does not apply to the {model.family} model: "
+                                 "it is a block-diffusion decoder's setting, and this model is full-sequence")
+    elif "refresh_every" in given:
+        raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
+                         "never refreshed")
+
+
 def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
     """`config` as it runs on the model (its ModelConfig): a setting the caller gave that does not
     apply to the family raises InputError naming it; a preset's default that does not apply is
@@ -62,10 +76,7 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         if config.method in BLOCK_DIFFUSION_PRESETS or config.policy in BLOCK_POLICIES:
             raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
                              f"the {model.family} model is full-sequence (bidirectional attention)")
-        for name in BLOCK_ONLY_FIELDS:  # given, or set by a preset (a block-diffusion preset is refused above)
-            if name in given or (name == "editing_threshold" and config.editing_threshold is not None):
-                raise InputError(f"{name} ({BLOCK_ONLY_FIELDS[name]}) does not apply to the {model.family} model: "
-                                 "it is a block-diffusion decoder's setting, and this model is full-sequence")
+        check_given_fit(given | ({"editing_threshold"} if config.editing_threshold is not None else set()), model)
         if config.cache == "block":
             raise InputError(f"cache='block' (the exact block cache) does not apply to the {model.family} model: "
                              "its attention is bidirectional; use none, prefix, dual or es")
@@ -92,9 +103,7 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
     elif model.block_lengths and config.block_length not in model.block_lengths:
         raise InputError(f"block_length {config.block_length} is not one the {model.family} model decodes with "
                          f"(allowed: {', '.join(map(str, model.block_lengths))})")
-    if "refresh_every" in given:
-        raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
-                         "never refreshed")
+    check_given_fit(given, model)
     return dataclasses.replace(config, **changes).validate() if changes != {"cache": config.cache} else config
 
 

@@ -10,8 +10,10 @@ decode/block_diffusion.py's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from caidllm.decode.config import CAI_FIELDS, DecodeConfig
+from caidllm.decode.policies import policy_spec
 from caidllm.errors import InputError
 
 
@@ -31,7 +33,7 @@ class Scope:
 
 
 SCOPES = (
-    Scope(("threshold",), policies=("threshold", "dynamic", "cai")),  # cai: its fixed threshold (adaptive off)
+    Scope(("threshold",), policies=("threshold", "dynamic", "cai")),  # cai: only with adaptive off (below)
     Scope(("factor",), policies=("threshold",)),
     Scope(("eb_gamma", "eb_proxy"), policies=("eb",)),
     Scope(("sf_explore_steps", "sf_cycle_threshold", "sf_window", "sf_std", "sf_high"), policies=("slowfast",)),
@@ -47,8 +49,30 @@ SCOPES = (
 SCOPE_OF = {name: scope for scope in SCOPES for name in scope.fields}
 
 
+@dataclass(frozen=True)
+class Unread:
+    """`field` is not read, although its policy reads it in another mode, when `when(config)`."""
+
+    field: str
+    when: Callable[[DecodeConfig], bool]
+    why: str  # what the decoder reads instead, and what to give
+
+
+UNREAD = (
+    Unread("threshold", lambda c: c.policy == "cai" and c.cai.adaptive,
+           "with CAI's adaptive schedule on, its thresholds follow the schedule; give adaptive=false with it (the "
+           "CLI: in a --settings file's cai) for a fixed threshold, or use method 'fastdllm'"),
+    Unread("steps", lambda c: policy_spec(c.policy).revises,
+           "a decoder that re-masks takes up to wino_max_steps steps a block, not steps; give wino_max_steps"),
+)
+
+
 def check_given_apply(config: DecodeConfig, presets: dict[str, dict]) -> None:
-    """InputError naming the first setting in `config.given` that its policy and cache do not read."""
+    """InputError naming the first setting in `config.given` that its policy and cache do not read
+    (or that its policy does not read in the mode it runs in: UNREAD)."""
+    for unread in UNREAD:
+        if unread.field in config.given and unread.when(config):
+            raise InputError(f"{unread.field} does not apply to method {config.method!r}: {unread.why}")
     for name in config.given:
         scope = SCOPE_OF.get(name)
         if scope is None or scope.reads(config.policy, config.cache):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 
 from caidllm.checks import is_id_list, is_int, is_number
-from caidllm.decode.block_diffusion import fit_to_model
+from caidllm.decode.block_diffusion import check_given_fit, fit_to_model
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
@@ -115,6 +115,10 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
                 raise RequestError(f"the prompt has {len(ids)} tokens; this server takes at most "
                                    f"{defaults.max_prompt_tokens}", prompt_field)
     extensions = {k: body[k] for k in body if k in EXTENSIONS}
+    try:  # a setting the model never reads, before one the method does not read (whose advice is a method)
+        check_given_fit(extensions, lm.config)
+    except InputError as error:
+        raise RequestError(str(error), param_named(str(error), extensions)) from None
     config = _config(body, extensions, max_tokens, max_name, defaults)
     try:  # a setting the model's family does not take (cache=dual on a block-diffusion model, ...)
         config = fit_to_model(config, lm.config)
