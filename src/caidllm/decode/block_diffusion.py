@@ -21,8 +21,9 @@ from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
 
-BLOCK_CACHES = ("block", "none")  # the exact block cache, or the whole window recomputed every step
-BLOCK_POLICIES = ("dynamic", "static")
+# The exact block cache, Fast-dLLM v2's within-block cache over it, or the whole window recomputed every step.
+BLOCK_CACHES = ("block", "subblock", "none")
+BLOCK_POLICIES = ("dynamic", "static", "subblock")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,17 +57,19 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         if config.editing_threshold is not None:
             raise InputError(f"editing_threshold (LLaDA2.1 token editing) does not apply to the {model.family} "
                              "model: it is a block-diffusion decoder")
-        if config.cache == "block":
-            raise InputError(f"cache='block' (the exact block cache) does not apply to the {model.family} model: "
+        if config.cache in ("block", "subblock"):
+            raise InputError(f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} model: "
                              "its attention is bidirectional; use none, prefix, dual or es")
         return config
     changes = {}
-    if "cache" not in given:
-        # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too.
+    if "cache" not in given and config.cache != "subblock":
+        # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too
+        # (Fast-dLLM v2's keeps its within-block cache over it).
         changes["cache"] = "block"
     elif config.cache not in BLOCK_CACHES:
         raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
-                         "its cache is 'block' (exact) or 'none' (the whole window every step)")
+                         "its cache is 'block' (exact), 'subblock' (Fast-dLLM v2's within-block cache over it) "
+                         "or 'none' (the whole window every step)")
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
         changes["block_length"] = model.block_lengths[0]  # the preset's does not apply: the model's own
     elif model.block_lengths and config.block_length not in model.block_lengths:
