@@ -17,7 +17,8 @@ import math
 import torch
 
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS
+from caidllm.decode.forward_modes import CACHE_MODES
+from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS, PRESETS, preset_config
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
 
@@ -79,6 +80,30 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
                          "never refreshed")
     return dataclasses.replace(config, **changes).validate() if changes != {"cache": config.cache} else config
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTraits:
+    """What fit_to_model reads of a model: its family, attention and block lengths."""
+
+    family: str
+    block_causal: bool
+    block_lengths: tuple[int, ...] = ()
+
+
+def applicable(model) -> tuple[list[str], list[str]]:
+    """The method presets and cache modes that run on `model` (a ModelConfig or ModelTraits), read
+    from the registries (PRESETS, CACHE_MODES) through fit_to_model: a list that cannot go stale."""
+    methods = []
+    for name in PRESETS:
+        try:
+            fit_to_model(preset_config(name), model)
+        except InputError:
+            continue
+        methods.append(name)
+    caches = [m for m, mode in CACHE_MODES.items()
+              if (m in BLOCK_CACHES if model.block_causal else not mode.exact)]
+    return methods, caches
 
 
 # ---- LLaDA2.1 token editing ------------------------------------------------------------------

@@ -38,6 +38,11 @@ OFFICIAL = {
                     "num_attention_heads": 16, "num_hidden_layers": 20},
     "llada2-flash": {**_LLADA2, "hidden_size": 4096, "intermediate_size": 9216, "moe_intermediate_size": 1024,
                      "num_attention_heads": 32, "num_hidden_layers": 32},
+    # LLaDA2.1: LLaDA2.0's shapes with a 32768 context (SGLang's LLaDA2.1 cookbook).
+    "llada2.1-mini": {**_LLADA2, "hidden_size": 2048, "intermediate_size": 5120, "moe_intermediate_size": 512,
+                      "num_attention_heads": 16, "num_hidden_layers": 20, "max_position_embeddings": 32768},
+    "llada2.1-flash": {**_LLADA2, "hidden_size": 4096, "intermediate_size": 9216, "moe_intermediate_size": 1024,
+                       "num_attention_heads": 32, "num_hidden_layers": 32, "max_position_embeddings": 32768},
     "sdar-1.7b": {**_SDAR, "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 16,
                   "num_hidden_layers": 28, "num_key_value_heads": 8},
     "sdar-4b": {**_SDAR, "hidden_size": 2560, "intermediate_size": 9728, "num_attention_heads": 32,
@@ -65,7 +70,8 @@ OFFICIAL.update({
                        "num_hidden_layers": 28, "num_key_value_heads": 4, "tie_word_embeddings": False,
                        "vocab_size": 152064},
 })
-FAMILY = {name: name.split("-")[0].replace("fastdllm", "fastdllm_v2") for name in OFFICIAL}
+FAMILY = {name: {"llada2.1": "llada2", "fastdllm": "fastdllm_v2"}.get(name.split("-")[0], name.split("-")[0])
+          for name in OFFICIAL}
 
 # The generated tokenizers: the families' special tokens (their official spellings) and a chat
 # template of the same layout as the official one (the real template comes with a checkpoint).

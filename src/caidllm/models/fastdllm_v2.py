@@ -45,4 +45,5 @@ FASTDLLM_V2 = Family(
     read_fields=read_fastdllm_v2_fields, model_class=FastDLLMv2Model, confidence_gating=False,
     cache_refresh_every=16,
     description="Fast-dLLM v2 (NVlabs): Qwen2.5 made block-diffusion, blocks of 32, shifted logits",
+    block_causal=True,
 )

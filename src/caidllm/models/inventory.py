@@ -44,11 +44,11 @@ def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
 
 
 def family_rows() -> list[dict]:
-    """One row per registry entry: its name, the config.json names it answers to, what it is,
-    the decoders (empty: every method preset) and cache modes that apply."""
+    """One row per registry entry: its name, the config.json names it answers to, what it is, and
+    whether it is block-causal (the decode layer says which decoders and cache modes apply)."""
     return [{"family": f.name, "architectures": list(f.architectures), "model_types": list(f.model_types),
              "confidence_gating": f.confidence_gating, "cache_refresh_every": f.cache_refresh_every,
-             "description": f.description, "decoders": list(f.decoders), "cache_modes": list(f.cache_modes)}
+             "description": f.description, "block_causal": f.block_causal, "block_lengths": []}
             for f in FAMILIES.values()]
 
 
@@ -65,10 +65,9 @@ def shape_figures(shape: str) -> dict:
 
     lm = load(f"random:{shape}", device="meta")
     total, active = parameter_counts(lm)
-    family = get_family(lm.config.family)
     return {"architecture": lm.config.raw["architectures"][0], "parameters_total": total,
             "parameters_active": active, "context": lm.config.max_length,
-            "decoders": list(family.decoders), "cache_modes": list(family.cache_modes)}
+            "block_causal": lm.config.block_causal, "block_lengths": list(lm.config.block_lengths)}
 
 
 def checkpoint_rows() -> list[dict]:

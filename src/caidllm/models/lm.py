@@ -279,7 +279,7 @@ class DiffusionLM:
     def register_generate(cls, function) -> None:
         cls._generate_function = staticmethod(function)
 
-    def generate(self, prompts, method: str = "cai", **options):
+    def generate(self, prompts, method: str | None = None, **options):
         """Decode `prompts` with a method preset; see caidllm.decode.generate (the same function)."""
         return self._generate_function(self, prompts, method=method, **options)
 
