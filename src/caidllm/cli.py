@@ -35,6 +35,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LLaDA2.1 token editing: rewrite a committed token whose prediction changed with "
                              "confidence above this (block-diffusion models)")
     parser.add_argument("--max-post-steps", type=int, default=None, help="token editing: steps after a block's last mask")
+    parser.add_argument("--sub-block", type=int, default=None,
+                        help="Fast-dLLM v2: sub-block length inside a block (must divide --block-length; default 8)")
     parser.add_argument("--minimal-topk", type=int, default=None, help="LLaDA2: steps per block <= gen-length // this")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature" + known.format(0))
     parser.add_argument("--seed", type=int, default=None)
@@ -82,7 +84,7 @@ def run_generate(args) -> int:
     options = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
                    threshold=args.threshold, temperature=args.temperature, seed=args.seed,
                    editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
-                   minimal_topk=args.minimal_topk,
+                   minimal_topk=args.minimal_topk, sub_block=args.sub_block,
                    early_stop=not args.no_early_stop)
     # A bad method or setting fails before the model loads (an unset length may come from the checkpoint).
     check = dict(options)
