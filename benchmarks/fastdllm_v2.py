@@ -57,7 +57,8 @@ def main() -> None:
     vanilla = statistics.median(walls[("vanilla", "block")])
     print(f"\n{args.shape} with {args.layers} layers, {len(prompts)} prompts of {args.prompt_length} tokens, "
           f"gen_length {args.gen_length}, block 32, batch {args.batch_size}, {args.rounds} rounds (median)\n")
-    print("| method | cache | NFE per request | wall (s) | tokens/s | wall ratio vs vanilla | same tokens as no cache |")
+    print("| method | cache | NFE per request | wall (s) | tokens/s | wall ratio vs vanilla "
+          "| same tokens as no cache |")
     print("|---|---|---|---|---|---|---|")
     for run in RUNS:
         method, cache = run

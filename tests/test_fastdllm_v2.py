@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import caidllm
-from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 
 from block_checkpoints import write_block_checkpoint
+from helpers.decoding import alone_static_joined
 from fdv2_reference import OfficialFastDLLMv2
 
 # Below a block, a block and a part, and two whole blocks (the next token from the prefill).
@@ -73,30 +73,12 @@ def test_the_within_block_cache_saves_work(lm):
     assert all(r.computed_fraction == 1.0 for r in runs["block"])
 
 
-def _run(engine):
-    return {e.request_id: e.result for e in engine.run() if e.finished}
-
-
 @pytest.mark.parametrize("method", ["fastdllm-v2", "vanilla", "cai"])
 def test_batch_invariance(lm, method):
     """Tokens alone, in a static batch, and joining a running batch mid-flight."""
     config = build_config(method, gen_length=GEN, block_length=BLOCK, sub_block=SUB, threshold=0.3)
-    alone = []
-    for prompt in PROMPTS:
-        engine = Engine(lm, max_batch=1)
-        rid = engine.submit(prompt, config)
-        alone.append(_run(engine)[rid].token_ids)
-    engine = Engine(lm, max_batch=4)
-    ids = [engine.submit(p, config) for p in PROMPTS]
-    static = _run(engine)
-    assert [static[i].token_ids for i in ids] == alone
-    engine = Engine(lm, max_batch=4)
-    first = engine.submit(PROMPTS[2], config)
-    engine.step()
-    engine.step()
-    late = [engine.submit(p, config) for p in PROMPTS[:2]]
-    joined = _run(engine)
-    assert [joined[i].token_ids for i in late + [first]] == alone
+    alone, static, joined = alone_static_joined(lm, config, PROMPTS)
+    assert static == alone and joined == alone
 
 
 def test_official_defaults():

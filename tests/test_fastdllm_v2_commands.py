@@ -14,6 +14,8 @@ from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
 
 from block_checkpoints import write_block_checkpoint
+from helpers.decoding import lm_eval_generates
+from helpers.serve import assert_refused, streamed_commit_events
 
 BENCH_DATA = __import__("pathlib").Path(__file__).parent / "data" / "bench"
 MESSAGES = [{"role": "user", "content": "two and two"}]
@@ -71,21 +73,13 @@ def test_server_answers_as_generate(server, fd_lm):
     ({"cache": "dual"}, "cache", "does not apply to the block-causal"),
 ])
 def test_server_refusals(server, body, param, words):
-    r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": MESSAGES, **body}, timeout=60)
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert error["param"] == param and words in error["message"]
+    assert_refused(server.url, body, param, words)
 
 
 def test_commit_events_for_the_live_view(server, fd_lm):
     """The events the live view draws: every answer position once, never a mask, blocks where they lie."""
     prompt_length = len(fd_lm.encode_messages(MESSAGES))
-    events = []
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=120,
-                      json={"messages": MESSAGES, "stream": True, "commit_events": True, "early_stop": False}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                events += json.loads(line[6:]).get("caidllm", {}).get("commit_events", [])
+    events = streamed_commit_events(server.url, MESSAGES)
     lead = prompt_length % 16
     assert {e["block_start"] for e in events} <= {b * 16 - lead for b in range(4)}
     assert sorted(e["position"] for e in events) == list(range(32))
@@ -113,12 +107,4 @@ def test_calibrate(fd_lm, tmp_path):
 
 def test_lm_eval_adapter(fd_dir):
     pytest.importorskip("lm_eval")
-    from lm_eval.api.instance import Instance
-
-    from caidllm.evaluation.lm_eval_adapter import CaidllmLM
-
-    adapter = CaidllmLM(pretrained=str(fd_dir), method="fastdllm-v2", gen_length=32, block_length=16, batch_size=2,
-                        device="cpu")
-    requests = [Instance(request_type="generate_until", doc={}, arguments=(q, {"until": []}), idx=i)
-                for i, q in enumerate(["What is 2 + 2?", "Say yes."])]
-    assert all(isinstance(a, str) for a in adapter.generate_until(requests))
+    assert lm_eval_generates(fd_dir, method="fastdllm-v2", gen_length=32, block_length=16)
