@@ -117,3 +117,18 @@ def test_random_shapes_and_tokenizer():
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert lm.tokenizer.convert_ids_to_tokens(lm.config.mask_id) == "|<MASK>|"
     assert lm.tokenizer.convert_tokens_to_ids("<|im_end|>") in lm.config.eos_ids
+
+
+def test_official_defaults_parity(tmp_path):
+    """The preset as it ships (block 32, sub-blocks of 8, threshold 0.9, the within-block cache) on a
+    checkpoint with the official bd_size, against the official generator with use_block_cache."""
+    folder = write_block_checkpoint(tmp_path / "fd32", "fastdllm_v2", seed=9, head_scale=8.0)
+    lm, official = caidllm.load(folder, device="cpu", dtype="float32"), OfficialFastDLLMv2(folder)
+    prompts = [[40, 41, 42], list(range(60, 100)), list(range(100, 164))]
+    stop = set(lm.config.eos_ids)
+    for prompt, result in zip(prompts, lm.generate(prompts, method="fastdllm-v2", gen_length=64)):
+        ref = official.generate(prompt, 64, threshold=0.9, small_block_size=8, block_size=32, stop_ids=stop,
+                                use_block_cache=True)
+        ours = answer(result)
+        n = min(len(ours), len(ref))
+        assert n > 0 and ours[:n] == ref[:n]
