@@ -67,7 +67,7 @@ def main() -> None:
         reference = outputs.get((method, "none"))
         same = "-" if reference is None else ("yes" if all(
             a.token_ids == b.token_ids for a, b in zip(outputs[run], reference)) else "no")
-        print(f"| {method} | {cache} | {nfe:.1f} | {wall:.1f} | {len(prompts) * args.gen_length / wall:.1f} | "
+        print(f"| {method} | {cache} | {nfe:.1f} | {wall:.1f} | {len(prompts) * args.gen_length / wall:.2f} | "
               f"{vanilla / wall:.2f}x | {same} |")
 
 
