@@ -82,3 +82,13 @@ def test_models_reads_decoders_and_cache_modes_from_the_registries(capsys):
     assert "fastdllm-v2" in applicable(ModelTraits("x", True, (32,)))[0]
     assert "fastdllm-v2" not in applicable(ModelTraits("x", False))[0]
     assert "wino" not in applicable(ModelTraits("x", True, (32,)))[0]  # its cache none becomes block: refused
+
+
+def test_models_memory_of_a_block_checkpoint(capsys):
+    import json
+
+    assert main(["models", "--model", "Efficient-Large-Model/Fast_dLLM_v2_7B", "--length", "1024", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    kv = 2 * 28 * 4 * 128 * 1024 * 2  # K and V, 28 layers, 4 key/value heads of 128, bf16
+    assert m["cache_bytes_per_request"] == {"block": kv, "subblock": kv, "none": 0}
+    assert "method fastdllm-v2, threshold 0.9" in m["recommended"]

@@ -93,6 +93,9 @@ def quantized(m: dict) -> str:
     return f", {m['quantization']} linear layers" + (" and head" if m.get("quantized_head") else "")
 
 
+CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "none")
+
+
 def memory_lines(m: dict) -> list[str]:
     gib = 1024 ** 3
     cache = m["cache_bytes_per_request"]
@@ -100,7 +103,7 @@ def memory_lines(m: dict) -> list[str]:
              f"active per token; context {m['context']}",
              f"weights in {m['dtype']}{quantized(m)}: {m['weights_bytes'] / gib:.2f} GiB",
              f"cache per request at {m['length']} positions: "
-             + ", ".join(f"{mode} {cache[mode] / gib:.3f} GiB" for mode in ("dual", "prefix", "es", "none"))]
+             + ", ".join(f"{mode} {cache[mode] / gib:.3f} GiB" for mode in sorted(cache, key=CACHE_ORDER.index))]
     if "recommended" in m:
         lines.append(f"recommended: {m['recommended']}")
     return lines

@@ -36,9 +36,12 @@ def parameter_counts(lm) -> tuple[int, int]:
 def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
     """Bytes of cache one request of `length` positions needs, per cache mode: keys and values
     of every layer (dual), twice that while prefix forwards run (their working copy), plus the
-    hidden states the early-skip mode keeps (es, default schedule); none keeps nothing."""
+    hidden states the early-skip mode keeps (es, default schedule); none keeps nothing. A block-causal
+    model's block cache holds every layer's keys and values once."""
     size = DTYPE_BYTES[dtype]
     kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * length * size
+    if config.block_causal:  # the exact block cache (and Fast-dLLM v2's within-block cache in it)
+        return {"block": kv, "subblock": kv, "none": 0}
     levels = len(hidden_levels(DEFAULT_SCHEDULE, config.n_layers))
     return {"none": 0, "prefix": 2 * kv, "dual": kv, "es": kv + levels * length * config.hidden_size * size}
 
