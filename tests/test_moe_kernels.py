@@ -15,7 +15,7 @@ import caidllm
 from caidllm.errors import InputError, ModelLoadError
 from caidllm.models.moe import MoEFeedForward, set_moe_kernel
 from caidllm.models.moe_experts import ExpertList, StackedExperts
-from caidllm.models.moe_kernels import MOE_KERNELS, pick_kernel, run_experts
+from caidllm.models.moe_kernels import MOE_KERNELS, combine, pick_kernel, run_experts, sort_pairs
 
 FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
 FAST = [k for k in MOE_KERNELS if k != "loop"]
@@ -64,6 +64,17 @@ def test_a_token_does_not_depend_on_its_batch(kernel):
         together = moe(x)
         alone = torch.stack([moe(x[i:i + 1])[0] for i in range(len(x))])
     torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-6)
+
+
+def test_each_token_sums_its_choices_in_choice_order():
+    """combine adds a token's k weighted outputs in the order they were chosen (the loop's fp32
+    arithmetic, and one fixed order on every device), not in the experts' sorted order."""
+    chosen = torch.tensor([[3, 0, 1]])  # sorted by expert: choices 1, 2, 0
+    weights = torch.ones(1, 3)
+    by_choice = torch.tensor([[1e8], [-1e8], [1.0]])  # (1e8 - 1e8) + 1 = 1; sorted, (-1e8 + 1) + 1e8 = 0
+    pairs = sort_pairs(chosen, num_experts=4)
+    got = combine(torch.zeros(1, 1), pairs, by_choice[pairs.order], weights)
+    assert got.item() == 1.0
 
 
 @pytest.mark.parametrize("kernel", FAST)
