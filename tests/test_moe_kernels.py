@@ -152,6 +152,40 @@ def test_a_checkpoint_loads_into_the_stacks(moe_folder):
         assert torch.equal(experts.down_proj[e], tensors[f"model.layers.1.mlp.experts.{e}.down_proj.weight"])
 
 
+def test_experts_scattered_over_shards_in_any_order_load_the_same(moe_folder, tmp_path):
+    """Each layer's experts spread over three shards, every shard in a shuffled order: the stacks
+    (and the int8 experts unstacked from them) hold what the two-shard folder gives."""
+    import random
+    import shutil
+
+    tensors = {}
+    for file in moe_folder.glob("*.safetensors"):
+        tensors.update(load_file(str(file)))
+    names = sorted(tensors)
+    random.Random(0).shuffle(names)
+    scattered = shutil.copytree(moe_folder, tmp_path / moe_folder.name)
+    weight_map = {}
+    for file in scattered.glob("*.safetensors"):
+        file.unlink()
+    for i in range(3):
+        file = f"model-{i + 1:05d}-of-00003.safetensors"
+        save_file({n: tensors[n] for n in names[i::3]}, str(scattered / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in reversed(names[i::3])})
+    (scattered / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    ids = torch.randint(0, 30, (1, 12), generator=torch.Generator().manual_seed(0))
+    for quantize in (None, "int8") if _has_torchao() else (None,):
+        with torch.no_grad():
+            expected = caidllm.load(moe_folder, device="cpu", dtype="float32", quantize=quantize).logits(ids)
+            got = caidllm.load(scattered, device="cpu", dtype="float32", quantize=quantize).logits(ids)
+        assert torch.equal(got, expected), quantize
+
+
+def _has_torchao() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
+
+
 def _edit_shard(folder, name, change):
     for file in folder.glob("*.safetensors"):
         tensors = load_file(str(file))
