@@ -98,6 +98,19 @@ def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
     assert pick_kernel(ExpertList(), torch.zeros(4, 16)) == "loop"
 
 
+@pytest.mark.parametrize("dtype, widths", [(torch.float32, dict(hidden_size=16, moe_intermediate_size=5)),
+                                           (torch.bfloat16, dict(hidden_size=12, moe_intermediate_size=8))])
+def test_auto_runs_widths_grouped_mm_cannot(dtype, widths):
+    """grouped_mm needs each width a whole multiple of 16 bytes: auto loops on the others (it raised)."""
+    moe = random_moe(**{**QWEN3_MOE_LIKE, **widths}).to(dtype)
+    x = torch.randn(5, widths["hidden_size"], dtype=dtype)
+    assert pick_kernel(moe.experts, x) == "loop"
+    with torch.no_grad():
+        got = moe(x)
+        moe.kernel = "loop"
+        assert torch.equal(got, moe(x))
+
+
 @pytest.mark.parametrize("family", RANDOM)
 def test_models_give_the_loops_logits_and_tokens(family):
     lm = caidllm.load(RANDOM[family], device="cpu", dtype="float32", moe_kernel="loop")

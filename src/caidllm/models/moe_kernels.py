@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.torch_version import TorchVersion
 
 from ..errors import InputError
 from .moe_experts import StackedExperts
@@ -123,17 +124,32 @@ def check_kernel(name, quantized: bool = False) -> str:
 
 def pick_kernel(experts, x: torch.Tensor) -> str:
     """``auto``'s choice: grouped where torch's grouped_mm runs without a host sync (CPU, any
-    dtype; CUDA bf16 on compute capability 9.x / 10.x); padded on other GPUs up to 64 tokens
-    (sync-free, and every expert's weights are read anyway there); else the loop. Quantized
-    experts always loop. BENCHMARKS.md has the CPU measurements behind it."""
+    dtype; CUDA bf16 on compute capability 9.x / 10.x) and the widths meet its stride rule;
+    else padded on a GPU up to 64 tokens (sync-free, and every expert's weights are read anyway
+    there); else the loop. Quantized experts always loop. BENCHMARKS.md has the CPU
+    measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
+    if grouped_mm_runs(experts, x):
+        return "grouped"
+    return "padded" if x.device.type != "cpu" and x.shape[0] <= 64 else "loop"
+
+
+# torch's grouped_mm: absent before 2.8, without a CPU kernel in 2.8.
+_GROUPED_MM = hasattr(torch, "_grouped_mm")
+_GROUPED_MM_CPU = _GROUPED_MM and TorchVersion(torch.__version__) >= "2.9"
+
+
+def grouped_mm_runs(experts: StackedExperts, x: torch.Tensor) -> bool:
+    """Whether torch's grouped_mm has a kernel of its own for `x` here, and the experts' widths
+    are whole multiples of 16 bytes (its rule for strides, on CPU and CUDA alike: a random
+    shape's moe_intermediate_size=20 in bf16 fails it)."""
     if x.device.type == "cpu":
-        return "grouped"
-    cuda_bf16 = x.device.type == "cuda" and x.dtype == torch.bfloat16
-    if cuda_bf16 and torch.cuda.get_device_capability(x.device)[0] in (9, 10):
-        return "grouped"
-    return "padded" if x.shape[0] <= 64 else "loop"
+        native = _GROUPED_MM_CPU
+    else:
+        native = (_GROUPED_MM and x.device.type == "cuda" and x.dtype == torch.bfloat16
+                  and torch.cuda.get_device_capability(x.device)[0] in (9, 10))
+    return native and all(width * x.element_size() % 16 == 0 for width in experts.gate_proj.shape[1:])
 
 
 def run_experts(experts, kernel: str, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
