@@ -42,14 +42,14 @@ def check_budget(value, what: str = "prefix_cache_mb") -> float | None:
     """A budget as given (None = the default): a finite number >= 0 of MB, else InputError naming it."""
     if value is None:
         return None
+    given = value
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
-            raise InputError(f"{what} must be a number of MB >= 0 (0 turns the prefix cache off), "
-                             f"got {value!r}") from None
+            value = None
     if not is_number(value) or value < 0:
-        raise InputError(f"{what} must be a number of MB >= 0 (0 turns the prefix cache off), got {value!r}")
+        raise InputError(f"{what} must be a number of MB >= 0 (0 turns the prefix cache off), got {given!r}")
     return float(value)
 
 
@@ -83,6 +83,11 @@ def shared_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
     store = make_store(lm, mb)
     lm.prefix_store = store
     return store
+
+
+def forget_store(lm) -> None:
+    """Drop the store kept with the model: the next generate() starts with an empty one (bench rows)."""
+    lm.prefix_store = None
 
 
 def prompt_blocks(request) -> int:

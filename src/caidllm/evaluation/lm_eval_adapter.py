@@ -50,6 +50,7 @@ from lm_eval.api.registry import register_model
 
 from caidllm.decode.api import tokenize_prompts
 from caidllm.decode.block_diffusion import fit_to_model
+from caidllm.decode.prefix_reuse import check_budget, make_store
 from caidllm.decode.presets import build_config
 from caidllm.distributed import World
 from caidllm.errors import InputError
@@ -78,7 +79,7 @@ class CaidllmLM(LM):
     def __init__(self, pretrained="tiny", method="cai", gen_length=256, block_length=64, steps=None, cache=None,
                  threshold=None, temperature=0.0, seed=0, early_stop=True, dtype=None, chat="auto",
                  stats_path=None, batch_size=8, max_batch_size=None, device=None, quantize=None, quantize_head=False,
-                 **overrides):
+                 prefix_cache_mb=None, **overrides):
         super().__init__()
         from caidllm.models import load
 
@@ -88,6 +89,9 @@ class CaidllmLM(LM):
                            threshold=None if threshold is None else float(threshold), seed=int(seed),
                            early_stop=_bool(early_stop, "early_stop"), **overrides)
         self.temperature = float(temperature)
+        # The prefix store (decode/prefix_reuse.py), kept with the model across batches: a few-shot task's
+        # shared examples are prefilled once. None: the default on a block-causal model; 0: off.
+        self.prefix_cache_mb = check_budget(prefix_cache_mb, "model_args prefix_cache_mb")
         build_config(self.method, gen_length=self.gen_length, block_length=self.block_length,
                      temperature=self.temperature, **self.decode)  # bad settings fail here, before loading
         self.chat = str(chat).lower()
@@ -104,6 +108,7 @@ class CaidllmLM(LM):
         # Settings the model's family does not take (cache=dual on a block-diffusion model, ...) fail here too.
         fit_to_model(build_config(self.method, gen_length=self.gen_length, block_length=self.block_length,
                                   temperature=self.temperature, **self.decode), self.lm.config)
+        make_store(self.lm, self.prefix_cache_mb)  # a budget the model cannot use fails here
         self._device = self.lm.device
         self._rank, self._world_size = self.world.rank, self.world.world_size  # what lm-eval splits requests by
         self.pretrained = str(pretrained)
@@ -176,7 +181,8 @@ class CaidllmLM(LM):
                 started = time.perf_counter()
                 results = self.lm.generate(ids, method=self.method, gen_length=self.gen_length,
                                            block_length=self.block_length, temperature=temperature,
-                                           batch_size=len(batch), chat=False, **self.decode)
+                                           batch_size=len(batch), chat=False, prefix_cache_mb=self.prefix_cache_mb,
+                                           **self.decode)
                 if torch.device(self._device).type == "cuda":
                     torch.cuda.synchronize(self._device)
                 self._account(results, time.perf_counter() - started)
@@ -216,6 +222,8 @@ class CaidllmLM(LM):
         s["answer_tokens"] += sum(r.answer_length for r in results)
         s["wall_s"] += wall
         s["policy_s"] += results[0].policy_s
+        s["prefill_positions"] = s.get("prefill_positions", 0) + sum(r.prefill_positions for r in results)
+        s["reused_positions"] = s.get("reused_positions", 0) + sum(r.reused_positions for r in results)
         for r in results:
             spb = s["steps_per_block_sum"]
             spb.extend([0] * (len(r.steps_per_block) - len(spb)))

@@ -43,6 +43,9 @@ def register(sub, name: str) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="CAI settings file (caidllm calibrate): the defaults of requests for its method")
+    p.add_argument("--prefix-cache-mb", default=None, metavar="MB",
+                   help="block-causal models: the prefix store's budget, shared prompt blocks (system prompts, chat "
+                        "history) computed once (0 = off; default: 1024 MB or an eighth of the device's memory)")
     p.add_argument("--log-level", default="info")
     replicas.add_arguments(p)
     p.set_defaults(handler=run)
