@@ -63,6 +63,9 @@ def run(args) -> int:
         return run_replicas(args)
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
     settings_file_of(args)  # a bad settings file fails before the model loads too
+    from caidllm.decode.prefix_reuse import check_budget
+
+    check_budget(args.prefix_cache_mb, "--prefix-cache-mb")  # and a budget that is not a number of MB
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
