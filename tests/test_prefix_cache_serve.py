@@ -72,3 +72,24 @@ def test_bad_budgets_at_the_command_line(capsys, argv, words):
     assert main(argv + ["--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0]
+
+
+def test_bench_runs_each_method_with_the_store_off_and_on(tmp_path):
+    """`--prefix-cache-mb 0,16`: two rows per method, the same answers, the on row's prompts partly reused."""
+    from pathlib import Path
+
+    from caidllm.bench import BenchSettings, run_bench
+
+    data = Path(__file__).parent / "data" / "bench"
+    report = run_bench(BenchSettings(model="tiny-bd", tasks=["bbh:boolean_expressions"], methods=["llada2"], limit=2,
+                                     fewshot=2, batch_size=1, gen_length=16, block_length=8, data_dir=str(data),
+                                     device="cpu", dtype="float32", warmup=False, progress=False, out=str(tmp_path),
+                                     prefix_cache_mb=(0.0, 16.0)), log=lambda message: None)
+    off, on = report["results"]
+    assert (off["method"], on["method"]) == ("llada2 [prefix cache off]", "llada2 [prefix cache 16 MB]")
+    assert off["prefill_saved_share"] == 0 and on["prefill_saved_share"] > 0
+    assert on["prefill_positions_mean"] < off["prefill_positions_mean"]
+    answers = [[json.loads(line)["generated"] for line in (tmp_path / row["samples"]).read_text().splitlines()]
+               for row in (off, on)]
+    assert answers[0] == answers[1]
+    assert "Prefill/req" in (tmp_path / "results.md").read_text()

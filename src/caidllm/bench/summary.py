@@ -151,6 +151,8 @@ def _record(task, method, enc: Encoded, result, scored: Scored | None, score: fl
         "answer_length": None if result is None else result.answer_length,
         "steps_per_block": None if result is None else result.steps_per_block,
         "early_stopped": None if result is None else result.early_stopped,
+        "prefill_positions": None if result is None else result.prefill_positions,
+        "reused_positions": None if result is None else result.reused_positions,
         "details": None if scored is None else scored.details,
         "error": error,
     }

@@ -124,6 +124,8 @@ class PrefixStore:
     def _make_room(self, nbytes: int) -> bool:
         if nbytes > self.budget_bytes:
             return False
+        if self.bytes_held + nbytes <= self.budget_bytes:
+            return True
         free = [d for d, b in self.blocks.items() if b.refs == 0]  # least recently used first
         freeable = sum(self.blocks[d].nbytes for d in free)
         if self.bytes_held - freeable + nbytes > self.budget_bytes:
