@@ -11,7 +11,6 @@ from caidllm.decode.prefix_store import PrefixStore, chain_digests
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 
-from block_checkpoints import write_block_checkpoint
 
 # A shared beginning of 10 tokens: with blocks of 4 it ends inside the third block.
 SHARED = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]
@@ -25,17 +24,8 @@ def tiny_bd():
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            overrides = {"caidllm_block_lengths": [4, 8]} if kind == "llada2" else None
-            folder = write_block_checkpoint(tmp_path_factory.mktemp(kind), kind, seed=11, config_overrides=overrides)
-            made[kind] = caidllm.load(folder, device="cpu", dtype="float32")
-        return made[kind]
-
-    return get
+def family(block_family):
+    return block_family
 
 
 def decode(lm, prompts, config, *, batch=8, store=None, mb=0.0, join_after=None):
