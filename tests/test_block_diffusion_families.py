@@ -4,7 +4,6 @@ official loop (re-stated in bd_reference.py) gives the engine's greedy tokens.""
 
 import pytest
 
-
 from bd_reference import llada21_generate, llada2_generate, sdar_generate
 
 PROMPTS = [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60]]
