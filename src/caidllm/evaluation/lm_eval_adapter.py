@@ -118,7 +118,8 @@ class CaidllmLM(LM):
         self._template_markers = [t.content for t in self.lm.tokenizer.added_tokens_decoder.values()
                                   if t.special and t.content and t.content in template]
         self.stats = {"requests": 0, "nfe": 0, "positions": 0, "answer_tokens": 0, "wall_s": 0.0,
-                      "policy_s": 0.0, "steps_per_block_sum": [], "truncated_prompts": 0}
+                      "policy_s": 0.0, "steps_per_block_sum": [], "truncated_prompts": 0, "prefill_positions": 0,
+                      "reused_positions": 0}
 
     # ---- lm-eval interface ----------------------------------------------------
 
@@ -222,8 +223,8 @@ class CaidllmLM(LM):
         s["answer_tokens"] += sum(r.answer_length for r in results)
         s["wall_s"] += wall
         s["policy_s"] += results[0].policy_s
-        s["prefill_positions"] = s.get("prefill_positions", 0) + sum(r.prefill_positions for r in results)
-        s["reused_positions"] = s.get("reused_positions", 0) + sum(r.reused_positions for r in results)
+        s["prefill_positions"] += sum(r.prefill_positions for r in results)
+        s["reused_positions"] += sum(r.reused_positions for r in results)
         for r in results:
             spb = s["steps_per_block_sum"]
             spb.extend([0] * (len(r.steps_per_block) - len(spb)))
@@ -248,6 +249,11 @@ class CaidllmLM(LM):
             "tps_answer": s["answer_tokens"] / wall if wall else None,
             "policy_share": s["policy_s"] / s.get("busy_s", wall) if wall else None,
             "truncated_prompts": s["truncated_prompts"],
+            # The prefix store (block-causal models): prompt positions prefilled per request, share taken from it.
+            "prefill_positions_mean": s.get("prefill_positions", 0) / n if n else None,
+            "prefill_saved_share": (s.get("reused_positions", 0) / (s.get("prefill_positions", 0)
+                                                                    + s.get("reused_positions", 0))
+                                    if s.get("reused_positions") else 0.0),
             "world_size": self.world.world_size,
             "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm bench` "
                     "for timed comparisons); tps_positions = requests x gen_length / wall_s, tps_answer = answer "
@@ -277,7 +283,8 @@ def _combined(per_rank: list[dict]) -> dict:
     """The ranks' statistics as one run's: counts add up, the wall time is the slowest rank's (they ran
     side by side). lm-eval pads the shorter ranks with copies of their last request; those count too."""
     total = {k: sum(s[k] for s in per_rank) for k in ("requests", "nfe", "positions", "answer_tokens",
-                                                      "policy_s", "truncated_prompts")}
+                                                      "policy_s", "truncated_prompts", "prefill_positions",
+                                                      "reused_positions")}
     total["wall_s"] = max(s["wall_s"] for s in per_rank)
     total["busy_s"] = sum(s["wall_s"] for s in per_rank)
     blocks = max(len(s["steps_per_block_sum"]) for s in per_rank)
