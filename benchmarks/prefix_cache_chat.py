@@ -85,6 +85,8 @@ async def main_async(lm, args) -> None:
     with server(lm, args, 0) as off, server(lm, args, args.prefix_cache_mb) as on:
         clients = {name: openai.AsyncOpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=3600)
                    for name, s in (("off", off), ("on", on))}
+        for client in clients.values():  # one unrelated request each first: nothing warms up inside the timings
+            await ask(client, [{"role": "user", "content": "Warm up: False is"}], args)
         print(f"## {args.turns}-turn chat (method {args.method}, gen_length {args.gen_length}, block {args.block_length})")
         print("| Turn | Prompt tokens | TTFT off (s) | TTFT on (s) | off / on | same answer |\n|---|---|---|---|---|---|")
         for turn, tokens, a, b, same in await chat(clients, lm, args):
