@@ -36,6 +36,7 @@ from caidllm.bench.sandbox import Limits, isolation_summary
 from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
+from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.presets import build_config, method_names
 from caidllm.models.quantize import quantization_info, weights_mb
 from caidllm.distributed import World, together
@@ -161,6 +162,9 @@ class BenchConfig:
             preset, extra = self.method_options(m)
             build_config(preset, **extra, gen_length=self.gen_length, block_length=self.block_length,
                          temperature=self.temperature, early_stop=self.early_stop)
+        if not isinstance(self.prefix_cache_mb, (tuple, list)) or not self.prefix_cache_mb:
+            raise InputError(f"prefix_cache_mb must be a tuple of budgets (MB, or None), got {self.prefix_cache_mb!r}")
+        self.prefix_cache_mb = tuple(check_budget(b, "prefix_cache_mb") for b in self.prefix_cache_mb)
         if self._rows is None and len(self.prefix_cache_mb) > 1:  # from here on a "method" is a row
             self._rows = expand_rows(self.methods, self.prefix_cache_mb)
             self.methods = list(self._rows)
