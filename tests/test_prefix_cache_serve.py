@@ -61,6 +61,8 @@ def test_without_commit_events_the_stream_carries_no_prefix_info(server):
 
 
 @pytest.mark.parametrize("argv, words", [
+    (["generate", "--model", "tiny-bd", "--prefix-cache-mb", "lots", "hi"], "off), got 'lots'"),
+    (["generate", "--model", "tiny-bd", "--prefix-cache-mb", "1e12", "hi"], "is more than the memory of device cpu"),
     (["serve", "--model", "tiny-bd", "--prefix-cache-mb", "-1"], "--prefix-cache-mb must be a number of MB >= 0"),
     (["serve", "--model", "tiny", "--block-length", "16", "--prefix-cache-mb", "8"], "does not apply to the llada model"),
     (["bench", "--model", "tiny-bd", "--task", "synthetic:boolean_expressions", "--prefix-cache-mb", "0,x"],
