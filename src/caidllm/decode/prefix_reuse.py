@@ -151,7 +151,9 @@ class PrefixReuse:
             return
         bl, slot = request.config.block_length, request.slot
         first = frame.first_real(slot)
-        tokens = frame.canvas[slot, first:first + blocks * bl].tolist()
+        tokens = (request.prompt + request.generated)[:blocks * bl]  # the row's tokens, known on the host
+        if None in tokens:  # never for a final block; read the canvas rather than guess
+            tokens = frame.canvas[slot, first:first + blocks * bl].tolist()
         digests = chain_digests(tokens, bl, blocks)
         missing = [b for b, d in enumerate(digests) if d not in self.store.blocks]
         self.store.touch(digests)
