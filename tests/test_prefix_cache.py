@@ -184,3 +184,15 @@ def test_off_means_no_store(tiny_bd):
     config = build_config("llada2", gen_length=8, block_length=4, cache="none")
     result, = decode(tiny_bd, [SHARED, SHARED], config, store=PrefixStore(1 << 20))[:1]
     assert result.reused_positions == 0  # the whole window every step: no cache to take blocks into
+
+
+def test_a_chain_is_evicted_from_its_end(tiny_bd):
+    """After a request leaves, its chain's last blocks are the least recently used: a parent outlives
+    its children, so what stays can still be matched."""
+    config = build_config("llada2", gen_length=8, block_length=4, early_stop=False)
+    store = PrefixStore(64 << 20)
+    prompt = SHARED + [60, 61, 62, 63, 64, 65]
+    decode(tiny_bd, [prompt], config, store=store)
+    chain = chain_digests(prompt, 4, 4)
+    order = [d for d in store.blocks if d in chain]  # least recently used first
+    assert order == list(reversed(chain))

@@ -169,6 +169,7 @@ class PrefixReuse:
             if digests[b] not in held:  # held until the request leaves: its next blocks cannot evict it
                 self.store.pin([digests[b]])
                 request.pinned.append(digests[b])
+        self.store.touch(digests)  # the chain's first blocks most recent again: its last ones go first
 
 
 def _load_row(frame, slot: int, blocks) -> None:
