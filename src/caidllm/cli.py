@@ -104,8 +104,10 @@ def run_generate(args) -> int:
             print(json.dumps({"prompt": prompt, **result.to_dict(), **ran}))
         else:
             print(result.text.strip())
+            reused = f", {result.reused_positions} prompt positions from the prefix cache" \
+                if result.reused_positions else ""
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
-                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}]")
+                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
     return 0
 
 
