@@ -54,18 +54,17 @@ def register(sub, name: str) -> None:
 def run(args) -> int:
     import uvicorn
 
+    from caidllm.decode.prefix_reuse import check_budget
     from caidllm.decode.presets import build_config
     from caidllm.options import load_model
     from caidllm.serve.app import create_app
     from caidllm.serve.shutdown import uvicorn_config
 
+    check_budget(args.prefix_cache_mb, "--prefix-cache-mb")  # a budget that is not a number of MB, before anything
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return run_replicas(args)
     build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
     settings_file_of(args)  # a bad settings file fails before the model loads too
-    from caidllm.decode.prefix_reuse import check_budget
-
-    check_budget(args.prefix_cache_mb, "--prefix-cache-mb")  # and a budget that is not a number of MB
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
