@@ -219,7 +219,7 @@ class Engine:
             self.prefix.after_forward(self.frame, request)
             event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
                                    self.lm.config.eos_id, self.lm.device, row.edits)
-            if first:
+            if first and self.prefix.applies(request):
                 event.reused_positions, event.prompt_length = request.reused, len(request.prompt)
             if event.finished:
                 event.result = request.result(self.lm, self.runner.policy_timer.total())

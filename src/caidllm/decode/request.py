@@ -38,8 +38,8 @@ class CommitEvent:
     # Where the step's block starts in the generated region: < 0 for a block-diffusion block that
     # holds the end of the prompt (its first -block_start positions are prompt).
     block_start: int = 0
-    # A request's first event: prompt positions whose keys and values came from the prefix store
-    # (decode/prefix_reuse.py; 0 when none did), and its prompt length. None on every later event.
+    # A request's first event, when the prefix store applies to it: prompt positions whose keys and values
+    # came from the store (decode/prefix_reuse.py; 0 when none did), and its prompt length. Else None.
     reused_positions: int | None = None
     prompt_length: int | None = None
 

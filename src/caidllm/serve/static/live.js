@@ -181,7 +181,7 @@ class Lane {
     el.replaceChildren();
     for (let i = 0; i < Math.min(n, 256); i++) {
       const tile = document.createElement("span");
-      tile.className = `cell ${i < reused ? "reused" : "prefilled"}`;
+      tile.className = `tile ${i < reused ? "reused" : "prefilled"}`;
       tile.title = `prompt block ${i}: ${i < reused ? "from the prefix cache" : "prefilled"}`;
       el.appendChild(tile);
     }
