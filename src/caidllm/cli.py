@@ -13,6 +13,7 @@ import sys
 from caidllm.bench.calibrate_cli import register as register_calibrate
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
+from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
 from caidllm.models.checkpoints import recommended_method
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
                       help="use the prompt as raw text, without the chat template (default for base models)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
+                     help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
+                          "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
     gen.set_defaults(handler=run_generate)
 
     register_train(sub, "train")
@@ -91,12 +95,13 @@ def run_generate(args) -> int:
     if check["gen_length"] is None or check["block_length"] is None:
         check["gen_length"] = check["block_length"] = check["gen_length"] or check["block_length"]
     build_config(method, settings=settings, strict=True, **check)  # a flag the method does not read: refused
+    budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
     lm = load_model(args)
     method = recommended_method(lm.checkpoint, given_method)
     options = apply_recommendation(lm, options, method)
     chat = lm.chat_default if args.chat is None else args.chat
     results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
-                          chat=chat, **options)
+                          chat=chat, prefix_cache_mb=budget, **options)
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):
@@ -104,8 +109,10 @@ def run_generate(args) -> int:
             print(json.dumps({"prompt": prompt, **result.to_dict(), **ran}))
         else:
             print(result.text.strip())
+            reused = f", {result.reused_positions} prompt positions from the prefix cache" \
+                if result.reused_positions else ""
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
-                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}]")
+                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
     return 0
 
 

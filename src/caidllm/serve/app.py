@@ -59,6 +59,7 @@ class ServerConfig:
     body_timeout: float = 10.0  # seconds to receive the whole body; past it: 408
     shutdown_grace: float = 10.0  # seconds requests in flight may go on after SIGTERM
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    prefix_cache_mb: float | None = None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
 
 
 ServeSettings = ServerConfig  # the old name
@@ -67,7 +68,8 @@ ServeSettings = ServerConfig  # the old name
 def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> FastAPI:
     """The app. With engine_thread the engine loop runs in its own thread from startup to
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
-    background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue))
+    background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue,
+                                         prefix_cache_mb=settings.prefix_cache_mb))
     metrics = ServerMetrics(background)
     if settings.defaults.max_prompt_chars is None:
         settings.defaults.max_prompt_chars = prompt_char_limit(lm)

@@ -41,6 +41,10 @@ def settings_from(args, lm):
 
     # Checks them, and that they apply to the model's family (a block length it decodes with, ...).
     fit_to_model(build_config(args.method, gen_length=args.gen_length, block_length=args.block_length), lm.config)
+    from caidllm.decode.prefix_reuse import check_budget, make_store
+
+    budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
+    make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
     defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
                               block_length=args.block_length,
@@ -49,7 +53,7 @@ def settings_from(args, lm):
     return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
                         api_key=api_key,
                         max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
-                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace)
+                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace, prefix_cache_mb=budget)
 
 
 def settings_file_of(args):
