@@ -108,7 +108,7 @@ class OfficialFastDLLMv2:
     def _greedy(self, logits):
         logits = logits.clone()
         logits[:, self.mask_id] = float("-inf")
-        p = logits.double().softmax(-1)
+        p = logits.softmax(-1)  # in the logits' dtype, as sample_with_top_p at temperature 0
         x = p.argmax(-1)
         return x, p.gather(-1, x[:, None])[:, 0]
 
