@@ -94,11 +94,15 @@ def run_generate(args) -> int:
     check = dict(options)
     if check["gen_length"] is None or check["block_length"] is None:
         check["gen_length"] = check["block_length"] = check["gen_length"] or check["block_length"]
-    build_config(method, settings=settings, strict=True, **check)  # a flag the method does not read: refused
+    # A flag the method does not read is refused; with no method given, once the model has said which runs
+    # (a known block-diffusion checkpoint's own decoder reads flags cai does not, e.g. --sub-block).
+    build_config(method, settings=settings, strict=given_method is not None, **check)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
     lm = load_model(args)
     method = recommended_method(lm.checkpoint, given_method)
     options = apply_recommendation(lm, options, method)
+    if given_method is None:
+        build_config(method, settings=settings, strict=True, **options)
     chat = lm.chat_default if args.chat is None else args.chat
     results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                           chat=chat, prefix_cache_mb=budget, **options)
