@@ -16,7 +16,7 @@ from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
 from caidllm.models_cli import register as register_models
-from caidllm.options import MODEL_HELP, add_model_arguments, load_model  # noqa: F401 - the old import path
+from caidllm.options import MODEL_HELP, add_model_arguments, add_tp_argument, load_model  # noqa: F401 - the old import path
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
                       help="use the prompt as raw text, without the chat template (default for base models)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_tp_argument(gen)
     gen.set_defaults(handler=run_generate)
 
     register_train(sub, "train")
@@ -87,11 +88,13 @@ def run_generate(args) -> int:
     if check["gen_length"] is None or check["block_length"] is None:
         check["gen_length"] = check["block_length"] = check["gen_length"] or check["block_length"]
     build_config(method, settings=settings, **check)
-    lm = load_model(args)
-    options = apply_recommendation(lm, options)
-    chat = lm.chat_default if args.chat is None else args.chat
-    results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
-                          chat=chat, **options)
+    from caidllm.parallel.launch import parallel_model
+
+    with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
+        options = apply_recommendation(lm, options)
+        chat = lm.chat_default if args.chat is None else args.chat
+        results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
+                              chat=chat, **options)
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):

@@ -35,6 +35,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_quantize_arguments(parser)
 
 
+def add_tp_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tp", type=int, default=1, metavar="N",
+                        help="tensor parallelism: divide the model among N ranks this command spawns (attention heads, "
+                             "feed-forward widths and experts; gloo on a CPU, nccl with one GPU per rank)")
+
+
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     from caidllm.models.quantize import quantization_names
 

@@ -1,0 +1,123 @@
+"""The tensor-parallel group: its ranks, the one collective the forward needs (a sum over
+ranks), the time spent in it, and the checks of ``--tp N`` against a model and a device.
+
+A failed collective (a peer that died closes its connection; a hung one passes the
+group's timeout) is a RankFailure naming the rank and the collective, never a hang."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..errors import InputError, RankFailure
+
+# How long a collective of the forward may wait for a peer before the group gives up.
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass
+class TPGroup:
+    """The ranks one model is divided among. ``group`` None with size 1: no collective at all."""
+
+    rank: int
+    size: int
+    group: object = None  # a torch.distributed ProcessGroup (the forward's sums)
+    control: object = None  # a gloo ProcessGroup on the host: the engine's inputs (mirror.py)
+    collective_s: float = 0.0  # seconds spent in the forward's sums (on CUDA: including the wait for the kernels)
+    collectives: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of x over the ranks, in place; a RankFailure when a peer is gone."""
+        if self.size == 1:
+            return x
+        started = time.perf_counter()
+        try:
+            dist.all_reduce(x, group=self.group)
+        except Exception as error:  # noqa: BLE001 - gloo / nccl raise RuntimeError and DistBackendError
+            raise RankFailure(f"tensor-parallel rank {self.rank}/{self.size}: a peer rank failed during a "
+                              f"forward's all-reduce ({first_line(error)})") from None
+        if x.device.type == "cuda":
+            torch.cuda.synchronize(x.device)  # the time then holds the collective, not just its launch
+        self.collective_s += time.perf_counter() - started
+        self.collectives += 1
+        return x
+
+    def shard(self, total: int) -> slice:
+        """This rank's contiguous share of `total` equal parts (the caller checked divisibility)."""
+        per = total // self.size
+        return slice(self.rank * per, (self.rank + 1) * per)
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+def backend_for(device: torch.device | str) -> str:
+    """nccl for CUDA devices, gloo for CPUs; an InputError for a device neither drives."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        if not dist.is_nccl_available():
+            raise InputError("--tp on CUDA needs torch.distributed's nccl backend, which this torch build lacks")
+        return "nccl"
+    if kind == "cpu":
+        return "gloo"
+    raise InputError(f"--tp with --device {device}: torch.distributed drives CPUs (gloo) and CUDA GPUs (nccl), "
+                     f"not {kind!r} devices; use --device cpu or cuda")
+
+
+def available_ranks(device: torch.device | str) -> int:
+    """How many ranks --tp may use on this machine: one per GPU on CUDA, one per core on a CPU."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def check_tp(tp, config, device) -> None:
+    """--tp N against the model's sizes and the machine: each a clear InputError naming the sizes."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise InputError(f"--tp must be a positive integer, got {tp!r}")
+    if tp == 1:
+        return
+    backend_for(device)
+    have = available_ranks(device)
+    if tp > have:
+        unit = "GPUs" if torch.device(device).type == "cuda" else "CPU cores"
+        raise InputError(f"--tp {tp} needs {tp} ranks, but this machine has {have} {unit}")
+    sizes = [("attention heads", config.n_heads), ("key/value heads", config.n_kv_heads)]
+    if config.intermediate_size and (config.moe is None or config.dense_layers):
+        sizes.append(("feed-forward width (intermediate_size)", config.intermediate_size))
+    if config.moe is not None:
+        sizes.append(("experts (num_experts)", config.moe.num_experts))
+        if config.moe.num_shared_experts:
+            sizes.append(("shared-expert width", config.moe.moe_intermediate_size * config.moe.num_shared_experts))
+    for what, size in sizes:
+        if size % tp:
+            raise InputError(f"--tp {tp} does not divide the model's {size} {what}: each rank must hold an "
+                             f"equal share (a --tp that divides {size})")
+
+
+def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TPGroup:
+    """Join the group of `size` ranks at 127.0.0.1:port (this process's default group) and
+    make the host-side control group the engine's inputs travel on."""
+    backend = backend_for(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=timeout_s))
+    # The control group waits as long as a server idles between requests; a dead peer still ends
+    # its wait at once (its connection closes).
+    control = dist.new_group(backend="gloo", timeout=timedelta(days=1))
+    return TPGroup(rank, size, group=dist.group.WORLD, control=control, device=device)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
