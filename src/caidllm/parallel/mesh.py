@@ -72,15 +72,20 @@ def backend_for(device: torch.device | str) -> str:
                      f"not {kind!r} devices; use --device cpu or cuda")
 
 
+# On a CPU every rank is a process: a small machine may run more ranks than cores (slowly), which
+# is what checking correctness at tp 4 on a laptop needs.
+CPU_RANKS_AT_LEAST = 8
+
+
 def available_ranks(device: torch.device | str) -> int:
-    """How many ranks --tp may use on this machine: one per GPU on CUDA, one per core on a CPU."""
+    """How many ranks --tp may use here: one per GPU on CUDA; on a CPU, the cores (at least 8)."""
     if torch.device(device).type == "cuda":
         return torch.cuda.device_count()
-    return os.cpu_count() or 1
+    return max(os.cpu_count() or 1, CPU_RANKS_AT_LEAST)
 
 
 def check_tp(tp, config, device) -> None:
-    """--tp N against the model's sizes and the machine: each a clear InputError naming the sizes."""
+    """--tp N against the machine and the model's sizes: each a clear InputError naming them."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise InputError(f"--tp must be a positive integer, got {tp!r}")
     if tp == 1:
@@ -88,8 +93,13 @@ def check_tp(tp, config, device) -> None:
     backend_for(device)
     have = available_ranks(device)
     if tp > have:
-        unit = "GPUs" if torch.device(device).type == "cuda" else "CPU cores"
+        unit = "GPUs" if torch.device(device).type == "cuda" else "CPU ranks (cores, at least 8)"
         raise InputError(f"--tp {tp} needs {tp} ranks, but this machine has {have} {unit}")
+    check_divides(tp, config)
+
+
+def check_divides(tp: int, config) -> None:
+    """Each rank holds an equal share of the heads, KV heads, feed-forward widths and experts."""
     sizes = [("attention heads", config.n_heads), ("key/value heads", config.n_kv_heads)]
     if config.intermediate_size and (config.moe is None or config.dense_layers):
         sizes.append(("feed-forward width (intermediate_size)", config.intermediate_size))

@@ -25,7 +25,7 @@ def broadcast(tp: TPGroup, ops: list | None) -> list:
     """Rank 0's `ops` on every rank."""
     box = [ops]
     try:
-        dist.broadcast_object_list(box, src=0, group=tp.control)
+        dist.broadcast_object_list(box, group=tp.control, group_src=0)
     except Exception as error:  # noqa: BLE001 - gloo raises RuntimeError / DistBackendError
         raise RankFailure(f"tensor-parallel rank {tp.rank}/{tp.size}: a peer rank is gone "
                           f"({first_line(error)})") from None

@@ -28,7 +28,7 @@ from ..models.moe import ExpertMLP, MoEFeedForward
 from ..models.sdar import SDARAttention
 from .experts import shard_experts
 from .layers import RowParallelLinear, head_rows, keep_rows, shard_swiglu
-from .mesh import TPGroup, check_tp
+from .mesh import TPGroup, check_divides
 
 
 def shard_separate_qkv(module, config, tp: TPGroup, out_name: str) -> None:
@@ -78,7 +78,7 @@ def shard_model(lm, tp: TPGroup):
         raise InputError(f"--tp with --quantize {lm.quantization}: sharding quantized weights is not supported; "
                          "run --tp without --quantize")
     config = lm.config
-    check_tp(tp.size, config, lm.device)
+    check_divides(tp.size, config)
     done = set()
     for module in list(lm.model.modules()):
         sharder = SHARDERS.get(type(module))
