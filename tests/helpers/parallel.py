@@ -17,7 +17,6 @@ MODELS = {
     "tiny-bd": dict(method="fastdllm", gen_length=16, block_length=8),
     f"random:llada2-mini?{SMALL}{MOE}&rotary_dim=8&intermediate_size=128": dict(gen_length=32, block_length=32),
     f"random:sdar-30b-a3b?{SMALL}{MOE}&intermediate_size=128": dict(gen_length=8, block_length=4),
-    f"random:sdar-1.7b?{SMALL}&intermediate_size=128": dict(gen_length=8, block_length=4),
     "random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
     "&vocab_size=512&num_experts=16&expert_intermediate_size=32": dict(method="fastdllm", gen_length=16,
                                                                         block_length=8),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+import queue
 import sys
 import threading
 import time
@@ -88,7 +89,8 @@ def worker_main(args, rank: int, size: int, port: int, timeout_s: float, errors)
     except BaseException as error:  # noqa: BLE001 - whatever it was, rank 0 must hear it
         text = str(error).strip().splitlines()
         errors.put((rank, f"{type(error).__name__}: {text[0] if text else ''}"))
-        sys.stderr.flush()
+        errors.close()
+        errors.join_thread()  # the report reaches the pipe before the process ends
         os._exit(2)
 
 
@@ -115,9 +117,11 @@ class Ranks:
 
     def failure(self) -> str | None:
         """The first error a rank reported, or which rank died, if any."""
-        if not self.errors.empty():
-            rank, text = self.errors.get_nowait()
+        try:
+            rank, text = self.errors.get(timeout=0.5)
             return f"tensor-parallel rank {rank} failed: {text}"
+        except queue.Empty:
+            pass
         for rank, process in enumerate(self.processes, start=1):
             if process.exitcode not in (None, 0):
                 return f"tensor-parallel rank {rank} died (exit status {process.exitcode})"
@@ -163,7 +167,6 @@ def parallel_model(args, tp: int, timeout_s: float = DEFAULT_TIMEOUT_S):
         lm.mirror.stop()
         clean = True
     except RankFailure as error:
-        time.sleep(0.5)  # the failed rank's own report is on its way
         raise RankFailure(ranks.failure() or str(error)) from None
     finally:
         ranks.stop(wait_s=10.0 if clean else 0.0)  # after a failure nothing is left for them to do

@@ -11,6 +11,7 @@ The messages travel on the group's host-side gloo group (mesh.TPGroup.control), 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
 
@@ -90,9 +91,26 @@ def _state(generator):
     return None if generator is None else generator.get_state()
 
 
+def injected_fault(rank: int):
+    """The failure tests' hook: CAIDLLM_TP_FAULT=RANK:STEP:die|raise makes that rank exit at once
+    (a dead process) or raise (a reported error) at that step of its own; (step, kind) or None."""
+    spec = os.environ.get("CAIDLLM_TP_FAULT", "")
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[0] != str(rank):
+        return None
+    return int(parts[1]), parts[2]
+
+
+def _fail(kind: str) -> None:
+    if kind == "die":
+        os._exit(9)
+    raise RuntimeError("injected fault (CAIDLLM_TP_FAULT)")
+
+
 def follow(lm, tp: TPGroup) -> None:
     """A rank other than 0: replay rank 0's engine inputs and step, until told to stop."""
     engines: dict[int, Engine] = {}
+    fault, steps = injected_fault(tp.rank), 0
     while True:
         for op, serial, *args in broadcast(tp, None):
             if op == "stop":
@@ -102,6 +120,9 @@ def follow(lm, tp: TPGroup) -> None:
             elif op == "free":
                 engines.pop(serial, None)
             else:
+                steps += op == "step"
+                if fault is not None and steps == fault[0]:
+                    _fail(fault[1])
                 REPLAY[op](engines[serial], *args)
 
 
