@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from ..models.moe import MoEFeedForward
+from ..models.moe_experts import PROJECTIONS
+from ..models.moe_kernels import run_experts
 from .layers import shard_swiglu
 from .mesh import TPGroup
 
@@ -24,45 +26,31 @@ class ExpertParallelMoE(MoEFeedForward):
     """An MoE layer holding only its rank's experts; forward returns the full layer's output."""
 
     tp: TPGroup
-    first_expert: int  # this rank's experts are [first_expert, first_expert + len(self.experts))
+    first_expert: int  # this rank's experts are [first_expert, first_expert + experts.num_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        experts, weights = self.gate(flat)  # replicated routing: every rank sees the same choice
-        local = experts - self.first_expert
-        mine = (local >= 0) & (local < len(self.experts))
-        out = self.run_local_experts(flat, local.masked_fill(~mine, len(self.experts)), weights * mine)
+        chosen, weights = self.gate(flat)  # replicated routing: every rank sees the same choice
+        held = self.experts.num_experts
+        local = chosen - self.first_expert
+        mine = (local >= 0) & (local < held)
+        # A choice of another rank's expert goes to one of ours with weight 0: it adds nothing, and
+        # the kernel (moe_kernels.py, unchanged) runs without a host sync to drop it.
+        out = run_experts(self.experts, self.kernel, flat, local.clamp(0, held - 1), weights * mine)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)  # a partial sum of its own (row-sharded down projection)
         return self.tp.all_reduce(out).view(shape)
-
-    def run_local_experts(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """moe.run_experts over this rank's experts; pairs routed elsewhere carry the id
-        len(self.experts) and weight 0: they sort last, are never computed, and add zero."""
-        tokens, k = experts.shape
-        held = len(self.experts)
-        pairs = experts.reshape(-1)
-        order = pairs.argsort(stable=True)
-        counts = torch.bincount(pairs, minlength=held + 1)[:held].tolist()
-        routed_inputs = x[order // k]
-        routed_outputs = torch.zeros_like(routed_inputs)
-        start = 0
-        for expert, count in zip(self.experts, counts):
-            if count:
-                routed_outputs[start:start + count] = expert(routed_inputs[start:start + count])
-                start += count
-        per_pair = torch.empty_like(routed_outputs)
-        per_pair[order] = routed_outputs
-        mixed = (per_pair.view(tokens, k, -1).float() * weights.float()[..., None]).sum(dim=1)
-        return mixed.to(x.dtype)
 
 
 def shard_experts(layer: MoEFeedForward, config, tp: TPGroup) -> None:
     """Keep this rank's experts of `layer` (the others are freed) and its share of the shared
     expert's width; the layer then sums over the ranks once (ExpertParallelMoE)."""
     share = tp.shard(layer.config.num_experts)
-    layer.experts = nn.ModuleList(list(layer.experts)[share])
+    experts = layer.experts
+    for name in PROJECTIONS:
+        setattr(experts, name, nn.Parameter(getattr(experts, name).data[share].clone(), requires_grad=False))
+    experts.num_experts = share.stop - share.start
     if layer.shared_experts is not None:
         shard_swiglu(layer.shared_experts, ("gate_proj", "up_proj", "down_proj"), tp, reduce=False)
     layer.__class__ = ExpertParallelMoE

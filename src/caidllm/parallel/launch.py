@@ -25,13 +25,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..errors import RankFailure
+from ..distributed import World
+from ..errors import InputError, RankFailure
 from ..options import load_model
 from .mesh import DEFAULT_TIMEOUT_S, check_tp, free_port, init_group
 from .mirror import Mirror, follow
 from .sharding import shard_model
 
 GRACE_S = 10.0  # how long rank 0 may take to stop on its own after a rank died
+SERVER_GRACE_S = 60.0  # a server's: it drains first (--shutdown-grace)
 
 
 def model_config(name: str):
@@ -111,15 +113,20 @@ class Ranks:
                                                                      self.errors), daemon=True)
                           for rank in range(1, size)]
         self.finished = False
+        self.reported = None
+        self.on_failure = None  # called once when a rank dies (a server drains and stops)
         for process in self.processes:
             process.start()
         threading.Thread(target=self._watch, daemon=True).start()
 
     def failure(self) -> str | None:
         """The first error a rank reported, or which rank died, if any."""
+        if self.reported is not None:
+            return self.reported
         try:
             rank, text = self.errors.get(timeout=0.5)
-            return f"tensor-parallel rank {rank} failed: {text}"
+            self.reported = f"tensor-parallel rank {rank} failed: {text}"
+            return self.reported
         except queue.Empty:
             pass
         for rank, process in enumerate(self.processes, start=1):
@@ -127,11 +134,17 @@ class Ranks:
                 return f"tensor-parallel rank {rank} died (exit status {process.exitcode})"
         return None
 
+    def raise_failure(self) -> None:
+        if any(p.exitcode not in (None, 0) for p in self.processes):
+            raise RankFailure(self.failure())
+
     def _watch(self) -> None:
         while not self.finished:
             time.sleep(0.2)
             if any(p.exitcode not in (None, 0) for p in self.processes):
-                time.sleep(GRACE_S)
+                if self.on_failure is not None:
+                    self.on_failure()
+                time.sleep(GRACE_S if self.on_failure is None else SERVER_GRACE_S)
                 if not self.finished:
                     print(f"caidllm: error: {self.failure()}; stopping every rank", file=sys.stderr, flush=True)
                     self.stop()
@@ -155,6 +168,9 @@ def parallel_model(args, tp: int, timeout_s: float = DEFAULT_TIMEOUT_S):
     if tp == 1:
         yield load_model(args)
         return
+    if World.from_env().distributed:
+        raise InputError("--tp spawns its own ranks; run it without torchrun (replicas of a sharded model "
+                         "are not supported)")
     device = rank_device(args.device, 0)
     check_tp(tp, model_config(args.model), device)
     ranks = Ranks(args, tp, timeout_s)
@@ -162,7 +178,7 @@ def parallel_model(args, tp: int, timeout_s: float = DEFAULT_TIMEOUT_S):
     try:
         group = init_group(0, tp, ranks.port, device, timeout_s)
         lm = sharded_model(_rank_args(args, 0), group)
-        lm.mirror = Mirror(group)
+        lm.mirror, lm.tp_ranks = Mirror(group), ranks
         yield lm
         lm.mirror.stop()
         clean = True
