@@ -13,12 +13,11 @@ first: a host sync and a second collective) and no padding to a capacity.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..models.moe import MoEFeedForward
 from ..models.moe_experts import PROJECTIONS
 from ..models.moe_kernels import run_experts
-from .layers import shard_swiglu
+from .layers import shard_swiglu, sliced
 from .mesh import TPGroup
 
 
@@ -49,7 +48,7 @@ def shard_experts(layer: MoEFeedForward, config, tp: TPGroup) -> None:
     share = tp.shard(layer.config.num_experts)
     experts = layer.experts
     for name in PROJECTIONS:
-        setattr(experts, name, nn.Parameter(getattr(experts, name).data[share].clone(), requires_grad=False))
+        setattr(experts, name, sliced(getattr(experts, name), 0, share))  # experts [share] whole
     experts.num_experts = share.stop - share.start
     if layer.shared_experts is not None:
         shard_swiglu(layer.shared_experts, ("gate_proj", "up_proj", "down_proj"), tp, reduce=False)

@@ -30,6 +30,7 @@ from ..errors import InputError, RankFailure
 from ..options import load_model
 from .mesh import DEFAULT_TIMEOUT_S, check_tp, free_port, init_group
 from .mirror import Mirror, follow
+from .loading import ShardedLoad
 from .sharding import shard_model
 
 GRACE_S = 10.0  # how long rank 0 may take to stop on its own after a rank died
@@ -64,16 +65,10 @@ def _rank_args(args, rank: int):
 
 
 def sharded_model(args, group):
-    """This rank's share of the model that `args` names."""
-    lm = load_model(args) if group.rank == 0 else _quiet_load(args)
+    """This rank's share of the model that `args` names: a checkpoint folder's is read part by
+    part (parallel/loading.py: no rank holds the whole model), a random model's drawn whole first."""
+    lm = load_model(args, shard=ShardedLoad(group), quiet=group.rank != 0)
     return shard_model(lm, group)
-
-
-def _quiet_load(args):
-    from ..models import load
-
-    return load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False),
-                quantize=getattr(args, "quantize", None), quantize_head=getattr(args, "quantize_head", False))
 
 
 def worker_main(args, rank: int, size: int, port: int, timeout_s: float, errors) -> None:
@@ -168,6 +163,9 @@ def parallel_model(args, tp: int, timeout_s: float = DEFAULT_TIMEOUT_S):
     if tp == 1:
         yield load_model(args)
         return
+    if getattr(args, "compile", False) or getattr(args, "quantize", None):
+        raise InputError("--tp does not take --compile or --quantize yet (their kernels would replace the sharded "
+                         "layers' sums); run --tp without them")
     if World.from_env().distributed:
         raise InputError("--tp spawns its own ranks; run it without torchrun (replicas of a sharded model "
                          "are not supported)")

@@ -16,7 +16,7 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, part: slice, tp: TPGroup):
         super().__init__()
-        self.weight = nn.Parameter(linear.weight.data[:, part].clone(), requires_grad=False)
+        self.weight = sliced(linear.weight, 1, part)
         self.bias = linear.bias
         self.tp = tp
 
@@ -25,17 +25,27 @@ class RowParallelLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+def sliced(param: torch.Tensor, dim: int, index) -> nn.Parameter:
+    """A parameter of param's part `index` along `dim` (0: rows, 1: columns). It remembers the
+    part (``tp_part``), so a model sharded on the meta device reads just that part from its
+    checkpoint (parallel/loading.py)."""
+    part = param.data[index] if dim == 0 else param.data[:, index]
+    out = nn.Parameter(part.clone(), requires_grad=False)
+    out.tp_part = (dim, index)
+    return out
+
+
 def keep_rows(linear: nn.Linear, rows: torch.Tensor | slice) -> None:
     """Keep only output features `rows` of a Linear (column sharding), its bias's with them."""
-    linear.weight = nn.Parameter(linear.weight.data[rows].clone(), requires_grad=False)
+    linear.weight = sliced(linear.weight, 0, rows)
     if linear.bias is not None:
-        linear.bias = nn.Parameter(linear.bias.data[rows].clone(), requires_grad=False)
+        linear.bias = sliced(linear.bias, 0, rows)
     linear.out_features = linear.weight.shape[0]
 
 
 def keep_columns(linear: nn.Linear, columns: slice) -> None:
     """Keep only input features `columns` of a bias-free Linear (row sharding; the caller sums)."""
-    linear.weight = nn.Parameter(linear.weight.data[:, columns].clone(), requires_grad=False)
+    linear.weight = sliced(linear.weight, 1, columns)
     linear.in_features = linear.weight.shape[1]
 
 

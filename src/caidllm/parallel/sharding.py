@@ -69,6 +69,18 @@ SHARDERS = {
 }
 
 
+def shard_modules(model, config, tp: TPGroup) -> None:
+    """Divide the modules of `model` (loaded, or still on the meta device) among tp's ranks."""
+    check_divides(tp.size, config)
+    done = set()
+    for module in list(model.modules()):
+        sharder = SHARDERS.get(type(module))
+        if sharder is None or id(module) in done:
+            continue
+        sharder(module, config, tp)
+        done.update(id(m) for m in module.modules())  # an MoE layer's experts are its own business
+
+
 def shard_model(lm, tp: TPGroup):
     """Divide `lm` (loaded whole on this rank) among tp's ranks, in place; returns it. Its
     config then gives this rank's head counts (the KV cache a Frame allocates is the rank's)."""
@@ -77,15 +89,9 @@ def shard_model(lm, tp: TPGroup):
     if lm.quantization is not None:
         raise InputError(f"--tp with --quantize {lm.quantization}: sharding quantized weights is not supported; "
                          "run --tp without --quantize")
+    if not getattr(lm, "sharded", False):  # parallel/loading.py shards while loading
+        shard_modules(lm.model, lm.config, tp)
     config = lm.config
-    check_divides(tp.size, config)
-    done = set()
-    for module in list(lm.model.modules()):
-        sharder = SHARDERS.get(type(module))
-        if sharder is None or id(module) in done:
-            continue
-        sharder(module, config, tp)
-        done.update(id(m) for m in module.modules())  # an MoE layer's experts are its own business
     lm.config = replace(config, n_heads=config.n_heads // tp.size, n_kv_heads=config.n_kv_heads // tp.size)
     lm.tp = tp
     return lm
