@@ -69,3 +69,19 @@ def test_a_rank_that_fails_mid_run_stops_the_group(kind, needle):
     lines = [line for line in done.stderr.splitlines() if line.startswith("caidllm:")]
     assert done.returncode == 2 and lines == [f"caidllm: error: {needle}" + lines[0].split(needle, 1)[1]]
     assert "Traceback" not in done.stderr and seconds < 120
+
+
+BENCH = ["bench", "--model", "tiny", "--task", "synthetic:arithmetic", "--methods", "fastdllm,cai", "--limit", "3",
+         "--gen-length", "16", "--block-length", "8", "--device", "cpu", "--no-progress", "--no-warmup", "--json"]
+SAME = ("n", "accuracy", "nfe_mean", "steps_per_block", "answer_tokens", "errors")
+
+
+def test_bench_tp_2_reports_what_one_process_reports(capsys):
+    assert main(BENCH) == 0
+    alone = json.loads(capsys.readouterr().out)["results"]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "caidllm", *BENCH, "--tp", "2"], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    sharded = json.loads(done.stdout)["results"]
+    assert [{k: row[k] for k in SAME} for row in sharded] == [{k: row[k] for k in SAME} for row in alone]
