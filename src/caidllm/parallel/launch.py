@@ -29,7 +29,7 @@ from ..distributed import World
 from ..errors import InputError, RankFailure
 from ..options import load_model
 from .mesh import DEFAULT_TIMEOUT_S, check_tp, free_port, init_group
-from .mirror import Mirror, follow
+from .mirror import Mirror, fail, follow, injected_fault
 from .loading import ShardedLoad
 from .sharding import shard_model
 
@@ -77,6 +77,9 @@ def worker_main(args, rank: int, size: int, port: int, timeout_s: float, errors)
     threading.Thread(target=_leave_with_parent, args=(parent,), daemon=True).start()
     args = _rank_args(args, rank)
     try:
+        fault = injected_fault(rank)
+        if fault is not None and fault[0] == 0:  # step 0: before the rank joins the group
+            fail(fault[1])
         group = init_group(rank, size, port, torch.device(args.device), timeout_s)
         lm = sharded_model(args, group)
         follow(lm, group)

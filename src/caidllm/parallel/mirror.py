@@ -93,7 +93,8 @@ def _state(generator):
 
 def injected_fault(rank: int):
     """The failure tests' hook: CAIDLLM_TP_FAULT=RANK:STEP:die|raise makes that rank exit at once
-    (a dead process) or raise (a reported error) at that step of its own; (step, kind) or None."""
+    (a dead process) or raise (a reported error) at that step of its own (0: before it joins the
+    group, launch.py); (step, kind) or None."""
     spec = os.environ.get("CAIDLLM_TP_FAULT", "")
     parts = spec.split(":")
     if len(parts) != 3 or parts[0] != str(rank):
@@ -101,7 +102,7 @@ def injected_fault(rank: int):
     return int(parts[1]), parts[2]
 
 
-def _fail(kind: str) -> None:
+def fail(kind: str) -> None:
     if kind == "die":
         os._exit(9)
     raise RuntimeError("injected fault (CAIDLLM_TP_FAULT)")
@@ -122,7 +123,7 @@ def follow(lm, tp: TPGroup) -> None:
             else:
                 steps += op == "step"
                 if fault is not None and steps == fault[0]:
-                    _fail(fault[1])
+                    fail(fault[1])
                 REPLAY[op](engines[serial], *args)
 
 
