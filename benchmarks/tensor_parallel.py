@@ -21,7 +21,7 @@ PROMPTS = ["What is 2 plus 3?", "not True and False is", "Tell me a story about 
 
 
 def run(args, tp: int) -> dict:
-    ns = argparse.Namespace(model=args.model, device="cpu", dtype="float32", compile=False, quantize=None,
+    ns = argparse.Namespace(model=args.model, device=args.device, dtype=args.dtype, compile=False, quantize=None,
                             quantize_head=False)
     with parallel_model(ns, tp) as lm:
         config = build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)
@@ -38,23 +38,35 @@ def run(args, tp: int) -> dict:
                 "step_ms": 1000 * elapsed / engine.steps, "collective": collective / elapsed}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--method", default="fastdllm")
     parser.add_argument("--gen-length", type=int, default=32)
     parser.add_argument("--block-length", type=int, default=8)
-    args = parser.parse_args()
+    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, rank r on cuda:r)")
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args(argv)
+    print(f"model {args.model}, {args.method}, {len(PROMPTS)} prompts batched, gen {args.gen_length}, "
+          f"block {args.block_length}, {args.dtype}, {args.device}")
+    print(markdown(table(args)))
+
+
+def table(args) -> list[dict]:
+    """One row per tp: tokens equal the first tp's, engine steps, ms per step, share in all-reduce."""
     rows = {tp: run(args, tp) for tp in args.tp}
     first = rows[args.tp[0]]
-    print(f"model {args.model}, {args.method}, {len(PROMPTS)} prompts batched, gen {args.gen_length}, "
-          f"block {args.block_length}, fp32, CPU (gloo)")
-    print("| tp | tokens equal tp 1 | engine steps | ms per step | share in all-reduce |")
-    print("|---|---|---|---|---|")
-    for tp, row in rows.items():
-        print(f"| {tp} | {'yes' if row['tokens'] == first['tokens'] else 'NO'} | {row['steps']} | "
-              f"{row['step_ms']:.1f} | {100 * row['collective']:.0f}% |")
+    return [dict(tp=tp, tokens_equal=row["tokens"] == first["tokens"], steps=row["steps"],
+                 step_ms=round(row["step_ms"], 2), collective_share=round(row["collective"], 3))
+            for tp, row in rows.items()]
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| tp | tokens equal tp 1 | engine steps | ms per step | share in all-reduce |", "|---|---|---|---|---|"]
+    lines += [f"| {r['tp']} | {'yes' if r['tokens_equal'] else 'NO'} | {r['steps']} | {r['step_ms']:.1f} | "
+              f"{100 * r['collective_share']:.0f}% |" for r in rows]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
