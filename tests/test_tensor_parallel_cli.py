@@ -19,7 +19,8 @@ from caidllm.cli import main
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 ARGS = ["What is 2 plus 3?", "--device", "cpu", "--gen-length", "16", "--block-length", "8", "--method",
         "fastdllm", "--json"]
-SMALL = "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&head_dim=16&rotary_dim=8&vocab_size=512"
+SMALL = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&head_dim=16&rotary_dim=8"
+         "&vocab_size=512")
 
 
 @pytest.mark.parametrize("argv, needle", [
