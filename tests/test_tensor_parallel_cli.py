@@ -27,6 +27,7 @@ SMALL = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_he
     (["--tp", "3"], "--tp 3 does not divide the model's 4 attention heads"),
     (["--tp", "0"], "--tp must be a positive integer, got 0"),
     (["--tp", "2", "--compile"], "--tp does not take --compile or --quantize yet"),
+    (["--tp", "2", "--tp-timeout", "0"], "--tp-timeout must be a positive number of seconds, got 0.0"),
     (["--tp", "1024"], "--tp 1024 needs 1024 ranks, but this machine has"),
     (["--tp", "4", "--model", f"{SMALL}&num_key_value_heads=2&num_experts=16"],
      "--tp 4 does not divide the model's 2 key/value heads"),
@@ -66,9 +67,10 @@ def test_generate_tp_2_prints_the_tokens_of_one_process(capsys):
     ("1:3:die", "tensor-parallel rank 1 died (exit status 9)"),
     ("1:3:raise", "tensor-parallel rank 1 failed: RuntimeError: injected fault"),
     ("1:0:raise", "tensor-parallel rank 1 failed: RuntimeError: injected fault"),  # before it joins the group
+    ("1:3:hang", "tensor-parallel rank 0/2: a peer rank failed or hung during a forward's all-reduce"),
 ])
 def test_a_rank_that_fails_stops_the_group(fault, needle):
-    done, seconds = run_cli("--tp", "2", fault=fault)
+    done, seconds = run_cli("--tp", "2", "--tp-timeout", "5", fault=fault)
     lines = [line for line in done.stderr.splitlines() if line.startswith("caidllm:")]
     assert done.returncode == 2 and lines == [f"caidllm: error: {needle}" + lines[0].split(needle, 1)[1]]
     assert "Traceback" not in done.stderr and seconds < 120

@@ -43,6 +43,6 @@ def test_a_rank_dying_mid_request_gives_5xx_then_the_server_exits(monkeypatch):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert answer.status_code >= 500 and "peer rank failed" in answer.json()["error"]["message"]
+    assert answer.status_code >= 500 and "peer rank failed or hung" in answer.json()["error"]["message"]
     assert proc.returncode == 2
     assert out.strip().splitlines()[-1] == "caidllm: error: tensor-parallel rank 1 died (exit status 9)"

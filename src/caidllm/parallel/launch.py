@@ -160,7 +160,7 @@ class Ranks:
 
 
 @contextmanager
-def parallel_model(args, tp: int, timeout_s: float = DEFAULT_TIMEOUT_S):
+def parallel_model(args, tp: int, timeout_s: float | None = None):
     """Rank 0's sharded model over `tp` ranks spawned for it (tp 1: the whole model, no ranks);
     on leaving, the other ranks are told to stop and joined (killed past a few seconds)."""
     if tp == 1:
@@ -174,6 +174,10 @@ def parallel_model(args, tp: int, timeout_s: float = DEFAULT_TIMEOUT_S):
                          "are not supported)")
     device = rank_device(args.device, 0)
     check_tp(tp, model_config(args.model), device)
+    if timeout_s is None:
+        timeout_s = getattr(args, "tp_timeout", DEFAULT_TIMEOUT_S)
+    if not timeout_s > 0:
+        raise InputError(f"--tp-timeout must be a positive number of seconds, got {timeout_s!r}")
     ranks = Ranks(args, tp, timeout_s)
     clean = False
     try:

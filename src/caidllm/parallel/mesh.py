@@ -40,7 +40,7 @@ class TPGroup:
         try:
             dist.all_reduce(x, group=self.group)
         except Exception as error:  # noqa: BLE001 - gloo / nccl raise RuntimeError and DistBackendError
-            raise RankFailure(f"tensor-parallel rank {self.rank}/{self.size}: a peer rank failed during a "
+            raise RankFailure(f"tensor-parallel rank {self.rank}/{self.size}: a peer rank failed or hung during a "
                               f"forward's all-reduce ({first_line(error)})") from None
         if x.device.type == "cuda":
             torch.cuda.synchronize(x.device)  # the time then holds the collective, not just its launch

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 import weakref
 
 import torch.distributed as dist
@@ -92,8 +93,8 @@ def _state(generator):
 
 
 def injected_fault(rank: int):
-    """The failure tests' hook: CAIDLLM_TP_FAULT=RANK:STEP:die|raise makes that rank exit at once
-    (a dead process) or raise (a reported error) at that step of its own (0: before it joins the
+    """The failure tests' hook: CAIDLLM_TP_FAULT=RANK:STEP:die|raise|hang makes that rank exit at once
+    (a dead process), raise (a reported error) or hang at that step of its own (0: before it joins the
     group, launch.py); (step, kind) or None."""
     spec = os.environ.get("CAIDLLM_TP_FAULT", "")
     parts = spec.split(":")
@@ -105,6 +106,8 @@ def injected_fault(rank: int):
 def fail(kind: str) -> None:
     if kind == "die":
         os._exit(9)
+    if kind == "hang":
+        time.sleep(3600)
     raise RuntimeError("injected fault (CAIDLLM_TP_FAULT)")
 
 
