@@ -44,3 +44,4 @@ def test_batch_invariance_at_tp_2(ranks):
     whole, sharded = ranks[(("tiny", 1), 0)], ranks[(("tiny", 2), 0)]
     assert sharded["alone"][0] == whole["alone"][0] == whole["tokens"]
     assert sharded["tokens"] == sharded["joining"] == sharded["alone"][0]
+    assert sharded["sampled"] == whole["sampled"] != whole["tokens"]  # sampling (temperature 0.8, seed 3) too
