@@ -90,3 +90,16 @@ def test_bench_tp_2_reports_what_one_process_reports(capsys):
     assert done.returncode == 0, done.stderr
     sharded = json.loads(done.stdout)["results"]
     assert [{k: row[k] for k in SAME} for row in sharded] == [{k: row[k] for k in SAME} for row in alone]
+
+
+def test_a_rank_whose_step_commits_other_tokens_stops():
+    from types import SimpleNamespace
+
+    from caidllm.decode.request import CommitEvent
+    from caidllm.parallel.mirror import REPLAY, RanksDiverged, digest
+
+    events = [CommitEvent("a", 0, 1, [3, 4], [17, 18], [0.9, 0.8])]
+    engine = SimpleNamespace(last_digest=digest(events))
+    REPLAY["check"](engine, digest(events))  # the same commits: nothing happens
+    with pytest.raises(RanksDiverged, match="committed other tokens than rank 0's"):
+        REPLAY["check"](engine, digest([CommitEvent("a", 0, 1, [3, 4], [17, 19], [0.9, 0.8])]))

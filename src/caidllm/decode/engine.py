@@ -194,7 +194,10 @@ class Engine:
                 if row.request.id in self.runner.faults:
                     self.scheduler.retire(row.request)
             rows = [row for row in rows if row.request.id not in self.runner.faults]
-        return self._update(rows)
+        events = self._update(rows)
+        if self.mirror is not None:
+            self.mirror.after_step(self, events)
+        return events
 
     def take_faults(self) -> dict[str, Exception]:
         """The requests whose decode raised since the last call (already out of the engine), and why."""

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from ..distributed import World
 from ..errors import InputError, RankFailure
 from ..options import load_model
-from .mesh import DEFAULT_TIMEOUT_S, check_tp, free_port, init_group
+from .mesh import DEFAULT_TIMEOUT_S, check_tp, free_port, init_group, ready
 from .mirror import Mirror, fail, follow, injected_fault
 from .loading import ShardedLoad
 from .sharding import shard_model
@@ -67,8 +67,9 @@ def _rank_args(args, rank: int):
 def sharded_model(args, group):
     """This rank's share of the model that `args` names: a checkpoint folder's is read part by
     part (parallel/loading.py: no rank holds the whole model), a random model's drawn whole first."""
-    lm = load_model(args, shard=ShardedLoad(group), quiet=group.rank != 0)
-    return shard_model(lm, group)
+    lm = shard_model(load_model(args, shard=ShardedLoad(group), quiet=group.rank != 0), group)
+    ready(group)
+    return lm
 
 
 def worker_main(args, rank: int, size: int, port: int, timeout_s: float, errors) -> None:

@@ -18,6 +18,7 @@ from ..errors import InputError, RankFailure
 
 # How long a collective of the forward may wait for a peer before the group gives up.
 DEFAULT_TIMEOUT_S = 120.0
+JOIN_TIMEOUT_S = 300.0  # forming the group (a rank that died meanwhile is caught sooner by launch.py's watchdog)
 
 
 @dataclass
@@ -117,12 +118,27 @@ def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s:
     """Join the group of `size` ranks at 127.0.0.1:port (this process's default group) and
     make the host-side control group the engine's inputs travel on."""
     backend = backend_for(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                            timeout=timedelta(seconds=timeout_s))
-    # The control group waits as long as a server idles between requests; a dead peer still ends
-    # its wait at once (its connection closes).
-    control = dist.new_group(backend="gloo", timeout=timedelta(days=1))
-    return TPGroup(rank, size, group=dist.group.WORLD, control=control, device=device)
+    join_s = max(timeout_s, JOIN_TIMEOUT_S)  # ranks start (spawn, import torch) at their own pace
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=join_s))
+        forward = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        # The control group waits as long as a server idles between requests (or a rank loads its
+        # share); a dead peer still ends its wait at once (its connection closes).
+        control = dist.new_group(backend="gloo", timeout=timedelta(days=1))
+    except Exception as error:  # noqa: BLE001 - the store's and the backends' errors have many types
+        raise RankFailure(f"tensor-parallel rank {rank}/{size}: the group did not form within {join_s:g} s "
+                          f"({first_line(error)})") from None
+    return TPGroup(rank, size, group=forward, control=control, device=device)
+
+
+def ready(tp: TPGroup) -> None:
+    """Wait until every rank has loaded its share (loading may take longer than a forward's timeout)."""
+    try:
+        dist.barrier(group=tp.control)
+    except Exception as error:  # noqa: BLE001
+        raise RankFailure(f"tensor-parallel rank {tp.rank}/{tp.size}: a peer rank failed while loading "
+                          f"({first_line(error)})") from None
 
 
 def free_port() -> int:

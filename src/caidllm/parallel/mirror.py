@@ -4,6 +4,8 @@ freed, the requests newly queued (prompt, checked config, id, the state of their
 generators), the cancels; then "step". The other ranks replay those inputs on engines of
 their own and step them: since every rank holds the same logits (the head is replicated),
 each scheduler and policy decides exactly as rank 0's, and each forward's collectives meet.
+After each step rank 0 sends a digest of what it committed; a rank that committed anything else
+stops the group with a RankFailure (a safety net: it would mean the ranks' logits differ).
 
 The messages travel on the group's host-side gloo group (mesh.TPGroup.control), pickled
 (torch.distributed.broadcast_object_list); a dead peer ends the wait with a RankFailure."""
@@ -15,12 +17,17 @@ import os
 import threading
 import time
 import weakref
+import zlib
 
 import torch.distributed as dist
 
 from ..decode.engine import Engine
 from ..errors import RankFailure
 from .mesh import TPGroup, first_line
+
+
+class RanksDiverged(RuntimeError):
+    """A rank's step committed other tokens than rank 0's (reported to rank 0 like any failure)."""
 
 
 def broadcast(tp: TPGroup, ops: list | None) -> list:
@@ -62,6 +69,10 @@ class Mirror:
             self._pending.append(("free", serial))
             self._sent.pop(serial, None)
 
+    def after_step(self, engine, events) -> None:
+        """Remember what the step committed: the next message carries it for the others to compare."""
+        self.record(engine, "check", digest(events))
+
     def before_step(self, engine) -> None:
         """Send the other ranks what changed, then the step itself."""
         sent = self._sent[engine.mirror_serial]
@@ -86,6 +97,12 @@ class Mirror:
             with self._lock:
                 self._pending.append(("stop", -1))
             self.flush()
+
+
+def digest(events) -> int:
+    """What a step committed, in a few bytes: every rank must commit exactly rank 0's tokens."""
+    text = repr([(e.request_id, e.positions, e.token_ids, e.finished) for e in events])
+    return zlib.crc32(text.encode())
 
 
 def _state(generator):
@@ -141,8 +158,14 @@ def _add_requests(engine: Engine, requests) -> None:
 
 
 def _step(engine: Engine) -> None:
-    engine.step()
+    engine.last_digest = digest(engine.step())
     engine.take_faults()  # rank 0 reports a request's failure; here it has left the engine alike
+
+
+def _check(engine: Engine, expected: int) -> None:
+    if getattr(engine, "last_digest", expected) != expected:
+        raise RanksDiverged("this rank's step committed other tokens than rank 0's: the ranks' forwards "
+                          "diverged (their logits must be identical on every rank)")
 
 
 def _cancel(engine: Engine, request_id: str) -> None:
@@ -153,6 +176,7 @@ def _cancel(engine: Engine, request_id: str) -> None:
 REPLAY = {
     "requests": _add_requests,
     "step": _step,
+    "check": _check,
     "cancel": _cancel,
     "cancel_all": lambda engine: engine.cancel_all(),
     "drop_running": lambda engine: engine.drop_running(),
