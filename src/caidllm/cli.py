@@ -87,7 +87,7 @@ def run_generate(args) -> int:
     check = dict(options)
     if check["gen_length"] is None or check["block_length"] is None:
         check["gen_length"] = check["block_length"] = check["gen_length"] or check["block_length"]
-    build_config(method, settings=settings, **check)
+    build_config(method, settings=settings, strict=True, **check)  # a flag the method does not read: refused
     from caidllm.parallel.launch import parallel_model
 
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns

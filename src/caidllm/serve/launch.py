@@ -9,6 +9,12 @@ from pathlib import Path
 from caidllm.errors import InputError
 
 
+def check_api_key(args) -> None:
+    """`--api-key ""` (or only spaces) would turn authentication off without a word: refused."""
+    if args.api_key is not None and not args.api_key.strip():
+        raise InputError("--api-key is empty: give a key, or leave the flag out to serve without one")
+
+
 def settings_from(args, lm):
     from caidllm.serve.app import ServerConfig
     from caidllm.serve.protocol import ServerDefaults
@@ -17,6 +23,7 @@ def settings_from(args, lm):
         value = getattr(args, name)
         if value < (0 if name == "port" else 1):
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    check_api_key(args)
     if args.shutdown_grace < 0:
         raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
     from caidllm.decode.presets import build_config
