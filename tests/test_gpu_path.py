@@ -228,6 +228,12 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
         assert run["forward_tflops"] > 0 and 0 < run["forward_share"] <= 1
         assert run["tokens_per_s"] > 0 and run["steps"] > 0
     assert "| Model | Compile | Batch | Method |" in (tmp_path / "gpu_check.md").read_text()
+    # The MoE rows: the per-expert loop reads the counts on the host (one sync more), grouped reads none.
+    kernels = {(r["moe_kernel"], r["batch"]): r for r in report["moe_kernels"]}
+    assert set(kernels) == {(k, b) for k in ("loop", "grouped") for b in (1, 2)}
+    assert all(kernels["loop", b]["syncs_per_forward"] == 2.0 and kernels["grouped", b]["syncs_per_forward"] == 1.0
+               for b in (1, 2))
+    assert "### Mixture-of-experts kernels" in (tmp_path / "gpu_check.md").read_text()
     quantized = {r["quantize"]: r for r in report["quantized"] if r.get("batch", 1) == 1}  # a failed load has none
     if quantized["int8"].get("skipped") is None:  # torchao installed
         assert quantized["int8"]["weights_gb"] < quantized["float32"]["weights_gb"]

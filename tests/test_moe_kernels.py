@@ -3,6 +3,8 @@ layer outputs and model logits to 1e-5 in fp32 and the same tokens, on random LL
 and SDAR-MoE shapes; batch invariance; no value read on the host (they run on meta tensors);
 the stacked experts' checkpoint names, loading (sharded too) and its errors; quantization."""
 
+import json
+
 import pytest
 import torch
 from helpers.checkpoint_files import write_checkpoint
@@ -150,7 +152,6 @@ def _edit_shard(folder, name, change):
 
 
 def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
-    import json
     import shutil
 
     name = "model.layers.1.mlp.experts.2.up_proj.weight"
@@ -182,3 +183,41 @@ def test_quantized_experts_run_one_at_a_time():
     with pytest.raises(InputError, match="moe_kernel 'padded' runs stacked full-precision experts"):
         set_moe_kernel(lm.model, "padded")
     assert lm.generate(["hello"], method="fastdllm", gen_length=8, block_length=4)[0].nfe > 0
+
+
+def test_quantized_experts_weigh_what_models_predicts():
+    pytest.importorskip("torchao")
+    from caidllm.models.quantize import expected_weights_bytes, weights_bytes
+
+    meta = caidllm.load(RANDOM["llada2"], device="meta")
+    loaded = caidllm.load(RANDOM["llada2"], device="cpu", dtype="float32", quantize="int8")
+    assert expected_weights_bytes(meta.model, torch.float32, "int8") == weights_bytes(loaded.model)
+
+
+def test_a_checkpoint_loads_quantized_layer_by_layer(moe_folder):
+    pytest.importorskip("torchao")
+    from caidllm.models.quantize import is_quantized
+
+    full = caidllm.load(moe_folder, device="cpu", dtype="float32")
+    lm = caidllm.load(moe_folder, device="cpu", dtype="float32", quantize="int8")
+    layer = lm.model.model.layers[1].mlp
+    assert isinstance(layer.experts, ExpertList) and all(is_quantized(e) for e in layer.experts)
+    ids = torch.randint(0, 30, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # int8 weights: close to the full-precision logits, not equal
+        torch.testing.assert_close(lm.logits(ids), full.logits(ids), atol=0.15, rtol=0.1)
+
+
+def test_the_command_line_flag(capsys):
+    from caidllm.cli import main
+
+    argv = ["generate", "hi", "--model", RANDOM["llada2"], "--device", "cpu", "--dtype", "float32",
+            "--gen-length", "32", "--block-length", "32", "--json"]
+    outputs = []
+    for kernel in ("loop", "grouped"):
+        assert main([*argv, "--moe-kernel", kernel]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert outputs[0] == outputs[1]
+    pytest.importorskip("torchao")
+    assert main([*argv, "--moe-kernel", "grouped", "--quantize", "int8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("caidllm: error: moe_kernel 'grouped' runs stacked full-precision")

@@ -196,8 +196,8 @@ def materialise(model: nn.Module, device: torch.device, generator: torch.Generat
 @torch.no_grad()
 def initialise(model: nn.Module, generator: torch.Generator) -> None:
     """In place, on the parameters' own device and dtype: embeddings N(0, 1), linear weights
-    (stacked experts' too) and MoE gates N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
-    weights N(1, 0.1^2)."""
+    (stacked experts' too) and MoE gates N(0, 1/fan_in) (logits of order 1, like a trained
+    model's), biases N(0, 0.02^2), norm weights N(1, 0.1^2)."""
     for module in model.modules():
         _initialise_one(module, generator)
 
