@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InputError, RankFailure
+from ..models.plan import check_tp_divides
 
 # How long a collective of the forward may wait for a peer before the group gives up.
 DEFAULT_TIMEOUT_S = 120.0
@@ -100,18 +101,9 @@ def check_tp(tp, config, device) -> None:
 
 
 def check_divides(tp: int, config) -> None:
-    """Each rank holds an equal share of the heads, KV heads, feed-forward widths and experts."""
-    sizes = [("attention heads", config.n_heads), ("key/value heads", config.n_kv_heads)]
-    if config.intermediate_size and (config.moe is None or config.dense_layers):
-        sizes.append(("feed-forward width (intermediate_size)", config.intermediate_size))
-    if config.moe is not None:
-        sizes.append(("experts (num_experts)", config.moe.num_experts))
-        if config.moe.num_shared_experts:
-            sizes.append(("shared-expert width", config.moe.moe_intermediate_size * config.moe.num_shared_experts))
-    for what, size in sizes:
-        if size % tp:
-            raise InputError(f"--tp {tp} does not divide the model's {size} {what}: each rank must hold an "
-                             f"equal share (a --tp that divides {size})")
+    """Each rank holds an equal share of the heads, KV heads, feed-forward widths and experts
+    (the check `caidllm models --plan` makes too)."""
+    check_tp_divides(tp, config)
 
 
 def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TPGroup:
