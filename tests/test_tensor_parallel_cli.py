@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from caidllm.cli import main
 
@@ -43,6 +44,12 @@ def test_bad_tp_is_one_line_before_any_rank_starts(capsys, argv, needle):
 def test_tp_with_a_device_no_backend_drives(capsys):
     assert main(["generate", "hi", "--device", "meta", "--tp", "2"]) == 2
     assert "torch.distributed drives CPUs (gloo) and CUDA GPUs (nccl), not 'meta'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_tp_on_cuda_without_a_gpu(capsys):
+    assert main(["generate", "hi", "--device", "cuda", "--tp", "2"]) == 2
+    assert "--tp with --device cuda: no CUDA GPU is available here" in capsys.readouterr().err
 
 
 def run_cli(*argv, fault=None, timeout=240):

@@ -65,6 +65,8 @@ def backend_for(device: torch.device | str) -> str:
     """nccl for CUDA devices, gloo for CPUs; an InputError for a device neither drives."""
     kind = torch.device(device).type
     if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError("--tp with --device cuda: no CUDA GPU is available here; use --device cpu (gloo)")
         if not dist.is_nccl_available():
             raise InputError("--tp on CUDA needs torch.distributed's nccl backend, which this torch build lacks")
         return "nccl"
