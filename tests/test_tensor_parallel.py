@@ -45,3 +45,6 @@ def test_batch_invariance_at_tp_2(ranks):
     assert sharded["alone"][0] == whole["alone"][0] == whole["tokens"]
     assert sharded["tokens"] == sharded["joining"] == sharded["alone"][0]
     assert sharded["sampled"] == whole["sampled"] != whole["tokens"]  # sampling (temperature 0.8, seed 3) too
+    # a cancel mid-run, then a queued request joins: the others' tokens unchanged
+    assert sharded["cancelled"] == whole["cancelled"] and whole["cancelled"].count(None) == 1
+    assert all(t is None or t == alone for t, alone in zip(whole["cancelled"], whole["tokens"]))

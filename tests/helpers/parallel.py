@@ -42,6 +42,23 @@ def decode(lm, name: str, **extra):
     return [r.token_ids for r in lm.generate(PROMPTS, chat=False, **options)]
 
 
+def cancel_midway(lm) -> list:
+    """Three requests, two slots: after one step the first still in flight is cancelled and the
+    third joins; every request's tokens, None for the cancelled one (rank 0 broadcasts the cancel;
+    the others replay it)."""
+    from caidllm.decode.api import tokenize_prompts
+    from caidllm.decode.engine import Engine
+    from caidllm.decode.presets import build_config
+
+    config = build_config("fastdllm", gen_length=16, block_length=8)
+    engine = Engine(lm, max_batch=2)
+    ids = [engine.submit(p, config) for p in tokenize_prompts(lm, PROMPTS, chat=False)]
+    events = engine.step()
+    engine.cancel(next(i for i in ids if engine.scheduler.holds(i)))
+    results = {e.request_id: e.result.token_ids for e in [*events, *engine.run()] if e.finished}
+    return [results.get(i) for i in ids]
+
+
 def load_rank(name: str, tp):
     import caidllm
     from caidllm.parallel.loading import ShardedLoad
@@ -81,6 +98,7 @@ def run_rank(rank: int, world: int, port: int, out: str, folders: dict) -> None:
                 entry["alone"] = [decode(lm, name, batch_size=1)]
                 entry["joining"] = decode(lm, name, batch_size=2)
                 entry["sampled"] = decode(lm, name, temperature=0.8, seed=3)  # each request's generator on every rank
+                entry["cancelled"] = cancel_midway(lm)
             if tp is not None:
                 entry["collectives"] = tp.collectives
                 lm.mirror.stop()
