@@ -18,7 +18,7 @@ from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
-from caidllm.options import MODEL_HELP, add_model_arguments, load_model  # noqa: F401 - the old import path
+from caidllm.options import MODEL_HELP, add_model_arguments, add_tp_argument, load_model  # noqa: F401 - the old import path
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
                      help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
                           "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
+    add_tp_argument(gen)
     gen.set_defaults(handler=run_generate)
 
     register_train(sub, "train")
@@ -98,14 +99,16 @@ def run_generate(args) -> int:
     # (a known block-diffusion checkpoint's own decoder reads flags cai does not, e.g. --sub-block).
     build_config(method, settings=settings, strict=given_method is not None, **check)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
-    lm = load_model(args)
-    method = recommended_method(lm.checkpoint, given_method)
-    options = apply_recommendation(lm, options, method)
-    if given_method is None:
-        build_config(method, settings=settings, strict=True, **options)
-    chat = lm.chat_default if args.chat is None else args.chat
-    results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
-                          chat=chat, prefix_cache_mb=budget, **options)
+    from caidllm.parallel.launch import parallel_model
+
+    with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
+        method = recommended_method(lm.checkpoint, given_method)
+        options = apply_recommendation(lm, options, method)
+        if given_method is None:
+            build_config(method, settings=settings, strict=True, **options)
+        chat = lm.chat_default if args.chat is None else args.chat
+        results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
+                              chat=chat, prefix_cache_mb=budget, **options)
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):

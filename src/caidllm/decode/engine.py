@@ -60,6 +60,9 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
     bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
     that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
     c = lm.config
+    if config.cache == "elastic" and getattr(lm, "tp", None) is not None:
+        return (f"cache mode 'elastic' reads each layer's attention over every head, which --tp {lm.tp.size} "
+                "divides among the ranks; run it without --tp")
     if config.cache == "elastic" and config.elastic_layer >= c.n_layers:
         return (f"elastic_layer ({config.elastic_layer}) is beyond the model's layers "
                 f"(family {c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})")
@@ -97,6 +100,11 @@ class Engine:
         self.runner = Runner(lm)
         self.steps = 0
         self._eos_ids = set(lm.config.eos_ids)
+        # A tensor-parallel model's rank 0 (parallel/mirror.py): the other ranks replay this
+        # engine's inputs, sent before each step.
+        self.mirror = getattr(lm, "mirror", None)
+        if self.mirror is not None:
+            self.mirror.attach(self)
 
     # ---- what the engine holds (the scheduler's; read-only views for callers and tests) ----
 
@@ -166,16 +174,19 @@ class Engine:
         self.scheduler.cancel(request_id)
         if request is not None:  # it writes nothing more into the prefix store
             self.prefix.release(request)
+        self._mirrored("cancel", request_id)
 
     def drop_running(self) -> list[str]:
         """Drop every in-flight request and start a fresh Frame; their ids. After a step that raised
         this is required: that step may have advanced some groups and not others. Queued requests stay."""
         self._release_running()
+        self._mirrored("drop_running")
         return self.scheduler.drop_running()
 
     def cancel_all(self) -> list[str]:
         """Drop every queued and in-flight request (shutdown); their ids."""
         self._release_running()
+        self._mirrored("cancel_all")
         return self.scheduler.cancel_all()
 
     def _release_running(self) -> None:
@@ -195,6 +206,8 @@ class Engine:
     def step(self) -> list[CommitEvent]:
         """Admit waiting requests into free slots, then advance every in-flight
         request by one denoising step. Returns the step's events."""
+        if self.mirror is not None:
+            self.mirror.before_step(self)
         groups = self.scheduler.schedule()
         rows = self.runner.run(self.scheduler.frame, groups)
         if self.runner.faults:  # rows whose policy raised leave now (take_faults says why); the others go on
@@ -203,7 +216,10 @@ class Engine:
                     self.prefix.release(row.request)
                     self.scheduler.retire(row.request)
             rows = [row for row in rows if row.request.id not in self.runner.faults]
-        return self._update(rows)
+        events = self._update(rows)
+        if self.mirror is not None:
+            self.mirror.after_step(self, events)
+        return events
 
     def take_faults(self) -> dict[str, Exception]:
         """The requests whose decode raised since the last call (already out of the engine), and why."""
@@ -232,6 +248,10 @@ class Engine:
         return events
 
     # ---- helpers -----------------------------------------------------------------
+
+    def _mirrored(self, op: str, *args) -> None:
+        if self.mirror is not None:
+            self.mirror.record(self, op, *args)
 
     def _start(self, request: Request, slot: int) -> None:
         """A request took a slot: its policy time so far is the baseline of its own."""

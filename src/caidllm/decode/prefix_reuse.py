@@ -64,6 +64,13 @@ def make_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
                              "its attention is bidirectional, so a prompt's keys and values depend on the tokens "
                              "after it and are never final (it needs a block-causal model: LLaDA2, SDAR, tiny-bd)")
         return None
+    if getattr(lm, "tp", None) is not None:  # a tensor-parallel model (parallel/sharding.py)
+        # Each rank would hold its own store, and rank 0's kept across generate() calls would let it
+        # reuse blocks its followers recompute: their forwards (and collectives) would no longer match.
+        if mb:
+            raise InputError(f"prefix_cache_mb={mb:g}: the prefix cache does not work with --tp yet "
+                             "(give --prefix-cache-mb 0 or leave it unset)")
+        return None
     total = device_memory_mb(lm.device)
     if mb is not None and mb > total:
         raise InputError(f"prefix_cache_mb={mb:g} is more than the memory of device {lm.device} "
