@@ -202,3 +202,27 @@ def test_a_chain_is_evicted_from_its_end(tiny_bd):
     chain = chain_digests(prompt, 4, 4)
     order = [d for d in store.blocks if d in chain]  # least recently used first
     assert order == list(reversed(chain))
+
+
+def test_a_generate_call_that_raises_leaves_no_block_held(tiny_bd, monkeypatch):
+    """The store is kept with the model across generate() calls: a call whose run raises mid-flight (a
+    forward error, Ctrl-C) must not leave its requests' pins behind, or those blocks are never evicted."""
+    from caidllm.decode.prefix_reuse import forget_store
+    from caidllm.decode.runner import Runner
+
+    forget_store(tiny_bd)
+    real, calls = Runner.run, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a forward failed")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "run", failing)
+    with pytest.raises(RuntimeError, match="a forward failed"):
+        tiny_bd.generate([SHARED + [60, 61]], method="llada2", gen_length=16, block_length=4, early_stop=False,
+                         prefix_cache_mb=16)
+    store = tiny_bd.prefix_store
+    assert len(store) > 0 and all(b.refs == 0 for b in store.blocks.values())
+    forget_store(tiny_bd)
