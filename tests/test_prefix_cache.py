@@ -226,3 +226,19 @@ def test_a_generate_call_that_raises_leaves_no_block_held(tiny_bd, monkeypatch):
     store = tiny_bd.prefix_store
     assert len(store) > 0 and all(b.refs == 0 for b in store.blocks.values())
     forget_store(tiny_bd)
+
+
+def test_the_kept_store_is_remade_when_the_model_is_compiled(tiny_bd):
+    """Blocks computed by the eager kernels are not what compiled ones compute: a generate(compile=True)
+    after an eager one starts with a fresh store (exactness against the store off, compiled)."""
+    from caidllm.decode.prefix_reuse import forget_store, shared_store
+
+    forget_store(tiny_bd)
+    eager = shared_store(tiny_bd, 16)
+    assert shared_store(tiny_bd, None) is eager
+    tiny_bd.compiled = True  # what enable_compile sets once its kernels are in
+    try:
+        assert shared_store(tiny_bd, None) is not eager
+    finally:
+        tiny_bd.compiled = False
+        forget_store(tiny_bd)

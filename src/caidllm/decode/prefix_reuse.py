@@ -75,14 +75,24 @@ def make_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
 
 def shared_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
     """The store kept with the model across generate() calls (bench batches, lm-eval batches, chat turns):
-    made on first use, made again when the budget asked for changes."""
+    made on first use, made again when the budget asked for changes or when the model's arithmetic did
+    (compile=True swaps kernels in: blocks computed by the eager ones would not be those it computes)."""
     mb = check_budget(prefix_cache_mb)
     held = getattr(lm, "prefix_store", None)
-    if held is not None and (mb is None or int(mb * MB) == held.budget_bytes):
+    if held is not None and (mb is None or int(mb * MB) == held.budget_bytes) \
+            and held.numerics == numerics(lm):
         return held
     store = make_store(lm, mb)
+    if store is not None:
+        store.numerics = numerics(lm)
     lm.prefix_store = store
     return store
+
+
+def numerics(lm) -> tuple:
+    """What a block's keys and values depend on besides its tokens and block length, that can change on a
+    loaded model (its dtype and quantization are fixed at load; its kernels are not)."""
+    return (str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None), bool(getattr(lm, "compiled", False)))
 
 
 def forget_store(lm) -> None:
