@@ -50,14 +50,17 @@ def tokens(results):
 
 CASES = [("tiny-bd", "llada2", 4), ("tiny-bd", "vanilla", 8), ("llada2", "llada2", 4), ("llada2", "llada2.1", 8),
          ("sdar", "sdar", 4), ("sdar-moe", "sdar-static", 4), ("fastdllm_v2", "fastdllm-v2", 4),
-         ("fastdllm_v2", "cai", 4)]  # Fast-dLLM v2: the token shift, and its within-block cache
+         ("fastdllm_v2", "cai", 4), ("fastdllm_v2", "fastdllm-v2-subblock", 4)]
+# Fast-dLLM v2: the token shift, and its within-block cache (its preset's default, 'subblock')
 
 
 @pytest.mark.parametrize("kind, method, block", CASES)
 def test_store_on_gives_the_tokens_of_store_off(tiny_bd, family, kind, method, block):
     lm = tiny_bd if kind == "tiny-bd" else family(kind)
-    # Fast-dLLM v2's decoder on the exact block cache (the store serves that cache, not 'subblock')
+    # Fast-dLLM v2's decoder on the exact block cache, and on its within-block cache over it
     sub_block = {"sub_block": 2, "cache": "block"} if method == "fastdllm-v2" else {}
+    if method == "fastdllm-v2-subblock":
+        method, sub_block = "fastdllm-v2", {"sub_block": 2, "cache": "subblock"}
     config = build_config(method, gen_length=16, block_length=block, early_stop=False, **sub_block)
     off = tokens(decode(lm, PROMPTS, config))
     store = PrefixStore(64 << 20)

@@ -1,7 +1,8 @@
 """The engine's side of the prefix store (decode/prefix_store.py): the budget, and a request's blocks
 in and out of its slot.
 
-At admission a request of the exact block cache takes the longest chain of stored blocks that matches
+At admission a request of an exact block cache (``block``, or Fast-dLLM v2's ``subblock`` over it:
+its earlier blocks are the exact cache's, folded with their final tokens) takes the longest chain of stored blocks that matches
 its prompt's complete blocks (those before the block holding the prompt's end), copies their keys and
 values into its cache row, and its first forward is a block forward that computes only the rest of
 the prompt (``Request.fold``) instead of the full forward. After that first forward its prompt's
@@ -19,6 +20,7 @@ import os
 import torch
 
 from caidllm.checks import is_number
+from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.prefix_store import PrefixStore, chain_digests
 from caidllm.errors import InputError
 from caidllm.models.layers import positions_from_mask
@@ -112,7 +114,7 @@ class PrefixReuse:
         self.store = store
 
     def applies(self, request) -> bool:
-        return self.store is not None and request.block_causal and request.config.cache == "block"
+        return self.store is not None and request.block_causal and CACHE_MODES[request.config.cache].exact
 
     def admit(self, frame, request) -> None:
         """A request took its slot: copy the longest stored chain of its prompt into its row."""
