@@ -1,9 +1,9 @@
 """The engine's side of the prefix store (decode/prefix_store.py): the budget, and a request's blocks
 in and out of its slot.
 
-At admission a request of an exact block cache (``block``, or Fast-dLLM v2's ``subblock`` over it:
-its earlier blocks are the exact cache's, folded with their final tokens) takes the longest chain of stored blocks that matches
-its prompt's complete blocks (those before the block holding the prompt's end), copies their keys and
+At admission a request of an exact block cache (``block``, or Fast-dLLM v2's ``subblock`` over it: its
+earlier blocks are the exact cache's, folded with their final tokens) takes the longest chain of stored
+blocks that matches its prompt's complete blocks (those before the block holding the prompt's end), copies their keys and
 values into its cache row, and its first forward is a block forward that computes only the rest of
 the prompt (``Request.fold``) instead of the full forward. After that first forward its prompt's
 complete blocks go into the store, and when it finishes every block whose final keys and values its
@@ -72,7 +72,18 @@ def make_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
                          f"({total:.0f} MB)")
     if mb is None:
         mb = min(DEFAULT_MB, total / 8)
-    return PrefixStore(int(mb * MB)) if mb > 0 else None
+    return adopt(PrefixStore(int(mb * MB)), lm) if mb > 0 else None
+
+
+def adopt(store: PrefixStore, lm) -> PrefixStore:
+    """`store` for an engine on `lm`: a new one takes the model's arithmetic (numerics); one filled by another
+    model, or by this one with other kernels, is refused (its blocks would be another model's keys)."""
+    if not store.numerics:
+        store.numerics = numerics(lm)
+    elif store.numerics != numerics(lm):
+        raise InputError("prefix_store was made for another model (or this one with other kernels: dtype, "
+                         "quantization, compile); its blocks are not this model's keys and values")
+    return store
 
 
 def shared_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
@@ -85,16 +96,15 @@ def shared_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
             and held.numerics == numerics(lm):
         return held
     store = make_store(lm, mb)
-    if store is not None:
-        store.numerics = numerics(lm)
     lm.prefix_store = store
     return store
 
 
 def numerics(lm) -> tuple:
-    """What a block's keys and values depend on besides its tokens and block length, that can change on a
-    loaded model (its dtype and quantization are fixed at load; its kernels are not)."""
-    return (str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None), bool(getattr(lm, "compiled", False)))
+    """What a block's keys and values depend on besides its tokens and block length: the model (its weights)
+    and its arithmetic (dtype and quantization are fixed at load; compile=True swaps kernels in later)."""
+    return (id(lm.model), str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None),
+            bool(getattr(lm, "compiled", False)))
 
 
 def forget_store(lm) -> None:
