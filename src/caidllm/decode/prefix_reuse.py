@@ -103,7 +103,7 @@ def shared_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
 def numerics(lm) -> tuple:
     """What a block's keys and values depend on besides its tokens and block length: the model (its weights)
     and its arithmetic (dtype and quantization are fixed at load; compile=True swaps kernels in later)."""
-    return (id(lm.model), str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None),
+    return (id(getattr(lm, "model", lm)), str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None),
             bool(getattr(lm, "compiled", False)))
 
 
