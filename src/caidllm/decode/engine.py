@@ -41,7 +41,7 @@ from caidllm.decode.config import DecodeConfig
 from caidllm.decode.elastic import ElasticState
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
-from caidllm.decode.prefix_reuse import PrefixReuse, make_store
+from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
 from caidllm.decode.prefix_store import PrefixStore
 from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.runner import RowStep, Runner
@@ -95,7 +95,8 @@ class Engine:
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256, prefix_cache_mb: float | None = None,
                  prefix_store: PrefixStore | None = None):
         self.lm = lm
-        self.prefix = PrefixReuse(prefix_store if prefix_store is not None else make_store(lm, prefix_cache_mb))
+        store = adopt(prefix_store, lm) if prefix_store is not None else make_store(lm, prefix_cache_mb)
+        self.prefix = PrefixReuse(store)
         self.scheduler = Scheduler(lm, max_batch, max_queue, on_admit=self._start)
         self.runner = Runner(lm)
         self.steps = 0
