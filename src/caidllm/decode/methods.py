@@ -56,11 +56,16 @@ PRESETS: dict[str, dict] = {
     "dkv-greedy": dict(policy="random", cache="dkv-greedy", refresh_every=8, dkv_window=2),
     # WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM) at its official defaults: draft 0.6, verify 0.9.
     "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
-    # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache): Fast-dLLM's threshold 0.9 rule over the
-    # attention-drift refreshed cache, gamma 0.9, a window of 16 (decode/elastic.py for the readings taken).
-    "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9),
-    # CAI-dLLM's budgets and schedule over the Elastic-Cache backend (as cai-es over ES-dLLM's).
-    "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0, elastic_gamma=0.9),
+    # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
+    # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
+    # layer, its stop at the first end token (decode/elastic.py). The block_length of a request is not used.
+    "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9,
+                    elastic_scope="generation"),
+    # caidllm's block-wise reading: the same rule with the window inside each block (BENCHMARKS.md compares).
+    "elastic-block": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9,
+                          elastic_scope="block"),
+    # CAI-dLLM's budgets and schedule over the Elastic-Cache backend (as cai-es over ES-dLLM's), block-wise.
+    "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0, elastic_gamma=0.9, elastic_scope="block"),
     # Block-diffusion models' own decoders with their official defaults (docs/block-diffusion.md), on the
     # exact block cache. LLaDA2.x: threshold decoding, block 32, 32 steps per block, threshold 0.95.
     "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),

@@ -113,7 +113,8 @@ class DiffusionLM:
                                  "forward_with_attention")
             r = slice(None) if rows is None else rows
             if mode == ForwardMode.ELASTIC:
-                logits = self.forward_elastic(input_ids, cache, elastic, rows=rows, real_from=real_from)
+                logits = self.forward_elastic(input_ids, cache, elastic, rows=rows, real_from=real_from,
+                                              mask=attention_mask if elastic.whole else None)
                 return logits.gather(1, elastic.block_at[..., None].expand(-1, -1, logits.shape[-1]))
             if mode == ForwardMode.DKV:
                 logits = self.forward_columns(input_ids, cache, columns, rows=rows, real_from=real_from)
@@ -250,7 +251,7 @@ class DiffusionLM:
     def new_cache(self, batch_size: int, length: int, *, skip_schedule=None, every_layer: bool = False) -> KVCache:
         """An empty cache for a [batch_size, length] canvas; fill it with mode="full".
         With an early-skip schedule it also keeps the hidden states mode="es" reads; with
-        every_layer, those of every layer's input (mode="elastic")."""
+        every_layer, those of every layer's input and its queries (mode="elastic")."""
         c = self.config
         levels = tuple(range(c.n_layers)) if every_layer else ()
         if skip_schedule is not None:
@@ -261,7 +262,8 @@ class DiffusionLM:
         if length > c.max_length:
             raise InputError(f"new_cache: length {length} exceeds the model's max_length {c.max_length}")
         return KVCache.allocate(c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim, self.device, self.dtype,
-                                hidden_levels=levels, hidden_size=c.hidden_size)
+                                hidden_levels=levels, hidden_size=c.hidden_size,
+                                n_heads=c.n_heads if every_layer else None)
 
     # ---- decoding -------------------------------------------------------
 
