@@ -27,26 +27,30 @@ def step_predictions(lm, x):
 
 # ---- plain re-statements of each decoder's loop (one prompt, whole canvas, no cache) --------------------
 
-def eb_reference(lm, prompt, gamma, gen=GEN, block=BLOCK):
+def eb_reference(lm, prompt, gamma, proxy="entropy", gen=GEN, block=BLOCK):
+    """Algorithm 1 of the EB-Sampler paper: the masked positions in the proxy's order, the largest
+    prefix whose entropies' sum minus their max is at most gamma."""
     mask = lm.config.mask_id
     x = torch.tensor([prompt + [mask] * gen])
     p = len(prompt)
     for b in range(gen // block):
         lo, hi = p + b * block, p + (b + 1) * block
         while (x[0, lo:hi] == mask).any():
-            tokens, _, logits = step_predictions(lm, x)
+            tokens, confidence, logits = step_predictions(lm, x)
             logits = logits.clone()
             logits[:, mask] = float("-inf")
             probs = torch.softmax(logits, -1)
             entropy = -(probs * torch.log(probs.clamp_min(1e-45))).sum(-1)
+            second = probs.topk(2, dim=-1).values[:, 1]
+            error = {"entropy": entropy, "confidence": 1 - confidence, "margin": 1 - (confidence - second)}[proxy]
             masked = [i for i in range(lo, hi) if x[0, i] == mask]
-            order = sorted(masked, key=lambda i: (float(entropy[i]), i))
-            chosen, total = [], 0.0
-            for i in order:  # join while the entropies ranked ahead sum to at most gamma
-                if total > gamma:
+            order = sorted(masked, key=lambda i: (float(error[i]), i))
+            chosen = []
+            for i in order:  # the prefix grows while sum - max of its entropies stays within gamma
+                joined = [float(entropy[j]) for j in chosen + [i]]
+                if chosen and sum(joined) - max(joined) > gamma:
                     break
                 chosen.append(i)
-                total += float(entropy[i])
             for i in chosen:
                 x[0, i] = tokens[i]
     return x[0, p:].tolist()
@@ -140,11 +144,14 @@ def wino_reference(lm, prompt, gen=GEN, block=BLOCK, draft=0.6, verify=0.9):
 
 # ---- parity ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gamma", [0.01, 20.0])
-def test_eb_matches_its_plain_loop(lm, gamma):
-    results = run(lm, PROMPTS, "eb", eb_gamma=gamma)
+@pytest.mark.parametrize("proxy", ["entropy", "confidence", "margin"])
+@pytest.mark.parametrize("gamma", [0.0, 0.01, 20.0])
+def test_eb_matches_its_plain_loop(lm, gamma, proxy):
+    results = run(lm, PROMPTS, "eb", eb_gamma=gamma, eb_proxy=proxy)
     for prompt, r in zip(PROMPTS, results):
-        assert r.token_ids == eb_reference(lm, prompt, gamma)
+        assert r.token_ids == eb_reference(lm, prompt, gamma, proxy)
+    if gamma == 0.0:  # one position per step
+        assert all(r.nfe == GEN for r in results)
     if gamma == 20.0:  # random weights: entropies near log(vocab)
         assert sum(r.nfe for r in results) < len(PROMPTS) * GEN  # several tokens per step somewhere
 
@@ -230,9 +237,9 @@ def test_wino_revises(llada_lm, monkeypatch):
 # ---- bad input -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("method, kwargs, message", [
-    ("eb", dict(eb_gamma=0), "eb_gamma must be a positive number"),
-    ("eb", dict(eb_gamma=-1.0), "eb_gamma must be a positive number"),
-    ("eb", dict(eb_proxy="perplexity"), "eb_proxy must be one of"),
+    ("eb", dict(eb_gamma=-1.0), "eb_gamma must be a number >= 0 (0: one position per step), got -1.0"),
+    ("eb", dict(eb_gamma=float("nan")), "eb_gamma must be a number >= 0"),
+    ("eb", dict(eb_proxy="perplexity"), "eb_proxy must be one of entropy, confidence, margin, got 'perplexity'"),
     ("wino", dict(wino_draft=0.95, wino_verify=0.9), "WINO thresholds out of order"),
     ("wino", dict(wino_verify=1.5), "wino_verify must be in (0, 1]"),
     ("wino", dict(cache="dual"), "policy 'wino' with cache='dual' is not meaningful"),

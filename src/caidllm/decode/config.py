@@ -23,7 +23,7 @@ POLICIES = tuple(policies.POLICIES)
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
 # current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
 # EB-Sampler's error proxies (policies/eb.py).
-EB_PROXIES = ("entropy", "confidence", "margin")
+EB_PROXIES = policies.eb.PROXIES
 GRINDING_ACTIONS = ("continue", "exit")
 ELASTIC_SCOPES = ("generation", "block")  # decode/elastic.py
 
@@ -289,7 +289,7 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     FieldRule("cai.grinding_action", f"one of {', '.join(GRINDING_ACTIONS)}", lambda v: v in GRINDING_ACTIONS),
     FieldRule("cai.gating", "True, False or None (model default)", lambda v: v is None or isinstance(v, bool)),
     # The post-2025 decoders' settings (checked whatever the policy: a preset may be overridden field by field).
-    FieldRule("eb_gamma", "a positive number", lambda v: is_number(v) and v > 0),
+    FieldRule("eb_gamma", "a number >= 0 (0: one position per step)", _non_negative),
     FieldRule("eb_proxy", f"one of {', '.join(EB_PROXIES)}", lambda v: v in EB_PROXIES),
     FieldRule("sf_explore_steps", "a positive integer", _positive_int),
     FieldRule("sf_window", "a positive integer", _positive_int),
