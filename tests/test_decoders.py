@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+import caidllm
 from caidllm.decode import build_config
 from caidllm.decode.engine import Engine
 from caidllm.decode.sampling import predict, token_probability
@@ -16,6 +17,11 @@ from caidllm.models.shadow import shadow_inputs
 from helpers.decoding import BLOCK, GEN, PROMPTS, run
 
 PROMPTS = PROMPTS[:3]
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    return caidllm.load("tiny", device="cpu", dtype="float32")
 
 
 def step_predictions(lm, x):
@@ -56,8 +62,11 @@ def eb_reference(lm, prompt, gamma, proxy="entropy", gen=GEN, block=BLOCK):
     return x[0, p:].tolist()
 
 
-def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=2, std=1.0, high=0.9):
-    """The official generate_slow_fast_sampling at batch size 1, every forward on the whole canvas."""
+def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=2, std=1.0, high=0.9,
+                       shortened=True):
+    """The official generate_slow_fast_sampling at batch size 1. Switch: `shortened` (as shipped) runs the
+    fast phase's forwards after its first on the canvas up to the span's end; off, on the whole canvas
+    (the `slowfast-whole` preset)."""
     mask = lm.config.mask_id
     x = torch.tensor([prompt + [mask] * gen])
     p = len(prompt)
@@ -94,9 +103,13 @@ def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=
                     x[0, p + i] = tokens[p + i]
             if not fixed:
                 cur = max(1, min(int(statistics.mean(history)), block)) if history else block // 2
+            fast_calls = 0
             while any(x[0, p + i] == mask for i in range(start + last, start + cur)):
-                tokens, confidence, _ = step_predictions(lm, x)
-                conf = {i: float(confidence[p + i]) if x[0, p + i] == mask else float("-inf") for i in range(gen)}
+                upto = p + start + cur if shortened and fast_calls else x.shape[1]
+                tokens, confidence, _ = step_predictions(lm, x[:, :upto])
+                fast_calls += 1
+                conf = {i: float(confidence[p + i]) if p + i < upto and x[0, p + i] == mask else float("-inf")
+                        for i in range(gen)}
                 for i in fill(conf, start + last, start + cur):
                     x[0, p + i] = tokens[p + i]
             last = cur
@@ -156,9 +169,24 @@ def test_eb_matches_its_plain_loop(lm, gamma, proxy):
         assert sum(r.nfe for r in results) < len(PROMPTS) * GEN  # several tokens per step somewhere
 
 
-def test_slowfast_matches_the_official_loop(lm):
-    for prompt, r in zip(PROMPTS, run(lm, PROMPTS, "slowfast")):
-        assert r.token_ids == slowfast_reference(lm, prompt)
+@pytest.mark.parametrize("method, shortened", [("slowfast", True), ("slowfast-whole", False)])
+def test_slowfast_matches_the_official_loop(lm, method, shortened):
+    for prompt, r in zip(PROMPTS, run(lm, PROMPTS, method)):
+        assert r.token_ids == slowfast_reference(lm, prompt, shortened=shortened)
+
+
+def test_slowfast_on_tiny_both_readings_match_and_differ(tiny_lm):
+    texts = ("not ( True ) and ( True ) is", "True and not False or ( False ) is", "7 + 5 * 3 =")
+    prompts = [tiny_lm.encode_chat(text) for text in texts]
+    outputs = {}
+    for method, shortened in (("slowfast", True), ("slowfast-whole", False)):
+        # One exploratory step, a window of one: short sub-cycles, so fast phases with several forwards.
+        results = run(tiny_lm, prompts, method, gen_length=64, block_length=32, sf_explore_steps=1, sf_window=1)
+        for prompt, r in zip(prompts, results):
+            assert r.token_ids == slowfast_reference(tiny_lm, prompt, gen=64, block=32, K=1, window=1,
+                                                     shortened=shortened)
+        outputs[method] = [(r.token_ids, r.nfe) for r in results]
+    assert outputs["slowfast"] != outputs["slowfast-whole"]  # the shortened forwards change the decoding here
 
 
 @pytest.mark.parametrize("draft, verify", [(0.6, 0.9), (0.02, 0.5)])
@@ -171,7 +199,7 @@ def test_wino_matches_the_official_loop(llada_lm, draft, verify):
 
 # ---- engine behaviour ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method", ["eb", "eb-dual", "slowfast"])
+@pytest.mark.parametrize("method", ["eb", "eb-dual", "slowfast", "slowfast-whole"])
 def test_batch_invariance(lm, method):
     together = run(lm, PROMPTS, method, eb_gamma=0.5, batch_size=3)
     for prompt, joint in zip(PROMPTS, together):

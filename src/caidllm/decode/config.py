@@ -92,6 +92,7 @@ class DecodeConfig:
     sf_window: int = 2
     sf_std: float = 1.0
     sf_high: float = 0.9
+    sf_shortened: bool = True  # the official fast phase: forwards after its first end at the span's end
     # WINO (policies/wino.py): draft (wide-in) and verify (narrow-out) thresholds, and the most
     # steps a block may take (re-masking can undo progress; past it the rest is committed).
     wino_draft: float = 0.6
@@ -295,6 +296,7 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     FieldRule("sf_window", "a positive integer", _positive_int),
     _window_fits_the_block,
     FieldRule("sf_std", "a positive number", lambda v: is_number(v) and v > 0),
+    FieldRule("sf_shortened", "True or False", lambda v: isinstance(v, bool)),
     *(FieldRule(name, UNIT_INTERVAL, _unit_interval)
       for name in ("sf_cycle_threshold", "sf_high", "wino_draft", "wino_verify")),
     _wino_thresholds_ordered,

@@ -44,9 +44,13 @@ PRESETS: dict[str, dict] = {
     "eb": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="entropy"),
     # EB-Sampler's rule over Fast-dLLM's dual cache refreshed at block starts (a combination, not a paper's).
     "eb-dual": dict(policy="eb", cache="dual", eb_gamma=0.01, eb_proxy="entropy", refresh_every=0),
-    # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults.
+    # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults, its
+    # fast phase's forwards after the first ending at the span's end as the official code runs them.
     "slowfast": dict(policy="slowfast", cache="none", sf_explore_steps=6, sf_cycle_threshold=0.3, sf_window=2,
-                     sf_std=1.0, sf_high=0.9),
+                     sf_std=1.0, sf_high=0.9, sf_shortened=True),
+    # caidllm's earlier reading: every forward on the whole canvas (BENCHMARKS.md compares the two).
+    "slowfast-whole": dict(policy="slowfast", cache="none", sf_explore_steps=6, sf_cycle_threshold=0.3,
+                           sf_window=2, sf_std=1.0, sf_high=0.9, sf_shortened=False),
     # dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache): LLaDA's low-confidence remasking with delayed
     # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first two.
     "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
