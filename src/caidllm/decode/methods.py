@@ -42,6 +42,9 @@ PRESETS: dict[str, dict] = {
     "cai-apd-block-pos": dict(policy="cai", cache="dual", cai=dict(gating=False)),
     # EB-Sampler (arXiv 2505.24857): entropy-bounded unmasking, no cache, gamma 0.01 (policies/eb.py).
     "eb": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="entropy"),
+    # The same with the paper's other error proxies ordering the positions (the bound stays on entropies).
+    "eb-confidence": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="confidence"),
+    "eb-margin": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="margin"),
     # EB-Sampler's rule over Fast-dLLM's dual cache refreshed at block starts (a combination, not a paper's).
     "eb-dual": dict(policy="eb", cache="dual", eb_gamma=0.01, eb_proxy="entropy", refresh_every=0),
     # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults, its
