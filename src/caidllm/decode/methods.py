@@ -77,9 +77,12 @@ PRESETS: dict[str, dict] = {
     # exact block cache. LLaDA2.x: threshold decoding, block 32, 32 steps per block, threshold 0.95.
     "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),
     # LLaDA2.1: threshold decoding with token editing, one forced commit a step (num_to_transfer 1), up to 16
-    # editing steps after a block's last mask; quality mode (threshold 0.7, editing 0.5) and speed mode (0.5, 0.0).
-    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, threshold=0.7, editing_threshold=0.5,
-                     num_to_transfer=1, max_post_steps=16),
+    # editing steps after a block's last mask. "llada2.1": the official generate's defaults (threshold 0.95,
+    # editing 0.9, eos_early_stop False); the model card's Q (quality: 0.7 / 0.5) and S (speed: 0.5 / 0.0) modes.
+    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95, editing_threshold=0.9,
+                     num_to_transfer=1, max_post_steps=16, early_stop=False),
+    "llada2.1-quality": dict(policy="dynamic", cache="block", block_length=32, threshold=0.7, editing_threshold=0.5,
+                             num_to_transfer=1, max_post_steps=16),
     "llada2.1-speed": dict(policy="dynamic", cache="block", block_length=32, threshold=0.5, editing_threshold=0.0,
                            num_to_transfer=1, max_post_steps=16),
     # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
@@ -89,7 +92,7 @@ PRESETS: dict[str, dict] = {
 }
 
 # Presets that only apply to block-causal models (their own decoders); the others run on every family.
-BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-speed", "sdar", "sdar-static")
+BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-quality", "llada2.1-speed", "sdar", "sdar-static")
 
 
 def method_names(block_causal: bool | None = None) -> list[str]:
