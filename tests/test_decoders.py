@@ -208,6 +208,21 @@ def test_batch_invariance(lm, method):
         assert alone.trace.commit_step == joint.trace.commit_step
 
 
+def test_shortened_slowfast_rows_beside_other_policies_keep_their_tokens(tiny_lm):
+    """SlowFast's shortened forwards never share a forward with other rows (scheduler): in one engine with
+    EB-Sampler and whole-canvas SlowFast requests, each gives its tokens alone."""
+    prompts = [tiny_lm.encode_chat(text) for text in ("7 + 5 * 3 =", "True and not False or ( False ) is")]
+    options = dict(gen_length=64, block_length=32, early_stop=False, sf_explore_steps=1, sf_window=1)
+    engine = Engine(tiny_lm, max_batch=6)
+    wanted, ids = {}, []
+    for method in ("slowfast", "slowfast-whole", "eb"):
+        for prompt in prompts:
+            ids.append(engine.submit(prompt, build_config(method, **options)))
+            wanted[ids[-1]] = run(tiny_lm, [prompt], method, **options)[0].token_ids
+    results = {e.request_id: e.result for e in engine.run() if e.finished}
+    assert all(results[i].token_ids == wanted[i] for i in ids)
+
+
 def joining_mid_flight(lm, method, **kw):
     """Two requests in flight, a third submitted after two steps: each equals its run alone."""
     config = build_config(method, gen_length=GEN, block_length=BLOCK, early_stop=False, **kw)
