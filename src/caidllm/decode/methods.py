@@ -12,6 +12,7 @@ import copy
 from dataclasses import replace
 
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
+from caidllm.decode.field_scope import check_given_apply
 from caidllm.errors import InputError
 
 PRESETS: dict[str, dict] = {
@@ -89,10 +90,14 @@ PRESETS: dict[str, dict] = {
     # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.
     "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.85),
     "sdar-static": dict(policy="static", cache="block", block_length=4),
+    # Fast-dLLM v2 (its eval.py's defaults): block 32 (bd_size), sub-blocks of 8, threshold 0.9, on the exact
+    # block cache plus the within-block cache of its generator's use_block_cache (cache="block": without it).
+    "fastdllm-v2": dict(policy="subblock", cache="subblock", block_length=32, sub_block=8, threshold=0.9),
 }
 
 # Presets that only apply to block-causal models (their own decoders); the others run on every family.
-BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-quality", "llada2.1-speed", "sdar", "sdar-static")
+BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-quality", "llada2.1-speed", "sdar", "sdar-static",
+                           "fastdllm-v2")
 
 
 def method_names(block_causal: bool | None = None) -> list[str]:
@@ -108,12 +113,14 @@ def uses_cai(method: str) -> bool:
     return PRESETS.get(method, {}).get("policy") == "cai"
 
 
-def preset_config(method: str, cai_under: dict | None = None, **overrides) -> DecodeConfig:
+def preset_config(method: str, cai_under: dict | None = None, strict: bool = False, **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored), checked.
 
     Overrides may name any DecodeConfig field or any CAISettings field
     (CAI fields may also be given as a dict under `cai`). `cai_under`: CAI
-    values that go over the preset's and under `overrides` (a settings file's).
+    values that go over the preset's and under `overrides` (a settings file's). strict: a setting
+    given that the method's policy and cache do not read is refused (decode/field_scope.py), as the
+    server and the CLI do; the Python API's default lets one set of keywords run over several methods.
     """
     if method not in PRESETS:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
@@ -144,4 +151,7 @@ def preset_config(method: str, cai_under: dict | None = None, **overrides) -> De
             cai_overrides[key] = tuple(cai_overrides[key])
     given = tuple(sorted(k for k, v in overrides.items() if v is not None))
     config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides), given=given)
-    return config.validate()
+    config.validate()
+    if strict:  # a setting this decoder does not read is refused, not ignored
+        check_given_apply(config, PRESETS)
+    return config
