@@ -154,7 +154,7 @@ def test_cai_elastic_runs_with_fewer_computed_pairs(sharp_lm):
      f"elastic_window \\({GEN + 1}\\) is longer than the generation \\(gen_length {GEN}\\)"),
     ("elastic-block", dict(elastic_window=BLOCK + 1),
      f"elastic_window \\({BLOCK + 1}\\) is longer than the block \\({BLOCK}\\)"),
-    ("elastic", dict(elastic_scope="blocks"), "unknown elastic_scope 'blocks'; choose one of generation, block"),
+    ("elastic", dict(elastic_scope="blocks"), "elastic_scope must be one of generation, block, got 'blocks'"),
     ("elastic", dict(elastic_track=0), "elastic_track must be a positive integer"),
     ("elastic", dict(elastic_layer=-1), "elastic_layer must be an integer >= 0"),
     ("elastic", dict(elastic_layer=2), "elastic_layer \\(2\\) is beyond the model's layers .*has 2"),

@@ -206,10 +206,8 @@ def _elastic_window_fits(config: "DecodeConfig") -> None:
     raise InputError(f"elastic_window ({config.elastic_window}) is longer than the block ({config.block_length})")
 
 
-def _elastic_scope(config: "DecodeConfig") -> None:
+def _elastic_one_block(config: "DecodeConfig") -> None:
     """Elastic-Cache over the whole generation (the official loop) is one block of gen_length."""
-    if config.elastic_scope not in ELASTIC_SCOPES:
-        raise InputError(f"unknown elastic_scope {config.elastic_scope!r}; choose one of {', '.join(ELASTIC_SCOPES)}")
     if config.cache == "elastic" and config.elastic_scope == "generation" and is_int(config.gen_length):
         config.block_length = config.gen_length
 
@@ -266,7 +264,8 @@ CAI_UNIT_FIELDS = ("theta_start", "theta_end", "block_end_floor", "fallback_thre
 # DecodeConfig.validate: every rule in this order; the first that fails names the problem.
 VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     FieldRule("gen_length", "a positive integer", _positive_int),
-    _elastic_scope,
+    FieldRule("elastic_scope", f"one of {', '.join(ELASTIC_SCOPES)}", lambda v: v in ELASTIC_SCOPES),
+    _elastic_one_block,
     FieldRule("block_length", "a positive integer", _positive_int),
     _whole_blocks,
     FieldRule("steps", "a positive integer or None", lambda v: v is None or _positive_int(v)),
