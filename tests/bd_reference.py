@@ -8,7 +8,17 @@ LLaDA2's and SDAR's documentation call greedy decoding), the mask token never pr
 
 - ``llada2_generate``: inclusionAI's LLaDA2.x `generate` (threshold decoding, eos_early_stop).
 - ``sdar_generate``: JetAstra SDAR's `block_diffusion_generate` (low_confidence_dynamic / _static).
-Both return the generated tokens up to and including the first stop id (or gen_length of them).
+- ``llada21_generate``: inclusionAI's LLaDA2.1 `generate` (threshold decoding with token editing).
+All return the generated tokens up to and including the first stop id (or gen_length of them).
+
+Switches for the code as shipped where caidllm deviates (their defaults are caidllm's position; the
+engine matches the re-statement there, docs/decoder-fidelity.md):
+- llada21_generate(shipped_01_mask=True): the shipped LLaDA2.1 file builds its block mask as 0/1 in the
+  model dtype without the log the 2.0 file takes, so attention adds it as a +1/0 bias: not block-causal.
+- sdar_generate(capped_topk=False): the shipped `torch.topk(confidence, k)` is not capped at the masks
+  left, so a step with fewer masks than its quota rewrites committed (or prompt) positions.
+- sdar_generate(top_k_one=True): SDAR's own greedy setting (`top_k=1`): the sampled token's probability
+  after the top-k filter is 1.0 everywhere, so every confidence passes any threshold below 1.
 """
 
 from __future__ import annotations
@@ -20,11 +30,26 @@ def transfer_schedule(block_length: int, steps: int) -> list[int]:
     return [block_length // steps + (i < block_length % steps) for i in range(steps)]
 
 
-def _greedy(lm, x, window_end, block_length):
-    logits = lm.forward(x[None, :window_end], attention_block=block_length)[0, -block_length:]
+def _additive_01_forward(lm, ids, block_length):
+    """The window's logits with the shipped LLaDA2.1 mask: 1.0 where the block-causal mask allows, 0.0
+    elsewhere, added to the attention scores."""
+    n = ids.shape[1]
+    blocks = torch.arange(n) // block_length
+    bias = (blocks[None, :] <= blocks[:, None]).float()[None, None]  # [1, 1, n, n]
+    positions = torch.arange(n)[None]
+    return lm.forward_with_attention(ids, positions, bias, positions)
+
+
+def _greedy(lm, x, window_end, block_length, shipped_01_mask=False, top_k_one=False):
+    if shipped_01_mask:
+        logits = _additive_01_forward(lm, x[None, :window_end], block_length)[0, -block_length:]
+    else:
+        logits = lm.forward(x[None, :window_end], attention_block=block_length)[0, -block_length:]
     logits[:, lm.config.mask_id] = -torch.inf  # as the engine: the mask token is never a prediction
     probs = logits.double().softmax(-1)
     x0 = probs.argmax(-1)
+    if top_k_one:  # top_k=1 keeps one token: its probability after the filter is 1
+        return x0, torch.ones(x0.shape, dtype=probs.dtype)
     return x0, probs.gather(-1, x0[:, None])[:, 0]
 
 
@@ -77,9 +102,8 @@ def llada2_generate(lm, prompt, *, gen_length, block_length, steps, threshold, m
 
 
 def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, strategy, threshold=0.9,
-                  stop_ids=()):
-    """Official SDAR loop; its static rule's top-k is capped at the masks left (the official one,
-    uncapped, would overwrite prompt positions of a part-prompt block when steps < block_length)."""
+                  stop_ids=(), capped_topk=True, top_k_one=False):
+    """Official SDAR loop (switches: the module docstring)."""
     mask_id = lm.config.mask_id
     P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
     schedule = transfer_schedule(block_length, denoising_steps)
@@ -89,9 +113,9 @@ def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, stra
             masked = x[end - block_length:end] == mask_id
             if not masked.any():
                 break
-            x0, p = _greedy(lm, x, end, block_length)
+            x0, p = _greedy(lm, x, end, block_length, top_k_one=top_k_one)
             confidence = torch.where(masked, p, torch.tensor(-torch.inf, dtype=p.dtype))
-            k = min(schedule[step], int(masked.sum()))
+            k = min(schedule[step], int(masked.sum())) if capped_topk else schedule[step]
             transfer = torch.zeros_like(masked)
             if strategy == "low_confidence_dynamic" and int((confidence > threshold).sum()) >= schedule[step]:
                 transfer = confidence > threshold
@@ -104,7 +128,7 @@ def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, stra
 
 
 def llada21_generate(lm, prompt, *, gen_length, block_length, threshold, editing_threshold, max_post_steps,
-                     num_to_transfer=1, eos_early_stop=True, stop_ids=()):
+                     num_to_transfer=1, eos_early_stop=True, stop_ids=(), shipped_01_mask=False):
     """inclusionAI's LLaDA2.1 `generate`: threshold decoding with a fixed quota (num_to_transfer) and
     token editing of the current block's committed, non-prompt positions; up to max_post_steps
     editing steps once the block has no mask; stop after a block when the answer has an end token."""
@@ -121,7 +145,7 @@ def llada21_generate(lm, prompt, *, gen_length, block_length, threshold, editing
                 post_steps += 1
             if post_steps > max_post_steps:
                 break
-            x0, p = _greedy(lm, x, end, block_length)
+            x0, p = _greedy(lm, x, end, block_length, shipped_01_mask=shipped_01_mask)
             transfer = torch.zeros_like(active)
             if active.any():
                 confidence = torch.where(active, p, torch.tensor(-torch.inf, dtype=p.dtype))

@@ -55,6 +55,19 @@ def test_two_methods_write_results_table_plots_and_samples(llada_dir, tmp_path, 
     assert "| cai |" in capsys.readouterr().out  # without --json: the table on stdout
 
 
+def test_a_method_over_the_whole_generation_sits_beside_block_wise_ones(llada_dir, tmp_path):
+    """Elastic-Cache's one window over the generation lays one block where the bench says two: its row
+    counts the steps it took, the missing blocks as 0, and the plots are drawn."""
+    out = tmp_path / "run"
+    code = _bench("--model", str(llada_dir), "--task", "bbh:boolean_expressions", "--methods", "fastdllm,elastic",
+                  "--limit", "2", "--data-dir", str(BENCH), "--out", str(out))
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [len(r["steps_per_block"]) for r in rows] == [2, 2]
+    assert rows[1]["steps_per_block"][1] == 0 and rows[1]["steps_per_block"][0] == rows[1]["nfe_mean"]
+    assert (out / "steps_saved_per_block.png").stat().st_size > 1000
+
+
 def test_json_output_parses_and_has_the_required_keys(llada_dir, capsys):
     code = _bench("--model", str(llada_dir), "--task", "synthetic:boolean_expressions", "--methods", "fastdllm",
                   "--limit", "2", "--json")

@@ -84,16 +84,18 @@ def test_sdar_parity(bd_lm, strategy, method):
         assert answer(result) == official
 
 
-@pytest.mark.parametrize("method, threshold, editing, post", [("llada2.1", 0.7, 0.5, 16),
-                                                               ("llada2.1-speed", 0.5, 0.0, 16),
-                                                               ("llada2.1", 0.7, 0.2, 1)])
-def test_llada21_editing_parity(bd_lm, method, threshold, editing, post):
+@pytest.mark.parametrize("method, threshold, editing, post, early", [("llada2.1", 0.95, 0.9, 16, False),
+                                                                      ("llada2.1-quality", 0.7, 0.5, 16, True),
+                                                                      ("llada2.1-speed", 0.5, 0.0, 16, True),
+                                                                      ("llada2.1-quality", 0.7, 0.2, 1, True)])
+def test_llada21_editing_parity(bd_lm, method, threshold, editing, post, early):
     stop = set(bd_lm.config.eos_ids)
     results = bd_lm.generate(PROMPTS, method=method, gen_length=16, block_length=8, max_post_steps=post,
                              editing_threshold=editing)
     for prompt, result in zip(PROMPTS, results):
         official = llada21_generate(bd_lm, prompt, gen_length=16, block_length=8, threshold=threshold,
-                                    editing_threshold=editing, max_post_steps=post, stop_ids=stop)
+                                    editing_threshold=editing, max_post_steps=post, stop_ids=stop,
+                                    eos_early_stop=early)
         assert answer(result) == official
 
 

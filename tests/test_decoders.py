@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+import caidllm
 from caidllm.decode import build_config
 from caidllm.decode.engine import Engine
 from caidllm.decode.sampling import predict, token_probability
@@ -16,6 +17,11 @@ from caidllm.models.shadow import shadow_inputs
 from helpers.decoding import BLOCK, GEN, PROMPTS, run
 
 PROMPTS = PROMPTS[:3]
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    return caidllm.load("tiny", device="cpu", dtype="float32")
 
 
 def step_predictions(lm, x):
@@ -27,33 +33,40 @@ def step_predictions(lm, x):
 
 # ---- plain re-statements of each decoder's loop (one prompt, whole canvas, no cache) --------------------
 
-def eb_reference(lm, prompt, gamma, gen=GEN, block=BLOCK):
+def eb_reference(lm, prompt, gamma, proxy="entropy", gen=GEN, block=BLOCK):
+    """Algorithm 1 of the EB-Sampler paper: the masked positions in the proxy's order, the largest
+    prefix whose entropies' sum minus their max is at most gamma."""
     mask = lm.config.mask_id
     x = torch.tensor([prompt + [mask] * gen])
     p = len(prompt)
     for b in range(gen // block):
         lo, hi = p + b * block, p + (b + 1) * block
         while (x[0, lo:hi] == mask).any():
-            tokens, _, logits = step_predictions(lm, x)
+            tokens, confidence, logits = step_predictions(lm, x)
             logits = logits.clone()
             logits[:, mask] = float("-inf")
             probs = torch.softmax(logits, -1)
             entropy = -(probs * torch.log(probs.clamp_min(1e-45))).sum(-1)
+            second = probs.topk(2, dim=-1).values[:, 1]
+            error = {"entropy": entropy, "confidence": 1 - confidence, "margin": 1 - (confidence - second)}[proxy]
             masked = [i for i in range(lo, hi) if x[0, i] == mask]
-            order = sorted(masked, key=lambda i: (float(entropy[i]), i))
-            chosen, total = [], 0.0
-            for i in order:  # join while the entropies ranked ahead sum to at most gamma
-                if total > gamma:
+            order = sorted(masked, key=lambda i: (float(error[i]), i))
+            chosen = []
+            for i in order:  # the prefix grows while sum - max of its entropies stays within gamma
+                joined = [float(entropy[j]) for j in chosen + [i]]
+                if chosen and sum(joined) - max(joined) > gamma:
                     break
                 chosen.append(i)
-                total += float(entropy[i])
             for i in chosen:
                 x[0, i] = tokens[i]
     return x[0, p:].tolist()
 
 
-def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=2, std=1.0, high=0.9):
-    """The official generate_slow_fast_sampling at batch size 1, every forward on the whole canvas."""
+def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=2, std=1.0, high=0.9,
+                       shortened=True):
+    """The official generate_slow_fast_sampling at batch size 1. Switch: `shortened` (as shipped) runs the
+    fast phase's forwards after its first on the canvas up to the span's end; off, on the whole canvas
+    (the `slowfast-whole` preset)."""
     mask = lm.config.mask_id
     x = torch.tensor([prompt + [mask] * gen])
     p = len(prompt)
@@ -90,9 +103,13 @@ def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=
                     x[0, p + i] = tokens[p + i]
             if not fixed:
                 cur = max(1, min(int(statistics.mean(history)), block)) if history else block // 2
+            fast_calls = 0
             while any(x[0, p + i] == mask for i in range(start + last, start + cur)):
-                tokens, confidence, _ = step_predictions(lm, x)
-                conf = {i: float(confidence[p + i]) if x[0, p + i] == mask else float("-inf") for i in range(gen)}
+                upto = p + start + cur if shortened and fast_calls else x.shape[1]
+                tokens, confidence, _ = step_predictions(lm, x[:, :upto])
+                fast_calls += 1
+                conf = {i: float(confidence[p + i]) if p + i < upto and x[0, p + i] == mask else float("-inf")
+                        for i in range(gen)}
                 for i in fill(conf, start + last, start + cur):
                     x[0, p + i] = tokens[p + i]
             last = cur
@@ -140,18 +157,36 @@ def wino_reference(lm, prompt, gen=GEN, block=BLOCK, draft=0.6, verify=0.9):
 
 # ---- parity ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gamma", [0.01, 20.0])
-def test_eb_matches_its_plain_loop(lm, gamma):
-    results = run(lm, PROMPTS, "eb", eb_gamma=gamma)
+@pytest.mark.parametrize("proxy", ["entropy", "confidence", "margin"])
+@pytest.mark.parametrize("gamma", [0.0, 0.01, 20.0])
+def test_eb_matches_its_plain_loop(lm, gamma, proxy):
+    results = run(lm, PROMPTS, "eb", eb_gamma=gamma, eb_proxy=proxy)
     for prompt, r in zip(PROMPTS, results):
-        assert r.token_ids == eb_reference(lm, prompt, gamma)
+        assert r.token_ids == eb_reference(lm, prompt, gamma, proxy)
+    if gamma == 0.0:  # one position per step
+        assert all(r.nfe == GEN for r in results)
     if gamma == 20.0:  # random weights: entropies near log(vocab)
         assert sum(r.nfe for r in results) < len(PROMPTS) * GEN  # several tokens per step somewhere
 
 
-def test_slowfast_matches_the_official_loop(lm):
-    for prompt, r in zip(PROMPTS, run(lm, PROMPTS, "slowfast")):
-        assert r.token_ids == slowfast_reference(lm, prompt)
+@pytest.mark.parametrize("method, shortened", [("slowfast", True), ("slowfast-whole", False)])
+def test_slowfast_matches_the_official_loop(lm, method, shortened):
+    for prompt, r in zip(PROMPTS, run(lm, PROMPTS, method)):
+        assert r.token_ids == slowfast_reference(lm, prompt, shortened=shortened)
+
+
+def test_slowfast_on_tiny_both_readings_match_and_differ(tiny_lm):
+    texts = ("not ( True ) and ( True ) is", "True and not False or ( False ) is", "7 + 5 * 3 =")
+    prompts = [tiny_lm.encode_chat(text) for text in texts]
+    outputs = {}
+    for method, shortened in (("slowfast", True), ("slowfast-whole", False)):
+        # One exploratory step, a window of one: short sub-cycles, so fast phases with several forwards.
+        results = run(tiny_lm, prompts, method, gen_length=64, block_length=32, sf_explore_steps=1, sf_window=1)
+        for prompt, r in zip(prompts, results):
+            assert r.token_ids == slowfast_reference(tiny_lm, prompt, gen=64, block=32, K=1, window=1,
+                                                     shortened=shortened)
+        outputs[method] = [(r.token_ids, r.nfe) for r in results]
+    assert outputs["slowfast"] != outputs["slowfast-whole"]  # the shortened forwards change the decoding here
 
 
 @pytest.mark.parametrize("draft, verify", [(0.6, 0.9), (0.02, 0.5)])
@@ -164,13 +199,28 @@ def test_wino_matches_the_official_loop(llada_lm, draft, verify):
 
 # ---- engine behaviour ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method", ["eb", "eb-dual", "slowfast"])
+@pytest.mark.parametrize("method", ["eb", "eb-dual", "slowfast", "slowfast-whole"])
 def test_batch_invariance(lm, method):
     together = run(lm, PROMPTS, method, eb_gamma=0.5, batch_size=3)
     for prompt, joint in zip(PROMPTS, together):
         (alone,) = run(lm, [prompt], method, eb_gamma=0.5)
         assert alone.token_ids == joint.token_ids and alone.nfe == joint.nfe
         assert alone.trace.commit_step == joint.trace.commit_step
+
+
+def test_shortened_slowfast_rows_beside_other_policies_keep_their_tokens(tiny_lm):
+    """SlowFast's shortened forwards never share a forward with other rows (scheduler): in one engine with
+    EB-Sampler and whole-canvas SlowFast requests, each gives its tokens alone."""
+    prompts = [tiny_lm.encode_chat(text) for text in ("7 + 5 * 3 =", "True and not False or ( False ) is")]
+    options = dict(gen_length=64, block_length=32, early_stop=False, sf_explore_steps=1, sf_window=1)
+    engine = Engine(tiny_lm, max_batch=6)
+    wanted, ids = {}, []
+    for method in ("slowfast", "slowfast-whole", "eb"):
+        for prompt in prompts:
+            ids.append(engine.submit(prompt, build_config(method, **options)))
+            wanted[ids[-1]] = run(tiny_lm, [prompt], method, **options)[0].token_ids
+    results = {e.request_id: e.result for e in engine.run() if e.finished}
+    assert all(results[i].token_ids == wanted[i] for i in ids)
 
 
 def joining_mid_flight(lm, method, **kw):
@@ -230,9 +280,9 @@ def test_wino_revises(llada_lm, monkeypatch):
 # ---- bad input -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("method, kwargs, message", [
-    ("eb", dict(eb_gamma=0), "eb_gamma must be a positive number"),
-    ("eb", dict(eb_gamma=-1.0), "eb_gamma must be a positive number"),
-    ("eb", dict(eb_proxy="perplexity"), "eb_proxy must be one of"),
+    ("eb", dict(eb_gamma=-1.0), "eb_gamma must be a number >= 0 (0: one position per step), got -1.0"),
+    ("eb", dict(eb_gamma=float("nan")), "eb_gamma must be a number >= 0"),
+    ("eb", dict(eb_proxy="perplexity"), "eb_proxy must be one of entropy, confidence, margin, got 'perplexity'"),
     ("wino", dict(wino_draft=0.95, wino_verify=0.9), "WINO thresholds out of order"),
     ("wino", dict(wino_verify=1.5), "wino_verify must be in (0, 1]"),
     ("wino", dict(cache="dual"), "policy 'wino' with cache='dual' is not meaningful"),

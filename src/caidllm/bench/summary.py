@@ -51,8 +51,10 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
             collect_trace(result, trace_store)
 
     reading = combine_energy([p.energy for p in parts], [p.host for p in parts], wall)
-    n_blocks = settings.gen_length // settings.block_length
-    steps = [r.steps_per_block for r in done]
+    # A method may lay fewer blocks than the bench's block_length says (Elastic-Cache's one window over
+    # the whole generation): its rows count what it laid, the rest as 0 steps.
+    n_blocks = max([settings.gen_length // settings.block_length] + [len(r.steps_per_block) for r in done])
+    steps = [list(r.steps_per_block) + [0] * (n_blocks - len(r.steps_per_block)) for r in done]
     spb = [mean(s[b] for s in steps) for b in range(n_blocks)] if steps else [None] * n_blocks
     decoded = [mean(s[b] for s in steps if s[b] > 0) for b in range(n_blocks)]
     fractions = [getattr(r, "computed_fraction", None) for r in done]

@@ -23,8 +23,9 @@ POLICIES = tuple(policies.POLICIES)
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
 # current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
 # EB-Sampler's error proxies (policies/eb.py).
-EB_PROXIES = ("entropy", "confidence", "margin")
+EB_PROXIES = policies.eb.PROXIES
 GRINDING_ACTIONS = ("continue", "exit")
+ELASTIC_SCOPES = ("generation", "block")  # decode/elastic.py
 
 
 @dataclass
@@ -93,16 +94,22 @@ class DecodeConfig:
     sf_window: int = 2
     sf_std: float = 1.0
     sf_high: float = 0.9
+    sf_shortened: bool = True  # the official fast phase: forwards after its first end at the span's end
     # WINO (policies/wino.py): draft (wide-in) and verify (narrow-out) thresholds, and the most
     # steps a block may take (re-masking can undo progress; past it the rest is committed).
     wino_draft: float = 0.6
     wino_verify: float = 0.9
     wino_max_steps: int = 256
     # Elastic-Cache (cache="elastic", decode/elastic.py): the drift test's cosine threshold, the sliding
-    # window (None: 16, cut to the block), and the depth boundary (the shallowest layer it may refresh).
+    # window (None: 16, cut to the block), the shallowest layer the drift test runs at (0: every layer, as
+    # the official), the most-attended keys tracked per layer (the official track_num), and where the
+    # window slides: "generation" (the official: over the whole generation, one block of gen_length) or
+    # "block" (caidllm's reading: inside each block, every block starting with a whole forward).
     elastic_gamma: float = 0.9
     elastic_window: int | None = None
     elastic_layer: int = 0
+    elastic_track: int = 1
+    elastic_scope: str = "generation"
     # dKV-Cache-Greedy (cache="dkv-greedy"): masked neighbours computed around each position a step decodes.
     dkv_window: int = 0
     temperature: float = 0.0
@@ -190,9 +197,19 @@ def _wino_thresholds_ordered(config: "DecodeConfig") -> None:
                          f"wino_verify ({config.wino_verify}) (draft wide, verify narrow)")
 
 
-def _elastic_window_fits_the_block(config: "DecodeConfig") -> None:
-    if config.cache == "elastic" and (config.elastic_window or 0) > config.block_length:
-        raise InputError(f"elastic_window ({config.elastic_window}) is longer than the block ({config.block_length})")
+def _elastic_window_fits(config: "DecodeConfig") -> None:
+    if config.cache != "elastic" or (config.elastic_window or 0) <= config.block_length:
+        return
+    if config.elastic_scope == "generation":
+        raise InputError(f"elastic_window ({config.elastic_window}) is longer than the generation "
+                         f"(gen_length {config.gen_length})")
+    raise InputError(f"elastic_window ({config.elastic_window}) is longer than the block ({config.block_length})")
+
+
+def _elastic_one_block(config: "DecodeConfig") -> None:
+    """Elastic-Cache over the whole generation (the official loop) is one block of gen_length."""
+    if config.cache == "elastic" and config.elastic_scope == "generation" and is_int(config.gen_length):
+        config.block_length = config.gen_length
 
 
 def _elastic_refreshes_adaptively(config: "DecodeConfig") -> None:
@@ -247,6 +264,8 @@ CAI_UNIT_FIELDS = ("theta_start", "theta_end", "block_end_floor", "fallback_thre
 # DecodeConfig.validate: every rule in this order; the first that fails names the problem.
 VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     FieldRule("gen_length", "a positive integer", _positive_int),
+    FieldRule("elastic_scope", f"one of {', '.join(ELASTIC_SCOPES)}", lambda v: v in ELASTIC_SCOPES),
+    _elastic_one_block,
     FieldRule("block_length", "a positive integer", _positive_int),
     _whole_blocks,
     FieldRule("steps", "a positive integer or None", lambda v: v is None or _positive_int(v)),
@@ -283,12 +302,13 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     FieldRule("cai.grinding_action", f"one of {', '.join(GRINDING_ACTIONS)}", lambda v: v in GRINDING_ACTIONS),
     FieldRule("cai.gating", "True, False or None (model default)", lambda v: v is None or isinstance(v, bool)),
     # The post-2025 decoders' settings (checked whatever the policy: a preset may be overridden field by field).
-    FieldRule("eb_gamma", "a positive number", lambda v: is_number(v) and v > 0),
+    FieldRule("eb_gamma", "a number >= 0 (0: one position per step)", _non_negative),
     FieldRule("eb_proxy", f"one of {', '.join(EB_PROXIES)}", lambda v: v in EB_PROXIES),
     FieldRule("sf_explore_steps", "a positive integer", _positive_int),
     FieldRule("sf_window", "a positive integer", _positive_int),
     _window_fits_the_block,
     FieldRule("sf_std", "a positive number", lambda v: is_number(v) and v > 0),
+    FieldRule("sf_shortened", "True or False", lambda v: isinstance(v, bool)),
     *(FieldRule(name, UNIT_INTERVAL, _unit_interval)
       for name in ("sf_cycle_threshold", "sf_high", "wino_draft", "wino_verify")),
     _wino_thresholds_ordered,
@@ -296,8 +316,9 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
     _wino_without_cache,
     FieldRule("elastic_gamma", UNIT_INTERVAL, _unit_interval),
     FieldRule("elastic_window", "a positive integer or None", lambda v: v is None or _positive_int(v)),
-    _elastic_window_fits_the_block,
+    _elastic_window_fits,
     FieldRule("elastic_layer", "an integer >= 0", lambda v: is_int(v) and v >= 0),
+    FieldRule("elastic_track", "a positive integer", _positive_int),
     _elastic_refreshes_adaptively,
     FieldRule("dkv_window", "an integer >= 0", lambda v: is_int(v) and v >= 0),
     _greedy_needs_an_order,

@@ -36,7 +36,8 @@ SCOPES = (
     Scope(("threshold",), policies=("threshold", "dynamic", "subblock", "cai")),  # cai: only with adaptive off (below)
     Scope(("factor",), policies=("threshold",)),
     Scope(("eb_gamma", "eb_proxy"), policies=("eb",)),
-    Scope(("sf_explore_steps", "sf_cycle_threshold", "sf_window", "sf_std", "sf_high"), policies=("slowfast",)),
+    Scope(("sf_explore_steps", "sf_cycle_threshold", "sf_window", "sf_std", "sf_high", "sf_shortened"),
+          policies=("slowfast",)),
     Scope(("wino_draft", "wino_verify", "wino_max_steps"), policies=("wino",)),
     Scope(("num_to_transfer",), policies=("dynamic",)),
     Scope(("sub_block",), policies=("subblock",)),
@@ -44,7 +45,7 @@ SCOPES = (
     Scope(("cai", *sorted(CAI_FIELDS)), policies=("cai",)),
     Scope(("refresh_every",), caches=("prefix", "dual", "es", "dkv", "dkv-greedy", "elastic")),
     Scope(("es_schedule", "es_alpha"), caches=("es",)),
-    Scope(("elastic_gamma", "elastic_window", "elastic_layer"), caches=("elastic",)),
+    Scope(("elastic_gamma", "elastic_window", "elastic_layer", "elastic_track", "elastic_scope"), caches=("elastic",)),
     Scope(("dkv_window",), caches=("dkv-greedy",)),
 )
 SCOPE_OF = {name: scope for scope in SCOPES for name in scope.fields}

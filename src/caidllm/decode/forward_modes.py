@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from caidllm.decode import elastic as elastic_rule
 from caidllm.models.elastic import ElasticInputs
 from caidllm.models.forward_modes import ForwardMode
 from caidllm.models.skip import EarlySkip
@@ -104,29 +105,38 @@ def _fold_inputs(members: list["Request"], masked: torch.Tensor, starts: list[in
 
 
 def _elastic_key(request: "Request") -> tuple:
-    computed, window = request.elastic_columns()
-    return (len(computed), len(window), request.elastic.refresh_from)
+    return (request.id,)  # each request alone: one row's drift test must not refresh another's cache
 
 
 def _elastic_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int]) -> dict:
-    """Elastic-Cache (decode/elastic.py, models/elastic.py): each row's columns and window as absolute
-    columns, the block positions its window predicts, and the layer its refresh starts from."""
-    columns, windows, block_at = [], [], []
+    """Elastic-Cache (decode/elastic.py, models/elastic.py): each row's columns, the columns whose logits
+    it returns, its window, its tracked and untrackable columns (absolute), and the block positions
+    its logits stand for."""
+    columns, targets, windows, tracked, untrackable, block_at, firsts = [], [], [], [], [], [], []
     for r, start in zip(members, starts):
-        computed, window = r.elastic_columns()
+        computed, returned, window = r.elastic_columns()
         first = start - len(r.prompt) - r.block_bounds[0]  # the row's first real column
+        firsts.append(first)
         columns.append([first + c for c in computed])
+        targets.append([first + c for c in returned])
         windows.append([first + c for c in window])
-        where = {c - len(r.prompt) - r.block_bounds[0]: i for i, c in enumerate(window)}
+        tracked.append([first + c for c in r.elastic.tracked])
+        untrackable.append([first + c for c in elastic_rule.untrackable(r.generated, len(r.prompt))])
+        where = {c - len(r.prompt) - r.block_bounds[0]: i for i, c in enumerate(returned)}
         block_at.append([where.get(b, 0) for b in range(r.config.block_length)])
-    device = masked.device
-    return {"elastic": ElasticInputs(to_device(columns, device), to_device(windows, device),
-                                     members[0].elastic.refresh_from, to_device(block_at, device))}
+    device, config = masked.device, members[0].config
+    return {"elastic": ElasticInputs(to_device(columns, device), to_device(targets, device),
+                                     members[0].elastic.n_layers, to_device(block_at, device),
+                                     profiled=to_device(windows, device), tracked=tracked, untrackable=untrackable,
+                                     gamma=config.elastic_gamma, track=config.elastic_track,
+                                     test_from=config.elastic_layer, firsts=firsts,
+                                     whole=all(r.step == 0 for r in members))}
 
 
 def _elastic_after(members: list["Request"], inputs: dict) -> None:
-    for r, profiles in zip(members, inputs["elastic"].profiles):
-        r.elastic.observe(profiles, r.config.elastic_gamma, r.config.elastic_layer)
+    done = inputs["elastic"]
+    for r, start, tracked in zip(members, done.firsts, done.tracked):
+        r.elastic.observe([c - start for c in tracked], done.refresh_from)
 
 
 def _sub_block_key(request: "Request") -> tuple:
@@ -194,8 +204,9 @@ CACHE_MODES: dict[str, CacheMode] = {
     # dKV-Cache-Greedy: only the positions a step decodes, the previous step's and a window of masked
     # neighbours are computed (Request.dkv_columns); its official generate refreshes at steps 0, f, 2f ...
     "dkv-greedy": CacheMode(ForwardMode.DKV),
-    # Elastic-Cache: a full refresh at a block's start, then refreshes from the layer its drift test names.
-    "elastic": CacheMode(ForwardMode.ELASTIC, hidden_every_layer=True),
+    # Elastic-Cache: every forward is its own (its first computes every column, decode/elastic.py); it
+    # refreshes from the layer its drift test names.
+    "elastic": CacheMode(ForwardMode.ELASTIC, refreshes_at_start=0, hidden_every_layer=True),
     "block": CacheMode(ForwardMode.BLOCK, exact=True),  # block-causal models' exact cache
     "subblock": CacheMode(ForwardMode.BLOCK, exact=True, within_block=True),  # plus Fast-dLLM v2's within-block cache
 }

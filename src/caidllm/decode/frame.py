@@ -35,6 +35,7 @@ class Frame:
         self.attention = torch.empty((slots, 0), dtype=torch.bool, device=lm.device)
         self.cache: KVCache | None = None
         self._hidden_levels: set[int] = set()
+        self._queries = False  # the cache keeps every layer's queries (Elastic-Cache)
         # A block-causal model with a token shift (Fast-dLLM v2) computes the column left of a block that may
         # start at the first prompt token: one spare column of padding keeps it inside the frame.
         self.spare = lm.model.extra_left if lm.config.block_causal else 0
@@ -91,19 +92,23 @@ class Frame:
         n_layers = self.lm.config.n_layers
         levels = set(hidden_levels(skip_schedule, n_layers)) if skip_schedule else set()
         levels |= set(range(n_layers)) if every_layer else set()
-        if self.cache is not None and levels <= self._hidden_levels:
+        if self.cache is not None and levels <= self._hidden_levels and (self._queries or not every_layer):
             return
         self._hidden_levels |= levels
+        self._queries = self._queries or every_layer
         old = self.cache
         self.cache = KVCache.allocate(self.lm.config.n_layers, self.slots, self.lm.config.n_kv_heads,
                                       max(self.width, 1), self.lm.config.head_dim, self.lm.device, self.lm.dtype,
                                       hidden_levels=sorted(self._hidden_levels),
-                                      hidden_size=self.lm.config.hidden_size)
+                                      hidden_size=self.lm.config.hidden_size,
+                                      n_heads=self.lm.config.n_heads if self._queries else None)
         if old is not None:  # keep what the in-flight rows have (new hidden levels start empty)
             for new_t, old_t in zip(self.cache.keys + self.cache.values, old.keys + old.values):
                 new_t.copy_(old_t)
             for level, h in old.hidden.items():
                 self.cache.hidden[level].copy_(h)
+            for new_q, old_q in zip(self.cache.queries or (), old.queries or ()):
+                new_q.copy_(old_q)
             for name in ("attention_mask", "positions", "filled"):
                 getattr(self.cache, name).copy_(getattr(old, name))
 
@@ -128,6 +133,8 @@ class Frame:
             k.keys = [moved(t, 2, 0) for t in k.keys]
             k.values = [moved(t, 2, 0) for t in k.values]
             k.hidden = {level: moved(h, 1, 0) for level, h in k.hidden.items()}
+            if k.queries is not None:  # Elastic-Cache's queries move with the cache
+                k.queries = [moved(t, 2, 0) for t in k.queries]
             if k.work_keys is not None:  # prefix mode's working copy moves with the cache
                 k.work_keys = [moved(t, 2, 0) for t in k.work_keys]
                 k.work_values = [moved(t, 2, 0) for t in k.work_values]

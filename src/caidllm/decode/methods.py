@@ -43,11 +43,18 @@ PRESETS: dict[str, dict] = {
     "cai-apd-block-pos": dict(policy="cai", cache="dual", cai=dict(gating=False)),
     # EB-Sampler (arXiv 2505.24857): entropy-bounded unmasking, no cache, gamma 0.01 (policies/eb.py).
     "eb": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="entropy"),
+    # The same with the paper's other error proxies ordering the positions (the bound stays on entropies).
+    "eb-confidence": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="confidence"),
+    "eb-margin": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="margin"),
     # EB-Sampler's rule over Fast-dLLM's dual cache refreshed at block starts (a combination, not a paper's).
     "eb-dual": dict(policy="eb", cache="dual", eb_gamma=0.01, eb_proxy="entropy", refresh_every=0),
-    # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults.
+    # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults, its
+    # fast phase's forwards after the first ending at the span's end as the official code runs them.
     "slowfast": dict(policy="slowfast", cache="none", sf_explore_steps=6, sf_cycle_threshold=0.3, sf_window=2,
-                     sf_std=1.0, sf_high=0.9),
+                     sf_std=1.0, sf_high=0.9, sf_shortened=True),
+    # caidllm's earlier reading: every forward on the whole canvas (BENCHMARKS.md compares the two).
+    "slowfast-whole": dict(policy="slowfast", cache="none", sf_explore_steps=6, sf_cycle_threshold=0.3,
+                           sf_window=2, sf_std=1.0, sf_high=0.9, sf_shortened=False),
     # dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache): LLaDA's low-confidence remasking with delayed
     # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first two.
     "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
@@ -57,18 +64,26 @@ PRESETS: dict[str, dict] = {
     "dkv-greedy": dict(policy="random", cache="dkv-greedy", refresh_every=8, dkv_window=2),
     # WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM) at its official defaults: draft 0.6, verify 0.9.
     "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
-    # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache): Fast-dLLM's threshold 0.9 rule over the
-    # attention-drift refreshed cache, gamma 0.9, a window of 16 (decode/elastic.py for the readings taken).
-    "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9),
-    # CAI-dLLM's budgets and schedule over the Elastic-Cache backend (as cai-es over ES-dLLM's).
-    "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0, elastic_gamma=0.9),
+    # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
+    # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
+    # layer, its stop at the first end token (decode/elastic.py). The block_length of a request is not used.
+    "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9,
+                    elastic_scope="generation"),
+    # caidllm's block-wise reading: the same rule with the window inside each block (BENCHMARKS.md compares).
+    "elastic-block": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9,
+                          elastic_scope="block"),
+    # CAI-dLLM's budgets and schedule over the Elastic-Cache backend (as cai-es over ES-dLLM's), block-wise.
+    "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0, elastic_gamma=0.9, elastic_scope="block"),
     # Block-diffusion models' own decoders with their official defaults (docs/block-diffusion.md), on the
     # exact block cache. LLaDA2.x: threshold decoding, block 32, 32 steps per block, threshold 0.95.
     "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),
     # LLaDA2.1: threshold decoding with token editing, one forced commit a step (num_to_transfer 1), up to 16
-    # editing steps after a block's last mask; quality mode (threshold 0.7, editing 0.5) and speed mode (0.5, 0.0).
-    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, threshold=0.7, editing_threshold=0.5,
-                     num_to_transfer=1, max_post_steps=16),
+    # editing steps after a block's last mask. "llada2.1": the official generate's defaults (threshold 0.95,
+    # editing 0.9, eos_early_stop False); the model card's Q (quality: 0.7 / 0.5) and S (speed: 0.5 / 0.0) modes.
+    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95, editing_threshold=0.9,
+                     num_to_transfer=1, max_post_steps=16, early_stop=False),
+    "llada2.1-quality": dict(policy="dynamic", cache="block", block_length=32, threshold=0.7, editing_threshold=0.5,
+                             num_to_transfer=1, max_post_steps=16),
     "llada2.1-speed": dict(policy="dynamic", cache="block", block_length=32, threshold=0.5, editing_threshold=0.0,
                            num_to_transfer=1, max_post_steps=16),
     # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
@@ -81,7 +96,8 @@ PRESETS: dict[str, dict] = {
 }
 
 # Presets that only apply to block-causal models (their own decoders); the others run on every family.
-BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-speed", "sdar", "sdar-static", "fastdllm-v2")
+BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-quality", "llada2.1-speed", "sdar", "sdar-static",
+                           "fastdllm-v2")
 
 
 def method_names(block_causal: bool | None = None) -> list[str]:

@@ -182,18 +182,22 @@ class Request:
         its order, Elastic-Cache's window between refreshes."""
         if self.commit_order is not None:
             return {p - self.block_bounds[0] for p in self.scheduled(self.step)}
-        if self.elastic is not None and self.forward_mode() == ForwardMode.ELASTIC:
-            return {c - len(self.prompt) - self.block_bounds[0] for c in self.elastic_columns()[1]}
+        if self.elastic is not None:  # the window, at every step (the official loop decodes nothing else)
+            return {c - len(self.prompt) - self.block_bounds[0] for c in self.elastic_columns()[2]}
         return None
 
-    def elastic_columns(self) -> tuple[list[int], list[int]]:
-        """Elastic-Cache's computed columns and its window (the block positions it predicts), relative
-        to the row's first real column (decode/elastic.py)."""
+    def elastic_columns(self) -> tuple[list[int], list[int], list[int]]:
+        """Elastic-Cache's computed columns, the columns whose logits it returns and its window (the
+        positions it decodes), relative to the row's first real column (decode/elastic.py). A block's
+        first forward computes every column and returns the whole block's logits (CAI reads them)."""
         self.elastic.enter_block(self.block)
         size = self.config.elastic_window or elastic.DEFAULT_WINDOW  # None: 16, cut to the block when shorter
+        p = len(self.prompt)
         predicted = elastic.window(self.generated, self.block_bounds, size, self.step == self.step_limit - 1)
-        columns = elastic.columns(self.elastic, len(self.prompt), predicted, self.last_committed)
-        return columns, [len(self.prompt) + p for p in predicted]
+        window = [p + q for q in predicted]
+        if self.step == 0:
+            return list(range(p + len(self.generated))), [p + b for b in range(*self.block_bounds)], window
+        return elastic.columns(self.elastic, p, predicted, self.last_committed), window, window
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}
@@ -237,6 +241,9 @@ class Request:
             self.generated[p] = token
             self.commit_step[p] = global_step
             self.commit_step_in_block[p] = t
+        if self.elastic is not None and self.config.elastic_scope == "generation" and self.config.early_stop \
+                and self.elastic.cut is None:  # Elastic-Cache's own stop: nothing after its first end token
+            self.elastic.cut = elastic.cut_at_end_token(self.generated, positions, eos_ids, eos_id)
         self.nfe += 1
         self.computed_pairs += computed_pairs
         self.steps_per_block[self.block] += 1

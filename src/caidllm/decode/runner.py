@@ -67,6 +67,7 @@ class Runner:
         masked = block == lm.config.mask_id
         plan = FORWARD_PLANS[mode]
         inputs = plan.inputs(members, masked, starts)
+        key_end = self._key_ends(members, masked, starts, frame.canvas.shape[1])
         only = [r.commit_only() for r in members]  # a step that may commit only part of the block: the rest waits
         if any(positions is not None for positions in only):
             allowed = [[positions is None or b in positions for b in range(block_length)] for positions in only]
@@ -78,7 +79,7 @@ class Runner:
         with self.forward_timer:
             logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
                                 end=[s + block_length for s in starts], rows=frame.row_selector(slots, slot_ids),
-                                real_from=[frame.first_real(s) for s in slots], **inputs)
+                                real_from=[frame.first_real(s) for s in slots], key_end=key_end, **inputs)
         self.forwards += 1
         plan.after(members, inputs)
         support = stats = None
@@ -120,6 +121,17 @@ class Runner:
         return [RowStep(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs,
                         None if edit is None else [bool(x) for x in edited[i]])
                 for i, r in enumerate(members)]
+
+    @staticmethod
+    def _key_ends(members: list[Request], masked, starts: list[int], width: int):
+        """[R] the column each row's keys end at this step (None: the canvas's end for every row):
+        a policy whose forwards may end early (SlowFast's fast phase) says where in its block."""
+        horizons = [policy_spec(r.config.policy).horizon_for(r.config) for r in members]
+        if all(h is None for h in horizons):
+            return None
+        ends = [start + h(r.state, masked[i]) if h is not None else torch.full((1,), width, device=masked.device)
+                for i, (r, h, start) in enumerate(zip(members, horizons, starts))]
+        return torch.cat(ends).clamp(max=width)
 
     def _predict(self, logits: torch.Tensor, members: list[Request]):
         """Each position's token and its confidence; sampling runs once per temperature."""

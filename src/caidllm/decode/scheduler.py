@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 from caidllm.checks import is_int
 from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
 from caidllm.decode.frame import Frame
+from caidllm.decode.policies import policy_spec
 from caidllm.decode.request import Request
 from caidllm.errors import EngineFullError, InputError
 
@@ -138,7 +139,9 @@ class Scheduler:
         groups: dict[tuple, list[Request]] = {}
         for r in self.running.values():
             mode = r.forward_mode()
-            key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r), r.fold())
+            # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
+            shortens = policy_spec(r.config.policy).horizon_for(r.config) is not None
+            key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r), r.fold(), shortens)
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
 

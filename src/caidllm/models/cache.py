@@ -50,6 +50,9 @@ class KVCache:
     positions: torch.Tensor  # [B, L] long, RoPE positions
     filled: torch.Tensor  # [B] bool
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # level -> [B, L, d]
+    # Elastic-Cache (mode "elastic"): every layer's queries after RoPE [B, n_heads, L, head_dim], written
+    # where its forwards compute (its drift test reads the tracked tokens' cached queries).
+    queries: list[torch.Tensor] | None = None
     work_keys: list[torch.Tensor] | None = None  # prefix mode's working copy (see above)
     work_values: list[torch.Tensor] | None = None
 
@@ -70,7 +73,8 @@ class KVCache:
 
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, length, head_dim, device, dtype,
-                 hidden_levels=(), hidden_size=None) -> "KVCache":
+                 hidden_levels=(), hidden_size=None, n_heads: int | None = None) -> "KVCache":
+        """n_heads: also keep every layer's queries (Elastic-Cache)."""
         shape = (batch_size, n_kv_heads, length, head_dim)
         hidden = {level: torch.zeros(batch_size, length, hidden_size, device=device, dtype=dtype)
                   for level in hidden_levels}
@@ -81,6 +85,8 @@ class KVCache:
             positions=torch.zeros(batch_size, length, device=device, dtype=torch.long),
             filled=torch.zeros(batch_size, device=device, dtype=torch.bool),
             hidden=hidden,
+            queries=None if n_heads is None else [torch.zeros(batch_size, n_heads, length, head_dim, device=device,
+                                                              dtype=dtype) for _ in range(n_layers)],
         )
 
     @property

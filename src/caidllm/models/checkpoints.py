@@ -106,10 +106,11 @@ LLADA20_CARD = Recommendation(
            f"generate() default; {BLOCK_FAMILY_CAI}")
 LLADA21_CARD = Recommendation(
     gen_length=256, block_length=32, steps=256, temperature=0.0, confidence_gating=False, refresh_every=16,
-    decoder="llada2.1", threshold=0.7,
+    decoder="llada2.1-quality", threshold=0.7,
     source="inclusionAI/LLaDA2.1 model cards' quality mode as diffusers' LLaDA2Pipeline documents it (gen_length "
            "256, block_length 32, 32 steps per block = 256, threshold 0.7, editing_threshold 0.5, max_post_steps 16, "
-           f"temperature 0; the speed mode is the llada2.1-speed preset); {BLOCK_FAMILY_CAI}")
+           "temperature 0; the speed mode is the llada2.1-speed preset, the official generate's own defaults "
+           f"(0.95 / 0.9, no early stop) the llada2.1 preset); {BLOCK_FAMILY_CAI}")
 SDAR_SCRIPT = Recommendation(
     gen_length=512, block_length=4, steps=512, temperature=0.0, confidence_gating=False, refresh_every=16,
     decoder="sdar", threshold=0.85,

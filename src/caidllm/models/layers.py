@@ -158,6 +158,9 @@ class Context:
     # positions [R, L] of the rows, from which each query's and key's block is read.
     attention_block: int | None = None
     positions: torch.Tensor | None = None
+    # [R] long: each row's keys from this column on are hidden from every query (None: none are), as if
+    # the canvas ended there (SlowFast's official fast phase, policies/slowfast.py).
+    key_end: torch.Tensor | None = None
 
     def __post_init__(self):
         # The key mask serves rows whose padding is not all on the left (a caller's own canvas);
@@ -338,7 +341,11 @@ class Context:
     def _block_visibility(self) -> torch.Tensor | None:
         """[R, 1, n, L] block-causal mask of the positions computed at this layer (None: bidirectional)."""
         if self.attention_block is None:
-            return None
+            if self.key_end is None:
+                return None
+            L, n = self.mask.shape[1], self.cos.shape[2]
+            ends = torch.arange(L, device=self.mask.device)[None, None, None, :] < self.key_end[:, None, None, None]
+            return ends.expand(-1, 1, n, L)
         if self.index is None:
             queries = self.positions[:, self.lo:]
         else:

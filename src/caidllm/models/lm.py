@@ -73,7 +73,7 @@ class DiffusionLM:
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
                 skip: EarlySkip | None = None, real_from: list[int] | None = None,
                 attention_block: int | None = None, fold: int = 0, columns=None, block_at=None, elastic=None,
-                sub_block=None):
+                sub_block=None, key_end=None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -119,7 +119,8 @@ class DiffusionLM:
             if mode == ForwardMode.SUBBLOCK:
                 return forward_sub_block(self, input_ids, cache, sub_block, attention_block, rows, real_from)
             if mode == ForwardMode.ELASTIC:
-                logits = self.forward_elastic(input_ids, cache, elastic, rows=rows, real_from=real_from)
+                logits = self.forward_elastic(input_ids, cache, elastic, rows=rows, real_from=real_from,
+                                              mask=attention_mask if elastic.whole else None)
                 return logits.gather(1, elastic.block_at[..., None].expand(-1, -1, logits.shape[-1]))
             if mode == ForwardMode.DKV:
                 logits = self.forward_columns(input_ids, cache, columns, rows=rows, real_from=real_from)
@@ -129,7 +130,7 @@ class DiffusionLM:
         if real_from is not None:
             return self.forward_unchecked(input_ids, attention_mask, mode=mode, cache=cache, starts=start,
                                           length=end[0] - start[0], rows=rows, real_from=real_from, skip=skip,
-                                          attention_block=attention_block, fold=fold)
+                                          attention_block=attention_block, fold=fold, key_end=key_end)
         attention_block = self._check_attention_block(attention_block)
         if mode == "block" and not self.config.block_causal:
             raise InputError(f"mode='block' (the exact block cache) needs a block-causal model; the "
@@ -169,13 +170,14 @@ class DiffusionLM:
     @torch.no_grad()
     def forward_unchecked(self, ids, mask, *, mode: str, cache, starts: list[int], length: int, rows,
                           real_from: list[int] | None, skip: EarlySkip | None = None,
-                          attention_block: int | None = None, fold: int = 0):
+                          attention_block: int | None = None, fold: int = 0, key_end=None):
         """forward() without its argument checks and without any host sync: for a caller that
         checked its inputs once (the engine checks each request when it is submitted) and
         knows each row's first real column (``real_from``; the Frame's rows are left-padded).
         ids, mask: [B, L] on the model's device; starts: each selected row's block start
         (host ints); rows: None (all), a slice (contiguous rows: the cache is read as a view)
-        or a long tensor on the device."""
+        or a long tensor on the device; key_end: [R] long on the device, mode="full" without a cache
+        only: each row's keys from that column on hidden from every query (SlowFast's fast phase)."""
         r = slice(None) if rows is None else rows
         extra = 0 if mode == "full" else self.model.extra_left + fold
         if mode == "full" and cache is None and attention_block and starts:
@@ -198,6 +200,7 @@ class DiffusionLM:
         ctx = Context.build(mask_r, pos_r, c.rotary_dim, c.rope_theta, mode=mode, starts=start_t, block_length=length,
                             extra=extra, rows=rows, cache=cache, skip=skip, plan=plan, real_from=real_from,
                             start_list=starts, attention_block=attention_block or default_attention_block(c))
+        ctx.key_end = key_end
         if ctx.index is not None:
             computed_ids = ids[r].gather(1, ctx.index)
         else:
@@ -256,7 +259,7 @@ class DiffusionLM:
     def new_cache(self, batch_size: int, length: int, *, skip_schedule=None, every_layer: bool = False) -> KVCache:
         """An empty cache for a [batch_size, length] canvas; fill it with mode="full".
         With an early-skip schedule it also keeps the hidden states mode="es" reads; with
-        every_layer, those of every layer's input (mode="elastic")."""
+        every_layer, those of every layer's input and its queries (mode="elastic")."""
         c = self.config
         levels = tuple(range(c.n_layers)) if every_layer else ()
         if skip_schedule is not None:
@@ -267,7 +270,8 @@ class DiffusionLM:
         if length > c.max_length:
             raise InputError(f"new_cache: length {length} exceeds the model's max_length {c.max_length}")
         return KVCache.allocate(c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim, self.device, self.dtype,
-                                hidden_levels=levels, hidden_size=c.hidden_size)
+                                hidden_levels=levels, hidden_size=c.hidden_size,
+                                n_heads=c.n_heads if every_layer else None)
 
     # ---- decoding -------------------------------------------------------
 

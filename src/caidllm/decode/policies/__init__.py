@@ -51,6 +51,9 @@ class PolicySpec:
     # The request draws a decoding order at each block start and the policy is offered only the
     # step's share of it (policies/random_order.py).
     ordered: bool = False
+    # For a config whose forwards may end before the canvas does: horizon(state, block_masked) -> [1] long,
+    # where the row's keys end in its block this step (SlowFast's official fast phase); None: never.
+    horizon_for: Callable[["DecodeConfig"], Callable | None] = lambda config: None
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -67,7 +70,9 @@ POLICIES: dict[str, PolicySpec] = {
                                                        cycle_threshold=config.sf_cycle_threshold,
                                                        window=config.sf_window, std_bound=config.sf_std,
                                                        high=config.sf_high),
-                           state_for=lambda config: slowfast.state_names(config.sf_window)),
+                           state_for=lambda config: slowfast.state_names(config.sf_window),
+                           horizon_for=lambda config: partial(slowfast.horizon, explore_steps=config.sf_explore_steps)
+                           if config.sf_shortened else None),
     "wino": PolicySpec(wino.select, lambda config, gating: dict(draft=config.wino_draft, verify=config.wino_verify),
                        state_names=wino.STATE, revises=True, forward="verify"),
     "random": PolicySpec(random_order.select, ordered=True),

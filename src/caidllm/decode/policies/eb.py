@@ -1,18 +1,21 @@
 """EB-Sampler: entropy-bounded unmasking (Ben-Hamu et al., "Accelerated Sampling from Masked
 Diffusion Models via Entropy Bounded Unmasking", arXiv 2505.24857).
 
-At each step the masked positions of the block are sorted by an error proxy, lowest first,
-and the largest prefix U of that order is unmasked whose summed proxy minus its largest
-member stays within gamma: sum_{l in U} e_l - max_{l in U} e_l <= gamma (the left side
-bounds the mutual information among the unmasked tokens). In sorted order the max is the
-last member, so the k-th position joins iff the proxies of the k - 1 before it sum to at
-most gamma; the first always joins (every step makes progress).
+Algorithm 1 of the paper (EB-Sampler), its selection line: sort the masked positions by the error
+proxy, lowest first, and unmask the largest prefix U of that order with
+    sum_{l in U} H(p_l) - max_{l in U} H(p_l) <= gamma,
+H the entropy of the position's predictive distribution (nats): the bound is always on the summed
+entropies (an upper bound of the mutual information among the unmasked tokens); the proxy only
+orders the positions. The left side grows with every member added, so the prefix is every k
+whose first k members pass; the first always passes (every step makes progress), and gamma = 0
+unmasks one position per step (more only where further entropies are exactly 0).
+Cross-check: diffusers' EntropyBoundScheduler (v0.39.0, schedulers/scheduling_entropy_bound.py)
+accepts "the k lowest-entropy positions such that sum_i^k entropy_i - max(entropy_1..k) <= entropy_bound".
 
-Proxies: "entropy" (the paper's default, in nats), "confidence" (1 - p of the predicted
-token) and "margin" (1 - (p1 - p2)). Readings taken: the paper defines the proxies for
-sorting and bounding alike; we use the same value for both. Ties in the order go to the
-leftmost position. No official repository of the sampler for LLaDA / Dream is public;
-tests/test_decoders.py re-states the rule as a plain loop and compares tokens.
+Proxies (the order): "entropy" (the paper's default), "confidence" (1 - p of the predicted
+token) and "margin" (1 - (p1 - p2)). Ties go to the leftmost position. No official repository
+of the sampler for LLaDA / Dream is public; tests/test_decoders.py re-states Algorithm 1 as a
+plain loop for the three proxies and compares tokens.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import torch
 
 from caidllm.decode.policies.base import StepView
 
+PROXIES = ("entropy", "confidence", "margin")
+
 
 def error_proxy(view: StepView, proxy: str) -> torch.Tensor:
-    """[R, block] the error proxy of each position (lower = safer to unmask)."""
+    """[R, block] the error proxy of each position (lower = unmasked first)."""
     if proxy == "entropy":
         return view.entropy
     if proxy == "confidence":
@@ -32,11 +37,12 @@ def error_proxy(view: StepView, proxy: str) -> torch.Tensor:
 
 
 def select(view: StepView, gamma: float, proxy: str) -> torch.Tensor:
-    errors = error_proxy(view, proxy).double().masked_fill(~view.masked, float("inf"))
-    ordered, order = torch.sort(errors, dim=1, stable=True)
-    before = ordered.cumsum(dim=1) - ordered  # sum of the proxies ranked ahead of each position
-    accept_sorted = (before <= gamma) & torch.isfinite(ordered)
-    accept_sorted[:, 0] &= view.masked.any(dim=1)
-    return torch.zeros_like(view.masked).scatter_(1, order, accept_sorted) & view.masked
-
-
+    order_by = error_proxy(view, proxy).double().masked_fill(~view.masked, float("inf"))
+    order = torch.sort(order_by, dim=1, stable=True).indices
+    entropy = view.entropy.double().gather(1, order)
+    in_order = view.masked.gather(1, order)
+    entropy = entropy.masked_fill(~in_order, 0.0)
+    # sum - max of the entropies of each prefix of the order (masked positions come first)
+    excess = entropy.cumsum(dim=1) - entropy.cummax(dim=1).values
+    accept = (excess <= gamma) & in_order
+    return torch.zeros_like(view.masked).scatter_(1, order, accept) & view.masked

@@ -13,13 +13,14 @@ A block is decoded in sub-cycles, each over a span [last, cur) of the block:
 - accelerated (fast) phase, until the span is filled: the same rule inside [last, cur)
   only (positional principle). Then `last = cur` and the next sub-cycle starts.
 
-Readings taken: the official code's fast-phase forwards after the first of a sub-cycle
-attend only up to the span's end (the rest of the canvas is dropped from the forward);
-here every forward sees the whole canvas (cache modes as configured), so a span's tokens
-may differ from the official where the dropped suffix would have changed them: the parity
-test re-states the official loop with that one change. The official keeps running
-exploratory forwards after the block is full; the engine ends the block at once (same
-tokens, fewer forwards). The mask token is never predicted (engine-wide rule).
+The official fast phase runs its first forward on the whole canvas and every later one on the
+canvas up to the span's end only (`model(x[:, :prompt_length + end])`; the suffix's logits are the
+first one's, never read there): `sf_shortened` (the `slowfast` preset) does the same, hiding each
+row's keys from the span's end on (`horizon` below, models/layers.Context.key_end); the `slowfast-whole`
+preset runs every forward on the whole canvas (caidllm's earlier reading). The official keeps running
+exploratory forwards after the block is full; the engine ends the block at once (same tokens, fewer
+forwards). The mask token is never predicted (engine-wide rule). tests/test_decoders.py re-states the
+official loop with the shortened forwards as a switch and compares tokens both ways.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 
 from caidllm.decode.policies.base import StepView, masked_confidence
 
-STATE = ("sf_k", "sf_count", "sf_fixed", "sf_cur", "sf_last")
+NOWHERE = 1 << 40  # past any canvas: the runner clamps it to the canvas's end
+STATE = ("sf_k", "sf_count", "sf_fixed", "sf_cur", "sf_last", "sf_fast")
 
 
 def state_names(window: int) -> tuple[str, ...]:
@@ -93,10 +95,21 @@ def select(view: StepView, explore_steps: int, cycle_threshold: float, window: i
     fast_span = (pos >= last[:, None]) & (pos < cur[:, None])
     commit_span = torch.where(exploring[:, None], scope, fast_span)
     commit = _fill(conf, commit_span & view.masked, high)
+    fast = torch.where(exploring, torch.zeros_like(k), s["sf_fast"][rows] + 1)  # fast forwards of the sub-cycle
 
     for name, value in (("sf_k", k), ("sf_count", count), ("sf_fixed", fixed.long()), ("sf_cur", cur),
-                        ("sf_last", last)):
+                        ("sf_last", last), ("sf_fast", fast)):
         s[name][rows] = value
     for i in range(window):
         s[f"sf_hist{i}"][rows] = hist[:, i]
     return commit
+
+
+def horizon(state: dict[str, torch.Tensor], masked: torch.Tensor, explore_steps: int) -> torch.Tensor:
+    """[1] long: where this step's forward may end in the row's block (NOWHERE: it does not end early).
+    A fast-phase forward after the sub-cycle's first, its span still masked, ends at the span's end."""
+    k, fast, cur, last = state["sf_k"], state["sf_fast"], state["sf_cur"], state["sf_last"]
+    pos = torch.arange(masked.shape[-1], device=masked.device)
+    open_span = ((pos >= last) & (pos < cur) & masked).any().reshape(1)
+    shortened = (k >= explore_steps) & (fast >= 1) & open_span
+    return torch.where(shortened, cur, torch.full_like(cur, NOWHERE))
