@@ -96,7 +96,7 @@ def test_models_memory_of_a_block_checkpoint(capsys):
 
 @pytest.mark.parametrize("shape, flag, runs", [
     ("fastdllm-v2-1.5b", ["--sub-block", "4"], "fastdllm-v2"),
-    ("llada2.1-mini", ["--editing-threshold", "0.6"], "llada2.1"),
+    ("llada2.1-mini", ["--editing-threshold", "0.6"], "llada2.1-quality"),  # the model card's Q mode
 ])
 def test_cli_flags_of_the_checkpoints_own_decoder(tmp_path, capsys, shape, flag, runs):
     """With no --method, a flag only the checkpoint's own decoder reads is checked against that decoder,
@@ -106,7 +106,7 @@ def test_cli_flags_of_the_checkpoints_own_decoder(tmp_path, capsys, shape, flag,
     base = ["generate", "hi", "--model", str(folder), "--gen-length", str(2 * checkpoint.recommended.block_length)]
     assert main([*base, *flag, "--json"]) == 0
     assert f'"method": "{runs}"' in capsys.readouterr().out
-    if runs == "llada2.1":
+    if runs == "llada2.1-quality":
         assert main([*base, "--sub-block", "4"]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert "sub_block does not apply to method 'llada2.1'" in err
+        assert "sub_block does not apply to method 'llada2.1-quality'" in err
