@@ -2,8 +2,11 @@
 
 Requests are submitted (queued), admitted into a free slot of the shared
 Frame at the next step, and leave as soon as they finish or are cancelled.
-One call of `step()` advances every in-flight request by exactly one
-denoising step of its own block: at each step a request runs one forward
+One call of `step()` advances the requests of the forward groups the step
+policy chooses (step_policies.py: "fair", the default, runs the group owed
+the most forward time, so a cheap request is not paced by an expensive
+neighbour's forwards; "all" runs every group) by exactly one denoising step
+of their own block, and the others not at all: at each of its steps a request runs one forward
 (a full forward without a cache, at its block start and every f steps; its
 cached mode otherwise), each masked position of its block gets a predicted
 token and its confidence, its policy picks which to commit, and the step's
@@ -14,8 +17,8 @@ Who shares a forward: the requests whose forward this step has the same mode
 block length. They may differ in prompt length, block, local step, method,
 gen_length and sampling: each row is computed as it would be alone (its own
 columns, its own cache row). Requests that cannot share run in separate
-forwards within the same step, so no request waits for another's block to
-end. Inside a forward, the commit policy runs once per group of rows with the
+forwards (in the same step under "all", in steps of their own as "fair"
+chooses), so no request waits for another's block to end. Inside a forward, the commit policy runs once per group of rows with the
 same policy settings, step and block (policies are batched tensor functions
 of the rows they are given); prediction once per temperature.
 
@@ -45,6 +48,7 @@ from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.runner import RowStep, Runner
 from caidllm.decode.sampling import request_generator
 from caidllm.decode.scheduler import Scheduler
+from caidllm.decode.step_policies import DEFAULT_STEP_POLICY
 from caidllm.decode.timing import DeviceTimer  # noqa: F401 - the old import path
 from caidllm.errors import InputError
 from caidllm.models.forward_modes import ForwardMode
@@ -83,9 +87,9 @@ class Engine:
     Submit and cancel between steps (one thread; BackgroundEngine runs it from a thread of its
     own for servers). `step()` = schedule (scheduler.py), run (runner.py), update (request.py)."""
 
-    def __init__(self, lm, max_batch: int = 8, max_queue: int = 256):
+    def __init__(self, lm, max_batch: int = 8, max_queue: int = 256, step_policy: str = DEFAULT_STEP_POLICY):
         self.lm = lm
-        self.scheduler = Scheduler(lm, max_batch, max_queue, on_admit=self._start)
+        self.scheduler = Scheduler(lm, max_batch, max_queue, on_admit=self._start, step_policy=step_policy)
         self.runner = Runner(lm)
         self.steps = 0
         self._eos_ids = set(lm.config.eos_ids)
@@ -172,10 +176,11 @@ class Engine:
     # ---- one step ----------------------------------------------------------------
 
     def step(self) -> list[CommitEvent]:
-        """Admit waiting requests into free slots, then advance every in-flight
-        request by one denoising step. Returns the step's events."""
+        """Admit waiting requests into free slots, then advance the requests of the groups the
+        step policy chose by one denoising step. Returns the step's events."""
         groups = self.scheduler.schedule()
         rows = self.runner.run(self.scheduler.frame, groups)
+        self.scheduler.ran(groups)
         if self.runner.faults:  # rows whose policy raised leave now (take_faults says why); the others go on
             for row in rows:
                 if row.request.id in self.runner.faults:

@@ -1,0 +1,95 @@
+"""Which of a step's forward groups run (the scheduler forms the groups; a step policy picks).
+
+A request's tokens never depend on the choice: every row is computed as it would be alone, and
+a group that does not run at a step simply does not advance (batch invariance). What the choice
+decides is whose time a step costs.
+
+- "all": every group runs at every step, so one step costs the sum of every group's forward and
+  each request advances at the pace of the slowest mix in flight (a 6-forward cached request
+  beside long uncached ones waits for their forwards at each of its own steps).
+- "fair" (the default): start-time fair queuing over requests, by measured forward time. Each
+  request in flight has a virtual time: the forward seconds it has been served, its share of
+  each forward it ran in (the forward's wall time / its rows). A step runs the group whose
+  most-owed member has the least virtual time (every group tied with it too: at the start all
+  are, so the first step runs them all). A request taking a slot starts at the virtual time of
+  the last group run, so it neither waits for the requests served so far nor overtakes them by
+  its arrival. Cheap groups therefore run several times per run of an expensive one, in
+  proportion to the cost: a request's time per step is about its own forward times the number
+  of requests in flight, not the sum of the others' forwards.
+
+  No starvation: a request whose virtual time is the least runs at the next step, and every other
+  request's virtual time grows by its service, so between two runs of any request the others are
+  served at most about (requests in flight - 1) x (its forward + the largest forward) seconds
+  (the bound of start-time fair queuing; tests/test_step_policies.py checks it). Work is conserved:
+  the same forwards run as under "all", in another order, so the time to finish everything in
+  flight is unchanged; a long request's completion moves by the work of the short requests served
+  meanwhile, as under "all".
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from caidllm.errors import InputError
+
+
+class StepPolicy(Protocol):
+    name: str
+
+    def choose(self, groups: list) -> list:
+        """The groups (ForwardGroups of the scheduler) that run at this step: a non-empty subset
+        in their given order when `groups` is non-empty."""
+
+    def ran(self, group, seconds: float) -> None:
+        """A chosen group's forward took `seconds` (wall time, its results on the host)."""
+
+
+class AllGroups:
+    """Every group at every step (the rule before step policies)."""
+
+    name = "all"
+
+    def choose(self, groups: list) -> list:
+        return groups
+
+    def ran(self, group, seconds: float) -> None:
+        pass
+
+
+class FairShare:
+    """Start-time fair queuing over the requests in flight by their measured forward time."""
+
+    name = "fair"
+
+    def __init__(self):
+        self.virtual: dict[str, float] = {}  # request id -> forward seconds served (its shares)
+        self.clock = 0.0  # the virtual time of the last group run: where a newcomer starts
+
+    def choose(self, groups: list) -> list:
+        live = {r.id for g in groups for r in g.members}
+        for request_id in [i for i in self.virtual if i not in live]:  # finished or cancelled
+            del self.virtual[request_id]
+        for request_id in live:
+            self.virtual.setdefault(request_id, self.clock)
+        if not groups:
+            return groups
+        tags = [min(self.virtual[r.id] for r in g.members) for g in groups]
+        least = min(tags)
+        self.clock = max(self.clock, least)
+        return [g for g, tag in zip(groups, tags) if tag <= least]
+
+    def ran(self, group, seconds: float) -> None:
+        share = max(float(seconds), 0.0) / len(group.members)
+        for r in group.members:
+            self.virtual[r.id] = self.virtual.get(r.id, self.clock) + share
+
+
+STEP_POLICIES: dict[str, Callable[[], StepPolicy]] = {"fair": FairShare, "all": AllGroups}
+DEFAULT_STEP_POLICY = "fair"
+
+
+def make_step_policy(name) -> StepPolicy:
+    """A fresh step policy by name (InputError naming the choices for anything else)."""
+    if not isinstance(name, str) or name not in STEP_POLICIES:
+        raise InputError(f"unknown step policy {name!r}; choose one of {', '.join(STEP_POLICIES)}")
+    return STEP_POLICIES[name]()
