@@ -41,14 +41,14 @@ def test_fair_runs_every_tied_group_then_the_least_served():
     policy = FairShare()
     heavy, light = group("h1", "h2"), group("l")
     assert policy.choose([heavy, light]) == [heavy, light]  # all new: tied, all run
-    policy.ran(heavy, 1.0)  # 0.5 s each for h1 and h2
+    policy.ran(heavy, 1.0)  # each row is charged its whole forward
     policy.ran(light, 0.15)
     runs = []
-    for _ in range(5):
+    for _ in range(8):
         (chosen,) = policy.choose([heavy, light])
         policy.ran(chosen, 1.0 if chosen is heavy else 0.15)
         runs.append("h" if chosen is heavy else "l")
-    assert runs == ["l", "l", "l", "h", "l"]  # the light one runs until its share passes the heavy rows'
+    assert runs == ["l"] * 6 + ["h", "l"]  # the light one runs until its time passes the heavy forward's
     newcomer = group("n")
     assert policy.choose([heavy, light, newcomer]) == [newcomer]  # starts at the clock, not at 0 ...
     assert policy.virtual["n"] == policy.clock > 0  # ... so it does not overtake by its arrival alone

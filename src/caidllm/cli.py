@@ -13,10 +13,10 @@ import sys
 from caidllm.bench.calibrate_cli import register as register_calibrate
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
-from caidllm.decode.presets import build_config, method_names
+from caidllm.decode.presets import method_names
 from caidllm.errors import CaidllmError
 from caidllm.models_cli import register as register_models
-from caidllm.options import MODEL_HELP, add_model_arguments, load_model  # noqa: F401 - the old import path
+from caidllm.options import MODEL_HELP, add_model_arguments, check_before_load, load_model  # noqa: F401
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -82,11 +82,7 @@ def run_generate(args) -> int:
                    editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
                    minimal_topk=args.minimal_topk,
                    early_stop=not args.no_early_stop)
-    # A bad method or setting fails before the model loads (an unset length may come from the checkpoint).
-    check = dict(options)
-    if check["gen_length"] is None or check["block_length"] is None:
-        check["gen_length"] = check["block_length"] = check["gen_length"] or check["block_length"]
-    build_config(method, settings=settings, **check)
+    check_before_load(args.model, method, settings, **options)  # a bad method or setting fails before the model loads
     lm = load_model(args)
     options = apply_recommendation(lm, options)
     chat = lm.chat_default if args.chat is None else args.chat

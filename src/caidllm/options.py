@@ -55,3 +55,21 @@ def load_model(args):
         print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
               file=sys.stderr)
     return lm
+
+
+def model_config_of(name):
+    """(ModelConfig, known Checkpoint or None) of the model `name` from its config.json alone (no weight
+    read): what a command checks its settings against before it loads the model."""
+    from caidllm.models.inventory import describe
+
+    described = describe(str(name))
+    return described.config, described.checkpoint
+
+
+def check_before_load(model_name, method: str, settings=None, **options):
+    """Refuse a bad or inapplicable setting before the model loads (InputError): the config `method`
+    would decode with on the model (decode/presets.py, config_for_model), from its config.json alone."""
+    from caidllm.decode.presets import config_for_model
+
+    config, checkpoint = model_config_of(model_name)
+    return config_for_model(config, checkpoint, method, settings, **options)[0]

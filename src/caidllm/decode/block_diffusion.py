@@ -68,7 +68,7 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
                          "its cache is 'block' (exact) or 'none' (the whole window every step)")
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
-        changes["block_length"] = model.block_lengths[0]  # the preset's does not apply: the model's own
+        changes["block_length"] = own_block_length(config.block_length, model)
     elif model.block_lengths and config.block_length not in model.block_lengths:
         raise InputError(f"block_length {config.block_length} is not one the {model.family} model decodes with "
                          f"(allowed: {', '.join(map(str, model.block_lengths))})")
@@ -76,6 +76,14 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
                          "never refreshed")
     return dataclasses.replace(config, **changes).validate() if changes != {"cache": config.cache} else config
+
+
+def own_block_length(block_length: int, model) -> int:
+    """A preset's block length where the model (its ModelConfig) decodes with it, else the model's own
+    (its first): the block length a caller who gives none gets."""
+    if model.block_lengths and block_length not in model.block_lengths:
+        return model.block_lengths[0]
+    return block_length
 
 
 # ---- LLaDA2.1 token editing ------------------------------------------------------------------

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from caidllm.decode.block_diffusion import fit_to_model, own_block_length
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.methods import (  # noqa: F401 - the old import path
     BLOCK_DIFFUSION_PRESETS, PRESETS, method_names, preset_config, uses_cai)
 from caidllm.decode.settings_file import load_settings
 from caidllm.errors import InputError
+from caidllm.models.checkpoints import recommended_options
 
 
 def build_config(method: str, settings=None, **overrides) -> DecodeConfig:
@@ -28,3 +30,18 @@ def build_config(method: str, settings=None, **overrides) -> DecodeConfig:
         raise InputError(f"the settings {settings.source or ''} are CAI settings; method {method!r} does "
                          f"not run the CAI controller (use {settings.method!r} or another cai preset)")
     return preset_config(method, cai_under=settings.cai, **overrides)
+
+
+def config_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[DecodeConfig, list[str]]:
+    """The config `method` decodes with on a model (its ModelConfig; `checkpoint` the known checkpoint
+    it is, or None) when the caller leaves settings unset (None): the one rule of generate, serve,
+    bench, calibrate and the lm-eval adapter. Unset lengths, steps and temperature take a known
+    checkpoint's recommendation (models/checkpoints.py); then a block-diffusion model's block length
+    is the preset's where the model decodes with it, else the model's own; a preset's cache the family
+    lacks becomes its own (block_diffusion.fit_to_model). A setting given that does not apply to the
+    model raises InputError naming it. Returns the config and the names the recommendation filled."""
+    options, taken = recommended_options(checkpoint, **options)
+    if options.get("block_length") is None and model.block_lengths:
+        # Before the lengths are checked together: a gen_length that is whole blocks of the model's own.
+        options["block_length"] = own_block_length(build_config(method, settings=settings).block_length, model)
+    return fit_to_model(build_config(method, settings=settings, **options), model), taken

@@ -7,19 +7,21 @@ decides is whose time a step costs.
 - "all": every group runs at every step, so one step costs the sum of every group's forward and
   each request advances at the pace of the slowest mix in flight (a 6-forward cached request
   beside long uncached ones waits for their forwards at each of its own steps).
-- "fair" (the default): start-time fair queuing over requests, by measured forward time. Each
-  request in flight has a virtual time: the forward seconds it has been served, its share of
-  each forward it ran in (the forward's wall time / its rows). A step runs the group whose
+- "fair" (the default): start-time fair queuing over forwards, by measured forward time. Each
+  request in flight has a virtual time: the wall time of the forwards it ran in (each row is
+  charged its whole forward, what that forward cost its latency, so a batch of rows sharing a
+  forward counts as one forward, not as one claim per row). A step runs the group whose
   most-owed member has the least virtual time (every group tied with it too: at the start all
   are, so the first step runs them all). A request taking a slot starts at the virtual time of
   the last group run, so it neither waits for the requests served so far nor overtakes them by
   its arrival. Cheap groups therefore run several times per run of an expensive one, in
   proportion to the cost: a request's time per step is about its own forward times the number
-  of requests in flight, not the sum of the others' forwards.
+  of forward groups in flight, not the sum of the others' forwards. (Measured against charging each
+  row its share, forward / rows, which made a 4-row batch four claims: BENCHMARKS.md.)
 
   No starvation: a request whose virtual time is the least runs at the next step, and every other
   request's virtual time grows by its service, so between two runs of any request the others are
-  served at most about (requests in flight - 1) x (its forward + the largest forward) seconds
+  served at most about 2 x (requests in flight - 1) x (its forward + the largest forward) seconds
   (the bound of start-time fair queuing; tests/test_step_policies.py checks it). Work is conserved:
   the same forwards run as under "all", in another order, so the time to finish everything in
   flight is unchanged; a long request's completion moves by the work of the short requests served
@@ -57,12 +59,12 @@ class AllGroups:
 
 
 class FairShare:
-    """Start-time fair queuing over the requests in flight by their measured forward time."""
+    """Start-time fair queuing over the forwards in flight by their measured wall time."""
 
     name = "fair"
 
     def __init__(self):
-        self.virtual: dict[str, float] = {}  # request id -> forward seconds served (its shares)
+        self.virtual: dict[str, float] = {}  # request id -> seconds of the forwards it ran in
         self.clock = 0.0  # the virtual time of the last group run: where a newcomer starts
 
     def choose(self, groups: list) -> list:
@@ -79,9 +81,8 @@ class FairShare:
         return [g for g, tag in zip(groups, tags) if tag <= least]
 
     def ran(self, group, seconds: float) -> None:
-        share = max(float(seconds), 0.0) / len(group.members)
         for r in group.members:
-            self.virtual[r.id] = self.virtual.get(r.id, self.clock) + share
+            self.virtual[r.id] = self.virtual.get(r.id, self.clock) + max(float(seconds), 0.0)
 
 
 STEP_POLICIES: dict[str, Callable[[], StepPolicy]] = {"fair": FairShare, "all": AllGroups}
