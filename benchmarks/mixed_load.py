@@ -103,12 +103,18 @@ def one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng) -> dict:
 
 def step_shares(recorder: Recorder, lights: list[dict], heavy_ids: set[str]) -> dict:
     """Over each light request's life: the share of engine steps that advanced it, and heavy rows."""
-    light_share, heavy_share = [], []
+    light_share, heavy_share, waits = [], [], []
     for b in lights:
         steps = [ids for at, ids in recorder.steps if b["start"] < at <= b["start"] + b["latency"]]
         light_share.append(sum(b["id"] in ids for ids in steps) / len(steps))
         heavy_share.append(sum(bool(ids & heavy_ids) for ids in steps) / len(steps))
-    return dict(light_step_share=statistics.mean(light_share), heavy_step_share=statistics.mean(heavy_share))
+        # The wait for the forward in progress at its arrival (a step is not preempted): until the end
+        # of the step before its first one.
+        ends = [at for at, ids in recorder.steps]
+        first = next(i for i, (at, ids) in enumerate(recorder.steps) if b["id"] in ids)
+        waits.append(max(0.0, ends[first - 1] - b["start"]) if first else 0.0)
+    return dict(light_step_share=statistics.mean(light_share), heavy_step_share=statistics.mean(heavy_share),
+                light_wait_for_running_forward_s=statistics.median(waits))
 
 
 def main(argv=None) -> int:

@@ -79,8 +79,9 @@ class BenchConfig:
     methods: list[str] = field(default_factory=lambda: ["vanilla", "fastdllm", "cai"])
     limit: int | None = None
     batch_size: int = 8
-    gen_length: int = 256
-    block_length: int = 64
+    # None: as generate takes them for the first method (presets.config_for_model), for every method.
+    gen_length: int | None = None
+    block_length: int | None = None
     data_dir: str | None = None
     out: str | None = None
     device: str | None = None
@@ -138,7 +139,7 @@ class BenchConfig:
             raise InputError(f"tasks listed twice in {', '.join(self.tasks)}")
         for name in ("limit", "batch_size", "gen_length", "block_length"):
             value = getattr(self, name)
-            if name == "limit" and value is None:
+            if name != "batch_size" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -153,6 +154,17 @@ class BenchConfig:
 
 
 BenchSettings = BenchConfig  # the old name
+
+
+def resolve_lengths(settings: BenchConfig, lm=None) -> BenchConfig:
+    """The run's lengths (options.lengths_for_run): unset ones as generate takes them for the first
+    method; each method checked against the model, from its config.json alone when `lm` is None."""
+    from caidllm.options import lengths_for_run
+
+    methods = [settings.method_options(m) for m in settings.methods]
+    return dataclasses.replace(settings, **lengths_for_run(
+        settings.model, lm, methods, settings.gen_length, settings.block_length,
+        temperature=settings.temperature, early_stop=settings.early_stop))
 
 
 def _check_not_calibrated_on(settings: BenchConfig, tasks: list[BenchTask]) -> None:
@@ -191,6 +203,7 @@ def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
         tasks = [load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot,
                            seed=settings.seed, code_limits=limits) for spec in settings.tasks]
         _check_not_calibrated_on(settings, tasks)
+        settings = resolve_lengths(settings, lm)  # from config.json alone: a bad setting fails before loading
         if lm is None:
             from caidllm.models import load
 

@@ -56,6 +56,7 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024  # past it: 413, before the body is read
     body_timeout: float = 30.0  # seconds to receive the whole body; past it: 408
     shutdown_grace: float = 10.0  # seconds requests in flight may go on after SIGTERM
+    step_policy: str = "fair"  # which forward groups run at each engine step (decode/step_policies.py)
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
@@ -65,7 +66,8 @@ ServeSettings = ServerConfig  # the old name
 def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> FastAPI:
     """The app. With engine_thread the engine loop runs in its own thread from startup to
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
-    background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue))
+    background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue,
+                                         step_policy=settings.step_policy))
     metrics = ServerMetrics(background)
     if settings.defaults.max_prompt_chars is None:
         settings.defaults.max_prompt_chars = prompt_char_limit(lm)
