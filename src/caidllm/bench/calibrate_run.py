@@ -75,7 +75,8 @@ class CalibrateOptions:
             raise InputError(f"max-loss must be a number of accuracy points in [0, 100], got {self.max_loss!r}")
         if any(kind_of(t) != "synthetic" for t in self.tasks):
             parse_slice(self.holdout)
-        build_config(self.method, gen_length=self.gen_length, block_length=self.block_length)
+        lengths = dict(gen_length=self.gen_length, block_length=self.block_length)
+        build_config(self.method, **(lengths if None not in lengths.values() else {}))  # both known: together
 
 
 def parse_slice(text: str | None) -> tuple[int, int]:

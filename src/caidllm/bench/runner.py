@@ -147,10 +147,12 @@ class BenchConfig:
             raise InputError(f"fewshot must be an integer >= 0, got {self.fewshot!r}")
         if not (isinstance(self.code_timeout, (int, float)) and self.code_timeout > 0):
             raise InputError(f"code-timeout must be a positive number of seconds, got {self.code_timeout!r}")
+        # Lengths together once both are known (resolve_lengths fills unset ones against the model).
+        lengths = dict(gen_length=self.gen_length, block_length=self.block_length)
+        lengths = lengths if None not in lengths.values() else {}
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
             preset, extra = self.method_options(m)
-            build_config(preset, **extra, gen_length=self.gen_length, block_length=self.block_length,
-                         temperature=self.temperature, early_stop=self.early_stop)
+            build_config(preset, **extra, **lengths, temperature=self.temperature, early_stop=self.early_stop)
 
 
 BenchSettings = BenchConfig  # the old name
