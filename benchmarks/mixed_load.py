@@ -59,8 +59,12 @@ def light_once(background, prompt, config) -> dict:
 
 
 def heavy_rate(recorder: Recorder, heavy_ids: set[str], since: float, until: float) -> float:
-    rows = sum(len(ids & heavy_ids) for at, ids in recorder.steps if since < at <= until)
-    return rows / (until - since)
+    """Heavy rows advanced per second, from the end of the first heavy step in the window to the end
+    of the last (whole steps only)."""
+    ends = [(at, len(ids & heavy_ids)) for at, ids in recorder.steps if since <= at <= until and ids & heavy_ids]
+    if len(ends) < 2:
+        return float("nan")
+    return sum(rows for _, rows in ends[1:]) / (ends[-1][0] - ends[0][0])
 
 
 def one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng) -> dict:

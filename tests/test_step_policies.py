@@ -17,8 +17,9 @@ LIGHT = dict(method="cai", gen_length=16, block_length=8)
 HEAVY = dict(method="vanilla", gen_length=48, block_length=16, early_stop=False)
 
 
-def group(*ids):
-    return SimpleNamespace(members=[SimpleNamespace(id=i) for i in ids], seconds=0.0)
+def group(*ids, mode="full"):
+    return SimpleNamespace(mode=mode, members=[SimpleNamespace(id=i, slot=k) for k, i in enumerate(ids)],
+                           seconds=0.0)
 
 
 def alone(lm, prompt, **settings):
@@ -38,7 +39,7 @@ def charge_by_columns(policy: FairShare):
 
 
 def test_fair_runs_every_tied_group_then_the_least_served():
-    policy = FairShare()
+    policy = FairShare(slice_seconds=10.0)  # no forward cut into rows here
     heavy, light = group("h1", "h2"), group("l")
     assert policy.choose([heavy, light]) == [heavy, light]  # all new: tied, all run
     policy.ran(heavy, 1.0)  # each row is charged its whole forward
@@ -54,12 +55,29 @@ def test_fair_runs_every_tied_group_then_the_least_served():
     assert policy.virtual["n"] == policy.clock > 0  # ... so it does not overtake by its arrival alone
 
 
+def test_fair_slices_a_long_forward_into_the_most_owed_rows_that_fit():
+    policy = FairShare(slice_seconds=0.25)
+    heavy = group("h1", "h2", "h3", "h4")
+    assert policy.choose([heavy]) == [heavy]  # no cost measured yet: the whole forward
+    policy.ran(heavy, 1.0)  # 0.25 s a row
+    (part,) = policy.choose([heavy])
+    assert [r.id for r in part.members] == ["h1"]
+    policy.ran(part, 0.3)
+    (part,) = policy.choose([heavy])
+    assert [r.id for r in part.members] == ["h2"]  # the most owed next (h1 has had its turn)
+    cheap, dual = group("a", "b"), group("a", "b", mode="dual")
+    policy.choose([cheap])
+    policy.ran(cheap, 0.2)  # 0.1 s a row: fits, never cut
+    assert policy.choose([cheap]) == [cheap] and policy.choose([dual]) == [dual]  # costs are per mode
+
+
 def test_fair_forgets_requests_that_left():
     policy = FairShare()
     a, b = group("a"), group("b")
     policy.choose([a, b])
     policy.ran(a, 1.0)
     assert policy.choose([b]) == [b] and set(policy.virtual) == {"b"}  # a finished or was cancelled
+    assert all(key[0] == "b" for key in policy.row_seconds)
     assert policy.choose([]) == []
 
 
@@ -115,7 +133,8 @@ def test_the_default_is_fair(llada_lm):
 @pytest.mark.parametrize("policy", ["fair", "all"])
 def test_tokens_do_not_depend_on_the_policy(llada_lm, policy):
     """Heavy and light requests together, one light joining mid-flight, one cancelled: each
-    finished one equals its run alone (tokens, NFE and commit steps exactly)."""
+    finished one equals its run alone (tokens, NFE and commit steps exactly). Under "fair" with
+    these costs the heavy forward is sliced too (0.5 s a row past the 0.25 s slice)."""
     engine = Engine(llada_lm, max_batch=4, step_policy=policy)
     if policy == "fair":
         charge_by_columns(engine.scheduler.step_policy)

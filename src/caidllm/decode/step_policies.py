@@ -19,6 +19,10 @@ decides is whose time a step costs.
   of forward groups in flight, not the sum of the others' forwards. (Measured against charging each
   row its share, forward / rows, which made a 4-row batch four claims: BENCHMARKS.md.)
 
+  A forward is never interrupted, so a newcomer first waits for the one in progress: a group whose
+  rows' last forwards add up to more than SLICE_SECONDS (0.25 s) runs its most-owed rows that fit
+  (one at least) and the others at the next steps, which bounds that wait.
+
   No starvation: a request whose virtual time is the least runs at the next step, and every other
   request's virtual time grows by its service, so between two runs of any request the others are
   served at most about 2 x (requests in flight - 1) x (its forward + the largest forward) seconds
@@ -30,9 +34,16 @@ decides is whose time a step costs.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Protocol
 
 from caidllm.errors import InputError
+
+
+# A forward longer than this (by its rows' last measured cost) runs part of its rows at a time under
+# "fair": the longest a newcomer waits for the forward in progress. Only forwards this long are cut,
+# and those are compute-bound already, so fewer rows per forward costs them little (BENCHMARKS.md).
+SLICE_SECONDS = 0.25
 
 
 class StepPolicy(Protocol):
@@ -59,18 +70,23 @@ class AllGroups:
 
 
 class FairShare:
-    """Start-time fair queuing over the forwards in flight by their measured wall time."""
+    """Start-time fair queuing over the forwards in flight by their measured wall time; a forward
+    longer than `slice_seconds` runs part of its rows at a time."""
 
     name = "fair"
 
-    def __init__(self):
+    def __init__(self, slice_seconds: float = SLICE_SECONDS):
+        self.slice_seconds = slice_seconds
         self.virtual: dict[str, float] = {}  # request id -> seconds of the forwards it ran in
+        self.row_seconds: dict[tuple[str, str], float] = {}  # (request id, mode) -> its last forward / rows
         self.clock = 0.0  # the virtual time of the last group run: where a newcomer starts
 
     def choose(self, groups: list) -> list:
         live = {r.id for g in groups for r in g.members}
         for request_id in [i for i in self.virtual if i not in live]:  # finished or cancelled
             del self.virtual[request_id]
+        for key in [k for k in self.row_seconds if k[0] not in live]:
+            del self.row_seconds[key]
         for request_id in live:
             self.virtual.setdefault(request_id, self.clock)
         if not groups:
@@ -78,11 +94,31 @@ class FairShare:
         tags = [min(self.virtual[r.id] for r in g.members) for g in groups]
         least = min(tags)
         self.clock = max(self.clock, least)
-        return [g for g, tag in zip(groups, tags) if tag <= least]
+        return [self._slice(g) for g, tag in zip(groups, tags) if tag <= least]
 
     def ran(self, group, seconds: float) -> None:
+        seconds = max(float(seconds), 0.0)
         for r in group.members:
-            self.virtual[r.id] = self.virtual.get(r.id, self.clock) + max(float(seconds), 0.0)
+            self.virtual[r.id] = self.virtual.get(r.id, self.clock) + seconds
+            self.row_seconds[(r.id, group.mode)] = seconds / len(group.members)
+
+    def _slice(self, group):
+        """The group, or when its rows' last measured forwards add up to more than slice_seconds, its
+        most-owed rows that fit (one at least), in slot order: a forward in progress is never
+        interrupted, so this bounds how long a newcomer waits for one. The rest run at the next steps."""
+        members = group.members
+        costs = {r.id: self.row_seconds.get((r.id, group.mode), 0.0) for r in members}
+        if len(members) == 1 or sum(costs.values()) <= self.slice_seconds:
+            return group
+        taken, total = set(), 0.0
+        for r in sorted(members, key=lambda r: (self.virtual[r.id], r.slot)):
+            if taken and total + costs[r.id] > self.slice_seconds:
+                break
+            taken.add(r.id)
+            total += costs[r.id]
+        part = copy.copy(group)
+        part.members = [r for r in members if r.id in taken]
+        return part
 
 
 STEP_POLICIES: dict[str, Callable[[], StepPolicy]] = {"fair": FairShare, "all": AllGroups}
