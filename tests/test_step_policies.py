@@ -62,9 +62,11 @@ def test_fair_slices_a_long_forward_into_the_most_owed_rows_that_fit():
     policy.ran(heavy, 1.0)  # 0.25 s a row
     (part,) = policy.choose([heavy])
     assert [r.id for r in part.members] == ["h1"]
+    part.members[0].nfe = 1  # the engine counts each request's forwards
     policy.ran(part, 0.3)
+    assert [policy.virtual[f"h{i}"] for i in range(1, 5)] == [1.3] * 4  # a slice is charged to its whole group
     (part,) = policy.choose([heavy])
-    assert [r.id for r in part.members] == ["h2"]  # the most owed next (h1 has had its turn)
+    assert [r.id for r in part.members] == ["h2"]  # among equals, the rows that ran least
     cheap, dual = group("a", "b"), group("a", "b", mode="dual")
     policy.choose([cheap])
     policy.ran(cheap, 0.2)  # 0.1 s a row: fits, never cut

@@ -30,6 +30,7 @@ class ForwardGroup:
     mode: str
     members: list[Request]
     seconds: float = 0.0  # its forward's wall time, once run (the step policy's measure)
+    whole: list[Request] | None = None  # a step policy's slice of a larger group: that group's members
 
 
 class Scheduler:

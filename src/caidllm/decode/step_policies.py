@@ -21,7 +21,9 @@ decides is whose time a step costs.
 
   A forward is never interrupted, so a newcomer first waits for the one in progress: a group whose
   rows' last forwards add up to more than SLICE_SECONDS (0.25 s) runs its most-owed rows that fit
-  (one at least) and the others at the next steps, which bounds that wait.
+  (one at least, those that ran least first) and the others at the next steps, which bounds that
+  wait; a slice's time is charged to every row of its group, so the group still counts as one
+  forward (a whole round of slices costs each row one forward's time).
 
   No starvation: a request whose virtual time is the least runs at the next step, and every other
   request's virtual time grows by its service, so between two runs of any request the others are
@@ -98,8 +100,11 @@ class FairShare:
 
     def ran(self, group, seconds: float) -> None:
         seconds = max(float(seconds), 0.0)
-        for r in group.members:
+        # A slice is charged to every row of its whole group, so the group's rows still count as one
+        # forward when they run a few at a time (a whole round of slices: one forward's time each).
+        for r in getattr(group, "whole", None) or group.members:
             self.virtual[r.id] = self.virtual.get(r.id, self.clock) + seconds
+        for r in group.members:
             self.row_seconds[(r.id, group.mode)] = seconds / len(group.members)
 
     def _slice(self, group):
@@ -111,13 +116,14 @@ class FairShare:
         if len(members) == 1 or sum(costs.values()) <= self.slice_seconds:
             return group
         taken, total = set(), 0.0
-        for r in sorted(members, key=lambda r: (self.virtual[r.id], r.slot)):
+        # Most owed first; among equals (a group's rows share their charges) the rows that ran least.
+        for r in sorted(members, key=lambda r: (self.virtual[r.id], getattr(r, "nfe", 0), r.slot)):
             if taken and total + costs[r.id] > self.slice_seconds:
                 break
             taken.add(r.id)
             total += costs[r.id]
         part = copy.copy(group)
-        part.members = [r for r in members if r.id in taken]
+        part.members, part.whole = [r for r in members if r.id in taken], members
         return part
 
 
