@@ -57,20 +57,24 @@ def test_fair_runs_every_tied_group_then_the_least_served():
 
 def test_fair_slices_a_long_forward_into_the_most_owed_rows_that_fit():
     policy = FairShare(slice_seconds=0.25)
-    heavy = group("h1", "h2", "h3", "h4")
+    heavy, other = group("h1", "h2", "h3", "h4"), group("x", mode="dual")
     assert policy.choose([heavy]) == [heavy]  # no cost measured yet: the whole forward
     policy.ran(heavy, 1.0)  # 0.25 s a row
-    (part,) = policy.choose([heavy])
+    assert policy.choose([heavy]) == [heavy]  # alone in flight: never cut (no batching lost)
+    policy.virtual["x"] = 5.0  # another group waits (served more: the heavy rows run)
+    (part,) = policy.choose([heavy, other])
     assert [r.id for r in part.members] == ["h1"]
     part.members[0].nfe = 1  # the engine counts each request's forwards
     policy.ran(part, 0.3)
     assert [policy.virtual[f"h{i}"] for i in range(1, 5)] == [1.3] * 4  # a slice is charged to its whole group
-    (part,) = policy.choose([heavy])
+    (part,) = policy.choose([heavy, other])
     assert [r.id for r in part.members] == ["h2"]  # among equals, the rows that ran least
-    cheap, dual = group("a", "b"), group("a", "b", mode="dual")
-    policy.choose([cheap])
+    policy = FairShare(slice_seconds=0.25)
+    cheap, dual, waiting = group("a", "b"), group("a", "b", mode="dual"), group("w", mode="prefix")
+    policy.choose([cheap, waiting])
     policy.ran(cheap, 0.2)  # 0.1 s a row: fits, never cut
-    assert policy.choose([cheap]) == [cheap] and policy.choose([dual]) == [dual]  # costs are per mode
+    policy.virtual["w"] = 5.0
+    assert policy.choose([cheap, waiting]) == [cheap] and policy.choose([dual, waiting]) == [dual]  # per mode
 
 
 def test_fair_forgets_requests_that_left():
