@@ -61,6 +61,15 @@ def test_serve_runs_tiny_bd_with_no_block_length(tiny_bd):
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "block_length"
 
 
+def test_serve_applies_a_known_checkpoints_recommendation(random_checkpoint):
+    folder = random_checkpoint("llada", config_overrides={"caidllm_checkpoint": "GSAI-ML/LLaDA-8B-Instruct"})
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    defaults = settings_from(build_parser().parse_args(["serve", "--model", str(folder)]), lm).defaults
+    assert (defaults.gen_length, defaults.block_length) == (128, 32)  # the card's, as generate takes them
+    given = build_parser().parse_args(["serve", "--model", str(folder), "--gen-length", "64", "--block-length", "16"])
+    assert (settings_from(given, lm).defaults.gen_length, settings_from(given, lm).defaults.block_length) == (64, 16)
+
+
 @pytest.mark.parametrize("argv, words", [
     (["serve", "--model", "tiny-bd", "--block-length", "64"], "block_length 64 is not one"),
     (["serve", "--model", "tiny", "--method", "llada2"], "block-diffusion decoder"),

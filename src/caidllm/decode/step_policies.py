@@ -19,9 +19,8 @@ decides is whose time a step costs.
   of forward groups in flight, not the sum of the others' forwards. (Measured against charging each
   row its share, forward / rows, which made a 4-row batch four claims: BENCHMARKS.md.)
 
-  A forward is never interrupted, so a newcomer first waits for the one in progress. While more
-  than one group is in flight, a group whose rows' last forwards add up to more than SLICE_SECONDS
-  (0.25 s) runs its most-owed rows that fit
+  A forward is never interrupted, so a newcomer first waits for the one in progress: a group whose
+  rows' last forwards add up to more than SLICE_SECONDS (0.25 s) runs its most-owed rows that fit
   (one at least, those that ran least first) and the others at the next steps, which bounds that
   wait; a slice's time is charged to every row of its group, so the group still counts as one
   forward (a whole round of slices costs each row one forward's time).
@@ -43,9 +42,9 @@ from typing import Callable, Protocol
 from caidllm.errors import InputError
 
 
-# While other groups wait, a forward longer than this (by its rows' last measured cost) runs part of
-# its rows at a time under "fair": about the longest the others then wait for the forward in progress.
-# A forward alone in flight is never cut (on the CPU, cutting an 8-row forward cost ~20%: BENCHMARKS.md).
+# A forward longer than this (by its rows' last measured cost) runs part of its rows at a time under
+# "fair": about the longest a newcomer waits for the forward in progress. Measured on the CPU, cutting
+# cost no throughput (BENCHMARKS.md); on a GPU only forwards this long are cut, compute-bound already.
 SLICE_SECONDS = 0.25
 
 
@@ -97,9 +96,7 @@ class FairShare:
         tags = [min(self.virtual[r.id] for r in g.members) for g in groups]
         least = min(tags)
         self.clock = max(self.clock, least)
-        chosen = [g for g, tag in zip(groups, tags) if tag <= least]
-        # Cut only while another group waits: a forward alone in flight runs whole (no batching lost).
-        return [self._slice(g) for g in chosen] if len(groups) > 1 else chosen
+        return [self._slice(g) for g, tag in zip(groups, tags) if tag <= least]
 
     def ran(self, group, seconds: float) -> None:
         seconds = max(float(seconds), 0.0)
