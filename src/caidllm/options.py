@@ -59,11 +59,18 @@ def load_model(args):
 
 def model_config_of(name):
     """(ModelConfig, known Checkpoint or None) of the model `name` from its config.json alone (no weight
-    read): what a command checks its settings against before it loads the model."""
-    from caidllm.models.inventory import describe
+    read; a random: shape built on the meta device): what a command checks its settings against before
+    it loads the model. A name that does not resolve fails as loading it would."""
+    from caidllm.models.checkpoints import identify
+    from caidllm.models.families import load_config
+    from caidllm.models.loading import load, resolve_folder
+    from caidllm.models.random_init import is_random_name
 
-    described = describe(str(name))
-    return described.config, described.checkpoint
+    if is_random_name(name):
+        return load(name, device="meta").config, None
+    folder, hub_id = resolve_folder(name)
+    config = load_config(folder / "config.json")
+    return config, identify(folder, config.raw, hub_id)
 
 
 def check_before_load(model_name, method: str, settings=None, **options):

@@ -29,9 +29,9 @@ decides is whose time a step costs.
   request's virtual time grows by its service, so between two runs of any request the others are
   served at most about 2 x (requests in flight - 1) x (its forward + the largest forward) seconds
   (the bound of start-time fair queuing; tests/test_step_policies.py checks it). Work is conserved:
-  the same forwards run as under "all", in another order, so the time to finish everything in
-  flight is unchanged; a long request's completion moves by the work of the short requests served
-  meanwhile, as under "all".
+  the same rows are computed as under "all" (in another order, and a long forward in parts), so
+  the time to finish everything in flight is about the same; a long request's completion moves by
+  the work of the short requests served meanwhile, as under "all".
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ class StepPolicy(Protocol):
     name: str
 
     def choose(self, groups: list) -> list:
-        """The groups (ForwardGroups of the scheduler) that run at this step: a non-empty subset
-        in their given order when `groups` is non-empty."""
+        """What runs at this step: some of the groups (ForwardGroups of the scheduler), in their given
+        order, or parts of them (a copy with fewer members and `whole` = the group's); at least one
+        when `groups` is non-empty."""
 
     def ran(self, group, seconds: float) -> None:
         """A chosen group's forward took `seconds` (wall time, its results on the host)."""
