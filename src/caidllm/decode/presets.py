@@ -32,16 +32,23 @@ def build_config(method: str, settings=None, **overrides) -> DecodeConfig:
     return preset_config(method, cai_under=settings.cai, **overrides)
 
 
-def config_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[DecodeConfig, list[str]]:
-    """The config `method` decodes with on a model (its ModelConfig; `checkpoint` the known checkpoint
-    it is, or None) when the caller leaves settings unset (None): the one rule of generate, serve,
-    bench, calibrate and the lm-eval adapter. Unset lengths, steps and temperature take a known
-    checkpoint's recommendation (models/checkpoints.py); then a block-diffusion model's block length
-    is the preset's where the model decodes with it, else the model's own; a preset's cache the family
-    lacks becomes its own (block_diffusion.fit_to_model). A setting given that does not apply to the
-    model raises InputError naming it. Returns the config and the names the recommendation filled."""
+def options_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[dict, list[str]]:
+    """`options` with the unset (None) ones a command does not give filled as every command takes
+    them (generate, serve, bench, calibrate, the lm-eval adapter): lengths, steps and temperature
+    from a known checkpoint's recommendation (models/checkpoints.py; `checkpoint` None: none), then
+    for a block-diffusion model (its ModelConfig `model`) the preset's block length where the model
+    decodes with it, else the model's own. Returns them and the names the recommendation filled."""
     options, taken = recommended_options(checkpoint, **options)
     if options.get("block_length") is None and model.block_lengths:
         # Before the lengths are checked together: a gen_length that is whole blocks of the model's own.
         options["block_length"] = own_block_length(build_config(method, settings=settings).block_length, model)
+    return options, taken
+
+
+def config_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[DecodeConfig, list[str]]:
+    """The config `method` runs with on the model, unset options filled (options_for_model) and fitted
+    to the model's family (block_diffusion.fit_to_model: a setting given that does not apply raises
+    InputError naming it; a preset's cache the family lacks becomes its own). Returns it and the names
+    the recommendation filled."""
+    options, taken = options_for_model(model, checkpoint, method, settings, **options)
     return fit_to_model(build_config(method, settings=settings, **options), model), taken

@@ -31,7 +31,7 @@ def register(sub, name: str) -> None:
     p.add_argument("--gen-length", type=int, default=None,
                    help="default canvas when a request gives no max_tokens" + known.format(256))
     p.add_argument("--block-length", type=int, default=None,
-                   help="default block length" + known.format("the method's; a block-diffusion model's own"))
+                   help="default block length" + known.format("the method's, a block-diffusion model's own where it does not apply"))
     p.add_argument("--max-gen-length", type=int, default=None, help="largest canvas a request may ask for "
                    "(default: the model's context)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: what fits)")
