@@ -6,7 +6,8 @@
 1. The GPU's bf16 matmul peak: a large GEMM (8192^3), timed with CUDA events.
 2. random:llada-8b, random:dream-7b and random:llada2-mini (LLaDA2.0-mini: block-causal,
    256 experts routed top-8 by sigmoid group-limited scores, a shared expert; its block is
-   its own, 32) in bf16 (random weights, built on the GPU),
+   its own, 32; and, before the compiled runs, its experts by the per-expert loop against the
+   grouped kernel with their syncs per forward: gpu_check_moe.py) in bf16 (random weights, built on the GPU),
    batch 1 and 8, gen 256, block 64, methods vanilla / fastdllm / cai / es-dllm,
    without and then with --compile: the model forwards' TFLOP/s (FLOPs counted
    from each forward's shapes, time from the engine's forward timer) and their
@@ -35,6 +36,9 @@ from caidllm.bench.syncs import syncs_per_step
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_check_moe, however this file is loaded
+import gpu_check_moe  # noqa: E402
+
 METHODS = ("vanilla", "fastdllm", "cai", "es-dllm")
 FULL = dict(models=("random:llada-8b", "random:dream-7b", "random:llada2-mini"), batches=(1, 8), gen=256, block=64,
             prompt=64, dtype="bfloat16", gemm=8192, quantize=(None, "int8", "int8-dynamic", "int4", "fp8"))
@@ -56,6 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=450.0, help="skip the runs left after this many seconds")
     p.add_argument("--no-compile", action="store_true", help="leave out the --compile runs")
     p.add_argument("--no-quantize", action="store_true", help="leave out the quantized runs")
+    p.add_argument("--no-moe", action="store_true", help="leave out the MoE kernel rows")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--models", help="comma-separated subset of the shape's models, by prefix (e.g. random:llada2-mini)")
     args = p.parse_args(argv)
@@ -69,9 +74,11 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     peak = gemm_peak(device, shape["gemm"], torch.float32 if args.tiny else torch.bfloat16)
     print(f"matmul peak: {peak / 1e12:.1f} TFLOP/s", file=sys.stderr)
-    rows, quantized = [], []
+    rows, quantized, moe = [], [], []
     for compiled in (False,) if args.no_compile else (False, True):
-        if compiled and not args.no_quantize:  # after the plain runs, before the compiled ones
+        if compiled and not args.no_moe:  # after the plain runs, before the compiled ones
+            moe = gpu_check_moe.moe_kernel_runs(shape, device, args, started, peak, run_one)
+        if compiled and not args.no_quantize:
             quantized = quantized_runs(shape, device, args, started, peak)
         for name in shape["models"]:
             if time.perf_counter() - started > args.budget_s:
@@ -97,7 +104,9 @@ def main(argv=None) -> int:
             del lm
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    report = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    if args.no_compile and not args.no_moe:
+        moe = gpu_check_moe.moe_kernel_runs(shape, device, args, started, peak, run_one)
+    report = dict(moe_kernels=moe, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                   torch=torch.__version__, matmul_peak_tflops=peak / 1e12, tiny=args.tiny,
                   wall_s=time.perf_counter() - started, runs=rows)
     if args.no_compile and not args.no_quantize:
@@ -281,7 +290,7 @@ def markdown(report: dict) -> str:
                 continue
             lines.append(f"| {r['model']} | {r['quantize']} | {r['batch']} | {r['tokens_per_s']} | "
                          f"{r['forward_tflops']} | {r['weights_gb']} | {r['load_peak_gb']} | {r['peak_mem_gb']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + gpu_check_moe.markdown(report)
 
 
 if __name__ == "__main__":

@@ -1,70 +1,170 @@
-"""What the loop over experts costs: the MoE feed-forward of random:llada2-mini (256 experts,
-top-8 plus one shared, expert width 512, hidden 2048; models/moe.py) against a dense SwiGLU
-of the same active size (width 9 x 512 = 4608: the same multiply-adds per token), on the
-same tokens, one forward at a time.
+"""What the experts cost: the MoE feed-forward of random:llada2-mini (256 experts, top-8 plus
+one shared, expert width 512, hidden 2048; models/moe.py) run by the per-expert loop (the
+reference, "before") and the grouped kernel ("after"; models/moe_kernels.py), against a dense
+SwiGLU of the same active size (width 9 x 512 = 4608: the same multiply-adds per token) and
+against the read bound: the time to read, once, the weights of the experts the tokens chose
+(plus the shared expert and the router), at the read bandwidth this run measures. Then the
+whole forward of random:llada2-mini and random:llada-moe-7b reduced to 4 layers, loop against
+grouped. Loop and grouped run alternately within one run (A/B), so a shared machine's load
+falls on both.
 
-    OMP_NUM_THREADS=1 python benchmarks/moe_vs_dense.py            # CPU, fp32
-    python benchmarks/moe_vs_dense.py --device cuda --dtype bfloat16
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/moe_vs_dense.py         # CPU, fp32 and bf16
+    python benchmarks/moe_vs_dense.py --device cuda --dtypes bfloat16 --kernels loop,grouped,padded
 
-Prints a Markdown table: tokens per forward, tokens/s of each, and dense / MoE (how many
-times faster the dense layer is). Also the MoE's split between routing and the experts.
+Prints Markdown tables. A whole-model row the machine has not the memory for is skipped, and says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import torch
 
 import caidllm
-from caidllm.models.moe import ExpertMLP
+from caidllm.models.moe import MoEFeedForward, set_moe_kernel
+from caidllm.models.moe_experts import ExpertMLP
 from caidllm.models.random_init import initialise
 
+MODELS = ("random:llada2-mini?num_hidden_layers=4", "random:llada-moe-7b?num_hidden_layers=4")
 
-def timed(fn, device, repeats: int) -> float:
-    """Median seconds of fn() over `repeats` runs after one warm-up."""
-    fn()
-    times = []
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_ab(fns: dict, device, repeats: int) -> dict:
+    """Median seconds of each fn over `repeats` rounds, the fns alternating within each round."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        tick = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - tick)
-    return sorted(times)[len(times) // 2]
+        for name, fn in fns.items():
+            sync(device)
+            tick = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - tick)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def read_bandwidth(device, gib: float = 0.5, repeats: int = 5) -> float:
+    """Bytes per second read from a buffer far larger than the caches: the better of a streaming
+    sum and a matrix-vector product (the way one token reads a weight matrix)."""
+    matrix = torch.ones(8192, int(gib * 2**30) // (4 * 8192), device=device)
+    vector = torch.ones(matrix.shape[1], device=device)
+    t = timed_ab({"sum": lambda: matrix.sum(), "gemv": lambda: matrix @ vector}, device, repeats)
+    return matrix.numel() * 4 / min(t.values())
+
+
+def build_layers(device, dtype):
+    """LLaDA2.0-mini's MoE layer (official shape, random weights) and the dense layer of its active size."""
+    shape = caidllm.load("random:llada2-mini?num_hidden_layers=2", device="meta")
+    cfg = shape.config.moe
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.device("meta"):
+        moe = MoEFeedForward(cfg)
+        dense = ExpertMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.active_experts)
+    layers = []
+    for module in (moe, dense):
+        module.to_empty(device=device)
+        initialise(module, generator)
+        layers.append(module.to(dtype).eval())
+    return layers
+
+
+def read_bound(moe: MoEFeedForward, x: torch.Tensor, bandwidth: float) -> float:
+    """Seconds to read once the weights one forward of x needs: the chosen experts, shared one, router."""
+    cfg = moe.config
+    chosen, _ = moe.gate(x)
+    distinct = int(torch.unique(chosen).numel())
+    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    params = (distinct + cfg.num_shared_experts) * per_expert + cfg.num_experts * cfg.hidden_size
+    return params * x.element_size() / bandwidth
+
+
+def layer_table(device, dtypes, token_counts, kernels, repeats, bandwidth) -> None:
+    before, after = kernels[0], kernels[1]
+    print(f"\n| dtype | Tokens | {' | '.join(f'{k} ms' for k in kernels)} | Dense ms | Read bound ms | "
+          f"{after} / {before} | {after} / max(dense, bound) | MoE / dense tokens/s ({after}) |")
+    print("|---|---|" + "---|" * (len(kernels) + 5))
+    for dtype in dtypes:
+        moe, dense = build_layers(device, dtype)
+        g = torch.Generator(device=device).manual_seed(1)
+        with torch.no_grad():
+            for n in token_counts:
+                x = torch.randn(n, moe.config.hidden_size, device=device, generator=g).to(dtype)
+                fns = {k: (lambda k=k: run_kernel(moe, k, x)) for k in kernels}
+                fns["dense"] = lambda: dense(x)
+                t = timed_ab(fns, device, repeats)
+                bound = read_bound(moe, x, bandwidth)
+                cells = " | ".join(f"{1e3 * t[k]:.1f}" for k in kernels)
+                print(f"| {str(dtype).removeprefix('torch.')} | {n} | {cells} | {1e3 * t['dense']:.1f} | "
+                      f"{1e3 * bound:.1f} | {t[after] / t[before]:.2f}x | {t[after] / max(t['dense'], bound):.2f}x | "
+                      f"{t['dense'] / t[after]:.2f}x |", flush=True)
+        del moe, dense
+        gc.collect()
+
+
+def run_kernel(moe: MoEFeedForward, kernel: str, x: torch.Tensor):
+    moe.kernel = kernel
+    return moe(x)
+
+
+def available_bytes(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024
+
+
+def model_table(device, dtypes, models, tokens, kernels, repeats) -> None:
+    before, after = kernels[0], kernels[1]
+    print(f"\n| Model (4 layers) | dtype | Tokens | {' | '.join(f'{k} ms' for k in kernels)} | {after} / {before} |")
+    print("|---|---|---|" + "---|" * (len(kernels) + 1))
+    for name in models:
+        for dtype in dtypes:
+            meta = caidllm.load(name, device="meta")
+            need = sum(p.numel() for p in meta.model.parameters()) * dtype.itemsize
+            label = f"| {name.removeprefix('random:')} | {str(dtype).removeprefix('torch.')} | {tokens} |"
+            if need * 1.15 > available_bytes(device):
+                print(f"{label} skipped: its weights need {need / 2**30:.1f} GiB, "
+                      f"{available_bytes(device) / 2**30:.1f} GiB available |", flush=True)
+                continue
+            lm = caidllm.load(name, device=device, dtype=dtype)
+            ids = torch.randint(0, 1000, (1, tokens), device=device)
+            with torch.no_grad():
+                fns = {k: (lambda k=k: (set_moe_kernel(lm.model, k), lm.logits(ids))) for k in kernels}
+                t = timed_ab(fns, device, repeats)
+            cells = " | ".join(f"{1e3 * t[k]:.0f}" for k in kernels)
+            print(f"{label} {cells} | {t[after] / t[before]:.2f}x |", flush=True)
+            del lm
+            gc.collect()
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--tokens", default="4,32,128,512", help="tokens per forward (a block, several rows' blocks)")
+    p.add_argument("--kernels", default="loop,grouped", help="the first is 'before', the second 'after'")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--models", default=",".join(MODELS), help="whole forwards to time ('' for none)")
+    p.add_argument("--model-tokens", type=int, default=128, help="positions per whole forward")
     args = p.parse_args(argv)
     device = torch.device(args.device)
-    # Two layers of LLaDA2.0-mini: layer 0 is dense, layer 1 an MoE layer of the official shape.
-    lm = caidllm.load("random:llada2-mini?num_hidden_layers=2", device=device, dtype=args.dtype)
-    moe = lm.model.model.layers[1].mlp
-    cfg = moe.config
-    dense = ExpertMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.active_experts).to(device, lm.dtype)
-    initialise(dense, torch.Generator(device=device).manual_seed(1))
-    g = torch.Generator(device=device).manual_seed(0)
-    print(f"MoE: {cfg.num_experts} experts, top-{cfg.num_experts_per_tok} + {cfg.num_shared_experts} shared, "
-          f"width {cfg.moe_intermediate_size}; dense: width {cfg.moe_intermediate_size * cfg.active_experts}; "
-          f"{device}, {lm.dtype}, torch threads {torch.get_num_threads()}\n")
-    print("| Tokens / forward | MoE tokens/s | Dense tokens/s | Dense / MoE | MoE: routing share |")
-    print("|---|---|---|---|---|")
-    with torch.no_grad():
-        for n in (int(t) for t in args.tokens.split(",")):
-            x = torch.randn(1, n, cfg.hidden_size, device=device, generator=g).to(lm.dtype)
-            t_moe = timed(lambda: moe(x), device, args.repeats)
-            t_dense = timed(lambda: dense(x), device, args.repeats)
-            t_route = timed(lambda: moe.gate(x.view(-1, cfg.hidden_size)), device, args.repeats)
-            print(f"| {n} | {n / t_moe:,.0f} | {n / t_dense:,.0f} | {t_moe / t_dense:.1f}x | "
-                  f"{100 * t_route / t_moe:.1f}% |")
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    kernels = args.kernels.split(",")
+    bandwidth = read_bandwidth(device)
+    print(f"{device}, torch threads {torch.get_num_threads()}, measured read bandwidth {bandwidth / 1e9:.1f} GB/s; "
+          "MoE: LLaDA2.0-mini's layer (256 experts, top-8 + 1 shared, width 512); dense: width 4608")
+    layer_table(device, dtypes, [int(t) for t in args.tokens.split(",")], kernels, args.repeats, bandwidth)
+    models = [m for m in args.models.split(",") if m]
+    if models:
+        model_table(device, dtypes, models, args.model_tokens, kernels, max(2, args.repeats // 2))
     return 0
 
 

@@ -221,13 +221,19 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
     assert len(runs) == 3 * 2 * 2 and report["matmul_peak_tflops"] > 0
     for run in runs:
         # LLaDA2.0-mini's shape (2 layers here: a dense one, then an MoE one, decoded in its own
-        # blocks of 32): the MoE layer reads how many tokens each expert got, one more sync.
+        # blocks of 32): its grouped experts read nothing on the host, no sync more than a dense model.
         moe = run["model"].startswith("random:llada2-mini")
-        assert run["syncs_per_forward"] == (2.0 if moe else 1.0)
+        assert run["syncs_per_forward"] == 1.0
         assert run["block"] == (32 if moe else 8)
         assert run["forward_tflops"] > 0 and 0 < run["forward_share"] <= 1
         assert run["tokens_per_s"] > 0 and run["steps"] > 0
     assert "| Model | Compile | Batch | Method |" in (tmp_path / "gpu_check.md").read_text()
+    # The MoE rows: the per-expert loop reads the counts on the host (one sync more), grouped reads none.
+    kernels = {(r["moe_kernel"], r["batch"]): r for r in report["moe_kernels"]}
+    assert set(kernels) == {(k, b) for k in ("loop", "grouped") for b in (1, 2)}
+    assert all(kernels["loop", b]["syncs_per_forward"] == 2.0 and kernels["grouped", b]["syncs_per_forward"] == 1.0
+               for b in (1, 2))
+    assert "### Mixture-of-experts kernels" in (tmp_path / "gpu_check.md").read_text()
     quantized = {r["quantize"]: r for r in report["quantized"] if r.get("batch", 1) == 1}  # a failed load has none
     if quantized["int8"].get("skipped") is None:  # torchao installed
         assert quantized["int8"]["weights_gb"] < quantized["float32"]["weights_gb"]

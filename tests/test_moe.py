@@ -58,18 +58,19 @@ def official_gate(x, moe):
 def official_moe(x, moe):
     """sum over a token's chosen experts of weight * SwiGLU, plus the shared experts."""
     experts, weights = official_gate(x, moe)
+    state = moe.state_dict()  # the checkpoint's per-expert tensors
     out = []
     for token, chosen, w in zip(x, experts, weights):
-        y = sum(wj * expert_swiglu(moe.experts[int(e)], token) for e, wj in zip(chosen, w))
+        y = sum(wj * expert_swiglu(state, f"experts.{int(e)}.", token) for e, wj in zip(chosen, w))
         if moe.shared_experts is not None:
-            y = y + expert_swiglu(moe.shared_experts, token)
+            y = y + expert_swiglu(state, "shared_experts.", token)
         out.append(y)
     return torch.stack(out)
 
 
-def expert_swiglu(expert, token):
-    gate = torch.nn.functional.silu(expert.gate_proj.weight @ token)
-    return expert.down_proj.weight @ (gate * (expert.up_proj.weight @ token))
+def expert_swiglu(state, prefix, token):
+    gate = torch.nn.functional.silu(state[prefix + "gate_proj.weight"] @ token)
+    return state[prefix + "down_proj.weight"] @ (gate * (state[prefix + "up_proj.weight"] @ token))
 
 
 @pytest.mark.parametrize("fields", [LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE],

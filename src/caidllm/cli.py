@@ -82,7 +82,8 @@ def run_generate(args) -> int:
                    editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
                    minimal_topk=args.minimal_topk,
                    early_stop=not args.no_early_stop)
-    check_before_load(args.model, method, settings, **options)  # a bad method or setting fails before the model loads
+    # A bad method or setting (or one the method does not read) fails before the model loads.
+    check_before_load(args.model, method, settings, strict=True, **options)
     lm = load_model(args)
     options = apply_recommendation(lm, options)
     chat = lm.chat_default if args.chat is None else args.chat

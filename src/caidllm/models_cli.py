@@ -14,6 +14,7 @@ examples:
   caidllm models
   caidllm models --model inclusionAI/LLaDA-MoE-7B-A1B-Instruct --dtype bfloat16 --length 4096
   caidllm models --model /path/to/folder --json
+  caidllm models --plan random:llada2-flash --tp 4 --gpu-memory 80 --context 4096
 """
 
 
@@ -30,6 +31,14 @@ def register(sub, name: str = "models") -> argparse.ArgumentParser:
     p.add_argument("--length", type=int, default=None,
                    help="positions of one request (prompt + answer) for the cache figure (default: the context)")
     add_quantize_arguments(p)
+    p.add_argument("--plan", default=None, metavar="MODEL",
+                   help="a memory plan for MODEL over --tp GPUs: weights per rank, KV cache per request at "
+                        "--context, how many requests fit in --gpu-memory (models/plan.py)")
+    p.add_argument("--tp", type=int, default=1, help="with --plan: GPUs the model is divided among (default 1)")
+    p.add_argument("--gpu-memory", type=float, default=80.0, metavar="GIB",
+                   help="with --plan: memory of one GPU in GiB (default 80)")
+    p.add_argument("--context", type=int, default=None,
+                   help="with --plan: positions of one request (default: the model's context)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
     p.set_defaults(handler=run)
     return p
@@ -40,6 +49,8 @@ def run(args) -> int:
     from caidllm.models.device import resolve_dtype
     from caidllm.models.inventory import checkpoint_rows, describe, family_rows, model_memory
 
+    if args.plan is not None:
+        return run_plan(args)
     if args.model is not None:
         dtype = resolve_dtype(args.dtype)  # a bad dtype fails before anything is read
         described = describe(args.model)
@@ -56,6 +67,23 @@ def run(args) -> int:
         print(json.dumps({"families": families, "checkpoints": checkpoints}))
     else:
         print("\n".join(table_lines(families, checkpoints)))
+    return 0
+
+
+def run_plan(args) -> int:
+    from caidllm.errors import InputError
+    from caidllm.models.device import resolve_dtype
+    from caidllm.models.inventory import describe
+    from caidllm.models.plan import memory_plan, plan_lines
+
+    if args.model is not None or args.quantize is not None or args.quantize_head:
+        raise InputError("--plan MODEL takes its model itself and plans unquantized weights: "
+                         "drop --model / --quantize / --quantize-head")
+    dtype = resolve_dtype(args.dtype)
+    described = describe(args.plan)
+    context = described.config.max_length if args.context is None else args.context
+    plan = memory_plan(described, args.tp, dtype, args.gpu_memory, context)
+    print(json.dumps(plan.to_dict()) if args.json else "\n".join(plan_lines(plan)))
     return 0
 
 

@@ -32,6 +32,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
     parser.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
+    parser.add_argument("--moe-kernel", default="auto", choices=["auto", "loop", "grouped", "padded"],
+                        help="how a mixture-of-experts layer runs its experts (models/moe_kernels.py): auto (default: "
+                             "grouped matmuls where they run without a host sync), loop (the per-expert reference), "
+                             "grouped, padded")
     add_quantize_arguments(parser)
 
 
@@ -50,7 +54,8 @@ def load_model(args):
     from caidllm.models import load
 
     lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False),
-              quantize=getattr(args, "quantize", None), quantize_head=getattr(args, "quantize_head", False))
+              quantize=getattr(args, "quantize", None), quantize_head=getattr(args, "quantize_head", False),
+              moe_kernel=getattr(args, "moe_kernel", "auto"))
     if getattr(lm, "random_weights", False):
         print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
               file=sys.stderr)
@@ -73,13 +78,13 @@ def model_config_of(name):
     return config, identify(folder, config.raw, hub_id)
 
 
-def check_before_load(model_name, method: str, settings=None, **options):
+def check_before_load(model_name, method: str, settings=None, strict: bool = False, **options):
     """Refuse a bad or inapplicable setting before the model loads (InputError): the config `method`
     would decode with on the model (decode/presets.py, config_for_model), from its config.json alone."""
     from caidllm.decode.presets import config_for_model
 
     config, checkpoint = model_config_of(model_name)
-    return config_for_model(config, checkpoint, method, settings, **options)[0]
+    return config_for_model(config, checkpoint, method, settings, strict, **options)[0]
 
 
 def lengths_for_run(model_name, lm, methods: list[tuple[str, dict]], gen_length=None, block_length=None,

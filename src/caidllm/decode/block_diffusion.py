@@ -18,11 +18,20 @@ import torch
 
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS
+from caidllm.decode.policies import policy_spec
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
 
 BLOCK_CACHES = ("block", "none")  # the exact block cache, or the whole window recomputed every step
 BLOCK_POLICIES = ("dynamic", "static")
+# Settings only the block-diffusion decoders read (what each is), refused on a full-sequence model.
+BLOCK_ONLY_FIELDS = {"editing_threshold": "LLaDA2.1 token editing", "max_post_steps": "LLaDA2.1 token editing",
+                     "num_to_transfer": "LLaDA2.1's quota per step", "minimal_topk": "LLaDA2's step cap"}
+# Caches that are their method (ES-dLLM, Elastic-Cache, dKV-Cache): on a block-causal model they are
+# refused, never swapped for the block cache under the method's name; the advice is the same rule on it.
+METHOD_CACHES = {"es": "ES-dLLM's early skipping", "elastic": "Elastic-Cache's drift-refreshed cache",
+                 "dkv": "dKV-Cache's delayed cache", "dkv-greedy": "dKV-Cache-Greedy's cache"}
+BLOCK_ALTERNATIVE = {"threshold": "fastdllm", "cai": "cai", "vanilla": "vanilla", "random": "vanilla"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +52,20 @@ class Layout:
         return cls(lead, span, (lead + span) // bl)
 
 
+def check_given_fit(given, model) -> None:
+    """InputError naming the first setting in `given` (names) that the model's family never reads, whatever
+    the method. The server checks it before the method's own scope (decode/field_scope.py), whose advice
+    (another method) would otherwise name one this model refuses in turn."""
+    if not model.block_causal:
+        for name in BLOCK_ONLY_FIELDS:
+            if name in given:
+                raise InputError(f"{name} ({BLOCK_ONLY_FIELDS[name]}) does not apply to the {model.family} model: "
+                                 "it is a block-diffusion decoder's setting, and this model is full-sequence")
+    elif "refresh_every" in given:
+        raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
+                         "never refreshed")
+
+
 def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
     """`config` as it runs on the model (its ModelConfig): a setting the caller gave that does not
     apply to the family raises InputError naming it; a preset's default that does not apply is
@@ -53,14 +76,22 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         if config.method in BLOCK_DIFFUSION_PRESETS or config.policy in BLOCK_POLICIES:
             raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
                              f"the {model.family} model is full-sequence (bidirectional attention)")
-        if config.editing_threshold is not None:
-            raise InputError(f"editing_threshold (LLaDA2.1 token editing) does not apply to the {model.family} "
-                             "model: it is a block-diffusion decoder")
+        check_given_fit(given | ({"editing_threshold"} if config.editing_threshold is not None else set()), model)
         if config.cache == "block":
             raise InputError(f"cache='block' (the exact block cache) does not apply to the {model.family} model: "
                              "its attention is bidirectional; use none, prefix, dual or es")
         return config
     changes = {}
+    if "cache" not in given and config.cache in METHOD_CACHES:
+        raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
+                         f"cache {config.cache!r} is {METHOD_CACHES[config.cache]}, which needs bidirectional "
+                         f"attention; use method {BLOCK_ALTERNATIVE.get(config.policy, 'fastdllm')!r} (its rule "
+                         "on the exact block cache)")
+    own_forward = policy_spec(config.policy).forward
+    if own_forward is not None:  # refused here, with no advice about its cache that a second refusal undoes
+        raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
+                         f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
+                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder (llada2, sdar)")
     if "cache" not in given:
         # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too.
         changes["cache"] = "block"
@@ -72,9 +103,7 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
     elif model.block_lengths and config.block_length not in model.block_lengths:
         raise InputError(f"block_length {config.block_length} is not one the {model.family} model decodes with "
                          f"(allowed: {', '.join(map(str, model.block_lengths))})")
-    if "refresh_every" in given:
-        raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
-                         "never refreshed")
+    check_given_fit(given, model)
     return dataclasses.replace(config, **changes).validate() if changes != {"cache": config.cache} else config
 
 

@@ -12,6 +12,7 @@ import copy
 from dataclasses import replace
 
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
+from caidllm.decode.field_scope import check_given_apply
 from caidllm.errors import InputError
 
 PRESETS: dict[str, dict] = {
@@ -93,12 +94,14 @@ def uses_cai(method: str) -> bool:
     return PRESETS.get(method, {}).get("policy") == "cai"
 
 
-def preset_config(method: str, cai_under: dict | None = None, **overrides) -> DecodeConfig:
+def preset_config(method: str, cai_under: dict | None = None, strict: bool = False, **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored), checked.
 
     Overrides may name any DecodeConfig field or any CAISettings field
     (CAI fields may also be given as a dict under `cai`). `cai_under`: CAI
-    values that go over the preset's and under `overrides` (a settings file's).
+    values that go over the preset's and under `overrides` (a settings file's). strict: a setting
+    given that the method's policy and cache do not read is refused (decode/field_scope.py), as the
+    server and the CLI do; the Python API's default lets one set of keywords run over several methods.
     """
     if method not in PRESETS:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
@@ -129,4 +132,7 @@ def preset_config(method: str, cai_under: dict | None = None, **overrides) -> De
             cai_overrides[key] = tuple(cai_overrides[key])
     given = tuple(sorted(k for k, v in overrides.items() if v is not None))
     config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides), given=given)
-    return config.validate()
+    config.validate()
+    if strict:  # a setting this decoder does not read is refused, not ignored
+        check_given_apply(config, PRESETS)
+    return config

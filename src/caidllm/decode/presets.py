@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from caidllm.decode.block_diffusion import fit_to_model, own_block_length
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.field_scope import check_given_apply
 from caidllm.decode.methods import (  # noqa: F401 - the old import path
     BLOCK_DIFFUSION_PRESETS, PRESETS, method_names, preset_config, uses_cai)
 from caidllm.decode.settings_file import load_settings
@@ -12,24 +15,24 @@ from caidllm.errors import InputError
 from caidllm.models.checkpoints import recommended_options
 
 
-def build_config(method: str, settings=None, **overrides) -> DecodeConfig:
+def build_config(method: str, settings=None, strict: bool = False, **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored).
 
     Overrides may name any DecodeConfig field or any CAISettings field
     (CAI fields may also be given as a dict under `cai`). `settings`: a
     settings file (path, dict or CalibratedSettings, see settings_file.py) whose CAI
     values go over the preset and under `overrides`; `method` must be a
-    CAI preset.
+    CAI preset. strict: refuse a setting the method does not read (preset_config).
     """
     if settings is None:
-        return preset_config(method, **overrides)
+        return preset_config(method, strict=strict, **overrides)
     if method not in PRESETS:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
     settings = load_settings(settings)
     if not uses_cai(method):
         raise InputError(f"the settings {settings.source or ''} are CAI settings; method {method!r} does "
                          f"not run the CAI controller (use {settings.method!r} or another cai preset)")
-    return preset_config(method, cai_under=settings.cai, **overrides)
+    return preset_config(method, cai_under=settings.cai, strict=strict, **overrides)
 
 
 def options_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[dict, list[str]]:
@@ -45,10 +48,16 @@ def options_for_model(model, checkpoint, method: str, settings=None, **options) 
     return options, taken
 
 
-def config_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[DecodeConfig, list[str]]:
+def config_for_model(model, checkpoint, method: str, settings=None, strict: bool = False,
+                     **options) -> tuple[DecodeConfig, list[str]]:
     """The config `method` runs with on the model, unset options filled (options_for_model) and fitted
     to the model's family (block_diffusion.fit_to_model: a setting given that does not apply raises
-    InputError naming it; a preset's cache the family lacks becomes its own). Returns it and the names
-    the recommendation filled."""
+    InputError naming it; a preset's cache the family lacks becomes its own). strict: a setting the
+    caller gave that the method does not read is refused too (field_scope.py; the recommendation's
+    values are not the caller's). Returns it and the names the recommendation filled."""
     options, taken = options_for_model(model, checkpoint, method, settings, **options)
-    return fit_to_model(build_config(method, settings=settings, **options), model), taken
+    config = build_config(method, settings=settings, **options)
+    if strict:
+        check_given_apply(dataclasses.replace(config, given=tuple(g for g in config.given if g not in taken)),
+                          PRESETS)
+    return fit_to_model(config, model), taken

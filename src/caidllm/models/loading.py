@@ -18,6 +18,9 @@ from .families import get_family, load_config
 from .hub import download, is_hub_id
 from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
 from .lm import DiffusionLM
+from .moe import set_moe_kernel
+from .moe_experts import ExpertStacks
+from .moe_kernels import check_kernel
 from .quantize import (QuantizePlan, check_not_quantized, check_quantization, decoder_layers, is_quantized_tensor,
                        make_plan)
 from .random_init import build_random, is_random_name, random_raw_config
@@ -28,7 +31,7 @@ EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd"}  # tiny-bd: 
 
 
 def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize: str | None = None,
-         quantize_head: bool = False) -> DiffusionLM:
+         quantize_head: bool = False, moe_kernel: str = "auto") -> DiffusionLM:
     """Load a LLaDA or Dream model from a local folder (or the embedded "tiny"), or
     build one with random weights: "random:llada-8b", "random:dream-7b", with
     config.json overrides as a query string ("random:llada-8b?n_layers=4"; random_init.py).
@@ -39,10 +42,14 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize:
     quantize: None, or "int8", "int8-dynamic", "int4", "fp8": torchao quantized weights for the
     layers' linear layers, applied layer by layer as they load (models/quantize.py);
     quantize_head: the untied output head too.
+    moe_kernel: how mixture-of-experts layers run their experts (models/moe_kernels.py): "auto",
+    "loop" (the per-expert reference), "grouped", "padded" (these two: full-precision experts only).
     """
+    check_kernel(moe_kernel, quantized=quantize is not None)  # before any weight is read
     if compile and quantize is not None:  # a pair torch cannot compile fails before the model loads
         _check_compile_quantized(path_or_name, device, dtype, quantize)
     lm = _load(path_or_name, device, dtype, quantize, quantize_head)
+    set_moe_kernel(lm.model, moe_kernel)
     if compile:
         from .compiled import enable_compile
 
@@ -222,13 +229,17 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
 
+    stacks = ExpertStacks(expected)
     for group, layer in _load_groups(model, found, plan):
         state = {}
         # Each group opens its files anew: a file's mapped pages are let go once its group is read.
         for file, names in _by_file(group, where).items():
             with safe_open(str(file), framework="pt", device=str(device)) as f:
                 for name in names:
-                    state[name] = f.get_tensor(name).to(dtype)
+                    tensor = f.get_tensor(name).to(dtype)
+                    if not stacks.take(name, tensor):  # an expert's projection goes into its layer's stack
+                        state[name] = tensor
+        state.update(stacks.drain())
         model.load_state_dict(state, strict=plan is None, assign=True)  # in groups: each is a part
         del state
         if layer is not None:

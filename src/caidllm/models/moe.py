@@ -7,9 +7,10 @@ One module serves every MoE family caidllm knows:
 - LLaDA-MoE-7B-A1B (OLMoE layout): softmax over 64 experts, top-8, weights not normalised;
 - SDAR-30B-A3B (Qwen3-MoE layout): softmax over 128 experts, top-8, weights normalised.
 
-Routing works on the whole batch of tokens at once; the experts then run one after the
-other on the tokens routed to them (a loop over experts, never over tokens). Parameter
-names follow the official checkpoints: ``gate.weight`` [experts, hidden] (and
+Routing works on the whole batch of tokens at once; the routed experts' weights are
+stacked ([experts, out, in] per projection, moe_experts.py) and run by a kernel chosen per
+device (moe_kernels.py: grouped matmuls by default, the per-expert loop as the reference).
+State-dict names follow the official checkpoints: ``gate.weight`` [experts, hidden] (and
 ``gate.expert_bias`` [experts] where the config has one), ``experts.{e}.{gate,up,down}_proj``
 and ``shared_experts.{gate,up,down}_proj``.
 """
@@ -23,7 +24,8 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
-from .layers import swiglu, swiglu_weights
+from .moe_experts import ExpertMLP, StackedExperts
+from .moe_kernels import AUTO, check_kernel, run_experts
 
 # Score functions by their config.json name (LLaDA2's "score_function").
 SCORE_FUNCTIONS = {
@@ -145,45 +147,21 @@ class Router(nn.Module):
         return route(logits, self.config, self.expert_bias)
 
 
-class Projection(nn.Linear):
-    """A bias-free Linear left uninitialised: its weights are always loaded or drawn afterwards
-    (loading.py, random_init.py), and an MoE model has tens of thousands of them (LLaDA2.0-flash:
-    23,808), whose default initialisation would dominate building the model."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features, bias=False)
-
-    def reset_parameters(self) -> None:
-        pass
-
-
-class ExpertMLP(nn.Module):
-    """One SwiGLU expert: down(silu(gate(x)) * up(x)), no biases."""
-
-    mlp_kernel = staticmethod(swiglu_weights)
-
-    def __init__(self, hidden_size: int, intermediate_size: int):
-        super().__init__()
-        self.gate_proj = Projection(hidden_size, intermediate_size)
-        self.up_proj = Projection(hidden_size, intermediate_size)
-        self.down_proj = Projection(intermediate_size, hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj, self.mlp_kernel)
-
-
 class MoEFeedForward(nn.Module):
     """Routed experts (plus shared experts) in place of a dense feed-forward layer.
 
     forward(x [..., hidden]) -> [..., hidden] in x's dtype. The routed outputs are
-    weighted and summed in fp32, then cast back (as LLaDA2's official forward does)."""
+    weighted and summed in fp32, then cast back (as LLaDA2's official forward does).
+    ``experts`` is a StackedExperts (moe_experts.py; an ExpertList once quantized);
+    ``kernel`` names how they run (moe_kernels.py, set_moe_kernel)."""
+
+    kernel = AUTO
 
     def __init__(self, config: MoEConfig):
         super().__init__()
         self.config = config
         self.gate = Router(config)
-        self.experts = nn.ModuleList(ExpertMLP(config.hidden_size, config.moe_intermediate_size)
-                                     for _ in range(config.num_experts))
+        self.experts = StackedExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_experts = None
         if config.num_shared_experts:
             self.shared_experts = ExpertMLP(config.hidden_size,
@@ -193,31 +171,20 @@ class MoEFeedForward(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         experts, weights = self.gate(flat)
-        out = self.run_experts(flat, experts, weights)
+        out = run_experts(self.experts, self.kernel, flat, experts, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.view(shape)
 
-    def run_experts(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for every token t, [T, hidden].
 
-        The (token, choice) pairs are sorted by expert so each expert runs once on a
-        contiguous slice of its tokens; one host sync reads how many each expert got."""
-        tokens, k = experts.shape
-        pairs = experts.reshape(-1)
-        order = pairs.argsort(stable=True)
-        counts = torch.bincount(pairs, minlength=self.config.num_experts).tolist()
-        routed_inputs = x[order // k]
-        routed_outputs = torch.empty_like(routed_inputs)
-        start = 0
-        for expert, count in zip(self.experts, counts):
-            if count:
-                routed_outputs[start:start + count] = expert(routed_inputs[start:start + count])
-                start += count
-        per_pair = torch.empty_like(routed_outputs)
-        per_pair[order] = routed_outputs
-        mixed = (per_pair.view(tokens, k, -1).float() * weights.float()[..., None]).sum(dim=1)
-        return mixed.to(x.dtype)
+def set_moe_kernel(model: nn.Module, kernel: str) -> None:
+    """Run every MoE layer of `model` with `kernel` (moe_kernels.py: auto, loop, grouped, padded);
+    InputError for an unknown one, or a stacked-only kernel on quantized experts."""
+    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    quantized = any(not isinstance(m.experts, StackedExperts) for m in layers)
+    check_kernel(kernel, quantized)
+    for layer in layers:
+        layer.kernel = kernel
 
 
 def expert_parameter_counts(config: MoEConfig) -> tuple[int, int]:

@@ -1,9 +1,10 @@
 """Quantized weights through torchao (``caidllm.load(..., quantize="int8")``, ``--quantize``).
 
 Each value of ``QUANTIZATIONS`` names the torchao config applied, per device type, to
-every ``nn.Linear`` inside the decoder layers (attention, feed-forward, and experts built
-of Linear layers); the embeddings, the norms and the output head stay in the model dtype
-(``quantize_head=True`` quantizes an untied head too). The model is quantized layer by
+every ``nn.Linear`` inside the decoder layers (attention, feed-forward, and the routed
+experts, unstacked into one Linear each first: moe_experts.unstack_experts); the embeddings,
+the norms and the output head stay in the model dtype (``quantize_head=True`` quantizes an
+untied head too). The model is quantized layer by
 layer as it loads (loading.py, random_init.py), so only one layer at a time is ever held
 in full precision.
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, ModelLoadError
+from .moe_experts import StackedExperts, unstack_experts
 
 INT4_GROUP = 32  # weights per int4 scale (as GGUF's Q4_0): finer groups keep more accuracy
 
@@ -225,6 +227,7 @@ class QuantizePlan:
     head: bool = False  # also quantize the untied output head
 
     def layer(self, layer: nn.Module) -> None:
+        unstack_experts(layer)  # torchao quantizes Linear layers: stacked experts become one each
         quantize_module(layer, self.quantization, self.device)
 
     def check(self, model: nn.Module) -> None:
@@ -318,6 +321,9 @@ def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str |
             seen.add(id(t))
             if id(module) in quantized and name == "weight":
                 total += QUANTIZATIONS[quantize].linear_bytes(module.out_features, module.in_features, dtype)
+            elif quantize is not None and isinstance(module, StackedExperts):  # quantized expert by expert
+                experts, out, inp = t.shape
+                total += experts * QUANTIZATIONS[quantize].linear_bytes(out, inp, dtype)
             else:
                 total += t.numel() * dtype.itemsize
     return total

@@ -32,6 +32,7 @@ from .generated_tokenizer import generated_tokenizer
 from .layers import RMSNorm
 from .lm import DiffusionLM
 from .moe import Router
+from .moe_experts import PROJECTIONS, StackedExperts
 from .quantize import decoder_layers, make_plan
 from .tokenizer import end_of_turn_ids
 
@@ -178,7 +179,7 @@ def materialise(model: nn.Module, device: torch.device, generator: torch.Generat
         plan.check(model)
     inside = {id(m) for layer in layers for m in layer.modules() if m is not layer}
     starts = {id(layer) for layer in layers}
-    for module in model.modules():
+    for module in list(model.modules()):  # a list: quantizing a layer replaces its stacked experts
         if id(module) in inside:
             continue  # drawn with its layer
         if id(module) in starts:
@@ -195,8 +196,8 @@ def materialise(model: nn.Module, device: torch.device, generator: torch.Generat
 @torch.no_grad()
 def initialise(model: nn.Module, generator: torch.Generator) -> None:
     """In place, on the parameters' own device and dtype: embeddings N(0, 1), linear weights
-    and MoE gates N(0, 1/fan_in) (logits of order 1, like a trained model's), biases N(0, 0.02^2), norm
-    weights N(1, 0.1^2)."""
+    (stacked experts' too) and MoE gates N(0, 1/fan_in) (logits of order 1, like a trained
+    model's), biases N(0, 0.02^2), norm weights N(1, 0.1^2)."""
     for module in model.modules():
         _initialise_one(module, generator)
 
@@ -215,6 +216,11 @@ def _initialise_one(module: nn.Module, generator: torch.Generator) -> None:
         module.weight.normal_(0.0, module.weight.shape[1] ** -0.5, generator=generator)
         if module.expert_bias is not None:
             module.expert_bias.normal_(0.0, 0.01, generator=generator)
+    elif isinstance(module, StackedExperts):  # expert by expert, as separate Linear layers drew them
+        for e in range(module.num_experts):
+            for name in PROJECTIONS:
+                weight = getattr(module, name)[e]
+                weight.normal_(0.0, weight.shape[1] ** -0.5, generator=generator)
 
 
 def parameter_count(model: nn.Module) -> int:

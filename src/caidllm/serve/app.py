@@ -12,6 +12,7 @@ delays another request. Errors are OpenAI error bodies, never tracebacks.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -35,8 +36,9 @@ from caidllm.models.quantize import quantization_info
 from caidllm.serve.answer import Answer
 from caidllm.serve.call import CLIENT_CLOSED, Call, cancel
 from caidllm.serve.guard import Guard, check_json_content_type, error_response, read_body
+from caidllm.serve.http_edges import id_list_bounds
 from caidllm.serve.metrics import ServerMetrics
-from caidllm.serve.protocol import RequestError, ServerDefaults, parse, prompt_char_limit
+from caidllm.serve.protocol import RequestError, ServerDefaults, param_named, parse, prompt_char_limit
 from caidllm.serve.shutdown import Shutdown
 
 logger = logging.getLogger("caidllm.serve")
@@ -54,7 +56,7 @@ class ServerConfig:
     api_key: str | None = None
     max_request_time: float = 600.0  # seconds from receipt to the last token
     max_body_bytes: int = 4 * 1024 * 1024  # past it: 413, before the body is read
-    body_timeout: float = 30.0  # seconds to receive the whole body; past it: 408
+    body_timeout: float = 10.0  # seconds to receive the whole body; past it: 408
     shutdown_grace: float = 10.0  # seconds requests in flight may go on after SIGTERM
     step_policy: str = "fair"  # which forward groups run at each engine step (decode/step_policies.py)
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
@@ -150,6 +152,9 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout)
         if raw is None:  # the client left while sending
             return Response(status_code=CLIENT_CLOSED)
+        if kind == "completion" and len(raw) > INLINE_PARSE_BYTES:
+            _check_id_lists(raw, settings.defaults.max_prompt_tokens or lm.config.max_length,
+                            settings.defaults.max_prompts)
         if len(raw) <= INLINE_PARSE_BYTES:
             req = _decode_and_parse(raw, kind, lm, settings.defaults)
         else:  # json.loads and the tokenizer let the event loop (and other requests) run meanwhile
@@ -168,11 +173,30 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
 
 
 def _decode_and_parse(raw: bytes, kind: str, lm, defaults: ServerDefaults):
+    # The collector paused while json.loads runs: it holds the interpreter throughout, and a body of a
+    # million small lists made the collector rescan them all, over and over (2 s with no other request
+    # served; 0.3 s without it). Nothing it builds can be a cycle.
+    enabled = gc.isenabled()
+    gc.disable()
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested past Python's limit
         raise RequestError(f"the request body is not valid JSON: {error}"[:500]) from None
+    finally:
+        if enabled:
+            gc.enable()
     return parse(body, kind, lm, defaults)
+
+
+def _check_id_lists(raw: bytes, limit: int, max_prompts: int) -> None:
+    """A token-id list longer than any prompt may be, or more prompts than a request may hold, is
+    refused from the body's bytes, before json.loads builds an object for each entry."""
+    longest, lists = id_list_bounds(raw)
+    if longest > limit:
+        raise RequestError(f"the prompt holds a list of about {longest} token ids; a prompt has at most {limit} "
+                           "tokens here (the model's context, or --max-prompt-tokens)", "prompt")
+    if lists > max_prompts:
+        raise RequestError(f"about {lists} prompts in one request; at most {max_prompts}", "prompt")
 
 
 def _submit(background, req, loop) -> list:
@@ -185,5 +209,13 @@ def _submit(background, req, loop) -> list:
             cancel(background, h.id)
         if isinstance(error, EngineFullError):
             raise RequestError(str(error), None, 429, "rate_limit_error", "queue_full", {"Retry-After": "1"}) from None
-        raise RequestError(str(error), "messages" if req.kind == "chat" else "prompt") from None
+        raise RequestError(str(error), _submit_param(str(error), req)) from None
     return handles
+
+
+def _submit_param(message: str, req) -> str | None:
+    """The field an engine refusal at submit is about: the prompt (its ids, its length), else the
+    setting it names (`elastic_layer (100) is beyond the model's layers`), else the method given."""
+    if message.startswith(("a prompt", "token id", "prompt (")):
+        return "messages" if req.kind == "chat" else "prompt"
+    return param_named(message, list(req.extensions)) or ("method" if "method" in req.extensions else None)

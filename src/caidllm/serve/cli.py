@@ -14,7 +14,7 @@ from caidllm.decode.presets import method_names
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY, STEP_POLICIES
 from caidllm.errors import InputError
 from caidllm.serve import replicas
-from caidllm.serve.launch import settings_file_of, settings_from  # noqa: F401 - also read from here
+from caidllm.serve.launch import check_api_key, settings_file_of, settings_from  # noqa: F401 - also read from here
 
 
 def register(sub, name: str) -> None:
@@ -43,7 +43,7 @@ def register(sub, name: str) -> None:
                         "expensive ones) or all (every group every step)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                    help="largest request body; a larger one gets 413 before it is read")
-    p.add_argument("--body-timeout", type=float, default=30.0,
+    p.add_argument("--body-timeout", type=float, default=10.0,
                    help="seconds to receive a request's whole body; past it: 408")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM, seconds requests in flight may go on; then each ends with a clean error")
@@ -64,21 +64,26 @@ def run(args) -> int:
 
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return run_replicas(args)
-    # A bad setting or settings file fails before the model loads (checked against its config.json).
+    # A bad setting, settings file or API key fails before the model loads (checked against its config.json).
     settings_file_of(args)
+    check_api_key(args)
     check_before_load(args.model, args.method, gen_length=args.gen_length, block_length=args.block_length)
     lm = load_model(args)
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
     # HTTP in a thread, the engine loop in the main thread (BENCHMARKS.md: "Where the engine loop runs").
-    # SIGTERM / SIGINT: uvicorn stops accepting and the app drains (serve/shutdown.py): requests in
-    # flight go on for --shutdown-grace seconds, then end with a clean error; the app shuts down,
-    # then the engine stops, and the exit status is 0.
+    # SIGTERM / SIGINT: the app drains (serve/shutdown.py) with the listener open: new requests get 503,
+    # requests in flight go on for --shutdown-grace seconds (a second signal: no longer), then end with
+    # a clean error; then uvicorn stops, the app shuts down, the engine stops, and the exit status is 0.
     server = uvicorn.Server(uvicorn_config(app, args.host, args.port, args.log_level, args.shutdown_grace))
     http = threading.Thread(target=server.run, name="caidllm-http")
 
-    def on_signal(signum, frame):
+    def stop_http():
         server.should_exit = True
+
+    app.state.shutdown.on_expired = stop_http
+
+    def on_signal(signum, frame):
         app.state.shutdown.begin_from_thread()
 
     def stop_engine_after_http():

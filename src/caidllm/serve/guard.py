@@ -67,13 +67,15 @@ class Guard:
         refusal = self._refusal(scope)
         if refusal is not None:
             return await error_response(refusal)(scope, receive, named)
+        if scope["method"] == "HEAD":  # as GET; uvicorn sends the headers only (it knows the request's method)
+            scope = {**scope, "method": "GET"}
         await self.app(scope, receive, named)
 
     def _refusal(self, scope) -> RequestError | None:
         headers, key = Headers(scope=scope), self.settings.api_key
         if key and not is_open(scope["path"]) and not authorised(headers.get("authorization", ""), key):
             return RequestError("missing or wrong API key (send 'Authorization: Bearer KEY')", None, 401,
-                                "authentication_error", "invalid_api_key")
+                                "authentication_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.settings.max_body_bytes:
             return too_large(self.settings.max_body_bytes)

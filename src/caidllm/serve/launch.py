@@ -9,6 +9,21 @@ from pathlib import Path
 from caidllm.errors import InputError
 
 
+def check_api_key(args) -> str | None:
+    """The key from `--api-key`, else CAIDLLM_API_KEY (None: none). An empty one (or only spaces) would
+    turn authentication off without a word, and one with spaces at its ends would match no client (a
+    request's key is read without them): both refused."""
+    key, source = args.api_key, "--api-key"
+    if key is None:
+        key, source = os.environ.get("CAIDLLM_API_KEY"), "CAIDLLM_API_KEY"
+    if key is not None and not key.strip():
+        raise InputError(f"{source} is empty: give a key, or leave it out to serve without one")
+    if key is not None and key != key.strip():
+        raise InputError(f"{source} has spaces at its ends: no client's key would match (a request's key is "
+                         "read without them)")
+    return key
+
+
 def settings_from(args, lm):
     from caidllm.serve.app import ServerConfig
     from caidllm.serve.protocol import ServerDefaults
@@ -17,6 +32,7 @@ def settings_from(args, lm):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "port" else 1):
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    api_key = check_api_key(args)
     if args.shutdown_grace < 0:
         raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
     from caidllm.decode.presets import config_for_model
@@ -33,7 +49,7 @@ def settings_from(args, lm):
                               max_gen_length=args.max_gen_length or lm.config.max_length,
                               max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
     return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
-                        api_key=args.api_key or os.environ.get("CAIDLLM_API_KEY") or None,
+                        api_key=api_key,
                         max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
                         body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace,
                         step_policy=getattr(args, "step_policy", "fair"))

@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 
 from caidllm.checks import is_id_list, is_int, is_number
-from caidllm.decode.block_diffusion import fit_to_model
+from caidllm.decode.block_diffusion import check_given_fit, fit_to_model
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
+from caidllm.serve.openai_fields import NEUTRAL
 
 
 class RequestError(Exception):
@@ -61,38 +62,6 @@ class DecodeRequest:
     extensions: dict = field(default_factory=dict)
 
 
-# Fields accepted only at a value that changes nothing (value -> is it neutral?).
-def _is_none(v):
-    return v is None
-
-
-NEUTRAL = {
-    "n": lambda v: v in (None, 1),
-    "top_p": lambda v: v is None or (is_number(v) and v >= 1),
-    "presence_penalty": lambda v: v in (None, 0),
-    "frequency_penalty": lambda v: v in (None, 0),
-    "repetition_penalty": lambda v: v in (None, 1),
-    "logit_bias": lambda v: v in (None, {}),
-    "logprobs": lambda v: v in (None, False),
-    "top_logprobs": _is_none,
-    "tools": lambda v: v in (None, []),
-    "tool_choice": lambda v: v in (None, "none"),
-    "functions": lambda v: v in (None, []),
-    "function_call": lambda v: v in (None, "none"),
-    "parallel_tool_calls": _is_none,
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "echo": lambda v: v in (None, False),
-    "best_of": lambda v: v in (None, 1),
-    "suffix": _is_none,
-    "service_tier": _is_none,
-    "store": lambda v: v in (None, False),
-    "metadata": _is_none,
-    "modalities": lambda v: v in (None, ["text"]),
-    "audio": _is_none,
-    "prediction": _is_none,
-    "reasoning_effort": _is_none,
-    "web_search_options": _is_none,
-}
 OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
                  "stream_options", "user", "messages", "prompt"}
 EXTENSIONS = (DECODE_FIELDS | CAI_FIELDS | {"cai", "method"}) - {"temperature", "seed"}
@@ -112,8 +81,9 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     other = "prompt" if kind == "chat" else "messages"
     for name, value in body.items():
         if name in NEUTRAL:
-            if not NEUTRAL[name](value):
-                raise RequestError(f"{name}={value!r} is not supported by caidllm (only its default)", name)
+            problem = NEUTRAL[name].problem(value, kind)
+            if problem:
+                raise RequestError(problem, name)
         elif name == other or (name == "max_completion_tokens" and kind != "chat"):
             raise RequestError(f"{name!r} is not a field of this endpoint", name)
         elif name not in OPENAI_FIELDS | EXTENSIONS | OWN_FIELDS:
@@ -145,11 +115,15 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
                 raise RequestError(f"the prompt has {len(ids)} tokens; this server takes at most "
                                    f"{defaults.max_prompt_tokens}", prompt_field)
     extensions = {k: body[k] for k in body if k in EXTENSIONS}
+    try:  # a setting the model never reads, before one the method does not read (whose advice is a method)
+        check_given_fit(extensions, lm.config)
+    except InputError as error:
+        raise RequestError(str(error), param_named(str(error), extensions)) from None
     config = _config(body, extensions, max_tokens, max_name, defaults)
     try:  # a setting the model's family does not take (cache=dual on a block-diffusion model, ...)
         config = fit_to_model(config, lm.config)
     except InputError as error:
-        raise RequestError(str(error), _param_named(str(error), ["method", *extensions])) from None
+        raise RequestError(str(error), param_named(str(error), ["method", *extensions])) from None
     return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
                          _bool(body, "commit_events", False), model, extensions)
 
@@ -183,9 +157,9 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
     try:
         own = defaults.settings if defaults.settings is not None and defaults.settings.method == method else None
-        return build_config(method, settings=own, temperature=float(temperature), seed=seed, **ext)
+        return build_config(method, settings=own, strict=True, temperature=float(temperature), seed=seed, **ext)
     except InputError as error:
-        param = _param_named(str(error), ["method", *extensions]) or ("cai" if "cai" in extensions else "method")
+        param = param_named(str(error), ["method", *extensions]) or ("cai" if "cai" in extensions else "method")
         raise RequestError(str(error), param) from None
 
 
@@ -302,9 +276,12 @@ def _stop(body) -> list[str]:
     return stop
 
 
-def _param_named(message: str, names) -> str | None:
-    return next((n for n in names if f"{n} " in message or f"'{n}'" in message or f"cai.{n}" in message
-                 or message.startswith(n)), None)
+def param_named(message: str, names) -> str | None:
+    """The field an error message is about: the one it starts with, else the first it names."""
+    names = list(names)
+    first = next((n for n in names if message.startswith((f"{n} ", f"cai.{n} "))), None)
+    return first or next((n for n in names if f"{n} " in message or f"'{n}'" in message or f"cai.{n}" in message
+                          or message.startswith(n)), None)
 
 
 def _bool(body, name, default, label=None):

@@ -1,0 +1,223 @@
+"""The MoE kernels (models/moe_kernels.py) against the per-expert loop, the reference: the same
+layer outputs and model logits to 1e-5 in fp32 and the same tokens, on random LLaDA2, LLaDA-MoE
+and SDAR-MoE shapes; batch invariance; no value read on the host (they run on meta tensors);
+the stacked experts' checkpoint names, loading (sharded too) and its errors; quantization."""
+
+import json
+
+import pytest
+import torch
+from helpers.checkpoint_files import write_checkpoint
+from safetensors.torch import load_file, save_file
+from test_moe import LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE, random_moe
+
+import caidllm
+from caidllm.errors import InputError, ModelLoadError
+from caidllm.models.moe import MoEFeedForward, set_moe_kernel
+from caidllm.models.moe_experts import ExpertList, StackedExperts
+from caidllm.models.moe_kernels import MOE_KERNELS, pick_kernel, run_experts
+
+FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
+FAST = [k for k in MOE_KERNELS if k != "loop"]
+RANDOM = {  # small random shapes of the three MoE families
+    "llada2": "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+              "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
+    "llada-moe": "random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
+                 "&expert_intermediate_size=32&dense_intermediate_size=128&num_experts=16&vocab_size=512",
+    "sdar-moe": "random:sdar-30b-a3b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+                "&head_dim=16&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
+}
+
+
+@pytest.mark.parametrize("kernel", FAST)
+@pytest.mark.parametrize("family", FIELDS)
+def test_each_kernel_equals_the_loop(family, kernel):
+    moe = random_moe(**FIELDS[family])
+    x = torch.randn(3, 11, 16)
+    with torch.no_grad():
+        moe.kernel = "loop"
+        expected = moe(x)
+        moe.kernel = kernel
+        got = moe(x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", FAST)
+def test_each_kernel_in_bfloat16(kernel):
+    moe = random_moe(**LLADA2_LIKE).to(torch.bfloat16)
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        moe.kernel = "loop"
+        expected = moe(x)
+        moe.kernel = kernel
+        got = moe(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("kernel", FAST)
+def test_a_token_does_not_depend_on_its_batch(kernel):
+    moe = random_moe(**LLADA_MOE_LIKE)
+    moe.kernel = kernel
+    x = torch.randn(9, 16)
+    with torch.no_grad():
+        together = moe(x)
+        alone = torch.stack([moe(x[i:i + 1])[0] for i in range(len(x))])
+    torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", FAST)
+def test_no_value_is_read_on_the_host(kernel):
+    """On meta tensors a .item() / .tolist() / .cpu() of the counts would raise: the kernels never read one."""
+    cfg = LLADA2_LIKE
+    with torch.device("meta"):  # bfloat16: grouped_mm's meta kernel checks dtypes as the CUDA one does
+        experts = StackedExperts(cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]).bfloat16()
+        x = torch.empty(7, cfg["hidden_size"], dtype=torch.bfloat16)
+        chosen = torch.empty(7, cfg["num_experts_per_tok"], dtype=torch.long)
+        weights = torch.empty(7, cfg["num_experts_per_tok"])
+    out = run_experts(experts, kernel, x, chosen, weights)
+    assert out.shape == (7, cfg["hidden_size"]) and out.is_meta
+    with pytest.raises(Exception):
+        run_experts(experts, "loop", x, chosen, weights)  # the reference reads the counts
+
+
+def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
+    moe = random_moe(**LLADA2_LIKE)
+    assert pick_kernel(moe.experts, torch.zeros(4, 16)) == "grouped"
+    assert pick_kernel(ExpertList(), torch.zeros(4, 16)) == "loop"
+
+
+@pytest.mark.parametrize("family", RANDOM)
+def test_models_give_the_loops_logits_and_tokens(family):
+    lm = caidllm.load(RANDOM[family], device="cpu", dtype="float32", moe_kernel="loop")
+    ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    block = {"llada2": 32, "llada-moe": 16, "sdar-moe": 4}[family]
+    options = dict(method="fastdllm", gen_length=32, block_length=block)
+    with torch.no_grad():
+        expected = lm.logits(ids)
+        tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]
+        for kernel in FAST:
+            set_moe_kernel(lm.model, kernel)
+            torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5, rtol=1e-5)
+            assert [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)] == tokens
+            alone = [lm.generate([p], **options)[0].token_ids for p in ("hello", "two plus two")]
+            assert alone == tokens  # batch invariance
+
+
+def test_state_dict_has_the_official_names_and_loads_back():
+    moe = random_moe(**LLADA2_LIKE)
+    state = moe.state_dict()
+    assert state["experts.3.up_proj.weight"].shape == (8, 16) and "experts.gate_proj" not in state
+    torch.testing.assert_close(state["experts.3.up_proj.weight"], moe.experts.up_proj[3])
+    other = random_moe(seed=5, **LLADA2_LIKE)
+    other.load_state_dict(state)
+    assert torch.equal(other.experts.down_proj, moe.experts.down_proj)
+    state.pop("experts.2.down_proj.weight")
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*experts.2.down_proj.weight"):
+        other.load_state_dict(state)
+    state["experts.2.down_proj.weight"] = torch.zeros(16, 9)
+    with pytest.raises(RuntimeError, match=r"size mismatch for experts.2.down_proj.weight"):
+        other.load_state_dict(state)
+    state["experts.2.down_proj.weight"] = torch.zeros(16, 8)
+    state["experts.16.down_proj.weight"] = torch.zeros(16, 8)
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\).*experts.16.down_proj.weight"):
+        other.load_state_dict(state)
+
+
+@pytest.fixture(scope="module")
+def moe_folder(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("moe"), "inclusionAI/LLaDA-MoE-7B-A1B-Base", sharded=True)
+
+
+def test_a_checkpoint_loads_into_the_stacks(moe_folder):
+    lm = caidllm.load(moe_folder, device="cpu", dtype="float32")
+    tensors = {}
+    for file in moe_folder.glob("*.safetensors"):
+        tensors.update(load_file(str(file)))
+    experts = lm.model.model.layers[1].mlp.experts
+    assert isinstance(experts, StackedExperts)
+    for e in range(experts.num_experts):
+        assert torch.equal(experts.gate_proj[e], tensors[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"])
+        assert torch.equal(experts.down_proj[e], tensors[f"model.layers.1.mlp.experts.{e}.down_proj.weight"])
+
+
+def _edit_shard(folder, name, change):
+    for file in folder.glob("*.safetensors"):
+        tensors = load_file(str(file))
+        if name in tensors:
+            change(tensors)
+            save_file(tensors, str(file))
+            return
+    raise AssertionError(name)
+
+
+def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
+    import shutil
+
+    name = "model.layers.1.mlp.experts.2.up_proj.weight"
+    broken = shutil.copytree(moe_folder, tmp_path / moe_folder.name)
+    _edit_shard(broken, name, lambda t: t.update({name: t[name][:, :-1].contiguous()}))
+    with pytest.raises(ModelLoadError, match=rf"tensor {name} in .* has shape \[16, 31\], expected \[16, 32\]"):
+        caidllm.load(broken, device="cpu")
+    _edit_shard(broken, name, lambda t: t.pop(name))
+    index = json.loads((broken / "model.safetensors.index.json").read_text())
+    del index["weight_map"][name]
+    (broken / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError, match=rf"missing from the checkpoint: {name}"):
+        caidllm.load(broken, device="cpu")
+
+
+def test_an_unknown_kernel_or_a_stacked_kernel_on_quantized_experts_is_refused():
+    with pytest.raises(InputError, match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, padded"):
+        caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="fast")
+    with pytest.raises(InputError, match="moe_kernel 'grouped' runs stacked full-precision experts"):
+        caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8", moe_kernel="grouped")
+
+
+def test_quantized_experts_run_one_at_a_time():
+    pytest.importorskip("torchao")
+    lm = caidllm.load(RANDOM["sdar-moe"], device="cpu", dtype="float32", quantize="int8")
+    layer = next(m for m in lm.model.modules() if isinstance(m, MoEFeedForward))
+    assert isinstance(layer.experts, ExpertList) and len(layer.experts) == 16
+    assert {n for n, _ in layer.named_parameters()} >= {"experts.15.gate_proj.weight", "experts.0.down_proj.weight"}
+    with pytest.raises(InputError, match="moe_kernel 'padded' runs stacked full-precision experts"):
+        set_moe_kernel(lm.model, "padded")
+    assert lm.generate(["hello"], method="fastdllm", gen_length=8, block_length=4)[0].nfe > 0
+
+
+def test_quantized_experts_weigh_what_models_predicts():
+    pytest.importorskip("torchao")
+    from caidllm.models.quantize import expected_weights_bytes, weights_bytes
+
+    meta = caidllm.load(RANDOM["llada2"], device="meta")
+    loaded = caidllm.load(RANDOM["llada2"], device="cpu", dtype="float32", quantize="int8")
+    assert expected_weights_bytes(meta.model, torch.float32, "int8") == weights_bytes(loaded.model)
+
+
+def test_a_checkpoint_loads_quantized_layer_by_layer(moe_folder):
+    pytest.importorskip("torchao")
+    from caidllm.models.quantize import is_quantized
+
+    full = caidllm.load(moe_folder, device="cpu", dtype="float32")
+    lm = caidllm.load(moe_folder, device="cpu", dtype="float32", quantize="int8")
+    layer = lm.model.model.layers[1].mlp
+    assert isinstance(layer.experts, ExpertList) and all(is_quantized(e) for e in layer.experts)
+    ids = torch.randint(0, 30, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # int8 weights: close to the full-precision logits, not equal
+        torch.testing.assert_close(lm.logits(ids), full.logits(ids), atol=0.15, rtol=0.1)
+
+
+def test_the_command_line_flag(capsys):
+    from caidllm.cli import main
+
+    argv = ["generate", "hi", "--model", RANDOM["llada2"], "--device", "cpu", "--dtype", "float32",
+            "--gen-length", "32", "--block-length", "32", "--json"]
+    outputs = []
+    for kernel in ("loop", "grouped"):
+        assert main([*argv, "--moe-kernel", kernel]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert outputs[0] == outputs[1]
+    pytest.importorskip("torchao")
+    assert main([*argv, "--moe-kernel", "grouped", "--quantize", "int8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("caidllm: error: moe_kernel 'grouped' runs stacked full-precision")
