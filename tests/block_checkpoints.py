@@ -1,6 +1,6 @@
-"""Tiny random LLaDA2 and SDAR checkpoints in the official file layout, for tests.
+"""Tiny random LLaDA2, SDAR and Fast-dLLM v2 checkpoints in the official file layout, for tests.
 
-write_block_checkpoint(path, "llada2" | "sdar" | "sdar-moe") writes config.json with the
+write_block_checkpoint(path, "llada2" | "sdar" | "sdar-moe" | "fastdllm_v2") writes config.json with the
 official field names, tokenizer.json / tokenizer_config.json (the generated tokenizer,
 chat template and special tokens) and sharded safetensors with an index. The tensor
 names are spelled out here from the official modeling files, independently of the
@@ -30,12 +30,18 @@ SMALL = {
                  "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48, "moe_intermediate_size": 8,
                  "num_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 256,
                  "torch_dtype": "float32"},
+    "fastdllm_v2": {**OFFICIAL["fastdllm-v2-1.5b"], "hidden_size": 32, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+                    "max_position_embeddings": 256, "tie_word_embeddings": False, "torch_dtype": "float32"},
 }
+FAMILIES = {"llada2": "llada2", "sdar": "sdar", "sdar-moe": "sdar", "fastdllm_v2": "fastdllm_v2"}
 
 
-def write_block_checkpoint(path, kind: str = "llada2", *, seed: int = 0, config_overrides=None) -> Path:
-    """Write a tiny random checkpoint of `kind` ("llada2", "sdar", "sdar-moe") into `path`."""
-    family = "llada2" if kind == "llada2" else "sdar"
+def write_block_checkpoint(path, kind: str = "llada2", *, seed: int = 0, config_overrides=None,
+                           head_scale: float = 1.0) -> Path:
+    """Write a tiny random checkpoint of `kind` ("llada2", "sdar", "sdar-moe", "fastdllm_v2") into `path`;
+    head_scale multiplies the LM head (sharper predictions: confidences spread over (0, 1))."""
+    family = FAMILIES[kind]
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(TOKENIZERS[family]["specials"])
@@ -49,8 +55,11 @@ def write_block_checkpoint(path, kind: str = "llada2", *, seed: int = 0, config_
     g = torch.Generator().manual_seed(seed)
     if family == "llada2":
         tensors = _tensors(config, g, "model.word_embeddings.weight", _llada2_attention, _llada2_feed_forward)
-    else:
+    elif family == "sdar":
         tensors = _tensors(config, g, "model.embed_tokens.weight", _sdar_attention, _sdar_feed_forward)
+    else:
+        tensors = _tensors(config, g, "model.embed_tokens.weight", _qwen2_attention, _sdar_feed_forward)
+    tensors["lm_head.weight"] *= head_scale
     _write_shards(path, tensors)
     return path
 
@@ -117,6 +126,16 @@ def _sdar_attention(t, g, p, c):
     t[p + "self_attn.o_proj.weight"] = _linear(g, d, h * hd)
     t[p + "self_attn.q_norm.weight"] = _norm(g, hd)
     t[p + "self_attn.k_norm.weight"] = _norm(g, hd)
+
+
+def _qwen2_attention(t, g, p, c):
+    """Fast-dLLM v2 (Qwen2.5): q/k/v with biases, o_proj without, no QK-norm."""
+    d, h, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    hd = d // h
+    for name, n_out in (("q_proj", h * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+        t[p + f"self_attn.{name}.weight"] = _linear(g, n_out, d)
+        t[p + f"self_attn.{name}.bias"] = 0.1 * torch.randn(n_out, generator=g)
+    t[p + "self_attn.o_proj.weight"] = _linear(g, d, h * hd)
 
 
 def _sdar_feed_forward(t, g, p, c, layer):

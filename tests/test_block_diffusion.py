@@ -10,6 +10,7 @@ from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 
 from bd_reference import llada21_generate, llada2_generate, sdar_generate
+from helpers.decoding import alone_static_joined
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19], list(range(20, 33))]
 
@@ -113,30 +114,11 @@ def test_editing_streams_final_blocks_only(bd_lm):
     assert silent_steps > 0 and [seen[p] for p in range(16)] == result.token_ids
 
 
-def _run(engine):
-    return {e.request_id: e.result for e in engine.run() if e.finished}
-
-
 @pytest.mark.parametrize("method", ["llada2", "cai"])
 def test_batch_invariance(bd_lm, method):
     """A request's tokens alone, in a static batch, and joining a running batch mid-flight."""
-    config = build_config(method, gen_length=16, block_length=8)
-    alone = []
-    for prompt in PROMPTS:
-        engine = Engine(bd_lm, max_batch=1)
-        rid = engine.submit(prompt, config)
-        alone.append(_run(engine)[rid].token_ids)
-    engine = Engine(bd_lm, max_batch=4)
-    ids = [engine.submit(p, config) for p in PROMPTS]
-    static = _run(engine)
-    assert [static[i].token_ids for i in ids] == alone
-    engine = Engine(bd_lm, max_batch=4)
-    first = engine.submit(PROMPTS[2], config)
-    engine.step()
-    engine.step()
-    late = [engine.submit(p, config) for p in PROMPTS[:2]]  # join mid-flight, at other blocks
-    joined = _run(engine)
-    assert [joined[i].token_ids for i in late + [first]] == alone
+    alone, static, joined = alone_static_joined(bd_lm, build_config(method, gen_length=16, block_length=8), PROMPTS)
+    assert static == alone and joined == alone
 
 
 def test_streamed_commits_are_answer_positions(bd_lm):

@@ -12,6 +12,8 @@ from caidllm.cli import main
 from caidllm.serve.app import ServeSettings, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
+from helpers.decoding import lm_eval_generates
+from helpers.serve import assert_refused, streamed_commit_events
 
 BLOCK_CAUSAL = {"caidllm_block_causal": True, "caidllm_block_lengths": [4, 8]}
 
@@ -70,10 +72,7 @@ MESSAGES = [{"role": "user", "content": "two and two"}]
     ({"method": "cai", "refresh_every": 2}, "refresh_every", "does not apply"),
 ])
 def test_server_refusals(server, body, param, words):
-    r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": MESSAGES, **body}, timeout=60)
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert error["param"] == param and words in error["message"]
+    assert_refused(server.url, body, param, words)
 
 
 def test_server_answers_as_generate_while_bad_requests_come_and_go(server, bd_lm):
@@ -110,14 +109,8 @@ def test_server_streams_block_diffusion_text(server, bd_lm):
 def test_commit_events_say_where_a_block_starts(server, bd_lm):
     """The live view draws blocks as they are: the first block of a block-diffusion answer is part
     prompt (block_start < 0), the others start block_length apart."""
-    import json
     prompt_length = len(bd_lm.encode_messages(MESSAGES))
-    events = []
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=120,
-                      json={"messages": MESSAGES, "stream": True, "commit_events": True, "early_stop": False}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                events += json.loads(line[6:]).get("caidllm", {}).get("commit_events", [])
+    events = streamed_commit_events(server.url, MESSAGES)
     lead = prompt_length % 8
     assert {(e["block"], e["block_start"]) for e in events} == {(b, b * 8 - lead) for b in range(len(
         {e["block"] for e in events}))}
@@ -156,15 +149,9 @@ def test_calibrate_runs_on_a_block_diffusion_model(bd_lm, tmp_path):
 
 def test_lm_eval_adapter_on_a_block_diffusion_model(bd_dir):
     pytest.importorskip("lm_eval")
-    from lm_eval.api.instance import Instance
-
     from caidllm.evaluation.lm_eval_adapter import CaidllmLM
 
-    adapter = CaidllmLM(pretrained=str(bd_dir), method="llada2", gen_length=16, block_length=8, batch_size=2,
-                        device="cpu")
-    requests = [Instance(request_type="generate_until", doc={}, arguments=(q, {"until": []}), idx=i)
-                for i, q in enumerate(["What is 2 + 2?", "Say yes."])]
-    assert all(isinstance(a, str) for a in adapter.generate_until(requests))
+    assert lm_eval_generates(bd_dir, method="llada2", gen_length=16, block_length=8)
     with pytest.raises(Exception, match="cache='dual' does not apply"):
         CaidllmLM(pretrained=str(bd_dir), method="cai", cache="dual", gen_length=16, block_length=8, device="cpu")
 

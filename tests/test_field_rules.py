@@ -39,7 +39,7 @@ SPEC = {
     "sf_high": ("slowfast", "num", 0, 1, True), "wino_draft": ("wino", "num", 0, 1, True),
     "wino_verify": ("wino", "num", 0, 1, True), "wino_max_steps": ("wino", "int", 1, INF, False),
     "elastic_gamma": ("elastic", "num", 0, 1, True), "elastic_window": ("elastic", "int", 1, INF, False),
-    "elastic_layer": ("elastic", "int", 0, INF, False), "dkv_window": ("dkv-greedy", "int", 0, INF, False),
+    "elastic_layer": ("elastic", "int", 0, INF, False), "sub_block": ("fastdllm-v2", "int", 1, INF, False), "dkv_window": ("dkv-greedy", "int", 0, INF, False),
     "cache": ("cai", "choice", 0, 0, False), "policy": ("cai", "choice", 0, 0, False),
     **{name: ("cai", "num", 0, 1, True) for name in ("theta_start", "theta_end", "block_end_floor",
                                                        "fallback_threshold", "clip_low", "clip_high",

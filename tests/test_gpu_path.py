@@ -223,6 +223,9 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
         # LLaDA2.0-mini's shape (2 layers here: a dense one, then an MoE one, decoded in its own
         # blocks of 32): its grouped experts read nothing on the host, no sync more than a dense model.
         moe = run["model"].startswith("random:llada2-mini")
+        if moe and run["method"] == "es-dllm":  # early skipping needs bidirectional attention: refused, said so
+            assert "does not apply to the block-causal llada2 model" in run["skipped"]
+            continue
         assert run["syncs_per_forward"] == 1.0
         assert run["block"] == (32 if moe else 8)
         assert run["forward_tflops"] > 0 and 0 < run["forward_share"] <= 1

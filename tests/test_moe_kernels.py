@@ -15,7 +15,7 @@ import caidllm
 from caidllm.errors import InputError, ModelLoadError
 from caidllm.models.moe import MoEFeedForward, set_moe_kernel
 from caidllm.models.moe_experts import ExpertList, StackedExperts
-from caidllm.models.moe_kernels import MOE_KERNELS, pick_kernel, run_experts
+from caidllm.models.moe_kernels import MOE_KERNELS, combine, pick_kernel, run_experts, sort_pairs
 
 FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
 FAST = [k for k in MOE_KERNELS if k != "loop"]
@@ -66,6 +66,17 @@ def test_a_token_does_not_depend_on_its_batch(kernel):
     torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-6)
 
 
+def test_each_token_sums_its_choices_in_choice_order():
+    """combine adds a token's k weighted outputs in the order they were chosen (the loop's fp32
+    arithmetic, and one fixed order on every device), not in the experts' sorted order."""
+    chosen = torch.tensor([[3, 0, 1]])  # sorted by expert: choices 1, 2, 0
+    weights = torch.ones(1, 3)
+    by_choice = torch.tensor([[1e8], [-1e8], [1.0]])  # (1e8 - 1e8) + 1 = 1; sorted, (-1e8 + 1) + 1e8 = 0
+    pairs = sort_pairs(chosen, num_experts=4)
+    got = combine(torch.zeros(1, 1), pairs, by_choice[pairs.order], weights)
+    assert got.item() == 1.0
+
+
 @pytest.mark.parametrize("kernel", FAST)
 def test_no_value_is_read_on_the_host(kernel):
     """On meta tensors a .item() / .tolist() / .cpu() of the counts would raise: the kernels never read one."""
@@ -85,6 +96,19 @@ def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
     moe = random_moe(**LLADA2_LIKE)
     assert pick_kernel(moe.experts, torch.zeros(4, 16)) == "grouped"
     assert pick_kernel(ExpertList(), torch.zeros(4, 16)) == "loop"
+
+
+@pytest.mark.parametrize("dtype, widths", [(torch.float32, dict(hidden_size=16, moe_intermediate_size=5)),
+                                           (torch.bfloat16, dict(hidden_size=12, moe_intermediate_size=8))])
+def test_auto_runs_widths_grouped_mm_cannot(dtype, widths):
+    """grouped_mm needs each width a whole multiple of 16 bytes: auto loops on the others (it raised)."""
+    moe = random_moe(**{**QWEN3_MOE_LIKE, **widths}).to(dtype)
+    x = torch.randn(5, widths["hidden_size"], dtype=dtype)
+    assert pick_kernel(moe.experts, x) == "loop"
+    with torch.no_grad():
+        got = moe(x)
+        moe.kernel = "loop"
+        assert torch.equal(got, moe(x))
 
 
 @pytest.mark.parametrize("family", RANDOM)
@@ -139,6 +163,40 @@ def test_a_checkpoint_loads_into_the_stacks(moe_folder):
     for e in range(experts.num_experts):
         assert torch.equal(experts.gate_proj[e], tensors[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"])
         assert torch.equal(experts.down_proj[e], tensors[f"model.layers.1.mlp.experts.{e}.down_proj.weight"])
+
+
+def test_experts_scattered_over_shards_in_any_order_load_the_same(moe_folder, tmp_path):
+    """Each layer's experts spread over three shards, every shard in a shuffled order: the stacks
+    (and the int8 experts unstacked from them) hold what the two-shard folder gives."""
+    import random
+    import shutil
+
+    tensors = {}
+    for file in moe_folder.glob("*.safetensors"):
+        tensors.update(load_file(str(file)))
+    names = sorted(tensors)
+    random.Random(0).shuffle(names)
+    scattered = shutil.copytree(moe_folder, tmp_path / moe_folder.name)
+    weight_map = {}
+    for file in scattered.glob("*.safetensors"):
+        file.unlink()
+    for i in range(3):
+        file = f"model-{i + 1:05d}-of-00003.safetensors"
+        save_file({n: tensors[n] for n in names[i::3]}, str(scattered / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in reversed(names[i::3])})
+    (scattered / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    ids = torch.randint(0, 30, (1, 12), generator=torch.Generator().manual_seed(0))
+    for quantize in (None, "int8") if _has_torchao() else (None,):
+        with torch.no_grad():
+            expected = caidllm.load(moe_folder, device="cpu", dtype="float32", quantize=quantize).logits(ids)
+            got = caidllm.load(scattered, device="cpu", dtype="float32", quantize=quantize).logits(ids)
+        assert torch.equal(got, expected), quantize
+
+
+def _has_torchao() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
 
 
 def _edit_shard(folder, name, change):

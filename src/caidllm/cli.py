@@ -15,6 +15,7 @@ from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.presets import method_names
 from caidllm.errors import CaidllmError
+from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
 from caidllm.options import MODEL_HELP, add_model_arguments, check_before_load, load_model  # noqa: F401
 from caidllm.serve.cli import register as register_serve
@@ -34,6 +35,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
                         help="LLaDA2.1 token editing: rewrite a committed token whose prediction changed with "
                              "confidence above this (block-diffusion models)")
     parser.add_argument("--max-post-steps", type=int, default=None, help="token editing: steps after a block's last mask")
+    parser.add_argument("--sub-block", type=int, default=None,
+                        help="Fast-dLLM v2: sub-block length inside a block (must divide --block-length; default 8)")
     parser.add_argument("--minimal-topk", type=int, default=None, help="LLaDA2: steps per block <= gen-length // this")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature" + known.format(0))
     parser.add_argument("--seed", type=int, default=None)
@@ -76,16 +79,18 @@ def run_generate(args) -> int:
         from caidllm.decode.settings_file import load_settings
 
         settings = load_settings(args.settings)  # a bad file fails before the model loads
-    method = args.method or (settings.method if settings else "cai")
+    given_method = args.method or (settings.method if settings else None)
+    method = given_method or "cai"
     options = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
                    threshold=args.threshold, temperature=args.temperature, seed=args.seed,
                    editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
-                   minimal_topk=args.minimal_topk,
+                   minimal_topk=args.minimal_topk, sub_block=args.sub_block,
                    early_stop=not args.no_early_stop)
     # A bad method or setting (or one the method does not read) fails before the model loads.
-    check_before_load(args.model, method, settings, strict=True, **options)
+    check_before_load(args.model, given_method, settings, strict=True, **options)
     lm = load_model(args)
-    options = apply_recommendation(lm, options)
+    method = recommended_method(lm.checkpoint, given_method)
+    options = apply_recommendation(lm, options, method)
     chat = lm.chat_default if args.chat is None else args.chat
     results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                           chat=chat, **options)
@@ -101,17 +106,20 @@ def run_generate(args) -> int:
     return 0
 
 
-def apply_recommendation(lm, options: dict) -> dict:
-    """The options with the unset lengths, steps and temperature of a known checkpoint's
-    recommendation (models/checkpoints.py), saying on stderr which it applied and from where."""
+def apply_recommendation(lm, options: dict, method: str = "cai") -> dict:
+    """The options with the unset lengths, steps and temperature (and, running its own decoder, the
+    threshold) of a known checkpoint's recommendation (models/checkpoints.py), saying on stderr
+    which it applied and from where."""
     from caidllm.models.checkpoints import recommended_options
 
     checkpoint = lm.checkpoint
     if checkpoint is None:
         return options
-    options, taken = recommended_options(checkpoint, **options)
+    options, taken = recommended_options(checkpoint, method, **options)
     r = checkpoint.recommended
     applied = ", ".join(f"{key} {options[key]:g}" for key in taken)
+    if r.decoder is not None and method == r.decoder:
+        applied = f"method {method}" + (f", {applied}" if applied else "")
     print(f"caidllm: {checkpoint.hub_id}: recommended settings applied: {applied or 'none (all given)'}; "
           f"confidence gating {'on' if lm.config.confidence_gating else 'off'}, f {lm.config.cache_refresh_every}; "
           f"{'chat template' if checkpoint.instruct else 'base model: raw text'} by default (source: {r.source})",

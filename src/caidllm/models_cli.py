@@ -45,7 +45,7 @@ def register(sub, name: str = "models") -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from caidllm.decode.presets import method_names
+    from caidllm.decode.block_diffusion import ModelTraits, applicable
     from caidllm.models.device import resolve_dtype
     from caidllm.models.inventory import checkpoint_rows, describe, family_rows, model_memory
 
@@ -61,8 +61,9 @@ def run(args) -> int:
         print(json.dumps(memory) if args.json else "\n".join(memory_lines(memory)))
         return 0
     families, checkpoints = family_rows(), checkpoint_rows()
-    for row in families + checkpoints:  # an empty list of decoders means every method preset
-        row["decoders"] = row["decoders"] or method_names()
+    for row in families + checkpoints:  # read from the decode registries: they cannot go stale
+        traits = ModelTraits(row["family"], row["block_causal"], tuple(row["block_lengths"]))
+        row["decoders"], row["cache_modes"] = applicable(traits)
     if args.json:
         print(json.dumps({"families": families, "checkpoints": checkpoints}))
     else:
@@ -90,23 +91,27 @@ def run_plan(args) -> int:
 def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     lines = ["Families (config.json architectures / model_type):"]
     for f in families:
-        lines.append(f"  {f['family']:<10} {', '.join(f['architectures'])} / {', '.join(f['model_types'])}: "
+        lines.append(f"  {f['family']:<11} {', '.join(f['architectures'])} / {', '.join(f['model_types'])}: "
                      f"{f['description']}")
     lines += ["", "Known checkpoints (parameters: total / active per token; chat: instruct, else raw text):"]
-    header = f"  {'hub id':<39} {'family':<10} {'architecture':<16} {'params':>13} {'context':>7} {'chat':<5} " \
+    header = f"  {'hub id':<39} {'family':<11} {'architecture':<25} {'params':>14} {'context':>7} {'chat':<5} " \
              "recommended"
     lines.append(header)
     for c in checkpoints:
         r = c["recommended"]
         params = f"{c['parameters_total'] / 1e9:.2f}B/{c['parameters_active'] / 1e9:.2f}B"
-        lines.append(f"  {c['hub_id']:<39} {c['family']:<10} {c['architecture']:<16} {params:>13} {c['context']:>7} "
-                     f"{'yes' if c['instruct'] else 'no':<5} gen {r['gen_length']}, block {r['block_length']}, "
-                     f"steps {r['steps']}, T {r['temperature']:g}, gating {'on' if r['confidence_gating'] else 'off'}, "
-                     f"f {r['refresh_every']}")
-    decoders = sorted({", ".join(c["decoders"]) for c in checkpoints})
-    caches = sorted({", ".join(c["cache_modes"]) for c in checkpoints})
-    lines += ["", f"Decoders (--method): {'; '.join(decoders)}", f"Cache modes (--cache): {'; '.join(caches)}",
-              "Sources of the recommended settings: caidllm models --json (checkpoints[].recommended.source)."]
+        decoder = f"{r['decoder']} (threshold {r['threshold']:g}), " if r.get("decoder") else ""
+        lines.append(f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
+                     f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
+                     f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "
+                     f"{'on' if r['confidence_gating'] else 'off'}, f {r['refresh_every']}")
+    lines.append("")
+    for kind, block_causal in (("full-sequence", False), ("block-diffusion", True)):
+        rows = [f for f in families if f["block_causal"] is block_causal]
+        if rows:
+            lines += [f"Decoders (--method) of {kind} models: {', '.join(rows[0]['decoders'])}",
+                      f"Cache modes (--cache) of {kind} models: {', '.join(rows[0]['cache_modes'])}"]
+    lines.append("Sources of the recommended settings: caidllm models --json (checkpoints[].recommended.source).")
     return lines
 
 
@@ -116,6 +121,9 @@ def quantized(m: dict) -> str:
     return f", {m['quantization']} linear layers" + (" and head" if m.get("quantized_head") else "")
 
 
+CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "none")
+
+
 def memory_lines(m: dict) -> list[str]:
     gib = 1024 ** 3
     cache = m["cache_bytes_per_request"]
@@ -123,7 +131,7 @@ def memory_lines(m: dict) -> list[str]:
              f"active per token; context {m['context']}",
              f"weights in {m['dtype']}{quantized(m)}: {m['weights_bytes'] / gib:.2f} GiB",
              f"cache per request at {m['length']} positions: "
-             + ", ".join(f"{mode} {cache[mode] / gib:.3f} GiB" for mode in ("dual", "prefix", "es", "none"))]
+             + ", ".join(f"{mode} {cache[mode] / gib:.3f} GiB" for mode in sorted(cache, key=CACHE_ORDER.index))]
     if "recommended" in m:
         lines.append(f"recommended: {m['recommended']}")
     return lines

@@ -78,12 +78,15 @@ def model_config_of(name):
     return config, identify(folder, config.raw, hub_id)
 
 
-def check_before_load(model_name, method: str, settings=None, strict: bool = False, **options):
+def check_before_load(model_name, method: str | None, settings=None, strict: bool = False, **options):
     """Refuse a bad or inapplicable setting before the model loads (InputError): the config `method`
-    would decode with on the model (decode/presets.py, config_for_model), from its config.json alone."""
+    (None: a known checkpoint's own decoder, else cai) would decode with on the model (decode/presets.py,
+    config_for_model), from its config.json alone."""
     from caidllm.decode.presets import config_for_model
+    from caidllm.models.checkpoints import recommended_method
 
     config, checkpoint = model_config_of(model_name)
+    method = recommended_method(checkpoint if settings is None else None, method)
     return config_for_model(config, checkpoint, method, settings, strict, **options)[0]
 
 

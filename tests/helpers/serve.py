@@ -65,3 +65,25 @@ def spawn_serve(port: int, *flags: str) -> subprocess.Popen:
 
     wait_until(healthy, 90, every=0.3)
     return proc
+
+
+def assert_refused(url: str, body: dict, param: str, words: str) -> None:
+    """A chat completion with `body` is refused with HTTP 400 naming `param`, its message saying `words`."""
+    r = httpx.post(f"{url}/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "two and two"}], **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"]
+
+
+def streamed_commit_events(url: str, messages: list[dict]) -> list[dict]:
+    """The commit events (what the live view draws) of a streamed chat completion, early stop off."""
+    import json
+
+    events = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120,
+                      json={"messages": messages, "stream": True, "commit_events": True, "early_stop": False}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                events += json.loads(line[6:]).get("caidllm", {}).get("commit_events", [])
+    return events

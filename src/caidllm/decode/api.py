@@ -13,10 +13,11 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config, options_for_model
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
 from caidllm.errors import InputError
+from caidllm.models.checkpoints import recommended_method
 from caidllm.models.lm import DiffusionLM
 
 
-def generate(lm, prompts, method: str = "cai", gen_length: int | None = None, block_length: int | None = None,
+def generate(lm, prompts, method: str | None = None, gen_length: int | None = None, block_length: int | None = None,
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
              temperature: float | None = None, seed: int | None = None, early_stop: bool = True,
              batch_size: int = 8, chat: bool | None = None, compile: bool = False, settings=None,
@@ -27,7 +28,8 @@ def generate(lm, prompts, method: str = "cai", gen_length: int | None = None, bl
     gen_length / block_length / steps / temperature left None: the recommendation of a known
     checkpoint (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0; a
     block-diffusion model decodes with its own block length unless one is given
-    (presets.options_for_model, the rule of every command).
+    (presets.options_for_model, the rule of every command). method None: a known block-diffusion
+    checkpoint's own decoder (and its threshold, when threshold is None too), else "cai".
     chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
 
     A client of the step-level engine: every prompt is submitted, at most
@@ -36,12 +38,14 @@ def generate(lm, prompts, method: str = "cai", gen_length: int | None = None, bl
     then on (models/compiled.py). `settings`: a settings file (path or loaded, see
     decode/settings_file.py) whose CAI values apply under the keywords. Each result's elapsed_s,
     policy_s and forward_s are those of the whole run."""
+    checkpoint = getattr(lm, "checkpoint", None)
+    method = recommended_method(checkpoint if settings is None else None, method)
     # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
-    options, _ = options_for_model(lm.config, getattr(lm, "checkpoint", None), method, settings=settings,
-                                   gen_length=gen_length, block_length=block_length, steps=steps,
-                                   temperature=temperature)
-    config = build_config(method, settings=settings, cache=cache, threshold=threshold, seed=seed,
-                          early_stop=early_stop, **options, **overrides)
+    options, _ = options_for_model(lm.config, checkpoint, method, settings=settings, gen_length=gen_length,
+                                   block_length=block_length, steps=steps, temperature=temperature,
+                                   threshold=threshold)
+    config = build_config(method, settings=settings, cache=cache, seed=seed, early_stop=early_stop, **options,
+                          **overrides)
     if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     if compile:  # the model's norms and MLPs through torch.compile from now on (models/compiled.py)

@@ -17,13 +17,15 @@ import math
 import torch
 
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS
+from caidllm.decode.forward_modes import CACHE_MODES
+from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS, PRESETS, preset_config
 from caidllm.decode.policies import policy_spec
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
 
-BLOCK_CACHES = ("block", "none")  # the exact block cache, or the whole window recomputed every step
-BLOCK_POLICIES = ("dynamic", "static")
+# The exact block cache, Fast-dLLM v2's within-block cache over it, or the whole window recomputed every step.
+BLOCK_CACHES = ("block", "subblock", "none")
+BLOCK_POLICIES = ("dynamic", "static", "subblock")
 # Settings only the block-diffusion decoders read (what each is), refused on a full-sequence model.
 BLOCK_ONLY_FIELDS = {"editing_threshold": "LLaDA2.1 token editing", "max_post_steps": "LLaDA2.1 token editing",
                      "num_to_transfer": "LLaDA2.1's quota per step", "minimal_topk": "LLaDA2's step cap"}
@@ -77,8 +79,8 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
             raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
                              f"the {model.family} model is full-sequence (bidirectional attention)")
         check_given_fit(given | ({"editing_threshold"} if config.editing_threshold is not None else set()), model)
-        if config.cache == "block":
-            raise InputError(f"cache='block' (the exact block cache) does not apply to the {model.family} model: "
+        if config.cache in ("block", "subblock"):
+            raise InputError(f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} model: "
                              "its attention is bidirectional; use none, prefix, dual or es")
         return config
     changes = {}
@@ -92,12 +94,14 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
         raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
                          f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
                          "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder (llada2, sdar)")
-    if "cache" not in given:
-        # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too.
+    if "cache" not in given and config.cache != "subblock":
+        # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too
+        # (Fast-dLLM v2's keeps its within-block cache over it).
         changes["cache"] = "block"
     elif config.cache not in BLOCK_CACHES:
         raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
-                         "its cache is 'block' (exact) or 'none' (the whole window every step)")
+                         "its cache is 'block' (exact), 'subblock' (Fast-dLLM v2's within-block cache over it) "
+                         "or 'none' (the whole window every step)")
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
         changes["block_length"] = own_block_length(config.block_length, model)
     elif model.block_lengths and config.block_length not in model.block_lengths:
@@ -113,6 +117,30 @@ def own_block_length(block_length: int, model) -> int:
     if model.block_lengths and block_length not in model.block_lengths:
         return model.block_lengths[0]
     return block_length
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTraits:
+    """What fit_to_model reads of a model: its family, attention and block lengths."""
+
+    family: str
+    block_causal: bool
+    block_lengths: tuple[int, ...] = ()
+
+
+def applicable(model) -> tuple[list[str], list[str]]:
+    """The method presets and cache modes that run on `model` (a ModelConfig or ModelTraits), read
+    from the registries (PRESETS, CACHE_MODES) through fit_to_model: a list that cannot go stale."""
+    methods = []
+    for name in PRESETS:
+        try:
+            fit_to_model(preset_config(name), model)
+        except InputError:
+            continue
+        methods.append(name)
+    caches = [m for m, mode in CACHE_MODES.items()
+              if (m in BLOCK_CACHES if model.block_causal else not mode.exact)]
+    return methods, caches
 
 
 # ---- LLaDA2.1 token editing ------------------------------------------------------------------

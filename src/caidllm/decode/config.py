@@ -79,6 +79,8 @@ class DecodeConfig:
     # steps once a block has no mask left.
     editing_threshold: float | None = None
     max_post_steps: int = 16
+    # Fast-dLLM v2 (policy "subblock", cache "subblock"): the sub-block length, which must divide the block.
+    sub_block: int = 8
     factor: float | None = None  # Fast-dLLM factor rule instead of the threshold rule
     # EB-Sampler (policies/eb.py): the error budget gamma of a step and the error proxy.
     eb_gamma: float = 0.01
@@ -217,6 +219,15 @@ def _wino_without_cache(config: "DecodeConfig") -> None:
                          "the whole canvas with a shadow block each step (use cache='none')")
 
 
+def _sub_blocks_divide_the_block(config: "DecodeConfig") -> None:
+    if config.policy == "subblock" and config.block_length % config.sub_block:
+        raise InputError(f"sub_block ({config.sub_block}) must divide block_length ({config.block_length}): "
+                         "Fast-dLLM v2 decodes a block in whole sub-blocks")
+    if config.cache == "subblock" and config.policy != "subblock":
+        raise InputError(f"cache 'subblock' with policy {config.policy!r} is not meaningful: Fast-dLLM v2's "
+                         "within-block cache follows its sub-blocks (use policy 'subblock', or cache 'block')")
+
+
 def _positive_int(v) -> bool:
     return is_int(v) and v >= 1
 
@@ -249,6 +260,8 @@ VALIDATION: list[Callable[["DecodeConfig"], None]] = [
               lambda v: v is None or (is_number(v) and 0 <= v <= 1)),
     FieldRule("max_post_steps", "an integer >= 0", lambda v: is_int(v) and v >= 0),
     FieldRule("num_to_transfer", "an integer >= 1 (or None: the schedule)", lambda v: v is None or _positive_int(v)),
+    FieldRule("sub_block", "a positive integer", _positive_int),
+    _sub_blocks_divide_the_block,
     FieldRule("factor", "a positive number", lambda v: v is None or (is_number(v) and v > 0)),
     FieldRule("refresh_every", "an integer >= 0 (0 = block starts only)", lambda v: v is None or (is_int(v) and v >= 0)),
     FieldRule("es_schedule", normalise=check_schedule),

@@ -33,12 +33,13 @@ class Scope:
 
 
 SCOPES = (
-    Scope(("threshold",), policies=("threshold", "dynamic", "cai")),  # cai: only with adaptive off (below)
+    Scope(("threshold",), policies=("threshold", "dynamic", "subblock", "cai")),  # cai: only with adaptive off (below)
     Scope(("factor",), policies=("threshold",)),
     Scope(("eb_gamma", "eb_proxy"), policies=("eb",)),
     Scope(("sf_explore_steps", "sf_cycle_threshold", "sf_window", "sf_std", "sf_high"), policies=("slowfast",)),
     Scope(("wino_draft", "wino_verify", "wino_max_steps"), policies=("wino",)),
     Scope(("num_to_transfer",), policies=("dynamic",)),
+    Scope(("sub_block",), policies=("subblock",)),
     Scope(("minimal_topk",), policies=("dynamic", "static")),
     Scope(("cai", *sorted(CAI_FIELDS)), policies=("cai",)),
     Scope(("refresh_every",), caches=("prefix", "dual", "es", "dkv", "dkv-greedy", "elastic")),

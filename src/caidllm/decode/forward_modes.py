@@ -17,6 +17,7 @@ import torch
 from caidllm.models.elastic import ElasticInputs
 from caidllm.models.forward_modes import ForwardMode
 from caidllm.models.skip import EarlySkip
+from caidllm.models.sub_block import SubBlockInputs
 from caidllm.models.transfer import to_device
 
 if TYPE_CHECKING:
@@ -54,7 +55,9 @@ class ForwardPlan:
 
     def computed_pairs(self, inputs: dict, n_layers: int, block_length: int) -> int:
         """(layer, block position) pairs the forward computed for each row."""
-        skip, elastic = inputs.get("skip"), inputs.get("elastic")
+        skip, elastic, sub_block = inputs.get("skip"), inputs.get("elastic"), inputs.get("sub_block")
+        if sub_block is not None:
+            return n_layers * sub_block.columns.shape[1]
         if elastic is not None:  # the window below the refresh layer, the whole block from it on
             deep = n_layers - elastic.refresh_from
             return (n_layers - deep) * elastic.window.shape[1] + deep * block_length
@@ -126,6 +129,22 @@ def _elastic_after(members: list["Request"], inputs: dict) -> None:
         r.elastic.observe(profiles, r.config.elastic_gamma, r.config.elastic_layer)
 
 
+def _sub_block_key(request: "Request") -> tuple:
+    return (request.config.sub_block,)
+
+
+def _sub_block_inputs(members: list["Request"], masked: torch.Tensor, starts: list[int]) -> dict:
+    """Fast-dLLM v2's within-block cache: each row's current sub-block as absolute columns, and where
+    each block position sits among them."""
+    columns, block_at = [], []
+    for r, start in zip(members, starts):
+        first, size = r.current_sub_block(), r.config.sub_block
+        columns.append([start + first + j for j in range(size)])
+        block_at.append([b - first if first <= b < first + size else 0 for b in range(r.config.block_length)])
+    device = masked.device
+    return {"sub_block": SubBlockInputs(to_device(columns, device), to_device(block_at, device))}
+
+
 FORWARD_PLANS: dict[ForwardMode, ForwardPlan] = {
     ForwardMode.FULL: ForwardPlan(),
     ForwardMode.PREFIX: ForwardPlan(),
@@ -138,6 +157,8 @@ FORWARD_PLANS: dict[ForwardMode, ForwardPlan] = {
     # Block diffusion's exact cache (decode/block_diffusion.py): the block, after a completed block the
     # previous one too (its final keys/values written once).
     ForwardMode.BLOCK: ForwardPlan(inputs=_fold_inputs),
+    # Fast-dLLM v2's within-block cache (models/sub_block.py): the current sub-block only.
+    ForwardMode.SUBBLOCK: ForwardPlan(group_key=_sub_block_key, inputs=_sub_block_inputs),
 }
 
 
@@ -155,6 +176,9 @@ class CacheMode:
     hidden_every_layer: bool = False  # the cache keeps every layer's input (Elastic-Cache's deep refresh reads it)
     # Exact (block-causal models): never refreshed; a full forward only as the request's first.
     exact: bool = False
+    # Fast-dLLM v2's within-block cache: once the block has had a whole forward with its first position
+    # known and the current sub-block's first position is decoded, a step computes that sub-block only.
+    within_block: bool = False
 
     @property
     def uses_cache(self) -> bool:
@@ -173,4 +197,5 @@ CACHE_MODES: dict[str, CacheMode] = {
     # Elastic-Cache: a full refresh at a block's start, then refreshes from the layer its drift test names.
     "elastic": CacheMode(ForwardMode.ELASTIC, hidden_every_layer=True),
     "block": CacheMode(ForwardMode.BLOCK, exact=True),  # block-causal models' exact cache
+    "subblock": CacheMode(ForwardMode.BLOCK, exact=True, within_block=True),  # plus Fast-dLLM v2's within-block cache
 }

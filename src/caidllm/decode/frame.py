@@ -35,6 +35,9 @@ class Frame:
         self.attention = torch.empty((slots, 0), dtype=torch.bool, device=lm.device)
         self.cache: KVCache | None = None
         self._hidden_levels: set[int] = set()
+        # A block-causal model with a token shift (Fast-dLLM v2) computes the column left of a block that may
+        # start at the first prompt token: one spare column of padding keeps it inside the frame.
+        self.spare = lm.model.extra_left if lm.config.block_causal else 0
 
     # ---- slots ------------------------------------------------------------
 
@@ -48,8 +51,8 @@ class Frame:
         self.lengths[slot] = length
         if cached:
             self._ensure_cache(skip_schedule, every_layer)
-        if length > self.width:
-            self._resize(length)
+        if length + self.spare > self.width:
+            self._resize(length + self.spare)
         c = self.lm.config
         row = torch.full((self.width,), c.pad_id, dtype=torch.long)
         row[self.width - length:self.width - gen_length] = torch.tensor(prompt, dtype=torch.long)
@@ -61,7 +64,7 @@ class Frame:
     def release(self, slot: int) -> None:
         self.lengths[slot] = 0
         self._make_dummy(slot)
-        needed = max(self.lengths)
+        needed = max(self.lengths) + self.spare
         if needed < self.width:
             self._resize(needed)
 

@@ -75,10 +75,13 @@ PRESETS: dict[str, dict] = {
     # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.
     "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.85),
     "sdar-static": dict(policy="static", cache="block", block_length=4),
+    # Fast-dLLM v2 (its eval.py's defaults): block 32 (bd_size), sub-blocks of 8, threshold 0.9, on the exact
+    # block cache plus the within-block cache of its generator's use_block_cache (cache="block": without it).
+    "fastdllm-v2": dict(policy="subblock", cache="subblock", block_length=32, sub_block=8, threshold=0.9),
 }
 
 # Presets that only apply to block-causal models (their own decoders); the others run on every family.
-BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-speed", "sdar", "sdar-static")
+BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-speed", "sdar", "sdar-static", "fastdllm-v2")
 
 
 def method_names(block_causal: bool | None = None) -> list[str]:

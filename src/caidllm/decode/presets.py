@@ -41,7 +41,7 @@ def options_for_model(model, checkpoint, method: str, settings=None, **options) 
     from a known checkpoint's recommendation (models/checkpoints.py; `checkpoint` None: none), then
     for a block-diffusion model (its ModelConfig `model`) the preset's block length where the model
     decodes with it, else the model's own. Returns them and the names the recommendation filled."""
-    options, taken = recommended_options(checkpoint, **options)
+    options, taken = recommended_options(checkpoint, method, **options)
     if options.get("block_length") is None and model.block_lengths:
         # Before the lengths are checked together: a gen_length that is whole blocks of the model's own.
         options["block_length"] = own_block_length(build_config(method, settings=settings).block_length, model)

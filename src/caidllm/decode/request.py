@@ -107,9 +107,28 @@ class Request:
         t, cache = self.step, CACHE_MODES[self.config.cache]
         if cache.exact:
             refresh = self.block == 0 and t == 0
+            if not refresh and cache.within_block and self.sub_block_cached():
+                return ForwardMode.SUBBLOCK.value
         else:
             refresh = t < cache.refreshes_at_start or (self.refresh_every > 0 and t % self.refresh_every == 0)
         return (ForwardMode.FULL if refresh else cache.between_refreshes).value
+
+    def current_sub_block(self) -> int:
+        """Block position where the first sub-block that still holds a mask starts."""
+        block_start, block_end = self.block_bounds
+        first = next((p - block_start for p in range(max(block_start, 0), block_end) if self.generated[p] is None),
+                     block_end - block_start - 1)
+        return first - first % self.config.sub_block
+
+    def sub_block_cached(self) -> bool:
+        """Whether Fast-dLLM v2's within-block cache serves this step: the block has had a whole forward
+        with its first position known (a block whose first position is generated spends its first step
+        on that position alone), and the current sub-block's first position is decoded."""
+        block_start = self.block_bounds[0]
+        if self.step <= int(block_start >= 0):
+            return False
+        first = block_start + self.current_sub_block()
+        return first < 0 or self.generated[first] is not None
 
     def fold(self) -> int:
         """Positions left of the block that this step's forward recomputes: the previous block,

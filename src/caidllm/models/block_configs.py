@@ -1,5 +1,5 @@
-"""config.json of the block-diffusion families, LLaDA2 (``llada2_moe``) and SDAR (``sdar``,
-``sdar_moe``), read into ModelConfig fields (the registry's read_fields of their entries in
+"""config.json of the block-diffusion families, LLaDA2 (``llada2_moe``), SDAR (``sdar``,
+``sdar_moe``) and Fast-dLLM v2 (``fast_dllm_qwen``), read into ModelConfig fields (the registry's read_fields of their entries in
 llada2.py / sdar.py): official field names, the official defaults where a field is absent
 (the families' configuration classes), and a clear error where a field asks for something
 the official forward does not do.
@@ -19,9 +19,13 @@ from .moe import SCORE_FUNCTIONS, MoEConfig
 # mask_token_id 151669 and eos_token_id 151643 (Qwen3's <|endoftext|>).
 LLADA2_IDS = {"mask": 156895, "eos": 156892}
 SDAR_IDS = {"mask": 151669, "eos": 151643}
+# Fast-dLLM v2: its generate()'s defaults mask_id=151665 ("|<MASK>|", added to Qwen2.5's vocabulary),
+# stop_token=151645 (Qwen2.5's <|im_end|>, also config.json's eos_token_id).
+FASTDLLM_V2_IDS = {"mask": 151665, "eos": 151645}
 # Block lengths the models were trained with: LLaDA2 32 (its generate()'s default
 # block_length), SDAR its config's block_size (4).
 LLADA2_BLOCK, SDAR_BLOCK = 32, 4
+FASTDLLM_V2_BLOCK = 32  # config.json's bd_size (the training block; its eval.py's bd_size 32)
 
 
 def read_llada2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
@@ -96,6 +100,17 @@ def read_sdar_fields(raw: dict, get: ConfigFields, source: str) -> dict:
         raw, get, source, _attention_shape(get, source), n_layers=get.int("num_hidden_layers"), moe=moe,
         qk_norm=True, qkv_bias=get.bool("attention_bias", False), ids=SDAR_IDS,
         block=get.int("block_size", SDAR_BLOCK))
+
+
+def read_fastdllm_v2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
+    """Fast_dLLM_QwenForCausalLM (NVlabs Fast-dLLM v2): Qwen2.5's layout (q/k/v biases, no QK-norm,
+    RoPE on whole heads), block-causal attention over blocks of bd_size."""
+    _expect(raw, source, "Fast-dLLM v2", hidden_act=("silu", None), rope_scaling=(None,),
+            use_sliding_window=(False, None))
+    if raw.get("caidllm_block_lengths") is None:
+        raw = {**raw, "caidllm_block_lengths": [get.int("bd_size", FASTDLLM_V2_BLOCK)]}
+    return _fields(raw, get, source, _attention_shape(get, source), n_layers=get.int("num_hidden_layers"),
+                   qk_norm=False, qkv_bias=True, ids=FASTDLLM_V2_IDS, block=FASTDLLM_V2_BLOCK)
 
 
 def _moe(source: str, **fields) -> MoEConfig:

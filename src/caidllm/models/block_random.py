@@ -4,9 +4,11 @@
 Shapes (config.json fields; sources in docs/block-diffusion-models.md):
 - llada2-mini / llada2-flash: inclusionAI's LLaDA2.0-mini / -flash config.json
   (LLaDA2.1 has the same shapes);
-- sdar-1.7b: JetLM/SDAR-1.7B-Chat's config.json; sdar-8b and sdar-30b-a3b: the Qwen3-8B
-  and Qwen3-30B-A3B shapes SDAR-8B-Chat and SDAR-30B-A3B-Chat were trained from, with
-  SDAR's block_size and mask token.
+- sdar-1.7b: JetLM/SDAR-1.7B-Chat's config.json; sdar-4b, sdar-8b and sdar-30b-a3b: the Qwen3-4B,
+  Qwen3-8B and Qwen3-30B-A3B shapes SDAR-4B/8B-Chat and SDAR-30B-A3B-Chat were trained from, with
+  SDAR's block_size, mask token and untied head (as SDAR-1.7B-Chat's config.json has it);
+- fastdllm-v2-1.5b / -7b: Qwen2.5-1.5B / 7B-Instruct's config.json (the models Fast-dLLM v2
+  fine-tunes) with the modeling file's bd_size.
 """
 
 from __future__ import annotations
@@ -36,8 +38,15 @@ OFFICIAL = {
                     "num_attention_heads": 16, "num_hidden_layers": 20},
     "llada2-flash": {**_LLADA2, "hidden_size": 4096, "intermediate_size": 9216, "moe_intermediate_size": 1024,
                      "num_attention_heads": 32, "num_hidden_layers": 32},
+    # LLaDA2.1: LLaDA2.0's shapes with a 32768 context (SGLang's LLaDA2.1 cookbook).
+    "llada2.1-mini": {**_LLADA2, "hidden_size": 2048, "intermediate_size": 5120, "moe_intermediate_size": 512,
+                      "num_attention_heads": 16, "num_hidden_layers": 20, "max_position_embeddings": 32768},
+    "llada2.1-flash": {**_LLADA2, "hidden_size": 4096, "intermediate_size": 9216, "moe_intermediate_size": 1024,
+                       "num_attention_heads": 32, "num_hidden_layers": 32, "max_position_embeddings": 32768},
     "sdar-1.7b": {**_SDAR, "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 16,
                   "num_hidden_layers": 28, "num_key_value_heads": 8},
+    "sdar-4b": {**_SDAR, "hidden_size": 2560, "intermediate_size": 9728, "num_attention_heads": 32,
+                "num_hidden_layers": 36, "num_key_value_heads": 8},
     "sdar-8b": {**_SDAR, "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
                 "num_hidden_layers": 36, "num_key_value_heads": 8},
     "sdar-30b-a3b": {**_SDAR, "architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe",
@@ -46,7 +55,23 @@ OFFICIAL = {
                      "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
                      "decoder_sparse_step": 1, "mlp_only_layers": []},
 }
-FAMILY = {name: ("llada2" if name.startswith("llada2") else "sdar") for name in OFFICIAL}
+# Fast-dLLM v2 1.5B / 7B: Qwen2.5-1.5B-Instruct's and Qwen2.5-7B-Instruct's config.json (the models they
+# fine-tune, same shapes) with the modeling file's bd_size 32; the 1.5B ties its head to the embedding.
+_FASTDLLM_V2 = {
+    "architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen", "bd_size": 32,
+    "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_scaling": None,
+    "rope_theta": 1000000.0, "torch_dtype": "bfloat16", "use_sliding_window": False,
+}
+OFFICIAL.update({
+    "fastdllm-v2-1.5b": {**_FASTDLLM_V2, "hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12,
+                         "num_hidden_layers": 28, "num_key_value_heads": 2, "tie_word_embeddings": True,
+                         "vocab_size": 151936},
+    "fastdllm-v2-7b": {**_FASTDLLM_V2, "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+                       "num_hidden_layers": 28, "num_key_value_heads": 4, "tie_word_embeddings": False,
+                       "vocab_size": 152064},
+})
+FAMILY = {name: {"llada2.1": "llada2", "fastdllm": "fastdllm_v2"}.get(name.split("-")[0], name.split("-")[0])
+          for name in OFFICIAL}
 
 # The generated tokenizers: the families' special tokens (their official spellings) and a chat
 # template of the same layout as the official one (the real template comes with a checkpoint).
@@ -64,6 +89,9 @@ TOKENIZERS = {
                    template=LLADA2_TEMPLATE, eos="<|endoftext|>", mask="<|mask|>", bos=None),
     "sdar": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"],
                  template=CHATML_TEMPLATE, eos="<|endoftext|>", mask="<|MASK|>", bos="<|endoftext|>"),
+    # Qwen2.5-Instruct's specials, the end of a turn its eos; the mask token Fast-dLLM v2 added.
+    "fastdllm_v2": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "|<MASK>|"],
+                        template=CHATML_TEMPLATE, eos="<|im_end|>", mask="|<MASK>|", bos=None),
 }
 
 

@@ -32,14 +32,22 @@ class Recommendation:
     confidence_gating: bool
     refresh_every: int  # f: full cache refresh every f steps in a block
     source: str
+    # Block-diffusion checkpoints: the method preset of the official decoding and its confidence threshold
+    # (`caidllm generate` runs them when --method / --threshold are not given).
+    decoder: str | None = None
+    threshold: float | None = None
 
     def decoding_options(self) -> dict:
         """The options generate() takes from it (gating and f go into the model's config)."""
-        return dict(gen_length=self.gen_length, block_length=self.block_length, steps=self.steps,
-                    temperature=self.temperature)
+        options = dict(gen_length=self.gen_length, block_length=self.block_length, steps=self.steps,
+                       temperature=self.temperature)
+        if self.threshold is not None:
+            options["threshold"] = self.threshold
+        return options
 
     def summary(self) -> str:
-        return (f"gen_length {self.gen_length}, block_length {self.block_length}, steps {self.steps}, "
+        decoder = f"method {self.decoder}, threshold {self.threshold:g}, " if self.decoder else ""
+        return (f"{decoder}gen_length {self.gen_length}, block_length {self.block_length}, steps {self.steps}, "
                 f"temperature {self.temperature:g}, confidence gating {'on' if self.confidence_gating else 'off'}, "
                 f"f {self.refresh_every}")
 
@@ -87,6 +95,36 @@ DIFFUCODER_CARD = replace(DREAM_CARD, gen_length=256, steps=256, source=(
     "temperature 0.4 with top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); "
     f"block_length 32; gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on DiffuCoder)"))
 
+# Block-diffusion checkpoints: their own decoders on the exact block cache. Confidence gating and f do not
+# apply there (CAI on them runs with gating off, the family default; the block cache is never refreshed).
+BLOCK_FAMILY_CAI = "gating off and f 16: the family defaults (the block cache is exact, f is never used)"
+LLADA20_CARD = Recommendation(
+    gen_length=512, block_length=32, steps=512, temperature=0.0, confidence_gating=False, refresh_every=16,
+    decoder="llada2", threshold=0.95,
+    source="inclusionAI/LLaDA2.0-mini and -flash model cards, Quickstart (generate: gen_length 512, block_length 32, "
+           "steps 32 per block = 512 in all, temperature 0, eos_early_stop); threshold 0.95: the modeling file's "
+           f"generate() default; {BLOCK_FAMILY_CAI}")
+LLADA21_CARD = Recommendation(
+    gen_length=256, block_length=32, steps=256, temperature=0.0, confidence_gating=False, refresh_every=16,
+    decoder="llada2.1", threshold=0.7,
+    source="inclusionAI/LLaDA2.1 model cards' quality mode as diffusers' LLaDA2Pipeline documents it (gen_length "
+           "256, block_length 32, 32 steps per block = 256, threshold 0.7, editing_threshold 0.5, max_post_steps 16, "
+           f"temperature 0; the speed mode is the llada2.1-speed preset); {BLOCK_FAMILY_CAI}")
+SDAR_SCRIPT = Recommendation(
+    gen_length=512, block_length=4, steps=512, temperature=0.0, confidence_gating=False, refresh_every=16,
+    decoder="sdar", threshold=0.85,
+    source="JetAstra/SDAR generate.py defaults (block_length 4, denoising_steps 4 per block = 512 in all, "
+           "low_confidence_dynamic, confidence_threshold 0.85); gen_length 512 is caidllm's (the script's 20480 is a "
+           "ceiling); its temperature 1.0 samples: greedy here (top_k 1 in its reading), as the CAI-dLLM paper "
+           f"evaluates; {BLOCK_FAMILY_CAI}")
+FASTDLLM_V2_CARD = Recommendation(
+    gen_length=512, block_length=32, steps=512, temperature=0.0, confidence_gating=False, refresh_every=16,
+    decoder="fastdllm-v2", threshold=0.9,
+    source="Efficient-Large-Model/Fast_dLLM_v2 model cards' example (generate: max_new_tokens 512, small_block_size "
+           "8, threshold 0.9) and NVlabs Fast-dLLM v2/eval.py (bd_size 32, small_block_size 8, threshold 0.9); "
+           "generate()'s temperature 0 (greedy); steps: at most one step per position (512); "
+           f"{BLOCK_FAMILY_CAI}")
+
 KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("GSAI-ML/LLaDA-8B-Instruct", "llada", "llada-8b", True, LLADA_CARD),
     Checkpoint("GSAI-ML/LLaDA-8B-Base", "llada", "llada-8b", False, LLADA_CARD),
@@ -100,6 +138,16 @@ KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("Dream-org/Dream-Coder-v0-Instruct-7B", "dream", "dream-coder-7b", True, DREAM_CODER_CARD),
     Checkpoint("apple/DiffuCoder-7B-Instruct", "dream", "diffucoder-7b", True, DIFFUCODER_CARD),
     Checkpoint("apple/DiffuCoder-7B-cpGRPO", "dream", "diffucoder-7b", True, DIFFUCODER_CARD),
+    Checkpoint("inclusionAI/LLaDA2.0-mini", "llada2", "llada2-mini", True, LLADA20_CARD),
+    Checkpoint("inclusionAI/LLaDA2.0-flash", "llada2", "llada2-flash", True, LLADA20_CARD),
+    Checkpoint("inclusionAI/LLaDA2.1-mini", "llada2", "llada2.1-mini", True, LLADA21_CARD),
+    Checkpoint("inclusionAI/LLaDA2.1-flash", "llada2", "llada2.1-flash", True, LLADA21_CARD),
+    Checkpoint("JetLM/SDAR-1.7B-Chat", "sdar", "sdar-1.7b", True, SDAR_SCRIPT),
+    Checkpoint("JetLM/SDAR-4B-Chat", "sdar", "sdar-4b", True, SDAR_SCRIPT),
+    Checkpoint("JetLM/SDAR-8B-Chat", "sdar", "sdar-8b", True, SDAR_SCRIPT),
+    Checkpoint("JetLM/SDAR-30B-A3B-Chat", "sdar", "sdar-30b-a3b", True, SDAR_SCRIPT),
+    Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_1.5B", "fastdllm_v2", "fastdllm-v2-1.5b", True, FASTDLLM_V2_CARD),
+    Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_7B", "fastdllm_v2", "fastdllm-v2-7b", True, FASTDLLM_V2_CARD),
 )
 BY_HUB_ID = {c.hub_id.lower(): c for c in KNOWN}
 BY_NAME = {c.name.lower(): c for c in KNOWN}
@@ -124,13 +172,22 @@ def identify(folder: Path | None, raw: dict, hub_id: str | None = None) -> Check
     return None
 
 
-def recommended_options(checkpoint: Checkpoint | None, **given) -> tuple[dict, list[str]]:
+def recommended_method(checkpoint: Checkpoint | None, given: str | None) -> str:
+    """The method preset to run: the one given, else the checkpoint's own decoder, else cai."""
+    return given or (checkpoint.recommended.decoder if checkpoint is not None else None) or "cai"
+
+
+def recommended_options(checkpoint: Checkpoint | None, method: str | None = None, **given) -> tuple[dict, list[str]]:
     """The decoding options with every unset one (None) taken from the checkpoint's
-    recommendation; returns them and the names of those taken (empty when none was)."""
+    recommendation; returns them and the names of those taken (empty when none was). The
+    threshold is taken only where the caller passes one (None) and runs the checkpoint's own
+    decoder (`method`)."""
     if checkpoint is None:
         return given, []
     options, taken = dict(given), []
     recommended = checkpoint.recommended.decoding_options()
+    if "threshold" not in given or method != checkpoint.recommended.decoder:
+        recommended.pop("threshold", None)
     if options.get("gen_length") is not None:
         # The recommended steps go with the recommended length only; a block must divide the length.
         recommended.pop("steps")

@@ -130,8 +130,8 @@ class Family:
     model_class(config): the torch module whose state dict matches the checkpoint's names.
     confidence_gating / cache_refresh_every: the decoder defaults for the family (DESIGN.md),
     which config.json may override with caidllm_confidence_gating / caidllm_cache_refresh_every.
-    decoders / cache_modes: the method presets and cache modes that apply (`caidllm models`
-    lists them); decoders empty = every preset.
+    block_causal: every model of the family has block-causal attention (a block-diffusion family);
+    `caidllm models` reads the decoders and cache modes that apply from the decode registries.
     """
 
     name: str
@@ -142,5 +142,4 @@ class Family:
     confidence_gating: bool
     cache_refresh_every: int
     description: str = ""
-    decoders: tuple[str, ...] = ()
-    cache_modes: tuple[str, ...] = ("none", "prefix", "dual", "es")  # decode.config.CACHE_MODES
+    block_causal: bool = False

@@ -90,13 +90,17 @@ class DreamModel(nn.Module):
         x = ctx.leave(len(m.layers), x)  # back to every computed position
 
         # Undo the shift before the head: row r, target i reads hidden state src[r, i].
-        targets = ctx.targets
-        if targets is None:
-            targets = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
-        src = ctx.computed_offsets(self.shift_sources(ctx.mask, targets))
+        src = self.head_sources(ctx, x)
         x = m.norm(torch.gather(x, 1, src[..., None].expand(-1, -1, x.shape[-1])))
         head = m.embed_tokens.weight if self.cfg.tie_embeddings else self.lm_head.weight
         return nn.functional.linear(x, head).float()
+
+    def head_sources(self, ctx: Context, x: torch.Tensor) -> torch.Tensor:
+        """[R, targets] index among the computed positions of the hidden state that predicts each target."""
+        targets = ctx.targets
+        if targets is None:
+            targets = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        return ctx.computed_offsets(self.shift_sources(ctx.mask, targets))
 
     @staticmethod
     def shift_sources(mask: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

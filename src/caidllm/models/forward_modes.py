@@ -21,6 +21,9 @@ class ForwardMode(str, Enum):
     ELASTIC = "elastic"
     VERIFY = "verify"  # WINO: the whole canvas plus a shadow copy of the block that verifies it (no cache)
     BLOCK = "block"  # block-causal models' exact cache: the block (and a just-completed one, folded) only
+    # Fast-dLLM v2's within-block cache: one sub-block of the block only; the rest of the block's K/V from the
+    # block's last whole forward (or later sub-block forwards), earlier blocks' from the exact cache
+    SUBBLOCK = "subblock"
 
     def __str__(self) -> str:
         return self.value

@@ -36,19 +36,22 @@ def parameter_counts(lm) -> tuple[int, int]:
 def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
     """Bytes of cache one request of `length` positions needs, per cache mode: keys and values
     of every layer (dual), twice that while prefix forwards run (their working copy), plus the
-    hidden states the early-skip mode keeps (es, default schedule); none keeps nothing."""
+    hidden states the early-skip mode keeps (es, default schedule); none keeps nothing. A block-causal
+    model's block cache holds every layer's keys and values once."""
     size = DTYPE_BYTES[dtype]
     kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * length * size
+    if config.block_causal:  # the exact block cache (and Fast-dLLM v2's within-block cache in it)
+        return {"block": kv, "subblock": kv, "none": 0}
     levels = len(hidden_levels(DEFAULT_SCHEDULE, config.n_layers))
     return {"none": 0, "prefix": 2 * kv, "dual": kv, "es": kv + levels * length * config.hidden_size * size}
 
 
 def family_rows() -> list[dict]:
-    """One row per registry entry: its name, the config.json names it answers to, what it is,
-    the decoders (empty: every method preset) and cache modes that apply."""
+    """One row per registry entry: its name, the config.json names it answers to, what it is, and
+    whether it is block-causal (the decode layer says which decoders and cache modes apply)."""
     return [{"family": f.name, "architectures": list(f.architectures), "model_types": list(f.model_types),
              "confidence_gating": f.confidence_gating, "cache_refresh_every": f.cache_refresh_every,
-             "description": f.description, "decoders": list(f.decoders), "cache_modes": list(f.cache_modes)}
+             "description": f.description, "block_causal": f.block_causal, "block_lengths": []}
             for f in FAMILIES.values()]
 
 
@@ -65,10 +68,9 @@ def shape_figures(shape: str) -> dict:
 
     lm = load(f"random:{shape}", device="meta")
     total, active = parameter_counts(lm)
-    family = get_family(lm.config.family)
     return {"architecture": lm.config.raw["architectures"][0], "parameters_total": total,
             "parameters_active": active, "context": lm.config.max_length,
-            "decoders": list(family.decoders), "cache_modes": list(family.cache_modes)}
+            "block_causal": lm.config.block_causal, "block_lengths": list(lm.config.block_lengths)}
 
 
 def checkpoint_rows() -> list[dict]:

@@ -201,7 +201,7 @@ class Context:
         if starts is not None:
             offsets = torch.arange(block_length, device=mask.device)
             targets = starts[:, None] + offsets
-        if mode == "dkv":  # the caller's columns, in ascending order per row: logits for all of them
+        if mode in ("dkv", "subblock"):  # the caller's columns, ascending per row: logits for all of them
             index = columns
             cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
         elif mode in ("dual", "es", "block"):

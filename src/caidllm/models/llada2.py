@@ -60,4 +60,5 @@ LLADA2 = Family(
     name="llada2", architectures=("LLaDA2MoeModelLM",), model_types=("llada2_moe",),
     read_fields=read_llada2_fields, model_class=LLaDA2Model, confidence_gating=False, cache_refresh_every=16,
     description="LLaDA2.0 / LLaDA2.1 (inclusionAI): block-diffusion MoE transformer, blocks of 32",
+    block_causal=True,
 )

@@ -19,6 +19,7 @@ from .forward_modes import MODES, ForwardMode
 from .elastic import forward_elastic
 from .layers import Context, default_attention_block, positions_from_mask
 from .shadow import shadow_forward
+from .sub_block import forward_sub_block
 from .skip import EarlySkip, check_schedule, hidden_levels, keep_counts
 from .transfer import to_device
 
@@ -71,7 +72,8 @@ class DiffusionLM:
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, *, mode="full", cache=None, start=0, end=None, rows=None,
                 skip: EarlySkip | None = None, real_from: list[int] | None = None,
-                attention_block: int | None = None, fold: int = 0, columns=None, block_at=None, elastic=None):
+                attention_block: int | None = None, fold: int = 0, columns=None, block_at=None, elastic=None,
+                sub_block=None):
         """Float32 logits [R, end-start, V] for positions [start, end) of the
         selected rows (all rows by default). input_ids / attention_mask are the
         full [B, L] canvas (mask: 1 = real token, left padding).
@@ -90,6 +92,8 @@ class DiffusionLM:
         mode="dkv":    (engine only) dKV-Cache: computes ``columns`` [R, n] (see forward_columns);
                        ``block_at`` [R, end-start] says which of them each block position is.
         mode="elastic": (engine only) Elastic-Cache: ``elastic`` (models/elastic.ElasticInputs).
+        mode="subblock": (engine only) Fast-dLLM v2's within-block cache: ``sub_block``
+                       (models/sub_block.SubBlockInputs) on a block-causal model.
         mode="verify": (engine only) WINO: [R, 2 (end-start), V], the block's logits then its
                        shadow block's (models/shadow.py); no cache.
         mode="block":  block-causal models only, the exact block cache: computes [start, end)
@@ -107,11 +111,13 @@ class DiffusionLM:
         ``attention_block``: block-causal models only, the block length of their attention (blocks
         laid from each row's first real token); None = the model's default (layers.default_attention_block).
         """
-        if mode in (ForwardMode.DKV, ForwardMode.VERIFY, ForwardMode.ELASTIC):
+        if mode in (ForwardMode.DKV, ForwardMode.VERIFY, ForwardMode.ELASTIC, ForwardMode.SUBBLOCK):
             if real_from is None:
                 raise InputError(f"mode={mode!r} is the engine's; call forward_columns / forward_elastic / "
-                                 "forward_with_attention")
+                                 "forward_with_attention / sub_block.forward_sub_block")
             r = slice(None) if rows is None else rows
+            if mode == ForwardMode.SUBBLOCK:
+                return forward_sub_block(self, input_ids, cache, sub_block, attention_block, rows, real_from)
             if mode == ForwardMode.ELASTIC:
                 logits = self.forward_elastic(input_ids, cache, elastic, rows=rows, real_from=real_from)
                 return logits.gather(1, elastic.block_at[..., None].expand(-1, -1, logits.shape[-1]))
@@ -273,7 +279,7 @@ class DiffusionLM:
     def register_generate(cls, function) -> None:
         cls._generate_function = staticmethod(function)
 
-    def generate(self, prompts, method: str = "cai", **options):
+    def generate(self, prompts, method: str | None = None, **options):
         """Decode `prompts` with a method preset; see caidllm.decode.generate (the same function)."""
         return self._generate_function(self, prompts, method=method, **options)
 

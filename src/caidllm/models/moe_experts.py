@@ -122,6 +122,10 @@ class StackedExperts(nn.Module):
 class ExpertList(nn.ModuleList):
     """The experts one module each (ExpertMLP): the form a quantized model runs (loop kernel)."""
 
+    @property
+    def num_experts(self) -> int:
+        return len(self)
+
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         return self[e](x)
 

@@ -6,10 +6,10 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   how many each expert got, then each expert in turn on its contiguous slice (three matmuls
   per chosen expert). Runs any expert form, quantized ones included.
 - ``grouped``: the same sort on the device, offsets from the counts' cumulative sum, and each
-  projection one ``torch._grouped_mm`` over the stacked weights; the weighted outputs added
-  back per token with ``index_add_``. No host sync where torch's grouped_mm has a kernel of
-  its own (CPU; CUDA bf16 on compute capability 9.x / 10.x); elsewhere torch's fallback reads
-  the offsets on the host.
+  projection one ``torch._grouped_mm`` over the stacked weights; the outputs put back in
+  (token, choice) order and weighted and summed as the loop does (``combine``). No host sync
+  where torch's grouped_mm has a kernel of its own (CPU; CUDA bf16 on compute capability 9.x /
+  10.x); elsewhere torch's fallback reads the offsets on the host.
 - ``padded``: every expert on a [experts, tokens, hidden] buffer (a token meets an expert at
   most once, so tokens is a capacity no expert exceeds) with three ``bmm``: no host sync on
   any device, every expert's weights read, experts x tokens rows computed. Worth it only on
@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.torch_version import TorchVersion
 
 from ..errors import InputError
 from .moe_experts import StackedExperts
@@ -32,65 +33,65 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class SortedPairs:
-    """The (token, choice) pairs ordered by expert: the token of each, its weight, and the
-    offsets (end of each expert's run, int32) and counts per expert; all on the device."""
+    """The (token, choice) pairs ordered by expert: where each came from in the flattened
+    [tokens x k] choices, its token and expert, and the counts per expert and the offsets (end
+    of each expert's run, int32); all on the device."""
 
+    order: torch.Tensor  # [P] long: the flat (token, choice) index of each sorted pair
     token: torch.Tensor  # [P] long
     expert: torch.Tensor  # [P] long
-    weight: torch.Tensor  # [P] float32
     counts: torch.Tensor  # [E] long
     ends: torch.Tensor  # [E] int32
 
 
-def sort_pairs(chosen: torch.Tensor, weights: torch.Tensor, num_experts: int) -> SortedPairs:
+def sort_pairs(chosen: torch.Tensor, num_experts: int) -> SortedPairs:
     flat = chosen.reshape(-1)
     order = flat.argsort(stable=True)
     # Counted by a scatter-add, not bincount: CUDA's bincount reads the largest id on the host.
     counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
-    return SortedPairs(token=order // chosen.shape[1], expert=flat[order], weight=weights.reshape(-1)[order].float(),
-                       counts=counts, ends=counts.cumsum(0).to(torch.int32))
+    return SortedPairs(order=order, token=order // chosen.shape[1], expert=flat[order], counts=counts,
+                       ends=counts.cumsum(0).to(torch.int32))
 
 
-def combine(x: torch.Tensor, pairs: SortedPairs, outputs: torch.Tensor) -> torch.Tensor:
-    """Each pair's output times its weight, added to its token's row (fp32), cast to x's dtype."""
-    mixed = torch.zeros(x.shape[0], outputs.shape[-1], dtype=torch.float32, device=x.device)
-    mixed.index_add_(0, pairs.token, outputs.float() * pairs.weight[:, None])
+def combine(x: torch.Tensor, pairs: SortedPairs, outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_j weights[t, j] * output of (t, j), in fp32 and choice order, cast to x's dtype.
+
+    The outputs go back to their (token, choice) slots and each token sums its own k: a fixed
+    order on every device (an index_add_ over tokens adds with atomics on CUDA, in an order
+    that changes from run to run), and the loop's exact arithmetic."""
+    tokens, k = weights.shape
+    per_pair = torch.empty_like(outputs)
+    per_pair[pairs.order] = outputs
+    mixed = (per_pair.view(tokens, k, -1).float() * weights.float()[..., None]).sum(dim=1)
     return mixed.to(x.dtype)
 
 
 def loop_kernel(experts, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """The reference: each expert on its tokens in turn; one host sync (the counts)."""
-    tokens, k = chosen.shape
-    pairs = chosen.reshape(-1)
-    order = pairs.argsort(stable=True)
-    counts = torch.bincount(pairs, minlength=len(experts) if not isinstance(experts, StackedExperts)
-                            else experts.num_experts).tolist()
-    routed_inputs = x[order // k]
+    pairs = sort_pairs(chosen, experts.num_experts)
+    routed_inputs = x[pairs.token]
     routed_outputs = torch.empty_like(routed_inputs)
     start = 0
-    for e, count in enumerate(counts):
+    for e, count in enumerate(pairs.counts.tolist()):
         if count:
             routed_outputs[start:start + count] = experts.expert(e, routed_inputs[start:start + count])
             start += count
-    per_pair = torch.empty_like(routed_outputs)
-    per_pair[order] = routed_outputs
-    mixed = (per_pair.view(tokens, k, -1).float() * weights.float()[..., None]).sum(dim=1)
-    return mixed.to(x.dtype)
+    return combine(x, pairs, routed_outputs, weights)
 
 
 def grouped_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
-    pairs = sort_pairs(chosen, weights, experts.num_experts)
+    pairs = sort_pairs(chosen, experts.num_experts)
     routed = x[pairs.token]
 
     def project(inputs, stacked):
         return torch._grouped_mm(inputs, stacked.transpose(1, 2), offs=pairs.ends)
 
     hidden = F.silu(project(routed, experts.gate_proj)) * project(routed, experts.up_proj)
-    return combine(x, pairs, project(hidden, experts.down_proj))
+    return combine(x, pairs, project(hidden, experts.down_proj), weights)
 
 
 def padded_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
-    pairs = sort_pairs(chosen, weights, experts.num_experts)
+    pairs = sort_pairs(chosen, experts.num_experts)
     tokens = x.shape[0]
     # Each pair's row inside its expert's run: its rank among the pairs sorted before it.
     starts = (pairs.ends - pairs.counts.to(torch.int32)).long()
@@ -100,7 +101,7 @@ def padded_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     hidden = F.silu(torch.bmm(buffer, experts.gate_proj.transpose(1, 2))) \
         * torch.bmm(buffer, experts.up_proj.transpose(1, 2))
     out = torch.bmm(hidden, experts.down_proj.transpose(1, 2))
-    return combine(x, pairs, out[pairs.expert, slot])
+    return combine(x, pairs, out[pairs.expert, slot], weights)
 
 
 MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "padded": padded_kernel}
@@ -123,17 +124,32 @@ def check_kernel(name, quantized: bool = False) -> str:
 
 def pick_kernel(experts, x: torch.Tensor) -> str:
     """``auto``'s choice: grouped where torch's grouped_mm runs without a host sync (CPU, any
-    dtype; CUDA bf16 on compute capability 9.x / 10.x); padded on other GPUs up to 64 tokens
-    (sync-free, and every expert's weights are read anyway there); else the loop. Quantized
-    experts always loop. BENCHMARKS.md has the CPU measurements behind it."""
+    dtype; CUDA bf16 on compute capability 9.x / 10.x) and the widths meet its stride rule;
+    else padded on a GPU up to 64 tokens (sync-free, and every expert's weights are read anyway
+    there); else the loop. Quantized experts always loop. BENCHMARKS.md has the CPU
+    measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
+    if grouped_mm_runs(experts, x):
+        return "grouped"
+    return "padded" if x.device.type != "cpu" and x.shape[0] <= 64 else "loop"
+
+
+# torch's grouped_mm: absent before 2.8, without a CPU kernel in 2.8.
+_GROUPED_MM = hasattr(torch, "_grouped_mm")
+_GROUPED_MM_CPU = _GROUPED_MM and TorchVersion(torch.__version__) >= "2.9"
+
+
+def grouped_mm_runs(experts: StackedExperts, x: torch.Tensor) -> bool:
+    """Whether torch's grouped_mm has a kernel of its own for `x` here, and the experts' widths
+    are whole multiples of 16 bytes (its rule for strides, on CPU and CUDA alike: a random
+    shape's moe_intermediate_size=20 in bf16 fails it)."""
     if x.device.type == "cpu":
-        return "grouped"
-    cuda_bf16 = x.device.type == "cuda" and x.dtype == torch.bfloat16
-    if cuda_bf16 and torch.cuda.get_device_capability(x.device)[0] in (9, 10):
-        return "grouped"
-    return "padded" if x.shape[0] <= 64 else "loop"
+        native = _GROUPED_MM_CPU
+    else:
+        native = (_GROUPED_MM and x.device.type == "cuda" and x.dtype == torch.bfloat16
+                  and torch.cuda.get_device_capability(x.device)[0] in (9, 10))
+    return native and all(width * x.element_size() % 16 == 0 for width in experts.gate_proj.shape[1:])
 
 
 def run_experts(experts, kernel: str, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

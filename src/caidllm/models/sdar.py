@@ -49,4 +49,5 @@ SDAR = Family(
     name="sdar", architectures=("SDARForCausalLM", "SDARMoeForCausalLM"), model_types=("sdar", "sdar_moe"),
     read_fields=read_sdar_fields, model_class=SDARModel, confidence_gating=False, cache_refresh_every=16,
     description="SDAR (JetAstra): Qwen3-layout block-diffusion transformer (dense or MoE), blocks of 4",
+    block_causal=True,
 )

@@ -26,7 +26,8 @@ def register(sub, name: str) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
-    p.add_argument("--method", default="cai", help=f"default method: {', '.join(method_names())}")
+    p.add_argument("--method", default=None, help="default method (default: a known block-diffusion checkpoint's own "
+                   f"decoder, else cai): {', '.join(method_names())}")
     known = " (default: a known checkpoint's recommendation; else {})"
     p.add_argument("--gen-length", type=int, default=None,
                    help="default canvas when a request gives no max_tokens" + known.format(256))

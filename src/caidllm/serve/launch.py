@@ -41,10 +41,14 @@ def settings_from(args, lm):
     make_step_policy(getattr(args, "step_policy", "fair"))
     # Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion model's
     # own block length); given ones are checked, and that they apply to the model's family.
-    config, _ = config_for_model(lm.config, getattr(lm, "checkpoint", None), args.method,
-                                 gen_length=args.gen_length, block_length=args.block_length)
+    from caidllm.models.checkpoints import recommended_method
+
+    checkpoint = getattr(lm, "checkpoint", None)
+    method = recommended_method(checkpoint, args.method)  # as generate: a known checkpoint's own decoder
+    config, _ = config_for_model(lm.config, checkpoint, method, gen_length=args.gen_length,
+                                 block_length=args.block_length)
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
-    defaults = ServerDefaults(model_name=name, method=args.method, gen_length=config.gen_length,
+    defaults = ServerDefaults(model_name=name, method=method, gen_length=config.gen_length,
                               block_length=config.block_length,
                               max_gen_length=args.max_gen_length or lm.config.max_length,
                               max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))

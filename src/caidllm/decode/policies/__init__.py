@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from caidllm.decode.policies import block_quota, cai, eb, random_order, slowfast, threshold, vanilla, wino
+from caidllm.decode.policies import block_quota, cai, eb, random_order, slowfast, subblock, threshold, vanilla, wino
 from caidllm.decode.policies.base import StepView
 from caidllm.errors import InputError
 
@@ -76,6 +76,10 @@ POLICIES: dict[str, PolicySpec] = {
     "dynamic": PolicySpec(block_quota.select_dynamic,
                           lambda config, gating: dict(threshold=config.threshold, fixed_quota=config.num_to_transfer)),
     "static": PolicySpec(block_quota.select_static),
+    # Fast-dLLM v2's (policies/subblock.py): threshold decoding one sub-block at a time, each block opened
+    # by its autoregressive first token.
+    "subblock": PolicySpec(subblock.select,
+                           lambda config, gating: dict(threshold=config.threshold, sub_block=config.sub_block)),
 }
 
 
