@@ -70,6 +70,18 @@ def test_serve_applies_a_known_checkpoints_recommendation(random_checkpoint):
     assert (settings_from(given, lm).defaults.gen_length, settings_from(given, lm).defaults.block_length) == (64, 16)
 
 
+def test_serve_takes_a_known_block_diffusion_checkpoints_own_decoder(tmp_path):
+    from block_checkpoints import write_block_checkpoint
+
+    folder = write_block_checkpoint(tmp_path / "LLaDA2.0-mini", "llada2",
+                                    config_overrides={"caidllm_checkpoint": "inclusionAI/LLaDA2.0-mini"})
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    defaults = settings_from(build_parser().parse_args(["serve", "--model", str(folder)]), lm).defaults
+    assert (defaults.method, defaults.gen_length, defaults.block_length) == ("llada2", 512, 32)  # as generate
+    given = settings_from(build_parser().parse_args(["serve", "--model", str(folder), "--method", "cai"]), lm)
+    assert given.defaults.method == "cai"
+
+
 @pytest.mark.parametrize("argv, words", [
     (["serve", "--model", "tiny-bd", "--block-length", "64"], "block_length 64 is not one"),
     (["serve", "--model", "tiny", "--method", "llada2"], "block-diffusion decoder"),

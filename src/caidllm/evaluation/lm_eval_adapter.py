@@ -10,8 +10,8 @@ import it, hence the wrapper. ``--include_path`` is for task configs: the
 wrapper adds this package's offline task configs (evaluation/tasks/) unless
 one is given.
 
-model_args: ``pretrained`` (a model folder or "tiny"), ``method`` (a preset,
-default cai), ``gen_length`` and ``block_length`` (default: as ``caidllm generate``
+model_args: ``pretrained`` (a model folder or "tiny"), ``method`` (a preset;
+default: a known block-diffusion checkpoint's own decoder, else cai), ``gen_length`` and ``block_length`` (default: as ``caidllm generate``
 takes them: a known checkpoint's recommendation, else 256 and the method's, a
 block-diffusion model's own where the method's does not apply), ``steps``,
 ``cache``, ``threshold``, ``temperature`` (0; a task's temperature wins),
@@ -54,6 +54,7 @@ from caidllm.decode.api import tokenize_prompts
 from caidllm.decode.presets import config_for_model
 from caidllm.distributed import World
 from caidllm.errors import InputError
+from caidllm.models.checkpoints import recommended_method
 from caidllm.options import check_before_load
 
 logger = logging.getLogger("lm_eval.caidllm")  # under lm-eval's logger, so its --verbosity applies
@@ -77,14 +78,14 @@ def _bool(value, name: str) -> bool:
 
 @register_model("caidllm")
 class CaidllmLM(LM):
-    def __init__(self, pretrained="tiny", method="cai", gen_length=None, block_length=None, steps=None, cache=None,
+    def __init__(self, pretrained="tiny", method=None, gen_length=None, block_length=None, steps=None, cache=None,
                  threshold=None, temperature=0.0, seed=0, early_stop=True, dtype=None, chat="auto",
                  stats_path=None, batch_size=8, max_batch_size=None, device=None, quantize=None, quantize_head=False,
                  **overrides):
         super().__init__()
         from caidllm.models import load
 
-        self.method = str(method)
+        self.method = None if method is None else str(method)  # None: a known checkpoint's own decoder, else cai
         self.gen_length = None if gen_length is None else int(gen_length)
         self.block_length = None if block_length is None else int(block_length)
         self.decode = dict(steps=None if steps is None else int(steps), cache=cache,
@@ -107,6 +108,7 @@ class CaidllmLM(LM):
                        quantize_head=_bool(quantize_head, "quantize_head"))
         # Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion
         # model's own block length): the lengths every request of the run decodes with.
+        self.method = recommended_method(getattr(self.lm, "checkpoint", None), self.method)
         config, _ = config_for_model(self.lm.config, getattr(self.lm, "checkpoint", None), self.method,
                                      gen_length=self.gen_length, block_length=self.block_length,
                                      temperature=self.temperature, **self.decode)
