@@ -50,3 +50,21 @@ def dream_lm(dream_dir):
 def lm(request, llada_lm, dream_lm):
     """Each test that takes `lm` runs on both families (a module may define its own `lm`)."""
     return llada_lm if request.param == "llada" else dream_lm
+
+
+@pytest.fixture(scope="session")
+def block_family(tmp_path_factory):
+    """Factory: block_family("llada2" | "sdar" | "sdar-moe" | "fastdllm_v2") -> a tiny random fp32 CPU model of that
+    block-diffusion layout (tests/block_checkpoints.py; LLaDA2 decodes blocks of 4 and 8), made once."""
+    from block_checkpoints import write_block_checkpoint
+
+    made = {}
+
+    def get(kind):
+        if kind not in made:
+            overrides = {"llada2": {"caidllm_block_lengths": [4, 8]}, "fastdllm_v2": {"bd_size": 4}}.get(kind)
+            folder = write_block_checkpoint(tmp_path_factory.mktemp(kind), kind, seed=11, config_overrides=overrides)
+            made[kind] = caidllm.load(folder, device="cpu", dtype="float32")
+        return made[kind]
+
+    return get

@@ -16,8 +16,9 @@ shifted logits (``cat(logits[:, :1], logits[:, :-1])``) and commits, of the sub-
 positions, those with probability strictly above the threshold and always the most probable; a
 completed block is forwarded once more into the cache and its last logit gives the next block's
 first token. Decoding stops once the stop token is decoded with nothing masked before it.
-The one reading of caidllm's kept here: the mask token is never predicted (its logit is -inf
-before the softmax), as in the engine.
+Two readings of caidllm's are kept here (rows of the deviation table in
+docs/block-diffusion-decoding.md): the mask token is never predicted (its logit is -inf before
+the softmax), and any of ``stop_ids`` stops (the official code has one ``stop_token``).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class OfficialFastDLLMv2:
     def _greedy(self, logits):
         logits = logits.clone()
         logits[:, self.mask_id] = float("-inf")
-        p = logits.double().softmax(-1)
+        p = logits.softmax(-1)  # in the logits' dtype, as sample_with_top_p at temperature 0
         x = p.argmax(-1)
         return x, p.gather(-1, x[:, None])[:, 0]
 

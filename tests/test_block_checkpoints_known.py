@@ -92,3 +92,21 @@ def test_models_memory_of_a_block_checkpoint(capsys):
     kv = 2 * 28 * 4 * 128 * 1024 * 2  # K and V, 28 layers, 4 key/value heads of 128, bf16
     assert m["cache_bytes_per_request"] == {"block": kv, "subblock": kv, "none": 0}
     assert "method fastdllm-v2, threshold 0.9" in m["recommended"]
+
+
+@pytest.mark.parametrize("shape, flag, runs", [
+    ("fastdllm-v2-1.5b", ["--sub-block", "4"], "fastdllm-v2"),
+    ("llada2.1-mini", ["--editing-threshold", "0.6"], "llada2.1"),
+])
+def test_cli_flags_of_the_checkpoints_own_decoder(tmp_path, capsys, shape, flag, runs):
+    """With no --method, a flag only the checkpoint's own decoder reads is checked against that decoder,
+    not cai's; one it does not read is still refused (exit 2, one line naming it)."""
+    checkpoint = next(c for c in BLOCK if c.shape == shape)
+    folder = write_block_checkpoint(tmp_path / checkpoint.name, KIND[checkpoint.family])
+    base = ["generate", "hi", "--model", str(folder), "--gen-length", str(2 * checkpoint.recommended.block_length)]
+    assert main([*base, *flag, "--json"]) == 0
+    assert f'"method": "{runs}"' in capsys.readouterr().out
+    if runs == "llada2.1":
+        assert main([*base, "--sub-block", "4"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "sub_block does not apply to method 'llada2.1'" in err

@@ -78,6 +78,24 @@ def test_bad_model_args_are_input_errors(llada_dir):
         CaidllmLM(pretrained=str(llada_dir), method="warp", device="cpu")
     with pytest.raises(InputError, match="chat="):
         CaidllmLM(pretrained=str(llada_dir), chat="maybe", device="cpu")
+    with pytest.raises(InputError, match="prefix_cache_mb must be a number of MB >= 0"):
+        CaidllmLM(pretrained=str(llada_dir), prefix_cache_mb="-2", device="cpu")
+    with pytest.raises(InputError, match="prefix cache does not apply to the llada model"):
+        CaidllmLM(pretrained=str(llada_dir), prefix_cache_mb="8", device="cpu")
+
+
+def test_few_shot_requests_share_their_examples_through_the_prefix_store(tmp_path):
+    """tiny-bd: the second batch takes the first's shared examples from the store, with the same answers."""
+    shots = "Q: not ( True ) and ( True ) is\nA: False\n\nQ: True and not False is\nA: True\n\n"
+    requests = [_request(shots + f"Q: {q} is\nA:", i=i) for i, q in enumerate(["True or False", "not True"])]
+    answers = {}
+    for budget in ("0", "16"):
+        stats = tmp_path / f"stats{budget}.json"
+        adapter = CaidllmLM(pretrained="tiny-bd", method="llada2", gen_length=16, block_length=8, batch_size=1,
+                            device="cpu", dtype="float32", chat="false", prefix_cache_mb=budget, stats_path=str(stats))
+        answers[budget] = adapter.generate_until(requests)
+        answers[budget + " saved"] = json.loads(stats.read_text())["prefill_saved_share"]
+    assert answers["0"] == answers["16"] and answers["0 saved"] == 0 and answers["16 saved"] > 0
 
 
 def test_lm_eval_end_to_end_offline(llada_dir, tmp_path):

@@ -105,3 +105,32 @@ def test_the_page_is_readable_on_a_narrow_window(server, browser):
         assert width <= 420  # no sideways scrolling
     finally:
         browser.set_window_size(1280, 800)
+
+
+@pytest.fixture(scope="module")
+def bd_server():
+    """tiny-bd with the prefix store on: a prompt's second run takes its blocks from the store."""
+    lm = caidllm.load("tiny-bd", device="cpu", dtype="float32")
+    defaults = ServerDefaults(model_name="tiny-bd", method="llada2", gen_length=32, block_length=8,
+                              max_gen_length=128)
+    with LocalServer(create_app(lm, ServerConfig(defaults=defaults, prefix_cache_mb=16))) as s:
+        yield s
+
+
+def test_the_prompts_blocks_from_the_prefix_cache_are_drawn_as_such(bd_server, browser):
+    prompt = "Q: True and not False or ( False and True ) is"
+    query = urlencode({"prompt": prompt, "methods": "llada2", "gen_length": 32, "block_length": 8, "autorun": 1})
+    drawn = []
+    for _ in range(2):  # the first run fills the store, the second takes from it
+        browser.get(f"{bd_server.url}/?{query}")
+        (lane,) = WebDriverWait(browser, 120).until(lanes_settled)
+        assert lane.get_attribute("data-state") == "done", lane.text
+        strip = lane.find_element(By.CSS_SELECTOR, '[data-role="prompt-blocks"]')
+        drawn.append((len(strip.find_elements(By.CSS_SELECTOR, ".tile.reused")),
+                      len(strip.find_elements(By.CSS_SELECTOR, ".tile.prefilled")),
+                      strip.find_element(By.CSS_SELECTOR, '[data-role="prompt-caption"]').text))
+    (first_reused, first_prefilled, _), (reused, prefilled, caption) = drawn
+    assert first_reused == 0 and reused > 0 and reused + prefilled == first_prefilled
+    assert f"{8 * reused} of" in caption and "from the prefix cache" in caption
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "live-view-prefix-cache.png"))

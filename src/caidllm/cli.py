@@ -13,7 +13,8 @@ import sys
 from caidllm.bench.calibrate_cli import register as register_calibrate
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
-from caidllm.decode.presets import method_names
+from caidllm.decode.prefix_reuse import check_budget
+from caidllm.decode.presets import build_config, method_names
 from caidllm.errors import CaidllmError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
@@ -62,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
                       help="use the prompt as raw text, without the chat template (default for base models)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
+                     help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
+                          "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
     gen.set_defaults(handler=run_generate)
 
     register_train(sub, "train")
@@ -88,12 +92,15 @@ def run_generate(args) -> int:
                    early_stop=not args.no_early_stop)
     # A bad method or setting (or one the method does not read) fails before the model loads.
     check_before_load(args.model, given_method, settings, strict=True, **options)
+    budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
     lm = load_model(args)
     method = recommended_method(lm.checkpoint, given_method)
     options = apply_recommendation(lm, options, method)
+    if given_method is None:
+        build_config(method, settings=settings, strict=True, **options)
     chat = lm.chat_default if args.chat is None else args.chat
     results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
-                          chat=chat, **options)
+                          chat=chat, prefix_cache_mb=budget, **options)
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):
@@ -101,8 +108,10 @@ def run_generate(args) -> int:
             print(json.dumps({"prompt": prompt, **result.to_dict(), **ran}))
         else:
             print(result.text.strip())
+            reused = f", {result.reused_positions} prompt positions from the prefix cache" \
+                if result.reused_positions else ""
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
-                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}]")
+                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
     return 0
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 
 from caidllm.bench.datadir import default_data_dir
+from caidllm.bench.prefix_rows import parse_budgets
 from caidllm.bench.runner import BenchConfig, run_bench
 from caidllm.bench.tasks import TASK_KINDS, kind_of, reads_data_folder
 from caidllm.decode.presets import method_names
@@ -65,6 +66,9 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                    help="gsm8k / bbh: show the first K examples of the file in each prompt (not evaluated); "
                         "default 0 (zero-shot)")
     p.add_argument("--no-chat", action="store_true", help="raw prompts, without the chat template")
+    p.add_argument("--prefix-cache-mb", default=None, metavar="MB[,MB...]",
+                   help="block-causal models: the prefix store's budget (0 = off; default: 1024 MB or an eighth of "
+                        "the device's memory); a list (e.g. 0,256) runs each method once per budget, rows alternating")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch (timings then include it)")
     p.add_argument("--code-timeout", type=float, default=10.0, help="seconds per HumanEval/MBPP program (default 10)")
     progress = p.add_mutually_exclusive_group()
@@ -90,13 +94,14 @@ def settings_from_args(args) -> BenchConfig:
     for spec in tasks:
         kind_of(spec)  # unknown task names fail before anything else
     data_dir = resolve_data_dir(args.data_dir, tasks)
+    budgets = parse_budgets(args.prefix_cache_mb)  # a bad budget fails before the model loads
     return BenchConfig(
         model=args.model, tasks=tasks, methods=methods, limit=args.limit, batch_size=args.batch_size,
         gen_length=args.gen_length, block_length=args.block_length, data_dir=data_dir, out=args.out,
         device=args.device, dtype=args.dtype, early_stop=not args.no_early_stop, seed=args.seed,
         temperature=args.temperature, fewshot=args.fewshot, chat=not args.no_chat, warmup=not args.no_warmup,
         progress=args.progress, code_timeout=args.code_timeout, compile=args.compile, settings_file=args.settings,
-        quantize=args.quantize, quantize_head=args.quantize_head,
+        quantize=args.quantize, quantize_head=args.quantize_head, prefix_cache_mb=budgets,
     )
 
 

@@ -71,14 +71,15 @@ def markdown(report: dict) -> str:
                   f"Metric: {first['metric']}, n = {first['n']}, {shots}. Source: `{s['task_sources'][task]}`.", ""]
         extra = [k for k in first if k.startswith("accuracy_")]
         header = ["Method", "TPS", "Pos/s", "Speedup", "Score ± stderr"] + [k.removeprefix("accuracy_") for k in extra]
-        header += ["NFE", "NFE ratio", "Steps/block", "Weights (MB)", "Peak mem (MB)", "Energy (J)", "Ctrl", "Fwd", "Ovh", "Errors"]
+        header += ["NFE", "NFE ratio", "Prefill/req", "Saved", "Steps/block", "Weights (MB)", "Peak mem (MB)", "Energy (J)", "Ctrl", "Fwd", "Ovh", "Errors"]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join("---" for _ in header) + "|")
         for row in rows:
             cells = [row["method"], _num(row["tps_answer"], ".1f"), _num(row["tps_positions"], ".1f"),
                      _num(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""), _score(row)]
             cells += [_num(None if row[k] is None else 100 * row[k], ".2f") for k in extra]
-            cells += [_num(row["nfe_mean"], ".1f"), _num(row["nfe_ratio"], ".2f"), _steps(row),
+            cells += [_num(row["nfe_mean"], ".1f"), _num(row["nfe_ratio"], ".2f"),
+                      _num(row.get("prefill_positions_mean"), ".1f"), _share(row.get("prefill_saved_share")), _steps(row),
                       _num(row.get("weights_mb"), ".1f"), _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
                       _num(None if row["policy_share"] is None else 100 * row["policy_share"], ".1f", "n/a")
                       + ("%" if row["policy_share"] is not None else ""),

@@ -31,10 +31,12 @@ from pathlib import Path
 
 import torch
 
+from caidllm.bench.prefix_rows import expand_rows
 from caidllm.bench.sandbox import Limits, isolation_summary
 from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
+from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.presets import build_config, method_names
 from caidllm.models.quantize import quantization_info, weights_mb
 from caidllm.distributed import World, together
@@ -100,7 +102,11 @@ class BenchConfig:
     # A settings file (caidllm calibrate): its values run as one more method row, named by the file
     # ("cai-calibrated"), beside the presets listed (appended if --methods does not name it).
     settings_file: str | None = None
+    # The prefix store's budgets (bench/prefix_rows.py): (None,) = the default; several = one row per
+    # method and budget, named by both.
+    prefix_cache_mb: tuple = (None,)
     _loaded: object = field(default=None, init=False, repr=False, compare=False)
+    _rows: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def loaded_settings(self):
         if self.settings_file is not None and self._loaded is None:
@@ -111,10 +117,16 @@ class BenchConfig:
 
     def method_options(self, method: str) -> tuple[str, dict]:
         """(preset, extra generate() keywords) of a method row."""
+        method = (self._rows or {}).get(method, (method, None))[0]
         loaded = self.loaded_settings()
         if loaded is not None and method == loaded.name:
             return loaded.method, {"settings": loaded}
         return method, {}
+
+    def store_options(self, row: str) -> dict:
+        """The prefix store's generate() keyword of a row (none: the default budget)."""
+        budget = (self._rows or {}).get(row, (row, self.prefix_cache_mb[0]))[1]
+        return {} if budget is None else {"prefix_cache_mb": budget}
 
     def check(self) -> None:
         if not self.tasks:
@@ -153,6 +165,12 @@ class BenchConfig:
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
             preset, extra = self.method_options(m)
             build_config(preset, **extra, **lengths, temperature=self.temperature, early_stop=self.early_stop)
+        if not isinstance(self.prefix_cache_mb, (tuple, list)) or not self.prefix_cache_mb:
+            raise InputError(f"prefix_cache_mb must be a tuple of budgets (MB, or None), got {self.prefix_cache_mb!r}")
+        self.prefix_cache_mb = tuple(check_budget(b, "prefix_cache_mb") for b in self.prefix_cache_mb)
+        if self._rows is None and len(self.prefix_cache_mb) > 1:  # from here on a "method" is a row
+            self._rows = expand_rows(self.methods, self.prefix_cache_mb)
+            self.methods = list(self._rows)
 
 
 BenchSettings = BenchConfig  # the old name
@@ -321,7 +339,8 @@ def _warm_up(lm, settings: BenchConfig, encoded: list[Encoded], log) -> None:
     log(f"warm-up: one batch of {len(batch)} per method")
     for method in settings.methods:
         preset, extra = settings.method_options(method)
-        lm.generate(batch, method=preset, **extra, gen_length=settings.gen_length, block_length=settings.block_length,
+        lm.generate(batch, method=preset, **extra, **settings.store_options(method), gen_length=settings.gen_length,
+                    block_length=settings.block_length,
                     temperature=settings.temperature, seed=settings.seed, early_stop=settings.early_stop,
                     batch_size=len(batch), chat=False)
     sync(lm)
@@ -352,6 +371,7 @@ def _settings_dict(s: BenchConfig, lm, tasks: list[BenchTask], data_dir, chat: b
         "task_metrics": {t.name: t.metric for t in tasks},
         "task_notes": {t.name: t.notes for t in tasks if t.notes},
         "methods": list(s.methods),
+        "prefix_cache_mb": list(s.prefix_cache_mb),
         "baseline": s.methods[0],
         "limit": s.limit,
         "n": {t.name: len(t.samples) for t in tasks},

@@ -15,6 +15,7 @@ import torch
 
 from caidllm.bench.measure import EnergyMeter, EnergyReading, MemoryMeter
 from caidllm.bench.tasks import BenchTask, Sample, Scored
+from caidllm.decode.prefix_reuse import forget_store
 from caidllm.errors import CaidllmError
 
 
@@ -62,6 +63,7 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
     wall = policy = engine = forward = 0.0
     progress = _progress(len(todo), f"{task.name} {method}", settings.progress)
 
+    forget_store(lm)  # every row starts with an empty prefix store: no row finds another's prompts
     memory.reset()
     energy.start()
     for batch in batches:
@@ -70,6 +72,7 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
         try:
             preset, extra = settings.method_options(method)
             out_batch = lm.generate([encoded[i].ids for i in batch], method=preset, **extra,
+                                    **settings.store_options(method),
                                     gen_length=settings.gen_length,
                                     block_length=settings.block_length, temperature=settings.temperature,
                                     seed=settings.seed, early_stop=settings.early_stop, batch_size=len(batch),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from caidllm.bench.measure import EnergyReading
 from caidllm.bench.metrics import mean, stderr
+from caidllm.bench.prefix_rows import prefill_figures
 from caidllm.bench.shard import Encoded, ShardRun
 from caidllm.bench.tasks import BenchTask, Scored
 
@@ -91,6 +92,7 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
         "forward_share": forward / busy if busy > 0 else None,
         "engine_overhead_share": (busy - forward - policy) / busy if busy > 0 else None,
         "flops_share": mean(fractions) if fractions else None,
+        **prefill_figures(done),
         "early_stopped": mean(float(r.early_stopped) for r in done),
         "errors": sum(1 for r in records if r["error"]),
         "fewshot": task.fewshot,
@@ -149,6 +151,8 @@ def _record(task, method, enc: Encoded, result, scored: Scored | None, score: fl
         "answer_length": None if result is None else result.answer_length,
         "steps_per_block": None if result is None else result.steps_per_block,
         "early_stopped": None if result is None else result.early_stopped,
+        "prefill_positions": None if result is None else result.prefill_positions,
+        "reused_positions": None if result is None else result.reused_positions,
         "details": None if scored is None else scored.details,
         "error": error,
     }

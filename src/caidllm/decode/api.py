@@ -10,6 +10,7 @@ import torch
 
 from caidllm.checks import is_id_list, is_int
 from caidllm.decode.engine import Engine
+from caidllm.decode.prefix_reuse import shared_store
 from caidllm.decode.presets import build_config, options_for_model
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
 from caidllm.errors import InputError
@@ -21,7 +22,7 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
              temperature: float | None = None, seed: int | None = None, early_stop: bool = True,
              batch_size: int = 8, chat: bool | None = None, compile: bool = False, settings=None,
-             **overrides) -> list[GenerationResult]:
+             prefix_cache_mb: float | None = None, **overrides) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a
     method preset; any keyword given overrides the preset's value.
 
@@ -36,7 +37,9 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     `batch_size` decode together, and a finished one's slot goes to the next
     at once. compile=True: the model runs its norms and MLPs through torch.compile from
     then on (models/compiled.py). `settings`: a settings file (path or loaded, see
-    decode/settings_file.py) whose CAI values apply under the keywords. Each result's elapsed_s,
+    decode/settings_file.py) whose CAI values apply under the keywords. prefix_cache_mb: the budget of
+    the prefix store kept with the model across calls (decode/prefix_reuse.py; None: the default on a
+    block-causal model, 0: off; exact: the same tokens either way). Each result's elapsed_s,
     policy_s and forward_s are those of the whole run."""
     checkpoint = getattr(lm, "checkpoint", None)
     method = recommended_method(checkpoint if settings is None else None, method)
@@ -54,7 +57,8 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
         enable_compile(lm)
     token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
 
-    engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts))
+    store = shared_store(lm, prefix_cache_mb)
+    engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts), prefix_cache_mb=0, prefix_store=store)
     started = time.perf_counter()
     ids = [engine.submit(p, config) for p in token_prompts]
     results = {event.request_id: event.result for event in engine.run() if event.finished}

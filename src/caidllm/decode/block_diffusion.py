@@ -7,6 +7,8 @@ and the last block may run past gen_length (those positions are decoded, never r
 Its exact cache ("block"): the first forward of a request computes the whole canvas (prompt
 blocks prefilled once); each later step forwards only the current block against the cache; a
 completed block's final keys/values are written by the next block's first forward (``fold``).
+Across requests, complete blocks' final keys/values are kept by the prefix store (prefix_store.py,
+prefix_reuse.py): a request that finds its prompt's first blocks there skips their prefill.
 """
 
 from __future__ import annotations

@@ -44,6 +44,8 @@ from caidllm.decode.config import DecodeConfig
 from caidllm.decode.elastic import ElasticState
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
+from caidllm.decode.prefix_reuse import PrefixReuse, make_store
+from caidllm.decode.prefix_store import PrefixStore
 from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.runner import RowStep, Runner
 from caidllm.decode.sampling import request_generator
@@ -85,10 +87,16 @@ class Engine:
     """Holds the requests in flight and advances them together, one denoising step per `step()`.
 
     Submit and cancel between steps (one thread; BackgroundEngine runs it from a thread of its
-    own for servers). `step()` = schedule (scheduler.py), run (runner.py), update (request.py)."""
+    own for servers). `step()` = schedule (scheduler.py), run (runner.py), update (request.py).
 
-    def __init__(self, lm, max_batch: int = 8, max_queue: int = 256, step_policy: str = DEFAULT_STEP_POLICY):
+    prefix_cache_mb: the prefix store's budget (decode/prefix_reuse.py; None: the default on a
+    block-causal model, off on a full-sequence one; 0: off). prefix_store: a store to share (several
+    engines, or generate() calls on one model); it wins over prefix_cache_mb. step_policy: which forward groups run at a step (step_policies.py)."""
+
+    def __init__(self, lm, max_batch: int = 8, max_queue: int = 256, prefix_cache_mb: float | None = None,
+                 prefix_store: PrefixStore | None = None, step_policy: str = DEFAULT_STEP_POLICY):
         self.lm = lm
+        self.prefix = PrefixReuse(prefix_store if prefix_store is not None else make_store(lm, prefix_cache_mb))
         self.scheduler = Scheduler(lm, max_batch, max_queue, on_admit=self._start, step_policy=step_policy)
         self.runner = Runner(lm)
         self.steps = 0
@@ -132,6 +140,10 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
+    @property
+    def prefix_store(self) -> PrefixStore | None:
+        return self.prefix.store
+
     # ---- requests in and out -------------------------------------------------
 
     def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None) -> str:
@@ -154,16 +166,25 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         """Remove a queued or in-flight request now (between steps) and free its slot."""
+        request = self.scheduler.running.get(request_id)
         self.scheduler.cancel(request_id)
+        if request is not None:  # it writes nothing more into the prefix store
+            self.prefix.release(request)
 
     def drop_running(self) -> list[str]:
         """Drop every in-flight request and start a fresh Frame; their ids. After a step that raised
         this is required: that step may have advanced some groups and not others. Queued requests stay."""
+        self._release_running()
         return self.scheduler.drop_running()
 
     def cancel_all(self) -> list[str]:
         """Drop every queued and in-flight request (shutdown); their ids."""
+        self._release_running()
         return self.scheduler.cancel_all()
+
+    def _release_running(self) -> None:
+        for request in self.scheduler.running.values():
+            self.prefix.release(request)
 
     def run(self) -> Iterator[CommitEvent]:
         """Step until every submitted request has finished, yielding each event."""
@@ -184,6 +205,7 @@ class Engine:
         if self.runner.faults:  # rows whose policy raised leave now (take_faults says why); the others go on
             for row in rows:
                 if row.request.id in self.runner.faults:
+                    self.prefix.release(row.request)
                     self.scheduler.retire(row.request)
             rows = [row for row in rows if row.request.id not in self.runner.faults]
         return self._update(rows)
@@ -198,13 +220,18 @@ class Engine:
         events = []
         for row in rows:
             request = row.request
+            first = request.nfe == 0
+            self.prefix.after_forward(self.frame, request)
             event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
                                    self.lm.config.eos_id, self.lm.device, row.edits)
+            if first and self.prefix.applies(request):
+                event.reused_positions, event.prompt_length = request.reused, len(request.prompt)
             if event.finished:
                 event.result = request.result(self.lm, self.runner.policy_timer.total())
             events.append(event)
         for event, row in zip(events, rows):
             if event.finished:
+                self.prefix.finish(self.frame, row.request)
                 self.scheduler.retire(row.request)
         self.steps += bool(events)
         return events
@@ -215,6 +242,7 @@ class Engine:
         """A request took a slot: its policy time so far is the baseline of its own."""
         request.policy_seconds_at_admission = self.runner.policy_timer.total()
         request.start_block(self.lm.device)
+        self.prefix.admit(self.frame, request)
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm

@@ -38,6 +38,10 @@ class CommitEvent:
     # Where the step's block starts in the generated region: < 0 for a block-diffusion block that
     # holds the end of the prompt (its first -block_start positions are prompt).
     block_start: int = 0
+    # A request's first event, when the prefix store applies to it: prompt positions whose keys and values
+    # came from the store (decode/prefix_reuse.py; 0 when none did), and its prompt length. Else None.
+    reused_positions: int | None = None
+    prompt_length: int | None = None
 
 
 @dataclass
@@ -79,6 +83,11 @@ class Request:
     commit_order: list[int] | None = None  # its block's decoding order
     block_causal: bool = False  # a block-diffusion model's request: blocks laid from the prompt's start
     post_steps: int = 0  # token editing: steps run on the current block since its last mask went
+    # The prefix store (decode/prefix_reuse.py): prompt positions whose keys and values came from it, the
+    # store's blocks this request holds until it leaves, and its complete blocks with final keys and values.
+    reused: int = 0
+    pinned: list[bytes] = field(default_factory=list)
+    final_blocks: int = 0
 
     def __post_init__(self):
         self.layout = Layout.of(len(self.prompt), self.config, self.block_causal)
@@ -105,8 +114,8 @@ class Request:
         if own is not None:  # a decoder with a forward of its own (WINO's verify forward)
             return own
         t, cache = self.step, CACHE_MODES[self.config.cache]
-        if cache.exact:
-            refresh = self.block == 0 and t == 0
+        if cache.exact:  # with blocks from the prefix store the first forward is a block forward too
+            refresh = self.block == 0 and t == 0 and not self.reused
             if not refresh and cache.within_block and self.sub_block_cached():
                 return ForwardMode.SUBBLOCK.value
         else:
@@ -132,9 +141,13 @@ class Request:
 
     def fold(self) -> int:
         """Positions left of the block that this step's forward recomputes: the previous block,
-        whose final keys/values the exact block cache writes at the next block's first step."""
-        exact = CACHE_MODES[self.config.cache].exact
-        return self.config.block_length if exact and self.step == 0 and self.block else 0
+        whose final keys/values the exact block cache writes at the next block's first step; at the
+        first step of a request that took blocks from the prefix store, the prompt positions after them."""
+        if not CACHE_MODES[self.config.cache].exact or self.step:
+            return 0
+        if self.block:
+            return self.config.block_length
+        return len(self.prompt) - self.layout.lead - self.reused if self.reused else 0
 
     @property
     def step_limit(self) -> int:

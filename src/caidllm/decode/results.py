@@ -40,6 +40,10 @@ class GenerationResult:
     computed_fraction: float = 1.0
     # generate(): seconds inside the model forwards of the whole run (the engine's forward timer).
     forward_s: float = 0.0
+    # The prefix store (decode/prefix_reuse.py): prompt positions this request prefilled, and those whose
+    # keys and values it took from the store instead (the two add up to prompt_length).
+    prefill_positions: int = 0
+    reused_positions: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,5 +70,6 @@ def result_of(lm, r, policy_s: float) -> GenerationResult:
         text=lm.decode(ids[:answer_length]), token_ids=ids, answer_length=answer_length, nfe=r.nfe,
         steps_per_block=list(r.steps_per_block), elapsed_s=time.perf_counter() - r.admitted_at,
         policy_s=policy_s, early_stopped=r.early_stopped, method=r.config.method,
-        prompt_length=len(r.prompt), trace=trace, computed_fraction=r.computed_pairs / max(r.nfe * step_pairs, 1),
+        prompt_length=len(r.prompt), trace=trace, prefill_positions=len(r.prompt) - r.reused,
+        reused_positions=r.reused, computed_fraction=r.computed_pairs / max(r.nfe * step_pairs, 1),
     )

@@ -51,6 +51,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from caidllm.decode.api import tokenize_prompts
+from caidllm.decode.prefix_reuse import check_budget, make_store
 from caidllm.decode.presets import config_for_model
 from caidllm.distributed import World
 from caidllm.errors import InputError
@@ -81,7 +82,7 @@ class CaidllmLM(LM):
     def __init__(self, pretrained="tiny", method=None, gen_length=None, block_length=None, steps=None, cache=None,
                  threshold=None, temperature=0.0, seed=0, early_stop=True, dtype=None, chat="auto",
                  stats_path=None, batch_size=8, max_batch_size=None, device=None, quantize=None, quantize_head=False,
-                 **overrides):
+                 prefix_cache_mb=None, **overrides):
         super().__init__()
         from caidllm.models import load
 
@@ -92,6 +93,9 @@ class CaidllmLM(LM):
                            threshold=None if threshold is None else float(threshold), seed=int(seed),
                            early_stop=_bool(early_stop, "early_stop"), **overrides)
         self.temperature = float(temperature)
+        # The prefix store (decode/prefix_reuse.py), kept with the model across batches: a few-shot task's
+        # shared examples are prefilled once. None: the default on a block-causal model; 0: off.
+        self.prefix_cache_mb = check_budget(prefix_cache_mb, "model_args prefix_cache_mb")
         # Bad settings, or ones the model's family does not take, fail here, before loading (its config.json).
         check_before_load(pretrained, self.method, gen_length=self.gen_length, block_length=self.block_length,
                           temperature=self.temperature, **self.decode)
@@ -113,6 +117,7 @@ class CaidllmLM(LM):
                                      gen_length=self.gen_length, block_length=self.block_length,
                                      temperature=self.temperature, **self.decode)
         self.gen_length, self.block_length = config.gen_length, config.block_length
+        make_store(self.lm, self.prefix_cache_mb)  # a budget the model cannot use fails here
         self._device = self.lm.device
         self._rank, self._world_size = self.world.rank, self.world.world_size  # what lm-eval splits requests by
         self.pretrained = str(pretrained)
@@ -122,7 +127,8 @@ class CaidllmLM(LM):
         self._template_markers = [t.content for t in self.lm.tokenizer.added_tokens_decoder.values()
                                   if t.special and t.content and t.content in template]
         self.stats = {"requests": 0, "nfe": 0, "positions": 0, "answer_tokens": 0, "wall_s": 0.0,
-                      "policy_s": 0.0, "steps_per_block_sum": [], "truncated_prompts": 0}
+                      "policy_s": 0.0, "steps_per_block_sum": [], "truncated_prompts": 0, "prefill_positions": 0,
+                      "reused_positions": 0}
 
     # ---- lm-eval interface ----------------------------------------------------
 
@@ -185,7 +191,8 @@ class CaidllmLM(LM):
                 started = time.perf_counter()
                 results = self.lm.generate(ids, method=self.method, gen_length=self.gen_length,
                                            block_length=self.block_length, temperature=temperature,
-                                           batch_size=len(batch), chat=False, **self.decode)
+                                           batch_size=len(batch), chat=False, prefix_cache_mb=self.prefix_cache_mb,
+                                           **self.decode)
                 if torch.device(self._device).type == "cuda":
                     torch.cuda.synchronize(self._device)
                 self._account(results, time.perf_counter() - started)
@@ -225,6 +232,8 @@ class CaidllmLM(LM):
         s["answer_tokens"] += sum(r.answer_length for r in results)
         s["wall_s"] += wall
         s["policy_s"] += results[0].policy_s
+        s["prefill_positions"] += sum(r.prefill_positions for r in results)
+        s["reused_positions"] += sum(r.reused_positions for r in results)
         for r in results:
             spb = s["steps_per_block_sum"]
             spb.extend([0] * (len(r.steps_per_block) - len(spb)))
@@ -249,6 +258,11 @@ class CaidllmLM(LM):
             "tps_answer": s["answer_tokens"] / wall if wall else None,
             "policy_share": s["policy_s"] / s.get("busy_s", wall) if wall else None,
             "truncated_prompts": s["truncated_prompts"],
+            # The prefix store (block-causal models): prompt positions prefilled per request, share taken from it.
+            "prefill_positions_mean": s.get("prefill_positions", 0) / n if n else None,
+            "prefill_saved_share": (s.get("reused_positions", 0) / (s.get("prefill_positions", 0)
+                                                                    + s.get("reused_positions", 0))
+                                    if s.get("reused_positions") else 0.0),
             "world_size": self.world.world_size,
             "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm bench` "
                     "for timed comparisons); tps_positions = requests x gen_length / wall_s, tps_answer = answer "
@@ -278,7 +292,8 @@ def _combined(per_rank: list[dict]) -> dict:
     """The ranks' statistics as one run's: counts add up, the wall time is the slowest rank's (they ran
     side by side). lm-eval pads the shorter ranks with copies of their last request; those count too."""
     total = {k: sum(s[k] for s in per_rank) for k in ("requests", "nfe", "positions", "answer_tokens",
-                                                      "policy_s", "truncated_prompts")}
+                                                      "policy_s", "truncated_prompts", "prefill_positions",
+                                                      "reused_positions")}
     total["wall_s"] = max(s["wall_s"] for s in per_rank)
     total["busy_s"] = sum(s["wall_s"] for s in per_rank)
     blocks = max(len(s["steps_per_block_sum"]) for s in per_rank)

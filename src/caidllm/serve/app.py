@@ -60,6 +60,7 @@ class ServerConfig:
     shutdown_grace: float = 10.0  # seconds requests in flight may go on after SIGTERM
     step_policy: str = "fair"  # which forward groups run at each engine step (decode/step_policies.py)
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    prefix_cache_mb: float | None = None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
 
 
 ServeSettings = ServerConfig  # the old name
@@ -69,6 +70,7 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
     """The app. With engine_thread the engine loop runs in its own thread from startup to
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
     background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue,
+                                         prefix_cache_mb=settings.prefix_cache_mb,
                                          step_policy=settings.step_policy))
     metrics = ServerMetrics(background)
     if settings.defaults.max_prompt_chars is None:

@@ -51,6 +51,9 @@ def register(sub, name: str) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="CAI settings file (caidllm calibrate): the defaults of requests for its method")
+    p.add_argument("--prefix-cache-mb", default=None, metavar="MB",
+                   help="block-causal models: the prefix store's budget, shared prompt blocks (system prompts, chat "
+                        "history) computed once (0 = off; default: 1024 MB or an eighth of the device's memory)")
     p.add_argument("--log-level", default="info")
     replicas.add_arguments(p)
     p.set_defaults(handler=run)
@@ -59,10 +62,12 @@ def register(sub, name: str) -> None:
 def run(args) -> int:
     import uvicorn
 
+    from caidllm.decode.prefix_reuse import check_budget
     from caidllm.options import check_before_load, load_model
     from caidllm.serve.app import create_app
     from caidllm.serve.shutdown import uvicorn_config
 
+    check_budget(args.prefix_cache_mb, "--prefix-cache-mb")  # a budget that is not a number of MB, before anything
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return run_replicas(args)
     # A bad setting, settings file or API key fails before the model loads (checked against its config.json).

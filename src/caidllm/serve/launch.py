@@ -47,6 +47,10 @@ def settings_from(args, lm):
     method = recommended_method(checkpoint, args.method)  # as generate: a known checkpoint's own decoder
     config, _ = config_for_model(lm.config, checkpoint, method, gen_length=args.gen_length,
                                  block_length=args.block_length)
+    from caidllm.decode.prefix_reuse import check_budget, make_store
+
+    budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
+    make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
     defaults = ServerDefaults(model_name=name, method=method, gen_length=config.gen_length,
                               block_length=config.block_length,
@@ -56,7 +60,7 @@ def settings_from(args, lm):
                         api_key=api_key,
                         max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
                         body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace,
-                        step_policy=getattr(args, "step_policy", "fair"))
+                        step_policy=getattr(args, "step_policy", "fair"), prefix_cache_mb=budget)
 
 
 def settings_file_of(args):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 OUTCOMES = ("completed", "refused", "queue_full", "cancelled", "timeout", "shutdown", "failed")
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -50,3 +50,33 @@ class _EngineCounters:
         steps.add_metric([], self.engine.steps)
         yield forwards
         yield steps
+        yield from _prefix_store_metrics(self.engine.prefix_store)
+
+
+PREFIX_COUNTERS = {  # store counter -> (metric, help)
+    "lookups": ("caidllm_prefix_cache_lookups", "Requests admitted with the prefix store on"),
+    "hits": ("caidllm_prefix_cache_hits", "Requests that took at least one block from the prefix store"),
+    "blocks_reused": ("caidllm_prefix_cache_blocks_reused", "Blocks copied from the prefix store into requests"),
+    "positions_saved": ("caidllm_prefix_cache_prefill_positions_saved",
+                        "Prompt positions not prefilled: their keys and values came from the prefix store"),
+    "positions_prefilled": ("caidllm_prefix_cache_prefill_positions", "Prompt positions prefilled"),
+    "blocks_evicted": ("caidllm_prefix_cache_blocks_evicted", "Blocks evicted from the prefix store"),
+}
+PREFIX_GAUGES = {
+    "blocks_held": ("caidllm_prefix_cache_blocks", "Blocks held by the prefix store now"),
+    "bytes_held": ("caidllm_prefix_cache_bytes", "Bytes held by the prefix store now"),
+    "budget_bytes": ("caidllm_prefix_cache_budget_bytes", "The prefix store's byte budget (0: off)"),
+}
+
+
+def _prefix_store_metrics(store):
+    """The prefix store's counters and gauges (all zero when it is off)."""
+    stats = store.stats() if store is not None else {}
+    for key, (name, text) in PREFIX_COUNTERS.items():
+        family = CounterMetricFamily(name, text)
+        family.add_metric([], stats.get(key, 0))
+        yield family
+    for key, (name, text) in PREFIX_GAUGES.items():
+        family = GaugeMetricFamily(name, text)
+        family.add_metric([], stats.get(key, 0))
+        yield family

@@ -73,6 +73,8 @@ def chunks(call, index: int, delta: str, event) -> list[dict]:
         chunk = _chunk(call, index, delta)
         if call.req.commit_events:
             chunk["caidllm"] = {"commit_events": commit_events(call, event)}
+            if event.reused_positions is not None:  # the request's first step: what the prefix store gave it
+                chunk["caidllm"]["prefix_cache"] = prefix_cache_info(call, event)
         out.append(chunk)
     answer = call.answers[index]
     if answer.finish_reason:
@@ -87,6 +89,13 @@ def commit_events(call, event) -> list[dict]:
     return [{"position": p, "token": t, "text": lm.decode([t]), "step": event.step, "block": event.block,
              "block_start": event.block_start, "s_i": s}
             for p, t, s in zip(event.positions, event.token_ids, event.first_confidence)]
+
+
+def prefix_cache_info(call, event) -> dict:
+    """A request's prompt as the prefix store served it: positions taken from the store (whole blocks
+    from the prompt's start) and the prompt's length, in blocks of block_length."""
+    return {"reused_positions": event.reused_positions, "prompt_positions": event.prompt_length,
+            "block_length": call.req.config.block_length}
 
 
 def usage_chunk(call) -> dict:

@@ -151,6 +151,7 @@ class Lane {
     if (c.error) throw new Error(c.error.message);
     const choice = (c.choices || [])[0];
     if (!choice) return;
+    if (c.caidllm && c.caidllm.prefix_cache) this.showPrompt(c.caidllm.prefix_cache);
     const events = c.caidllm && c.caidllm.commit_events;
     if (events) {
       this.steps += 1;
@@ -170,6 +171,26 @@ class Lane {
     cell.className = `cell ${confidenceClass(e.s_i)}`;
     cell.textContent = shown(e.text);
     cell.title = `position ${e.position}: ${JSON.stringify(e.text)} at step ${e.step} of block ${e.block}, s_i ${e.s_i.toFixed(3)}`;
+  }
+
+  // The prompt's blocks, those whose keys and values came from the prefix cache drawn as such (one tile
+  // per block; the block holding the prompt's end is decoded, so it is always prefilled).
+  showPrompt(info) {
+    const el = this.role("prompt-blocks");
+    const b = info.block_length, n = Math.ceil(info.prompt_positions / b), reused = info.reused_positions / b;
+    el.replaceChildren();
+    for (let i = 0; i < Math.min(n, 256); i++) {
+      const tile = document.createElement("span");
+      tile.className = `tile ${i < reused ? "reused" : "prefilled"}`;
+      tile.title = `prompt block ${i}: ${i < reused ? "from the prefix cache" : "prefilled"}`;
+      el.appendChild(tile);
+    }
+    const caption = document.createElement("span");
+    caption.className = "caption";
+    caption.dataset.role = "prompt-caption";
+    caption.textContent = `prompt: ${info.reused_positions} of ${info.prompt_positions} positions from the prefix cache`;
+    el.appendChild(caption);
+    el.hidden = false;
   }
 
   highlight(block) {
