@@ -14,7 +14,7 @@ from caidllm.bench.calibrate_cli import register as register_calibrate
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.prefix_reuse import check_budget
-from caidllm.decode.presets import build_config, method_names
+from caidllm.decode.presets import method_names
 from caidllm.errors import CaidllmError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
@@ -90,14 +90,13 @@ def run_generate(args) -> int:
                    editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
                    minimal_topk=args.minimal_topk, sub_block=args.sub_block,
                    early_stop=not args.no_early_stop)
-    # A bad method or setting (or one the method does not read) fails before the model loads.
+    # A bad method or setting (or one the decoder that runs does not read: with no method given, a known
+    # checkpoint's own, read from its config.json) fails before the model loads.
     check_before_load(args.model, given_method, settings, strict=True, **options)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
     lm = load_model(args)
     method = recommended_method(lm.checkpoint, given_method)
     options = apply_recommendation(lm, options, method)
-    if given_method is None:
-        build_config(method, settings=settings, strict=True, **options)
     chat = lm.chat_default if args.chat is None else args.chat
     results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                           chat=chat, prefix_cache_mb=budget, **options)
