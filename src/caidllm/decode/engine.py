@@ -91,7 +91,8 @@ class Engine:
 
     prefix_cache_mb: the prefix store's budget (decode/prefix_reuse.py; None: the default on a
     block-causal model, off on a full-sequence one; 0: off). prefix_store: a store to share (several
-    engines, or generate() calls on one model); it wins over prefix_cache_mb. step_policy: which forward groups run at a step (step_policies.py)."""
+    engines, or generate() calls on one model); it wins over prefix_cache_mb. step_policy: which
+    forward groups run at a step (step_policies.py: "fair", the default, or "all")."""
 
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256, prefix_cache_mb: float | None = None,
                  prefix_store: PrefixStore | None = None, step_policy: str = DEFAULT_STEP_POLICY):
