@@ -21,6 +21,7 @@ rank fails with its error (distributed.together): never a report of a subset.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import os
@@ -182,9 +183,11 @@ def resolve_lengths(settings: BenchConfig, lm=None) -> BenchConfig:
     from caidllm.options import lengths_for_run
 
     methods = [settings.method_options(m) for m in settings.methods]
-    return dataclasses.replace(settings, **lengths_for_run(
-        settings.model, lm, methods, settings.gen_length, settings.block_length,
-        temperature=settings.temperature, early_stop=settings.early_stop))
+    lengths = lengths_for_run(settings.model, lm, methods, settings.gen_length, settings.block_length,
+                              temperature=settings.temperature, early_stop=settings.early_stop)
+    resolved = copy.copy(settings)  # a copy that keeps what check() derived (the method rows)
+    resolved.gen_length, resolved.block_length = lengths["gen_length"], lengths["block_length"]
+    return resolved
 
 
 def _check_not_calibrated_on(settings: BenchConfig, tasks: list[BenchTask]) -> None:
