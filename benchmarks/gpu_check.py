@@ -17,6 +17,8 @@
    int4 and fp8 (where the GPU has it), method cai, batch 1 and 8, not compiled:
    tokens/s, weights, the peak while loading (layer by layer) and while decoding.
    (--tiny: the tiny LLaDA shape in fp32, int8 and int8-dynamic on the CPU.)
+4. Only where two GPUs are present: random:llada2-mini at --tp 1 and 2 (nccl): tokens equal,
+   ms per step, share of the step in all-reduce (benchmarks/tensor_parallel.py).
 It writes gpu_check.json and gpu_check.md into --out. A run that would pass the
 time budget is skipped and listed as such (non-compiled runs go first).
 """
@@ -112,11 +114,28 @@ def main(argv=None) -> int:
     if args.no_compile and not args.no_quantize:
         quantized = quantized_runs(shape, device, args, started, peak)
     report["quantized"] = quantized
+    report["tensor_parallel"] = tensor_parallel_rows(device, args.tiny)
     report["wall_s"] = time.perf_counter() - started
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "gpu_check.md").write_text(markdown(report))
     print(markdown(report))
     return 0
+
+
+def tensor_parallel_rows(device, tiny: bool):
+    """4. Where two GPUs are present: random:llada2-mini at --tp 1 and 2 (nccl, bf16), tokens equal,
+    ms per step, share in all-reduce (benchmarks/tensor_parallel.py); skipped elsewhere."""
+    if tiny or device.type != "cuda" or torch.cuda.device_count() < 2:
+        return "skipped: needs two GPUs"
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tensor_parallel import table
+
+    args = argparse.Namespace(model="random:llada2-mini", device="cuda", dtype="bfloat16", tp=[1, 2], method="cai",
+                              gen_length=64, block_length=32)
+    try:
+        return table(args)
+    except Exception as e:  # noqa: BLE001 - the rest of the check stands without it
+        return f"failed: {type(e).__name__}: {str(e)[:200]}"
 
 
 def quantized_runs(shape, device, args, started, peak) -> list[dict]:

@@ -8,7 +8,8 @@ Layers, lowest first (a module may import its own layer and those below):
   models:    models/ (torch modules, loading, the generated tokenizer of random: models)
   decode:    decode/ (config, presets, policies, engine, generate()), and the package's own
              __init__ (caidllm.load, caidllm.generate; it registers DiffusionLM.generate)
-  front end: options (what every command-line front end shares: model flags, load_model, flag checks)
+  front end: options (what every command-line front end shares: model flags, load_model, flag checks),
+             parallel/ (--tp: the sharded model, its ranks and the engine inputs they follow)
   apps:      bench/, evaluation/, train/, models_cli (`caidllm models`)
   serve:     serve/
   top:       cli, __main__
@@ -26,7 +27,7 @@ LAYERS = [
     ["caidllm.errors", "caidllm.checks", "caidllm.distributed", "caidllm.tasks"],
     ["caidllm.models"],
     ["caidllm.decode", "caidllm"],
-    ["caidllm.options"],
+    ["caidllm.options", "caidllm.parallel"],
     ["caidllm.bench", "caidllm.evaluation", "caidllm.train", "caidllm.models_cli"],
     ["caidllm.serve"],
     ["caidllm.cli", "caidllm.__main__"],

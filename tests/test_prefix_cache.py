@@ -50,14 +50,17 @@ def tokens(results):
 
 CASES = [("tiny-bd", "llada2", 4), ("tiny-bd", "vanilla", 8), ("llada2", "llada2", 4), ("llada2", "llada2.1", 8),
          ("sdar", "sdar", 4), ("sdar-moe", "sdar-static", 4), ("fastdllm_v2", "fastdllm-v2", 4),
-         ("fastdllm_v2", "cai", 4)]  # Fast-dLLM v2: the token shift, and its within-block cache
+         ("fastdllm_v2", "cai", 4), ("fastdllm_v2", "fastdllm-v2-subblock", 4)]
+# Fast-dLLM v2: the token shift, and its within-block cache (its preset's default, 'subblock')
 
 
 @pytest.mark.parametrize("kind, method, block", CASES)
 def test_store_on_gives_the_tokens_of_store_off(tiny_bd, family, kind, method, block):
     lm = tiny_bd if kind == "tiny-bd" else family(kind)
-    # Fast-dLLM v2's decoder on the exact block cache (the store serves that cache, not 'subblock')
+    # Fast-dLLM v2's decoder on the exact block cache, and on its within-block cache over it
     sub_block = {"sub_block": 2, "cache": "block"} if method == "fastdllm-v2" else {}
+    if method == "fastdllm-v2-subblock":
+        method, sub_block = "fastdllm-v2", {"sub_block": 2, "cache": "subblock"}
     config = build_config(method, gen_length=16, block_length=block, early_stop=False, **sub_block)
     off = tokens(decode(lm, PROMPTS, config))
     store = PrefixStore(64 << 20)
@@ -202,3 +205,53 @@ def test_a_chain_is_evicted_from_its_end(tiny_bd):
     chain = chain_digests(prompt, 4, 4)
     order = [d for d in store.blocks if d in chain]  # least recently used first
     assert order == list(reversed(chain))
+
+
+def test_a_generate_call_that_raises_leaves_no_block_held(tiny_bd, monkeypatch):
+    """The store is kept with the model across generate() calls: a call whose run raises mid-flight (a
+    forward error, Ctrl-C) must not leave its requests' pins behind, or those blocks are never evicted."""
+    from caidllm.decode.prefix_reuse import forget_store
+    from caidllm.decode.runner import Runner
+
+    forget_store(tiny_bd)
+    real, calls = Runner.run, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a forward failed")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "run", failing)
+    with pytest.raises(RuntimeError, match="a forward failed"):
+        tiny_bd.generate([SHARED + [60, 61]], method="llada2", gen_length=16, block_length=4, early_stop=False,
+                         prefix_cache_mb=16)
+    store = tiny_bd.prefix_store
+    assert len(store) > 0 and all(b.refs == 0 for b in store.blocks.values())
+    forget_store(tiny_bd)
+
+
+def test_the_kept_store_is_remade_when_the_model_is_compiled(tiny_bd):
+    """Blocks computed by the eager kernels are not what compiled ones compute: a generate(compile=True)
+    after an eager one starts with a fresh store (exactness against the store off, compiled)."""
+    from caidllm.decode.prefix_reuse import forget_store, shared_store
+
+    forget_store(tiny_bd)
+    eager = shared_store(tiny_bd, 16)
+    assert shared_store(tiny_bd, None) is eager
+    tiny_bd.compiled = True  # what enable_compile sets once its kernels are in
+    try:
+        assert shared_store(tiny_bd, None) is not eager
+    finally:
+        tiny_bd.compiled = False
+        forget_store(tiny_bd)
+
+
+def test_a_store_filled_by_another_model_is_refused(tiny_bd, family):
+    """A store handed to engines (Engine(prefix_store=)) is named by tokens only: one filled by another model's
+    forwards would give this one that model's keys and values."""
+    store = PrefixStore(1 << 20)
+    Engine(tiny_bd, prefix_store=store)
+    Engine(tiny_bd, prefix_store=store)  # the same model: shared
+    with pytest.raises(InputError, match="prefix_store was made for another model"):
+        Engine(family("sdar"), prefix_store=store)

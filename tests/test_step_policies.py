@@ -189,3 +189,14 @@ def test_early_stop_and_a_single_request_run_every_step(llada_lm):
     rid = engine.submit(PROMPTS[0], build_config(**LIGHT))
     events = list(engine.run())
     assert engine.steps == len(events) == events[-1].result.nfe and events[-1].request_id == rid
+
+
+def test_a_tensor_parallel_model_steps_every_group(llada_lm):
+    """Its ranks replay rank 0's steps and must run the same groups: "fair" reads each rank's clock."""
+    from caidllm.decode.engine import tp_step_policy
+
+    sharded = SimpleNamespace(tp=object())
+    assert tp_step_policy(sharded, None) == tp_step_policy(sharded, "all") == "all"
+    with pytest.raises(InputError, match="does not apply to a tensor-parallel model"):
+        tp_step_policy(sharded, "fair")
+    assert tp_step_policy(llada_lm, None) == "fair" and tp_step_policy(llada_lm, "all") == "all"

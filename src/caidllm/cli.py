@@ -18,7 +18,8 @@ from caidllm.decode.presets import method_names
 from caidllm.errors import CaidllmError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
-from caidllm.options import MODEL_HELP, add_model_arguments, check_before_load, load_model  # noqa: F401
+from caidllm.options import (MODEL_HELP, add_model_arguments, add_tp_argument,  # noqa: F401 - the old import path
+                             check_before_load, load_model)
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
                      help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
                           "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
+    add_tp_argument(gen)
     gen.set_defaults(handler=run_generate)
 
     register_train(sub, "train")
@@ -94,12 +96,14 @@ def run_generate(args) -> int:
     # checkpoint's own, read from its config.json) fails before the model loads.
     check_before_load(args.model, given_method, settings, strict=True, **options)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
-    lm = load_model(args)
-    method = recommended_method(lm.checkpoint, given_method)
-    options = apply_recommendation(lm, options, method)
-    chat = lm.chat_default if args.chat is None else args.chat
-    results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
-                          chat=chat, prefix_cache_mb=budget, **options)
+    from caidllm.parallel.launch import parallel_model
+
+    with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
+        method = recommended_method(lm.checkpoint, given_method)
+        options = apply_recommendation(lm, options, method)
+        chat = lm.chat_default if args.chat is None else args.chat
+        results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
+                              chat=chat, prefix_cache_mb=budget, **options)
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):

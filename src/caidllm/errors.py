@@ -20,3 +20,7 @@ class InputError(CaidllmError):
 
 class EngineFullError(CaidllmError):
     """The engine's queue is full: the request was not accepted (try again later)."""
+
+
+class RankFailure(CaidllmError):
+    """A rank of a tensor-parallel group failed or died: the whole group stops."""

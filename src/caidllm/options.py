@@ -39,6 +39,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_quantize_arguments(parser)
 
 
+def add_tp_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tp", type=int, default=1, metavar="N",
+                        help="tensor parallelism: divide the model among N ranks this command spawns (attention heads, "
+                             "feed-forward widths and experts; gloo on a CPU, nccl with one GPU per rank)")
+    parser.add_argument("--tp-timeout", type=float, default=120.0, metavar="S",
+                        help="with --tp: seconds a forward's collective waits for a rank before the group stops")
+
+
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     from caidllm.models.quantize import quantization_names
 
@@ -50,13 +58,15 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="quantize the output head too (default: it stays in the model dtype, like the embeddings)")
 
 
-def load_model(args):
+def load_model(args, shard=None, quiet: bool = False):
+    """The model the flags name (`shard`: a tensor-parallel rank's reader, parallel/loading.py;
+    `quiet`: no note on stderr, for ranks other than 0)."""
     from caidllm.models import load
 
     lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False),
               quantize=getattr(args, "quantize", None), quantize_head=getattr(args, "quantize_head", False),
-              moe_kernel=getattr(args, "moe_kernel", "auto"))
-    if getattr(lm, "random_weights", False):
+              moe_kernel=getattr(args, "moe_kernel", "auto"), shard=shard)
+    if getattr(lm, "random_weights", False) and not quiet:
         print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
               file=sys.stderr)
     return lm

@@ -31,7 +31,7 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                                    "memory and energy. Under torchrun (torchrun --nproc-per-node N -m caidllm "
                                    "bench ...) each rank takes a share of every task and rank 0 writes the report.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from caidllm.options import MODEL_HELP, add_quantize_arguments
+    from caidllm.options import MODEL_HELP, add_quantize_arguments, add_tp_argument
 
     p.add_argument("--model", default="tiny", help=MODEL_HELP)
     p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None,
@@ -59,6 +59,7 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
     p.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
     add_quantize_arguments(p)
+    add_tp_argument(p)
     p.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -107,7 +108,14 @@ def settings_from_args(args) -> BenchConfig:
 
 def run(args) -> int:
     settings = settings_from_args(args)
-    report = run_bench(settings)
+    if args.tp > 1:  # this process is rank 0 of the ranks it spawns; it runs the benchmark on their model
+        from caidllm.parallel.launch import parallel_model
+
+        settings.check()
+        with parallel_model(args, args.tp) as lm:
+            report = run_bench(settings, lm=lm)
+    else:
+        report = run_bench(settings)
     if report is None:  # a torchrun rank other than 0: rank 0 prints and writes the report
         return 0
     if args.json:

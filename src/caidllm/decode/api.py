@@ -61,7 +61,11 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts), prefix_cache_mb=0, prefix_store=store)
     started = time.perf_counter()
     ids = [engine.submit(p, config) for p in token_prompts]
-    results = {event.request_id: event.result for event in engine.run() if event.finished}
+    try:
+        results = {event.request_id: event.result for event in engine.run() if event.finished}
+    except BaseException:  # the store outlives this call: its requests must let go of the blocks they hold
+        engine.cancel_all()
+        raise
     _sync(lm)
     elapsed, policy = time.perf_counter() - started, engine.policy_timer.total()
     forward = engine.forward_timer.total()

@@ -44,7 +44,7 @@ from caidllm.decode.config import DecodeConfig
 from caidllm.decode.elastic import ElasticState
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
-from caidllm.decode.prefix_reuse import PrefixReuse, make_store
+from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
 from caidllm.decode.prefix_store import PrefixStore
 from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.runner import RowStep, Runner
@@ -64,6 +64,9 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
     bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
     that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
     c = lm.config
+    if config.cache == "elastic" and getattr(lm, "tp", None) is not None:
+        return (f"cache mode 'elastic' reads each layer's attention over every head, which --tp {lm.tp.size} "
+                "divides among the ranks; run it without --tp")
     if config.cache == "elastic" and config.elastic_layer >= c.n_layers:
         return (f"elastic_layer ({config.elastic_layer}) is beyond the model's layers "
                 f"(family {c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})")
@@ -83,6 +86,18 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
             f"does not have ({lacks})")
 
 
+def tp_step_policy(lm, step_policy: str | None) -> str:
+    """The step policy to run: a tensor-parallel model's ranks replay rank 0's steps and must choose the
+    same groups, which "fair" (each rank's own forward clock) cannot promise: "all" there."""
+    if getattr(lm, "tp", None) is None:
+        return DEFAULT_STEP_POLICY if step_policy is None else step_policy
+    if step_policy not in (None, "all"):
+        raise InputError(f"step policy {step_policy!r} does not apply to a tensor-parallel model: its ranks must "
+                         "run the same groups at each step, and it chooses by each rank's own forward times; "
+                         "use 'all'")
+    return "all"
+
+
 class Engine:
     """Holds the requests in flight and advances them together, one denoising step per `step()`.
 
@@ -92,16 +107,24 @@ class Engine:
     prefix_cache_mb: the prefix store's budget (decode/prefix_reuse.py; None: the default on a
     block-causal model, off on a full-sequence one; 0: off). prefix_store: a store to share (several
     engines, or generate() calls on one model); it wins over prefix_cache_mb. step_policy: which
-    forward groups run at a step (step_policies.py: "fair", the default, or "all")."""
+    forward groups run at a step (step_policies.py: "fair", or "all"; None: fair, all on a
+    tensor-parallel model)."""
 
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256, prefix_cache_mb: float | None = None,
-                 prefix_store: PrefixStore | None = None, step_policy: str = DEFAULT_STEP_POLICY):
+                 prefix_store: PrefixStore | None = None, step_policy: str | None = None):
         self.lm = lm
-        self.prefix = PrefixReuse(prefix_store if prefix_store is not None else make_store(lm, prefix_cache_mb))
+        step_policy = tp_step_policy(lm, step_policy)
+        store = adopt(prefix_store, lm) if prefix_store is not None else make_store(lm, prefix_cache_mb)
+        self.prefix = PrefixReuse(store)
         self.scheduler = Scheduler(lm, max_batch, max_queue, on_admit=self._start, step_policy=step_policy)
         self.runner = Runner(lm)
         self.steps = 0
         self._eos_ids = set(lm.config.eos_ids)
+        # A tensor-parallel model's rank 0 (parallel/mirror.py): the other ranks replay this
+        # engine's inputs, sent before each step.
+        self.mirror = getattr(lm, "mirror", None)
+        if self.mirror is not None:
+            self.mirror.attach(self)
 
     # ---- what the engine holds (the scheduler's; read-only views for callers and tests) ----
 
@@ -171,16 +194,19 @@ class Engine:
         self.scheduler.cancel(request_id)
         if request is not None:  # it writes nothing more into the prefix store
             self.prefix.release(request)
+        self._mirrored("cancel", request_id)
 
     def drop_running(self) -> list[str]:
         """Drop every in-flight request and start a fresh Frame; their ids. After a step that raised
         this is required: that step may have advanced some groups and not others. Queued requests stay."""
         self._release_running()
+        self._mirrored("drop_running")
         return self.scheduler.drop_running()
 
     def cancel_all(self) -> list[str]:
         """Drop every queued and in-flight request (shutdown); their ids."""
         self._release_running()
+        self._mirrored("cancel_all")
         return self.scheduler.cancel_all()
 
     def _release_running(self) -> None:
@@ -200,6 +226,8 @@ class Engine:
     def step(self) -> list[CommitEvent]:
         """Admit waiting requests into free slots, then advance the requests of the groups the
         step policy chose by one denoising step. Returns the step's events."""
+        if self.mirror is not None:
+            self.mirror.before_step(self)
         groups = self.scheduler.schedule()
         rows = self.runner.run(self.scheduler.frame, groups)
         self.scheduler.ran(groups)
@@ -209,7 +237,10 @@ class Engine:
                     self.prefix.release(row.request)
                     self.scheduler.retire(row.request)
             rows = [row for row in rows if row.request.id not in self.runner.faults]
-        return self._update(rows)
+        events = self._update(rows)
+        if self.mirror is not None:
+            self.mirror.after_step(self, events)
+        return events
 
     def take_faults(self) -> dict[str, Exception]:
         """The requests whose decode raised since the last call (already out of the engine), and why."""
@@ -238,6 +269,10 @@ class Engine:
         return events
 
     # ---- helpers -----------------------------------------------------------------
+
+    def _mirrored(self, op: str, *args) -> None:
+        if self.mirror is not None:
+            self.mirror.record(self, op, *args)
 
     def _start(self, request: Request, slot: int) -> None:
         """A request took a slot: its policy time so far is the baseline of its own."""

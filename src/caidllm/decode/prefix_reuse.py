@@ -1,8 +1,9 @@
 """The engine's side of the prefix store (decode/prefix_store.py): the budget, and a request's blocks
 in and out of its slot.
 
-At admission a request of the exact block cache takes the longest chain of stored blocks that matches
-its prompt's complete blocks (those before the block holding the prompt's end), copies their keys and
+At admission a request of an exact block cache (``block``, or Fast-dLLM v2's ``subblock`` over it: its
+earlier blocks are the exact cache's, folded with their final tokens) takes the longest chain of stored
+blocks that matches its prompt's complete blocks (those before the block holding the prompt's end), copies their keys and
 values into its cache row, and its first forward is a block forward that computes only the rest of
 the prompt (``Request.fold``) instead of the full forward. After that first forward its prompt's
 complete blocks go into the store, and when it finishes every block whose final keys and values its
@@ -19,6 +20,7 @@ import os
 import torch
 
 from caidllm.checks import is_number
+from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.prefix_store import PrefixStore, chain_digests
 from caidllm.errors import InputError
 from caidllm.models.layers import positions_from_mask
@@ -64,25 +66,52 @@ def make_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
                              "its attention is bidirectional, so a prompt's keys and values depend on the tokens "
                              "after it and are never final (it needs a block-causal model: LLaDA2, SDAR, tiny-bd)")
         return None
+    if getattr(lm, "tp", None) is not None:  # a tensor-parallel model (parallel/sharding.py)
+        # Each rank would hold its own store, and rank 0's kept across generate() calls would let it
+        # reuse blocks its followers recompute: their forwards (and collectives) would no longer match.
+        if mb:
+            raise InputError(f"prefix_cache_mb={mb:g}: the prefix cache does not work with --tp yet "
+                             "(give --prefix-cache-mb 0 or leave it unset)")
+        return None
     total = device_memory_mb(lm.device)
     if mb is not None and mb > total:
         raise InputError(f"prefix_cache_mb={mb:g} is more than the memory of device {lm.device} "
                          f"({total:.0f} MB)")
     if mb is None:
         mb = min(DEFAULT_MB, total / 8)
-    return PrefixStore(int(mb * MB)) if mb > 0 else None
+    return adopt(PrefixStore(int(mb * MB)), lm) if mb > 0 else None
+
+
+def adopt(store: PrefixStore, lm) -> PrefixStore:
+    """`store` for an engine on `lm`: a new one takes the model's arithmetic (numerics); one filled by another
+    model, or by this one with other kernels, is refused (its blocks would be another model's keys)."""
+    if not store.numerics:
+        store.numerics = numerics(lm)
+    elif store.numerics != numerics(lm):
+        raise InputError("prefix_store was made for another model (or this one with other kernels: dtype, "
+                         "quantization, compile); its blocks are not this model's keys and values")
+    return store
 
 
 def shared_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
     """The store kept with the model across generate() calls (bench batches, lm-eval batches, chat turns):
-    made on first use, made again when the budget asked for changes."""
+    made on first use, made again when the budget asked for changes or when the model's arithmetic did
+    (compile=True swaps kernels in: blocks computed by the eager ones would not be those it computes)."""
     mb = check_budget(prefix_cache_mb)
     held = getattr(lm, "prefix_store", None)
-    if held is not None and (mb is None or int(mb * MB) == held.budget_bytes):
+    if held is not None and (mb is None or int(mb * MB) == held.budget_bytes) \
+            and held.numerics == numerics(lm):
         return held
     store = make_store(lm, mb)
     lm.prefix_store = store
     return store
+
+
+def numerics(lm) -> tuple:
+    """What a block's keys and values depend on besides its tokens and block length: the model (its weights)
+    and its arithmetic (dtype and quantization are fixed at load; compile=True swaps kernels in later)."""
+    return (id(getattr(lm, "model", lm)), str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None),
+            bool(getattr(lm, "compiled", False)))
 
 
 def forget_store(lm) -> None:
@@ -102,7 +131,7 @@ class PrefixReuse:
         self.store = store
 
     def applies(self, request) -> bool:
-        return self.store is not None and request.block_causal and request.config.cache == "block"
+        return self.store is not None and request.block_causal and CACHE_MODES[request.config.cache].exact
 
     def admit(self, frame, request) -> None:
         """A request took its slot: copy the longest stored chain of its prompt into its row."""

@@ -31,7 +31,7 @@ EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd"}  # tiny-bd: 
 
 
 def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize: str | None = None,
-         quantize_head: bool = False, moe_kernel: str = "auto") -> DiffusionLM:
+         quantize_head: bool = False, moe_kernel: str = "auto", shard=None) -> DiffusionLM:
     """Load a LLaDA or Dream model from a local folder (or the embedded "tiny"), or
     build one with random weights: "random:llada-8b", "random:dream-7b", with
     config.json overrides as a query string ("random:llada-8b?n_layers=4"; random_init.py).
@@ -44,11 +44,14 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize:
     quantize_head: the untied output head too.
     moe_kernel: how mixture-of-experts layers run their experts (models/moe_kernels.py): "auto",
     "loop" (the per-expert reference), "grouped", "padded" (these two: full-precision experts only).
+    shard: a tensor-parallel rank's reader (parallel/loading.py): it divides the model built on the
+    meta device and reads only its rank's part of each tensor (checkpoint folders; a random model
+    is drawn whole and `lm.sharded` stays False).
     """
     check_kernel(moe_kernel, quantized=quantize is not None)  # before any weight is read
     if compile and quantize is not None:  # a pair torch cannot compile fails before the model loads
         _check_compile_quantized(path_or_name, device, dtype, quantize)
-    lm = _load(path_or_name, device, dtype, quantize, quantize_head)
+    lm = _load(path_or_name, device, dtype, quantize, quantize_head, shard)
     set_moe_kernel(lm.model, moe_kernel)
     if compile:
         from .compiled import enable_compile
@@ -71,7 +74,7 @@ def _check_compile_quantized(path_or_name, device, dtype, quantize) -> None:
     check_quantized_compile(quantize, device.type, dtype)
 
 
-def _load(path_or_name, device, dtype, quantize, quantize_head) -> DiffusionLM:
+def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None) -> DiffusionLM:
     if is_random_name(path_or_name):
         return build_random(path_or_name, resolve_device(device), dtype, quantize=quantize, quantize_head=quantize_head)
     folder, hub_id = resolve_folder(path_or_name)
@@ -88,10 +91,11 @@ def _load(path_or_name, device, dtype, quantize, quantize_head) -> DiffusionLM:
     check_not_quantized(config.raw, folder / "config.json")
     plan = make_plan(quantize, device, dtype, quantize_head)  # before any weight is read
     tokenizer, config = load_tokenizer(folder, config)
-    model = load_model(folder, config, device, dtype, plan)
+    model = load_model(folder, config, device, dtype, plan, shard)
     lm = DiffusionLM(model, config, tokenizer, device, dtype, path=folder, quantization=quantize,
                      quantized_head=quantize_head)
     lm.name, lm.checkpoint = hub_id or str(path_or_name), checkpoint
+    lm.sharded = shard is not None
     return lm
 
 
@@ -212,7 +216,7 @@ def _read_json(path: Path):
 
 
 def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype,
-               plan: QuantizePlan | None = None):
+               plan: QuantizePlan | None = None, shard=None):
     """Build the module without memory (meta device), check every checkpoint
     tensor's name and shape against it, then assign the tensors read straight
     onto `device` in `dtype`: the weights are materialised once. With a
@@ -228,6 +232,8 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
         plan.check(model)
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
+    if shard is not None:  # a tensor-parallel rank: its part of each tensor only (parallel/loading.py)
+        return shard(model, config, where, found, device, dtype).eval()
 
     stacks = ExpertStacks(expected)
     for group, layer in _load_groups(model, found, plan):

@@ -35,7 +35,7 @@ class MemoryPlan:
     sharded_parameters: int  # divided among the ranks (all ranks together)
     replicated_parameters: int  # whole on every rank
     weights_bytes_per_rank: int
-    kv_bytes_per_request_per_rank: int  # keys and values of every layer at `context` positions ("dual" cache)
+    kv_bytes_per_request_per_rank: int  # keys and values of every layer at `context` positions (dual / block cache)
     cache_budget_bytes_per_rank: int  # USABLE x the GPU's memory, less the weights
     requests_that_fit: int
 
@@ -91,7 +91,8 @@ def memory_plan(described, tp: int, dtype: torch.dtype, gpu_memory_gib: float, c
     size = DTYPE_BYTES[dtype]
     sharded, replicated = split_parameters(described.model)
     weights = (sharded // tp + replicated) * size
-    kv = cache_bytes(config, context, dtype)["dual"] // tp
+    # every layer's keys and values once: the dual cache, or a block-causal model's exact block cache
+    kv = cache_bytes(config, context, dtype)["block" if config.block_causal else "dual"] // tp
     budget = int(USABLE * gpu_memory_gib * GIB) - weights
     return MemoryPlan(model=described.name, tp=tp, dtype=str(dtype).removeprefix("torch."),
                       gpu_memory_gib=gpu_memory_gib, context=context, sharded_parameters=sharded,

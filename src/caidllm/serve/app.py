@@ -58,7 +58,7 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024  # past it: 413, before the body is read
     body_timeout: float = 10.0  # seconds to receive the whole body; past it: 408
     shutdown_grace: float = 10.0  # seconds requests in flight may go on after SIGTERM
-    step_policy: str = "fair"  # which forward groups run at each engine step (decode/step_policies.py)
+    step_policy: str | None = None  # which forward groups run at each step (decode/step_policies.py; None: fair)
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     prefix_cache_mb: float | None = None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
 

@@ -22,7 +22,10 @@ def register(sub, name: str) -> None:
 
     p = sub.add_parser(name, help="serve a model with an OpenAI-compatible HTTP API",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from caidllm.options import add_tp_argument
+
     add_model_arguments(p)
+    add_tp_argument(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
@@ -39,9 +42,10 @@ def register(sub, name: str) -> None:
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (rows per forward)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429")
     p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
-    p.add_argument("--step-policy", default=DEFAULT_STEP_POLICY, choices=list(STEP_POLICIES),
-                   help="which forward groups run at each engine step: fair (cheap forwards are not paced by "
-                        "expensive ones) or all (every group every step)")
+    p.add_argument("--step-policy", default=None, choices=list(STEP_POLICIES),
+                   help=f"which forward groups run at each engine step: fair (cheap forwards are not paced by "
+                        f"expensive ones) or all (every group every step); default {DEFAULT_STEP_POLICY}, all "
+                        "under --tp (the ranks must choose alike)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                    help="largest request body; a larger one gets 413 before it is read")
     p.add_argument("--body-timeout", type=float, default=10.0,
@@ -60,12 +64,8 @@ def register(sub, name: str) -> None:
 
 
 def run(args) -> int:
-    import uvicorn
-
     from caidllm.decode.prefix_reuse import check_budget
     from caidllm.options import check_before_load, load_model
-    from caidllm.serve.app import create_app
-    from caidllm.serve.shutdown import uvicorn_config
 
     check_budget(args.prefix_cache_mb, "--prefix-cache-mb")  # a budget that is not a number of MB, before anything
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
@@ -74,7 +74,29 @@ def run(args) -> int:
     settings_file_of(args)
     check_api_key(args)
     check_before_load(args.model, args.method, gen_length=args.gen_length, block_length=args.block_length)
-    lm = load_model(args)
+    if args.tp > 1:  # this process is rank 0 (the HTTP server, the engine) of the ranks it spawns
+        from caidllm.parallel.launch import parallel_model
+
+        with parallel_model(args, args.tp) as lm:
+            serve_model(args, lm)
+            lm.tp_ranks.raise_failure()  # a rank died: its requests got a 5xx, the server stopped; exit 2
+    else:
+        serve_model(args, load_model(args))
+    # All has stopped cleanly. The interpreter's teardown of torch and the model would take seconds
+    # more on a loaded machine (measured: 2 s, past the grace period); there is nothing left to save.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def serve_model(args, lm) -> None:
+    """Serve `lm` until SIGTERM / SIGINT (or, with --tp, a rank failing)."""
+    import uvicorn
+
+    from caidllm.serve.app import create_app
+    from caidllm.serve.shutdown import uvicorn_config
+
     app = create_app(lm, settings_from(args, lm), engine_thread=False)
     background = app.state.background
     # HTTP in a thread, the engine loop in the main thread (BENCHMARKS.md: "Where the engine loop runs").
@@ -89,7 +111,7 @@ def run(args) -> int:
 
     app.state.shutdown.on_expired = stop_http
 
-    def on_signal(signum, frame):
+    def on_signal(signum=None, frame=None):
         app.state.shutdown.begin_from_thread()
 
     def stop_engine_after_http():
@@ -98,6 +120,8 @@ def run(args) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    if getattr(lm, "tp_ranks", None) is not None:
+        lm.tp_ranks.on_failure = on_signal  # a rank died: drain and stop, as on SIGTERM
     # What is loaded now lives as long as the process: the collector skips it from here on (at exit
     # too, where scanning the imports' and the model's objects once took seconds past the grace period).
     gc.freeze()
@@ -107,12 +131,6 @@ def run(args) -> int:
     http.join()
     if not server.started:
         raise InputError(f"the server could not start on {args.host}:{args.port} (see the log above)")
-    # All has stopped cleanly. The interpreter's teardown of torch and the model would take seconds
-    # more on a loaded machine (measured: 2 s, past the grace period); there is nothing left to save.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def run_replicas(args) -> int:

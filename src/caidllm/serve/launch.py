@@ -38,7 +38,8 @@ def settings_from(args, lm):
     from caidllm.decode.presets import config_for_model
     from caidllm.decode.step_policies import make_step_policy
 
-    make_step_policy(getattr(args, "step_policy", "fair"))
+    if getattr(args, "step_policy", None) is not None:
+        make_step_policy(args.step_policy)
     # Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion model's
     # own block length); given ones are checked, and that they apply to the model's family.
     from caidllm.models.checkpoints import recommended_method
@@ -60,7 +61,7 @@ def settings_from(args, lm):
                         api_key=api_key,
                         max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
                         body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace,
-                        step_policy=getattr(args, "step_policy", "fair"), prefix_cache_mb=budget)
+                        step_policy=getattr(args, "step_policy", None), prefix_cache_mb=budget)
 
 
 def settings_file_of(args):

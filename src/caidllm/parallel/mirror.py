@@ -1,0 +1,183 @@
+"""Every rank runs the same engine steps: rank 0 owns the engines (their scheduler, the HTTP
+server) and, before each step, broadcasts what changed since the last one: an engine made or
+freed, the requests newly queued (prompt, checked config, id, the state of their random
+generators), the cancels; then "step". The other ranks replay those inputs on engines of
+their own and step them: since every rank holds the same logits (the head is replicated),
+each scheduler and policy decides exactly as rank 0's, and each forward's collectives meet.
+After each step rank 0 sends a digest of what it committed; a rank that committed anything else
+stops the group with a RankFailure (a safety net: it would mean the ranks' logits differ).
+
+The messages travel on the group's host-side gloo group (mesh.TPGroup.control), pickled
+(torch.distributed.broadcast_object_list); a dead peer ends the wait with a RankFailure."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import weakref
+import zlib
+
+import torch.distributed as dist
+
+from ..decode.engine import Engine
+from ..errors import RankFailure
+from .mesh import TPGroup, first_line
+
+
+class RanksDiverged(RuntimeError):
+    """A rank's step committed other tokens than rank 0's (reported to rank 0 like any failure)."""
+
+
+def broadcast(tp: TPGroup, ops: list | None) -> list:
+    """Rank 0's `ops` on every rank."""
+    box = [ops]
+    try:
+        dist.broadcast_object_list(box, group=tp.control, group_src=0)
+    except Exception as error:  # noqa: BLE001 - gloo raises RuntimeError / DistBackendError
+        raise RankFailure(f"tensor-parallel rank {tp.rank}/{tp.size}: a peer rank is gone "
+                          f"({first_line(error)})") from None
+    return box[0]
+
+
+class Mirror:
+    """Rank 0's side, attached as ``lm.mirror``: every Engine made over the sharded model
+    reports to it (decode/engine.py), and it sends the other ranks their inputs each step."""
+
+    def __init__(self, tp: TPGroup):
+        self.tp = tp
+        self._pending: list[tuple] = []
+        self._lock = threading.Lock()  # a freed engine reports from whichever thread collects it
+        self._serials = itertools.count()
+        self._sent: dict[int, set[str]] = {}
+        self.stopped = False
+
+    def attach(self, engine) -> None:
+        serial = next(self._serials)
+        engine.mirror_serial = serial
+        self._sent[serial] = set()
+        self.record(engine, "engine", engine.max_batch, engine.max_queue)
+        weakref.finalize(engine, self._freed, serial)
+
+    def record(self, engine, op: str, *args) -> None:
+        with self._lock:
+            self._pending.append((op, engine.mirror_serial, *args))
+
+    def _freed(self, serial: int) -> None:
+        with self._lock:
+            self._pending.append(("free", serial))
+            self._sent.pop(serial, None)
+
+    def after_step(self, engine, events) -> None:
+        """Remember what the step committed: the next message carries it for the others to compare."""
+        self.record(engine, "check", digest(events))
+
+    def before_step(self, engine) -> None:
+        """Send the other ranks what changed, then the step itself."""
+        sent = self._sent[engine.mirror_serial]
+        queued = engine.scheduler.queue
+        new = [(r.id, r.prompt, r.config, _state(r.generator), _state(r.order_generator))
+               for r in queued if r.id not in sent]
+        self._sent[engine.mirror_serial] = {r.id for r in queued}
+        if new:
+            self.record(engine, "requests", new)
+        self.record(engine, "step")
+        self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            ops, self._pending = self._pending, []
+        broadcast(self.tp, ops)
+
+    def stop(self) -> None:
+        """Tell the other ranks to leave (their follow() returns)."""
+        if not self.stopped:
+            self.stopped = True
+            with self._lock:
+                self._pending.append(("stop", -1))
+            self.flush()
+
+
+def digest(events) -> int:
+    """What a step committed, in a few bytes: every rank must commit exactly rank 0's tokens."""
+    text = repr([(e.request_id, e.positions, e.token_ids, e.finished) for e in events])
+    return zlib.crc32(text.encode())
+
+
+def _state(generator):
+    return None if generator is None else generator.get_state()
+
+
+def injected_fault(rank: int):
+    """The failure tests' hook: CAIDLLM_TP_FAULT=RANK:STEP:die|raise|hang makes that rank exit at once
+    (a dead process), raise (a reported error) or hang at that step of its own (0: before it joins the
+    group, launch.py); (step, kind) or None."""
+    spec = os.environ.get("CAIDLLM_TP_FAULT", "")
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[0] != str(rank):
+        return None
+    return int(parts[1]), parts[2]
+
+
+def fail(kind: str) -> None:
+    if kind == "die":
+        os._exit(9)
+    if kind == "hang":
+        time.sleep(3600)
+    raise RuntimeError("injected fault (CAIDLLM_TP_FAULT)")
+
+
+def follow(lm, tp: TPGroup) -> None:
+    """A rank other than 0: replay rank 0's engine inputs and step, until told to stop."""
+    engines: dict[int, Engine] = {}
+    fault, steps = injected_fault(tp.rank), 0
+    while True:
+        for op, serial, *args in broadcast(tp, None):
+            if op == "stop":
+                return
+            if op == "engine":
+                engines[serial] = Engine(lm, max_batch=args[0], max_queue=args[1])
+            elif op == "free":
+                engines.pop(serial, None)
+            else:
+                steps += op == "step"
+                if fault is not None and steps == fault[0]:
+                    fail(fault[1])
+                REPLAY[op](engines[serial], *args)
+
+
+def _add_requests(engine: Engine, requests) -> None:
+    for request_id, prompt, config, state, order_state in requests:
+        request = engine.prepare(prompt, config, request_id)
+        if state is not None:
+            request.generator.set_state(state)
+        if order_state is not None:
+            request.order_generator.set_state(order_state)
+        engine.scheduler.add_checked([request])
+
+
+def _step(engine: Engine) -> None:
+    engine.last_digest = digest(engine.step())
+    engine.take_faults()  # rank 0 reports a request's failure; here it has left the engine alike
+
+
+def _check(engine: Engine, expected: int) -> None:
+    if getattr(engine, "last_digest", expected) != expected:
+        raise RanksDiverged("this rank's step committed other tokens than rank 0's: the ranks' forwards "
+                          "diverged (their logits must be identical on every rank)")
+
+
+def _cancel(engine: Engine, request_id: str) -> None:
+    if engine.scheduler.holds(request_id):
+        engine.cancel(request_id)
+
+
+REPLAY = {
+    "requests": _add_requests,
+    "step": _step,
+    "check": _check,
+    "cancel": _cancel,
+    "cancel_all": lambda engine: engine.cancel_all(),
+    "drop_running": lambda engine: engine.drop_running(),
+}
