@@ -100,7 +100,7 @@ def test_tiny_model_mid_flight_matches_alone():
 
 
 def test_requests_in_the_same_phase_share_one_forward(llada_lm):
-    engine = Engine(llada_lm, max_batch=4)
+    engine = Engine(llada_lm, max_batch=4, step_policy="all")  # every group at every step
     for prompt in PROMPTS[:3]:  # three prompt lengths, one method: every step is one forward
         engine.submit(prompt, config("fastdllm", threshold=1.0))
     engine.step()

@@ -30,10 +30,11 @@ SMALL = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_he
     (["--tp", "2", "--compile"], "--tp does not take --compile or --quantize yet"),
     (["--tp", "2", "--tp-timeout", "0"], "--tp-timeout must be a positive number of seconds, got 0.0"),
     (["--tp", "1024"], "--tp 1024 needs 1024 ranks, but this machine has"),
-    (["--tp", "4", "--model", f"{SMALL}&num_key_value_heads=2&num_experts=16"],
-     "--tp 4 does not divide the model's 2 key/value heads"),
-    (["--tp", "4", "--model", f"{SMALL}&num_key_value_heads=4&num_experts=10&n_group=2&topk_group=2"],
-     "--tp 4 does not divide the model's 10 experts"),
+    # (LLaDA2 decodes in blocks of 32: --block-length 8 would be refused first, from its config.json.)
+    (["--tp", "4", "--model", f"{SMALL}&num_key_value_heads=2&num_experts=16", "--block-length", "32",
+      "--gen-length", "32"], "--tp 4 does not divide the model's 2 key/value heads"),
+    (["--tp", "4", "--model", f"{SMALL}&num_key_value_heads=4&num_experts=10&n_group=2&topk_group=2",
+      "--block-length", "32", "--gen-length", "32"], "--tp 4 does not divide the model's 10 experts"),
 ])
 def test_bad_tp_is_one_line_before_any_rank_starts(capsys, argv, needle):
     assert main(["generate", *ARGS, *argv]) == 2

@@ -14,11 +14,12 @@ from caidllm.bench.calibrate_cli import register as register_calibrate
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
 from caidllm.decode.prefix_reuse import check_budget
-from caidllm.decode.presets import build_config, method_names
+from caidllm.decode.presets import method_names
 from caidllm.errors import CaidllmError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
-from caidllm.options import MODEL_HELP, add_model_arguments, add_tp_argument, load_model  # noqa: F401 - the old import path
+from caidllm.options import (MODEL_HELP, add_model_arguments, add_tp_argument,  # noqa: F401 - the old import path
+                             check_before_load, load_model)
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -91,21 +92,15 @@ def run_generate(args) -> int:
                    editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
                    minimal_topk=args.minimal_topk, sub_block=args.sub_block,
                    early_stop=not args.no_early_stop)
-    # A bad method or setting fails before the model loads (an unset length may come from the checkpoint).
-    check = dict(options)
-    if check["gen_length"] is None or check["block_length"] is None:
-        check["gen_length"] = check["block_length"] = check["gen_length"] or check["block_length"]
-    # A flag the method does not read is refused; with no method given, once the model has said which runs
-    # (a known block-diffusion checkpoint's own decoder reads flags cai does not, e.g. --sub-block).
-    build_config(method, settings=settings, strict=given_method is not None, **check)
+    # A bad method or setting (or one the decoder that runs does not read: with no method given, a known
+    # checkpoint's own, read from its config.json) fails before the model loads.
+    check_before_load(args.model, given_method, settings, strict=True, **options)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
     from caidllm.parallel.launch import parallel_model
 
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
         method = recommended_method(lm.checkpoint, given_method)
         options = apply_recommendation(lm, options, method)
-        if given_method is None:
-            build_config(method, settings=settings, strict=True, **options)
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                               chat=chat, prefix_cache_mb=budget, **options)

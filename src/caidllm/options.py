@@ -70,3 +70,47 @@ def load_model(args, shard=None, quiet: bool = False):
         print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
               file=sys.stderr)
     return lm
+
+
+def model_config_of(name):
+    """(ModelConfig, known Checkpoint or None) of the model `name` from its config.json alone (no weight
+    read; a random: shape built on the meta device): what a command checks its settings against before
+    it loads the model. A name that does not resolve fails as loading it would."""
+    from caidllm.models.checkpoints import identify
+    from caidllm.models.families import load_config
+    from caidllm.models.loading import load, resolve_folder
+    from caidllm.models.random_init import is_random_name
+
+    if is_random_name(name):
+        return load(name, device="meta").config, None
+    folder, hub_id = resolve_folder(name)
+    config = load_config(folder / "config.json")
+    return config, identify(folder, config.raw, hub_id)
+
+
+def check_before_load(model_name, method: str | None, settings=None, strict: bool = False, **options):
+    """Refuse a bad or inapplicable setting before the model loads (InputError): the config `method`
+    (None: a known checkpoint's own decoder, else cai) would decode with on the model (decode/presets.py,
+    config_for_model), from its config.json alone."""
+    from caidllm.decode.presets import config_for_model
+    from caidllm.models.checkpoints import recommended_method
+
+    config, checkpoint = model_config_of(model_name)
+    method = recommended_method(checkpoint if settings is None else None, method)
+    return config_for_model(config, checkpoint, method, settings, strict, **options)[0]
+
+
+def lengths_for_run(model_name, lm, methods: list[tuple[str, dict]], gen_length=None, block_length=None,
+                    **common) -> dict:
+    """gen_length and block_length of a run of several methods at the same lengths (bench, calibrate):
+    unset ones as generate takes them for the first method (decode/presets.py, config_for_model), every
+    method then checked at them against the model: `lm`'s config, or when `lm` is None `model_name`'s
+    config.json alone (before the model loads). methods: (preset, extra keywords) pairs."""
+    from caidllm.decode.presets import config_for_model
+
+    config, checkpoint = (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)
+    lengths = dict(gen_length=gen_length, block_length=block_length)
+    for preset, extra in methods:  # the first fixes the lengths the others are checked at
+        decoded, _ = config_for_model(config, checkpoint, preset, **extra, **lengths, **common)
+        lengths = dict(gen_length=decoded.gen_length, block_length=decoded.block_length)
+    return lengths

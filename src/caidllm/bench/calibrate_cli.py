@@ -40,8 +40,11 @@ def register(sub, name: str = "calibrate") -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="orders the search and draws the synthetic samples")
     p.add_argument("--limit", type=int, default=32, help="held-out samples per synthetic task (default 32)")
     p.add_argument("--holdout", default=None, metavar="START:END", help="the slice of each file-based task")
-    p.add_argument("--gen-length", type=int, default=256)
-    p.add_argument("--block-length", type=int, default=64)
+    p.add_argument("--gen-length", type=int, default=None,
+                   help="default: a known checkpoint's recommendation, else 256")
+    p.add_argument("--block-length", type=int, default=None,
+                   help="default: a known checkpoint's recommendation, else the method's (a block-diffusion "
+                        "model's own where the method's does not apply)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--data-dir", default=None, help="benchmark data folder (as caidllm bench)")
     p.add_argument("--device", default=None)

@@ -12,6 +12,7 @@ examples: take a slice after them). Their ids go in the settings file, and
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field, fields
@@ -23,6 +24,7 @@ from caidllm.bench.tasks import BenchTask, kind_of, load_task
 from caidllm.decode.presets import build_config, uses_cai
 from caidllm.decode.settings_file import CalibratedSettings, write_settings
 from caidllm.errors import InputError
+from caidllm.options import lengths_for_run
 
 
 @dataclass
@@ -38,8 +40,8 @@ class CalibrateOptions:
     seed: int = 0
     limit: int = 32  # held-out samples per synthetic task
     holdout: str | None = None  # START:END of every file-based task
-    gen_length: int = 256
-    block_length: int = 64
+    gen_length: int | None = None  # None: as generate takes them for the method (options.lengths_for_run)
+    block_length: int | None = None
     batch_size: int = 8
     data_dir: str | None = None
     device: str | None = None
@@ -64,6 +66,8 @@ class CalibrateOptions:
             raise InputError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
         for name in ("budget", "limit", "batch_size", "gen_length", "block_length"):
             value = getattr(self, name)
+            if value is None and name.endswith("_length"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
         loss = self.max_loss
@@ -71,7 +75,8 @@ class CalibrateOptions:
             raise InputError(f"max-loss must be a number of accuracy points in [0, 100], got {self.max_loss!r}")
         if any(kind_of(t) != "synthetic" for t in self.tasks):
             parse_slice(self.holdout)
-        build_config(self.method, gen_length=self.gen_length, block_length=self.block_length)
+        lengths = dict(gen_length=self.gen_length, block_length=self.block_length)
+        build_config(self.method, **(lengths if None not in lengths.values() else {}))  # both known: together
 
 
 def parse_slice(text: str | None) -> tuple[int, int]:
@@ -109,6 +114,10 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
     log = log or (lambda message: print(message, file=sys.stderr))
     options.check()
     tasks = held_out_tasks(options)
+    # Unset lengths as generate takes them; the method and vanilla checked against the model (its
+    # config.json alone when it is not loaded yet: a bad setting fails before loading).
+    options = dataclasses.replace(options, **lengths_for_run(
+        options.model, lm, [(options.method, {}), ("vanilla", {})], options.gen_length, options.block_length))
     if lm is None:
         from caidllm.models import load
 

@@ -44,8 +44,11 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                         "by the file (default cai-calibrated), beside the presets of --methods")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples of each task")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--gen-length", type=int, default=256)
-    p.add_argument("--block-length", type=int, default=64)
+    p.add_argument("--gen-length", type=int, default=None,
+                   help="answer canvas (default: a known checkpoint's recommendation, else 256)")
+    p.add_argument("--block-length", type=int, default=None,
+                   help="default: a known checkpoint's recommendation, else the first method's (a block-diffusion "
+                        "model's own where the method's does not apply); every method runs at it")
     p.add_argument("--data-dir", default=None,
                    help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/, mathqa/, longbench/); "
                         "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "

@@ -21,6 +21,7 @@ rank fails with its error (distributed.together): never a report of a subset.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import os
@@ -81,8 +82,9 @@ class BenchConfig:
     methods: list[str] = field(default_factory=lambda: ["vanilla", "fastdllm", "cai"])
     limit: int | None = None
     batch_size: int = 8
-    gen_length: int = 256
-    block_length: int = 64
+    # None: as generate takes them for the first method (presets.config_for_model), for every method.
+    gen_length: int | None = None
+    block_length: int | None = None
     data_dir: str | None = None
     out: str | None = None
     device: str | None = None
@@ -150,7 +152,7 @@ class BenchConfig:
             raise InputError(f"tasks listed twice in {', '.join(self.tasks)}")
         for name in ("limit", "batch_size", "gen_length", "block_length"):
             value = getattr(self, name)
-            if name == "limit" and value is None:
+            if name != "batch_size" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -158,10 +160,12 @@ class BenchConfig:
             raise InputError(f"fewshot must be an integer >= 0, got {self.fewshot!r}")
         if not (isinstance(self.code_timeout, (int, float)) and self.code_timeout > 0):
             raise InputError(f"code-timeout must be a positive number of seconds, got {self.code_timeout!r}")
+        # Lengths together once both are known (resolve_lengths fills unset ones against the model).
+        lengths = dict(gen_length=self.gen_length, block_length=self.block_length)
+        lengths = lengths if None not in lengths.values() else {}
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
             preset, extra = self.method_options(m)
-            build_config(preset, **extra, gen_length=self.gen_length, block_length=self.block_length,
-                         temperature=self.temperature, early_stop=self.early_stop)
+            build_config(preset, **extra, **lengths, temperature=self.temperature, early_stop=self.early_stop)
         if not isinstance(self.prefix_cache_mb, (tuple, list)) or not self.prefix_cache_mb:
             raise InputError(f"prefix_cache_mb must be a tuple of budgets (MB, or None), got {self.prefix_cache_mb!r}")
         self.prefix_cache_mb = tuple(check_budget(b, "prefix_cache_mb") for b in self.prefix_cache_mb)
@@ -171,6 +175,19 @@ class BenchConfig:
 
 
 BenchSettings = BenchConfig  # the old name
+
+
+def resolve_lengths(settings: BenchConfig, lm=None) -> BenchConfig:
+    """The run's lengths (options.lengths_for_run): unset ones as generate takes them for the first
+    method; each method checked against the model, from its config.json alone when `lm` is None."""
+    from caidllm.options import lengths_for_run
+
+    methods = [settings.method_options(m) for m in settings.methods]
+    lengths = lengths_for_run(settings.model, lm, methods, settings.gen_length, settings.block_length,
+                              temperature=settings.temperature, early_stop=settings.early_stop)
+    resolved = copy.copy(settings)  # a copy that keeps what check() derived (the method rows)
+    resolved.gen_length, resolved.block_length = lengths["gen_length"], lengths["block_length"]
+    return resolved
 
 
 def _check_not_calibrated_on(settings: BenchConfig, tasks: list[BenchTask]) -> None:
@@ -209,6 +226,7 @@ def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
         tasks = [load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot,
                            seed=settings.seed, code_limits=limits) for spec in settings.tasks]
         _check_not_calibrated_on(settings, tasks)
+        settings = resolve_lengths(settings, lm)  # from config.json alone: a bad setting fails before loading
         if lm is None:
             from caidllm.models import load
 

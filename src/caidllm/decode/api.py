@@ -11,10 +11,10 @@ import torch
 from caidllm.checks import is_id_list, is_int
 from caidllm.decode.engine import Engine
 from caidllm.decode.prefix_reuse import shared_store
-from caidllm.decode.presets import build_config
+from caidllm.decode.presets import build_config, options_for_model
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
 from caidllm.errors import InputError
-from caidllm.models.checkpoints import recommended_method, recommended_options
+from caidllm.models.checkpoints import recommended_method
 from caidllm.models.lm import DiffusionLM
 
 
@@ -27,9 +27,10 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     method preset; any keyword given overrides the preset's value.
 
     gen_length / block_length / steps / temperature left None: the recommendation of a known
-    checkpoint (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0. method
-    None: a known block-diffusion checkpoint's own decoder (and its threshold, when threshold is
-    None too), else "cai".
+    checkpoint (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0; a
+    block-diffusion model decodes with its own block length unless one is given
+    (presets.options_for_model, the rule of every command). method None: a known block-diffusion
+    checkpoint's own decoder (and its threshold, when threshold is None too), else "cai".
     chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
 
     A client of the step-level engine: every prompt is submitted, at most
@@ -42,9 +43,11 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     policy_s and forward_s are those of the whole run."""
     checkpoint = getattr(lm, "checkpoint", None)
     method = recommended_method(checkpoint if settings is None else None, method)
-    lengths, _ = recommended_options(checkpoint, method, gen_length=gen_length, block_length=block_length,
-                                     steps=steps, temperature=temperature, threshold=threshold)
-    config = build_config(method, settings=settings, cache=cache, seed=seed, early_stop=early_stop, **lengths,
+    # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
+    options, _ = options_for_model(lm.config, checkpoint, method, settings=settings, gen_length=gen_length,
+                                   block_length=block_length, steps=steps, temperature=temperature,
+                                   threshold=threshold)
+    config = build_config(method, settings=settings, cache=cache, seed=seed, early_stop=early_stop, **options,
                           **overrides)
     if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")

@@ -105,12 +105,20 @@ def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
                          "its cache is 'block' (exact), 'subblock' (Fast-dLLM v2's within-block cache over it) "
                          "or 'none' (the whole window every step)")
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
-        changes["block_length"] = model.block_lengths[0]  # the preset's does not apply: the model's own
+        changes["block_length"] = own_block_length(config.block_length, model)
     elif model.block_lengths and config.block_length not in model.block_lengths:
         raise InputError(f"block_length {config.block_length} is not one the {model.family} model decodes with "
                          f"(allowed: {', '.join(map(str, model.block_lengths))})")
     check_given_fit(given, model)
     return dataclasses.replace(config, **changes).validate() if changes != {"cache": config.cache} else config
+
+
+def own_block_length(block_length: int, model) -> int:
+    """A preset's block length where the model (its ModelConfig) decodes with it, else the model's own
+    (its first): the block length a caller who gives none gets."""
+    if model.block_lengths and block_length not in model.block_lengths:
+        return model.block_lengths[0]
+    return block_length
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,11 @@
 
 Requests are submitted (queued), admitted into a free slot of the shared
 Frame at the next step, and leave as soon as they finish or are cancelled.
-One call of `step()` advances every in-flight request by exactly one
-denoising step of its own block: at each step a request runs one forward
+One call of `step()` advances the requests of the forward groups the step
+policy chooses (step_policies.py: "fair", the default, runs the group owed
+the most forward time, so a cheap request is not paced by an expensive
+neighbour's forwards; "all" runs every group) by exactly one denoising step
+of their own block, and the others not at all: at each of its steps a request runs one forward
 (a full forward without a cache, at its block start and every f steps; its
 cached mode otherwise), each masked position of its block gets a predicted
 token and its confidence, its policy picks which to commit, and the step's
@@ -14,8 +17,8 @@ Who shares a forward: the requests whose forward this step has the same mode
 block length. They may differ in prompt length, block, local step, method,
 gen_length and sampling: each row is computed as it would be alone (its own
 columns, its own cache row). Requests that cannot share run in separate
-forwards within the same step, so no request waits for another's block to
-end. Inside a forward, the commit policy runs once per group of rows with the
+forwards (in the same step under "all", in steps of their own as "fair"
+chooses), so no request waits for another's block to end. Inside a forward, the commit policy runs once per group of rows with the
 same policy settings, step and block (policies are batched tensor functions
 of the rows they are given); prediction once per temperature.
 
@@ -47,6 +50,7 @@ from caidllm.decode.request import CommitEvent, Request
 from caidllm.decode.runner import RowStep, Runner
 from caidllm.decode.sampling import request_generator
 from caidllm.decode.scheduler import Scheduler
+from caidllm.decode.step_policies import DEFAULT_STEP_POLICY
 from caidllm.decode.timing import DeviceTimer  # noqa: F401 - the old import path
 from caidllm.errors import InputError
 from caidllm.models.forward_modes import ForwardMode
@@ -82,6 +86,18 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
             f"does not have ({lacks})")
 
 
+def tp_step_policy(lm, step_policy: str | None) -> str:
+    """The step policy to run: a tensor-parallel model's ranks replay rank 0's steps and must choose the
+    same groups, which "fair" (each rank's own forward clock) cannot promise: "all" there."""
+    if getattr(lm, "tp", None) is None:
+        return DEFAULT_STEP_POLICY if step_policy is None else step_policy
+    if step_policy not in (None, "all"):
+        raise InputError(f"step policy {step_policy!r} does not apply to a tensor-parallel model: its ranks must "
+                         "run the same groups at each step, and it chooses by each rank's own forward times; "
+                         "use 'all'")
+    return "all"
+
+
 class Engine:
     """Holds the requests in flight and advances them together, one denoising step per `step()`.
 
@@ -90,14 +106,17 @@ class Engine:
 
     prefix_cache_mb: the prefix store's budget (decode/prefix_reuse.py; None: the default on a
     block-causal model, off on a full-sequence one; 0: off). prefix_store: a store to share (several
-    engines, or generate() calls on one model); it wins over prefix_cache_mb."""
+    engines, or generate() calls on one model); it wins over prefix_cache_mb. step_policy: which
+    forward groups run at a step (step_policies.py: "fair", or "all"; None: fair, all on a
+    tensor-parallel model)."""
 
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256, prefix_cache_mb: float | None = None,
-                 prefix_store: PrefixStore | None = None):
+                 prefix_store: PrefixStore | None = None, step_policy: str | None = None):
         self.lm = lm
+        step_policy = tp_step_policy(lm, step_policy)
         store = adopt(prefix_store, lm) if prefix_store is not None else make_store(lm, prefix_cache_mb)
         self.prefix = PrefixReuse(store)
-        self.scheduler = Scheduler(lm, max_batch, max_queue, on_admit=self._start)
+        self.scheduler = Scheduler(lm, max_batch, max_queue, on_admit=self._start, step_policy=step_policy)
         self.runner = Runner(lm)
         self.steps = 0
         self._eos_ids = set(lm.config.eos_ids)
@@ -205,12 +224,13 @@ class Engine:
     # ---- one step ----------------------------------------------------------------
 
     def step(self) -> list[CommitEvent]:
-        """Admit waiting requests into free slots, then advance every in-flight
-        request by one denoising step. Returns the step's events."""
+        """Admit waiting requests into free slots, then advance the requests of the groups the
+        step policy chose by one denoising step. Returns the step's events."""
         if self.mirror is not None:
             self.mirror.before_step(self)
         groups = self.scheduler.schedule()
         rows = self.runner.run(self.scheduler.frame, groups)
+        self.scheduler.ran(groups)
         if self.runner.faults:  # rows whose policy raised leave now (take_faults says why); the others go on
             for row in rows:
                 if row.request.id in self.runner.faults:

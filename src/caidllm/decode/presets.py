@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from caidllm.decode.block_diffusion import fit_to_model, own_block_length
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.field_scope import check_given_apply
 from caidllm.decode.methods import (  # noqa: F401 - the old import path
     BLOCK_DIFFUSION_PRESETS, PRESETS, method_names, preset_config, uses_cai)
 from caidllm.decode.settings_file import load_settings
 from caidllm.errors import InputError
+from caidllm.models.checkpoints import recommended_options
 
 
 def build_config(method: str, settings=None, strict: bool = False, **overrides) -> DecodeConfig:
@@ -28,3 +33,31 @@ def build_config(method: str, settings=None, strict: bool = False, **overrides) 
         raise InputError(f"the settings {settings.source or ''} are CAI settings; method {method!r} does "
                          f"not run the CAI controller (use {settings.method!r} or another cai preset)")
     return preset_config(method, cai_under=settings.cai, strict=strict, **overrides)
+
+
+def options_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[dict, list[str]]:
+    """`options` with the unset (None) ones a command does not give filled as every command takes
+    them (generate, serve, bench, calibrate, the lm-eval adapter): lengths, steps and temperature
+    from a known checkpoint's recommendation (models/checkpoints.py; `checkpoint` None: none), then
+    for a block-diffusion model (its ModelConfig `model`) the preset's block length where the model
+    decodes with it, else the model's own. Returns them and the names the recommendation filled."""
+    options, taken = recommended_options(checkpoint, method, **options)
+    if options.get("block_length") is None and model.block_lengths:
+        # Before the lengths are checked together: a gen_length that is whole blocks of the model's own.
+        options["block_length"] = own_block_length(build_config(method, settings=settings).block_length, model)
+    return options, taken
+
+
+def config_for_model(model, checkpoint, method: str, settings=None, strict: bool = False,
+                     **options) -> tuple[DecodeConfig, list[str]]:
+    """The config `method` runs with on the model, unset options filled (options_for_model) and fitted
+    to the model's family (block_diffusion.fit_to_model: a setting given that does not apply raises
+    InputError naming it; a preset's cache the family lacks becomes its own). strict: a setting the
+    caller gave that the method does not read is refused too (field_scope.py; the recommendation's
+    values are not the caller's). Returns it and the names the recommendation filled."""
+    options, taken = options_for_model(model, checkpoint, method, settings, **options)
+    config = build_config(method, settings=settings, **options)
+    if strict:
+        check_given_apply(dataclasses.replace(config, given=tuple(g for g in config.given if g not in taken)),
+                          PRESETS)
+    return fit_to_model(config, model), taken

@@ -9,6 +9,7 @@ decode/policies/ (one module and one registry line). Neither touches this file.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,9 @@ class Runner:
     def run(self, frame: Frame, groups: list[ForwardGroup]) -> list[RowStep]:
         rows: list[RowStep] = []
         for group in groups:
+            started = time.perf_counter()  # each group ends with its one host transfer: wall time is its cost
             rows.extend(self._advance(frame, group.mode, group.members))
+            group.seconds = time.perf_counter() - started
         return rows
 
     def _advance(self, frame: Frame, mode: str, members: list[Request]) -> list[RowStep]:

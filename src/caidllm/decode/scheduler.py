@@ -1,6 +1,7 @@
 """Which requests run at a step, and together: the queue, admission into free slots of the
 Frame, the limits (max_batch in flight, max_queue waiting), cancel and drop, and the grouping
-of the requests in flight into the forwards of a step.
+of the requests in flight into the forwards of a step; which of those run at a step is the step
+policy's (step_policies.py).
 
 The one place these rules live: Engine.submit and the BackgroundEngine ask `check_room`, and
 nothing else reads or writes the queue.
@@ -18,6 +19,7 @@ from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import policy_spec
 from caidllm.decode.request import Request
+from caidllm.decode.step_policies import DEFAULT_STEP_POLICY, make_step_policy
 from caidllm.errors import EngineFullError, InputError
 
 
@@ -28,18 +30,22 @@ class ForwardGroup:
 
     mode: str
     members: list[Request]
+    seconds: float = 0.0  # its forward's wall time, once run (the step policy's measure)
+    whole: list[Request] | None = None  # a step policy's slice of a larger group: that group's members
 
 
 class Scheduler:
     """The queue and the requests in flight, with the limits that govern both.
 
     on_admit(request, slot) is called when a queued request takes a slot (the engine starts its
-    bookkeeping there)."""
+    bookkeeping there). step_policy: which groups run at a step (step_policies.py)."""
 
-    def __init__(self, lm, max_batch: int, max_queue: int, on_admit: Callable[[Request, int], None]):
+    def __init__(self, lm, max_batch: int, max_queue: int, on_admit: Callable[[Request, int], None],
+                 step_policy: str = DEFAULT_STEP_POLICY):
         for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
             if not is_int(value) or value < low:
                 raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.step_policy = make_step_policy(step_policy)
         self.lm = lm
         self.max_batch, self.max_queue = max_batch, max_queue
         self.frame = Frame(lm, max_batch)
@@ -133,9 +139,13 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------
 
     def schedule(self) -> list[ForwardGroup]:
-        """Admit waiting requests into free slots, then group every request in flight into
-        this step's forwards."""
+        """Admit waiting requests into free slots, group every request in flight into forwards,
+        and return the groups the step policy runs at this step."""
         self._admit()
+        return self.step_policy.choose(self.groups())
+
+    def groups(self) -> list[ForwardGroup]:
+        """Every request in flight in the forward it would share at this step."""
         groups: dict[tuple, list[Request]] = {}
         for r in self.running.values():
             mode = r.forward_mode()
@@ -144,6 +154,11 @@ class Scheduler:
             key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r), r.fold(), shortens)
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
+
+    def ran(self, groups: list[ForwardGroup]) -> None:
+        """The step's groups ran (their `seconds` measured): the step policy's accounts."""
+        for group in groups:
+            self.step_policy.ran(group, group.seconds)
 
     def _admit(self) -> None:
         for slot in self.frame.free_slots():

@@ -10,8 +10,10 @@ import it, hence the wrapper. ``--include_path`` is for task configs: the
 wrapper adds this package's offline task configs (evaluation/tasks/) unless
 one is given.
 
-model_args: ``pretrained`` (a model folder or "tiny"), ``method`` (a preset,
-default cai), ``gen_length`` (256), ``block_length`` (64), ``steps``,
+model_args: ``pretrained`` (a model folder or "tiny"), ``method`` (a preset;
+default: a known block-diffusion checkpoint's own decoder, else cai), ``gen_length`` and ``block_length`` (default: as ``caidllm generate``
+takes them: a known checkpoint's recommendation, else 256 and the method's, a
+block-diffusion model's own where the method's does not apply), ``steps``,
 ``cache``, ``threshold``, ``temperature`` (0; a task's temperature wins),
 ``seed`` (0), ``early_stop`` (true), ``dtype``, ``chat`` (auto | true |
 false: auto applies the model's chat template to plain-text requests when the
@@ -49,11 +51,12 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from caidllm.decode.api import tokenize_prompts
-from caidllm.decode.block_diffusion import fit_to_model
 from caidllm.decode.prefix_reuse import check_budget, make_store
-from caidllm.decode.presets import build_config
+from caidllm.decode.presets import config_for_model
 from caidllm.distributed import World
 from caidllm.errors import InputError
+from caidllm.models.checkpoints import recommended_method
+from caidllm.options import check_before_load
 
 logger = logging.getLogger("lm_eval.caidllm")  # under lm-eval's logger, so its --verbosity applies
 STATS_ENV = "CAIDLLM_LM_EVAL_STATS"
@@ -76,15 +79,16 @@ def _bool(value, name: str) -> bool:
 
 @register_model("caidllm")
 class CaidllmLM(LM):
-    def __init__(self, pretrained="tiny", method="cai", gen_length=256, block_length=64, steps=None, cache=None,
+    def __init__(self, pretrained="tiny", method=None, gen_length=None, block_length=None, steps=None, cache=None,
                  threshold=None, temperature=0.0, seed=0, early_stop=True, dtype=None, chat="auto",
                  stats_path=None, batch_size=8, max_batch_size=None, device=None, quantize=None, quantize_head=False,
                  prefix_cache_mb=None, **overrides):
         super().__init__()
         from caidllm.models import load
 
-        self.method = str(method)
-        self.gen_length, self.block_length = int(gen_length), int(block_length)
+        self.method = None if method is None else str(method)  # None: a known checkpoint's own decoder, else cai
+        self.gen_length = None if gen_length is None else int(gen_length)
+        self.block_length = None if block_length is None else int(block_length)
         self.decode = dict(steps=None if steps is None else int(steps), cache=cache,
                            threshold=None if threshold is None else float(threshold), seed=int(seed),
                            early_stop=_bool(early_stop, "early_stop"), **overrides)
@@ -92,8 +96,9 @@ class CaidllmLM(LM):
         # The prefix store (decode/prefix_reuse.py), kept with the model across batches: a few-shot task's
         # shared examples are prefilled once. None: the default on a block-causal model; 0: off.
         self.prefix_cache_mb = check_budget(prefix_cache_mb, "model_args prefix_cache_mb")
-        build_config(self.method, gen_length=self.gen_length, block_length=self.block_length,
-                     temperature=self.temperature, **self.decode)  # bad settings fail here, before loading
+        # Bad settings, or ones the model's family does not take, fail here, before loading (its config.json).
+        check_before_load(pretrained, self.method, gen_length=self.gen_length, block_length=self.block_length,
+                          temperature=self.temperature, **self.decode)
         self.chat = str(chat).lower()
         if self.chat not in ("auto", "true", "false"):
             raise InputError(f"model_args chat={chat!r}: expected auto, true or false")
@@ -105,9 +110,13 @@ class CaidllmLM(LM):
         self.world.init(device)
         self.lm = load(pretrained, device=device, dtype=dtype, quantize=quantize or None,
                        quantize_head=_bool(quantize_head, "quantize_head"))
-        # Settings the model's family does not take (cache=dual on a block-diffusion model, ...) fail here too.
-        fit_to_model(build_config(self.method, gen_length=self.gen_length, block_length=self.block_length,
-                                  temperature=self.temperature, **self.decode), self.lm.config)
+        # Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion
+        # model's own block length): the lengths every request of the run decodes with.
+        self.method = recommended_method(getattr(self.lm, "checkpoint", None), self.method)
+        config, _ = config_for_model(self.lm.config, getattr(self.lm, "checkpoint", None), self.method,
+                                     gen_length=self.gen_length, block_length=self.block_length,
+                                     temperature=self.temperature, **self.decode)
+        self.gen_length, self.block_length = config.gen_length, config.block_length
         make_store(self.lm, self.prefix_cache_mb)  # a budget the model cannot use fails here
         self._device = self.lm.device
         self._rank, self._world_size = self.world.rank, self.world.world_size  # what lm-eval splits requests by

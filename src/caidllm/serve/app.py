@@ -58,6 +58,7 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024  # past it: 413, before the body is read
     body_timeout: float = 10.0  # seconds to receive the whole body; past it: 408
     shutdown_grace: float = 10.0  # seconds requests in flight may go on after SIGTERM
+    step_policy: str | None = None  # which forward groups run at each step (decode/step_policies.py; None: fair)
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     prefix_cache_mb: float | None = None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
 
@@ -69,7 +70,8 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
     """The app. With engine_thread the engine loop runs in its own thread from startup to
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
     background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue,
-                                         prefix_cache_mb=settings.prefix_cache_mb))
+                                         prefix_cache_mb=settings.prefix_cache_mb,
+                                         step_policy=settings.step_policy))
     metrics = ServerMetrics(background)
     if settings.defaults.max_prompt_chars is None:
         settings.defaults.max_prompt_chars = prompt_char_limit(lm)

@@ -11,6 +11,7 @@ import sys
 import threading
 
 from caidllm.decode.presets import method_names
+from caidllm.decode.step_policies import DEFAULT_STEP_POLICY, STEP_POLICIES
 from caidllm.errors import InputError
 from caidllm.serve import replicas
 from caidllm.serve.launch import check_api_key, settings_file_of, settings_from  # noqa: F401 - also read from here
@@ -28,15 +29,23 @@ def register(sub, name: str) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
-    p.add_argument("--method", default="cai", help=f"default method: {', '.join(method_names())}")
-    p.add_argument("--gen-length", type=int, default=256, help="default canvas when a request gives no max_tokens")
-    p.add_argument("--block-length", type=int, default=64)
+    p.add_argument("--method", default=None, help="default method (default: a known block-diffusion checkpoint's own "
+                   f"decoder, else cai): {', '.join(method_names())}")
+    known = " (default: a known checkpoint's recommendation; else {})"
+    p.add_argument("--gen-length", type=int, default=None,
+                   help="default canvas when a request gives no max_tokens" + known.format(256))
+    p.add_argument("--block-length", type=int, default=None,
+                   help="default block length" + known.format("the method's, a block-diffusion model's own where it does not apply"))
     p.add_argument("--max-gen-length", type=int, default=None, help="largest canvas a request may ask for "
                    "(default: the model's context)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: what fits)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (rows per forward)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429")
     p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
+    p.add_argument("--step-policy", default=None, choices=list(STEP_POLICIES),
+                   help=f"which forward groups run at each engine step: fair (cheap forwards are not paced by "
+                        f"expensive ones) or all (every group every step); default {DEFAULT_STEP_POLICY}, all "
+                        "under --tp (the ranks must choose alike)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                    help="largest request body; a larger one gets 413 before it is read")
     p.add_argument("--body-timeout", type=float, default=10.0,
@@ -56,15 +65,15 @@ def register(sub, name: str) -> None:
 
 def run(args) -> int:
     from caidllm.decode.prefix_reuse import check_budget
-    from caidllm.decode.presets import build_config
-    from caidllm.options import load_model
+    from caidllm.options import check_before_load, load_model
 
     check_budget(args.prefix_cache_mb, "--prefix-cache-mb")  # a budget that is not a number of MB, before anything
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return run_replicas(args)
-    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)  # before the model loads
-    settings_file_of(args)  # a bad settings file fails before the model loads too
+    # A bad setting, settings file or API key fails before the model loads (checked against its config.json).
+    settings_file_of(args)
     check_api_key(args)
+    check_before_load(args.model, args.method, gen_length=args.gen_length, block_length=args.block_length)
     if args.tp > 1:  # this process is rank 0 (the HTTP server, the engine) of the ranks it spawns
         from caidllm.parallel.launch import parallel_model
 

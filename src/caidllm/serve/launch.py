@@ -30,30 +30,38 @@ def settings_from(args, lm):
 
     for name in ("gen_length", "block_length", "max_batch", "port", "max_body_bytes", "body_timeout"):
         value = getattr(args, name)
-        if value < (0 if name == "port" else 1):
+        if value is not None and value < (0 if name == "port" else 1):
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
     api_key = check_api_key(args)
     if args.shutdown_grace < 0:
         raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
-    from caidllm.decode.presets import build_config
+    from caidllm.decode.presets import config_for_model
+    from caidllm.decode.step_policies import make_step_policy
 
-    from caidllm.decode.block_diffusion import fit_to_model
+    if getattr(args, "step_policy", None) is not None:
+        make_step_policy(args.step_policy)
+    # Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion model's
+    # own block length); given ones are checked, and that they apply to the model's family.
+    from caidllm.models.checkpoints import recommended_method
 
-    # Checks them, and that they apply to the model's family (a block length it decodes with, ...).
-    fit_to_model(build_config(args.method, gen_length=args.gen_length, block_length=args.block_length), lm.config)
+    checkpoint = getattr(lm, "checkpoint", None)
+    method = recommended_method(checkpoint, args.method)  # as generate: a known checkpoint's own decoder
+    config, _ = config_for_model(lm.config, checkpoint, method, gen_length=args.gen_length,
+                                 block_length=args.block_length)
     from caidllm.decode.prefix_reuse import check_budget, make_store
 
     budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
     make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
-    defaults = ServerDefaults(model_name=name, method=args.method, gen_length=args.gen_length,
-                              block_length=args.block_length,
+    defaults = ServerDefaults(model_name=name, method=method, gen_length=config.gen_length,
+                              block_length=config.block_length,
                               max_gen_length=args.max_gen_length or lm.config.max_length,
                               max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
     return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
                         api_key=api_key,
                         max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
-                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace, prefix_cache_mb=budget)
+                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace,
+                        step_policy=getattr(args, "step_policy", None), prefix_cache_mb=budget)
 
 
 def settings_file_of(args):

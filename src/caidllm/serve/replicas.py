@@ -62,8 +62,8 @@ def check(args) -> None:
     if args.replica_metrics_port is not None and not 0 < args.replica_metrics_port < 65536:
         raise InputError(f"--replica-metrics-port must be a port number, got {args.replica_metrics_port}")
     for name in ("gen_length", "block_length", "max_batch", "max_queue"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    from caidllm.decode.presets import build_config
+    from caidllm.options import check_before_load
 
-    build_config(args.method, gen_length=args.gen_length, block_length=args.block_length)
+    check_before_load(args.model, args.method, gen_length=args.gen_length, block_length=args.block_length)
