@@ -45,7 +45,7 @@ def main() -> None:
             tick = time.time()
             counter = ExpertCounter(lm.model) if args.expert_load else None
             texts = block_diffusion_generate(lm, prompts, block_length, args.gen_length, args.batch_size)
-            load = {} if counter is None else {"expert_load": [[round(s, 4) for s in layer] for layer in counter.shares()]}
+            expert_load = {} if counter is None else {"expert_load": [[round(s, 4) for s in layer] for layer in counter.shares()]}
             if counter is not None:
                 counter.detach()
             scores = [task.score(text, sample).score for text, sample in zip(texts, task.samples)]
@@ -53,7 +53,7 @@ def main() -> None:
             stderr = math.sqrt(accuracy * (1 - accuracy) / max(1, len(scores) - 1))
             print(json.dumps({"model": args.model, "task": name, "block_length": block_length, "n": len(scores),
                               "accuracy": round(accuracy, 4), "stderr": round(stderr, 4),
-                              "seconds": round(time.time() - tick, 1), **load}), flush=True)
+                              "seconds": round(time.time() - tick, 1), **expert_load}), flush=True)
 
 
 if __name__ == "__main__":
