@@ -43,9 +43,9 @@ def test_tiny_moe_loads_through_the_llada2_family(tiny_moe):
     assert len(tiny_moe.tokenizer) == len(caidllm.load("tiny").tokenizer)
 
 
-@pytest.mark.parametrize("block_length", [8, 32])
-def test_tiny_moe_answers_with_the_plain_block_decoder(tiny_moe, block_length):
-    boolean, web = block_diffusion_generate(tiny_moe, [BOOLEAN, WEB], block_length, gen_length=128)
+def test_tiny_moe_answers_with_the_plain_block_decoder(tiny_moe):
+    """Block 8 only (block 32 is the engine's tests below; one token per forward is slow here)."""
+    boolean, web = block_diffusion_generate(tiny_moe, [BOOLEAN, WEB], 8, gen_length=128)
     assert score("boolean_expressions", boolean, "False") and score("web_of_lies", web, "No")
 
 
