@@ -165,3 +165,39 @@ def test_parameter_counts():
 def test_bad_routing_is_a_clear_error(change, field):
     with pytest.raises(ModelLoadError, match=field):
         MoEConfig(**{**LLADA2_LIKE, **change})
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_layers():
+    """The shipped tiny-moe's MoE layers with the hidden states they see on a real prompt and answer."""
+    import caidllm
+
+    lm = caidllm.load("tiny-moe", device="cpu")
+    layers = [layer for layer in lm.model.model.layers if hasattr(layer.mlp, "experts")]
+    seen = []
+    hooks = [layer.post_attention_layernorm.register_forward_hook(lambda m, a, out: seen.append(out[0]))
+             for layer in layers]
+    ids = lm.encode_chat("not ( True ) and ( True ) is") + lm.tokenizer.encode(
+        "not True and True\n= False and True\n= False\nSo the answer is False.", add_special_tokens=False)
+    with torch.no_grad():
+        lm.model(torch.tensor([ids]))
+    for hook in hooks:
+        hook.remove()
+    return [(layer.mlp, x) for layer, x in zip(layers, seen)]
+
+
+def test_trained_routing_equals_the_official_forward_on_tiny_moe(tiny_moe_layers):
+    """Trained routers on real hidden states (a learnt expert bias, scores far from uniform): the
+    layer is the official forward, and the bias and the group limit really change choices there."""
+    bias_changes = group_changes = 0
+    for moe, x in tiny_moe_layers:
+        with torch.no_grad():
+            torch.testing.assert_close(moe(x), official_moe(x, moe), atol=1e-4, rtol=1e-4)
+            logits = torch.nn.functional.linear(x.float(), moe.gate.weight.float())
+            chosen = route(logits, moe.config, moe.gate.expert_bias)[0].sort(dim=1).values
+            unbiased = route(logits, moe.config)[0].sort(dim=1).values
+            ungrouped = route(logits, MoEConfig(**{**moe.config.__dict__, "n_group": 1, "topk_group": 1}),
+                              moe.gate.expert_bias)[0].sort(dim=1).values
+        bias_changes += int((chosen != unbiased).any(dim=1).sum())
+        group_changes += int((chosen != ungrouped).any(dim=1).sum())
+    assert bias_changes > 0 and group_changes > 0

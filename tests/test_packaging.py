@@ -6,12 +6,15 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "MODEL_CARD.md")
 
 
-def test_tiny_model_is_small_and_complete():
-    folder = ROOT / "src" / "caidllm" / "assets" / "tiny"
+@pytest.mark.parametrize("model", ["tiny", "tiny-bd", "tiny-moe"])
+def test_embedded_models_are_small_and_complete(model):
+    folder = ROOT / "src" / "caidllm" / "assets" / model
     for name in TINY_FILES:
         assert (folder / name).is_file(), f"missing {name} in {folder}"
     total = sum(p.stat().st_size for p in folder.iterdir())
@@ -24,8 +27,9 @@ def test_load_tiny_from_an_installed_wheel(tmp_path):
                     "-w", str(dist), str(ROOT)], check=True)
     (wheel,) = dist.glob("caidllm-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in TINY_FILES:
-        assert f"caidllm/assets/tiny/{name}" in names
+    for model in ("tiny", "tiny-bd", "tiny-moe"):
+        for name in TINY_FILES:
+            assert f"caidllm/assets/{model}/{name}" in names
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True)
     code = ("import caidllm; lm = caidllm.load('tiny', device='cpu'); "

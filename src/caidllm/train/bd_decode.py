@@ -48,7 +48,7 @@ def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length:
 
     # The model layer's block-causal attention (blocks from each row's first real token), as
     # the engine runs it; the key mask hides the padding.
-    model(ids, Context.build(real, positions, config.head_dim, config.rope_theta, cache=cache, attention_block=bl))
+    model(ids, Context.build(real, positions, config.rotary_dim, config.rope_theta, cache=cache, attention_block=bl))
 
     eos = torch.tensor(config.eos_ids, device=lm.device)
     done = torch.zeros(B, dtype=torch.bool, device=lm.device)
@@ -57,7 +57,7 @@ def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length:
         block_starts = torch.full((B,), block * bl, device=lm.device)
 
         def forward():
-            ctx = Context.build(real, positions, config.head_dim, config.rope_theta, mode="dual",
+            ctx = Context.build(real, positions, config.rotary_dim, config.rope_theta, mode="dual",
                                 starts=block_starts, block_length=bl, cache=cache, attention_block=bl)
             return model(ids[:, block * bl:(block + 1) * bl], ctx)
 

@@ -54,7 +54,7 @@ def block_diffusion_logits(model, noisy: torch.Tensor, clean: torch.Tensor, bloc
     B, L = noisy.shape
     positions = torch.arange(L, device=noisy.device).expand(B, L)
     ctx = Context.explicit(torch.cat([positions, positions], dim=1), training_mask(positions // block_length),
-                           model.cfg.head_dim, model.cfg.rope_theta)
+                           model.cfg.rotary_dim, model.cfg.rope_theta)
     ctx.targets = positions  # the head runs on the noisy copy only
     return model(torch.cat([noisy, clean], dim=1), ctx)
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import fields
+from pathlib import Path
 
 from caidllm.errors import InputError
 from caidllm.train.trainer import OBJECTIVES, TrainConfig, Trainer
+from caidllm.train.upcycle import upcycle
 
 
 def register(sub, name: str) -> None:
@@ -32,6 +34,9 @@ def register(sub, name: str) -> None:
                         help="block_diffusion: the block lengths to train on, one drawn per batch (default 4,8,16,32)")
     parser.add_argument("--init-from", metavar="MODEL",
                         help="start from this model's weights (a folder or 'tiny') instead of random ones")
+    parser.add_argument("--upcycle-from", metavar="MODEL",
+                        help="start from an MoE model in the LLaDA2 layout upcycled from this dense LLaDA-layout "
+                             "model (written once to OUT/upcycled; train/upcycle.py; the recipe of tiny-moe)")
     parser.add_argument("--task-mix", metavar="NAME=WEIGHT,...",
                         help="one task mix for the whole run instead of the recipe's phases, e.g. "
                              "dyck_languages=1 to probe a single task")
@@ -47,6 +52,10 @@ def run_train(args) -> int:
         overrides["objective"] = args.objective
     if args.init_from is not None:
         overrides["init_from"] = args.init_from
+    if args.upcycle_from is not None:
+        if args.init_from is not None:
+            raise InputError("--upcycle-from and --init-from both name a start; give one")
+        overrides["init_from"] = str(upcycled_start(args.upcycle_from, Path(args.out)))
     if args.block_lengths is not None:
         overrides["block_lengths"] = parse_block_lengths(args.block_lengths)
     if args.task_mix is not None:
@@ -84,3 +93,12 @@ def parse_block_lengths(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise InputError(f"--block-lengths: expected integers separated by commas, got {text!r}") from None
+
+
+def upcycled_start(source: str, out: Path) -> Path:
+    """OUT/upcycled: `source` upcycled to LLaDA2 MoE, written on the run's first start only
+    (a resumed run keeps the start it trained from)."""
+    folder = out / "upcycled"
+    if not (folder / "config.json").is_file():
+        upcycle(source, folder)
+    return folder

@@ -29,8 +29,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from caidllm.errors import InputError
-from caidllm.models.families import parse_config
-from caidllm.models.llada import LLaDAModel
+from caidllm.models.families import family_of, parse_config
 from caidllm.models.lm import DiffusionLM
 from caidllm.models.loading import load_tokenizer, resolve_folder
 from caidllm.tasks import DRILL_NAMES, TASK_NAMES, get_task, get_training_task, score
@@ -38,6 +37,7 @@ from caidllm.tasks.vocab import build_tokenizer
 from caidllm.train.bd_decode import block_diffusion_generate
 from caidllm.train.block_diffusion import block_diffusion_loss
 from caidllm.train.data import TaskStream, encode_pair, mask_answers, masked_loss
+from caidllm.train.moe_balance import ExpertBalancer, initial_config
 
 SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask": "<|mdm_mask|>", "eot": "<|eot_id|>"}
 
@@ -198,6 +198,8 @@ class Trainer:
         vocab_size = -(-vocab.get_vocab_size() // 64) * 64  # embedding rows padded like the real models'
         self.special = special
         self.raw_config = model_config_dict(cfg, vocab_size, special)
+        if cfg.init_from is not None:  # its own architecture (tiny-moe: LLaDA2, upcycled from tiny-bd)
+            self.raw_config = initial_config(cfg.init_from, self.raw_config)
         self.tokenizer, self.model_config = load_tokenizer(self.tokenizer_dir, parse_config(self.raw_config))
         torch.manual_seed(cfg.seed)
         # PyTorch's default initialisation (unit-variance embeddings,
@@ -206,11 +208,14 @@ class Trainer:
         # tokens from its context (on one fixed batch, a micro model reaches
         # loss 0.7 with it and 0.006 without after 150 steps; see
         # tests/test_train.py::test_a_fresh_model_memorises_one_batch).
-        self.model = LLaDAModel(self.model_config)
+        self.model = family_of(self.raw_config).model_class(self.model_config)
         if cfg.init_from is not None:
             self._load_initial_weights(cfg.init_from)
         if cfg.objective == "block_diffusion":
-            self.raw_config.update(caidllm_block_causal=True, caidllm_block_lengths=list(cfg.block_lengths))
+            self.raw_config.update(caidllm_block_lengths=list(cfg.block_lengths))
+            if self.raw_config["model_type"] == "llada":  # the block-diffusion families are block-causal anyway
+                self.raw_config.update(caidllm_block_causal=True)
+        self.balancer = ExpertBalancer(self.model)  # LLaDA2's expert score bias (a no-op without MoE layers)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -293,6 +298,7 @@ class Trainer:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
+            self.balancer.update()
             self.step += 1
             self.trained_s += time.time() - tick
             bar.update(1)
@@ -366,7 +372,8 @@ class Trainer:
         """Write the model in the Hugging Face layout of LLaDA-8B (bf16 weights)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in self.model.state_dict().items()}
+        tensors = {name: t.detach().to(torch.float32 if name.endswith("expert_bias") else torch.bfloat16).contiguous()
+                   for name, t in self.model.state_dict().items()}  # the score bias stays fp32, as LLaDA2 ships it
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
         config = dict(self.raw_config, torch_dtype="float32")  # stored bf16, computed in fp32 on CPU by default
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
