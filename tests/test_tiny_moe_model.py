@@ -77,13 +77,13 @@ def test_the_experts_are_all_used_and_unevenly(tiny_moe):
     ids = torch.tensor([tiny_moe.encode_chat(BOOLEAN)])
     with torch.no_grad():
         before = tiny_moe.model(ids)
-        expert = tiny_moe.model.model.layers[1].mlp.experts[0].down_proj
-        saved = expert.weight.clone()
-        expert.weight.zero_()
+        weight = tiny_moe.model.model.layers[1].mlp.experts.down_proj[0]  # expert 0 of the stacked experts
+        saved = weight.clone()
+        weight.zero_()
         try:
             after = tiny_moe.model(ids)
         finally:
-            expert.weight.copy_(saved)
+            weight.copy_(saved)
     assert (before - after).abs().max() > 1e-3
 
 
