@@ -110,7 +110,10 @@ def lengths_for_run(model_name, lm, methods: list[tuple[str, dict]], gen_length=
 
     config, checkpoint = (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)
     lengths = dict(gen_length=gen_length, block_length=block_length)
+    fixed = None
     for preset, extra in methods:  # the first fixes the lengths the others are checked at
-        decoded, _ = config_for_model(config, checkpoint, preset, **extra, **lengths, **common)
-        lengths = dict(gen_length=decoded.gen_length, block_length=decoded.block_length)
-    return lengths
+        decoded, _ = config_for_model(config, checkpoint, preset, **extra, **(fixed or lengths), **common)
+        # Only the first: a method whose own layout differs (Elastic-Cache's one window over the whole
+        # generation) must not change the block length the block-wise methods run at.
+        fixed = fixed or dict(gen_length=decoded.gen_length, block_length=decoded.block_length)
+    return fixed or lengths
