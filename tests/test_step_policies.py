@@ -76,6 +76,27 @@ def test_fair_slices_a_long_forward_into_the_most_owed_rows_that_fit():
     assert policy.choose([cheap, waiting]) == [cheap] and policy.choose([dual, waiting]) == [dual]  # per mode
 
 
+def test_fair_slices_reach_every_row_of_a_group_whose_rows_owe_differently():
+    """Rows of one group can carry different virtual times (a newcomer joins at the clock, below rows
+    served before): a slice is charged to the whole group, so ordering slices by virtual time would run
+    the lowest row forever and never the others. Every row runs within a round of slices."""
+    policy = FairShare(slice_seconds=0.25)
+    heavy = group("h1", "h2", "h3")
+    for r in heavy.members:
+        r.nfe = 0
+    policy.choose([heavy])
+    policy.ran(heavy, 0.9)  # 0.3 s a row: one row per slice
+    policy.virtual["h1"] -= 0.5  # h1 owes less than the others (say it joined later, at the clock)
+    seen = []
+    for _ in range(6):
+        (part,) = policy.choose([heavy])
+        for r in part.members:
+            r.nfe += 1
+        seen += [r.id for r in part.members]
+        policy.ran(part, 0.3)
+    assert {"h1", "h2", "h3"} <= set(seen[:3]) and {"h1", "h2", "h3"} <= set(seen[3:])
+
+
 def test_fair_forgets_requests_that_left():
     policy = FairShare()
     a, b = group("a"), group("b")

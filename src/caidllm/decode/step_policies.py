@@ -21,7 +21,7 @@ decides is whose time a step costs.
 
   A forward is never interrupted, so a newcomer first waits for the one in progress: a group whose
   rows' last forwards add up to more than SLICE_SECONDS (0.25 s) runs its most-owed rows that fit
-  (one at least, those that ran least first) and the others at the next steps, which bounds that
+  (one at least, the least recently run first, so a round of slices reaches every row) and the others at the next steps, which bounds that
   wait; a slice's time is charged to every row of its group, so the group still counts as one
   forward (a whole round of slices costs each row one forward's time).
 
@@ -83,6 +83,8 @@ class FairShare:
         self.virtual: dict[str, float] = {}  # request id -> seconds of the forwards it ran in
         self.row_seconds: dict[tuple[str, str], float] = {}  # (request id, mode) -> its last forward / rows
         self.clock = 0.0  # the virtual time of the last group run: where a newcomer starts
+        self.runs = 0  # forwards run so far: the turn a row last ran at orders a group's slices
+        self.last_run: dict[str, int] = {}  # request id -> the turn of its last forward
 
     def choose(self, groups: list) -> list:
         live = {r.id for g in groups for r in g.members}
@@ -90,6 +92,8 @@ class FairShare:
             del self.virtual[request_id]
         for key in [k for k in self.row_seconds if k[0] not in live]:
             del self.row_seconds[key]
+        for request_id in [i for i in self.last_run if i not in live]:
+            del self.last_run[request_id]
         for request_id in live:
             self.virtual.setdefault(request_id, self.clock)
         if not groups:
@@ -105,20 +109,25 @@ class FairShare:
         # forward when they run a few at a time (a whole round of slices: one forward's time each).
         for r in getattr(group, "whole", None) or group.members:
             self.virtual[r.id] = self.virtual.get(r.id, self.clock) + seconds
+        self.runs += 1
         for r in group.members:
             self.row_seconds[(r.id, group.mode)] = seconds / len(group.members)
+            self.last_run[r.id] = self.runs
 
     def _slice(self, group):
         """The group, or when its rows' last measured forwards add up to more than slice_seconds, its
-        most-owed rows that fit (one at least), in slot order: a forward in progress is never
+        least recently run rows that fit (one at least), in slot order: a forward in progress is never
         interrupted, so this bounds how long a newcomer waits for one. The rest run at the next steps."""
         members = group.members
         costs = {r.id: self.row_seconds.get((r.id, group.mode), 0.0) for r in members}
         if len(members) == 1 or sum(costs.values()) <= self.slice_seconds:
             return group
         taken, total = set(), 0.0
-        # Most owed first; among equals (a group's rows share their charges) the rows that ran least.
-        for r in sorted(members, key=lambda r: (self.virtual[r.id], getattr(r, "nfe", 0), r.slot)):
+        # Least recently run first (a round of slices reaches every row: a slice is charged to the whole
+        # group, so rows owing differently keep their order and "most owed first" would run one forever);
+        # among equals the most owed, then the rows that ran least.
+        order = (lambda r: (self.last_run.get(r.id, -1), self.virtual[r.id], getattr(r, "nfe", 0), r.slot))
+        for r in sorted(members, key=order):
             if taken and total + costs[r.id] > self.slice_seconds:
                 break
             taken.add(r.id)
