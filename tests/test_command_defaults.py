@@ -82,6 +82,21 @@ def test_serve_takes_a_known_block_diffusion_checkpoints_own_decoder(tmp_path):
     assert given.defaults.method == "cai"
 
 
+def test_serve_with_a_settings_file_keeps_its_method_on_a_known_block_diffusion_checkpoint(tmp_path):
+    """As generate: a settings file given, the checkpoint's own decoder is not taken (the server would
+    otherwise default to it and silently leave the file unused: it applies to its own method only)."""
+    from block_checkpoints import write_block_checkpoint
+
+    folder = write_block_checkpoint(tmp_path / "LLaDA2.0-mini", "llada2",
+                                    config_overrides={"caidllm_checkpoint": "inclusionAI/LLaDA2.0-mini"})
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"caidllm_settings": 1, "method": "cai", "cai": {"theta_end": 0.5}}))
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    args = build_parser().parse_args(["serve", "--model", str(folder), "--settings", str(path)])
+    defaults = settings_from(args, lm).defaults
+    assert defaults.method == defaults.settings.method == "cai"
+
+
 @pytest.mark.parametrize("argv, words", [
     (["serve", "--model", "tiny-bd", "--block-length", "64"], "block_length 64 is not one"),
     (["serve", "--model", "tiny", "--method", "llada2"], "block-diffusion decoder"),

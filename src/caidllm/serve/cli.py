@@ -71,9 +71,10 @@ def run(args) -> int:
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return run_replicas(args)
     # A bad setting, settings file or API key fails before the model loads (checked against its config.json).
-    settings_file_of(args)
+    settings = settings_file_of(args)
     check_api_key(args)
-    check_before_load(args.model, args.method, gen_length=args.gen_length, block_length=args.block_length)
+    method = args.method or ("cai" if settings is not None else None)  # as settings_from takes it
+    check_before_load(args.model, method, gen_length=args.gen_length, block_length=args.block_length)
     if args.tp > 1:  # this process is rank 0 (the HTTP server, the engine) of the ranks it spawns
         from caidllm.parallel.launch import parallel_model
 

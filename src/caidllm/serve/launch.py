@@ -45,7 +45,8 @@ def settings_from(args, lm):
     from caidllm.models.checkpoints import recommended_method
 
     checkpoint = getattr(lm, "checkpoint", None)
-    method = recommended_method(checkpoint, args.method)  # as generate: a known checkpoint's own decoder
+    # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its method).
+    method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
     config, _ = config_for_model(lm.config, checkpoint, method, gen_length=args.gen_length,
                                  block_length=args.block_length)
     from caidllm.decode.prefix_reuse import check_budget, make_store
