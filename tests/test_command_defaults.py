@@ -97,6 +97,17 @@ def test_serve_with_a_settings_file_keeps_its_method_on_a_known_block_diffusion_
     assert defaults.method == defaults.settings.method == "cai"
 
 
+def test_serve_refuses_fair_under_tp_before_the_ranks_start(capsys, no_loading, monkeypatch):
+    import caidllm.parallel.launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the ranks were started before the setting was refused")
+    monkeypatch.setattr(caidllm.parallel.launch, "parallel_model", refuse)
+    assert main(["serve", "--model", "tiny", "--tp", "2", "--step-policy", "fair"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "tensor-parallel" in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("argv, words", [
     (["serve", "--model", "tiny-bd", "--block-length", "64"], "block_length 64 is not one"),
     (["serve", "--model", "tiny", "--method", "llada2"], "block-diffusion decoder"),

@@ -87,9 +87,14 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
 
 
 def tp_step_policy(lm, step_policy: str | None) -> str:
+    """The step policy to run on `lm` (step_policy_for)."""
+    return step_policy_for(step_policy, tensor_parallel=getattr(lm, "tp", None) is not None)
+
+
+def step_policy_for(step_policy: str | None, tensor_parallel: bool) -> str:
     """The step policy to run: a tensor-parallel model's ranks replay rank 0's steps and must choose the
     same groups, which "fair" (each rank's own forward clock) cannot promise: "all" there."""
-    if getattr(lm, "tp", None) is None:
+    if not tensor_parallel:
         return DEFAULT_STEP_POLICY if step_policy is None else step_policy
     if step_policy not in (None, "all"):
         raise InputError(f"step policy {step_policy!r} does not apply to a tensor-parallel model: its ranks must "

@@ -75,6 +75,10 @@ def run(args) -> int:
     check_api_key(args)
     method = args.method or ("cai" if settings is not None else None)  # as settings_from takes it
     check_before_load(args.model, method, gen_length=args.gen_length, block_length=args.block_length)
+    if args.tp > 1:  # a step policy the ranks cannot run alike, before they start
+        from caidllm.decode.engine import step_policy_for
+
+        step_policy_for(args.step_policy, tensor_parallel=True)
     if args.tp > 1:  # this process is rank 0 (the HTTP server, the engine) of the ranks it spawns
         from caidllm.parallel.launch import parallel_model
 
