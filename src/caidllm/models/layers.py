@@ -339,18 +339,21 @@ class Context:
         return out.transpose(1, 2).reshape(R, n, -1)
 
     def _block_visibility(self) -> torch.Tensor | None:
-        """[R, 1, n, L] block-causal mask of the positions computed at this layer (None: bidirectional)."""
-        if self.attention_block is None:
-            if self.key_end is None:
-                return None
+        """[R, 1, n, L] which keys the positions computed at this layer read (None: every one): the block-causal
+        mask, and each row's keys cut at its key_end (both where both apply)."""
+        ends = None
+        if self.key_end is not None:
             L, n = self.mask.shape[1], self.cos.shape[2]
             ends = torch.arange(L, device=self.mask.device)[None, None, None, :] < self.key_end[:, None, None, None]
-            return ends.expand(-1, 1, n, L)
+            ends = ends.expand(-1, 1, n, L)
+        if self.attention_block is None:
+            return ends
         if self.index is None:
             queries = self.positions[:, self.lo:]
         else:
             queries = self.positions.gather(1, self.index)
-        return block_visibility(queries, self.positions, self.attention_block)
+        visible = block_visibility(queries, self.positions, self.attention_block)
+        return visible if ends is None else visible & ends
 
     def _write_fresh(self, cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
         """Prefix mode: write the fresh K/V of columns [lo, L) into the layer's working copy,
