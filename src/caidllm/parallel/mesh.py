@@ -99,13 +99,7 @@ def check_tp(tp, config, device) -> None:
     if tp > have:
         unit = "GPUs" if torch.device(device).type == "cuda" else "CPU ranks (cores, at least 8)"
         raise InputError(f"--tp {tp} needs {tp} ranks, but this machine has {have} {unit}")
-    check_divides(tp, config)
-
-
-def check_divides(tp: int, config) -> None:
-    """Each rank holds an equal share of the heads, KV heads, feed-forward widths and experts
-    (the check `caidllm models --plan` makes too)."""
-    check_tp_divides(tp, config)
+    check_tp_divides(tp, config)  # each rank an equal share of heads, KV heads, widths and experts (as --plan)
 
 
 def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TPGroup:

@@ -25,10 +25,11 @@ from ..models.dream import DreamAttention, DreamMLP
 from ..models.llada import LLaDABlock
 from ..models.llada2 import LLaDA2Attention
 from ..models.moe import ExpertMLP, MoEFeedForward
+from ..models.plan import check_tp_divides
 from ..models.sdar import SDARAttention
 from .experts import shard_experts
 from .layers import RowParallelLinear, head_rows, keep_rows, shard_swiglu
-from .mesh import TPGroup, check_divides
+from .mesh import TPGroup
 
 
 def shard_separate_qkv(module, config, tp: TPGroup, out_name: str) -> None:
@@ -71,7 +72,7 @@ SHARDERS = {
 
 def shard_modules(model, config, tp: TPGroup) -> None:
     """Divide the modules of `model` (loaded, or still on the meta device) among tp's ranks."""
-    check_divides(tp.size, config)
+    check_tp_divides(tp.size, config)
     done = set()
     for module in list(model.modules()):
         sharder = SHARDERS.get(type(module))
