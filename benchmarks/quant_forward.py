@@ -2,6 +2,8 @@
 
     OMP_NUM_THREADS=1 python benchmarks/quant_forward.py --out runs/quant-forward.json
     python benchmarks/quant_forward.py --threads 1,2 --batches 1,8 --repeats 5 --out ...
+    OMP_NUM_THREADS=1 python benchmarks/quant_forward.py --alternate --batches 1 --repeats 7 \
+        --settings fp32,bf16,int8-dynamic+head@torchao,int8-dynamic+head,int4 --out runs/quant-ab.json
 
 The model is random:llada-8b reduced to 4 layers of width 1024 (LLaDA's 126k vocabulary kept).
 One forward = a full forward of a canvas of --prompt + --gen positions returning the logits of
@@ -9,7 +11,10 @@ the first --block generated positions; by default 128 positions, the logits of a
 llama.cpp's diffusion example computes them; caidllm's engine asks only for its block's). Each
 setting loads the model once; the times are medians of --repeats forwards after one warm-up: the
 process's CPU time (at 1 thread, the forward's time on a core of its own, whatever else runs on
-the machine) and the wall time.
+the machine) and the wall time. --alternate loads every setting first and then runs one forward
+of each in turn, --repeats rounds (ratios within one run on a shared machine). A setting ending
+in "@torchao" runs torchao's own kernel where caidllm would repack the weights for a faster one
+(models/cpu_int8.py): the "before" of that kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 import torch
 
 import caidllm
-from caidllm.models.quantize import weights_mb
+from caidllm.models.quantize import QUANTIZATIONS, weights_mb
 
 MODEL = "random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816"
 # setting -> (model dtype, quantization, quantize the output head too)
@@ -36,7 +41,9 @@ SETTINGS = {"fp32": ("float32", None, False), "bf16": ("bfloat16", None, False),
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
-    p.add_argument("--settings", default=",".join(SETTINGS), help="from: " + ", ".join(SETTINGS))
+    p.add_argument("--settings", default=",".join(SETTINGS),
+                   help="from: " + ", ".join(SETTINGS) + " (each may end in @torchao)")
+    p.add_argument("--alternate", action="store_true", help="load every setting, then alternate their forwards")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--threads", default="1")
     p.add_argument("--prompt", type=int, default=0)
@@ -53,26 +60,72 @@ def main(argv=None) -> int:
         return print_load_peak(args.load_peak, args.peak_of, args.dtype)
     if args.load_peak:
         return load_peaks(args)
-    rows = []
-    for name in args.settings.split(","):
-        dtype, quantize, head = SETTINGS[name]
-        dtype = args.dtype or dtype
-        lm = caidllm.load(MODEL, device="cpu", dtype=dtype, quantize=quantize, quantize_head=head)
-        for threads in (int(t) for t in args.threads.split(",")):
-            torch.set_num_threads(threads)
-            for batch in (int(b) for b in args.batches.split(",")):
-                cpu_ms, wall_ms = forward_ms(lm, batch, args)
-                rows.append(dict(setting=name, dtype=dtype, quantize=quantize, head=head, threads=threads,
-                                 batch=batch, cpu_ms=round(cpu_ms, 1), wall_ms=round(wall_ms, 1),
-                                 weights_mb=round(weights_mb(lm), 1)))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-        del lm
+    rows = alternate(args) if args.alternate else one_after_another(args)
     report = dict(model=MODEL, torch=torch.__version__, canvas=args.prompt + args.gen, block=args.block,
-                  repeats=args.repeats, rows=rows)
+                  repeats=args.repeats, alternate=args.alternate, rows=rows)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
     return 0
+
+
+def load_setting(name: str, dtype: str | None):
+    """The model in setting `name` ("...@torchao": with torchao's kernels, no repacking)."""
+    base, _, kernel = name.partition("@")
+    own_dtype, quantize, head = SETTINGS[base]
+    packings = {}
+    if kernel == "torchao" and quantize:
+        packings = dict(QUANTIZATIONS[quantize].packings)
+        QUANTIZATIONS[quantize].packings.clear()
+    try:
+        return caidllm.load(MODEL, device="cpu", dtype=dtype or own_dtype, quantize=quantize, quantize_head=head)
+    finally:
+        if packings:
+            QUANTIZATIONS[quantize].packings.update(packings)
+
+
+def row_of(name, lm, threads, batch, cpu_ms, wall_ms) -> dict:
+    quantize = lm.quantization
+    return dict(setting=name, dtype=str(lm.dtype).removeprefix("torch."), quantize=quantize, head=lm.quantized_head,
+                threads=threads, batch=batch, cpu_ms=round(cpu_ms, 1), wall_ms=round(wall_ms, 1),
+                weights_mb=round(weights_mb(lm), 1))
+
+
+def alternate(args) -> list[dict]:
+    """Every setting loaded first, then one forward of each in turn per round (one thread count)."""
+    threads = int(args.threads.split(",")[0])
+    torch.set_num_threads(threads)
+    models = {name: load_setting(name, args.dtype) for name in args.settings.split(",")}
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        ids = canvas(next(iter(models.values())), batch, args)
+        times = {name: ([], []) for name in models}
+        for lm in models.values():
+            lm.forward(ids, start=args.prompt, end=args.prompt + args.block)  # warm-up
+        for _ in range(args.repeats):
+            for name, lm in models.items():
+                cpu, wall = timed_forward(lm, ids, args)
+                times[name][0].append(cpu)
+                times[name][1].append(wall)
+        for name, (cpu, wall) in times.items():
+            rows.append(row_of(name, models[name], threads, batch, 1000 * statistics.median(cpu),
+                               1000 * statistics.median(wall)))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def one_after_another(args) -> list[dict]:
+    rows = []
+    for name in args.settings.split(","):
+        lm = load_setting(name, args.dtype)
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            for batch in (int(b) for b in args.batches.split(",")):
+                cpu_ms, wall_ms = forward_ms(lm, batch, args)
+                rows.append(row_of(name, lm, threads, batch, cpu_ms, wall_ms))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        del lm
+    return rows
 
 
 def load_peaks(args) -> int:
@@ -119,20 +172,24 @@ def print_load_peak(model: str, name: str, dtype: str | None = None) -> int:
     return 0
 
 
+def canvas(lm, batch: int, args) -> torch.Tensor:
+    vocab = len(lm.tokenizer)
+    return torch.randint(3, vocab, (batch, args.prompt + args.gen), generator=torch.Generator().manual_seed(0))
+
+
+def timed_forward(lm, ids, args) -> tuple[float, float]:
+    """(CPU s, wall s) of one forward. On a shared machine the process's CPU time is the forward's
+    cost (at 1 thread, its time on a core of its own); wall time includes waiting for one."""
+    tick, cpu_tick = time.perf_counter(), time.process_time()
+    lm.forward(ids, start=args.prompt, end=args.prompt + args.block)
+    return time.process_time() - cpu_tick, time.perf_counter() - tick
+
+
 def forward_ms(lm, batch: int, args) -> tuple[float, float]:
-    """(CPU ms, wall ms) of one forward, medians. On a shared machine the process's CPU time is the
-    forward's cost (at 1 thread, its time on a core of its own); wall time includes waiting for one."""
-    length = args.prompt + args.gen
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, len(lm.tokenizer), (batch, length), generator=generator)
-    start = args.prompt
-    lm.forward(ids, start=start, end=start + args.block)  # warm-up
-    cpu, wall = [], []
-    for _ in range(args.repeats):
-        tick, cpu_tick = time.perf_counter(), time.process_time()
-        lm.forward(ids, start=start, end=start + args.block)
-        wall.append(time.perf_counter() - tick)
-        cpu.append(time.process_time() - cpu_tick)
+    """(CPU ms, wall ms) of one forward, medians of --repeats after a warm-up."""
+    ids = canvas(lm, batch, args)
+    lm.forward(ids, start=args.prompt, end=args.prompt + args.block)  # warm-up
+    cpu, wall = zip(*(timed_forward(lm, ids, args) for _ in range(args.repeats)))
     return 1000 * statistics.median(cpu), 1000 * statistics.median(wall)
 
 

@@ -48,7 +48,8 @@ def test_weights_shrink_and_only_the_layers_linear_layers_are_quantized(quantize
     fp32 = caidllm.load("tiny", device="cpu", dtype="float32")
     bf16 = caidllm.load("tiny", device="cpu", dtype="bfloat16")
     sizes = {kind: weights_mb(lm) for kind, lm in quantized.items()}
-    assert sizes["int8"] == sizes["int8-dynamic"] < 0.35 * weights_mb(fp32)  # 1 byte per weight instead of 4
+    # 1 byte per weight instead of 4 (int8-dynamic's CPU kernel keeps no zero point per row)
+    assert sizes["int8-dynamic"] <= sizes["int8"] < 0.35 * weights_mb(fp32)
     assert sizes["int4"] < 0.45 * weights_mb(bf16)  # half a byte instead of 2, plus the group scales
     t = quantized["int8"].model.model.transformer
     assert all(is_quantized(block) for block in t.blocks)

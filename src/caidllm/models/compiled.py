@@ -53,7 +53,7 @@ def check_quantized_compile(quantization: str, device: str, dtype: torch.dtype) 
     try:
         with torch.device(device):
             layers = nn.ModuleList(nn.Linear(64, 64, bias=False) for _ in range(3)).to(dtype)
-        quantize_module(layers, QUANTIZATIONS[quantization], torch.device(device))
+        quantize_module(layers, QUANTIZATIONS[quantization], torch.device(device), pack=False)
         _no_autograd_cache()
         mlp(torch.ones(2, 3, 64, device=device, dtype=dtype), *(layer.weight for layer in layers)).sum().item()
     except Exception as e:  # noqa: BLE001 - Dynamo / Inductor / torchao raise many types

@@ -52,7 +52,7 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize:
     check_kernel(moe_kernel, quantized=quantize is not None)  # before any weight is read
     if compile and quantize is not None:  # a pair torch cannot compile fails before the model loads
         _check_compile_quantized(path_or_name, device, dtype, quantize)
-    lm = _load(path_or_name, device, dtype, quantize, quantize_head, shard)
+    lm = _load(path_or_name, device, dtype, quantize, quantize_head, shard, pack=not compile)
     set_moe_kernel(lm.model, moe_kernel)
     if compile:
         from .compiled import enable_compile
@@ -75,9 +75,10 @@ def _check_compile_quantized(path_or_name, device, dtype, quantize) -> None:
     check_quantized_compile(quantize, device.type, dtype)
 
 
-def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None) -> DiffusionLM:
+def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None, pack=True) -> DiffusionLM:
     if is_random_name(path_or_name):
-        return build_random(path_or_name, resolve_device(device), dtype, quantize=quantize, quantize_head=quantize_head)
+        return build_random(path_or_name, resolve_device(device), dtype, quantize=quantize, quantize_head=quantize_head,
+                            pack=pack)
     folder, hub_id = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
     checkpoint = identify(folder, config.raw, hub_id)
@@ -90,7 +91,7 @@ def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None) -> D
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     check_device_dtype(device, dtype)
     check_not_quantized(config.raw, folder / "config.json")
-    plan = make_plan(quantize, device, dtype, quantize_head)  # before any weight is read
+    plan = make_plan(quantize, device, dtype, quantize_head, pack)  # before any weight is read
     tokenizer, config = load_tokenizer(folder, config)
     model = load_model(folder, config, device, dtype, plan, shard)
     lm = DiffusionLM(model, config, tokenizer, device, dtype, path=folder, quantization=quantize,

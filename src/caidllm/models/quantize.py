@@ -39,9 +39,38 @@ class Quantization:
     linear_bytes: Callable[[int, int, torch.dtype], int]
     dtypes: tuple[torch.dtype, ...] = ()  # model dtypes its kernels run in (empty: any)
     needs: Callable[[torch.device], str | None] = field(default=lambda device: None)  # why not here, or None
+    packings: dict[str, "Packing"] = field(default_factory=dict)  # device type -> a faster kernel for it
 
     def config(self, device: torch.device):
         return self.configs[device.type]()
+
+    def packing(self, device_type: str) -> "Packing | None":
+        """The kernel that replaces torchao's on this device type, where this torch can run it."""
+        found = self.packings.get(device_type)
+        return found if found is not None and found.available() else None
+
+    def bytes_of(self, out: int, inp: int, dtype: torch.dtype, device_type: str) -> int:
+        packing = self.packing(device_type)
+        return (packing or self).linear_bytes(out, inp, dtype)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """torchao's quantized weights repacked for a faster kernel of one device type, at load."""
+
+    kernel: str  # what runs the matmul, for reports
+    available: Callable[[], bool]
+    apply: Callable[[nn.Module], None]  # converts torchao's weights inside a module in place
+    linear_bytes: Callable[[int, int, torch.dtype], int]
+    holds: Callable[[torch.Tensor], bool]  # whether a weight is in this packing
+
+
+def kernel_of(model: nn.Module, q: Quantization, device_type: str) -> str:
+    """What runs the quantized matmuls of a loaded model: a packing's kernel, or torchao's."""
+    packing = q.packings.get(device_type)
+    if packing is not None and any(packing.holds(p) for p in model.parameters()):
+        return packing.kernel
+    return "torchao"
 
 
 def _int8_weight_only():
@@ -97,11 +126,36 @@ def _fp8_bytes(out: int, inp: int, dtype) -> int:
     return out * inp + out * 4  # float8 data, a float32 scale per row
 
 
+def _onednn_available() -> bool:
+    from . import cpu_int8
+
+    return cpu_int8.available()
+
+
+def _onednn_pack(module: nn.Module) -> None:
+    from . import cpu_int8
+
+    cpu_int8.pack_int8_dynamic(module)
+
+
+def _onednn_holds(t: torch.Tensor) -> bool:
+    from . import cpu_int8
+
+    return isinstance(t, cpu_int8.OnednnInt8Weight)
+
+
+# int8-dynamic on a CPU: oneDNN's int8 matmul (AMX / VNNI) over the weights packed once (models/cpu_int8.py)
+ONEDNN_INT8 = Packing("onednn int8 (packed at load)", _onednn_available, _onednn_pack,
+                      lambda out, inp, dtype: out * inp + out * 4,  # int8 data, a float32 scale per row
+                      _onednn_holds)
+
+
 QUANTIZATIONS = {q.name: q for q in (
     Quantization("int8", "int8 weights (one scale per output channel), activations in the model dtype",
                  {"cpu": _int8_weight_only, "cuda": _int8_weight_only}, _int8_bytes),
     Quantization("int8-dynamic", "int8 weights (per output channel) and int8 activations (per token, "
-                 "quantized on the fly)", {"cpu": _int8_dynamic, "cuda": _int8_dynamic}, _int8_bytes),
+                 "quantized on the fly)", {"cpu": _int8_dynamic, "cuda": _int8_dynamic}, _int8_bytes,
+                 packings={"cpu": ONEDNN_INT8}),
     Quantization("int4", f"int4 weights in groups of {INT4_GROUP} (packed two per byte), activations in bfloat16",
                  {"cpu": _int4_cpu, "cuda": _int4_cuda}, _int4_bytes, dtypes=(torch.bfloat16,)),
     Quantization("fp8", "float8 e4m3 weights and activations, one scale per row (CUDA compute capability 8.9+)",
@@ -210,12 +264,16 @@ def _is_linear(module: nn.Module, fqn: str) -> bool:
     return isinstance(module, nn.Linear)
 
 
-def quantize_module(module: nn.Module, q: Quantization, device: torch.device) -> None:
-    """Quantize every nn.Linear inside `module` in place (one decoder layer, or the head)."""
+def quantize_module(module: nn.Module, q: Quantization, device: torch.device, pack: bool = True) -> None:
+    """Quantize every nn.Linear inside `module` in place (one decoder layer, or the head); `pack`:
+    repacked for the device's faster kernel where there is one (not under --compile)."""
     from torchao.quantization import quantize_
 
     with _quiet_import():
         quantize_(module, q.config(device), filter_fn=_is_linear, device=device)
+    packing = q.packing(device.type) if pack else None
+    if packing is not None:
+        packing.apply(module)
 
 
 @dataclass
@@ -225,10 +283,11 @@ class QuantizePlan:
     quantization: Quantization
     device: torch.device
     head: bool = False  # also quantize the untied output head
+    pack: bool = True  # the device's faster kernel where there is one (False: torchao's, for --compile)
 
     def layer(self, layer: nn.Module) -> None:
         unstack_experts(layer)  # torchao quantizes Linear layers: stacked experts become one each
-        quantize_module(layer, self.quantization, self.device)
+        quantize_module(layer, self.quantization, self.device, self.pack)
 
     def check(self, model: nn.Module) -> None:
         """Before any weight is read (`model` on the meta device): a head to quantize exists."""
@@ -239,16 +298,17 @@ class QuantizePlan:
     def finish(self, model: nn.Module) -> None:
         """After every layer: the head, if asked."""
         if self.head:
-            quantize_module(output_head(model), self.quantization, self.device)
+            quantize_module(output_head(model), self.quantization, self.device, self.pack)
 
 
-def make_plan(quantize, device: torch.device, dtype: torch.dtype, head: bool = False) -> QuantizePlan | None:
+def make_plan(quantize, device: torch.device, dtype: torch.dtype, head: bool = False,
+              pack: bool = True) -> QuantizePlan | None:
     q = check_quantization(quantize, device, dtype)
     if q is None:
         if head:
             raise InputError("quantize_head needs a quantization (quantize= / --quantize)")
         return None
-    return QuantizePlan(q, device, head)
+    return QuantizePlan(q, device, head, pack)
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -298,9 +358,10 @@ def weights_bytes(model: nn.Module) -> int:
 
 
 def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str | None = None,
-                           head: bool = False) -> int:
+                           head: bool = False, device_type: str = "cpu") -> int:
     """The bytes weights_bytes() will count once `model` (a meta-device module is fine: nothing is
-    read) is loaded in `dtype` with `quantize`: for `caidllm models` and sizing a GPU before a load."""
+    read) is loaded in `dtype` with `quantize` on `device_type`: for `caidllm models` and sizing a
+    GPU before a load."""
     if quantize is None and head:
         raise InputError("quantize_head needs a quantization (quantize= / --quantize)")
     if quantize is not None and quantize not in QUANTIZATIONS:
@@ -320,10 +381,10 @@ def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str |
                 continue
             seen.add(id(t))
             if id(module) in quantized and name == "weight":
-                total += QUANTIZATIONS[quantize].linear_bytes(module.out_features, module.in_features, dtype)
+                total += QUANTIZATIONS[quantize].bytes_of(module.out_features, module.in_features, dtype, device_type)
             elif quantize is not None and isinstance(module, StackedExperts):  # quantized expert by expert
                 experts, out, inp = t.shape
-                total += experts * QUANTIZATIONS[quantize].linear_bytes(out, inp, dtype)
+                total += experts * QUANTIZATIONS[quantize].bytes_of(out, inp, dtype, device_type)
             else:
                 total += t.numel() * dtype.itemsize
     return total
@@ -338,6 +399,7 @@ def quantization_info(lm) -> dict:
     q = QUANTIZATIONS.get(lm.quantization) if lm.quantization else None
     return {
         "quantization": lm.quantization,
+        "quantization_kernel": kernel_of(lm.model, q, torch.device(lm.device).type) if q else None,
         "quantization_summary": q.summary if q else f"none: every weight in {str(lm.dtype).removeprefix('torch.')}",
         "quantized_head": bool(getattr(lm, "quantized_head", False)),
         "torchao": torchao_version() if q else None,

@@ -139,9 +139,10 @@ def _typed(name: str, key: str, text: str, official):
 
 
 def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0,
-                 quantize: str | None = None, quantize_head: bool = False):
+                 quantize: str | None = None, quantize_head: bool = False, pack: bool = True):
     """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`;
-    with `quantize`, each layer is quantized as soon as it is drawn (models/quantize.py)."""
+    with `quantize`, each layer is quantized as soon as it is drawn (models/quantize.py; `pack`:
+    repacked for the device's faster kernel)."""
     kind, raw = random_raw_config(name)
     make_tokenizer = block_random.generated_tokenizer if kind in block_random.TOKENIZERS else generated_tokenizer
     tokenizer, ids = make_tokenizer(kind, max_length=_max_length(raw))
@@ -153,7 +154,7 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     if device.type != "meta":
         check_device_dtype(device, dtype)
-    plan = make_plan(quantize, device, dtype, quantize_head) if quantize or quantize_head else None
+    plan = make_plan(quantize, device, dtype, quantize_head, pack) if quantize or quantize_head else None
     config = replace(config, eos_ids=tuple(dict.fromkeys([config.eos_id, *end_of_turn_ids(tokenizer)])))
     with torch.device("meta"):
         model = get_family(config.family).model_class(config)

@@ -1,0 +1,101 @@
+"""int8-dynamic on a CPU through oneDNN (AMX / VNNI int8 matmuls), packed once at load.
+
+torchao's ``Int8DynamicActivationInt8WeightConfig`` quantizes the weights (int8, one scale per
+output channel) and, per forward, the activations (int8, one scale per token); on a CPU its
+matmul is ``torch._int_mm``, which on the 126k-vocabulary head runs at about the speed of
+float32 (BENCHMARKS.md, "Quantized CPU forwards against llama.cpp"). This module keeps
+torchao's quantized values and swaps the matmul: the int8 weight is reordered once into
+oneDNN's blocked layout (``onednn.qlinear_prepack``) and each forward is one
+``onednn.qlinear_pointwise`` with int32 accumulation. The accumulation is exact, so a row's
+result never depends on the other rows of its batch (batch invariance holds), and the
+numbers are torchao's but for the order of the two float scale products.
+
+``pack_int8_dynamic(module)`` converts every torchao int8-dynamic weight inside `module`;
+quantize.py calls it on CPUs whose torch has oneDNN (``available()``), except under --compile:
+Inductor cannot lower oneDNN's opaque packed weight, so a compiled model keeps torchao's kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchao.utils import TorchAOBaseTensor
+
+aten = torch.ops.aten
+_EPS = torch.finfo(torch.float32).eps
+
+
+def available() -> bool:
+    """Whether this torch can run the oneDNN int8 linear (built with oneDNN, the op registered)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+class OnednnInt8Weight(TorchAOBaseTensor):
+    """An [out, in] int8 weight in oneDNN's packed layout and its float32 scale per output
+    channel; F.linear on it quantizes the activation per token and runs oneDNN's int8 matmul."""
+
+    tensor_data_names = ["packed", "scale"]
+    tensor_attribute_names = ["shape", "act_dtype"]
+
+    def __new__(cls, packed, scale, shape, act_dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=act_dtype, device=scale.device,
+                                                   requires_grad=False)
+
+    def __init__(self, packed: torch.Tensor, scale: torch.Tensor, shape, act_dtype: torch.dtype):
+        super().__init__()
+        self.packed, self.scale, self.act_dtype = packed, scale, act_dtype
+
+    @classmethod
+    def from_int8(cls, qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> "OnednnInt8Weight":
+        """From an [out, in] int8 weight and its scale per output channel (torchao's Int8Tensor data)."""
+        packed = torch.ops.onednn.qlinear_prepack(qdata.contiguous(), None)
+        return cls(packed, scale.reshape(-1).float().contiguous(), qdata.shape, dtype)
+
+    def dequantize(self, output_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight in floating point: the kernel applied to the identity (exact: int32 sums of one term)."""
+        eye = torch.eye(self.shape[1], dtype=torch.int8, device=self.device)
+        return _matmul(eye, self.packed, self.scale, torch.float32).t().to(output_dtype or self.dtype)
+
+
+def _matmul(x_int8: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype):
+    zero_points = torch.zeros(scale.shape[0], dtype=torch.long, device=scale.device)
+    return torch.ops.onednn.qlinear_pointwise(x_int8, 1.0, 0, packed, scale, zero_points, None, 1.0, 0,
+                                              out_dtype, "none", [], "")
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values, float32 scale [rows, 1]) of a [rows, in] activation: symmetric, one scale per
+    row, as torchao's int8-dynamic (scale = max |x| / 127.5, values rounded and clamped to int8)."""
+    x = x.float()
+    scale = (x.abs().amax(dim=1, keepdim=True) / 127.5).clamp_min_(_EPS)
+    return torch.round(x * (1.0 / scale)).clamp_(-128, 127).to(torch.int8), scale
+
+
+def int8_linear(x: torch.Tensor, weight: OnednnInt8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    out_features = weight.shape[0]
+    if rows.shape[0] == 0:
+        y = rows.new_zeros(0, out_features)
+    else:
+        values, scale = quantize_per_token(rows)
+        y = _matmul(values, weight.packed, weight.scale, x.dtype).mul_(scale.to(x.dtype))
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+@OnednnInt8Weight.implements(aten.linear.default)
+@OnednnInt8Weight.implements_torch_function(torch.nn.functional.linear)
+def _(func, types, args, kwargs):
+    return int8_linear(args[0], args[1], args[2] if len(args) > 2 else None)
+
+
+def pack_int8_dynamic(module: nn.Module) -> None:
+    """Replace every torchao int8-dynamic weight (per-row int8, symmetric) inside `module` by its
+    oneDNN-packed equivalent; other weights are left as they are."""
+    from torchao.quantization import Int8Tensor
+
+    for linear in module.modules():
+        w = getattr(linear, "weight", None)
+        if isinstance(linear, nn.Linear) and isinstance(w, Int8Tensor) and w.act_quant_kwargs is not None:
+            linear.weight = nn.Parameter(OnednnInt8Weight.from_int8(w.qdata, w.scale, w.dtype), requires_grad=False)
