@@ -151,3 +151,21 @@ def test_compile_keeps_torchaos_kernel():
         linear = nn.Linear(64, 32, bias=False)
         quant.quantize_module(linear, quant.QUANTIZATIONS["int8-dynamic"], torch.device("cpu"), pack=pack)
         assert isinstance(linear.weight, kind)
+
+
+@pytest.mark.parametrize("family", ["llada2", "llada-moe", "sdar-moe"])
+def test_mixture_of_experts_packs_each_expert_and_predicts_its_bytes(family):
+    from test_moe_kernels import RANDOM
+
+    kernels = cpu_int8()
+    lm = caidllm.load(RANDOM[family], device="cpu", dtype="float32", quantize="int8-dynamic")
+    experts = [m.weight for n, m in lm.model.named_modules() if ".experts." in n and isinstance(m, nn.Linear)]
+    assert experts and all(isinstance(w, kernels.OnednnInt8Weight) for w in experts)
+    meta = caidllm.load(RANDOM[family], device="meta")
+    assert quant.expected_weights_bytes(meta.model, torch.float32, "int8-dynamic") == quant.weights_bytes(lm.model)
+    with without_packing():
+        reference = caidllm.load(RANDOM[family], device="cpu", dtype="float32", quantize="int8-dynamic")
+    ids = torch.arange(3, 19)[None]
+    full = caidllm.load(RANDOM[family], device="cpu", dtype="float32").logits(ids)
+    packed, torchao = lm.logits(ids), reference.logits(ids)
+    assert (packed - full).abs().max() <= max(0.05 * full.abs().max(), 1.5 * (torchao - full).abs().max())
