@@ -6,7 +6,9 @@ experts, unstacked into one Linear each first: moe_experts.unstack_experts); the
 the norms and the output head stay in the model dtype (``quantize_head=True`` quantizes an
 untied head too). The model is quantized layer by
 layer as it loads (loading.py, random_init.py), so only one layer at a time is ever held
-in full precision.
+in full precision. Where a device has a faster kernel for a scheme than torchao's (a
+``Packing``: int8-dynamic on a CPU, models/cpu_int8.py), torchao's tensors are repacked for
+it as each layer is quantized.
 
 ``check_quantization`` runs before any weight is read: an unknown value, a missing
 torchao, or a config the device or dtype cannot run is one clear ``InputError``.
@@ -24,6 +26,7 @@ from torch import nn
 
 from ..errors import InputError, ModelLoadError
 from .moe_experts import StackedExperts, unstack_experts
+from .packing import ONEDNN_INT8, Packing, kernel_of
 
 INT4_GROUP = 32  # weights per int4 scale (as GGUF's Q4_0): finer groups keep more accuracy
 
@@ -39,12 +42,17 @@ class Quantization:
     linear_bytes: Callable[[int, int, torch.dtype], int]
     dtypes: tuple[torch.dtype, ...] = ()  # model dtypes its kernels run in (empty: any)
     needs: Callable[[torch.device], str | None] = field(default=lambda device: None)  # why not here, or None
-    packings: dict[str, "Packing"] = field(default_factory=dict)  # device type -> a faster kernel for it
+    packings: dict[str, Packing] = field(default_factory=dict)  # device type -> a faster kernel for it
+    heads: dict[str, str] = field(default_factory=dict)  # device type -> the scheme of a quantized head
 
     def config(self, device: torch.device):
         return self.configs[device.type]()
 
-    def packing(self, device_type: str) -> "Packing | None":
+    def for_head(self, device_type: str) -> "Quantization":
+        """The scheme that quantizes the output head (--quantize-head) on this device type."""
+        return QUANTIZATIONS[self.heads.get(device_type, self.name)]
+
+    def packing(self, device_type: str) -> Packing | None:
         """The kernel that replaces torchao's on this device type, where this torch can run it."""
         found = self.packings.get(device_type)
         return found if found is not None and found.available() else None
@@ -52,25 +60,6 @@ class Quantization:
     def bytes_of(self, out: int, inp: int, dtype: torch.dtype, device_type: str) -> int:
         packing = self.packing(device_type)
         return (packing or self).linear_bytes(out, inp, dtype)
-
-
-@dataclass(frozen=True)
-class Packing:
-    """torchao's quantized weights repacked for a faster kernel of one device type, at load."""
-
-    kernel: str  # what runs the matmul, for reports
-    available: Callable[[], bool]
-    apply: Callable[[nn.Module], None]  # converts torchao's weights inside a module in place
-    linear_bytes: Callable[[int, int, torch.dtype], int]
-    holds: Callable[[torch.Tensor], bool]  # whether a weight is in this packing
-
-
-def kernel_of(model: nn.Module, q: Quantization, device_type: str) -> str:
-    """What runs the quantized matmuls of a loaded model: a packing's kernel, or torchao's."""
-    packing = q.packings.get(device_type)
-    if packing is not None and any(packing.holds(p) for p in model.parameters()):
-        return packing.kernel
-    return "torchao"
 
 
 def _int8_weight_only():
@@ -126,38 +115,17 @@ def _fp8_bytes(out: int, inp: int, dtype) -> int:
     return out * inp + out * 4  # float8 data, a float32 scale per row
 
 
-def _onednn_available() -> bool:
-    from . import cpu_int8
-
-    return cpu_int8.available()
-
-
-def _onednn_pack(module: nn.Module) -> None:
-    from . import cpu_int8
-
-    cpu_int8.pack_int8_dynamic(module)
-
-
-def _onednn_holds(t: torch.Tensor) -> bool:
-    from . import cpu_int8
-
-    return isinstance(t, cpu_int8.OnednnInt8Weight)
-
-
-# int8-dynamic on a CPU: oneDNN's int8 matmul (AMX / VNNI) over the weights packed once (models/cpu_int8.py)
-ONEDNN_INT8 = Packing("onednn int8 (packed at load)", _onednn_available, _onednn_pack,
-                      lambda out, inp, dtype: out * inp + out * 4,  # int8 data, a float32 scale per row
-                      _onednn_holds)
-
-
 QUANTIZATIONS = {q.name: q for q in (
     Quantization("int8", "int8 weights (one scale per output channel), activations in the model dtype",
                  {"cpu": _int8_weight_only, "cuda": _int8_weight_only}, _int8_bytes),
     Quantization("int8-dynamic", "int8 weights (per output channel) and int8 activations (per token, "
                  "quantized on the fly)", {"cpu": _int8_dynamic, "cuda": _int8_dynamic}, _int8_bytes,
                  packings={"cpu": ONEDNN_INT8}),
+    # On a CPU torch's int4 kernel runs the 126k-row head 7x slower than bfloat16 (BENCHMARKS.md): a
+    # quantized head is int8-dynamic there, as llama.cpp's Q4_0 keeps its output head at Q6_K.
     Quantization("int4", f"int4 weights in groups of {INT4_GROUP} (packed two per byte), activations in bfloat16",
-                 {"cpu": _int4_cpu, "cuda": _int4_cuda}, _int4_bytes, dtypes=(torch.bfloat16,)),
+                 {"cpu": _int4_cpu, "cuda": _int4_cuda}, _int4_bytes, dtypes=(torch.bfloat16,),
+                 heads={"cpu": "int8-dynamic"}),
     Quantization("fp8", "float8 e4m3 weights and activations, one scale per row (CUDA compute capability 8.9+)",
                  {"cuda": _fp8_rowwise}, _fp8_bytes, dtypes=(torch.bfloat16,), needs=_fp8_hardware),
 )}
@@ -298,7 +266,8 @@ class QuantizePlan:
     def finish(self, model: nn.Module) -> None:
         """After every layer: the head, if asked."""
         if self.head:
-            quantize_module(output_head(model), self.quantization, self.device, self.pack)
+            head = self.quantization.for_head(self.device.type)
+            quantize_module(output_head(model), head, self.device, self.pack)
 
 
 def make_plan(quantize, device: torch.device, dtype: torch.dtype, head: bool = False,
@@ -368,12 +337,12 @@ def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str |
         raise InputError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
     if quantize is not None:
         _check_dtype(QUANTIZATIONS[quantize], dtype)
-    quantized = set()
+    quantized, head_module = set(), output_head(model) if head else None
     if quantize is not None:
         for layer in decoder_layers(model)[1]:
             quantized |= {id(m) for m in layer.modules() if isinstance(m, nn.Linear)}
-        if head and output_head(model) is not None:
-            quantized.add(id(output_head(model)))
+        if head_module is not None:
+            quantized.add(id(head_module))
     total, seen = 0, set()
     for module in model.modules():
         for name, t in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)):
@@ -381,7 +350,9 @@ def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str |
                 continue
             seen.add(id(t))
             if id(module) in quantized and name == "weight":
-                total += QUANTIZATIONS[quantize].bytes_of(module.out_features, module.in_features, dtype, device_type)
+                q = QUANTIZATIONS[quantize]
+                q = q.for_head(device_type) if module is head_module else q
+                total += q.bytes_of(module.out_features, module.in_features, dtype, device_type)
             elif quantize is not None and isinstance(module, StackedExperts):  # quantized expert by expert
                 experts, out, inp = t.shape
                 total += experts * QUANTIZATIONS[quantize].bytes_of(out, inp, dtype, device_type)
@@ -399,9 +370,11 @@ def quantization_info(lm) -> dict:
     q = QUANTIZATIONS.get(lm.quantization) if lm.quantization else None
     return {
         "quantization": lm.quantization,
-        "quantization_kernel": kernel_of(lm.model, q, torch.device(lm.device).type) if q else None,
+        "quantization_kernel": kernel_of(lm.model, q.packings.get(torch.device(lm.device).type)) if q else None,
         "quantization_summary": q.summary if q else f"none: every weight in {str(lm.dtype).removeprefix('torch.')}",
         "quantized_head": bool(getattr(lm, "quantized_head", False)),
+        "head_quantization": q.for_head(torch.device(lm.device).type).name
+        if q and getattr(lm, "quantized_head", False) else None,
         "torchao": torchao_version() if q else None,
         "weights_mb": round(weights_mb(lm), 3),
     }
