@@ -187,3 +187,18 @@ def test_int4_with_its_head_on_a_cpu_quantizes_the_head_int8_dynamic():
     full, quantized = bf16.logits(ids), lm.logits(ids)
     assert (full.argmax(-1) == quantized.argmax(-1)).float().mean() >= 0.9
     assert lm.generate(PROMPTS[:1], **DECODE)[0].text.strip()
+
+
+def test_caidllm_models_names_the_heads_scheme_and_its_bytes(capsys, monkeypatch):
+    import json
+
+    from caidllm.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # load's default device: this CPU
+    small = "random:llada-8b?n_layers=2&d_model=128&n_heads=2&n_kv_heads=2&mlp_hidden_size=256&vocab_size=1024"
+    assert main(["models", "--model", small, "--quantize", "int4", "--quantize-head"]) == 0
+    assert "int4 linear layers and int8-dynamic head" in capsys.readouterr().out
+    assert main(["models", "--model", small, "--quantize", "int4", "--quantize-head", "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)
+    loaded = caidllm.load(small, device="cpu", dtype="bfloat16", quantize="int4", quantize_head=True)
+    assert memory["head_quantization"] == "int8-dynamic" and memory["weights_bytes"] == quant.weights_bytes(loaded.model)

@@ -118,7 +118,10 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
 def quantized(m: dict) -> str:
     if not m.get("quantization"):
         return ""
-    return f", {m['quantization']} linear layers" + (" and head" if m.get("quantized_head") else "")
+    head = m.get("head_quantization")
+    if not m.get("quantized_head"):
+        return f", {m['quantization']} linear layers"
+    return f", {m['quantization']} linear layers and " + ("head" if head == m["quantization"] else f"{head} head")
 
 
 CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "none")

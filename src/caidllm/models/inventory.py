@@ -117,7 +117,8 @@ def describe(name: str) -> Described:
 def model_memory(lm, dtype: torch.dtype, length: int, quantize: str | None = None, quantize_head: bool = False) -> dict:
     """Weights and per-request cache memory of a (meta) model in `dtype`, its layers' linear
     layers quantized with `quantize` (models/quantize.py) when given."""
-    from .quantize import expected_weights_bytes
+    from .device import resolve_device
+    from .quantize import QUANTIZATIONS, expected_weights_bytes
 
     if length < 1:
         raise InputError(f"--length must be a positive number of positions, got {length}")
@@ -127,6 +128,8 @@ def model_memory(lm, dtype: torch.dtype, length: int, quantize: str | None = Non
         weights = expected_weights_bytes(lm.model, dtype, quantize, quantize_head)
     return {"model": lm.name, "family": lm.config.family, "dtype": str(dtype).removeprefix("torch."),
             "quantization": quantize, "quantized_head": quantize_head,
+            "head_quantization": QUANTIZATIONS[quantize].for_head(resolve_device(None).type).name
+            if quantize in QUANTIZATIONS and quantize_head else None,
             "parameters_total": total, "parameters_active": active, "weights_bytes": weights,
             "length": length, "context": lm.config.max_length,
             "cache_bytes_per_request": cache_bytes(lm.config, length, dtype)}

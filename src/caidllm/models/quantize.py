@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, ModelLoadError
+from .device import resolve_device
 from .moe_experts import StackedExperts, unstack_experts
 from .packing import ONEDNN_INT8, Packing, kernel_of
 
@@ -327,16 +328,17 @@ def weights_bytes(model: nn.Module) -> int:
 
 
 def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str | None = None,
-                           head: bool = False, device_type: str = "cpu") -> int:
+                           head: bool = False, device_type: str | None = None) -> int:
     """The bytes weights_bytes() will count once `model` (a meta-device module is fine: nothing is
-    read) is loaded in `dtype` with `quantize` on `device_type`: for `caidllm models` and sizing a
-    GPU before a load."""
+    read) is loaded in `dtype` with `quantize` on `device_type` (None: load's default device): for
+    `caidllm models` and sizing a GPU before a load."""
     if quantize is None and head:
         raise InputError("quantize_head needs a quantization (quantize= / --quantize)")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise InputError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
     if quantize is not None:
         _check_dtype(QUANTIZATIONS[quantize], dtype)
+    device_type = device_type or resolve_device(None).type
     quantized, head_module = set(), output_head(model) if head else None
     if quantize is not None:
         for layer in decoder_layers(model)[1]:
