@@ -202,3 +202,14 @@ def test_caidllm_models_names_the_heads_scheme_and_its_bytes(capsys, monkeypatch
     memory = json.loads(capsys.readouterr().out)
     loaded = caidllm.load(small, device="cpu", dtype="bfloat16", quantize="int4", quantize_head=True)
     assert memory["head_quantization"] == "int8-dynamic" and memory["weights_bytes"] == quant.weights_bytes(loaded.model)
+
+
+def test_weights_this_kernel_does_not_compute_the_same_way_stay_torchaos():
+    from torchao.quantization import Int8Tensor, Int8WeightOnlyConfig, quantize_
+
+    kernels = cpu_int8()
+    weight_only = nn.Linear(64, 32, bias=False)
+    quantize_(weight_only, Int8WeightOnlyConfig())  # activations stay float: not this kernel's numbers
+    plain = nn.Linear(64, 32, bias=False)
+    kernels.pack_int8_dynamic(nn.Sequential(weight_only, plain))
+    assert isinstance(weight_only.weight, Int8Tensor) and type(plain.weight) is nn.Parameter

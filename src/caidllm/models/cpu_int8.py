@@ -92,10 +92,19 @@ def _(func, types, args, kwargs):
 
 def pack_int8_dynamic(module: nn.Module) -> None:
     """Replace every torchao int8-dynamic weight (per-row int8, symmetric) inside `module` by its
-    oneDNN-packed equivalent; other weights are left as they are."""
-    from torchao.quantization import Int8Tensor
-
+    oneDNN-packed equivalent; other weights (and any torchao layout this kernel does not compute
+    the same way) are left as they are."""
     for linear in module.modules():
         w = getattr(linear, "weight", None)
-        if isinstance(linear, nn.Linear) and isinstance(w, Int8Tensor) and w.act_quant_kwargs is not None:
+        if isinstance(linear, nn.Linear) and _symmetric_int8_dynamic(w):
             linear.weight = nn.Parameter(OnednnInt8Weight.from_int8(w.qdata, w.scale, w.dtype), requires_grad=False)
+
+
+def _symmetric_int8_dynamic(w) -> bool:
+    from torchao.quantization import Int8Tensor, MappingType
+
+    if not isinstance(w, Int8Tensor) or w.act_quant_kwargs is None or w.act_pre_scale is not None:
+        return False
+    per_row = w.scale.numel() == w.shape[0]
+    no_zero = w.zero_point is None or not bool(w.zero_point.any())
+    return per_row and no_zero and w.act_quant_kwargs.mapping_type == MappingType.SYMMETRIC
