@@ -24,6 +24,7 @@ import torch
 
 import caidllm
 from caidllm.models.quantize import weights_mb
+from caidllm.models.modes import Full
 
 MODEL = "random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816"
 # setting -> (model dtype, quantization, quantize the output head too)
@@ -126,11 +127,11 @@ def forward_ms(lm, batch: int, args) -> tuple[float, float]:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, len(lm.tokenizer), (batch, length), generator=generator)
     start = args.prompt
-    lm.forward(ids, start=start, end=start + args.block)  # warm-up
+    lm.forward(ids, mode=Full(start=start, end=start + args.block))  # warm-up
     cpu, wall = [], []
     for _ in range(args.repeats):
         tick, cpu_tick = time.perf_counter(), time.process_time()
-        lm.forward(ids, start=start, end=start + args.block)
+        lm.forward(ids, mode=Full(start=start, end=start + args.block))
         wall.append(time.perf_counter() - tick)
         cpu.append(time.process_time() - cpu_tick)
     return 1000 * statistics.median(cpu), 1000 * statistics.median(wall)

@@ -21,7 +21,8 @@ from ..cache import KVCache
 from ..layers import Context, default_attention_block
 from ..skip import EarlySkip
 from ..transfer import to_device
-from .checks import check_attention_block, check_cache, check_canvas, check_filled, check_range, check_rows, left_padding
+from .checks import (check_attention_block, check_cache, check_canvas, check_filled, check_range, check_rows,
+                     left_padding)
 
 
 @dataclass
@@ -167,7 +168,8 @@ def columns_context(lm, call: Call, name: str, columns: torch.Tensor, **extra) -
     cache, every other column's read from it."""
     c, r = lm.config, call.r
     return Context.build(call.cache.attention_mask[r], call.cache.positions[r], c.rotary_dim, c.rope_theta,
-                         mode=name, rows=call.rows, cache=call.cache, real_from=call.real_from, columns=columns, **extra)
+                         mode=name, rows=call.rows, cache=call.cache, real_from=call.real_from, columns=columns,
+                         **extra)
 
 
 def gather_block(logits: torch.Tensor, block_at: torch.Tensor | None) -> torch.Tensor:

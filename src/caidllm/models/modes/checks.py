@@ -55,7 +55,8 @@ def check_rows(lm, rows, B):
         return None
     rows = torch.as_tensor(rows)
     if rows.dim() != 1 or rows.numel() == 0 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
-        raise InputError(f"rows must be a non-empty 1-D integer tensor; got dtype {rows.dtype}, shape {tuple(rows.shape)}")
+        raise InputError(f"rows must be a non-empty 1-D integer tensor; got dtype {rows.dtype}, "
+                         f"shape {tuple(rows.shape)}")
     if int(rows.min()) < 0 or int(rows.max()) >= B:
         raise InputError(f"rows {rows.tolist()} out of range for batch size {B}")
     if rows.unique().numel() != rows.numel():
