@@ -44,7 +44,7 @@ class PolicySpec:
     state_for: Callable[[PolicyConfig], tuple[str, ...]] | None = None  # state names that depend on settings
     needs_distribution: bool = False  # the view carries each position's entropy and second probability
     revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
-    forward: str | None = None  # a forward mode of its own, at every step (models/forward_modes.py)
+    forward: str | None = None  # a forward mode of its own, at every step (a name in models/modes: FORWARD_MODES)
     # The request draws a decoding order at each block start and the policy is offered only the
     # step's share of it (policies/random_order.py).
     ordered: bool = False

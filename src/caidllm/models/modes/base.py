@@ -59,6 +59,9 @@ class ForwardMode:
     uses_cache: ClassVar[bool] = True  # reads a cache a full forward filled
     shadow: ClassVar[bool] = False  # returns the block's logits, then a verifying shadow block's
     unshifted: ClassVar[bool] = False  # needs logits aligned to positions (no family shift)
+    # CachedCanvasMode: the layers.Context computation it runs (None: its own name). "dual": the block and
+    # `extra` positions left of it against the cache; "prefix": from the block to the canvas's end.
+    context_mode: ClassVar[str | None] = None
 
     start: int | list[int] = 0
     end: int | list[int] | None = None
@@ -139,7 +142,7 @@ class CachedCanvasMode(ForwardMode):
     reads every other position's K/V, mask and positions from the cache."""
 
     def run(self, lm, call: Call) -> torch.Tensor:
-        return cached_forward(lm, call, self.name, self.extra(lm), key_end=self.key_end)[0]
+        return cached_forward(lm, call, self.context_mode or self.name, self.extra(lm), key_end=self.key_end)[0]
 
 
 def canvas_forward(lm, call: Call, name: str, extra: int, mask_r, positions_r, *, key_end=None,
