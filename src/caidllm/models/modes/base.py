@@ -145,6 +145,32 @@ class CachedCanvasMode(ForwardMode):
         return cached_forward(lm, call, self.context_mode or self.name, self.extra(lm), key_end=self.key_end)[0]
 
 
+@dataclass(kw_only=True)
+class ColumnsMode(ForwardMode):
+    """A mode over chosen columns of each row (dkv, subblock): ``columns`` [R, n] (absolute, ascending
+    per row) computed, their K/V written into the cache, every other column's read from it; logits
+    [R, n, V] of the columns, or with ``block_at`` [R, block] (each block position's index among them)
+    of the block."""
+
+    columns: torch.Tensor | None = None
+    block_at: torch.Tensor | None = None
+
+    def check_inputs(self, lm, call: Call) -> None:
+        if not isinstance(self.columns, torch.Tensor) or self.columns.dim() != 2:
+            raise InputError(f"mode {self.name!r} needs columns=[R, n] long tensor, got {type(self.columns).__name__}")
+
+    def extra(self, lm) -> int:
+        return 0
+
+    def run(self, lm, call: Call) -> torch.Tensor:
+        self.check_model(lm)  # the engine refuses these models before; a vouched call is checked here too
+        c, r = lm.config, call.r
+        ctx = Context.build(call.cache.attention_mask[r], call.cache.positions[r], c.rotary_dim, c.rope_theta,
+                            mode=self.name, rows=call.rows, cache=call.cache, real_from=call.real_from,
+                            columns=self.columns, attention_block=call.attention_block)
+        return gather_block(lm.model(call.ids[r].gather(1, self.columns), ctx), self.block_at)
+
+
 def canvas_forward(lm, call: Call, name: str, extra: int, mask_r, positions_r, *, key_end=None,
                    skip: EarlySkip | None = None, plan: list[int] | None = None):
     """The model over the canvas in a Context mode (layers.Context): logits, and the Context."""
@@ -164,15 +190,6 @@ def cached_forward(lm, call: Call, name: str, extra: int, key_end=None, **skippi
     r = call.r
     return canvas_forward(lm, call, name, extra, call.cache.attention_mask[r], call.cache.positions[r],
                           key_end=key_end, **skipping)
-
-
-def columns_context(lm, call: Call, name: str, columns: torch.Tensor, **extra) -> Context:
-    """A Context over chosen columns of each row (dkv, subblock): their K/V fresh and written into the
-    cache, every other column's read from it."""
-    c, r = lm.config, call.r
-    return Context.build(call.cache.attention_mask[r], call.cache.positions[r], c.rotary_dim, c.rope_theta,
-                         mode=name, rows=call.rows, cache=call.cache, real_from=call.real_from, columns=columns,
-                         **extra)
 
 
 def gather_block(logits: torch.Tensor, block_at: torch.Tensor | None) -> torch.Tensor:

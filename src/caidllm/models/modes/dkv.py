@@ -16,31 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from ...errors import InputError
 from ..transfer import to_device
-from .base import Call, ForwardMode, columns_context, gather_block
+from .base import ColumnsMode
 
 
 @dataclass(kw_only=True)
-class DKV(ForwardMode):
+class DKV(ColumnsMode):
     name = "dkv"
     unshifted = True
-    columns: torch.Tensor | None = None
-    block_at: torch.Tensor | None = None
-
-    def check_inputs(self, lm, call: Call) -> None:
-        if not isinstance(self.columns, torch.Tensor) or self.columns.dim() != 2:
-            raise InputError(f"mode 'dkv' needs columns=[R, n] long tensor, got {type(self.columns).__name__}")
-
-    def extra(self, lm) -> int:
-        return 0
-
-    def run(self, lm, call: Call):
-        self.check_model(lm)
-        ctx = columns_context(lm, call, self.name, self.columns)
-        return gather_block(lm.model(call.ids[call.r].gather(1, self.columns), ctx), self.block_at)
 
     @staticmethod
     def group_key(request) -> tuple:

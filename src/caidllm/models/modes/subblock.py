@@ -13,35 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ...errors import InputError
 from ..transfer import to_device
-from .base import Call, ForwardMode, columns_context, gather_block
+from .base import ColumnsMode
 
 
 @dataclass(kw_only=True)
-class SubBlock(ForwardMode):
+class SubBlock(ColumnsMode):
     name = "subblock"
-    columns: torch.Tensor | None = None
-    block_at: torch.Tensor | None = None
 
     def check_model(self, lm) -> None:
         if not lm.config.block_causal:
             raise InputError(f"the subblock forward needs a block-causal model; the {lm.config.family} model's "
                              "attention is bidirectional")
-
-    def check_inputs(self, lm, call: Call) -> None:
-        if not isinstance(self.columns, torch.Tensor) or self.columns.dim() != 2:
-            raise InputError(f"mode 'subblock' needs columns=[R, n] long tensor, got {type(self.columns).__name__}")
-
-    def extra(self, lm) -> int:
-        return 0
-
-    def run(self, lm, call: Call):
-        self.check_model(lm)
-        ctx = columns_context(lm, call, self.name, self.columns, attention_block=call.attention_block)
-        return gather_block(lm.model(call.ids[call.r].gather(1, self.columns), ctx), self.block_at)
 
     @staticmethod
     def group_key(request) -> tuple:
