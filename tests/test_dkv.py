@@ -12,7 +12,7 @@ from caidllm.decode.policies.vanilla import tokens_at_step
 from caidllm.decode.sampling import predict, request_generator
 from caidllm.errors import InputError
 from helpers.decoding import BLOCK, GEN, PROMPTS, run
-from caidllm.models.modes import DKV, Full
+from caidllm.models.modes import DKV
 
 PROMPTS = PROMPTS[:3]
 
