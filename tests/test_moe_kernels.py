@@ -13,9 +13,10 @@ from test_moe import LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE, random_moe
 
 import caidllm
 from caidllm.errors import InputError, ModelLoadError
+from caidllm.models import moe_kernels
 from caidllm.models.moe import MoEFeedForward, set_moe_kernel
 from caidllm.models.moe_experts import ExpertList, StackedExperts
-from caidllm.models.moe_kernels import MOE_KERNELS, combine, pick_kernel, run_experts, sort_pairs
+from caidllm.models.moe_kernels import MOE_KERNELS, READS_COUNTS, combine, pick_kernel, run_experts, sort_pairs
 
 FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
 FAST = [k for k in MOE_KERNELS if k != "loop"]
@@ -77,7 +78,7 @@ def test_each_token_sums_its_choices_in_choice_order():
     assert got.item() == 1.0
 
 
-@pytest.mark.parametrize("kernel", FAST)
+@pytest.mark.parametrize("kernel", [k for k in FAST if k not in READS_COUNTS])
 def test_no_value_is_read_on_the_host(kernel):
     """On meta tensors a .item() / .tolist() / .cpu() of the counts would raise: the kernels never read one."""
     cfg = LLADA2_LIKE
@@ -96,6 +97,32 @@ def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
     moe = random_moe(**LLADA2_LIKE)
     assert pick_kernel(moe.experts, torch.zeros(4, 16)) == "grouped"
     assert pick_kernel(ExpertList(), torch.zeros(4, 16)) == "loop"
+
+
+@pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
+def test_auto_picks_onednn_in_fp32_once_each_expert_gets_8_rows():
+    experts = random_moe(**LLADA2_LIKE).experts  # 16 experts, 4 choices per token: 32 tokens = 8 rows each
+    assert pick_kernel(experts, torch.zeros(32, 16), choices=4) == "onednn"
+    assert pick_kernel(experts, torch.zeros(31, 16), choices=4) == "grouped"
+    assert pick_kernel(experts, torch.zeros(32, 16, dtype=torch.bfloat16), choices=4) == "grouped"
+
+
+@pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
+def test_onednn_runs_experts_of_3_rows_or_more_through_onednn(monkeypatch):
+    """Experts with 1-2 rows take F.linear, the others oneDNN; the output is the loop's either way."""
+    moe = random_moe(**LLADA2_LIKE)
+    rows = []
+    real = moe_kernels._ONEDNN_LINEAR
+    monkeypatch.setattr(moe_kernels, "_ONEDNN_LINEAR", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    x = torch.randn(40, 16)
+    with torch.no_grad():
+        moe.kernel = "loop"
+        expected = moe(x)
+        moe.kernel = "onednn"
+        got = moe(x)
+    counts = torch.bincount(moe.gate(x)[0].flatten(), minlength=16)
+    assert sorted(rows) == sorted(3 * [int(c) for c in counts if c >= 3])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype, widths", [(torch.float32, dict(hidden_size=16, moe_intermediate_size=5)),
@@ -226,7 +253,7 @@ def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
 
 
 def test_an_unknown_kernel_or_a_stacked_kernel_on_quantized_experts_is_refused():
-    with pytest.raises(InputError, match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, padded"):
+    with pytest.raises(InputError, match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, onednn, padded"):
         caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="fast")
     with pytest.raises(InputError, match="moe_kernel 'grouped' runs stacked full-precision experts"):
         caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8", moe_kernel="grouped")

@@ -10,6 +10,11 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   (token, choice) order and weighted and summed as the loop does (``combine``). No host sync
   where torch's grouped_mm has a kernel of its own (CPU; CUDA bf16 on compute capability 9.x /
   10.x); elsewhere torch's fallback reads the offsets on the host.
+- ``onednn``: the loop's sort and host counts (free on a CPU), each expert's projections on
+  its own rows by oneDNN's matmul on the plain stacked weights where it has three rows or more
+  in fp32 (MKL's sgemm, torch.mm's fp32 path, runs a few rows at about two thirds of oneDNN's
+  speed here; one or two rows stay on torch's matrix-vector path, faster there); elsewhere
+  torch's own ``F.linear``. CPU-minded: it reads the counts on the host.
 - ``padded``: every expert on a [experts, tokens, hidden] buffer (a token meets an expert at
   most once, so tokens is a capacity no expert exceeds) with three ``bmm``: no host sync on
   any device, every expert's weights read, experts x tokens rows computed. Worth it only on
@@ -104,8 +109,39 @@ def padded_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     return combine(x, pairs, out[pairs.expert, slot], weights)
 
 
-MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "padded": padded_kernel}
-STACKED_ONLY = ("grouped", "padded")  # kernels that need StackedExperts (full-precision weights)
+# oneDNN's fp32 matmul on a plain (not reordered) weight: absent from builds without mkldnn.
+_ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+ONEDNN_MIN_ROWS = 3  # fewer rows run faster on torch's own path (BENCHMARKS.md, MoE section)
+
+
+def _expert_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if _ONEDNN_LINEAR is not None and x.shape[0] >= ONEDNN_MIN_ROWS and x.dtype == torch.float32 \
+            and x.device.type == "cpu":
+        return _ONEDNN_LINEAR(x, weight, None, "none", [], "")
+    return F.linear(x, weight)
+
+
+def onednn_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
+    """The loop's order and host counts; each projection through _expert_linear."""
+    pairs = sort_pairs(chosen, experts.num_experts)
+    routed_inputs = x[pairs.token]
+    routed_outputs = torch.empty_like(routed_inputs)
+    start = 0
+    for e, count in enumerate(pairs.counts.tolist()):
+        if count:
+            rows = routed_inputs[start:start + count]
+            hidden = F.silu(_expert_linear(rows, experts.gate_proj[e])) * _expert_linear(rows, experts.up_proj[e])
+            routed_outputs[start:start + count] = _expert_linear(hidden, experts.down_proj[e])
+            start += count
+    return combine(x, pairs, routed_outputs, weights)
+
+
+MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "onednn": onednn_kernel,
+                                    "padded": padded_kernel}
+STACKED_ONLY = ("grouped", "onednn", "padded")  # kernels that need StackedExperts (full-precision weights)
+READS_COUNTS = ("loop", "onednn")  # kernels that read the counts on the host (a sync on a GPU)
+# auto's switch from grouped to onednn on a CPU in fp32: (token, expert) pairs per expert on average.
+ONEDNN_ROWS_PER_EXPERT = 8
 
 
 def kernel_names() -> list[str]:
@@ -122,14 +158,19 @@ def check_kernel(name, quantized: bool = False) -> str:
     return name
 
 
-def pick_kernel(experts, x: torch.Tensor) -> str:
-    """``auto``'s choice: grouped where torch's grouped_mm runs without a host sync (CPU, any
-    dtype; CUDA bf16 on compute capability 9.x / 10.x) and the widths meet its stride rule;
-    else padded on a GPU up to 64 tokens (sync-free, and every expert's weights are read anyway
-    there); else the loop. Quantized experts always loop. BENCHMARKS.md has the CPU
-    measurements behind it."""
+def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
+    """``auto``'s choice for tokens x each choosing `choices` experts: on a CPU in fp32 with oneDNN,
+    onednn once the experts get ONEDNN_ROWS_PER_EXPERT rows each on average (512 tokens on
+    LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64); else grouped where torch's grouped_mm
+    runs without a host sync (CPU, any dtype; CUDA bf16 on compute capability 9.x / 10.x) and
+    the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
+    expert's weights are read anyway there); else the loop. Quantized experts always loop.
+    BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
+    if x.device.type == "cpu" and x.dtype == torch.float32 and _ONEDNN_LINEAR is not None \
+            and x.shape[0] * choices >= ONEDNN_ROWS_PER_EXPERT * experts.num_experts:
+        return "onednn"
     if grouped_mm_runs(experts, x):
         return "grouped"
     return "padded" if x.device.type != "cpu" and x.shape[0] <= 64 else "loop"
@@ -153,5 +194,5 @@ def grouped_mm_runs(experts: StackedExperts, x: torch.Tensor) -> bool:
 
 
 def run_experts(experts, kernel: str, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    name = pick_kernel(experts, x) if kernel == AUTO else kernel
+    name = pick_kernel(experts, x, chosen.shape[-1]) if kernel == AUTO else kernel
     return MOE_KERNELS[name](experts, x, chosen, weights)
