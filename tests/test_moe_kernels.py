@@ -253,7 +253,8 @@ def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
 
 
 def test_an_unknown_kernel_or_a_stacked_kernel_on_quantized_experts_is_refused():
-    with pytest.raises(InputError, match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, onednn, padded"):
+    with pytest.raises(InputError,
+                       match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, onednn, padded"):
         caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="fast")
     with pytest.raises(InputError, match="moe_kernel 'grouped' runs stacked full-precision experts"):
         caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8", moe_kernel="grouped")
