@@ -100,15 +100,15 @@ def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
 
 
 @pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
-def test_auto_picks_onednn_in_fp32_once_each_expert_gets_8_rows():
+def test_auto_picks_sized_in_fp32_once_each_expert_gets_8_rows():
     experts = random_moe(**LLADA2_LIKE).experts  # 16 experts, 4 choices per token: 32 tokens = 8 rows each
-    assert pick_kernel(experts, torch.zeros(32, 16), choices=4) == "onednn"
+    assert pick_kernel(experts, torch.zeros(32, 16), choices=4) == "sized"
     assert pick_kernel(experts, torch.zeros(31, 16), choices=4) == "grouped"
     assert pick_kernel(experts, torch.zeros(32, 16, dtype=torch.bfloat16), choices=4) == "grouped"
 
 
 @pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
-def test_onednn_runs_experts_of_3_rows_or_more_through_onednn(monkeypatch):
+def test_sized_runs_fp32_experts_of_3_rows_or_more_through_onednn(monkeypatch):
     """Experts with 1-2 rows take F.linear, the others oneDNN; the output is the loop's either way."""
     moe = random_moe(**LLADA2_LIKE)
     rows = []
@@ -118,7 +118,7 @@ def test_onednn_runs_experts_of_3_rows_or_more_through_onednn(monkeypatch):
     with torch.no_grad():
         moe.kernel = "loop"
         expected = moe(x)
-        moe.kernel = "onednn"
+        moe.kernel = "sized"
         got = moe(x)
     counts = torch.bincount(moe.gate(x)[0].flatten(), minlength=16)
     assert sorted(rows) == sorted(3 * [int(c) for c in counts if c >= 3])
@@ -254,7 +254,7 @@ def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
 
 def test_an_unknown_kernel_or_a_stacked_kernel_on_quantized_experts_is_refused():
     with pytest.raises(InputError,
-                       match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, onednn, padded"):
+                       match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, sized, padded"):
         caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="fast")
     with pytest.raises(InputError, match="moe_kernel 'grouped' runs stacked full-precision experts"):
         caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8", moe_kernel="grouped")

@@ -10,11 +10,11 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   (token, choice) order and weighted and summed as the loop does (``combine``). No host sync
   where torch's grouped_mm has a kernel of its own (CPU; CUDA bf16 on compute capability 9.x /
   10.x); elsewhere torch's fallback reads the offsets on the host.
-- ``onednn``: the loop's sort and host counts (free on a CPU), each expert's projections on
-  its own rows by oneDNN's matmul on the plain stacked weights where it has three rows or more
-  in fp32 (MKL's sgemm, torch.mm's fp32 path, runs a few rows at about two thirds of oneDNN's
-  speed here; one or two rows stay on torch's matrix-vector path, faster there); elsewhere
-  torch's own ``F.linear``. CPU-minded: it reads the counts on the host.
+- ``sized``: the loop's sort and host counts (free on a CPU), each expert's projections on its
+  own rows by the CPU matmul measured fastest for that many rows (``_sized_linear``): in fp32
+  oneDNN's matmul on the plain stacked weights from three rows (MKL's sgemm, torch.mm's fp32
+  path, runs a few rows at about two thirds of its speed here), in bf16 a matrix-vector product
+  for one row and weight @ rows.T for more; F.linear elsewhere. It reads the counts on the host.
 - ``padded``: every expert on a [experts, tokens, hidden] buffer (a token meets an expert at
   most once, so tokens is a capacity no expert exceeds) with three ``bmm``: no host sync on
   any device, every expert's weights read, experts x tokens rows computed. Worth it only on
@@ -111,18 +111,25 @@ def padded_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
 
 # oneDNN's fp32 matmul on a plain (not reordered) weight: absent from builds without mkldnn.
 _ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
-ONEDNN_MIN_ROWS = 3  # fewer rows run faster on torch's own path (BENCHMARKS.md, MoE section)
+ONEDNN_MIN_ROWS = 3  # fewer fp32 rows run faster on torch's own path (BENCHMARKS.md, MoE section)
 
 
-def _expert_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if _ONEDNN_LINEAR is not None and x.shape[0] >= ONEDNN_MIN_ROWS and x.dtype == torch.float32 \
-            and x.device.type == "cpu":
-        return _ONEDNN_LINEAR(x, weight, None, "none", [], "")
-    return F.linear(x, weight)
+def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """rows @ weight.T by the CPU path measured fastest for this many rows and this dtype
+    (single thread): fp32 three rows or more through oneDNN; bf16 one row as a matrix-vector
+    product, more as weight @ rows.T (the output transposed); anything else F.linear."""
+    if rows.device.type == "cpu":
+        if rows.dtype == torch.float32 and rows.shape[0] >= ONEDNN_MIN_ROWS and _ONEDNN_LINEAR is not None:
+            return _ONEDNN_LINEAR(rows, weight, None, "none", [], "")
+        if rows.dtype == torch.bfloat16:
+            if rows.shape[0] == 1:
+                return torch.mv(weight, rows[0])[None]
+            return torch.mm(weight, rows.t()).t()
+    return F.linear(rows, weight)
 
 
-def onednn_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
-    """The loop's order and host counts; each projection through _expert_linear."""
+def sized_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
+    """The loop's order and host counts (free on a CPU); each projection through _sized_linear."""
     pairs = sort_pairs(chosen, experts.num_experts)
     routed_inputs = x[pairs.token]
     routed_outputs = torch.empty_like(routed_inputs)
@@ -130,18 +137,18 @@ def onednn_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     for e, count in enumerate(pairs.counts.tolist()):
         if count:
             rows = routed_inputs[start:start + count]
-            hidden = F.silu(_expert_linear(rows, experts.gate_proj[e])) * _expert_linear(rows, experts.up_proj[e])
-            routed_outputs[start:start + count] = _expert_linear(hidden, experts.down_proj[e])
+            hidden = F.silu(_sized_linear(rows, experts.gate_proj[e])) * _sized_linear(rows, experts.up_proj[e])
+            routed_outputs[start:start + count] = _sized_linear(hidden, experts.down_proj[e])
             start += count
     return combine(x, pairs, routed_outputs, weights)
 
 
-MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "onednn": onednn_kernel,
+MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "sized": sized_kernel,
                                     "padded": padded_kernel}
-STACKED_ONLY = ("grouped", "onednn", "padded")  # kernels that need StackedExperts (full-precision weights)
-READS_COUNTS = ("loop", "onednn")  # kernels that read the counts on the host (a sync on a GPU)
-# auto's switch from grouped to onednn on a CPU in fp32: (token, expert) pairs per expert on average.
-ONEDNN_ROWS_PER_EXPERT = 8
+STACKED_ONLY = ("grouped", "sized", "padded")  # kernels that need StackedExperts (full-precision weights)
+READS_COUNTS = ("loop", "sized")  # kernels that read the counts on the host (a sync on a GPU)
+# auto's switch from grouped to sized on a CPU in fp32: (token, expert) pairs per expert on average.
+SIZED_ROWS_PER_EXPERT = 8
 
 
 def kernel_names() -> list[str]:
@@ -160,7 +167,7 @@ def check_kernel(name, quantized: bool = False) -> str:
 
 def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     """``auto``'s choice for tokens x each choosing `choices` experts: on a CPU in fp32 with oneDNN,
-    onednn once the experts get ONEDNN_ROWS_PER_EXPERT rows each on average (512 tokens on
+    sized once the experts get SIZED_ROWS_PER_EXPERT rows each on average (512 tokens on
     LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64); else grouped where torch's grouped_mm
     runs without a host sync (CPU, any dtype; CUDA bf16 on compute capability 9.x / 10.x) and
     the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
@@ -169,8 +176,8 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     if not isinstance(experts, StackedExperts):
         return "loop"
     if x.device.type == "cpu" and x.dtype == torch.float32 and _ONEDNN_LINEAR is not None \
-            and x.shape[0] * choices >= ONEDNN_ROWS_PER_EXPERT * experts.num_experts:
-        return "onednn"
+            and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts:
+        return "sized"
     if grouped_mm_runs(experts, x):
         return "grouped"
     return "padded" if x.device.type != "cpu" and x.shape[0] <= 64 else "loop"
