@@ -308,3 +308,22 @@ def test_the_command_line_flag(capsys):
     assert main([*argv, "--moe-kernel", "grouped", "--quantize", "int8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("caidllm: error: moe_kernel 'grouped' runs stacked full-precision")
+
+
+def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
+    """The shipped, trained tiny-moe (8 experts, top-2: a 40-token forward gives each expert 10
+    rows on average, so auto runs sized, oneDNN): logits to 1e-5 and the llada2 decoder's exact tokens."""
+    lm = caidllm.load("tiny-moe", device="cpu", moe_kernel="loop")
+    ids = torch.tensor([lm.encode_chat("Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. "
+                                       "Alexis says Vernell lies. Michaela says Alexis tells the truth. "
+                                       "Does Michaela tell the truth?")[:40]])
+    experts = lm.model.model.layers[1].mlp.experts
+    assert ids.shape[1] == 40 and pick_kernel(experts, torch.zeros(40, lm.config.hidden_size), choices=2) == "sized"
+    options = dict(method="llada2", gen_length=16, block_length=8)
+    with torch.no_grad():
+        expected = lm.logits(ids)
+        tokens = lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids
+        for kernel in ("grouped", "sized", "auto"):
+            set_moe_kernel(lm.model, kernel)
+            torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5, rtol=1e-5)
+            assert lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids == tokens
