@@ -71,17 +71,23 @@ def combine(x: torch.Tensor, pairs: SortedPairs, outputs: torch.Tensor, weights:
     return mixed.to(x.dtype)
 
 
-def loop_kernel(experts, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """The reference: each expert on its tokens in turn; one host sync (the counts)."""
+def _each_expert(experts, x, chosen, weights, expert_on_rows: Callable) -> torch.Tensor:
+    """Sort the pairs, read the counts on the host (one sync), run expert_on_rows(e, rows) on each
+    chosen expert's contiguous slice in turn, and combine."""
     pairs = sort_pairs(chosen, experts.num_experts)
     routed_inputs = x[pairs.token]
     routed_outputs = torch.empty_like(routed_inputs)
     start = 0
     for e, count in enumerate(pairs.counts.tolist()):
         if count:
-            routed_outputs[start:start + count] = experts.expert(e, routed_inputs[start:start + count])
+            routed_outputs[start:start + count] = expert_on_rows(e, routed_inputs[start:start + count])
             start += count
     return combine(x, pairs, routed_outputs, weights)
+
+
+def loop_kernel(experts, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The reference: each expert on its tokens in turn; one host sync (the counts)."""
+    return _each_expert(experts, x, chosen, weights, experts.expert)
 
 
 def grouped_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
@@ -130,17 +136,11 @@ def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def sized_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     """The loop's order and host counts (free on a CPU); each projection through _sized_linear."""
-    pairs = sort_pairs(chosen, experts.num_experts)
-    routed_inputs = x[pairs.token]
-    routed_outputs = torch.empty_like(routed_inputs)
-    start = 0
-    for e, count in enumerate(pairs.counts.tolist()):
-        if count:
-            rows = routed_inputs[start:start + count]
-            hidden = F.silu(_sized_linear(rows, experts.gate_proj[e])) * _sized_linear(rows, experts.up_proj[e])
-            routed_outputs[start:start + count] = _sized_linear(hidden, experts.down_proj[e])
-            start += count
-    return combine(x, pairs, routed_outputs, weights)
+    def expert_on_rows(e: int, rows: torch.Tensor) -> torch.Tensor:
+        hidden = F.silu(_sized_linear(rows, experts.gate_proj[e])) * _sized_linear(rows, experts.up_proj[e])
+        return _sized_linear(hidden, experts.down_proj[e])
+
+    return _each_expert(experts, x, chosen, weights, expert_on_rows)
 
 
 MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "sized": sized_kernel,
