@@ -100,11 +100,12 @@ def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
 
 
 @pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
-def test_auto_picks_sized_in_fp32_once_each_expert_gets_8_rows():
+def test_auto_picks_sized_on_a_cpu_once_each_expert_gets_8_rows():
     experts = random_moe(**LLADA2_LIKE).experts  # 16 experts, 4 choices per token: 32 tokens = 8 rows each
     assert pick_kernel(experts, torch.zeros(32, 16), choices=4) == "sized"
     assert pick_kernel(experts, torch.zeros(31, 16), choices=4) == "grouped"
-    assert pick_kernel(experts, torch.zeros(32, 16, dtype=torch.bfloat16), choices=4) == "grouped"
+    assert pick_kernel(experts, torch.zeros(32, 16, dtype=torch.bfloat16), choices=4) == "sized"
+    assert pick_kernel(experts, torch.zeros(31, 16, dtype=torch.bfloat16), choices=4) == "grouped"
 
 
 @pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
