@@ -56,7 +56,7 @@ def main(argv=None) -> int:
                         generator=torch.Generator().manual_seed(0))
     timing = argparse.Namespace(prompt=0, block=128)
     for lm in models.values():
-        lm.forward(ids, start=0, end=128)  # warm-up
+        quant_forward.forward(lm, ids, timing)  # warm-up
     ours = {name: [] for name in models}
     theirs = {name: [] for name in ggufs}
     for round_ in range(args.rounds):

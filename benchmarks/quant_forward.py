@@ -28,6 +28,7 @@ import time
 import torch
 
 import caidllm
+from caidllm.models.modes import Full
 from caidllm.models.quantize import QUANTIZATIONS, weights_mb
 
 MODEL = "random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816"
@@ -101,7 +102,7 @@ def alternate(args) -> list[dict]:
         ids = canvas(next(iter(models.values())), batch, args)
         times = {name: ([], []) for name in models}
         for lm in models.values():
-            lm.forward(ids, start=args.prompt, end=args.prompt + args.block)  # warm-up
+            forward(lm, ids, args)  # warm-up
         for _ in range(args.repeats):
             for name, lm in models.items():
                 cpu, wall = timed_forward(lm, ids, args)
@@ -181,14 +182,19 @@ def timed_forward(lm, ids, args) -> tuple[float, float]:
     """(CPU s, wall s) of one forward. On a shared machine the process's CPU time is the forward's
     cost (at 1 thread, its time on a core of its own); wall time includes waiting for one."""
     tick, cpu_tick = time.perf_counter(), time.process_time()
-    lm.forward(ids, start=args.prompt, end=args.prompt + args.block)
+    forward(lm, ids, args)
     return time.process_time() - cpu_tick, time.perf_counter() - tick
+
+
+def forward(lm, ids, args):
+    """One full forward of the canvas, the logits of the --block positions from --prompt on."""
+    return lm.forward(ids, mode=Full(start=args.prompt, end=args.prompt + args.block))
 
 
 def forward_ms(lm, batch: int, args) -> tuple[float, float]:
     """(CPU ms, wall ms) of one forward, medians of --repeats after a warm-up."""
     ids = canvas(lm, batch, args)
-    lm.forward(ids, start=args.prompt, end=args.prompt + args.block)  # warm-up
+    forward(lm, ids, args)  # warm-up
     cpu, wall = zip(*(timed_forward(lm, ids, args) for _ in range(args.repeats)))
     return 1000 * statistics.median(cpu), 1000 * statistics.median(wall)
 

@@ -24,6 +24,7 @@ engine matches the re-statement there, docs/decoder-fidelity.md):
 from __future__ import annotations
 
 import torch
+from caidllm.models.modes import Full
 
 
 def transfer_schedule(block_length: int, steps: int) -> list[int]:
@@ -44,7 +45,7 @@ def _greedy(lm, x, window_end, block_length, shipped_01_mask=False, top_k_one=Fa
     if shipped_01_mask:
         logits = _additive_01_forward(lm, x[None, :window_end], block_length)[0, -block_length:]
     else:
-        logits = lm.forward(x[None, :window_end], attention_block=block_length)[0, -block_length:]
+        logits = lm.forward(x[None, :window_end], mode=Full(attention_block=block_length))[0, -block_length:]
     logits[:, lm.config.mask_id] = -torch.inf  # as the engine: the mask token is never a prediction
     probs = logits.double().softmax(-1)
     x0 = probs.argmax(-1)

@@ -11,6 +11,7 @@ from caidllm.errors import InputError
 
 from bd_reference import llada21_generate, llada2_generate, sdar_generate
 from helpers.decoding import alone_static_joined
+from caidllm.models.modes import Block, Full
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19], list(range(20, 33))]
 
@@ -53,11 +54,11 @@ def test_block_forward_matches_the_whole_window(bd_lm):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 300, (2, 24), generator=g)
     cache = bd_lm.new_cache(2, 24)
-    bd_lm.forward(ids, mode="full", cache=cache, attention_block=8)
+    bd_lm.forward(ids, cache=cache, mode=Full(attention_block=8))
     changed = ids.clone()
     changed[:, 8:16] = torch.randint(3, 300, (2, 8), generator=g)  # block 1 completed with new tokens
-    cached = bd_lm.forward(changed, mode="block", cache=cache, start=16, end=24, attention_block=8, fold=8)
-    whole = bd_lm.forward(changed, attention_block=8)[:, 16:24]
+    cached = bd_lm.forward(changed, cache=cache, mode=Block(start=16, end=24, attention_block=8, fold=8))
+    whole = bd_lm.forward(changed, mode=Full(attention_block=8))[:, 16:24]
     assert torch.allclose(cached, whole, atol=1e-4)
 
 

@@ -12,6 +12,7 @@ from caidllm.decode.policies.vanilla import tokens_at_step
 from caidllm.decode.sampling import predict, request_generator
 from caidllm.errors import InputError
 from helpers.decoding import BLOCK, GEN, PROMPTS, run
+from caidllm.models.modes import DKV
 
 PROMPTS = PROMPTS[:3]
 
@@ -37,11 +38,11 @@ def dkv_reference(lm, prompt, refresh, steps, gen=GEN, block=BLOCK):
         for i in range(T):
             if i % refresh != 0 and i > 1:
                 columns = (~before_previous).nonzero()[:, 1][None]
-                some = lm.forward_columns(x, cache, columns)
+                some = lm.forward(x, cache=cache, mode=DKV(columns=columns))
                 logits = torch.zeros(1, x.shape[1], some.shape[-1])
                 logits[0, columns[0]] = some[0]
             else:
-                logits = lm.forward(x, mode="full", cache=cache)
+                logits = lm.forward(x, cache=cache)
             tokens, confidence = predict(logits[:, lo:hi].clone(), mask, 0.0, None)
             masked = x[0, lo:hi] == mask
             k = int(tokens_at_step(n_masked, i, T))
@@ -64,9 +65,9 @@ def test_dkv_matches_the_official_loop(deep_llada, refresh, steps):
 def test_dkv_forward_right_after_a_refresh_equals_full(llada_lm):
     ids = torch.tensor([[5, 6, 7] + [llada_lm.config.mask_id] * 8])
     cache = llada_lm.new_cache(1, ids.shape[1])
-    full = llada_lm.forward(ids, mode="full", cache=cache)
+    full = llada_lm.forward(ids, cache=cache)
     columns = torch.tensor([[1, 4, 5, 9]])
-    some = llada_lm.forward_columns(ids, cache, columns)
+    some = llada_lm.forward(ids, cache=cache, mode=DKV(columns=columns))
     assert torch.allclose(some, full[:, columns[0]], atol=1e-5)
 
 
@@ -74,12 +75,12 @@ def test_dkv_forward_reads_the_cache_for_columns_it_does_not_compute(llada_lm):
     mask = llada_lm.config.mask_id
     ids = torch.tensor([[5, 6, 7] + [mask] * 8])
     cache = llada_lm.new_cache(1, ids.shape[1])
-    llada_lm.forward(ids, mode="full", cache=cache)
+    llada_lm.forward(ids, cache=cache)
     columns = torch.tensor([[6, 7, 8, 9, 10]])
-    before = llada_lm.forward_columns(ids, cache, columns)
+    before = llada_lm.forward(ids, cache=cache, mode=DKV(columns=columns))
     changed = ids.clone()
     changed[0, 3:5] = torch.tensor([40, 41])  # "decoded" two steps ago: not recomputed
-    after = llada_lm.forward_columns(changed, cache, columns)
+    after = llada_lm.forward(changed, cache=cache, mode=DKV(columns=columns))
     assert torch.equal(before, after)
     assert not torch.allclose(after, llada_lm.forward(changed)[:, columns[0]], atol=1e-4)
 
@@ -128,11 +129,11 @@ def greedy_reference(lm, prompt, refresh, window, seed, gen=GEN, block=BLOCK):
             masked_now = set((x[0] == mask).nonzero()[:, 0].tolist())
             if i % refresh != 0:
                 columns = torch.tensor([sorted(planned)])
-                some = lm.forward_columns(x, cache, columns)
+                some = lm.forward(x, cache=cache, mode=DKV(columns=columns))
                 logits = torch.zeros(1, x.shape[1], some.shape[-1])
                 logits[0, columns[0]] = some[0]
             else:
-                logits = lm.forward(x, mode="full", cache=cache)
+                logits = lm.forward(x, cache=cache)
             tokens, _ = predict(logits.clone(), mask, 0.0, None)
             now = order[starts[i]:starts[i + 1]]
             x[0, now] = tokens[0, now]

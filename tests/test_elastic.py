@@ -17,6 +17,7 @@ from caidllm.decode import build_config
 from caidllm.decode.engine import Engine
 from caidllm.errors import InputError
 from caidllm.models.elastic import ElasticInputs
+from caidllm.models.modes import Elastic
 from helpers.decoding import BLOCK, GEN, PROMPTS, run
 
 PROMPTS = PROMPTS[:3]
@@ -102,17 +103,17 @@ def test_the_first_forward_computes_every_column_and_tracks_no_mask(sharp_lm):
     cache = lm.new_cache(1, ids.shape[1], every_layer=True)
     n = lm.config.n_layers
     first = ElasticInputs(torch.arange(11)[None], torch.tensor([[3, 4]]), n, profiled=torch.tensor([[3, 4]]),
-                          untrackable=[list(range(3, 11))])
-    logits = lm.forward_elastic(ids, cache, first, real_from=[0], mask=torch.ones_like(ids, dtype=torch.bool))
+                          untrackable=[list(range(3, 11))], whole=True)
+    logits = lm.forward(ids, cache=cache, mode=Elastic(inputs=first))
     assert torch.allclose(logits, lm.forward(ids)[:, [3, 4]], rtol=1e-4, atol=1e-4)
     assert first.refresh_from == n and first.tracked[0] and all(c < 3 for c in first.tracked[0])
     changed = ids.clone()
     changed[0, 8] = 9  # a column it does not compute: stale without a refresh, fresh with one from layer 0
     stale = ElasticInputs(torch.tensor([[3, 4]]), torch.tensor([[3, 4]]), n, gamma=1e-9)
-    assert torch.allclose(lm.forward_elastic(changed, cache, stale, real_from=[0]), logits, rtol=1e-4, atol=1e-4)
+    assert torch.allclose(lm.forward(changed, cache=cache, mode=Elastic(inputs=stale)), logits, rtol=1e-4, atol=1e-4)
     fresh = ElasticInputs(torch.tensor([[3, 4, 8]]), torch.tensor([[3, 4]]), 0)
-    assert torch.allclose(lm.forward_elastic(changed, cache, fresh, real_from=[0]), lm.forward(changed)[:, [3, 4]], rtol=1e-4,
-                          atol=1e-4)
+    assert torch.allclose(lm.forward(changed, cache=cache, mode=Elastic(inputs=fresh)), lm.forward(changed)[:, [3, 4]],
+                          rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("method", ["elastic", "elastic-block", "cai-elastic"])

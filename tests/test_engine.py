@@ -92,9 +92,9 @@ class EndsEarly:
     def __getattr__(self, name):
         return getattr(self.lm, name)
 
-    def forward(self, input_ids, attention_mask=None, **kw):
-        logits = self.lm.forward(input_ids, attention_mask, **kw)
-        (start,) = kw["start"]  # the engine passes one start per row; one prompt here
+    def forward(self, input_ids, attention_mask=None, cache=None, mode=None):
+        logits = self.lm.forward(input_ids, attention_mask, cache, mode)
+        (start,) = mode.start  # the engine passes one start per row; one prompt here
         first = start - self.prompt_length
         for i in range(logits.shape[1]):
             if first + i >= self.after:

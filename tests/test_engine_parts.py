@@ -1,4 +1,4 @@
-"""The engine's parts (decode/scheduler.py, runner.py, forward_modes.py, the policy registry):
+"""The engine's parts (decode/scheduler.py, runner.py, forward_modes.py, models/modes/, the policy registry):
 the registries define the valid values, rows group by what they share, the scheduler's limits.
 Tiny random LLaDA, fp32 CPU."""
 
@@ -7,7 +7,7 @@ import pytest
 from caidllm.decode import build_config, config, forward_modes, policies
 from caidllm.decode.engine import Engine
 from caidllm.errors import EngineFullError, InputError
-from caidllm.models.forward_modes import MODES, ForwardMode
+from caidllm.models.modes import FORWARD_MODES, MODES, ForwardMode
 
 
 def small(method, **kw):
@@ -17,10 +17,11 @@ def small(method, **kw):
 def test_the_registries_define_the_valid_values():
     assert config.CACHE_MODES == tuple(forward_modes.CACHE_MODES)
     assert config.POLICIES == tuple(policies.POLICIES)
-    assert set(forward_modes.FORWARD_PLANS) == set(ForwardMode)
-    assert MODES == tuple(mode.value for mode in ForwardMode)
-    assert all(mode.between_refreshes in forward_modes.FORWARD_PLANS for mode in forward_modes.CACHE_MODES.values())
-    assert forward_modes.FORWARD_PLANS["es"] is forward_modes.FORWARD_PLANS[ForwardMode.ES]
+    assert MODES == tuple(FORWARD_MODES) and all(cls.name == name for name, cls in FORWARD_MODES.items())
+    assert all(issubclass(cls, ForwardMode) for cls in FORWARD_MODES.values())
+    assert all(FORWARD_MODES[mode.between_refreshes.name] is mode.between_refreshes
+               for mode in forward_modes.CACHE_MODES.values())
+    assert {spec.forward for spec in policies.POLICIES.values()} - {None} <= set(MODES)  # a decoder's own forward
     with pytest.raises(InputError, match="unknown cache mode 'fast'; choose one of " + ", ".join(forward_modes.CACHE_MODES)):
         small("fastdllm", cache="fast")
 

@@ -15,6 +15,7 @@ from caidllm.decode import build_config, generate
 from caidllm.errors import InputError
 from caidllm.models import EarlySkip
 from caidllm.models.layers import Context, positions_from_mask
+from caidllm.models.modes import Dual, EarlySkipping
 from caidllm.models.skip import (DEFAULT_SCHEDULE, choose, forced_keeps, group_start_layers, hidden_levels,
                                  importance, keep_counts)
 
@@ -153,9 +154,9 @@ def test_keep_all_equals_dual(lm, rows):
     lm.forward(ids, mask, cache=es_cache)
     ids2 = advance(ids, start)
     for _ in range(2):  # two steps in a row: the second reads what the first wrote
-        dual = lm.forward(ids2, mask, mode="dual", cache=dual_cache, start=start, end=end, rows=rows_t)
+        dual = lm.forward(ids2, mask, cache=dual_cache, mode=Dual(start=start, end=end, rows=rows_t))
         skip = skip_for(ids2[sel], start, end, KEEP_ALL, mask_id=lm.config.mask_id)
-        es = lm.forward(ids2, mask, mode="es", cache=es_cache, start=start, end=end, rows=rows_t, skip=skip)
+        es = lm.forward(ids2, mask, cache=es_cache, mode=EarlySkipping(start=start, end=end, rows=rows_t, skip=skip))
         assert torch.allclose(es, dual, atol=1e-6, rtol=0)
         assert skip.computed_pairs == skip.full_pairs == LAYERS * (end - start)
         assert skip.kept.tolist() == [list(range(end - start))] * len(es)
@@ -197,7 +198,7 @@ def test_skipped_positions_keep_their_cached_state(lm):
 
     ids2 = advance(ids, start)
     skip = skip_for(ids2, start, end, mask_id=lm.config.mask_id)
-    logits = lm.forward(ids2, mask, mode="es", cache=cache, start=start, end=end, skip=skip)
+    logits = lm.forward(ids2, mask, cache=cache, mode=EarlySkipping(start=start, end=end, skip=skip))
     n = end - start
     assert skip.kept.shape == (B, math.ceil(0.25 * n))
     assert skip.computed_pairs == n + n // 2 + (LAYERS - 2) * math.ceil(0.25 * n) < skip.full_pairs
@@ -238,12 +239,13 @@ def test_es_forward_is_row_independent(lm):
     lm.forward(ids, mask, cache=cache)
     ids2 = advance(ids, start)
     skip = skip_for(ids2, start, end, mask_id=lm.config.mask_id)
-    together = lm.forward(ids2, mask, mode="es", cache=cache, start=start, end=end, skip=skip)
+    together = lm.forward(ids2, mask, cache=cache, mode=EarlySkipping(start=start, end=end, skip=skip))
     for b in range(B):
         c1 = lm.new_cache(B, L, skip_schedule=DEFAULT_SCHEDULE)
         lm.forward(ids, mask, cache=c1)
         one = EarlySkip(skip.prev_confidence[b:b + 1], skip.just_committed[b:b + 1], skip.masked[b:b + 1])
-        alone = lm.forward(ids2, mask, mode="es", cache=c1, start=start, end=end, rows=torch.tensor([b]), skip=one)
+        alone = lm.forward(ids2, mask, cache=c1,
+                           mode=EarlySkipping(start=start, end=end, rows=torch.tensor([b]), skip=one))
         assert torch.equal(one.kept[0], skip.kept[b])
         assert torch.allclose(alone[0], together[b], atol=1e-5, rtol=0)
 
@@ -254,24 +256,24 @@ def test_es_forward_errors(deep_lms):
     skip = skip_for(ids, start, end, mask_id=lm.config.mask_id)
     plain = lm.new_cache(*ids.shape)
     lm.forward(ids, mask, cache=plain)
-    with pytest.raises(InputError, match="an EarlySkip goes with mode='es'"):
-        lm.forward(ids, mask, mode="es", cache=plain, start=start, end=end)
-    with pytest.raises(InputError, match="an EarlySkip goes with mode='es'"):
-        lm.forward(ids, mask, mode="dual", cache=plain, start=start, end=end, skip=skip)
-    with pytest.raises(InputError, match="mode='es' needs a cache"):
-        lm.forward(ids, mask, mode="es", start=start, end=end, skip=skip)
+    with pytest.raises(InputError, match=r"mode 'es' needs skip=EarlySkip\(...\), got NoneType"):
+        lm.forward(ids, mask, cache=plain, mode=EarlySkipping(start=start, end=end))
+    with pytest.raises(TypeError, match="Dual.__init__.. got an unexpected keyword argument 'skip'"):
+        lm.forward(ids, mask, cache=plain, mode=Dual(start=start, end=end, skip=skip))
+    with pytest.raises(InputError, match="mode 'es' needs a cache"):
+        lm.forward(ids, mask, mode=EarlySkipping(start=start, end=end, skip=skip))
     with pytest.raises(InputError, match=r"no hidden states at layers \[1, 2, 8\].*skip_schedule"):
-        lm.forward(ids, mask, mode="es", cache=plain, start=start, end=end, skip=skip)
+        lm.forward(ids, mask, cache=plain, mode=EarlySkipping(start=start, end=end, skip=skip))
     cache = lm.new_cache(*ids.shape, skip_schedule=DEFAULT_SCHEDULE)
     lm.forward(ids, mask, cache=cache)
     bad = skip_for(ids, start, end + 1, mask_id=lm.config.mask_id)
     with pytest.raises(InputError, match=r"skip.prev_confidence must be a tensor of shape \(2, 8\)"):
-        lm.forward(ids, mask, mode="es", cache=cache, start=start, end=end, skip=bad)
-    with pytest.raises(InputError, match=r"skip must be an EarlySkip"):
-        lm.forward(ids, mask, mode="es", cache=cache, start=start, end=end, skip={"masked": None})
+        lm.forward(ids, mask, cache=cache, mode=EarlySkipping(start=start, end=end, skip=bad))
+    with pytest.raises(InputError, match=r"mode .es. needs skip=EarlySkip\(...\), got dict"):
+        lm.forward(ids, mask, cache=cache, mode=EarlySkipping(start=start, end=end, skip={"masked": None}))
     with pytest.raises(InputError, match=r"schedule\[1\] keep fraction must be in \(0, 1\], got 1.5"):
-        lm.forward(ids, mask, mode="es", cache=cache, start=start, end=end,
-                   skip=skip_for(ids, start, end, ((1.0, 0.0), (1.5, 0.5)), mask_id=lm.config.mask_id))
+        bad_schedule = skip_for(ids, start, end, ((1.0, 0.0), (1.5, 0.5)), mask_id=lm.config.mask_id)
+        lm.forward(ids, mask, cache=cache, mode=EarlySkipping(start=start, end=end, skip=bad_schedule))
     with pytest.raises(InputError, match="skip_schedule"):
         lm.new_cache(2, 8, skip_schedule=[(0.5, 0.0)])
 
@@ -308,10 +310,10 @@ class Recorder:
     def __getattr__(self, name):
         return getattr(self.lm, name)
 
-    def forward(self, *args, **kw):
-        (start,) = kw.get("start")  # the engine passes one start per row; these tests decode one prompt
-        self.calls.append((start, kw.get("mode")))
-        return self.lm.forward(*args, **kw)
+    def forward(self, ids, mask=None, cache=None, mode=None):
+        (start,) = mode.start  # the engine passes one start per row; these tests decode one prompt
+        self.calls.append((start, mode.name))
+        return self.lm.forward(ids, mask, cache, mode)
 
 
 @pytest.mark.parametrize("refresh_every", [None, 5, 0])

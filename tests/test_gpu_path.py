@@ -17,6 +17,7 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.errors import CaidllmError, InputError
 from caidllm.models.random_init import parameter_count
+from caidllm.models.modes import FORWARD_MODES, Prefix
 
 SMALL_LLADA = ("random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=4&mlp_hidden_size=128"
                "&embedding_size=512&vocab_size=512")
@@ -160,8 +161,8 @@ def test_rows_as_a_slice_or_a_tensor_give_the_same_logits(small_dream):
         cache = lm.new_cache(3, 8)
         lm.forward(ids, mask, cache=cache)
         for mode in ("dual", "prefix"):
-            outs.append(lm.forward(ids, mask, mode=mode, cache=cache, start=[6, 6], end=[8, 8], rows=rows,
-                                   real_from=[1, 0]))
+            spec = FORWARD_MODES[mode](start=[6, 6], end=[8, 8], rows=rows, real_from=[1, 0])
+            outs.append(lm.forward(ids, mask, cache=cache, mode=spec))
     assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
 
 
@@ -171,7 +172,7 @@ def test_prefix_mode_attends_over_a_working_copy_and_leaves_the_cache(small_llad
     cache = lm.new_cache(1, 6)
     lm.forward(ids, cache=cache)
     before = [k.clone() for k in cache.keys]
-    lm.forward(ids, mode="prefix", cache=cache, start=4, end=6)
+    lm.forward(ids, cache=cache, mode=Prefix(start=4, end=6))
     assert cache.work_keys is not None and all(torch.equal(a, b) for a, b in zip(before, cache.keys))
     assert torch.equal(cache.work_keys[0][..., :4, :], cache.keys[0][..., :4, :])  # the prefix, read in place
 

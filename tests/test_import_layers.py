@@ -1,7 +1,9 @@
 """The package's imports point one way: no import cycle between modules, and no module
 imports one of a higher layer. Read from the source (ast), imports inside functions included.
 
-Imports under `if TYPE_CHECKING:` (annotations only) are not counted.
+Imports under `if TYPE_CHECKING:` (annotations only) count as well: a type-only import still ties
+the two modules together (one cannot be read, type-checked or moved without the other), so a circle
+through one is a circle; a protocol or a lower-level module breaks it.
 
 Layers, lowest first (a module may import its own layer and those below):
   base:      errors, checks (small value predicates), distributed, tasks/ (the synthetic task generators and their scoring)
@@ -61,10 +63,7 @@ def imports_of(module: str, path: Path, known: dict) -> set[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     tree = ast.parse(path.read_text(), str(path))
-    type_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block) for n in ast.walk(block)}
-    for node in ast.walk(tree):
-        if id(node) in type_only:  # `if TYPE_CHECKING:` imports are for annotations; they never run
-            continue
+    for node in ast.walk(tree):  # `if TYPE_CHECKING:` blocks included
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -84,10 +83,6 @@ def imports_of(module: str, path: Path, known: dict) -> set[str]:
     return found
 
 
-def _is_type_checking(node) -> bool:
-    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-
-
 def graph() -> dict[str, set[str]]:
     known = module_names()
     return {name: imports_of(name, path, known) for name, path in known.items()}
@@ -99,8 +94,7 @@ def test_no_module_imports_a_higher_layer():
     assert not upward, "imports up the layers:\n" + "\n".join(upward)
 
 
-def test_no_import_cycles():
-    edges = graph()
+def cycles_of(edges: dict[str, set[str]]) -> list[str]:
     cycles, state = [], {}
 
     def visit(node, stack):
@@ -117,6 +111,11 @@ def test_no_import_cycles():
     for node in sorted(edges):
         if node not in state:
             visit(node, [])
+    return cycles
+
+
+def test_no_import_cycles():
+    cycles = cycles_of(graph())
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
@@ -125,6 +124,16 @@ def test_the_walker_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "a.py"
     source.write_text("def f():\n    from caidllm import b\n    from . import b as again\n")
     assert imports_of("caidllm.a", source, known) == {"caidllm.b"}
+
+
+def test_a_type_only_import_counts_and_closes_a_circle(tmp_path):
+    known = {"caidllm.a": None, "caidllm.b": None}
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from caidllm import b\n")
+    b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from caidllm.a import Thing\n")
+    edges = {"caidllm.a": imports_of("caidllm.a", a, known), "caidllm.b": imports_of("caidllm.b", b, known)}
+    assert edges["caidllm.b"] == {"caidllm.a"}
+    assert cycles_of(edges) == ["caidllm.a -> caidllm.b -> caidllm.a"]
 
 
 def test_the_package_map_names_every_module():

@@ -4,12 +4,14 @@ rows of the batch are untouched; on a block-causal model too (the key end and th
 
 import pytest
 import torch
+from caidllm.models.modes import Full
 
 
 def _logits(lm, ids, start, end, key_end=None, attention_block=None):
     mask = torch.ones_like(ids, dtype=torch.bool)
-    return lm.forward(ids, mask, mode="full", start=[start] * ids.shape[0], end=[end] * ids.shape[0],
-                      real_from=[0] * ids.shape[0], key_end=key_end, attention_block=attention_block)
+    rows = ids.shape[0]
+    return lm.forward(ids, mask, mode=Full(start=[start] * rows, end=[end] * rows, real_from=[0] * rows,
+                                           key_end=key_end, attention_block=attention_block))
 
 
 @pytest.mark.parametrize("kind", ["bidirectional", "llada2"])

@@ -10,6 +10,7 @@ import caidllm
 from caidllm.errors import InputError, ModelLoadError
 from caidllm.models import DreamModel, KVCache, LLaDAModel
 from caidllm.models.layers import Context, positions_from_mask
+from caidllm.models.modes import FORWARD_MODES, Dual, Full, Prefix
 
 FAMILIES = ["llada", "dream"]
 
@@ -128,7 +129,8 @@ def test_dtypes_load_and_run(family, dtype, request):
     assert cache.keys[0].dtype == expected
     lm.forward(ids, mask, cache=cache)
     for mode in ("prefix", "dual"):
-        assert torch.isfinite(lm.forward(ids, mask, mode=mode, cache=cache, start=start, end=end)).all()
+        out = lm.forward(ids, mask, cache=cache, mode=FORWARD_MODES[mode](start=start, end=end))
+        assert torch.isfinite(out).all()
 
 
 def test_dtype_default_is_checkpoint_dtype(random_checkpoint):
@@ -169,8 +171,8 @@ def test_full_mode_start_end(lm):
     ids, mask = make_canvas(lm, [5, 9, 3])
     start, end = block_of(ids)
     full = lm.logits(ids, mask)
-    assert close(lm.forward(ids, mask, start=start, end=end), full[:, start:end])
-    assert close(lm.forward(ids, mask, start=0, end=1), full[:, :1])
+    assert close(lm.forward(ids, mask, mode=Full(start=start, end=end)), full[:, start:end])
+    assert close(lm.forward(ids, mask, mode=Full(start=0, end=1)), full[:, :1])
 
 
 @pytest.mark.parametrize("rows", [None, [2, 0]])
@@ -183,28 +185,29 @@ def test_cache_modes_match_full_after_refresh(lm, rows):
     rows_t = None if rows is None else torch.tensor(rows)
 
     cache = lm.new_cache(B, L)
-    refresh = lm.forward(ids, mask, cache=cache, rows=rows_t)
+    refresh = lm.forward(ids, mask, cache=cache, mode=Full(rows=rows_t))
     assert close(refresh, full[sel])
-    prefix = lm.forward(ids, mask, mode="prefix", cache=cache, start=start, end=end, rows=rows_t)
+    prefix = lm.forward(ids, mask, cache=cache, mode=Prefix(start=start, end=end, rows=rows_t))
     assert prefix.shape == (len(full[sel]), end - start, lm.config.vocab_size)
     assert close(prefix, full[sel, start:end])
-    dual = lm.forward(ids, mask, mode="dual", cache=cache, start=start, end=end, rows=rows_t)
+    dual = lm.forward(ids, mask, cache=cache, mode=Dual(start=start, end=end, rows=rows_t))
     assert close(dual, full[sel, start:end])
     # Also right at the start of the generation region and for a single row.
     first = L - 24
     for mode in ("prefix", "dual"):
-        out = lm.forward(ids, mask, mode=mode, cache=cache, start=first, end=first + 8, rows=torch.tensor([0]))
+        out = lm.forward(ids, mask, cache=cache,
+                         mode=FORWARD_MODES[mode](start=first, end=first + 8, rows=torch.tensor([0])))
         assert close(out, full[:1, first : first + 8])
 
 
 def test_rows_fill_only_their_cache_rows(lm):
     ids, mask = make_canvas(lm, [5, 9, 3])
     cache = lm.new_cache(*ids.shape)
-    lm.forward(ids, mask, cache=cache, rows=torch.tensor([1]))
+    lm.forward(ids, mask, cache=cache, mode=Full(rows=torch.tensor([1])))
     assert cache.filled.tolist() == [False, True, False]
     assert cache.keys[0][0].abs().sum() == 0 and cache.keys[0][1].abs().sum() > 0
     with pytest.raises(InputError, match="never filled"):
-        lm.forward(ids, mask, mode="prefix", cache=cache, start=30, end=33)
+        lm.forward(ids, mask, cache=cache, mode=Prefix(start=30, end=33))
 
 
 def test_prefix_mode_leaves_cache_unchanged(lm):
@@ -215,7 +218,7 @@ def test_prefix_mode_leaves_cache_unchanged(lm):
     before = [k.clone() for k in cache.keys + cache.values]
     ids2 = ids.clone()
     ids2[:, start : start + 2] = 42  # a block token committed since the refresh
-    lm.forward(ids2, mask, mode="prefix", cache=cache, start=start, end=end)
+    lm.forward(ids2, mask, cache=cache, mode=Prefix(start=start, end=end))
     assert all(torch.equal(a, b) for a, b in zip(before, cache.keys + cache.values))
 
 
@@ -235,7 +238,7 @@ def test_dual_cache_staleness_as_documented(lm):
     # refresh's suffix K/V, so it equals the full forward of the OLD canvas ...
     ids2 = ids.clone()
     ids2[:, end:] = torch.randint(10, 300, (B, L - end), generator=torch.Generator().manual_seed(1))
-    dual = lm.forward(ids2, mask, mode="dual", cache=cache, start=start, end=end)
+    dual = lm.forward(ids2, mask, cache=cache, mode=Dual(start=start, end=end))
     assert close(dual, full_old[:, start:end])
     # ... and not the full forward of the new one.
     assert not close(dual, lm.logits(ids2, mask)[:, start:end], atol=1e-3)
@@ -243,7 +246,7 @@ def test_dual_cache_staleness_as_documented(lm):
     # A token changing inside the block rewrites the block's entries only.
     ids3 = ids2.clone()
     ids3[:, start + 1] = 77
-    lm.forward(ids3, mask, mode="dual", cache=cache, start=start, end=end)
+    lm.forward(ids3, mask, cache=cache, mode=Dual(start=start, end=end))
     for new, old in zip(cache.keys, refreshed):
         assert torch.equal(new[:, :, :lo], old[:, :, :lo])
         assert torch.equal(new[:, :, end:], old[:, :, end:])
@@ -251,7 +254,7 @@ def test_dual_cache_staleness_as_documented(lm):
 
     # After the next refresh everything is current again.
     lm.forward(ids3, mask, cache=cache)
-    dual = lm.forward(ids3, mask, mode="dual", cache=cache, start=start, end=end)
+    dual = lm.forward(ids3, mask, cache=cache, mode=Dual(start=start, end=end))
     assert close(dual, lm.logits(ids3, mask)[:, start:end])
 
 
@@ -264,7 +267,7 @@ def test_batch_invariance(lm):
     start, end = block_of(ids)
     cache = lm.new_cache(*ids.shape)
     lm.forward(ids, mask, cache=cache)
-    dual = lm.forward(ids, mask, mode="dual", cache=cache, start=start, end=end)
+    dual = lm.forward(ids, mask, cache=cache, mode=Dual(start=start, end=end))
     for b in range(len(ids)):
         alone_ids = ids[b : b + 1, mask[b]]
         alone = lm.logits(alone_ids)
@@ -274,7 +277,7 @@ def test_batch_invariance(lm):
         s, e = start - (ids.shape[1] - n), end - (ids.shape[1] - n)
         c1 = lm.new_cache(1, n)
         lm.forward(alone_ids, cache=c1)
-        assert close(dual[b], lm.forward(alone_ids, mode="dual", cache=c1, start=s, end=e)[0])
+        assert close(dual[b], lm.forward(alone_ids, cache=c1, mode=Dual(start=s, end=e))[0])
 
 
 def _unshifted(lm, ids, mask):

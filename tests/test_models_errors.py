@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 import caidllm
 from caidllm.errors import InputError, ModelLoadError
 from caidllm.models import loading
+from caidllm.models.modes import Dual, Full, Prefix
 
 
 @pytest.fixture
@@ -210,7 +211,7 @@ def test_id_out_of_vocabulary(llada_lm, canvas):
         llada_lm.logits(ids, mask)
     ids[1, 5] = -3
     with pytest.raises(InputError, match="token id -3 is outside"):
-        llada_lm.forward(ids, mask, mode="full")
+        llada_lm.forward(ids, mask)
 
 
 def test_sequence_too_long(random_checkpoint):
@@ -240,37 +241,40 @@ def test_bad_attention_mask(llada_lm, canvas):
 
 def test_bad_mode_and_cache(llada_lm, canvas):
     ids, mask = canvas
-    with pytest.raises(InputError, match="unknown forward mode 'half'"):
+    with pytest.raises(InputError, match=r"mode must be a forward-mode object from caidllm.models.modes \(Full \('full'\), "
+                                         r"Prefix \('prefix'\), .*got 'half'"):
         llada_lm.forward(ids, mask, mode="half")
-    with pytest.raises(InputError, match="mode='prefix' needs a cache"):
-        llada_lm.forward(ids, mask, mode="prefix", start=4, end=8)
+    with pytest.raises(TypeError, match="Prefix.__init__.. got an unexpected keyword argument 'columns'"):
+        Prefix(start=4, end=8, columns=torch.tensor([[4]]))
+    with pytest.raises(InputError, match="mode 'prefix' needs a cache"):
+        llada_lm.forward(ids, mask, mode=Prefix(start=4, end=8))
     cache = llada_lm.new_cache(2, 12)
-    with pytest.raises(InputError, match="mode='dual'.*never filled"):
-        llada_lm.forward(ids, mask, mode="dual", cache=cache, start=4, end=8)
+    with pytest.raises(InputError, match="mode 'dual'.*never filled"):
+        llada_lm.forward(ids, mask, cache=cache, mode=Dual(start=4, end=8))
     with pytest.raises(InputError, match=r"cache was made for a \[2, 10\] canvas"):
         llada_lm.forward(ids, mask, cache=llada_lm.new_cache(2, 10))
     with pytest.raises(InputError, match="cache must be a KVCache"):
         llada_lm.forward(ids, mask, cache={"keys": []})
     llada_lm.forward(ids, mask, cache=cache)
     with pytest.raises(InputError, match="attention_mask differs"):
-        llada_lm.forward(ids, None, mode="prefix", cache=cache, start=4, end=8)
+        llada_lm.forward(ids, None, cache=cache, mode=Prefix(start=4, end=8))
 
 
 @pytest.mark.parametrize("start, end", [(8, 8), (-1, 4), (4, 13), (12, None)])
 def test_start_end_out_of_range(llada_lm, canvas, start, end):
     ids, mask = canvas
     with pytest.raises(InputError, match=f"start={start}, end=.* out of range for canvas length 12"):
-        llada_lm.forward(ids, mask, start=start, end=end)
+        llada_lm.forward(ids, mask, mode=Full(start=start, end=end))
 
 
 def test_bad_rows(llada_lm, canvas):
     ids, mask = canvas
     with pytest.raises(InputError, match=r"rows \[0, 2\] out of range for batch size 2"):
-        llada_lm.forward(ids, mask, rows=torch.tensor([0, 2]))
+        llada_lm.forward(ids, mask, mode=Full(rows=torch.tensor([0, 2])))
     with pytest.raises(InputError, match="duplicates"):
-        llada_lm.forward(ids, mask, rows=torch.tensor([1, 1]))
+        llada_lm.forward(ids, mask, mode=Full(rows=torch.tensor([1, 1])))
     with pytest.raises(InputError, match="1-D integer"):
-        llada_lm.forward(ids, mask, rows=torch.tensor([[0]]))
+        llada_lm.forward(ids, mask, mode=Full(rows=torch.tensor([[0]])))
 
 
 def test_bad_new_cache_and_chat_args(llada_lm):

@@ -13,9 +13,10 @@ from test_moe import LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE, random_moe
 
 import caidllm
 from caidllm.errors import InputError, ModelLoadError
+from caidllm.models import moe_kernels
 from caidllm.models.moe import MoEFeedForward, set_moe_kernel
 from caidllm.models.moe_experts import ExpertList, StackedExperts
-from caidllm.models.moe_kernels import MOE_KERNELS, combine, pick_kernel, run_experts, sort_pairs
+from caidllm.models.moe_kernels import MOE_KERNELS, READS_COUNTS, combine, pick_kernel, run_experts, sort_pairs
 
 FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
 FAST = [k for k in MOE_KERNELS if k != "loop"]
@@ -77,7 +78,7 @@ def test_each_token_sums_its_choices_in_choice_order():
     assert got.item() == 1.0
 
 
-@pytest.mark.parametrize("kernel", FAST)
+@pytest.mark.parametrize("kernel", [k for k in FAST if k not in READS_COUNTS])
 def test_no_value_is_read_on_the_host(kernel):
     """On meta tensors a .item() / .tolist() / .cpu() of the counts would raise: the kernels never read one."""
     cfg = LLADA2_LIKE
@@ -98,13 +99,40 @@ def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
     assert pick_kernel(ExpertList(), torch.zeros(4, 16)) == "loop"
 
 
+@pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
+def test_auto_picks_sized_on_a_cpu_once_each_expert_gets_8_rows():
+    experts = random_moe(**LLADA2_LIKE).experts  # 16 experts, 4 choices per token: 32 tokens = 8 rows each
+    assert pick_kernel(experts, torch.zeros(32, 16), choices=4) == "sized"
+    assert pick_kernel(experts, torch.zeros(31, 16), choices=4) == "grouped"
+    assert pick_kernel(experts, torch.zeros(32, 16, dtype=torch.bfloat16), choices=4) == "sized"
+    assert pick_kernel(experts, torch.zeros(31, 16, dtype=torch.bfloat16), choices=4) == "grouped"
+
+
+@pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
+def test_sized_runs_fp32_experts_of_3_rows_or_more_through_onednn(monkeypatch):
+    """Experts with 1-2 rows take F.linear, the others oneDNN; the output is the loop's either way."""
+    moe = random_moe(**LLADA2_LIKE)
+    rows = []
+    real = moe_kernels._ONEDNN_LINEAR
+    monkeypatch.setattr(moe_kernels, "_ONEDNN_LINEAR", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    x = torch.randn(40, 16)
+    with torch.no_grad():
+        moe.kernel = "loop"
+        expected = moe(x)
+        moe.kernel = "sized"
+        got = moe(x)
+    counts = torch.bincount(moe.gate(x)[0].flatten(), minlength=16)
+    assert sorted(rows) == sorted(3 * [int(c) for c in counts if c >= 3])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype, widths", [(torch.float32, dict(hidden_size=16, moe_intermediate_size=5)),
                                            (torch.bfloat16, dict(hidden_size=12, moe_intermediate_size=8))])
 def test_auto_runs_widths_grouped_mm_cannot(dtype, widths):
     """grouped_mm needs each width a whole multiple of 16 bytes: auto loops on the others (it raised)."""
     moe = random_moe(**{**QWEN3_MOE_LIKE, **widths}).to(dtype)
     x = torch.randn(5, widths["hidden_size"], dtype=dtype)
-    assert pick_kernel(moe.experts, x) == "loop"
+    assert pick_kernel(moe.experts, x, choices=4) == "loop"
     with torch.no_grad():
         got = moe(x)
         moe.kernel = "loop"
@@ -226,7 +254,8 @@ def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
 
 
 def test_an_unknown_kernel_or_a_stacked_kernel_on_quantized_experts_is_refused():
-    with pytest.raises(InputError, match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, padded"):
+    with pytest.raises(InputError,
+                       match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, sized, padded"):
         caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="fast")
     with pytest.raises(InputError, match="moe_kernel 'grouped' runs stacked full-precision experts"):
         caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8", moe_kernel="grouped")
@@ -279,3 +308,22 @@ def test_the_command_line_flag(capsys):
     assert main([*argv, "--moe-kernel", "grouped", "--quantize", "int8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("caidllm: error: moe_kernel 'grouped' runs stacked full-precision")
+
+
+def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
+    """The shipped, trained tiny-moe (8 experts, top-2: a 40-token forward gives each expert 10
+    rows on average, so auto runs sized, oneDNN): logits to 1e-5 and the llada2 decoder's exact tokens."""
+    lm = caidllm.load("tiny-moe", device="cpu", moe_kernel="loop")
+    ids = torch.tensor([lm.encode_chat("Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. "
+                                       "Alexis says Vernell lies. Michaela says Alexis tells the truth. "
+                                       "Does Michaela tell the truth?")[:40]])
+    experts = lm.model.model.layers[1].mlp.experts
+    assert ids.shape[1] == 40 and pick_kernel(experts, torch.zeros(40, lm.config.hidden_size), choices=2) == "sized"
+    options = dict(method="llada2", gen_length=16, block_length=8)
+    with torch.no_grad():
+        expected = lm.logits(ids)
+        tokens = lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids
+        for kernel in ("grouped", "sized", "auto"):
+            set_moe_kernel(lm.model, kernel)
+            torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5, rtol=1e-5)
+            assert lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids == tokens

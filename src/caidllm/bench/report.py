@@ -29,6 +29,19 @@ def _share(value) -> str:
 
 def markdown(report: dict) -> str:
     s = report["settings"]
+    lines = _preamble(s)
+    by_task: dict[str, list[dict]] = {}
+    for row in report["results"]:
+        by_task.setdefault(row["task"], []).append(row)
+    for task, rows in by_task.items():
+        lines += _task_section(task, rows, s)
+    if report.get("plots"):
+        lines += ["## Figures", ""] + [f"![{name}]({file})" for name, file in report["plots"].items()] + [""]
+    return "\n".join(lines)
+
+
+def _preamble(s: dict) -> list[str]:
+    """The title, the run's settings in one paragraph, and what each column means."""
     gpu = f" ({s['gpu']})" if s["gpu"] else ""
     memory = ("CUDA max allocated, reset per method" if s["device"].startswith("cuda")
               else "peak RSS of the whole process so far (not per method)")
@@ -61,41 +74,45 @@ def markdown(report: dict) -> str:
     if ran:
         values = ", ".join(f"{k}={v}" for k, v in ran["cai"].items()) or "none"
         lines += [f"Settings file `{ran['source']}`: row `{ran['name']}` is `{ran['method']}` with {values}.", ""]
-    by_task: dict[str, list[dict]] = {}
-    for row in report["results"]:
-        by_task.setdefault(row["task"], []).append(row)
-    for task, rows in by_task.items():
-        first = rows[0]
-        shots = f"{first['fewshot']}-shot" if first["fewshot"] else "zero-shot"
-        lines += [f"## {task}", "",
-                  f"Metric: {first['metric']}, n = {first['n']}, {shots}. Source: `{s['task_sources'][task]}`.", ""]
-        extra = [k for k in first if k.startswith("accuracy_")]
-        header = ["Method", "TPS", "Pos/s", "Speedup", "Score ± stderr"] + [k.removeprefix("accuracy_") for k in extra]
-        header += ["NFE", "NFE ratio", "Prefill/req", "Saved", "Steps/block", "Weights (MB)", "Peak mem (MB)", "Energy (J)", "Ctrl", "Fwd", "Ovh", "Errors"]
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + "|".join("---" for _ in header) + "|")
-        for row in rows:
-            cells = [row["method"], _num(row["tps_answer"], ".1f"), _num(row["tps_positions"], ".1f"),
-                     _num(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""), _score(row)]
-            cells += [_num(None if row[k] is None else 100 * row[k], ".2f") for k in extra]
-            cells += [_num(row["nfe_mean"], ".1f"), _num(row["nfe_ratio"], ".2f"),
-                      _num(row.get("prefill_positions_mean"), ".1f"), _share(row.get("prefill_saved_share")), _steps(row),
-                      _num(row.get("weights_mb"), ".1f"), _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
-                      _num(None if row["policy_share"] is None else 100 * row["policy_share"], ".1f", "n/a")
-                      + ("%" if row["policy_share"] is not None else ""),
-                      _share(row.get("forward_share")), _share(row.get("engine_overhead_share")),
-                      str(row["errors"])]
-            lines.append("| " + " | ".join(cells) + " |")
-        notes = s.get("task_notes", {}).get(task)
-        if notes:
-            lines += ["", f"Note: {notes}."]
-        energy_notes = {row["energy_note"] for row in rows if row.get("energy_note")}
-        if energy_notes:
-            lines += ["", "Energy: " + "; ".join(sorted(energy_notes)) + "."]
-        lines.append("")
-    if report.get("plots"):
-        lines += ["## Figures", ""] + [f"![{name}]({file})" for name, file in report["plots"].items()] + [""]
-    return "\n".join(lines)
+    return lines
+
+
+def _task_section(task: str, rows: list[dict], s: dict) -> list[str]:
+    """One task: its metric and source, a table with a row per method, then its notes."""
+    first = rows[0]
+    shots = f"{first['fewshot']}-shot" if first["fewshot"] else "zero-shot"
+    lines = [f"## {task}", "",
+             f"Metric: {first['metric']}, n = {first['n']}, {shots}. Source: `{s['task_sources'][task]}`.", ""]
+    extra = [k for k in first if k.startswith("accuracy_")]
+    header = ["Method", "TPS", "Pos/s", "Speedup", "Score ± stderr"] + [k.removeprefix("accuracy_") for k in extra]
+    header += ["NFE", "NFE ratio", "Prefill/req", "Saved", "Steps/block", "Weights (MB)", "Peak mem (MB)",
+               "Energy (J)", "Ctrl", "Fwd", "Ovh", "Errors"]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "|".join("---" for _ in header) + "|")
+    lines += ["| " + " | ".join(_cells(row, extra)) + " |" for row in rows]
+    notes = s.get("task_notes", {}).get(task)
+    if notes:
+        lines += ["", f"Note: {notes}."]
+    energy_notes = {row["energy_note"] for row in rows if row.get("energy_note")}
+    if energy_notes:
+        lines += ["", "Energy: " + "; ".join(sorted(energy_notes)) + "."]
+    lines.append("")
+    return lines
+
+
+def _cells(row: dict, extra: list[str]) -> list[str]:
+    """One method's row of the task table, in the header's order."""
+    cells = [row["method"], _num(row["tps_answer"], ".1f"), _num(row["tps_positions"], ".1f"),
+             _num(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""), _score(row)]
+    cells += [_num(None if row[k] is None else 100 * row[k], ".2f") for k in extra]
+    cells += [_num(row["nfe_mean"], ".1f"), _num(row["nfe_ratio"], ".2f"),
+              _num(row.get("prefill_positions_mean"), ".1f"), _share(row.get("prefill_saved_share")), _steps(row),
+              _num(row.get("weights_mb"), ".1f"), _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
+              _num(None if row["policy_share"] is None else 100 * row["policy_share"], ".1f", "n/a")
+              + ("%" if row["policy_share"] is not None else ""),
+              _share(row.get("forward_share")), _share(row.get("engine_overhead_share")),
+              str(row["errors"])]
+    return cells
 
 
 def write(out: Path, report: dict) -> None:

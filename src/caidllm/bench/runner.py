@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
-import os
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -33,45 +32,16 @@ from pathlib import Path
 import torch
 
 from caidllm.bench.prefix_rows import expand_rows
-from caidllm.bench.sandbox import Limits, isolation_summary
+from caidllm.bench.run_info import DEFINITIONS, run_settings
+from caidllm.bench.sandbox import Limits
 from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
 from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.presets import build_config, method_names
-from caidllm.models.quantize import quantization_info, weights_mb
+from caidllm.models.quantize import weights_mb
 from caidllm.distributed import World, together
 from caidllm.errors import CaidllmError, InputError
-
-DEFINITIONS = {
-    "accuracy": "mean per-sample score (exact match / pass@1: 0 or 1; LongBench: F1 or ROUGE-L in [0, 1]); "
-                "samples that failed to generate or score count as 0",
-    "stderr": "standard error of the mean, sample std / sqrt(n) (= sqrt(p(1-p)/(n-1)) for 0/1 scores), as lm-eval",
-    "nfe_mean": "forward passes per request, mean over the task's requests",
-    "steps_per_block": "denoising steps per block index, mean over requests (0 for blocks skipped by early stop)",
-    "steps_per_block_decoded": "the same, over the requests that decoded that block",
-    "wall_s": "wall-clock seconds of the generate() calls of this method on this task, after a warm-up; "
-              "tokenisation of the prompts and scoring are outside the clock; under torchrun the slowest rank's",
-    "tps_positions": "generated positions per second: n * gen_length / wall_s (prompt never counted; "
-                     "all samples of all ranks)",
-    "tps_answer": "answer tokens per second: sum of answer lengths (up to the first end token) / wall_s",
-    "speedup": "wall_s of the first method listed / wall_s of this method, same task, same examples",
-    "nfe_ratio": "nfe_mean of the first method listed / nfe_mean of this method",
-    "weights_mb": "bytes of the model's parameters and buffers / 2^20 (quantized tensors: their data, scales "
-                  "and zero points), each shared tensor once",
-    "high_first_confidence_share": "share of the decoded positions whose confidence at their block's first step "
-                                   "(s_i) exceeds 0.9, the Fast-dLLM threshold",
-    "peak_mem_mb": "CUDA: torch.cuda.max_memory_allocated, reset before each method; CPU: the process's peak RSS "
-                   "so far (getrusage; monotone, not per method); under torchrun the largest rank's",
-    "energy_j": "GPU: NVML energy counter (or sampled power integrated) during the method's generate() calls; "
-                "CPU: RAPL package energy; null when not measurable",
-    "policy_share": "time in the commit policy (policy_s) / wall time, summed over batches (and ranks)",
-    "forward_share": "time inside the model forwards (the engine's forward timer, CUDA events on a GPU) / wall time",
-    "engine_overhead_share": "the engine's own time: (wall - forwards - commit policy) / wall: batching, "
-                             "prediction, bookkeeping, host transfers",
-    "flops_share": "share of layer-token work computed (ES-dLLM style backends report it); null when not reported",
-}
-
 
 @dataclass
 class BenchConfig:
@@ -220,62 +190,95 @@ def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
     device = world.device(settings.device)
     world.init(device)
     with together(world):  # a bad setting, data file or model fails every rank with the same error
-        out = _prepare_out(settings.out) if world.is_main else None
-        data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else None
-        limits = Limits(timeout_s=float(settings.code_timeout))
-        tasks = [load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot,
-                           seed=settings.seed, code_limits=limits) for spec in settings.tasks]
-        _check_not_calibrated_on(settings, tasks)
-        settings = resolve_lengths(settings, lm)  # from config.json alone: a bad setting fails before loading
-        if lm is None:
-            from caidllm.models import load
-
-            log(f"loading model {settings.model} ..." + (f" on {world.world_size} ranks" if world.distributed else ""))
-            lm = load(settings.model, device=device, dtype=settings.dtype, compile=settings.compile,
-                      quantize=settings.quantize, quantize_head=settings.quantize_head)
-        if getattr(lm, "random_weights", False):
-            log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
-        torch.manual_seed(settings.seed)
-        # A base checkpoint (models/checkpoints.py) reads raw prompts, as does a tokenizer without a template.
-        chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None)) and lm.chat_default
-        encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
-        T = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
-                             gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block
-             for m in settings.methods}
-        if settings.warmup:  # every rank warms up on its own share
-            first = encoded[tasks[0].name]
-            _warm_up(lm, settings, [first[i] for i in world.shard(len(first))], log)
-
-    results, traces = [], {m: new_trace_store() for m in settings.methods}
-    for task in tasks:
-        rows = []
-        for method in settings.methods:
-            world.barrier()  # the ranks start each method together, so the slowest rank's wall is the run's
-            with together(world):
-                part = run_shard(lm, settings, task, method, encoded[task.name], world.shard(len(encoded[task.name])))
-            parts: list[ShardRun] | None = world.gather(part)
-            if world.is_main:
-                rows.append(build_row(settings, task, method, encoded[task.name], parts, out, traces[method],
-                                      T[method], log, weights_mb(lm)))
-        if world.is_main:
-            relative(rows)
-            results.extend(rows)
-    ranks = world.all_gather({"host": platform.node(), "device": str(lm.device)})
+        run = _prepare(settings, lm, world, device, log)
+    traces = {m: new_trace_store() for m in run.settings.methods}
+    results = _run_every_method(run, world, traces, log)
+    ranks = world.all_gather({"host": platform.node(), "device": str(run.lm.device)})
     if not world.is_main:
         return None
 
     report = {
-        "settings": {**_settings_dict(settings, lm, tasks, data_dir, chat, T), "started": started,
-                     "world_size": world.world_size, "ranks": ranks},
+        "settings": {**run_settings(run.settings, run.lm, run.tasks, run.data_dir, run.chat, run.T),
+                     "started": started, "world_size": world.world_size, "ranks": ranks},
         "definitions": DEFINITIONS,
         "results": results,
     }
-    if out is not None:
+    if run.out is not None:
         from caidllm.bench import plots, report as report_mod
 
-        report["plots"] = plots.write_all(out, report, traces, T)
-        report_mod.write(out, report)
+        report["plots"] = plots.write_all(run.out, report, traces, run.T)
+        report_mod.write(run.out, report)
     return report
+
+
+@dataclass
+class _Prepared:
+    """A run set up on one rank: settings with their lengths resolved, the model, the tasks, each
+    prompt tokenised once (the same ids go to every method), and each method's most steps per block."""
+
+    settings: BenchConfig
+    lm: object
+    out: Path | None
+    data_dir: Path | None
+    tasks: list[BenchTask]
+    chat: bool
+    encoded: dict[str, list[Encoded]]
+    T: dict[str, int]
+
+
+def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
+    """Everything before the clock, in the order that fails cheapest first: the output folder, the
+    data, the lengths against config.json, only then the model; then the prompts and a warm-up."""
+    out = _prepare_out(settings.out) if world.is_main else None
+    data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else None
+    limits = Limits(timeout_s=float(settings.code_timeout))
+    tasks = [load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot,
+                       seed=settings.seed, code_limits=limits) for spec in settings.tasks]
+    _check_not_calibrated_on(settings, tasks)
+    settings = resolve_lengths(settings, lm)  # from config.json alone: a bad setting fails before loading
+    if lm is None:
+        lm = _load_model(settings, world, device, log)
+    if getattr(lm, "random_weights", False):
+        log(f"{settings.model}: the weights are random; scores mean nothing, only speed and memory do")
+    torch.manual_seed(settings.seed)
+    # A base checkpoint (models/checkpoints.py) reads raw prompts, as does a tokenizer without a template.
+    chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None)) and lm.chat_default
+    encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
+    T = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
+                         gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block
+         for m in settings.methods}
+    if settings.warmup:  # every rank warms up on its own share
+        first = encoded[tasks[0].name]
+        _warm_up(lm, settings, [first[i] for i in world.shard(len(first))], log)
+    return _Prepared(settings, lm, out, data_dir, tasks, chat, encoded, T)
+
+
+def _load_model(settings: BenchConfig, world: World, device, log):
+    from caidllm.models import load
+
+    log(f"loading model {settings.model} ..." + (f" on {world.world_size} ranks" if world.distributed else ""))
+    return load(settings.model, device=device, dtype=settings.dtype, compile=settings.compile,
+                quantize=settings.quantize, quantize_head=settings.quantize_head)
+
+
+def _run_every_method(run: _Prepared, world: World, traces: dict, log) -> list[dict]:
+    """Each task, each method on it: every rank decodes its share, rank 0 builds the row from all
+    shares and sets the rows against the first method's. The rows (on rank 0; empty elsewhere)."""
+    results = []
+    for task in run.tasks:
+        rows, encoded = [], run.encoded[task.name]
+        for method in run.settings.methods:
+            world.barrier()  # the ranks start each method together, so the slowest rank's wall is the run's
+            with together(world):
+                part = run_shard(run.lm, run.settings, task, method, encoded, world.shard(len(encoded)))
+            parts: list[ShardRun] | None = world.gather(part)
+            if world.is_main:
+                rows.append(build_row(run.settings, task, method, encoded, parts, run.out, traces[method],
+                                      run.T[method], log, weights_mb(run.lm)))
+        if world.is_main:
+            relative(rows)
+            results.extend(rows)
+    return results
 
 
 def _quiet(message: str) -> None:
@@ -347,58 +350,6 @@ def _warm_up(lm, settings: BenchConfig, encoded: list[Encoded], log) -> None:
                     temperature=settings.temperature, seed=settings.seed, early_stop=settings.early_stop,
                     batch_size=len(batch), chat=False)
     sync(lm)
-
-
-def _settings_dict(s: BenchConfig, lm, tasks: list[BenchTask], data_dir, chat: bool, T: dict) -> dict:
-    device = torch.device(lm.device)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        caidllm_version = version("caidllm")
-    except PackageNotFoundError:
-        caidllm_version = None
-    return {
-        "model": s.model,
-        "model_path": str(lm.path) if getattr(lm, "path", None) else None,
-        "random_weights": bool(getattr(lm, "random_weights", False)),
-        "compile": bool(getattr(lm, "compiled", False)),
-        **quantization_info(lm),
-        "settings_file": s.loaded_settings().summary() if s.settings_file else None,
-        "family": lm.config.family,
-        "device": str(device),
-        "gpu": gpu,
-        "dtype": str(lm.dtype).removeprefix("torch."),
-        "tasks": [t.name for t in tasks],
-        "task_sources": {t.name: t.source for t in tasks},
-        "task_metrics": {t.name: t.metric for t in tasks},
-        "task_notes": {t.name: t.notes for t in tasks if t.notes},
-        "methods": list(s.methods),
-        "prefix_cache_mb": list(s.prefix_cache_mb),
-        "baseline": s.methods[0],
-        "limit": s.limit,
-        "n": {t.name: len(t.samples) for t in tasks},
-        "batch_size": s.batch_size,
-        "gen_length": s.gen_length,
-        "block_length": s.block_length,
-        "steps_per_block_max": T,
-        "early_stop": s.early_stop,
-        "temperature": s.temperature,
-        "seed": s.seed,
-        "chat_template": chat,
-        "fewshot": s.fewshot,
-        "prompting": {t.name: (f"{t.fewshot}-shot" if t.fewshot else "zero-shot") for t in tasks},
-        "data_dir": str(data_dir) if data_dir else None,
-        "warmup": "one batch per method before timing" if s.warmup else "none",
-        "code_execution": {"timeout_s": s.code_timeout, "isolation": isolation_summary()}
-        if any(t.metric == "pass@1" for t in tasks) else None,
-        "torch": torch.__version__,
-        "caidllm": caidllm_version,
-        "python": platform.python_version(),
-        "host": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
 
 
 __all__ = ["BenchConfig", "run_bench", "DEFINITIONS", "CONFIDENCE_BUCKETS"]

@@ -186,61 +186,87 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
     or file-size limit, killed) "error". Never raises for what the program
     does."""
     root = os.getuid() == 0
-    uid = gid = NOBODY if root else -1
-    cpu = limits.cpu_s if limits.cpu_s is not None else int(limits.timeout_s) + 1
-    if root:
-        nproc = limits.processes + _count_processes(NOBODY)
-    else:  # RLIMIT_NPROC counts every process of this user, so leave headroom
-        nproc = limits.processes + _count_processes(os.getuid())
+    preexec = _child_limits(limits, root)
     workdir = Path(tempfile.mkdtemp(prefix="caidllm-sandbox-"))
     private = Path(tempfile.mkdtemp(prefix="caidllm-sandbox-io-"))
     started = time.perf_counter()
     try:
-        (workdir / "program.py").write_text(source)
-        runner = private / "runner.py"
-        runner.write_text(_RUNNER)
-        os.chmod(private, 0o755)
-        os.chmod(runner, 0o644)
-        if root:
-            os.chown(workdir, NOBODY, NOBODY)
-            os.chown(workdir / "program.py", NOBODY, NOBODY)
-        os.chmod(workdir, 0o700)
-
-        def preexec():  # in the child, before exec: new session + limits
-            os.setsid()
-            mem = limits.memory_mb * 2**20
-            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-            size = limits.file_size_mb * 2**20
-            resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-        prefix = list(_unshare_flags() or ())
-        preimport = "" if not root or _stdlib_readable_by_others() else ",".join(PREIMPORT)
-        command = [*prefix, sys.executable, "-I", str(runner), "program.py", str(uid), str(gid), preimport]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "TMPDIR": str(workdir),
-               "http_proxy": "http://0.0.0.0:9", "https_proxy": "http://0.0.0.0:9", "no_proxy": ""}
-        with open(private / "stdout", "wb") as out, open(private / "stderr", "wb") as err:
-            proc = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=err, preexec_fn=preexec, close_fds=True)
-            timed_out = False
-            try:
-                proc.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            _kill_group(proc.pid)
-            if timed_out:
-                proc.wait()
+        runner = _write_program(source, workdir, private, root)
+        returncode, timed_out = _run_to_end(_command(runner, root), workdir, private, preexec, limits.timeout_s)
         duration = time.perf_counter() - started
         stderr = _tail(private / "stderr")
-        return _classify(proc.returncode, timed_out, stderr, duration, limits)
+        return _classify(returncode, timed_out, stderr, duration, limits)
     except OSError as error:  # could not even start it: record, never crash the run
         return SandboxResult("error", None, time.perf_counter() - started,
                              f"sandbox could not run the program: {error}", "", isolation_summary())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _child_limits(limits: Limits, root: bool):
+    """The function the child runs before exec: a new session (so the whole tree can be killed)
+    and the resource limits."""
+    cpu = limits.cpu_s if limits.cpu_s is not None else int(limits.timeout_s) + 1
+    if root:
+        nproc = limits.processes + _count_processes(NOBODY)
+    else:  # RLIMIT_NPROC counts every process of this user, so leave headroom
+        nproc = limits.processes + _count_processes(os.getuid())
+
+    def preexec():
+        os.setsid()
+        mem = limits.memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        size = limits.file_size_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return preexec
+
+
+def _write_program(source: str, workdir: Path, private: Path, root: bool) -> Path:
+    """program.py in the working directory (owned by `nobody` under root, private to it), and
+    our trusted runner beside the output files, readable by all; returns the runner's path."""
+    (workdir / "program.py").write_text(source)
+    runner = private / "runner.py"
+    runner.write_text(_RUNNER)
+    os.chmod(private, 0o755)
+    os.chmod(runner, 0o644)
+    if root:
+        os.chown(workdir, NOBODY, NOBODY)
+        os.chown(workdir / "program.py", NOBODY, NOBODY)
+    os.chmod(workdir, 0o700)
+    return runner
+
+
+def _command(runner: Path, root: bool) -> list[str]:
+    """python -I on the runner, inside new namespaces where unshare works; under root the runner
+    drops to `nobody` (after preimporting the stdlib when `nobody` could not read it)."""
+    uid = gid = NOBODY if root else -1
+    prefix = list(_unshare_flags() or ())
+    preimport = "" if not root or _stdlib_readable_by_others() else ",".join(PREIMPORT)
+    return [*prefix, sys.executable, "-I", str(runner), "program.py", str(uid), str(gid), preimport]
+
+
+def _run_to_end(command: list[str], workdir: Path, private: Path, preexec, timeout_s: float) -> tuple[int, bool]:
+    """Run the program to its end or the wall-clock limit, then kill whatever it left behind;
+    (return code, timed out). Its output goes to files, never to our memory."""
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "TMPDIR": str(workdir),
+           "http_proxy": "http://0.0.0.0:9", "https_proxy": "http://0.0.0.0:9", "no_proxy": ""}
+    with open(private / "stdout", "wb") as out, open(private / "stderr", "wb") as err:
+        proc = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=err, preexec_fn=preexec, close_fds=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill_group(proc.pid)
+        if timed_out:
+            proc.wait()
+    return proc.returncode, timed_out
 
 
 def _kill_group(pgid: int, wait_s: float = 5.0) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from caidllm.bench.measure import EnergyReading
@@ -29,38 +30,11 @@ def new_trace_store() -> dict:
 
 def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], parts: list[ShardRun],
               out: Path | None, trace_store: dict, T: int, log, weights_mb: float | None = None) -> dict:
-    outcomes = {i: o for part in parts for i, o in part.outcomes.items()}
-    if sorted(outcomes) != list(range(len(encoded))):  # never a report of a subset
-        raise RuntimeError(f"{task.name} {method}: the ranks returned {len(outcomes)} of {len(encoded)} samples")
-    wall = max(p.wall_s for p in parts)
-    policy = sum(p.policy_s for p in parts)
-    forward = sum(p.forward_s for p in parts)
-    busy = sum(p.wall_s for p in parts)
-    records, scores, extras = [], [], {k: [] for k in task.extra_metrics}
-    done = []
-    for i, enc in enumerate(encoded):
-        outcome = outcomes[i]
-        result, scored = outcome.result, outcome.scored
-        score = scored.score if scored is not None else 0.0
-        scores.append(score)
-        for k in extras:
-            extras[k].append(float(scored.details.get(k, 0.0)) if scored is not None else 0.0)
-        records.append(_record(task, method, enc, result, scored, score, outcome.error))
-        if result is not None:
-            done.append(result)
-            collect_trace(result, trace_store)
-
-    reading = combine_energy([p.energy for p in parts], [p.host for p in parts], wall)
-    # A method may lay fewer blocks than the bench's block_length says (Elastic-Cache's one window over
-    # the whole generation): its rows count what it laid, the rest as 0 steps.
-    n_blocks = max([settings.gen_length // settings.block_length] + [len(r.steps_per_block) for r in done])
-    steps = [list(r.steps_per_block) + [0] * (n_blocks - len(r.steps_per_block)) for r in done]
-    spb = [mean(s[b] for s in steps) for b in range(n_blocks)] if steps else [None] * n_blocks
-    decoded = [mean(s[b] for s in steps if s[b] > 0) for b in range(n_blocks)]
-    fractions = [getattr(r, "computed_fraction", None) for r in done]
-    fractions = [f for f in fractions if f is not None]
+    outcomes = _all_outcomes(task, method, encoded, parts)
+    samples = _Samples.score(task, method, encoded, outcomes, trace_store)
+    done, wall = samples.done, max(p.wall_s for p in parts)
     answer_tokens = sum(r.answer_length for r in done)
-    accuracy = mean(scores)
+    accuracy = mean(samples.scores)
     row = {
         "task": task.name,
         "method": method,
@@ -68,12 +42,9 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
         "n": len(encoded),
         "n_generated": len(done),
         "accuracy": accuracy,
-        "stderr": stderr(scores),
+        "stderr": stderr(samples.scores),
         "nfe_mean": mean(r.nfe for r in done),
-        "steps_per_block": spb,
-        "steps_per_block_decoded": decoded,
-        "steps_per_block_max": T,
-        "steps_saved_per_block": [None if d is None else T - d for d in decoded],
+        **_step_figures(settings, done, T),
         "wall_s": wall,
         "engine_s": max(p.engine_s for p in parts),
         "tps_positions": len(done) * settings.gen_length / wall if wall > 0 else None,
@@ -82,6 +53,80 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
         "speedup": None,
         "nfe_ratio": None,
         "weights_mb": weights_mb,
+        **_cost_figures(parts, wall),
+        **_work_figures(done),
+        "errors": sum(1 for r in samples.records if r["error"]),
+        "fewshot": task.fewshot,
+        "confidence_buckets": _bucket_summary(done),
+        "high_first_confidence_share": high_confidence_share(done),
+        "samples": None,
+    }
+    if len(parts) > 1:
+        row["wall_s_per_rank"] = [p.wall_s for p in parts]
+    for k, values in samples.extras.items():
+        row[f"accuracy_{k}"] = mean(values)
+        row[f"stderr_{k}"] = stderr(values)
+    if out is not None:
+        row["samples"] = _write_samples(out, task, method, samples.records)
+    shown = "n/a" if accuracy is None else f"{accuracy:.3f}"
+    log(f"{task.name} {method}: score {shown}, NFE {row['nfe_mean']}, wall {wall:.2f} s, errors {row['errors']}")
+    return row
+
+
+def _all_outcomes(task: BenchTask, method: str, encoded: list[Encoded], parts: list[ShardRun]) -> dict:
+    """Every rank's outcomes by sample index; all of them, or an error (never a report of a subset)."""
+    outcomes = {i: o for part in parts for i, o in part.outcomes.items()}
+    if sorted(outcomes) != list(range(len(encoded))):
+        raise RuntimeError(f"{task.name} {method}: the ranks returned {len(outcomes)} of {len(encoded)} samples")
+    return outcomes
+
+
+@dataclass
+class _Samples:
+    """The per-sample side of a row, in task order: scores (0 for a failed sample), the task's extra
+    metrics, the samples file's records, and the results that generated."""
+
+    scores: list[float]
+    extras: dict[str, list[float]]
+    records: list[dict]
+    done: list
+
+    @classmethod
+    def score(cls, task: BenchTask, method: str, encoded: list[Encoded], outcomes: dict, trace_store: dict):
+        samples = cls([], {k: [] for k in task.extra_metrics}, [], [])
+        for i, enc in enumerate(encoded):
+            outcome = outcomes[i]
+            result, scored = outcome.result, outcome.scored
+            score = scored.score if scored is not None else 0.0
+            samples.scores.append(score)
+            for k in samples.extras:
+                samples.extras[k].append(float(scored.details.get(k, 0.0)) if scored is not None else 0.0)
+            samples.records.append(_record(task, method, enc, result, scored, score, outcome.error))
+            if result is not None:
+                samples.done.append(result)
+                collect_trace(result, trace_store)
+        return samples
+
+
+def _step_figures(settings, done: list, T: int) -> dict:
+    """Denoising steps per block index: over all requests, over those that decoded the block, saved."""
+    # A method may lay fewer blocks than the bench's block_length says (Elastic-Cache's one window over
+    # the whole generation): its rows count what it laid, the rest as 0 steps.
+    n_blocks = max([settings.gen_length // settings.block_length] + [len(r.steps_per_block) for r in done])
+    steps = [list(r.steps_per_block) + [0] * (n_blocks - len(r.steps_per_block)) for r in done]
+    spb = [mean(s[b] for s in steps) for b in range(n_blocks)] if steps else [None] * n_blocks
+    decoded = [mean(s[b] for s in steps if s[b] > 0) for b in range(n_blocks)]
+    return {"steps_per_block": spb, "steps_per_block_decoded": decoded, "steps_per_block_max": T,
+            "steps_saved_per_block": [None if d is None else T - d for d in decoded]}
+
+
+def _cost_figures(parts: list[ShardRun], wall: float) -> dict:
+    """Memory, energy and where the time went (policy, forwards, the engine's own), over all ranks."""
+    policy = sum(p.policy_s for p in parts)
+    forward = sum(p.forward_s for p in parts)
+    busy = sum(p.wall_s for p in parts)
+    reading = combine_energy([p.energy for p in parts], [p.host for p in parts], wall)
+    return {
         "peak_mem_mb": max(p.peak_mem_mb for p in parts),
         "peak_mem_kind": parts[0].peak_mem_kind,
         "energy_j": reading.joules,
@@ -93,29 +138,24 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
         "forward_s": forward,
         "forward_share": forward / busy if busy > 0 else None,
         "engine_overhead_share": (busy - forward - policy) / busy if busy > 0 else None,
-        "flops_share": mean(fractions) if fractions else None,
-        **prefill_figures(done),
-        "early_stopped": mean(float(r.early_stopped) for r in done),
-        "errors": sum(1 for r in records if r["error"]),
-        "fewshot": task.fewshot,
-        "confidence_buckets": _bucket_summary(done),
-        "high_first_confidence_share": high_confidence_share(done),
-        "samples": None,
     }
-    if len(parts) > 1:
-        row["wall_s_per_rank"] = [p.wall_s for p in parts]
-    for k, values in extras.items():
-        row[f"accuracy_{k}"] = mean(values)
-        row[f"stderr_{k}"] = stderr(values)
-    if out is not None:
-        path = out / f"samples_{slug(task.name)}_{slug(method)}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-        row["samples"] = path.name
-    shown = "n/a" if accuracy is None else f"{accuracy:.3f}"
-    log(f"{task.name} {method}: score {shown}, NFE {row['nfe_mean']}, wall {wall:.2f} s, errors {row['errors']}")
-    return row
+
+
+def _work_figures(done: list) -> dict:
+    """How much work the decoders skipped: computed share of layer-token work, prefill, early stops."""
+    fractions = [getattr(r, "computed_fraction", None) for r in done]
+    fractions = [f for f in fractions if f is not None]
+    return {"flops_share": mean(fractions) if fractions else None, **prefill_figures(done),
+            "early_stopped": mean(float(r.early_stopped) for r in done)}
+
+
+def _write_samples(out: Path, task: BenchTask, method: str, records: list[dict]) -> str:
+    """One JSON line per sample; returns the file's name (the row's "samples")."""
+    path = out / f"samples_{slug(task.name)}_{slug(method)}.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+    return path.name
 
 
 def combine_energy(readings: list[EnergyReading], hosts: list[str], wall: float) -> EnergyReading:

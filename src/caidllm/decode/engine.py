@@ -53,10 +53,8 @@ from caidllm.decode.scheduler import Scheduler
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY
 from caidllm.decode.timing import DeviceTimer  # noqa: F401 - the old import path
 from caidllm.errors import InputError
-from caidllm.models.forward_modes import ForwardMode
+from caidllm.models.modes import FORWARD_MODES
 
-# Forwards that need logits aligned to positions (a family with a shift predicts i from i - 1).
-UNSHIFTED_MODES = (ForwardMode.DKV, ForwardMode.VERIFY)
 
 
 def family_refusal(lm, config: DecodeConfig) -> str | None:
@@ -76,9 +74,9 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
     if not (lm.model.extra_left or c.block_causal):
         return None
     own = policy_spec(config.policy).forward
-    needs = ([f"policy {config.policy!r} needs the {own} forward"] if own in UNSHIFTED_MODES else []) + (
+    needs = ([f"policy {config.policy!r} needs the {own} forward"] if own is not None and FORWARD_MODES[own].unshifted else []) + (
         [f"cache mode {config.cache!r} needs the {config.cache} forward"]
-        if CACHE_MODES[config.cache].between_refreshes in UNSHIFTED_MODES else [])
+        if CACHE_MODES[config.cache].between_refreshes.unshifted else [])
     if not needs:
         return None
     lacks = "block-causal attention" if c.block_causal else "it predicts position i from i - 1"

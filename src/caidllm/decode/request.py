@@ -16,7 +16,7 @@ from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import Policy, policy_spec, random_order
 from caidllm.decode.results import GenerationResult, result_of
-from caidllm.models.forward_modes import ForwardMode
+from caidllm.models.modes import Full, SubBlock
 
 
 @dataclass
@@ -117,10 +117,10 @@ class Request:
         if cache.exact:  # with blocks from the prefix store the first forward is a block forward too
             refresh = self.block == 0 and t == 0 and not self.reused
             if not refresh and cache.within_block and self.sub_block_cached():
-                return ForwardMode.SUBBLOCK.value
+                return SubBlock.name
         else:
             refresh = t < cache.refreshes_at_start or (self.refresh_every > 0 and t % self.refresh_every == 0)
-        return (ForwardMode.FULL if refresh else cache.between_refreshes).value
+        return (Full if refresh else cache.between_refreshes).name
 
     def current_sub_block(self) -> int:
         """Block position where the first sub-block that still holds a mask starts."""
@@ -185,6 +185,10 @@ class Request:
         if self.elastic is not None:  # the window, at every step (the official loop decodes nothing else)
             return {c - len(self.prompt) - self.block_bounds[0] for c in self.elastic_columns()[2]}
         return None
+
+    def elastic_untrackable(self) -> list[int]:
+        """Elastic-Cache's columns its tracked set leaves out (relative): the still-masked ones."""
+        return elastic.untrackable(self.generated, len(self.prompt))
 
     def elastic_columns(self) -> tuple[list[int], list[int], list[int]]:
         """Elastic-Cache's computed columns, the columns whose logits it returns and its window (the

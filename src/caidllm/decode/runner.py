@@ -3,7 +3,7 @@ its mode over their cache rows, a prediction and a confidence for each position 
 blocks, and their commit policies; the commits go into the Frame's canvas and come back to
 the host as one RowStep per request (their bookkeeping is the request's, request.py).
 
-Adding a forward mode: decode/forward_modes.py. Adding a decoder (a commit rule):
+Adding a forward mode: models/modes/ (one module and one registry line). Adding a decoder (a commit rule):
 decode/policies/ (one module and one registry line). Neither touches this file.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from caidllm.decode.block_diffusion import edits
-from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
+from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView, policy_spec
 from caidllm.decode.policies.base import distribution_stats
@@ -24,6 +24,7 @@ from caidllm.decode.sampling import predict, token_probability
 from caidllm.decode.scheduler import ForwardGroup
 from caidllm.decode.timing import DeviceTimer
 from caidllm.models import transfer
+from caidllm.models.modes import FORWARD_MODES
 from caidllm.models.transfer import to_device
 
 
@@ -59,7 +60,7 @@ class Runner:
             group.seconds = time.perf_counter() - started
         return rows
 
-    def _advance(self, frame: Frame, mode: str, members: list[Request]) -> list[RowStep]:
+    def _advance(self, frame: Frame, name: str, members: list[Request]) -> list[RowStep]:
         lm, device = self.lm, self.lm.device
         block_length = members[0].config.block_length
         slots = [r.slot for r in members]
@@ -68,54 +69,23 @@ class Runner:
         columns = to_device(starts, device)[:, None] + torch.arange(block_length, device=device)
         block = frame.canvas[slot_ids[:, None], columns]
         masked = block == lm.config.mask_id
-        plan = FORWARD_PLANS[mode]
-        inputs = plan.inputs(members, masked, starts)
-        key_end = self._key_ends(members, masked, starts, frame.canvas.shape[1])
-        only = [r.commit_only() for r in members]  # a step that may commit only part of the block: the rest waits
-        if any(positions is not None for positions in only):
-            allowed = [[positions is None or b in positions for b in range(block_length)] for positions in only]
-            masked = masked & to_device(allowed, device).bool()
-        if lm.config.block_causal:  # its attention's blocks are the decoding blocks
-            inputs["attention_block"] = block_length
-        # Every request was checked at submit and the Frame knows each row's first real column:
-        # the unchecked forward has no host sync.
+        mode = self._mode(frame, name, members, masked, starts, slot_ids)
+        masked = self._commit_only(members, masked)
         with self.forward_timer:
-            logits = lm.forward(frame.canvas, frame.attention, mode=mode, cache=frame.cache, start=starts,
-                                end=[s + block_length for s in starts], rows=frame.row_selector(slots, slot_ids),
-                                real_from=[frame.first_real(s) for s in slots], key_end=key_end, **inputs)
+            logits = lm.forward(frame.canvas, frame.attention, frame.cache, mode)
         self.forwards += 1
-        plan.after(members, inputs)
-        support = stats = None
-        if plan.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token
+        mode.after(members)
+        support = None
+        if mode.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token
             logits, shadow = logits.split(block_length, dim=1)
             support = token_probability(shadow, block, lm.config.mask_id)
-        specs = [policy_spec(r.config.policy) for r in members]
-        if any(spec.needs_distribution for spec in specs):
-            stats = distribution_stats(logits, lm.config.mask_id)  # before prediction consumes the logits
-        predicted, confidence = self._predict(logits, members)
-        for i, r in enumerate(members):
-            if r.step == 0:
-                r.block_first_confidence = confidence[i]
-        commit, remask = self._select(members, predicted, confidence, masked, stats, support)
-        # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
-        edit = edits(members, predicted, confidence, masked, block, columns,
-                     [frame.block_start(r.slot, r.layout.span, 0) for r in members])
-        changed = commit if edit is None else commit | edit
-        new_block = torch.where(changed, predicted, block)
-        if remask is not None:
-            new_block = new_block.masked_fill(remask, lm.config.mask_id)
-        if any(spec.revises for spec in specs):
-            # A policy that may take tokens back reports its block only once it is final (no mask
-            # left): a stream never shows a token that could still change, never a mask.
-            revising = to_device([spec.revises for spec in specs], device).bool()[:, None]
-            final = ~(new_block == lm.config.mask_id).any(dim=1, keepdim=True)
-            commit = torch.where(revising, final.expand_as(commit), commit)
-            predicted = torch.where(revising, new_block, predicted)
+        new_block, commit, predicted, confidence, edit = self._decide(frame, members, logits, block, masked, columns,
+                                                                      support)
         frame.canvas[slot_ids[:, None], columns] = new_block
         for i, r in enumerate(members):
             if CACHE_MODES[r.config.cache].early_skipping:  # the next step's forward reads these
                 r.prev_confidence, r.just_committed = confidence[i], commit[i]
-        pairs = plan.computed_pairs(inputs, lm.config.n_layers, block_length)
+        pairs = mode.computed_pairs(lm.config.n_layers, block_length)
         # Commits, tokens and confidences of these rows reach the host in one transfer:
         # the step's one host sync per forward group (transfer.to_host).
         commits, tokens, confidences, edited = transfer.to_host(
@@ -124,6 +94,56 @@ class Runner:
         return [RowStep(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs,
                         None if edit is None else [bool(x) for x in edited[i]])
                 for i, r in enumerate(members)]
+
+    def _mode(self, frame: Frame, name: str, members: list[Request], masked, starts: list[int], slot_ids):
+        """The forward-mode object of this group (models/modes/). Every request was checked at submit
+        and the Frame knows each row's first real column: the forward is vouched for (no host sync)."""
+        block_length = members[0].config.block_length
+        slots = [r.slot for r in members]
+        common = dict(start=starts, end=[s + block_length for s in starts], rows=frame.row_selector(slots, slot_ids),
+                      real_from=[frame.first_real(s) for s in slots],
+                      key_end=self._key_ends(members, masked, starts, frame.canvas.shape[1]),
+                      # a block-causal model's attention blocks are the decoding blocks
+                      attention_block=block_length if self.lm.config.block_causal else None)
+        return FORWARD_MODES[name].for_rows(members, masked, starts, **common)
+
+    @staticmethod
+    def _commit_only(members: list[Request], masked):
+        """A step that may commit only part of the block (Request.commit_only): the rest waits."""
+        only = [r.commit_only() for r in members]
+        if all(positions is None for positions in only):
+            return masked
+        block_length = masked.shape[1]
+        allowed = [[positions is None or b in positions for b in range(block_length)] for positions in only]
+        return masked & to_device(allowed, masked.device).bool()
+
+    def _decide(self, frame: Frame, members: list[Request], logits, block, masked, columns, support):
+        """Each position's prediction and confidence, the policies' commits (and re-masks), token edits:
+        the block's new tokens, what was committed, predicted, the confidences and the edits."""
+        mask_id, device = self.lm.config.mask_id, self.lm.device
+        specs = [policy_spec(r.config.policy) for r in members]
+        stats = None
+        if any(spec.needs_distribution for spec in specs):
+            stats = distribution_stats(logits, mask_id)  # before prediction consumes the logits
+        predicted, confidence = self._predict(logits, members)
+        for i, r in enumerate(members):
+            if r.step == 0:
+                r.block_first_confidence = confidence[i]
+        commit, remask = self._select(members, predicted, confidence, masked, stats, support)
+        # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
+        edit = edits(members, predicted, confidence, masked, block, columns,
+                     [frame.block_start(r.slot, r.layout.span, 0) for r in members])
+        new_block = torch.where(commit if edit is None else commit | edit, predicted, block)
+        if remask is not None:
+            new_block = new_block.masked_fill(remask, mask_id)
+        if any(spec.revises for spec in specs):
+            # A policy that may take tokens back reports its block only once it is final (no mask
+            # left): a stream never shows a token that could still change, never a mask.
+            revising = to_device([spec.revises for spec in specs], device).bool()[:, None]
+            final = ~(new_block == mask_id).any(dim=1, keepdim=True)
+            commit = torch.where(revising, final.expand_as(commit), commit)
+            predicted = torch.where(revising, new_block, predicted)
+        return new_block, commit, predicted, confidence, edit
 
     @staticmethod
     def _key_ends(members: list[Request], masked, starts: list[int], width: int):

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from caidllm.checks import is_int
-from caidllm.decode.forward_modes import CACHE_MODES, FORWARD_PLANS
+from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import policy_spec
 from caidllm.decode.request import Request
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY, make_step_policy
 from caidllm.errors import EngineFullError, InputError
+from caidllm.models.modes import FORWARD_MODES
 
 
 @dataclass
@@ -151,7 +152,7 @@ class Scheduler:
             mode = r.forward_mode()
             # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
             shortens = policy_spec(r.config.policy).horizon_for(r.config) is not None
-            key = (mode, r.config.block_length, FORWARD_PLANS[mode].group_key(r), r.fold(), shortens)
+            key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.fold(), shortens)
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
 

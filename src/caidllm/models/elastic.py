@@ -150,7 +150,7 @@ def elastic_context(mask, positions, rotary_dim, theta, inputs: ElasticInputs, *
 @torch.no_grad()
 def forward_elastic(lm, ids, cache, inputs: ElasticInputs, rows=None, real_from: list[int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:
-    """DiffusionLM.forward_elastic (mode "elastic"): float32 logits [R, k, V] of ``inputs.window`` of the
+    """The Elastic mode's forward (models/modes/elastic.py): float32 logits [R, k, V] of ``inputs.window`` of the
     selected rows of the canvas ``ids`` [B, L]; sets ``inputs.refresh_from``, ``inputs.tracked`` and
     ``inputs.computed_pairs``. The cache must hold every layer's input hidden states and queries
     (new_cache(..., every_layer=True)). ``mask`` [B, L] (True = real token): given, the rows' mask and

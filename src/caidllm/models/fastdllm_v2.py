@@ -10,7 +10,7 @@ Module names mirror the official checkpoint (Qwen2 layout), so they are Dream's:
 model.{embed_tokens, layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj,
 post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}, lm_head.
 
-The within-block cache's forward ("subblock", decode/forward_modes.py) computes only a sub-block
+The within-block cache's forward ("subblock", models/modes/subblock.py) computes only a sub-block
 of the current block; there, as in the official generator (``logits = cat(logits[:, :1],
 logits[:, :-1])`` over the sub-block's logits), each position reads the hidden state of the one
 before it among the computed positions, and the sub-block's first its own (it is never masked
@@ -24,7 +24,6 @@ import torch
 from .block_configs import read_fastdllm_v2_fields
 from .config import Family
 from .dream import DreamModel
-from .forward_modes import ForwardMode
 from .layers import Context
 
 
@@ -32,7 +31,7 @@ class FastDLLMv2Model(DreamModel):
     """Dream's Qwen2 decoder with block-causal attention (the config's block_causal)."""
 
     def head_sources(self, ctx: Context, x: torch.Tensor) -> torch.Tensor:
-        if ctx.mode != ForwardMode.SUBBLOCK:
+        if ctx.mode != "subblock":  # models/modes/subblock.py
             return super().head_sources(ctx, x)
         n = x.shape[1]
         within = (torch.arange(n, device=x.device) - 1).clamp(min=0)  # [0, 0, 1, ..., n - 2]

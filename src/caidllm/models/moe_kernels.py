@@ -10,6 +10,11 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   (token, choice) order and weighted and summed as the loop does (``combine``). No host sync
   where torch's grouped_mm has a kernel of its own (CPU; CUDA bf16 on compute capability 9.x /
   10.x); elsewhere torch's fallback reads the offsets on the host.
+- ``sized``: the loop's sort and host counts (free on a CPU), each expert's projections on its
+  own rows by the CPU matmul measured fastest for that many rows (``_sized_linear``): in fp32
+  oneDNN's matmul on the plain stacked weights from three rows (MKL's sgemm, torch.mm's fp32
+  path, runs a few rows at about two thirds of its speed here), in bf16 a matrix-vector product
+  for one row and weight @ rows.T for more; F.linear elsewhere. It reads the counts on the host.
 - ``padded``: every expert on a [experts, tokens, hidden] buffer (a token meets an expert at
   most once, so tokens is a capacity no expert exceeds) with three ``bmm``: no host sync on
   any device, every expert's weights read, experts x tokens rows computed. Worth it only on
@@ -66,17 +71,23 @@ def combine(x: torch.Tensor, pairs: SortedPairs, outputs: torch.Tensor, weights:
     return mixed.to(x.dtype)
 
 
-def loop_kernel(experts, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """The reference: each expert on its tokens in turn; one host sync (the counts)."""
+def _each_expert(experts, x, chosen, weights, expert_on_rows: Callable) -> torch.Tensor:
+    """Sort the pairs, read the counts on the host (one sync), run expert_on_rows(e, rows) on each
+    chosen expert's contiguous slice in turn, and combine."""
     pairs = sort_pairs(chosen, experts.num_experts)
     routed_inputs = x[pairs.token]
     routed_outputs = torch.empty_like(routed_inputs)
     start = 0
     for e, count in enumerate(pairs.counts.tolist()):
         if count:
-            routed_outputs[start:start + count] = experts.expert(e, routed_inputs[start:start + count])
+            routed_outputs[start:start + count] = expert_on_rows(e, routed_inputs[start:start + count])
             start += count
     return combine(x, pairs, routed_outputs, weights)
+
+
+def loop_kernel(experts, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The reference: each expert on its tokens in turn; one host sync (the counts)."""
+    return _each_expert(experts, x, chosen, weights, experts.expert)
 
 
 def grouped_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
@@ -104,8 +115,40 @@ def padded_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     return combine(x, pairs, out[pairs.expert, slot], weights)
 
 
-MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "padded": padded_kernel}
-STACKED_ONLY = ("grouped", "padded")  # kernels that need StackedExperts (full-precision weights)
+# oneDNN's fp32 matmul on a plain (not reordered) weight: absent from builds without mkldnn.
+_ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+ONEDNN_MIN_ROWS = 3  # fewer fp32 rows run faster on torch's own path (BENCHMARKS.md, MoE section)
+
+
+def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """rows @ weight.T by the CPU path measured fastest for this many rows and this dtype
+    (single thread): fp32 three rows or more through oneDNN; bf16 one row as a matrix-vector
+    product, more as weight @ rows.T (the output transposed); anything else F.linear."""
+    if rows.device.type == "cpu":
+        if rows.dtype == torch.float32 and rows.shape[0] >= ONEDNN_MIN_ROWS and _ONEDNN_LINEAR is not None:
+            return _ONEDNN_LINEAR(rows, weight, None, "none", [], "")
+        if rows.dtype == torch.bfloat16:
+            if rows.shape[0] == 1:
+                return torch.mv(weight, rows[0])[None]
+            return torch.mm(weight, rows.t()).t()
+    return F.linear(rows, weight)
+
+
+def sized_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
+    """The loop's order and host counts (free on a CPU); each projection through _sized_linear."""
+    def expert_on_rows(e: int, rows: torch.Tensor) -> torch.Tensor:
+        hidden = F.silu(_sized_linear(rows, experts.gate_proj[e])) * _sized_linear(rows, experts.up_proj[e])
+        return _sized_linear(hidden, experts.down_proj[e])
+
+    return _each_expert(experts, x, chosen, weights, expert_on_rows)
+
+
+MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "sized": sized_kernel,
+                                    "padded": padded_kernel}
+STACKED_ONLY = ("grouped", "sized", "padded")  # kernels that need StackedExperts (full-precision weights)
+READS_COUNTS = ("loop", "sized")  # kernels that read the counts on the host (a sync on a GPU)
+# auto's switch from grouped to sized on a CPU (fp32, bf16): (token, expert) pairs per expert on average.
+SIZED_ROWS_PER_EXPERT = 8
 
 
 def kernel_names() -> list[str]:
@@ -122,14 +165,19 @@ def check_kernel(name, quantized: bool = False) -> str:
     return name
 
 
-def pick_kernel(experts, x: torch.Tensor) -> str:
-    """``auto``'s choice: grouped where torch's grouped_mm runs without a host sync (CPU, any
-    dtype; CUDA bf16 on compute capability 9.x / 10.x) and the widths meet its stride rule;
-    else padded on a GPU up to 64 tokens (sync-free, and every expert's weights are read anyway
-    there); else the loop. Quantized experts always loop. BENCHMARKS.md has the CPU
-    measurements behind it."""
+def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
+    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU in fp32 or bf16,
+    sized once the experts get SIZED_ROWS_PER_EXPERT rows each on average (512 tokens on
+    LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped where torch's grouped_mm runs without a host
+    sync (CPU, any dtype; CUDA bf16 on compute capability 9.x / 10.x) and
+    the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
+    expert's weights are read anyway there); else the loop. Quantized experts always loop.
+    BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
+    if x.device.type == "cpu" and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts and (
+            x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and _ONEDNN_LINEAR is not None)):
+        return "sized"
     if grouped_mm_runs(experts, x):
         return "grouped"
     return "padded" if x.device.type != "cpu" and x.shape[0] <= 64 else "loop"
@@ -153,5 +201,5 @@ def grouped_mm_runs(experts: StackedExperts, x: torch.Tensor) -> bool:
 
 
 def run_experts(experts, kernel: str, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    name = pick_kernel(experts, x) if kernel == AUTO else kernel
+    name = pick_kernel(experts, x, chosen.shape[-1]) if kernel == AUTO else kernel
     return MOE_KERNELS[name](experts, x, chosen, weights)

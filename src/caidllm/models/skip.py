@@ -1,6 +1,6 @@
 """ES-dLLM early skipping: which block positions go on through the deeper layers.
 
-Within one denoising step (a forward with mode="es"), every block position
+Within one denoising step (an EarlySkipping forward, models/modes/es.py), every block position
 runs the first group of layers. At the first layer of each later group only
 the most important share of the positions still running goes on; the others
 skip the rest of the step (nested: a position dropped once stays dropped).
@@ -134,7 +134,7 @@ def choose(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 @dataclass
 class EarlySkip:
-    """What lm.forward(mode="es", skip=...) needs besides the canvas: the
+    """What an EarlySkipping forward (models/modes/es.py) needs besides the canvas: the
     engine's view of the previous step, for the selected rows. After the call
     it also holds the work done, for accounting."""
 

@@ -66,30 +66,59 @@ class ServerConfig:
 ServeSettings = ServerConfig  # the old name
 
 
+@dataclass
+class _Server:
+    """What every route of one app shares: the model, its settings, the engine thread, the metrics
+    and the drain state."""
+
+    lm: object
+    settings: ServerConfig
+    background: BackgroundEngine
+    metrics: ServerMetrics
+    shutdown: Shutdown
+
+
 def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> FastAPI:
     """The app. With engine_thread the engine loop runs in its own thread from startup to
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
+    server = _server_for(lm, settings)
+    app = FastAPI(title="caidllm", lifespan=_lifespan(server, engine_thread), docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.background, app.state.metrics, app.state.settings = server.background, server.metrics, settings
+    app.state.shutdown = server.shutdown
+    app.add_middleware(Guard, settings=settings)
+    _add_error_handlers(app, server.metrics)
+    _add_status_routes(app, server)
+    _add_generation_routes(app, server)
+    return app
+
+
+def _server_for(lm, settings: ServerConfig) -> _Server:
+    """The engine (not started yet) and what watches it; fills the prompt-size default from the model."""
     background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue,
                                          prefix_cache_mb=settings.prefix_cache_mb,
                                          step_policy=settings.step_policy))
     metrics = ServerMetrics(background)
     if settings.defaults.max_prompt_chars is None:
         settings.defaults.max_prompt_chars = prompt_char_limit(lm)
-    shutdown = Shutdown(settings.shutdown_grace)
+    return _Server(lm, settings, background, metrics, Shutdown(settings.shutdown_grace))
 
+
+def _lifespan(server: _Server, engine_thread: bool):
     @asynccontextmanager
     async def lifespan(app):
-        shutdown.loop = asyncio.get_running_loop()
+        server.shutdown.loop = asyncio.get_running_loop()
         if engine_thread:
-            background.start()
+            server.background.start()
         yield
         if engine_thread:
-            background.stop(timeout=30)  # cancels whatever is still queued or in flight
+            server.background.stop(timeout=30)  # cancels whatever is still queued or in flight
 
-    app = FastAPI(title="caidllm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.background, app.state.metrics, app.state.settings = background, metrics, settings
-    app.state.shutdown = shutdown
-    app.add_middleware(Guard, settings=settings)
+    return lifespan
+
+
+def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    """Every error leaves as an OpenAI error body, counted by kind; never a traceback."""
 
     @app.exception_handler(RequestError)
     async def refused(request, error: RequestError):
@@ -108,10 +137,16 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
         metrics.requests.labels("failed").inc()
         return error_response(RequestError(f"internal error: {type(error).__name__}", None, 500, "server_error"))
 
+
+def _add_status_routes(app: FastAPI, server: _Server) -> None:
+    """The routes that describe the server rather than generate: health, the live view, info,
+    the model list and the Prometheus metrics."""
+    settings, lm = server.settings, server.lm
+
     @app.get("/health")
     async def health():
-        alive = background.alive
-        status = "draining" if shutdown.draining else "ok" if alive else "stopped"
+        alive = server.background.alive
+        status = "draining" if server.shutdown.draining else "ok" if alive else "stopped"
         return JSONResponse({"status": status, "replica": settings.replica},
                             status_code=200 if status == "ok" else 503)
 
@@ -136,42 +171,45 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+
+def _add_generation_routes(app: FastAPI, server: _Server) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _serve(request, "completion")
+        return await _serve(server, request, "completion")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _serve(request, "chat")
+        return await _serve(server, request, "chat")
 
-    async def _serve(request: Request, kind: str):
-        received = time.perf_counter()
-        check_json_content_type(request)
-        if shutdown.draining:
-            raise RequestError("the server is shutting down", None, 503, "server_error", "shutting_down")
-        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout)
-        if raw is None:  # the client left while sending
-            return Response(status_code=CLIENT_CLOSED)
-        if kind == "completion" and len(raw) > INLINE_PARSE_BYTES:
-            _check_id_lists(raw, settings.defaults.max_prompt_tokens or lm.config.max_length,
-                            settings.defaults.max_prompts)
-        if len(raw) <= INLINE_PARSE_BYTES:
-            req = _decode_and_parse(raw, kind, lm, settings.defaults)
-        else:  # json.loads and the tokenizer let the event loop (and other requests) run meanwhile
-            req = await asyncio.to_thread(_decode_and_parse, raw, kind, lm, settings.defaults)
-        handles = _submit(background, req, asyncio.get_running_loop())
-        answers = [Answer(lm, req.config.gen_length, req.max_tokens, req.stop, run_to_end=not req.config.early_stop)
-                   for _ in handles]
-        call = Call(req, handles, answers, received, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
-                    background, metrics, settings, shutdown)
-        if req.stream:
-            return StreamingResponse(call.stream(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await call.respond(request)
 
-    return app
+async def _serve(server: _Server, request: Request, kind: str):
+    """One generation request: read and parse the body, submit each prompt, then answer (streamed or not)."""
+    received = time.perf_counter()
+    lm, settings = server.lm, server.settings
+    check_json_content_type(request)
+    if server.shutdown.draining:
+        raise RequestError("the server is shutting down", None, 503, "server_error", "shutting_down")
+    raw = await read_body(request, settings.max_body_bytes, settings.body_timeout)
+    if raw is None:  # the client left while sending
+        return Response(status_code=CLIENT_CLOSED)
+    if kind == "completion" and len(raw) > INLINE_PARSE_BYTES:
+        _check_id_lists(raw, settings.defaults.max_prompt_tokens or lm.config.max_length,
+                        settings.defaults.max_prompts)
+    if len(raw) <= INLINE_PARSE_BYTES:
+        req = _decode_and_parse(raw, kind, lm, settings.defaults)
+    else:  # json.loads and the tokenizer let the event loop (and other requests) run meanwhile
+        req = await asyncio.to_thread(_decode_and_parse, raw, kind, lm, settings.defaults)
+    handles = _submit(server.background, req, asyncio.get_running_loop())
+    answers = [Answer(lm, req.config.gen_length, req.max_tokens, req.stop, run_to_end=not req.config.early_stop)
+               for _ in handles]
+    call = Call(req, handles, answers, received, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+                server.background, server.metrics, settings, server.shutdown)
+    if req.stream:
+        return StreamingResponse(call.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await call.respond(request)
 
 
 def _decode_and_parse(raw: bytes, kind: str, lm, defaults: ServerDefaults):

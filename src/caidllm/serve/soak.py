@@ -64,6 +64,20 @@ class SoakReport:
                 "in_engine_after": self.in_engine_after, "rss_mb_first_last": self.rss_mb[:1] + self.rss_mb[-1:],
                 "rss_growth_mb": self.rss_growth_mb, "wall_s": round(self.wall_s, 1)}
 
+    def judge(self, status: int, payload, label: str, want: str | None) -> None:
+        """Count one ending: the reference text, a clean refusal, a 5xx, a wrong text, or lost."""
+        if status >= 500 and status not in (503, 504):
+            self.server_errors.append(f"{label}: {status} {str(payload)[:200]}")
+        elif status == 200 and want is not None:
+            if payload != want:
+                self.mismatches.append(f"{label}: {payload!r} != {want!r}")
+            else:
+                self.answered += 1
+        elif status in CLEAN_REFUSALS and isinstance(payload, dict) and payload.get("error", {}).get("message"):
+            self.refused[str(status)] = self.refused.get(str(status), 0) + 1
+        else:
+            self.lost.append(f"{label}: {status} {str(payload)[:200]}")
+
 
 def _pool(prompts: list[str], methods: list[str], size: int, rng: random.Random, body: dict) -> list[tuple[str, dict]]:
     """(path, request body) of the distinct requests the traffic is drawn from."""
@@ -83,6 +97,16 @@ def _text(data: dict) -> str:
     return choice["message"]["content"] if "message" in choice else choice["text"]
 
 
+@dataclass
+class TrafficMix:
+    """How often a soak request is malformed, leaves mid-answer, or comes as a burst (and how large)."""
+
+    malformed_rate: float
+    disconnect_rate: float
+    burst_rate: float
+    burst: int
+
+
 async def run_soak(url: str, prompts: list[str], methods: list[str], *, duration: float, requests: int,
                    concurrency: int, burst: int, seed: int = 0, pool_size: int = 16, body: dict | None = None,
                    malformed_rate: float = 0.1, disconnect_rate: float = 0.1, burst_rate: float = 0.02,
@@ -94,94 +118,115 @@ async def run_soak(url: str, prompts: list[str], methods: list[str], *, duration
     rng, report = random.Random(seed), SoakReport()
     pool = _pool(prompts, methods, pool_size, rng, body or {"gen_length": 32, "block_length": 16})
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    mix = TrafficMix(malformed_rate, disconnect_rate, burst_rate, burst)
     async with httpx.AsyncClient(base_url=url, timeout=600, headers=headers,
                                  limits=httpx.Limits(max_connections=concurrency + burst + 8)) as client:
-        reference = []
-        for path, request in pool:  # each alone, one at a time
-            r = await client.post(path, json=request)
-            if r.status_code != 200:
-                raise InputError(f"the reference request {request} got {r.status_code}: {r.text[:300]}")
-            reference.append(_text(r.json()))
-
-        def judge(status: int, payload, label: str, want: str | None) -> None:
-            if status >= 500 and status not in (503, 504):
-                report.server_errors.append(f"{label}: {status} {str(payload)[:200]}")
-            elif status == 200 and want is not None:
-                if payload != want:
-                    report.mismatches.append(f"{label}: {payload!r} != {want!r}")
-                else:
-                    report.answered += 1
-            elif status in CLEAN_REFUSALS and isinstance(payload, dict) and payload.get("error", {}).get("message"):
-                report.refused[str(status)] = report.refused.get(str(status), 0) + 1
-            else:
-                report.lost.append(f"{label}: {status} {str(payload)[:200]}")
-
-        async def normal(i: int, stream: bool, leave_after: float | None) -> None:
-            path, request = pool[i]
-            label = f"{path} {request.get('method')} stream={stream}"
-            try:
-                if stream:
-                    left = await _streamed(client, path, request, label, reference[i], leave_after is not None, judge)
-                else:
-                    call = client.post(path, json=request)
-                    r = await (call if leave_after is None else asyncio.wait_for(call, leave_after))
-                    judge(r.status_code, _text(r.json()) if r.status_code == 200 else _json(r), label, reference[i])
-                    left = False
-            except asyncio.TimeoutError:
-                left = True  # the client left on purpose
-            except Exception as error:  # noqa: BLE001 - a dropped connection or an unreadable answer is lost
-                report.lost.append(f"{label}: {type(error).__name__}: {error}")
-                left = False
-            report.disconnects += left
-
-        async def malformed() -> None:
-            method, path, raw, content_type = rng.choice(MALFORMED)
-            r = await client.request(method, path, content=raw, headers={"content-type": content_type})
-            judge(r.status_code, _json(r), f"malformed {method} {path} {raw[:40]!r}", None)
-            if r.status_code == 200:
-                report.lost.append(f"malformed {raw[:40]!r} was accepted")
-
+        reference = await _references(client, pool)
         started = time.perf_counter()
-        deadline, counter = started + duration, iter(range(requests))
-
-        async def worker() -> None:
-            for _ in counter:
-                if time.perf_counter() > deadline:
-                    return
-                report.sent += 1
-                roll = rng.random()
-                if roll < malformed_rate:
-                    await malformed()
-                elif roll < malformed_rate + burst_rate:
-                    report.sent += burst - 1
-                    await asyncio.gather(*(normal(rng.randrange(len(pool)), rng.random() < 0.5, None)
-                                           for _ in range(burst)))
-                else:
-                    leave = rng.uniform(0.05, 1.0) if rng.random() < disconnect_rate else None
-                    await normal(rng.randrange(len(pool)), rng.random() < 0.5, leave)
-
-        async def sample_rss() -> None:
-            while True:
-                rss = await _metric(client, "process_resident_memory_bytes")
-                if rss is not None:
-                    report.rss_mb.append(round(rss / 2 ** 20, 1))
-                await asyncio.sleep(max(duration / 50, 0.5))
-
-        sampler = asyncio.ensure_future(sample_rss())
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        traffic = _Traffic(client, pool, reference, rng, report, mix, started + duration, iter(range(requests)))
+        sampler = asyncio.ensure_future(_sample_rss(client, report, every=max(duration / 50, 0.5)))
+        await asyncio.gather(*(traffic.worker() for _ in range(concurrency)))
         report.wall_s = time.perf_counter() - started
         sampler.cancel()
-        for _ in range(300):  # the engine empties within a step or two of the last request
-            report.in_engine_after = await _metric(client, "caidllm_requests_in_engine")
-            if report.in_engine_after == 0:
-                break
-            await asyncio.sleep(0.1)
-        rss = await _metric(client, "process_resident_memory_bytes")
-        if rss is not None:
-            report.rss_mb.append(round(rss / 2 ** 20, 1))
-    if len(report.rss_mb) >= 3:
+        report.in_engine_after = await _engine_drained(client)
+        await _record_rss(client, report)
+    if len(report.rss_mb) >= 3:  # growth after the warm-up: the first fifth of the samples
         report.rss_growth_mb = round(report.rss_mb[-1] - report.rss_mb[max(len(report.rss_mb) // 5, 1)], 1)
     return report
+
+
+async def _references(client, pool: list[tuple[str, dict]]) -> list[str]:
+    """Each pool request sent alone, one at a time: the text every later answer must match."""
+    reference = []
+    for path, request in pool:
+        r = await client.post(path, json=request)
+        if r.status_code != 200:
+            raise InputError(f"the reference request {request} got {r.status_code}: {r.text[:300]}")
+        reference.append(_text(r.json()))
+    return reference
+
+
+@dataclass
+class _Traffic:
+    """The mixed traffic of one soak: workers draw requests from the pool until the deadline or
+    the request count, and the report judges each ending."""
+
+    client: object
+    pool: list[tuple[str, dict]]
+    reference: list[str]
+    rng: random.Random
+    report: SoakReport
+    mix: TrafficMix
+    deadline: float
+    counter: object  # one iterator shared by the workers: each request is sent once
+
+    async def worker(self) -> None:
+        rng, mix = self.rng, self.mix
+        for _ in self.counter:
+            if time.perf_counter() > self.deadline:
+                return
+            self.report.sent += 1
+            roll = rng.random()
+            if roll < mix.malformed_rate:
+                await self.malformed()
+            elif roll < mix.malformed_rate + mix.burst_rate:
+                self.report.sent += mix.burst - 1
+                await asyncio.gather(*(self.normal(rng.randrange(len(self.pool)), rng.random() < 0.5, None)
+                                       for _ in range(mix.burst)))
+            else:
+                leave = rng.uniform(0.05, 1.0) if rng.random() < mix.disconnect_rate else None
+                await self.normal(rng.randrange(len(self.pool)), rng.random() < 0.5, leave)
+
+    async def normal(self, i: int, stream: bool, leave_after: float | None) -> None:
+        """Pool request i, streamed or not; with leave_after the client leaves mid-answer."""
+        path, request = self.pool[i]
+        label = f"{path} {request.get('method')} stream={stream}"
+        judge = self.report.judge
+        try:
+            if stream:
+                left = await _streamed(self.client, path, request, label, self.reference[i], leave_after is not None,
+                                       judge)
+            else:
+                call = self.client.post(path, json=request)
+                r = await (call if leave_after is None else asyncio.wait_for(call, leave_after))
+                judge(r.status_code, _text(r.json()) if r.status_code == 200 else _json(r), label, self.reference[i])
+                left = False
+        except asyncio.TimeoutError:
+            left = True  # the client left on purpose
+        except Exception as error:  # noqa: BLE001 - a dropped connection or an unreadable answer is lost
+            self.report.lost.append(f"{label}: {type(error).__name__}: {error}")
+            left = False
+        self.report.disconnects += left
+
+    async def malformed(self) -> None:
+        method, path, raw, content_type = self.rng.choice(MALFORMED)
+        r = await self.client.request(method, path, content=raw, headers={"content-type": content_type})
+        self.report.judge(r.status_code, _json(r), f"malformed {method} {path} {raw[:40]!r}", None)
+        if r.status_code == 200:
+            self.report.lost.append(f"malformed {raw[:40]!r} was accepted")
+
+
+async def _sample_rss(client, report: SoakReport, every: float) -> None:
+    while True:
+        await _record_rss(client, report)
+        await asyncio.sleep(every)
+
+
+async def _record_rss(client, report: SoakReport) -> None:
+    rss = await _metric(client, "process_resident_memory_bytes")
+    if rss is not None:
+        report.rss_mb.append(round(rss / 2 ** 20, 1))
+
+
+async def _engine_drained(client) -> float | None:
+    """The engine's requests after the traffic; it empties within a step or two of the last request."""
+    in_engine = None
+    for _ in range(300):
+        in_engine = await _metric(client, "caidllm_requests_in_engine")
+        if in_engine == 0:
+            break
+        await asyncio.sleep(0.1)
+    return in_engine
 
 
 async def _streamed(client, path, request, label, want, leave: bool, judge) -> bool:

@@ -15,16 +15,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from caidllm.decode.policies import block_quota, cai, eb, random_order, slowfast, subblock, threshold, vanilla, wino
-from caidllm.decode.policies.base import StepView
+from caidllm.decode.policies.base import PolicyConfig, StepView
 from caidllm.errors import InputError
-
-if TYPE_CHECKING:
-    from caidllm.decode.config import DecodeConfig
 
 Policy = Callable[[StepView], torch.Tensor]
 
@@ -42,18 +39,18 @@ class PolicySpec:
     """
 
     select: Callable[..., torch.Tensor]
-    settings: Callable[["DecodeConfig", bool], dict] = lambda config, gating: {}
+    settings: Callable[[PolicyConfig, bool], dict] = lambda config, gating: {}
     state_names: tuple[str, ...] = ()
-    state_for: Callable[["DecodeConfig"], tuple[str, ...]] | None = None  # state names that depend on settings
+    state_for: Callable[[PolicyConfig], tuple[str, ...]] | None = None  # state names that depend on settings
     needs_distribution: bool = False  # the view carries each position's entropy and second probability
     revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
-    forward: str | None = None  # a forward mode of its own, at every step (models/forward_modes.py)
+    forward: str | None = None  # a forward mode of its own, at every step (a name in models/modes: FORWARD_MODES)
     # The request draws a decoding order at each block start and the policy is offered only the
     # step's share of it (policies/random_order.py).
     ordered: bool = False
     # For a config whose forwards may end before the canvas does: horizon(state, block_masked) -> [1] long,
     # where the row's keys end in its block this step (SlowFast's official fast phase); None: never.
-    horizon_for: Callable[["DecodeConfig"], Callable | None] = lambda config: None
+    horizon_for: Callable[[PolicyConfig], Callable | None] = lambda config: None
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -95,7 +92,7 @@ def policy_spec(name: str) -> PolicySpec:
     return spec
 
 
-def make_policy(config: "DecodeConfig", gating: bool) -> tuple[Policy, tuple[str, ...]]:
+def make_policy(config: PolicyConfig, gating: bool) -> tuple[Policy, tuple[str, ...]]:
     """The request's select function (its settings bound) and the names of its state tensors."""
     spec = policy_spec(config.policy)
     settings = spec.settings(config, gating)
@@ -103,7 +100,7 @@ def make_policy(config: "DecodeConfig", gating: bool) -> tuple[Policy, tuple[str
     return (partial(spec.select, **settings) if settings else spec.select), state_names
 
 
-def policy_key(config: "DecodeConfig", gating: bool) -> tuple:
+def policy_key(config: PolicyConfig, gating: bool) -> tuple:
     """Rows with equal keys run one select call: the same policy, settings and steps per block."""
     settings = policy_spec(config.policy).settings(config, gating)
     return (config.policy, config.steps_per_block) + tuple(

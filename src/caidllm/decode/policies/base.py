@@ -11,8 +11,18 @@ the policy reads and writes at `view.rows`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+
+class PolicyConfig(Protocol):
+    """A request's decoding settings as the policies read them: a DecodeConfig (decode/config.py). The
+    config sits above the policies (it checks its values against their registry), so they name it by
+    this protocol and never import it (no import circle, type-only imports included)."""
+
+    policy: str
+    block_length: int
 
 
 @dataclass

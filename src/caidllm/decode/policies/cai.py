@@ -20,14 +20,39 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
 from caidllm.decode.policies.base import StepView, with_most_confident
 
-if TYPE_CHECKING:
-    from caidllm.decode.config import CAISettings
+
+@dataclass
+class CAISettings:
+    """CAI-dLLM controller constants. Each switch turns one component on or off
+    (the paper's ablation: fixed threshold vs APD, +block schedule, +position
+    factors, +budgets/grinding)."""
+
+    adaptive: bool = True  # cosine schedule (APD); False = fixed `DecodeConfig.threshold`
+    block_schedule: bool = True  # end threshold decreases with the block index (Box 4)
+    position_factors: bool = True  # per-quarter factors on the threshold (Box 6)
+    gating: bool | None = None  # budgets + grinding fallback (Boxes 5, 7); None = model default
+    theta_start: float = 0.90
+    theta_end: float = 0.70  # end threshold of block 1 (and of every block without the block schedule)
+    warmup: float = 0.15  # fraction w of the block's steps held at theta_start
+    block_end_decay: float = 0.10  # theta_e(b) = max(theta_end - decay * (b - 1), floor)
+    block_end_floor: float = 0.40
+    factors: tuple[float, float, float, float] = (0.80, 0.90, 1.05, 1.10)  # by quarter of the block
+    clip_low: float = 0.20
+    clip_high: float = 0.98
+    easy_confidence: float = 0.50  # s_i above this (and in the first half) -> short budget
+    hard_confidence: float = 0.25  # s_i below this (or in the last quarter) -> full budget
+    budget_fractions: tuple[float, float, float] = (1 / 8, 1 / 2, 1.0)  # of T: easy / normal / hard (8/32/64 at T=64)
+    grinding_yield: float = 1.5  # a step committing fewer tokens than this is low-yield
+    grinding_patience: int = 4  # K low-yield steps in a row trigger the fallback
+    fallback_threshold: float = 0.40  # on grinding, commit masked tokens with c > this ("continue")
+    grinding_action: str = "continue"  # GRINDING_ACTIONS: go on after the fallback, or end the block there
+
 
 
 def block_end_threshold(block_index: int, s: CAISettings) -> float:

@@ -3,7 +3,7 @@
 block draws one uniform number (the request's own generator) and the block is decoded in decreasing
 order of them, step t taking the next n // T positions (one more for the first n % T steps: vanilla's
 linear schedule). The order is known before the forward, which is what lets dKV-Cache-Greedy compute
-only the positions a step decodes (decode/forward_modes.py). The engine offers this policy only the
+only the positions a step decodes (models/modes/dkv.py). The engine offers this policy only the
 step's scheduled positions (Request.commit_only): it commits every one of them.
 """
 

@@ -1,0 +1,42 @@
+"""Mode "dkv": dKV-Cache (Ma et al., arXiv 2505.15781; official code horseee/dKV-Cache, LLaDA's
+generate with `cache_reloading_step`). Computes ``columns`` [R, n] of each row (absolute, ascending);
+their K/V are computed and written into the cache (filled by a full forward), every other column's
+are read from it. Logits [R, n, V] of the columns, or with ``block_at`` [R, block] (each block
+position's index among them) of the block. Families with a logit shift (Dream) cannot run it.
+
+Engine (dKV-Cache-Decode): a decoded token's K/V are cached one step after it is decoded (at its
+decoding step its input was still the mask) and reused until the next refresh; still-masked positions
+are computed at every step. So the forward computes each row's generated positions that are still
+masked or were committed at the previous step (Request.dkv_columns; the Greedy variant: a window).
+A block position not computed gets the logits of the row's first computed column (it is not masked:
+no policy reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..transfer import to_device
+from .base import ColumnsMode
+
+
+@dataclass(kw_only=True)
+class DKV(ColumnsMode):
+    name = "dkv"
+    unshifted = True
+
+    @staticmethod
+    def group_key(request) -> tuple:
+        return (len(request.dkv_columns()),)  # rows computing as many columns share a forward
+
+    @classmethod
+    def for_rows(cls, requests, masked, starts, **common):
+        columns, block_at = [], []
+        for r, start in zip(requests, starts):
+            positions = r.dkv_columns()
+            offset = start - r.block_bounds[0]  # the column of generated position 0
+            columns.append([offset + p for p in positions])
+            where = {p: i for i, p in enumerate(positions)}
+            block_start, block_end = r.block_bounds
+            block_at.append([where.get(p, 0) for p in range(block_start, block_end)])
+        return cls(columns=to_device(columns, masked.device), block_at=to_device(block_at, masked.device), **common)

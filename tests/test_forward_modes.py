@@ -1,0 +1,102 @@
+"""The forward modes as objects (models/modes/): one registry read by the model and the engine, a mode
+added by one module (docs/forward-modes.md's worked example, re-stated here), the engine's vouched
+call equal to the checked one, and clear errors for a mode given the wrong inputs or the wrong model.
+Tiny random LLaDA / Dream, fp32 CPU."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from caidllm.decode.forward_modes import CACHE_MODES
+from caidllm.errors import InputError
+from caidllm.models.modes import DKV, FORWARD_MODES, Block, Dual, Elastic, Full, Prefix, SubBlock
+from caidllm.models.modes.base import CachedCanvasMode
+
+
+@dataclass(kw_only=True)
+class Window(CachedCanvasMode):
+    """docs/forward-modes.md's example: the block and the `left` positions before it recomputed."""
+
+    name = "window"
+    context_mode = "dual"
+    left: int = 4
+
+    def extra(self, lm) -> int:
+        return lm.model.extra_left + self.left
+
+
+def canvas(lm):
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, 100, (2, 24), generator=g)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, :3] = False  # a left-padded row
+    return ids, mask
+
+
+def test_one_registry_names_every_mode_and_the_cache_modes_use_it():
+    assert list(FORWARD_MODES) == ["full", "prefix", "dual", "es", "dkv", "elastic", "verify", "block", "subblock"]
+    assert all(FORWARD_MODES[m.between_refreshes.name] is m.between_refreshes for m in CACHE_MODES.values())
+
+
+def test_an_added_mode_runs_through_the_model_unchanged(llada_lm, monkeypatch):
+    lm = llada_lm
+    monkeypatch.setitem(FORWARD_MODES, "window", Window)  # its registry line
+    ids, mask = canvas(lm)
+    cache = lm.new_cache(*ids.shape)
+    lm.forward(ids, mask, cache)
+    dual = lm.forward(ids, mask, cache, Dual(start=12, end=20))
+    window = lm.forward(ids, mask, cache, FORWARD_MODES["window"](start=12, end=20, left=4))
+    torch.testing.assert_close(window, dual, atol=1e-5, rtol=1e-5)  # the window's K/V are what the cache holds
+    changed = ids.clone()
+    changed[:, 10] = 7  # inside the window, left of the block: dual reads its stale K/V, the window its fresh
+    stale = lm.forward(changed, mask, cache, Dual(start=12, end=20))
+    assert not torch.allclose(lm.forward(changed, mask, cache, Window(start=12, end=20)), stale, atol=1e-4)
+    with pytest.raises(InputError, match="start must be >= 4"):
+        lm.forward(ids, mask, cache, Window(start=2, end=10))
+
+
+@pytest.mark.parametrize("mode", [Prefix, Dual])
+def test_the_vouched_call_equals_the_checked_one(lm, mode):
+    ids, mask = canvas(lm)
+    cache = lm.new_cache(*ids.shape)
+    lm.forward(ids, mask, cache)
+    checked = lm.forward(ids, mask, cache, mode(start=[12, 12], end=[20, 20]))
+    vouched = lm.forward(ids, mask, cache, mode(start=[12, 12], end=[20, 20], real_from=[0, 3]))
+    assert torch.equal(checked, vouched)
+
+
+def test_a_mode_given_another_modes_inputs_or_the_wrong_model_is_named(llada_lm, dream_lm, block_family):
+    ids, mask = canvas(llada_lm)
+    cache = llada_lm.new_cache(*ids.shape)
+    llada_lm.forward(ids, mask, cache)
+    with pytest.raises(TypeError, match=r"Dual.__init__\(\) got an unexpected keyword argument 'fold'"):
+        Dual(start=12, end=20, fold=4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'columns'"):
+        Full(columns=torch.tensor([[1]]))
+    with pytest.raises(InputError, match=r"mode must be a forward-mode object .*got 'dual'"):
+        llada_lm.forward(ids, mask, cache, "dual")
+    with pytest.raises(InputError, match="mode 'block' .* needs a block-causal model; the llada model's attention"):
+        llada_lm.forward(ids, mask, cache, Block(start=12, end=20))
+    with pytest.raises(InputError, match="subblock forward needs a block-causal model"):
+        llada_lm.forward(ids, mask, cache, SubBlock(columns=torch.tensor([[12, 13], [12, 13]])))
+    with pytest.raises(InputError, match=r"mode 'dkv' needs columns=\[R, n\]"):
+        llada_lm.forward(ids, mask, cache, DKV())
+    with pytest.raises(InputError, match=r"mode 'elastic' needs inputs=ElasticInputs"):
+        llada_lm.forward(ids, mask, cache, Elastic())
+    with pytest.raises(InputError, match="the dkv forward needs unshifted logits; family 'dream'"):
+        dream_lm.forward(ids, mask, None, DKV(columns=torch.tensor([[12, 13], [12, 13]])))
+    bd = block_family("llada2")
+    bd_cache = bd.new_cache(*ids.shape)
+    bd.forward(ids, mask, bd_cache)
+    with pytest.raises(InputError, match="fold=-1: a non-negative int"):
+        bd.forward(ids, mask, bd_cache, Block(start=12, end=20, fold=-1))
+
+
+def test_dkv_over_the_block_equals_dual(llada_lm):
+    ids, mask = canvas(llada_lm)
+    cache = llada_lm.new_cache(*ids.shape)
+    llada_lm.forward(ids, mask, cache)
+    columns = torch.arange(12, 20).expand(2, -1)
+    dkv = llada_lm.forward(ids, mask, cache, DKV(columns=columns))
+    torch.testing.assert_close(dkv, llada_lm.forward(ids, mask, cache, Dual(start=12, end=20)), atol=1e-5, rtol=1e-5)
