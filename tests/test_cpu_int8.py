@@ -213,3 +213,14 @@ def test_weights_this_kernel_does_not_compute_the_same_way_stay_torchaos():
     plain = nn.Linear(64, 32, bias=False)
     kernels.pack_int8_dynamic(nn.Sequential(weight_only, plain))
     assert isinstance(weight_only.weight, Int8Tensor) and type(plain.weight) is nn.Parameter
+
+
+def test_a_load_with_compile_keeps_torchaos_tensors(monkeypatch):
+    from torchao.quantization import Int8Tensor
+
+    cpu_int8()
+    monkeypatch.setattr("caidllm.models.compiled.check_quantized_compile", lambda *a: None)  # no compiling here:
+    monkeypatch.setattr("caidllm.models.compiled.enable_compile", lambda lm: None)  # only what load() packs
+    lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic", compile=True)
+    assert isinstance(lm.model.model.transformer.blocks[0].q_proj.weight, Int8Tensor)
+    assert quant.quantization_info(lm)["quantization_kernel"] == "torchao"
