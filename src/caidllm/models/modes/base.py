@@ -53,12 +53,13 @@ class ForwardMode:
     real_from: each selected row's first real column, given only by a caller that checked its
     inputs once and vouches for them (the engine): the checks and their host syncs are skipped
     (start / end must then be lists); key_end: [R] long, each row's keys from that column on hidden
-    (SlowFast's fast phase; the canvas modes only)."""
+    (SlowFast's fast phase; every mode but Verify)."""
 
     name: ClassVar[str]
     uses_cache: ClassVar[bool] = True  # reads a cache a full forward filled
     shadow: ClassVar[bool] = False  # returns the block's logits, then a verifying shadow block's
     unshifted: ClassVar[bool] = False  # needs logits aligned to positions (no family shift)
+    bidirectional: ClassVar[bool] = False  # its computation has no block-causal mask (refuses such models)
     # CachedCanvasMode: the layers.Context computation it runs (None: its own name). "dual": the block and
     # `extra` positions left of it against the cache; "prefix": from the block to the canvas's end.
     context_mode: ClassVar[str | None] = None
@@ -104,6 +105,9 @@ class ForwardMode:
         if self.unshifted and lm.model.extra_left:
             raise InputError(f"the {self.name} forward needs unshifted logits; family {lm.config.family!r} "
                              "predicts position i from i - 1")
+        if self.bidirectional and lm.config.block_causal:
+            raise InputError(f"the {self.name} forward needs bidirectional attention; the {lm.config.family} model "
+                             "is block-causal")
 
     def check_inputs(self, lm, call: Call) -> None:
         """The mode's own inputs, against the resolved call."""
@@ -168,6 +172,7 @@ class ColumnsMode(ForwardMode):
         ctx = Context.build(call.cache.attention_mask[r], call.cache.positions[r], c.rotary_dim, c.rope_theta,
                             mode=self.name, rows=call.rows, cache=call.cache, real_from=call.real_from,
                             columns=self.columns, attention_block=call.attention_block)
+        ctx.key_end = self.key_end
         return gather_block(lm.model(call.ids[r].gather(1, self.columns), ctx), self.block_at)
 
 

@@ -20,6 +20,7 @@ from .base import Call, ForwardMode, gather_block
 @dataclass(kw_only=True)
 class Elastic(ForwardMode):
     name = "elastic"
+    bidirectional = True
     inputs: ElasticInputs | None = None
 
     @property
@@ -37,9 +38,10 @@ class Elastic(ForwardMode):
         return 0
 
     def run(self, lm, call: Call):
+        self.check_model(lm)  # the engine refuses these models before; a vouched call is checked here too
         inputs = self.inputs
         logits = forward_elastic(lm, call.ids, call.cache, inputs, rows=call.rows, real_from=call.real_from,
-                                 mask=call.mask if inputs.whole else None)
+                                 mask=call.mask if inputs.whole else None, key_end=self.key_end)
         return gather_block(logits, inputs.block_at)
 
     @staticmethod
