@@ -146,3 +146,20 @@ def test_verify_refuses_a_key_end(llada_lm):
     ids, mask = canvas(llada_lm)
     with pytest.raises(InputError, match="mode 'verify' takes no key_end"):
         llada_lm.forward(ids, None, None, Verify(start=8, end=16, key_end=torch.tensor([12, 12])))
+
+
+@pytest.mark.parametrize("columns, block_at, message", [
+    ([[12, 13]], None, r"columns has 1 rows for 2 selected rows"),
+    ([[12, 30], [12, 13]], None, r"columns must lie in \[0, 24\), got 30"),
+    ([[13, 12], [12, 13]], None, r"columns must be ascending in each row"),
+    ([[12.0, 13.0], [12.0, 13.0]], None, r"columns=\[R, n\] long tensor"),
+    ([[12, 13], [12, 13]], [[0, 2], [0, 1]], r"block_at must index the 2 columns \(0 \.\. 1\), got 2"),
+])
+def test_dkv_columns_out_of_shape_are_named(llada_lm, columns, block_at, message):
+    """The column modes are public now: bad columns are an InputError naming them, not an indexing crash."""
+    ids, mask = canvas(llada_lm)
+    cache = llada_lm.new_cache(*ids.shape)
+    llada_lm.forward(ids, mask, cache)
+    block_at = None if block_at is None else torch.tensor(block_at)
+    with pytest.raises(InputError, match=message):
+        llada_lm.forward(ids, mask, cache, DKV(columns=torch.tensor(columns), block_at=block_at))

@@ -160,8 +160,28 @@ class ColumnsMode(ForwardMode):
     block_at: torch.Tensor | None = None
 
     def check_inputs(self, lm, call: Call) -> None:
-        if not isinstance(self.columns, torch.Tensor) or self.columns.dim() != 2:
-            raise InputError(f"mode {self.name!r} needs columns=[R, n] long tensor, got {type(self.columns).__name__}")
+        columns = self.columns
+        if not isinstance(columns, torch.Tensor) or columns.dim() != 2 or columns.dtype.is_floating_point:
+            raise InputError(f"mode {self.name!r} needs columns=[R, n] long tensor, got {_described(columns)}")
+        rows, L = len(call.starts), call.ids.shape[1]
+        if columns.shape[0] != rows or columns.shape[1] == 0:
+            raise InputError(f"mode {self.name!r}: columns has {columns.shape[0]} rows for {rows} selected rows "
+                             f"(and needs at least one column), shape {tuple(columns.shape)}")
+        if int(columns.min()) < 0 or int(columns.max()) >= L:
+            bad = int(columns.max()) if int(columns.max()) >= L else int(columns.min())
+            raise InputError(f"mode {self.name!r}: columns must lie in [0, {L}), got {bad}")
+        if bool((columns[:, 1:] <= columns[:, :-1]).any()):
+            raise InputError(f"mode {self.name!r}: columns must be ascending in each row, got {columns.tolist()}")
+        self.columns = columns.to(lm.device, torch.long)
+        if self.block_at is not None:
+            n, block_at = columns.shape[1], self.block_at
+            if (not isinstance(block_at, torch.Tensor) or block_at.dim() != 2 or block_at.shape[0] != rows
+                    or block_at.dtype.is_floating_point):
+                raise InputError(f"mode {self.name!r} needs block_at=[R, block] long tensor, got {_described(block_at)}")
+            if int(block_at.min()) < 0 or int(block_at.max()) >= n:
+                raise InputError(f"mode {self.name!r}: block_at must index the {n} columns (0 .. {n - 1}), got "
+                                 f"{int(block_at.max()) if int(block_at.max()) >= n else int(block_at.min())}")
+            self.block_at = block_at.to(lm.device, torch.long)
 
     def extra(self, lm) -> int:
         return 0
@@ -174,6 +194,12 @@ class ColumnsMode(ForwardMode):
                             columns=self.columns, attention_block=call.attention_block)
         ctx.key_end = self.key_end
         return gather_block(lm.model(call.ids[r].gather(1, self.columns), ctx), self.block_at)
+
+
+def _described(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"dtype {value.dtype}, shape {tuple(value.shape)}"
+    return type(value).__name__
 
 
 def canvas_forward(lm, call: Call, name: str, extra: int, mask_r, positions_r, *, key_end=None,
