@@ -163,3 +163,10 @@ def test_dkv_columns_out_of_shape_are_named(llada_lm, columns, block_at, message
     block_at = None if block_at is None else torch.tensor(block_at)
     with pytest.raises(InputError, match=message):
         llada_lm.forward(ids, mask, cache, DKV(columns=torch.tensor(columns), block_at=block_at))
+
+
+@pytest.mark.parametrize("key_end", [torch.tensor([20]), torch.tensor([20.0, 24.0]), [20, 24]])
+def test_a_key_end_out_of_shape_is_named(llada_lm, key_end):
+    ids, mask = canvas(llada_lm)
+    with pytest.raises(InputError, match=r"key_end must be a \[2\] integer tensor \(one column per selected row\)"):
+        llada_lm.forward(ids, mask, None, Full(key_end=key_end))

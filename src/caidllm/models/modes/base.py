@@ -21,8 +21,8 @@ from ..cache import KVCache
 from ..layers import Context, default_attention_block
 from ..skip import EarlySkip
 from ..transfer import to_device
-from .checks import (check_attention_block, check_cache, check_canvas, check_filled, check_range, check_rows,
-                     left_padding)
+from .checks import (check_attention_block, check_cache, check_canvas, check_filled, check_key_end, check_range,
+                     check_rows, left_padding)
 
 
 @dataclass
@@ -95,6 +95,7 @@ class ForwardMode:
             check_cache(lm, cache, B, L)
         if self.uses_cache:
             check_filled(self.name, cache, mask, rows)
+        self.key_end = check_key_end(lm, self.key_end, len(starts))
         call = Call(ids, mask, cache, rows, starts, length, left_padding(mask[slice(None) if rows is None else rows]),
                     block)
         self.check_inputs(lm, call)
