@@ -168,8 +168,7 @@ class ColumnsMode(ForwardMode):
         if columns.shape[0] != rows or columns.shape[1] == 0:
             raise InputError(f"mode {self.name!r}: columns has {columns.shape[0]} rows for {rows} selected rows "
                              f"(and needs at least one column), shape {tuple(columns.shape)}")
-        if int(columns.min()) < 0 or int(columns.max()) >= L:
-            bad = int(columns.max()) if int(columns.max()) >= L else int(columns.min())
+        if (bad := _outside(columns, L)) is not None:
             raise InputError(f"mode {self.name!r}: columns must lie in [0, {L}), got {bad}")
         if bool((columns[:, 1:] <= columns[:, :-1]).any()):
             raise InputError(f"mode {self.name!r}: columns must be ascending in each row, got {columns.tolist()}")
@@ -179,9 +178,8 @@ class ColumnsMode(ForwardMode):
             if (not isinstance(block_at, torch.Tensor) or block_at.dim() != 2 or block_at.shape[0] != rows
                     or block_at.dtype.is_floating_point):
                 raise InputError(f"mode {self.name!r} needs block_at=[R, block] long tensor, got {_described(block_at)}")
-            if int(block_at.min()) < 0 or int(block_at.max()) >= n:
-                raise InputError(f"mode {self.name!r}: block_at must index the {n} columns (0 .. {n - 1}), got "
-                                 f"{int(block_at.max()) if int(block_at.max()) >= n else int(block_at.min())}")
+            if (bad := _outside(block_at, n)) is not None:
+                raise InputError(f"mode {self.name!r}: block_at must index the {n} columns (0 .. {n - 1}), got {bad}")
             self.block_at = block_at.to(lm.device, torch.long)
 
     def extra(self, lm) -> int:
@@ -195,6 +193,12 @@ class ColumnsMode(ForwardMode):
                             columns=self.columns, attention_block=call.attention_block)
         ctx.key_end = self.key_end
         return gather_block(lm.model(call.ids[r].gather(1, self.columns), ctx), self.block_at)
+
+
+def _outside(values: torch.Tensor, n: int) -> int | None:
+    """A value of ``values`` outside [0, n), if any."""
+    low, high = int(values.min()), int(values.max())
+    return high if high >= n else low if low < 0 else None
 
 
 def _described(value) -> str:
