@@ -177,7 +177,8 @@ class ColumnsMode(ForwardMode):
             n, block_at = columns.shape[1], self.block_at
             if (not isinstance(block_at, torch.Tensor) or block_at.dim() != 2 or block_at.shape[0] != rows
                     or block_at.dtype.is_floating_point):
-                raise InputError(f"mode {self.name!r} needs block_at=[R, block] long tensor, got {_described(block_at)}")
+                raise InputError(f"mode {self.name!r} needs block_at=[R, block] long tensor, "
+                                 f"got {_described(block_at)}")
             if (bad := _outside(block_at, n)) is not None:
                 raise InputError(f"mode {self.name!r}: block_at must index the {n} columns (0 .. {n - 1}), got {bad}")
             self.block_at = block_at.to(lm.device, torch.long)
