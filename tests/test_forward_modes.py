@@ -170,3 +170,11 @@ def test_a_key_end_out_of_shape_is_named(llada_lm, key_end):
     ids, mask = canvas(llada_lm)
     with pytest.raises(InputError, match=r"key_end must be a \[2\] integer tensor \(one column per selected row\)"):
         llada_lm.forward(ids, mask, None, Full(key_end=key_end))
+
+
+def test_elastic_given_something_else_than_its_inputs_is_named(llada_lm):
+    ids, mask = canvas(llada_lm)
+    cache = llada_lm.new_cache(*ids.shape, every_layer=True)
+    llada_lm.forward(ids, mask, cache)
+    with pytest.raises(InputError, match=r"mode 'elastic' needs inputs=ElasticInputs\(...\), got dict"):
+        llada_lm.forward(ids, mask, cache, Elastic(inputs={"whole": True}))

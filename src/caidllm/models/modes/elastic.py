@@ -25,7 +25,7 @@ class Elastic(ForwardMode):
 
     @property
     def uses_cache(self) -> bool:  # a request's first elastic forward fills the cache itself
-        return not (self.inputs is not None and self.inputs.whole)
+        return not (isinstance(self.inputs, ElasticInputs) and self.inputs.whole)
 
     def check_inputs(self, lm, call: Call) -> None:
         if not isinstance(self.inputs, ElasticInputs):
