@@ -149,12 +149,13 @@ def elastic_context(mask, positions, rotary_dim, theta, inputs: ElasticInputs, *
 
 @torch.no_grad()
 def forward_elastic(lm, ids, cache, inputs: ElasticInputs, rows=None, real_from: list[int] | None = None,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:
+                    mask: torch.Tensor | None = None, key_end: torch.Tensor | None = None) -> torch.Tensor:
     """The Elastic mode's forward (models/modes/elastic.py): float32 logits [R, k, V] of ``inputs.window`` of the
     selected rows of the canvas ``ids`` [B, L]; sets ``inputs.refresh_from``, ``inputs.tracked`` and
     ``inputs.computed_pairs``. The cache must hold every layer's input hidden states and queries
     (new_cache(..., every_layer=True)). ``mask`` [B, L] (True = real token): given, the rows' mask and
-    positions are written into the cache first (a request's first forward, which computes every column)."""
+    positions are written into the cache first (a request's first forward, which computes every column).
+    ``key_end`` [R] long: each row's keys from that column on hidden (layers.Context.key_end)."""
     r = slice(None) if rows is None else rows
     c = lm.config
     if mask is not None:
@@ -163,6 +164,7 @@ def forward_elastic(lm, ids, cache, inputs: ElasticInputs, rows=None, real_from:
         cache.filled[r] = True
     ctx = elastic_context(cache.attention_mask[r], cache.positions[r], c.rotary_dim, c.rope_theta, inputs,
                           rows=rows, cache=cache, real_from=real_from)
+    ctx.key_end = key_end
     n = inputs.columns.shape[1]
     logits = lm.model(ids[r].gather(1, inputs.columns), ctx)
     deep = max(c.n_layers - ctx.refresh_from, 0) if n < ids.shape[1] else 0

@@ -21,8 +21,8 @@ from ..cache import KVCache
 from ..layers import Context, default_attention_block
 from ..skip import EarlySkip
 from ..transfer import to_device
-from .checks import (check_attention_block, check_cache, check_canvas, check_filled, check_range, check_rows,
-                     left_padding)
+from .checks import (check_attention_block, check_cache, check_canvas, check_filled, check_key_end, check_range,
+                     check_rows, left_padding)
 
 
 @dataclass
@@ -53,12 +53,13 @@ class ForwardMode:
     real_from: each selected row's first real column, given only by a caller that checked its
     inputs once and vouches for them (the engine): the checks and their host syncs are skipped
     (start / end must then be lists); key_end: [R] long, each row's keys from that column on hidden
-    (SlowFast's fast phase; the canvas modes only)."""
+    (SlowFast's fast phase; every mode but Verify)."""
 
     name: ClassVar[str]
     uses_cache: ClassVar[bool] = True  # reads a cache a full forward filled
     shadow: ClassVar[bool] = False  # returns the block's logits, then a verifying shadow block's
     unshifted: ClassVar[bool] = False  # needs logits aligned to positions (no family shift)
+    bidirectional: ClassVar[bool] = False  # its computation has no block-causal mask (refuses such models)
     # CachedCanvasMode: the layers.Context computation it runs (None: its own name). "dual": the block and
     # `extra` positions left of it against the cache; "prefix": from the block to the canvas's end.
     context_mode: ClassVar[str | None] = None
@@ -94,6 +95,7 @@ class ForwardMode:
             check_cache(lm, cache, B, L)
         if self.uses_cache:
             check_filled(self.name, cache, mask, rows)
+        self.key_end = check_key_end(lm, self.key_end, len(starts))
         call = Call(ids, mask, cache, rows, starts, length, left_padding(mask[slice(None) if rows is None else rows]),
                     block)
         self.check_inputs(lm, call)
@@ -104,6 +106,9 @@ class ForwardMode:
         if self.unshifted and lm.model.extra_left:
             raise InputError(f"the {self.name} forward needs unshifted logits; family {lm.config.family!r} "
                              "predicts position i from i - 1")
+        if self.bidirectional and lm.config.block_causal:
+            raise InputError(f"the {self.name} forward needs bidirectional attention; the {lm.config.family} model "
+                             "is block-causal")
 
     def check_inputs(self, lm, call: Call) -> None:
         """The mode's own inputs, against the resolved call."""
@@ -156,8 +161,27 @@ class ColumnsMode(ForwardMode):
     block_at: torch.Tensor | None = None
 
     def check_inputs(self, lm, call: Call) -> None:
-        if not isinstance(self.columns, torch.Tensor) or self.columns.dim() != 2:
-            raise InputError(f"mode {self.name!r} needs columns=[R, n] long tensor, got {type(self.columns).__name__}")
+        columns = self.columns
+        if not isinstance(columns, torch.Tensor) or columns.dim() != 2 or columns.dtype.is_floating_point:
+            raise InputError(f"mode {self.name!r} needs columns=[R, n] long tensor, got {_described(columns)}")
+        rows, L = len(call.starts), call.ids.shape[1]
+        if columns.shape[0] != rows or columns.shape[1] == 0:
+            raise InputError(f"mode {self.name!r}: columns has {columns.shape[0]} rows for {rows} selected rows "
+                             f"(and needs at least one column), shape {tuple(columns.shape)}")
+        if (bad := _outside(columns, L)) is not None:
+            raise InputError(f"mode {self.name!r}: columns must lie in [0, {L}), got {bad}")
+        if bool((columns[:, 1:] <= columns[:, :-1]).any()):
+            raise InputError(f"mode {self.name!r}: columns must be ascending in each row, got {columns.tolist()}")
+        self.columns = columns.to(lm.device, torch.long)
+        if self.block_at is not None:
+            n, block_at = columns.shape[1], self.block_at
+            if (not isinstance(block_at, torch.Tensor) or block_at.dim() != 2 or block_at.shape[0] != rows
+                    or block_at.dtype.is_floating_point):
+                raise InputError(f"mode {self.name!r} needs block_at=[R, block] long tensor, "
+                                 f"got {_described(block_at)}")
+            if (bad := _outside(block_at, n)) is not None:
+                raise InputError(f"mode {self.name!r}: block_at must index the {n} columns (0 .. {n - 1}), got {bad}")
+            self.block_at = block_at.to(lm.device, torch.long)
 
     def extra(self, lm) -> int:
         return 0
@@ -168,7 +192,20 @@ class ColumnsMode(ForwardMode):
         ctx = Context.build(call.cache.attention_mask[r], call.cache.positions[r], c.rotary_dim, c.rope_theta,
                             mode=self.name, rows=call.rows, cache=call.cache, real_from=call.real_from,
                             columns=self.columns, attention_block=call.attention_block)
+        ctx.key_end = self.key_end
         return gather_block(lm.model(call.ids[r].gather(1, self.columns), ctx), self.block_at)
+
+
+def _outside(values: torch.Tensor, n: int) -> int | None:
+    """A value of ``values`` outside [0, n), if any."""
+    low, high = int(values.min()), int(values.max())
+    return high if high >= n else low if low < 0 else None
+
+
+def _described(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"dtype {value.dtype}, shape {tuple(value.shape)}"
+    return type(value).__name__
 
 
 def canvas_forward(lm, call: Call, name: str, extra: int, mask_r, positions_r, *, key_end=None,

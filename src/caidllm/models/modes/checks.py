@@ -85,6 +85,17 @@ def check_filled(name: str, cache, mask, rows) -> None:
         raise InputError(f"mode {name!r}: attention_mask differs from the one the cache was filled with")
 
 
+def check_key_end(lm, key_end, rows: int):
+    """key_end: None, or [R] integer columns (one per selected row) moved to the model's device."""
+    if key_end is None:
+        return None
+    if not isinstance(key_end, torch.Tensor) or key_end.dtype.is_floating_point or key_end.dtype == torch.bool \
+            or tuple(key_end.shape) != (rows,):
+        shape = tuple(key_end.shape) if isinstance(key_end, torch.Tensor) else type(key_end).__name__
+        raise InputError(f"key_end must be a [{rows}] integer tensor (one column per selected row), got {shape}")
+    return key_end.to(lm.device, torch.long)
+
+
 def check_attention_block(config, attention_block):
     """The block length of a block-causal model's attention (None: its default)."""
     if attention_block is None:

@@ -20,11 +20,12 @@ from .base import Call, ForwardMode, gather_block
 @dataclass(kw_only=True)
 class Elastic(ForwardMode):
     name = "elastic"
+    bidirectional = True
     inputs: ElasticInputs | None = None
 
     @property
     def uses_cache(self) -> bool:  # a request's first elastic forward fills the cache itself
-        return not (self.inputs is not None and self.inputs.whole)
+        return not (isinstance(self.inputs, ElasticInputs) and self.inputs.whole)
 
     def check_inputs(self, lm, call: Call) -> None:
         if not isinstance(self.inputs, ElasticInputs):
@@ -37,9 +38,10 @@ class Elastic(ForwardMode):
         return 0
 
     def run(self, lm, call: Call):
+        self.check_model(lm)  # the engine refuses these models before; a vouched call is checked here too
         inputs = self.inputs
         logits = forward_elastic(lm, call.ids, call.cache, inputs, rows=call.rows, real_from=call.real_from,
-                                 mask=call.mask if inputs.whole else None)
+                                 mask=call.mask if inputs.whole else None, key_end=self.key_end)
         return gather_block(logits, inputs.block_at)
 
     @staticmethod
