@@ -224,3 +224,17 @@ def test_a_load_with_compile_keeps_torchaos_tensors(monkeypatch):
     lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic", compile=True)
     assert isinstance(lm.model.model.transformer.blocks[0].q_proj.weight, Int8Tensor)
     assert quant.quantization_info(lm)["quantization_kernel"] == "torchao"
+
+
+def test_compile_later_on_a_packed_model_is_refused_with_one_line(monkeypatch):
+    """generate(compile=True) on a model loaded packed: Inductor cannot lower oneDNN's packed
+    weight (it crashed mid-decode with an InductorError and left the model compiled); refused
+    before anything changes, naming the way that works (load(..., compile=True))."""
+    from caidllm.errors import InputError
+
+    cpu_int8()
+    monkeypatch.setattr("caidllm.models.compiled.check_quantized_compile", lambda *a: None)  # no compiling here
+    lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic")
+    with pytest.raises(InputError, match=r"packed.*load\(\.\.\., compile=True\)"):
+        lm.generate(PROMPTS[:1], compile=True, **DECODE)
+    assert not lm.compiled
