@@ -238,3 +238,14 @@ def test_compile_later_on_a_packed_model_is_refused_with_one_line(monkeypatch):
     with pytest.raises(InputError, match=r"packed.*load\(\.\.\., compile=True\)"):
         lm.generate(PROMPTS[:1], compile=True, **DECODE)
     assert not lm.compiled
+
+
+def test_a_bias_passed_by_keyword_is_added():
+    """F.linear(x, w, bias=b) on a packed weight: the bias came in kwargs and was dropped silently."""
+    kernels = cpu_int8()
+    torch.manual_seed(2)
+    linear = torchao_int8_dynamic(nn.Linear(64, 32, bias=True))
+    kernels.pack_int8_dynamic(linear)
+    x = torch.randn(3, 64)
+    positional = torch.nn.functional.linear(x, linear.weight, linear.bias)
+    assert torch.equal(torch.nn.functional.linear(x, linear.weight, bias=linear.bias), positional)

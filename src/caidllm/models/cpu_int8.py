@@ -87,7 +87,7 @@ def int8_linear(x: torch.Tensor, weight: OnednnInt8Weight, bias: torch.Tensor | 
 @OnednnInt8Weight.implements(aten.linear.default)
 @OnednnInt8Weight.implements_torch_function(torch.nn.functional.linear)
 def _(func, types, args, kwargs):
-    return int8_linear(args[0], args[1], args[2] if len(args) > 2 else None)
+    return int8_linear(args[0], args[1], args[2] if len(args) > 2 else (kwargs or {}).get("bias"))
 
 
 def pack_int8_dynamic(module: nn.Module) -> None:
