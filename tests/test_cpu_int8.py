@@ -268,3 +268,13 @@ def test_activations_quantize_to_torchaos_integers_and_scales(dtype):
     values, scale = kernels.quantize_per_token(x)
     assert torch.equal(values, expected.qdata)
     assert torch.equal(scale.reshape(-1), expected.scale.float().reshape(-1))
+
+
+def test_int4_with_its_head_reports_the_heads_packed_kernel():
+    """int4 + --quantize-head on a CPU: the head runs oneDNN's int8 matmul, the layers torchao's int4;
+    quantization_kernel said only "torchao"."""
+    cpu_int8()
+    lm = caidllm.load("tiny", device="cpu", dtype="bfloat16", quantize="int4", quantize_head=True)
+    assert quant.quantization_info(lm)["quantization_kernel"] == "torchao; head: onednn int8 (packed at load)"
+    lm = caidllm.load("tiny", device="cpu", dtype="bfloat16", quantize="int4")
+    assert quant.quantization_info(lm)["quantization_kernel"] == "torchao"

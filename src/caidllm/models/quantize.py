@@ -367,12 +367,22 @@ def weights_mb(lm) -> float:
     return weights_bytes(lm.model) / 2**20
 
 
+def _kernels(lm, q: Quantization, device_type: str) -> str:
+    """What runs the quantized matmuls; the head's own kernel where its scheme differs (int4's on a CPU)."""
+    layers = kernel_of(lm.model, q.packings.get(device_type))
+    head_q = q.for_head(device_type)
+    if not getattr(lm, "quantized_head", False) or head_q is q:
+        return layers
+    head = kernel_of(output_head(lm.model), head_q.packings.get(device_type))
+    return layers if head == layers else f"{layers}; head: {head}"
+
+
 def quantization_info(lm) -> dict:
     """What a report, /v1/models or `caidllm models` states about the model's weights."""
     q = QUANTIZATIONS.get(lm.quantization) if lm.quantization else None
     return {
         "quantization": lm.quantization,
-        "quantization_kernel": kernel_of(lm.model, q.packings.get(torch.device(lm.device).type)) if q else None,
+        "quantization_kernel": _kernels(lm, q, torch.device(lm.device).type) if q else None,
         "quantization_summary": q.summary if q else f"none: every weight in {str(lm.dtype).removeprefix('torch.')}",
         "quantized_head": bool(getattr(lm, "quantized_head", False)),
         "head_quantization": q.for_head(torch.device(lm.device).type).name
