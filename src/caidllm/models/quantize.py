@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import InputError, ModelLoadError
 from .device import resolve_device
 from .moe_experts import StackedExperts, unstack_experts
+from .moe_kernels import check_kernel
 from .packing import ONEDNN_INT8, Packing, kernel_of
 
 INT4_GROUP = 32  # weights per int4 scale (as GGUF's Q4_0): finer groups keep more accuracy
@@ -300,6 +301,9 @@ def quantize_loaded(lm, quantize: str, head: bool = False) -> None:
         raise InputError("quantize a model before compiling it (load(..., quantize=..., compile=True))")
     plan = make_plan(quantize, torch.device(lm.device), lm.dtype, head)
     plan.check(lm.model)
+    for module in lm.model.modules():  # a stacked-only kernel could not run the unstacked experts
+        if isinstance(getattr(module, "experts", None), StackedExperts):
+            check_kernel(module.kernel, quantized=True)
     for layer in decoder_layers(lm.model)[1]:
         plan.layer(layer)
     plan.finish(lm.model)
