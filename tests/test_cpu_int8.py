@@ -224,3 +224,57 @@ def test_a_load_with_compile_keeps_torchaos_tensors(monkeypatch):
     lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic", compile=True)
     assert isinstance(lm.model.model.transformer.blocks[0].q_proj.weight, Int8Tensor)
     assert quant.quantization_info(lm)["quantization_kernel"] == "torchao"
+
+
+def test_compile_later_on_a_packed_model_is_refused_with_one_line(monkeypatch):
+    """generate(compile=True) on a model loaded packed: Inductor cannot lower oneDNN's packed
+    weight (it crashed mid-decode with an InductorError and left the model compiled); refused
+    before anything changes, naming the way that works (load(..., compile=True))."""
+    from caidllm.errors import InputError
+
+    cpu_int8()
+    monkeypatch.setattr("caidllm.models.compiled.check_quantized_compile", lambda *a: None)  # no compiling here
+    lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic")
+    with pytest.raises(InputError, match=r"packed.*load\(\.\.\., compile=True\)"):
+        lm.generate(PROMPTS[:1], compile=True, **DECODE)
+    assert not lm.compiled
+
+
+def test_a_bias_passed_by_keyword_is_added():
+    """F.linear(x, w, bias=b) on a packed weight: the bias came in kwargs and was dropped silently."""
+    kernels = cpu_int8()
+    torch.manual_seed(2)
+    linear = torchao_int8_dynamic(nn.Linear(64, 32, bias=True))
+    kernels.pack_int8_dynamic(linear)
+    x = torch.randn(3, 64)
+    positional = torch.nn.functional.linear(x, linear.weight, linear.bias)
+    assert torch.equal(torch.nn.functional.linear(x, linear.weight, bias=linear.bias), positional)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_activations_quantize_to_torchaos_integers_and_scales(dtype):
+    """torchao divides the row's max by 127.5 in the model dtype (bf16: a scale rounded to bf16),
+    then quantizes in float32; computing the scale in float32 instead gave other integers for
+    about 6% of a bf16 activation's values, not torchao's as the docs claim."""
+    from torchao.quantization import Int8Tensor
+
+    kernels = cpu_int8()
+    linear = torchao_int8_dynamic(nn.Linear(256, 64).to(dtype))
+    kwargs = linear.weight.act_quant_kwargs
+    torch.manual_seed(3)
+    x = torch.randn(50, 256, dtype=dtype) * torch.rand(50, 1, dtype=dtype) * 10
+    x[0] *= 1e-6  # a scale under float32's eps: clamped as torchao clamps it
+    expected = Int8Tensor.from_hp(x, kwargs.granularity, mapping_type=kwargs.mapping_type)
+    values, scale = kernels.quantize_per_token(x)
+    assert torch.equal(values, expected.qdata)
+    assert torch.equal(scale.reshape(-1), expected.scale.float().reshape(-1))
+
+
+def test_int4_with_its_head_reports_the_heads_packed_kernel():
+    """int4 + --quantize-head on a CPU: the head runs oneDNN's int8 matmul, the layers torchao's int4;
+    quantization_kernel said only "torchao"."""
+    cpu_int8()
+    lm = caidllm.load("tiny", device="cpu", dtype="bfloat16", quantize="int4", quantize_head=True)
+    assert quant.quantization_info(lm)["quantization_kernel"] == "torchao; head: onednn int8 (packed at load)"
+    lm = caidllm.load("tiny", device="cpu", dtype="bfloat16", quantize="int4")
+    assert quant.quantization_info(lm)["quantization_kernel"] == "torchao"

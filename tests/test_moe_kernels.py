@@ -327,3 +327,38 @@ def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
             set_moe_kernel(lm.model, kernel)
             torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5, rtol=1e-5)
             assert lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids == tokens
+
+
+@pytest.mark.parametrize("kernel", ["sized", "auto"])
+def test_training_gets_the_loops_gradients(kernel):
+    """A training step (train/trainer.py builds MoE models with auto) at 8+ rows per expert runs
+    sized on a CPU: oneDNN's linear has no autograd formula, so the experts got no gradient."""
+    moe = random_moe(**LLADA2_LIKE)
+    x = torch.randn(40, 16)
+    grads = {}
+    for name in ("loop", kernel):
+        moe.kernel = name
+        moe.zero_grad(set_to_none=True)
+        inputs = x.clone().requires_grad_()
+        moe(inputs).square().sum().backward()
+        grads[name] = [inputs.grad, *(p.grad for p in moe.experts.parameters())]
+    for got, expected in zip(grads[kernel], grads["loop"]):
+        assert got is not None
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["sized", "grouped"])
+def test_quantizing_a_loaded_model_run_by_a_stacked_kernel_is_refused_first(kernel):
+    """quantize_loaded unstacked the experts under a stacked-only kernel: the next forward died with
+    AttributeError ('ExpertList' object has no attribute 'gate_proj'); now refused before any change."""
+    pytest.importorskip("torchao")
+    from caidllm.models.quantize import quantize_loaded
+
+    lm = caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel=kernel)
+    with pytest.raises(InputError, match=f"moe_kernel '{kernel}' runs stacked full-precision experts"):
+        quantize_loaded(lm, "int8")
+    layer = next(m for m in lm.model.modules() if isinstance(m, MoEFeedForward))
+    assert lm.quantization is None and isinstance(layer.experts, StackedExperts)
+    set_moe_kernel(lm.model, "auto")
+    quantize_loaded(lm, "int8")
+    assert torch.isfinite(lm.logits(torch.tensor([[1, 2, 3]]))).all()  # the loop runs the quantized experts

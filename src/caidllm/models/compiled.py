@@ -63,6 +63,17 @@ def check_quantized_compile(quantization: str, device: str, dtype: torch.dtype) 
                          f"{str(e).splitlines()[0] if str(e) else ''}); drop one of the two") from None
 
 
+def _check_not_packed(lm) -> None:
+    """Weights repacked at load for a device's kernel (models/packing.py) cannot be compiled:
+    only a load with compile=True keeps torchao's tensors."""
+    from .packing import ONEDNN_INT8, kernel_of
+
+    if kernel_of(lm.model, ONEDNN_INT8) != "torchao":
+        raise InputError(f"compile=True on a model whose --quantize {lm.quantization} weights were packed at load "
+                         f"for {ONEDNN_INT8.kernel}, which torch.compile cannot lower: load it with "
+                         "caidllm.load(..., compile=True) (torchao's kernel) or generate without compile")
+
+
 def _no_autograd_cache() -> None:
     # AOTAutograd's cache cannot hash torchao's tensors and logs a long warning per graph; inference needs no cache.
     import torch._functorch.config as functorch_config
@@ -79,6 +90,7 @@ def enable_compile(lm) -> None:
     norm, mlp = compiled_kernels(lm.device.type)
     if lm.quantization is not None:
         check_quantized_compile(lm.quantization, lm.device.type, lm.dtype)
+        _check_not_packed(lm)
     for module in lm.model.modules():
         if isinstance(module, RMSNorm):
             module.kernel = norm

@@ -65,9 +65,10 @@ def _matmul(x_int8: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, out
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 values, float32 scale [rows, 1]) of a [rows, in] activation: symmetric, one scale per
-    row, as torchao's int8-dynamic (scale = max |x| / 127.5, values rounded and clamped to int8)."""
+    row, as torchao's int8-dynamic (scale = max |x| / 127.5 computed in x's dtype, as torchao does,
+    then float32; values quantized in float32, rounded and clamped to int8)."""
+    scale = (x.abs().amax(dim=1, keepdim=True) / 127.5).float().clamp_min_(_EPS)
     x = x.float()
-    scale = (x.abs().amax(dim=1, keepdim=True) / 127.5).clamp_min_(_EPS)
     return torch.round(x * (1.0 / scale)).clamp_(-128, 127).to(torch.int8), scale
 
 
@@ -87,7 +88,7 @@ def int8_linear(x: torch.Tensor, weight: OnednnInt8Weight, bias: torch.Tensor | 
 @OnednnInt8Weight.implements(aten.linear.default)
 @OnednnInt8Weight.implements_torch_function(torch.nn.functional.linear)
 def _(func, types, args, kwargs):
-    return int8_linear(args[0], args[1], args[2] if len(args) > 2 else None)
+    return int8_linear(args[0], args[1], args[2] if len(args) > 2 else (kwargs or {}).get("bias"))
 
 
 def pack_int8_dynamic(module: nn.Module) -> None:

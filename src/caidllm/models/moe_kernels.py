@@ -123,9 +123,11 @@ ONEDNN_MIN_ROWS = 3  # fewer fp32 rows run faster on torch's own path (BENCHMARK
 def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """rows @ weight.T by the CPU path measured fastest for this many rows and this dtype
     (single thread): fp32 three rows or more through oneDNN; bf16 one row as a matrix-vector
-    product, more as weight @ rows.T (the output transposed); anything else F.linear."""
+    product, more as weight @ rows.T (the output transposed); anything else F.linear. oneDNN's
+    linear has no autograd formula (its backward silently gives no gradient): not while training."""
     if rows.device.type == "cpu":
-        if rows.dtype == torch.float32 and rows.shape[0] >= ONEDNN_MIN_ROWS and _ONEDNN_LINEAR is not None:
+        if rows.dtype == torch.float32 and rows.shape[0] >= ONEDNN_MIN_ROWS and _ONEDNN_LINEAR is not None \
+                and not (torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)):
             return _ONEDNN_LINEAR(rows, weight, None, "none", [], "")
         if rows.dtype == torch.bfloat16:
             if rows.shape[0] == 1:

@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import InputError, ModelLoadError
 from .device import resolve_device
 from .moe_experts import StackedExperts, unstack_experts
+from .moe_kernels import check_kernel
 from .packing import ONEDNN_INT8, Packing, kernel_of
 
 INT4_GROUP = 32  # weights per int4 scale (as GGUF's Q4_0): finer groups keep more accuracy
@@ -300,6 +301,9 @@ def quantize_loaded(lm, quantize: str, head: bool = False) -> None:
         raise InputError("quantize a model before compiling it (load(..., quantize=..., compile=True))")
     plan = make_plan(quantize, torch.device(lm.device), lm.dtype, head)
     plan.check(lm.model)
+    for module in lm.model.modules():  # a stacked-only kernel could not run the unstacked experts
+        if isinstance(getattr(module, "experts", None), StackedExperts):
+            check_kernel(module.kernel, quantized=True)
     for layer in decoder_layers(lm.model)[1]:
         plan.layer(layer)
     plan.finish(lm.model)
@@ -367,12 +371,22 @@ def weights_mb(lm) -> float:
     return weights_bytes(lm.model) / 2**20
 
 
+def _kernels(lm, q: Quantization, device_type: str) -> str:
+    """What runs the quantized matmuls; the head's own kernel where its scheme differs (int4's on a CPU)."""
+    layers = kernel_of(lm.model, q.packings.get(device_type))
+    head_q = q.for_head(device_type)
+    if not getattr(lm, "quantized_head", False) or head_q is q:
+        return layers
+    head = kernel_of(output_head(lm.model), head_q.packings.get(device_type))
+    return layers if head == layers else f"{layers}; head: {head}"
+
+
 def quantization_info(lm) -> dict:
     """What a report, /v1/models or `caidllm models` states about the model's weights."""
     q = QUANTIZATIONS.get(lm.quantization) if lm.quantization else None
     return {
         "quantization": lm.quantization,
-        "quantization_kernel": kernel_of(lm.model, q.packings.get(torch.device(lm.device).type)) if q else None,
+        "quantization_kernel": _kernels(lm, q, torch.device(lm.device).type) if q else None,
         "quantization_summary": q.summary if q else f"none: every weight in {str(lm.dtype).removeprefix('torch.')}",
         "quantized_head": bool(getattr(lm, "quantized_head", False)),
         "head_quantization": q.for_head(torch.device(lm.device).type).name
