@@ -247,6 +247,21 @@ def test_the_kept_store_is_remade_when_the_model_is_compiled(tiny_bd):
         forget_store(tiny_bd)
 
 
+def test_the_kept_store_is_remade_when_the_moe_kernel_changes():
+    """MoE kernels sum the experts in different orders (last bits): blocks kept from a run with one
+    kernel are not reused by a run with another (review r33)."""
+    from caidllm.decode.prefix_reuse import forget_store, shared_store
+    from caidllm.models.moe import set_moe_kernel
+
+    moe = caidllm.load("tiny-moe")
+    set_moe_kernel(moe.model, "grouped")
+    first = shared_store(moe, 16)
+    assert shared_store(moe, None) is first
+    set_moe_kernel(moe.model, "loop")
+    assert shared_store(moe, None) is not first
+    forget_store(moe)
+
+
 def test_a_store_filled_by_another_model_is_refused(tiny_bd, family):
     """A store handed to engines (Engine(prefix_store=)) is named by tokens only: one filled by another model's
     forwards would give this one that model's keys and values."""

@@ -24,6 +24,7 @@ from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.prefix_store import PrefixStore, chain_digests
 from caidllm.errors import InputError
 from caidllm.models.layers import positions_from_mask
+from caidllm.models.moe import MoEFeedForward
 
 DEFAULT_MB = 1024  # the default budget, cut to an eighth of the device's memory on a small machine
 MB = 1 << 20
@@ -109,9 +110,13 @@ def shared_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
 
 def numerics(lm) -> tuple:
     """What a block's keys and values depend on besides its tokens and block length: the model (its weights)
-    and its arithmetic (dtype and quantization are fixed at load; compile=True swaps kernels in later)."""
-    return (id(getattr(lm, "model", lm)), str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None),
-            bool(getattr(lm, "compiled", False)))
+    and its arithmetic (dtype and quantization are fixed at load; compile=True and set_moe_kernel swap
+    kernels in later, and MoE kernels sum in different orders)."""
+    model = getattr(lm, "model", lm)
+    moe_kernels = tuple(m.kernel for m in model.modules() if isinstance(m, MoEFeedForward)) \
+        if isinstance(model, torch.nn.Module) else ()
+    return (id(model), str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None),
+            bool(getattr(lm, "compiled", False)), moe_kernels)
 
 
 def forget_store(lm) -> None:
