@@ -46,6 +46,22 @@ def test_resume_continues_from_the_checkpoint(run_dir):
     assert resumed.step == 12
 
 
+def test_a_run_whose_last_step_meets_its_time_limit_ends_on_its_validation(run_dir, monkeypatch):
+    """The chunked runs (training/run_chunks.sh) stop when the log ends on a validation."""
+    cfg = TrainConfig(out_dir=str(run_dir / "limit"), steps=2, time_limit_s=0.0, **MICRO)
+    log_path = run_dir / "limit" / "train.log"
+    for expected_step in (1, 2):  # step 1: stopped by the limit; step 2: the last, finished
+        trainer = Trainer(cfg)
+        monkeypatch.setattr(trainer, "validate", lambda: {})
+        monkeypatch.setattr(trainer, "fact_accuracy", lambda: 0.0)
+        trainer.train()
+        assert trainer.step == expected_step
+    log = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert log[-1] == {"step": 2, "facts": 0.0, "validation": {}}
+    assert {"event": "time limit reached", "step": 1} in log
+    assert {"event": "time limit reached", "step": 2} not in log
+
+
 def test_batches_are_seeded_and_answers_only_are_masked(run_dir):
     trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, **MICRO))
     a, b = trainer.stream.batch(3), trainer.stream.batch(3)

@@ -313,7 +313,10 @@ class Trainer:
                 if cfg.keep_validated:
                     self.export(self.out / f"step-{self.step}")
                 self.model.train()
-            if cfg.time_limit_s is not None and time.time() - run_started > cfg.time_limit_s:
+            # A run whose last step just finished is done, not stopped: its validation stays the
+            # log's last line (training/run_chunks.sh reads it to know the run is over).
+            out_of_time = cfg.time_limit_s is not None and time.time() - run_started > cfg.time_limit_s
+            if out_of_time and self.step < cfg.steps:
                 self.save()
                 self.log({"event": "time limit reached", "step": self.step})
                 break
