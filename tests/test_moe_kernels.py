@@ -323,7 +323,7 @@ def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
     with torch.no_grad():
         expected = lm.logits(ids)
         tokens = lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids
-        for kernel in ("grouped", "sized", "auto"):
+        for kernel in ("grouped", "sized", "packed", "auto"):
             set_moe_kernel(lm.model, kernel)
             torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5, rtol=1e-5)
             assert lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids == tokens
