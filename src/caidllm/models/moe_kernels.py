@@ -195,9 +195,9 @@ def packs(experts, kernel: str, pack: bool = True) -> bool:
 
 
 def experts_for(experts, kernel: str, pack: bool = True):
-    """`experts` in the form `kernel` runs: packed for oneDNN, or stacked (unpacked); the loop
-    and quantized experts run either form as they are."""
-    if kernel == "loop" or not isinstance(experts, (StackedExperts, PackedExperts)):
+    """`experts` in the form `kernel` runs: packed for oneDNN, or stacked (unpacked: the loop,
+    the reference, too); quantized experts as they are."""
+    if not isinstance(experts, (StackedExperts, PackedExperts)):
         return experts
     if packs(experts, kernel, pack):
         if isinstance(experts, PackedExperts):
