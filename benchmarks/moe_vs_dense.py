@@ -1,6 +1,6 @@
 """What the experts cost: the MoE feed-forward of random:llada2-mini (256 experts, top-8 plus
 one shared, expert width 512, hidden 2048; models/moe.py) run by the per-expert loop (the
-reference), the grouped, sized and packed kernels and ``auto`` (the default; models/moe_kernels.py), against a dense
+reference), the grouped kernel and ``auto`` (the default; models/moe_kernels.py), against a dense
 SwiGLU of the same active size (width 9 x 512 = 4608: the same multiply-adds per token) and
 against the read bound: the time to read, once, the weights of the experts the tokens chose
 (plus the shared expert and the router), at the read bandwidth measured among them in the same rounds. Then the
@@ -18,7 +18,6 @@ Prints Markdown tables. A whole-model row the machine has not the memory for is 
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import time
 
@@ -27,8 +26,6 @@ import torch
 import caidllm
 from caidllm.models.moe import MoEFeedForward, set_moe_kernel
 from caidllm.models.moe_experts import ExpertMLP
-from caidllm.models.moe_kernels import packs
-from caidllm.models.moe_packed import PackedExperts
 from caidllm.models.random_init import initialise
 
 MODELS = ("random:llada2-mini?num_hidden_layers=4", "random:llada-moe-7b?num_hidden_layers=4")
@@ -45,17 +42,13 @@ CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 clock = CLOCKS["thread"]
 
 
-def timed_ab(fns: dict, device, repeats: int, prepare: dict | None = None) -> dict:
-    """Median seconds of each fn over `repeats` rounds, the fns alternating within each round;
-    prepare[name](), where given, runs untimed before each call of fns[name]."""
-    prepare = prepare or {}
-    for name, fn in fns.items():
-        prepare.get(name, lambda: None)()
+def timed_ab(fns: dict, device, repeats: int) -> dict:
+    """Median seconds of each fn over `repeats` rounds, the fns alternating within each round."""
+    for fn in fns.values():
         fn()  # warm-up
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            prepare.get(name, lambda: None)()
             sync(device)
             tick = clock()
             fn()
@@ -115,24 +108,6 @@ def ratios(t: dict, kernels) -> str:
     return " | ".join(f"{t[kernels[-1]] / t[k]:.2f}x" for k in kernels[:-1])
 
 
-def layers_by_kernel(moe: MoEFeedForward, kernels) -> dict:
-    """The layer each kernel runs: `moe` itself, or for kernels that run packed experts
-    (moe_kernels.packs: packed; auto in bf16 on a CPU) one copy whose experts are packed for oneDNN
-    (router and shared expert shared), so no kernel pays for converting within a round."""
-    packed = None
-    layers = {}
-    for kernel in kernels:
-        if packs(moe.experts, kernel):
-            if packed is None:
-                packed = copy.copy(moe)
-                packed._modules = dict(moe._modules)
-                packed.experts = PackedExperts(moe.experts)
-            layers[kernel] = packed
-        else:
-            layers[kernel] = moe
-    return layers
-
-
 def layer_table(device, dtypes, token_counts, kernels, repeats, probe: ReadProbe) -> None:
     after = kernels[-1]
     print(f"\n| dtype | Tokens | {' | '.join(f'{k} ms' for k in kernels)} | Dense ms | GB/s | Read bound ms | "
@@ -140,12 +115,11 @@ def layer_table(device, dtypes, token_counts, kernels, repeats, probe: ReadProbe
     print("|---|---|" + "---|" * (2 * len(kernels) + 4))
     for dtype in dtypes:
         moe, dense = build_layers(device, dtype)
-        layers = layers_by_kernel(moe, kernels)
         g = torch.Generator(device=device).manual_seed(1)
         with torch.no_grad():
             for n in token_counts:
                 x = torch.randn(n, moe.config.hidden_size, device=device, generator=g).to(dtype)
-                fns = {k: (lambda k=k: run_kernel(layers[k], k, x)) for k in kernels}
+                fns = {k: (lambda k=k: run_kernel(moe, k, x)) for k in kernels}
                 fns["dense"] = lambda: dense(x)
                 fns["read"] = probe
                 t = timed_ab(fns, device, repeats)
@@ -155,7 +129,7 @@ def layer_table(device, dtypes, token_counts, kernels, repeats, probe: ReadProbe
                 print(f"| {str(dtype).removeprefix('torch.')} | {n} | {cells} | {1e3 * t['dense']:.1f} | "
                       f"{bandwidth / 1e9:.1f} | {1e3 * bound:.1f} | {ratios(t, kernels)} | "
                       f"{t[after] / max(t['dense'], bound):.2f}x | {t['dense'] / t[after]:.2f}x |", flush=True)
-        del moe, dense, layers
+        del moe, dense
         gc.collect()
 
 
@@ -187,9 +161,9 @@ def model_table(device, dtypes, models, tokens, kernels, repeats) -> None:
                 continue
             lm = caidllm.load(name, device=device, dtype=dtype)
             ids = torch.randint(0, 1000, (1, tokens), device=device)
-            with torch.no_grad():  # set_moe_kernel packs or unpacks the experts as a kernel needs: untimed
-                prepare = {k: (lambda k=k: set_moe_kernel(lm.model, k)) for k in kernels}
-                t = timed_ab({k: (lambda: lm.logits(ids)) for k in kernels}, device, repeats, prepare)
+            with torch.no_grad():
+                fns = {k: (lambda k=k: (set_moe_kernel(lm.model, k), lm.logits(ids))) for k in kernels}
+                t = timed_ab(fns, device, repeats)
             cells = " | ".join(f"{1e3 * t[k]:.0f}" for k in kernels)
             print(f"{label} {cells} | {ratios(t, kernels)} |", flush=True)
             del lm
@@ -201,7 +175,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--tokens", default="4,32,128,512", help="tokens per forward (a block, several rows' blocks)")
-    p.add_argument("--kernels", default="loop,grouped,sized,auto",
+    p.add_argument("--kernels", default="loop,grouped,auto",
                    help="the last is 'after', set against each of the others (loop: the reference)")
     p.add_argument("--clock", choices=list(CLOCKS), default="thread",
                    help="thread: this thread's CPU time (default: fair on a shared machine, one thread); wall")

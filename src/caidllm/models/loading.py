@@ -44,8 +44,7 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize:
     layers' linear layers, applied layer by layer as they load (models/quantize.py);
     quantize_head: the untied output head too.
     moe_kernel: how mixture-of-experts layers run their experts (models/moe_kernels.py): "auto",
-    "loop" (the per-expert reference), "grouped", "sized", "padded", "packed" (these four: full-precision
-    experts only; auto and packed pack bf16 / packed fp32 experts on a CPU for oneDNN, moe_packed.py).
+    "loop" (the per-expert reference), "grouped", "sized", "padded" (these three: full-precision experts only).
     shard: a tensor-parallel rank's reader (parallel/loading.py): it divides the model built on the
     meta device and reads only its rank's part of each tensor (checkpoint folders; a random model
     is drawn whole and `lm.sharded` stays False).
@@ -54,7 +53,7 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize:
     if compile and quantize is not None:  # a pair torch cannot compile fails before the model loads
         _check_compile_quantized(path_or_name, device, dtype, quantize)
     lm = _load(path_or_name, device, dtype, quantize, quantize_head, shard, pack=not compile)
-    set_moe_kernel(lm.model, moe_kernel, pack=not compile)
+    set_moe_kernel(lm.model, moe_kernel)
     if compile:
         from .compiled import enable_compile
 

@@ -25,8 +25,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .moe_experts import ExpertMLP, StackedExperts
-from .moe_kernels import AUTO, check_kernel, experts_for, run_experts
-from .moe_packed import PackedExperts
+from .moe_kernels import AUTO, check_kernel, run_experts
 
 # Score functions by their config.json name (LLaDA2's "score_function").
 SCORE_FUNCTIONS = {
@@ -178,16 +177,13 @@ class MoEFeedForward(nn.Module):
         return out.view(shape)
 
 
-def set_moe_kernel(model: nn.Module, kernel: str, pack: bool = True) -> None:
-    """Run every MoE layer of `model` with `kernel` (moe_kernels.py: auto, loop, grouped, sized,
-    padded, packed), its experts packed for oneDNN or unpacked as the kernel needs (auto packs
-    bf16 experts on a CPU unless `pack` is False: a model to compile); InputError for an unknown
-    kernel, a stacked or packed kernel on quantized experts, or packing experts oneDNN cannot run."""
+def set_moe_kernel(model: nn.Module, kernel: str) -> None:
+    """Run every MoE layer of `model` with `kernel` (moe_kernels.py: auto, loop, grouped, padded);
+    InputError for an unknown one, or a stacked-only kernel on quantized experts."""
     layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
-    quantized = any(not isinstance(m.experts, (StackedExperts, PackedExperts)) for m in layers)
+    quantized = any(not isinstance(m.experts, StackedExperts) for m in layers)
     check_kernel(kernel, quantized)
     for layer in layers:
-        layer.experts = experts_for(layer.experts, kernel, pack)
         layer.kernel = kernel
 
 

@@ -15,11 +15,6 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   oneDNN's matmul on the plain stacked weights from three rows (MKL's sgemm, torch.mm's fp32
   path, runs a few rows at about two thirds of its speed here), in bf16 a matrix-vector product
   for one row and weight @ rows.T for more; F.linear elsewhere. It reads the counts on the host.
-- ``packed``: the loop's sort and host counts over experts prepacked once for oneDNN
-  (moe_packed.py: each expert's projections in oneDNN's blocked layout, SiLU and the up
-  product fused into the matmuls' epilogues), in place of the stacks. ``auto`` packs bf16
-  experts on a CPU at load (``packs``) and then always runs this; ``set_moe_kernel`` packs
-  or unpacks the experts as the kernel asked for needs.
 - ``padded``: every expert on a [experts, tokens, hidden] buffer (a token meets an expert at
   most once, so tokens is a capacity no expert exceeds) with three ``bmm``: no host sync on
   any device, every expert's weights read, experts x tokens rows computed. Worth it only on
@@ -37,7 +32,6 @@ from torch.torch_version import TorchVersion
 
 from ..errors import InputError
 from .moe_experts import StackedExperts
-from .moe_packed import PackedExperts, packable
 
 AUTO = "auto"
 
@@ -151,16 +145,10 @@ def sized_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     return _each_expert(experts, x, chosen, weights, expert_on_rows)
 
 
-def packed_kernel(experts: PackedExperts, x, chosen, weights) -> torch.Tensor:
-    """The loop's order and host counts; each expert through its oneDNN-packed weights."""
-    return _each_expert(experts, x, chosen, weights, experts.expert)
-
-
 MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "sized": sized_kernel,
-                                    "padded": padded_kernel, "packed": packed_kernel}
+                                    "padded": padded_kernel}
 STACKED_ONLY = ("grouped", "sized", "padded")  # kernels that need StackedExperts (full-precision weights)
-PACKED = "packed"  # the kernel that needs PackedExperts (full-precision weights packed for oneDNN)
-READS_COUNTS = ("loop", "sized", PACKED)  # kernels that read the counts on the host (a sync on a GPU)
+READS_COUNTS = ("loop", "sized")  # kernels that read the counts on the host (a sync on a GPU)
 # auto's switch from grouped to sized on a CPU (fp32, bf16): (token, expert) pairs per expert on average.
 SIZED_ROWS_PER_EXPERT = 8
 
@@ -173,41 +161,10 @@ def check_kernel(name, quantized: bool = False) -> str:
     """`name` if it is a kernel this model can run; InputError naming the problem otherwise."""
     if name not in kernel_names():
         raise InputError(f"unknown moe_kernel {name!r}; expected one of {', '.join(kernel_names())}")
-    if quantized and name in (*STACKED_ONLY, PACKED):
-        form = "packed" if name == PACKED else "stacked"
-        raise InputError(f"moe_kernel {name!r} runs {form} full-precision experts; quantized experts run "
+    if quantized and name in STACKED_ONLY:
+        raise InputError(f"moe_kernel {name!r} runs stacked full-precision experts; quantized experts run "
                          "one at a time: use moe_kernel 'loop' or 'auto' with --quantize")
     return name
-
-
-def packs(experts, kernel: str, pack: bool = True) -> bool:
-    """Whether `kernel` runs these experts packed for oneDNN: 'packed' always; 'auto' for bf16
-    stacked experts on a CPU oneDNN packs (BENCHMARKS.md: 0.8x-0.9x the time of the best
-    unpacked kernel at 4-512 tokens; fp32 packed is no faster than grouped there) unless `pack`
-    is False (a compiled model: Inductor cannot trace the opaque weights)."""
-    if kernel == PACKED:
-        return True
-    if kernel != AUTO or not pack:
-        return False
-    if isinstance(experts, PackedExperts):
-        return True
-    return packable(experts) and experts.gate_proj.dtype == torch.bfloat16
-
-
-def experts_for(experts, kernel: str, pack: bool = True):
-    """`experts` in the form `kernel` runs: packed for oneDNN, or stacked (unpacked: the loop,
-    the reference, too); quantized experts as they are."""
-    if not isinstance(experts, (StackedExperts, PackedExperts)):
-        return experts
-    if packs(experts, kernel, pack):
-        if isinstance(experts, PackedExperts):
-            return experts
-        if not packable(experts):
-            weight = experts.gate_proj
-            raise InputError(f"moe_kernel 'packed' runs experts packed for oneDNN on a CPU in float32 or "
-                             f"bfloat16; these are {weight.dtype} on {weight.device.type}")
-        return PackedExperts(experts)
-    return experts.unpacked() if isinstance(experts, PackedExperts) else experts
 
 
 def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
@@ -218,8 +175,6 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
     expert's weights are read anyway there); else the loop. Quantized experts always loop.
     BENCHMARKS.md has the CPU measurements behind it."""
-    if isinstance(experts, PackedExperts):
-        return PACKED
     if not isinstance(experts, StackedExperts):
         return "loop"
     if x.device.type == "cpu" and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts and (
@@ -249,9 +204,4 @@ def grouped_mm_runs(experts: StackedExperts, x: torch.Tensor) -> bool:
 
 def run_experts(experts, kernel: str, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     name = pick_kernel(experts, x, chosen.shape[-1]) if kernel == AUTO else kernel
-    packed = isinstance(experts, PackedExperts)
-    if (name == PACKED and not packed) or (packed and name in STACKED_ONLY):
-        have = "packed for oneDNN" if packed else "not packed"
-        raise InputError(f"moe_kernel {name!r} cannot run experts {have}: set_moe_kernel(model, {name!r}) "
-                         "converts them")
     return MOE_KERNELS[name](experts, x, chosen, weights)

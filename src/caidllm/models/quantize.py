@@ -28,7 +28,6 @@ from ..errors import InputError, ModelLoadError
 from .device import resolve_device
 from .moe_experts import StackedExperts, unstack_experts
 from .moe_kernels import check_kernel
-from .moe_packed import PackedExperts, replace_experts
 from .packing import ONEDNN_INT8, Packing, kernel_of
 
 INT4_GROUP = 32  # weights per int4 scale (as GGUF's Q4_0): finer groups keep more accuracy
@@ -303,10 +302,8 @@ def quantize_loaded(lm, quantize: str, head: bool = False) -> None:
     plan = make_plan(quantize, torch.device(lm.device), lm.dtype, head)
     plan.check(lm.model)
     for module in lm.model.modules():  # a stacked-only kernel could not run the unstacked experts
-        if isinstance(getattr(module, "experts", None), (StackedExperts, PackedExperts)):
+        if isinstance(getattr(module, "experts", None), StackedExperts):
             check_kernel(module.kernel, quantized=True)
-    # torchao quantizes Linear layers: experts packed for oneDNN go back to stacks first
-    replace_experts(lm.model, lambda e: e.unpacked() if isinstance(e, PackedExperts) else e)
     for layer in decoder_layers(lm.model)[1]:
         plan.layer(layer)
     plan.finish(lm.model)

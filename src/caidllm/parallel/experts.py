@@ -17,7 +17,6 @@ import torch
 from ..models.moe import MoEFeedForward
 from ..models.moe_experts import PROJECTIONS
 from ..models.moe_kernels import run_experts
-from ..models.moe_packed import PackedExperts
 from .layers import shard_swiglu, sliced
 from .mesh import TPGroup
 
@@ -47,12 +46,10 @@ def shard_experts(layer: MoEFeedForward, config, tp: TPGroup) -> None:
     """Keep this rank's experts of `layer` (the others are freed) and its share of the shared
     expert's width; the layer then sums over the ranks once (ExpertParallelMoE)."""
     share = tp.shard(layer.config.num_experts)
-    packed = isinstance(layer.experts, PackedExperts)  # a loaded bf16 model on a CPU (auto packs)
-    experts = layer.experts.unpacked() if packed else layer.experts
+    experts = layer.experts
     for name in PROJECTIONS:
         setattr(experts, name, sliced(getattr(experts, name), 0, share))  # experts [share] whole
     experts.num_experts = share.stop - share.start
-    layer.experts = PackedExperts(experts) if packed else experts
     if layer.shared_experts is not None:
         shard_swiglu(layer.shared_experts, ("gate_proj", "up_proj", "down_proj"), tp, reduce=False)
     layer.__class__ = ExpertParallelMoE
