@@ -171,9 +171,9 @@ def check_kernel(name, quantized: bool = False) -> str:
 def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU: sized in bf16
     (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
-    average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped where torch's grouped_mm runs without a host
-    sync (CPU, any dtype; CUDA bf16 on compute capability 9.x / 10.x) and
-    the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
+    average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped
+    where torch's grouped_mm runs without a host sync (CPU, any dtype; CUDA bf16 on compute
+    capability 9.x / 10.x) and the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
     expert's weights are read anyway there); else the loop. Quantized experts always loop.
     BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
