@@ -149,7 +149,8 @@ MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kern
                                     "padded": padded_kernel}
 STACKED_ONLY = ("grouped", "sized", "padded")  # kernels that need StackedExperts (full-precision weights)
 READS_COUNTS = ("loop", "sized")  # kernels that read the counts on the host (a sync on a GPU)
-# auto's switch from grouped to sized on a CPU (fp32, bf16): (token, expert) pairs per expert on average.
+# auto's switch from grouped to sized on a CPU in fp32: (token, expert) pairs per expert on average
+# (bf16 runs sized at any count: 0.91x-0.99x grouped's time at 4-128 tokens, BENCHMARKS.md).
 SIZED_ROWS_PER_EXPERT = 8
 
 
@@ -168,17 +169,18 @@ def check_kernel(name, quantized: bool = False) -> str:
 
 
 def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
-    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU in fp32 or bf16,
-    sized once the experts get SIZED_ROWS_PER_EXPERT rows each on average (512 tokens on
-    LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped where torch's grouped_mm runs without a host
-    sync (CPU, any dtype; CUDA bf16 on compute capability 9.x / 10.x) and
-    the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
+    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU: sized in bf16
+    (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
+    average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped
+    where torch's grouped_mm runs without a host sync (CPU, any dtype; CUDA bf16 on compute
+    capability 9.x / 10.x) and the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
     expert's weights are read anyway there); else the loop. Quantized experts always loop.
     BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
-    if x.device.type == "cpu" and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts and (
-            x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and _ONEDNN_LINEAR is not None)):
+    if x.device.type == "cpu" and (x.dtype == torch.bfloat16 or (
+            x.dtype == torch.float32 and _ONEDNN_LINEAR is not None
+            and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts)):
         return "sized"
     if grouped_mm_runs(experts, x):
         return "grouped"
