@@ -316,7 +316,9 @@ def test_the_command_line_flag(capsys):
 
 def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
     """The shipped, trained tiny-moe (8 experts, top-2: a 40-token forward gives each expert 10
-    rows on average, so auto runs sized, oneDNN): logits to 1e-5 and the llada2 decoder's exact tokens."""
+    rows on average, so auto runs sized, oneDNN): logits to 1e-5 of their largest magnitude (a
+    trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the last bits, 2e-5
+    measured) and the llada2 decoder's exact tokens."""
     lm = caidllm.load("tiny-moe", device="cpu", moe_kernel="loop")
     ids = torch.tensor([lm.encode_chat("Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. "
                                        "Alexis says Vernell lies. Michaela says Alexis tells the truth. "
@@ -326,10 +328,11 @@ def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
     options = dict(method="llada2", gen_length=16, block_length=8)
     with torch.no_grad():
         expected = lm.logits(ids)
+        scale = max(1.0, expected.abs().max().item())
         tokens = lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids
         for kernel in ("grouped", "sized", "auto"):
             set_moe_kernel(lm.model, kernel)
-            torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5 * scale, rtol=1e-5)
             assert lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids == tokens
 
 

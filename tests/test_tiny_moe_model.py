@@ -55,7 +55,7 @@ def test_tiny_moe_generates_these_tokens(tiny_moe):
     (result,) = tiny_moe.generate([BOOLEAN], method="llada2", gen_length=32, block_length=8)
     assert result.token_ids[:result.answer_length] == EXPECTED_TOKENS
     assert result.text.startswith(BOOLEAN.removesuffix(" is") + "\n= ")
-    assert result.nfe == 10 and result.answer_length == 32
+    assert result.nfe == 7 and result.answer_length == 32
 
 
 # `not ( True ) and ( True )\n= not True and ( True )\n= not True and True\n= False and True\n= False\nSo`
