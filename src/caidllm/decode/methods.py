@@ -113,7 +113,8 @@ def uses_cai(method: str) -> bool:
     return PRESETS.get(method, {}).get("policy") == "cai"
 
 
-def preset_config(method: str, cai_under: dict | None = None, strict: bool = False, **overrides) -> DecodeConfig:
+def preset_config(method: str, cai_under: dict | None = None, strict: bool = False, filled=(),
+                  **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored), checked.
 
     Overrides may name any DecodeConfig field or any CAISettings field
@@ -121,6 +122,8 @@ def preset_config(method: str, cai_under: dict | None = None, strict: bool = Fal
     values that go over the preset's and under `overrides` (a settings file's). strict: a setting
     given that the method's policy and cache do not read is refused (decode/field_scope.py), as the
     server and the CLI do; the Python API's default lets one set of keywords run over several methods.
+    filled: the names among `overrides` that are not the caller's (a known checkpoint's recommendation,
+    a server's default): their values apply, but they are not `given`.
     """
     if method not in PRESETS:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
@@ -149,7 +152,7 @@ def preset_config(method: str, cai_under: dict | None = None, strict: bool = Fal
     for key in ("factors", "budget_fractions"):
         if isinstance(cai_overrides.get(key), list):
             cai_overrides[key] = tuple(cai_overrides[key])
-    given = tuple(sorted(k for k, v in overrides.items() if v is not None))
+    given = tuple(sorted(k for k, v in overrides.items() if v is not None and k not in filled))
     config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides), given=given)
     config.validate()
     if strict:  # a setting this decoder does not read is refused, not ignored
