@@ -192,7 +192,9 @@ def _elastic_one_block(config: "DecodeConfig") -> None:
     if not (config.whole_generation and is_int(config.gen_length)):
         return
     bl = config.block_length
-    if "block_length" in config.given and _positive_int(bl) and bl != config.gen_length:
+    if "block_length" in config.given and not _positive_int(bl):
+        return  # the next rule names it
+    if "block_length" in config.given and bl != config.gen_length:
         raise InputError(
             f"block_length {bl} does not apply to method {config.method!r}: Elastic-Cache's official loop "
             f"(cache 'elastic', elastic_scope 'generation') decodes the whole generation (gen_length "
