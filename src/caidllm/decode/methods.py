@@ -66,7 +66,8 @@ PRESETS: dict[str, dict] = {
     "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
-    # layer, its stop at the first end token (decode/elastic.py). The block_length of a request is not used.
+    # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length given
+    # that differs is refused (config._elastic_one_block); the bench gives it none of the run's (presets.run_lengths).
     "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9,
                     elastic_scope="generation"),
     # caidllm's block-wise reading: the same rule with the window inside each block (BENCHMARKS.md compares).
