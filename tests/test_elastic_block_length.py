@@ -124,3 +124,21 @@ def test_a_bench_row_says_elastic_ran_one_block_beside_block_wise_methods(tmp_pa
     assert "Block: `elastic` decodes the whole generation as one block of 16" in (out / "results.md").read_text()
     assert "elastic: Elastic-Cache's official loop decodes the whole generation as one block of 16" in \
         capsys.readouterr().err
+
+
+def test_the_soak_sends_its_block_length_only_to_methods_that_lay_blocks():
+    from caidllm.serve.soak import _body_of
+
+    body = {"gen_length": 32, "block_length": 16}
+    assert _body_of("elastic", body) == {"gen_length": 32} and _body_of("elastic-block", body) == body
+    assert _body_of("warp", body) == body  # an unknown method: the server names it
+
+
+def test_the_arrivals_bench_runs_elastic_beside_a_block_wise_method(capsys):
+    from caidllm.bench.arrivals import main as arrivals
+
+    assert arrivals(["--requests", "2", "--methods", "elastic,fastdllm", "--max-batch", "2", "--gen-length", "16",
+                     "--block-length", "8", "--rate", "40"]) == 0
+    assert "| elastic | continuous |" in capsys.readouterr().out
+    with pytest.raises(InputError, match="block_length 8 does not apply to method 'elastic'"):
+        arrivals(["--requests", "2", "--methods", "elastic", "--gen-length", "16", "--block-length", "8"])
