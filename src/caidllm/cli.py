@@ -28,7 +28,8 @@ from caidllm.train.cli import register as register_train
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     known = " (default: a known checkpoint's recommendation, caidllm models lists them; else {})"
     parser.add_argument("--gen-length", type=int, default=None, help="answer tokens" + known.format(256))
-    parser.add_argument("--block-length", type=int, default=None, help="tokens per block" + known.format(64))
+    parser.add_argument("--block-length", type=int, default=None,
+                        help="tokens per block" + known.format(64) + "; elastic: one block of gen-length, none given")
     parser.add_argument("--steps", type=int, default=None,
                         help="total steps over the generation" + known.format("gen-length"))
     parser.add_argument("--cache", choices=CACHE_MODES, default=None, help="override the method's cache mode")
