@@ -142,3 +142,8 @@ def test_the_arrivals_bench_runs_elastic_beside_a_block_wise_method(capsys):
     assert "| elastic | continuous |" in capsys.readouterr().out
     with pytest.raises(InputError, match="block_length 8 does not apply to method 'elastic'"):
         arrivals(["--requests", "2", "--methods", "elastic", "--gen-length", "16", "--block-length", "8"])
+
+
+def test_whether_a_method_lays_blocks_reads_only_its_cache_and_scope():
+    assert lays_blocks("vanilla", steps=6, gen_length=12, block_length=4, temperature=0.5)  # steps fit only these
+    assert not lays_blocks("cai", cache="elastic") and lays_blocks("cai", cache="elastic", elastic_scope="block")

@@ -63,10 +63,10 @@ def config_for_model(model, checkpoint, method: str, settings=None, strict: bool
 
 
 def lays_blocks(method: str, **options) -> bool:
-    """Whether `method` (with `options`, lengths aside) decodes in blocks of block_length: Elastic-Cache's
-    official loop (DecodeConfig.whole_generation) lays one block of gen_length, and a block length given
-    to it is refused."""
-    options = {k: v for k, v in options.items() if k not in ("gen_length", "block_length")}
+    """Whether `method` (with `options`: only its cache and elastic_scope decide) decodes in blocks of
+    block_length: Elastic-Cache's official loop (DecodeConfig.whole_generation) lays one block of
+    gen_length, and a block length given to it is refused."""
+    options = {k: options[k] for k in ("cache", "elastic_scope") if options.get(k) is not None}
     return not build_config(method, **options).whole_generation
 
 
