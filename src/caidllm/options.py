@@ -103,9 +103,10 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
 def lengths_for_run(model_name, lm, methods: list[tuple[str, dict]], gen_length=None, block_length=None,
                     **common) -> dict:
     """gen_length and block_length of a run of several methods at the same lengths (bench, calibrate):
-    unset ones as generate takes them for the first method (decode/presets.py, config_for_model), every
-    method then checked at them against the model: `lm`'s config, or when `lm` is None `model_name`'s
-    config.json alone (before the model loads). methods: (preset, extra keywords) pairs."""
+    unset ones as generate takes them for the first method that lays blocks (decode/presets.py,
+    config_for_model), every method then checked at them against the model: `lm`'s config, or when `lm`
+    is None `model_name`'s config.json alone (before the model loads). methods: (preset, extra keywords)
+    pairs."""
     from caidllm.decode.presets import config_for_model, lays_blocks
 
     config, checkpoint = (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)

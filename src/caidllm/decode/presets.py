@@ -54,7 +54,7 @@ def config_for_model(model, checkpoint, method: str, settings=None, strict: bool
     to the model's family (block_diffusion.fit_to_model: a setting given that does not apply raises
     InputError naming it; a preset's cache the family lacks becomes its own). strict: a setting the
     caller gave that the method does not read is refused too (field_scope.py; the recommendation's
-    values are not the caller's). Returns it and the names the recommendation filled."""
+    values are not the caller's). Returns it and the names filled (options_for_model)."""
     options, taken = options_for_model(model, checkpoint, method, settings, **options)
     config = build_config(method, settings=settings, filled=taken, **options)
     if strict:
