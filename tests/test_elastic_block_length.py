@@ -98,6 +98,20 @@ def test_a_server_whose_default_method_is_elastic_keeps_a_block_default_for_the_
     assert (settings.defaults.gen_length, settings.defaults.block_length) == (256, 64)
 
 
+
+def test_an_elastic_servers_gen_length_stays_its_default(tiny):
+    """--method elastic --gen-length G: a request that gives no lengths decodes G positions (its block default
+    for the block-wise methods divides G, else it is G, as before), not G rounded up to another block."""
+    from caidllm.serve.protocol import parse
+
+    for gen in (16, 100, 256):
+        args = build_parser().parse_args(["serve", "--model", "tiny", "--method", "elastic", "--gen-length", str(gen)])
+        defaults = settings_from(args, tiny).defaults
+        assert defaults.gen_length == gen and gen % defaults.block_length == 0
+        for body in ({}, {"method": "fastdllm"}):
+            config = parse({"prompt": PROMPT, **body}, "completion", tiny, defaults).config
+            assert config.gen_length == gen, (gen, body, config.gen_length)
+
 def test_the_lm_eval_adapter_refuses_it():
     from caidllm.evaluation.lm_eval_adapter import CaidllmLM
 

@@ -52,8 +52,10 @@ def settings_from(args, lm):
                                  block_length=args.block_length)
     block_length = config.block_length
     if config.whole_generation:  # Elastic-Cache's one block of gen_length must not become the others' default
-        block_length = options_for_model(lm.config, checkpoint, method, gen_length=args.gen_length)[0].get(
+        own = options_for_model(lm.config, checkpoint, method, gen_length=args.gen_length)[0].get(
             "block_length") or DecodeConfig.block_length
+        # Only one that lays whole blocks in the default gen_length: a request's canvas is whole blocks of it.
+        block_length = own if config.gen_length % own == 0 else config.gen_length
     from caidllm.decode.prefix_reuse import check_budget, make_store
 
     budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
