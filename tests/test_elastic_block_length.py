@@ -112,6 +112,15 @@ def test_an_elastic_servers_gen_length_stays_its_default(tiny):
             config = parse({"prompt": PROMPT, **body}, "completion", tiny, defaults).config
             assert config.gen_length == gen, (gen, body, config.gen_length)
 
+
+def test_an_elastic_servers_given_block_length_stays_the_others_default(tiny):
+    """--method elastic --block-length G (G = gen_length, so elastic takes it): the block-wise methods' default
+    is the block the user gave, not another."""
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--method", "elastic", "--gen-length", "128",
+                                      "--block-length", "128"])
+    defaults = settings_from(args, tiny).defaults
+    assert (defaults.gen_length, defaults.block_length) == (128, 128)
+
 def test_the_lm_eval_adapter_refuses_it():
     from caidllm.evaluation.lm_eval_adapter import CaidllmLM
 
@@ -156,6 +165,8 @@ def test_the_arrivals_bench_runs_elastic_beside_a_block_wise_method(capsys):
     assert "| elastic | continuous |" in capsys.readouterr().out
     with pytest.raises(InputError, match="block_length 8 does not apply to method 'elastic'"):
         arrivals(["--requests", "2", "--methods", "elastic", "--gen-length", "16", "--block-length", "8"])
+    with pytest.raises(InputError, match="block_length must be a positive integer, got 0"):  # not the default's 32
+        arrivals(["--requests", "2", "--methods", "fastdllm", "--gen-length", "16", "--block-length", "0"])
 
 
 def test_whether_a_method_lays_blocks_reads_only_its_cache_and_scope():

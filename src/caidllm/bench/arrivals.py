@@ -138,8 +138,9 @@ def main(argv=None) -> int:
     methods = args.methods.split(",")
     # The block length goes to the methods that lay blocks (presets.run_lengths); the default is not given.
     for method, lengths in zip(methods, run_lengths([(m, {}) for m in methods], args.gen_length, args.block_length)):
-        config = build_config(method, gen_length=args.gen_length, block_length=lengths["block_length"] or 32,
-                              filled=() if lengths["block_length"] else ("block_length",))
+        unset = lengths["block_length"] is None  # a --block-length 0 given is refused, not replaced
+        config = build_config(method, gen_length=args.gen_length, block_length=32 if unset else lengths["block_length"],
+                              filled=("block_length",) if unset else ())
         rate = args.rate or args.load * capacity(lm, prompts, config, args.max_batch)
         arrivals = poisson_arrivals(args.requests, rate, args.seed)
         for name, serve in (("continuous", serve_continuous), ("static", serve_static)):

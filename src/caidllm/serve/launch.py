@@ -51,7 +51,8 @@ def settings_from(args, lm):
     config, _ = config_for_model(lm.config, checkpoint, method, gen_length=args.gen_length,
                                  block_length=args.block_length)
     block_length = config.block_length
-    if config.whole_generation:  # Elastic-Cache's one block of gen_length must not become the others' default
+    if config.whole_generation and args.block_length is None:
+        # Elastic-Cache's one block of gen_length must not become the others' default (one given is kept).
         own = options_for_model(lm.config, checkpoint, method, gen_length=args.gen_length)[0].get(
             "block_length") or DecodeConfig.block_length
         # Only one that lays whole blocks in the default gen_length: a request's canvas is whole blocks of it.
