@@ -17,6 +17,7 @@ from pathlib import Path
 import caidllm
 from caidllm.decode import build_config, method_names
 from caidllm.decode.engine import family_refusal
+from caidllm.decode.presets import lays_blocks
 from helpers.checkpoints import write_random_checkpoint
 
 RECORD = Path(__file__).parent / "data" / "engine_regression.json"
@@ -90,7 +91,9 @@ def compute(models: dict) -> dict:
         for method in method_names(block_causal=False):
             if family_refusal(models[model], build_config(method)):
                 continue  # a preset this family refuses (its forward needs what the family lacks)
-            out[f"{name}/{method}"] = [record_of(r) for r in models[model].generate(prompts, method=method, **kw)]
+            # Elastic-Cache's official loop lays one block of gen_length: the case's block length is not its own.
+            own = kw if lays_blocks(method) else dict(kw, block_length=None)
+            out[f"{name}/{method}"] = [record_of(r) for r in models[model].generate(prompts, method=method, **own)]
     name, model, prompts, kw = SAMPLING_CASE
     out[name] = [record_of(r) for r in models[model].generate(prompts, **kw)]
     return out

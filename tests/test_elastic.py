@@ -18,7 +18,7 @@ from caidllm.decode.engine import Engine
 from caidllm.errors import InputError
 from caidllm.models.elastic import ElasticInputs
 from caidllm.models.modes import Elastic
-from helpers.decoding import BLOCK, GEN, PROMPTS, run
+from helpers.decoding import BLOCK, GEN, PROMPTS, block_of, run
 
 PROMPTS = PROMPTS[:3]
 TINY_PROMPTS = ["not ( True ) and ( True ) is", "True and not False or ( False ) is", "7 + 5 * 3 ="]
@@ -81,7 +81,7 @@ def test_the_block_wise_reading_differs_from_the_official(tiny):
 @pytest.mark.parametrize("method", ["elastic", "elastic-block", "cai-elastic"])
 def test_commits_stay_inside_the_window_at_every_step(sharp_lm, method):
     engine = Engine(sharp_lm, max_batch=1)
-    config = build_config(method, gen_length=GEN, block_length=BLOCK, early_stop=False, elastic_window=2,
+    config = build_config(method, gen_length=GEN, block_length=block_of(method), early_stop=False, elastic_window=2,
                           threshold=0.05)
     engine.submit(PROMPTS[0], config)
     generated = [None] * GEN
@@ -125,7 +125,7 @@ def test_batch_invariance(lm, method):
         assert a.token_ids == b.token_ids and a.trace.commit_step == b.trace.commit_step
     # Joining mid-flight: the second request is submitted after the first has taken two steps.
     engine = Engine(lm, max_batch=4)
-    config = build_config(method, gen_length=GEN, block_length=BLOCK, early_stop=False, **options)
+    config = build_config(method, gen_length=GEN, block_length=block_of(method), early_stop=False, **options)
     first = engine.submit(PROMPTS[0], config)
     engine.step()
     engine.step()

@@ -8,7 +8,7 @@ import torch
 from caidllm.cli import main as cli_main
 from caidllm.decode import build_config, method_names
 from caidllm.errors import InputError
-from helpers.decoding import BLOCK, GEN, PROMPTS, run
+from helpers.decoding import BLOCK, GEN, PROMPTS, block_of, run
 
 
 @pytest.mark.parametrize("method", method_names(block_causal=False))
@@ -20,7 +20,7 @@ def test_every_preset_runs_and_never_leaves_a_mask(lm, method):
     for r in results:
         assert len(r.token_ids) == GEN
         assert lm.config.mask_id not in r.token_ids
-        block = build_config(method, gen_length=GEN, block_length=BLOCK).block_length  # elastic: the generation
+        block = build_config(method, gen_length=GEN, block_length=block_of(method)).block_length  # elastic: GEN
         assert all(0 <= s < block for s in r.trace.commit_step_in_block)
         assert len(r.steps_per_block) == GEN // block
         assert r.nfe == sum(r.steps_per_block)

@@ -57,7 +57,7 @@ def lanes_settled(driver):
 
 def api_answer(url, method, gen_length, block_length):
     body = {"messages": [{"role": "user", "content": PROMPT}], "method": method, "gen_length": gen_length,
-            "block_length": block_length}
+            **({"block_length": block_length} if block_length else {})}
     r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
     return r["choices"][0]["message"]["content"], r["caidllm"]["nfe"]
 
@@ -80,6 +80,21 @@ def test_a_two_lane_race_finishes_like_the_api(server, browser):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "live-view-race.png"))
 
+
+
+def test_elastic_races_a_block_wise_method_at_the_pages_block_length(server, browser):
+    """The page's block_length is the block-wise lanes': Elastic-Cache's official loop (one block of gen_length)
+    is sent none, so the server does not refuse it, and its canvas is one block."""
+    query = urlencode({"prompt": PROMPT, "methods": "fastdllm,elastic", "gen_length": 32, "block_length": 16,
+                       "autorun": 1})
+    browser.get(f"{server.url}/?{query}")
+    lanes = WebDriverWait(browser, 120).until(lanes_settled)
+    for lane, block, blocks in zip(lanes, (16, None), (2, 1)):
+        method = lane.get_attribute("data-method")
+        assert lane.get_attribute("data-state") == "done", lane.text
+        text, nfe = api_answer(server.url, method, 32, block)
+        assert lane.find_element(By.CSS_SELECTOR, '[data-role="answer"]').get_attribute("textContent") == text
+        assert len(lane.find_elements(By.CSS_SELECTOR, ".block")) == blocks
 
 def test_a_bad_parameter_shows_the_server_error_in_the_lane(server, browser):
     query = urlencode({"prompt": PROMPT, "methods": "turbo,cai", "gen_length": 40, "block_length": 16,

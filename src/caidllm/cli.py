@@ -28,7 +28,8 @@ from caidllm.train.cli import register as register_train
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     known = " (default: a known checkpoint's recommendation, caidllm models lists them; else {})"
     parser.add_argument("--gen-length", type=int, default=None, help="answer tokens" + known.format(256))
-    parser.add_argument("--block-length", type=int, default=None, help="tokens per block" + known.format(64))
+    parser.add_argument("--block-length", type=int, default=None,
+                        help="tokens per block" + known.format(64) + "; elastic: one block of gen-length, none given")
     parser.add_argument("--steps", type=int, default=None,
                         help="total steps over the generation" + known.format("gen-length"))
     parser.add_argument("--cache", choices=CACHE_MODES, default=None, help="override the method's cache mode")
@@ -100,7 +101,7 @@ def run_generate(args) -> int:
 
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
         method = recommended_method(lm.checkpoint, given_method)
-        options = apply_recommendation(lm, options, method)
+        note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                               chat=chat, prefix_cache_mb=budget, **options)
@@ -118,16 +119,19 @@ def run_generate(args) -> int:
     return 0
 
 
-def apply_recommendation(lm, options: dict, method: str = "cai") -> dict:
-    """The options with the unset lengths, steps and temperature (and, running its own decoder, the
-    threshold) of a known checkpoint's recommendation (models/checkpoints.py), saying on stderr
-    which it applied and from where."""
+def note_recommendation(lm, options: dict, method: str = "cai") -> None:
+    """Say on stderr which unset lengths, steps and temperature (and, running its own decoder, the
+    threshold) generate takes from a known checkpoint's recommendation (models/checkpoints.py), and
+    from where (a block length only to a method that lays blocks: presets.lays_blocks)."""
+    from caidllm.decode.presets import lays_blocks
     from caidllm.models.checkpoints import recommended_options
 
     checkpoint = lm.checkpoint
     if checkpoint is None:
-        return options
+        return
     options, taken = recommended_options(checkpoint, method, **options)
+    if not lays_blocks(method, **options):
+        taken = [key for key in taken if key != "block_length"]
     r = checkpoint.recommended
     applied = ", ".join(f"{key} {options[key]:g}" for key in taken)
     if r.decoder is not None and method == r.decoder:
@@ -136,7 +140,6 @@ def apply_recommendation(lm, options: dict, method: str = "cai") -> dict:
           f"confidence gating {'on' if lm.config.confidence_gating else 'off'}, f {lm.config.cache_refresh_every}; "
           f"{'chat template' if checkpoint.instruct else 'base model: raw text'} by default (source: {r.source})",
           file=sys.stderr)
-    return options
 
 
 def main(argv: list[str] | None = None) -> int:

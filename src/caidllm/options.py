@@ -103,17 +103,22 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
 def lengths_for_run(model_name, lm, methods: list[tuple[str, dict]], gen_length=None, block_length=None,
                     **common) -> dict:
     """gen_length and block_length of a run of several methods at the same lengths (bench, calibrate):
-    unset ones as generate takes them for the first method (decode/presets.py, config_for_model), every
-    method then checked at them against the model: `lm`'s config, or when `lm` is None `model_name`'s
-    config.json alone (before the model loads). methods: (preset, extra keywords) pairs."""
-    from caidllm.decode.presets import config_for_model
+    unset ones as generate takes them for the first method that lays blocks (decode/presets.py,
+    config_for_model), every method then checked at them against the model: `lm`'s config, or when `lm`
+    is None `model_name`'s config.json alone (before the model loads). methods: (preset, extra keywords)
+    pairs."""
+    from caidllm.decode.presets import config_for_model, lays_blocks
 
     config, checkpoint = (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)
     lengths = dict(gen_length=gen_length, block_length=block_length)
+    blocks = [lays_blocks(preset, **extra) for preset, extra in methods]
     fixed = None
-    for preset, extra in methods:  # the first fixes the lengths the others are checked at
-        decoded, _ = config_for_model(config, checkpoint, preset, **extra, **(fixed or lengths), **common)
-        # Only the first: a method whose own layout differs (Elastic-Cache's one window over the whole
-        # generation) must not change the block length the block-wise methods run at.
+    # The first method that lays blocks fixes the lengths the others are checked at: one whose own layout
+    # differs (Elastic-Cache's one block of gen_length) must not set the block-wise methods' block length,
+    # nor take theirs (presets.run_lengths).
+    for i in sorted(range(len(methods)), key=lambda i: not blocks[i]):
+        preset, extra = methods[i]
+        shared = dict(fixed or lengths, **({} if blocks[i] or not any(blocks) else {"block_length": None}))
+        decoded, _ = config_for_model(config, checkpoint, preset, **extra, **shared, **common)
         fixed = fixed or dict(gen_length=decoded.gen_length, block_length=decoded.block_length)
     return fixed or lengths

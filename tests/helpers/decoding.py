@@ -4,10 +4,21 @@ GEN, BLOCK = 16, 8
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [23, 24, 25, 26]]
 
 
+def block_of(method, **kw):
+    """BLOCK, or None for a method that lays no blocks (Elastic-Cache's official loop refuses a block
+    length other than gen_length): `kw`'s decoding settings decide, the rest (batch_size, ...) aside."""
+    from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS
+    from caidllm.decode.presets import lays_blocks
+
+    settings = {k: v for k, v in kw.items() if k in DECODE_FIELDS | CAI_FIELDS | {"cai"}}
+    return BLOCK if lays_blocks(method or "cai", **settings) else None
+
+
 def run(lm, prompts, method, **kw):
-    """lm.generate at gen_length GEN, block BLOCK, early stop off, unless `kw` says otherwise."""
+    """lm.generate at gen_length GEN, block BLOCK (none to a method that lays no blocks: block_of), early
+    stop off, unless `kw` says otherwise."""
     kw.setdefault("gen_length", GEN)
-    kw.setdefault("block_length", BLOCK)
+    kw.setdefault("block_length", block_of(method, **kw))
     kw.setdefault("early_stop", False)
     return lm.generate(prompts, method=method, **kw)
 

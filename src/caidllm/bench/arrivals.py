@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import caidllm
 from caidllm.bench.loadgen import percentile, synthetic_prompts  # noqa: F401 - also read from here
 from caidllm.decode import build_config
+from caidllm.decode.presets import run_lengths
 from caidllm.decode.engine import Engine
 
 @dataclass
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--gen-length", type=int, default=128)
-    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--block-length", type=int, default=None, help="the block-wise methods' block (default 32)")
     ap.add_argument("--load", type=float, default=0.9, help="arrival rate as a share of the measured capacity")
     ap.add_argument("--rate", type=float, default=None, help="arrivals per second (instead of --load)")
     ap.add_argument("--seed", type=int, default=0)
@@ -134,8 +135,12 @@ def main(argv=None) -> int:
     lm = caidllm.load(args.model, device=args.device)
     prompts = prompts_of(lm, args.requests, args.seed)
     rows = []
-    for method in args.methods.split(","):
-        config = build_config(method, gen_length=args.gen_length, block_length=args.block_length)
+    methods = args.methods.split(",")
+    # The block length goes to the methods that lay blocks (presets.run_lengths); the default is not given.
+    for method, lengths in zip(methods, run_lengths([(m, {}) for m in methods], args.gen_length, args.block_length)):
+        unset = lengths["block_length"] is None  # a --block-length 0 given is refused, not replaced
+        config = build_config(method, gen_length=args.gen_length, block_length=32 if unset else lengths["block_length"],
+                              filled=("block_length",) if unset else ())
         rate = args.rate or args.load * capacity(lm, prompts, config, args.max_batch)
         arrivals = poisson_arrivals(args.requests, rate, args.seed)
         for name, serve in (("continuous", serve_continuous), ("static", serve_static)):

@@ -47,8 +47,9 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     p.add_argument("--gen-length", type=int, default=None,
                    help="answer canvas (default: a known checkpoint's recommendation, else 256)")
     p.add_argument("--block-length", type=int, default=None,
-                   help="default: a known checkpoint's recommendation, else the first method's (a block-diffusion "
-                        "model's own where the method's does not apply); every method runs at it")
+                   help="default: a known checkpoint's recommendation, else the first block-wise method's (a "
+                        "block-diffusion model's own where the method's does not apply); every method that lays "
+                        "blocks runs at it (elastic: one block of gen-length, its row says so)")
     p.add_argument("--data-dir", default=None,
                    help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/, mathqa/, longbench/); "
                         "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "

@@ -93,11 +93,22 @@ def _task_section(task: str, rows: list[dict], s: dict) -> list[str]:
     notes = s.get("task_notes", {}).get(task)
     if notes:
         lines += ["", f"Note: {notes}."]
+    blocks = _block_notes(rows, s)
+    if blocks:
+        lines += ["", *blocks]
     energy_notes = {row["energy_note"] for row in rows if row.get("energy_note")}
     if energy_notes:
         lines += ["", "Energy: " + "; ".join(sorted(energy_notes)) + "."]
     lines.append("")
     return lines
+
+
+def _block_notes(rows: list[dict], s: dict) -> list[str]:
+    """A line for each row whose method decoded with another block length than the run's."""
+    return [f"Block: `{row['method']}` decodes the whole generation as one block of {row['block_length']} "
+            f"(Elastic-Cache's official loop, elastic_scope 'generation'); block_length {s['block_length']} "
+            "does not apply to it (`elastic-block` is the same rule in blocks)."
+            for row in rows if row.get("block_length", s["block_length"]) != s["block_length"]]
 
 
 def _cells(row: dict, extra: list[str]) -> list[str]:

@@ -18,6 +18,8 @@ DEFINITIONS = {
                 "samples that failed to generate or score count as 0",
     "stderr": "standard error of the mean, sample std / sqrt(n) (= sqrt(p(1-p)/(n-1)) for 0/1 scores), as lm-eval",
     "nfe_mean": "forward passes per request, mean over the task's requests",
+    "block_length": "the block length the method decoded with: the run's, or gen_length for Elastic-Cache's "
+                    "official loop (one block over the whole generation)",
     "steps_per_block": "denoising steps per block index, mean over requests (0 for blocks skipped by early stop)",
     "steps_per_block_decoded": "the same, over the requests that decoded that block",
     "wall_s": "wall-clock seconds of the generate() calls of this method on this task, after a warm-up; "

@@ -38,7 +38,7 @@ from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
 from caidllm.decode.prefix_reuse import check_budget
-from caidllm.decode.presets import build_config, method_names
+from caidllm.decode.presets import build_config, method_names, run_lengths
 from caidllm.models.quantize import weights_mb
 from caidllm.distributed import World, together
 from caidllm.errors import CaidllmError, InputError
@@ -94,6 +94,13 @@ class BenchConfig:
             return loaded.method, {"settings": loaded}
         return method, {}
 
+    def lengths_for(self, method: str) -> dict:
+        """gen_length and block_length as a method row takes them (presets.run_lengths): the run's block
+        length goes to the methods that lay blocks, not to Elastic-Cache's official loop (one block of
+        gen_length; its row's block_length and the report's note say so)."""
+        rows = [self.method_options(m) for m in self.methods]
+        return run_lengths(rows, self.gen_length, self.block_length)[self.methods.index(method)]
+
     def store_options(self, row: str) -> dict:
         """The prefix store's generate() keyword of a row (none: the default budget)."""
         budget = (self._rows or {}).get(row, (row, self.prefix_cache_mb[0]))[1]
@@ -131,11 +138,11 @@ class BenchConfig:
         if not (isinstance(self.code_timeout, (int, float)) and self.code_timeout > 0):
             raise InputError(f"code-timeout must be a positive number of seconds, got {self.code_timeout!r}")
         # Lengths together once both are known (resolve_lengths fills unset ones against the model).
-        lengths = dict(gen_length=self.gen_length, block_length=self.block_length)
-        lengths = lengths if None not in lengths.values() else {}
+        both = None not in (self.gen_length, self.block_length)
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
             preset, extra = self.method_options(m)
-            build_config(preset, **extra, **lengths, temperature=self.temperature, early_stop=self.early_stop)
+            build_config(preset, **extra, **(self.lengths_for(m) if both else {}), temperature=self.temperature,
+                         early_stop=self.early_stop)
         if not isinstance(self.prefix_cache_mb, (tuple, list)) or not self.prefix_cache_mb:
             raise InputError(f"prefix_cache_mb must be a tuple of budgets (MB, or None), got {self.prefix_cache_mb!r}")
         self.prefix_cache_mb = tuple(check_budget(b, "prefix_cache_mb") for b in self.prefix_cache_mb)
@@ -244,9 +251,12 @@ def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
     # A base checkpoint (models/checkpoints.py) reads raw prompts, as does a tokenizer without a template.
     chat = settings.chat and bool(getattr(lm.tokenizer, "chat_template", None)) and lm.chat_default
     encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
+    for m in settings.methods:
+        if settings.lengths_for(m)["block_length"] is None:
+            log(f"{m}: Elastic-Cache's official loop decodes the whole generation as one block of "
+                f"{settings.gen_length}; block_length {settings.block_length} does not apply to it")
     T = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
-                         gen_length=settings.gen_length, block_length=settings.block_length).steps_per_block
-         for m in settings.methods}
+                         **settings.lengths_for(m)).steps_per_block for m in settings.methods}
     if settings.warmup:  # every rank warms up on its own share
         first = encoded[tasks[0].name]
         _warm_up(lm, settings, [first[i] for i in world.shard(len(first))], log)
@@ -345,8 +355,7 @@ def _warm_up(lm, settings: BenchConfig, encoded: list[Encoded], log) -> None:
     log(f"warm-up: one batch of {len(batch)} per method")
     for method in settings.methods:
         preset, extra = settings.method_options(method)
-        lm.generate(batch, method=preset, **extra, **settings.store_options(method), gen_length=settings.gen_length,
-                    block_length=settings.block_length,
+        lm.generate(batch, method=preset, **extra, **settings.store_options(method), **settings.lengths_for(method),
                     temperature=settings.temperature, seed=settings.seed, early_stop=settings.early_stop,
                     batch_size=len(batch), chat=False)
     sync(lm)

@@ -25,6 +25,7 @@ import httpx
 import caidllm
 from caidllm.bench.arrivals import markdown_table, write_json
 from caidllm.bench.loadgen import run_load, synthetic_prompts
+from caidllm.decode.presets import lays_blocks
 
 
 def free_port() -> int:
@@ -45,7 +46,8 @@ def offline(lm, prompts, args) -> dict:
 
 def start_server(args, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "caidllm.cli", "serve", "--model", args.model, "--port", str(port),
-           "--method", args.method, "--gen-length", str(args.gen_length), "--block-length", str(args.block_length),
+           "--method", args.method, "--gen-length", str(args.gen_length),
+           *(["--block-length", str(args.block_length)] if args.block_length else []),
            "--max-batch", "8", "--max-queue", "256", "--log-level", "warning"]
     if args.device:
         cmd += ["--device", args.device]
@@ -68,11 +70,14 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--gen-length", type=int, default=128)
-    ap.add_argument("--block-length", type=int, default=32)
+    ap.add_argument("--block-length", type=int, default=None,
+                    help="default 32, none to a method that lays no blocks (Elastic-Cache's official loop)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.block_length is None and lays_blocks(args.method):
+        args.block_length = 32
     prompts = synthetic_prompts(args.requests, args.seed)
     lm = caidllm.load(args.model, device=args.device)
     rows = [offline(lm, prompts, args)]
@@ -81,7 +86,7 @@ def main(argv=None) -> int:
     port = free_port()
     proc = start_server(args, port)
     try:
-        body = {"gen_length": args.gen_length, "block_length": args.block_length}
+        body = {"gen_length": args.gen_length, **({"block_length": args.block_length} if args.block_length else {})}
         url = f"http://127.0.0.1:{port}"
         asyncio.run(run_load(url, prompts[:8], 8, 8, body=body))  # warm-up
         for c in (int(x) for x in args.concurrency.split(",")):

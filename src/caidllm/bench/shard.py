@@ -73,8 +73,7 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
             preset, extra = settings.method_options(method)
             out_batch = lm.generate([encoded[i].ids for i in batch], method=preset, **extra,
                                     **settings.store_options(method),
-                                    gen_length=settings.gen_length,
-                                    block_length=settings.block_length, temperature=settings.temperature,
+                                    **settings.lengths_for(method), temperature=settings.temperature,
                                     seed=settings.seed, early_stop=settings.early_stop, batch_size=len(batch),
                                     chat=False)
         except CaidllmError:

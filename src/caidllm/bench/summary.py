@@ -44,6 +44,8 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
         "accuracy": accuracy,
         "stderr": stderr(samples.scores),
         "nfe_mean": mean(r.nfe for r in done),
+        # The block length the method decoded with: Elastic-Cache's official loop, one block of gen_length.
+        "block_length": settings.lengths_for(method)["block_length"] or settings.gen_length,
         **_step_figures(settings, done, T),
         "wall_s": wall,
         "engine_s": max(p.engine_s for p in parts),

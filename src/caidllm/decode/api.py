@@ -44,11 +44,11 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     checkpoint = getattr(lm, "checkpoint", None)
     method = recommended_method(checkpoint if settings is None else None, method)
     # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
-    options, _ = options_for_model(lm.config, checkpoint, method, settings=settings, gen_length=gen_length,
-                                   block_length=block_length, steps=steps, temperature=temperature,
-                                   threshold=threshold)
-    config = build_config(method, settings=settings, cache=cache, seed=seed, early_stop=early_stop, **options,
-                          **overrides)
+    options, taken = options_for_model(lm.config, checkpoint, method, settings=settings, gen_length=gen_length,
+                                       block_length=block_length, steps=steps, temperature=temperature,
+                                       threshold=threshold)
+    config = build_config(method, settings=settings, filled=taken, cache=cache, seed=seed, early_stop=early_stop,
+                          **options, **overrides)
     if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     if compile:  # the model's norms and MLPs through torch.compile from now on (models/compiled.py)

@@ -95,6 +95,11 @@ class DecodeConfig:
     given: tuple[str, ...] = ()
 
     @property
+    def whole_generation(self) -> bool:
+        """Elastic-Cache's official loop: one block of gen_length, its window sliding over the whole generation."""
+        return self.cache == "elastic" and self.elastic_scope == "generation"
+
+    @property
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
 
@@ -181,9 +186,21 @@ def _elastic_window_fits(config: "DecodeConfig") -> None:
 
 
 def _elastic_one_block(config: "DecodeConfig") -> None:
-    """Elastic-Cache over the whole generation (the official loop) is one block of gen_length."""
-    if config.cache == "elastic" and config.elastic_scope == "generation" and is_int(config.gen_length):
-        config.block_length = config.gen_length
+    """Elastic-Cache over the whole generation (the official loop) is one block of gen_length. A block
+    length the caller gave that differs is refused, never silently replaced (a default, or a length a
+    run shares with block-wise methods, is not given: presets.lays_blocks)."""
+    if not (config.whole_generation and is_int(config.gen_length)):
+        return
+    bl = config.block_length
+    if "block_length" in config.given and not _positive_int(bl):
+        return  # the next rule names it
+    if "block_length" in config.given and bl != config.gen_length:
+        raise InputError(
+            f"block_length {bl} does not apply to method {config.method!r}: Elastic-Cache's official loop "
+            f"(cache 'elastic', elastic_scope 'generation') decodes the whole generation (gen_length "
+            f"{config.gen_length}) as one block with its own sliding window; drop block_length, or use method "
+            f"'elastic-block' (elastic_scope='block') for blocks of {bl}")
+    config.block_length = config.gen_length
 
 
 def _elastic_refreshes_adaptively(config: "DecodeConfig") -> None:

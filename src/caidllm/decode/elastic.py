@@ -18,6 +18,8 @@ As the official loop runs it (elastic_scope="generation", the `elastic` preset):
 - the first end token decoded cuts the generation there: later positions are never decoded (they stay
   masks in the canvas; the result shows them as the end token), and the loop ends when no mask is left
   before the cut.
+The loop has no blocks: the request is one block of gen_length, and a block_length given that differs is
+refused (decode/config.py), never silently replaced.
 
 elastic_scope="block" (the `elastic-block` preset, caidllm's earlier reading): the same rule with the
 window taken inside the current block and every block starting with a forward of every column (a

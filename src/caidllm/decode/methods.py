@@ -66,7 +66,8 @@ PRESETS: dict[str, dict] = {
     "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
-    # layer, its stop at the first end token (decode/elastic.py). The block_length of a request is not used.
+    # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length given
+    # that differs is refused (config._elastic_one_block); the bench gives it none of the run's (presets.run_lengths).
     "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9,
                     elastic_scope="generation"),
     # caidllm's block-wise reading: the same rule with the window inside each block (BENCHMARKS.md compares).
@@ -113,7 +114,8 @@ def uses_cai(method: str) -> bool:
     return PRESETS.get(method, {}).get("policy") == "cai"
 
 
-def preset_config(method: str, cai_under: dict | None = None, strict: bool = False, **overrides) -> DecodeConfig:
+def preset_config(method: str, cai_under: dict | None = None, strict: bool = False, filled=(),
+                  **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored), checked.
 
     Overrides may name any DecodeConfig field or any CAISettings field
@@ -121,6 +123,8 @@ def preset_config(method: str, cai_under: dict | None = None, strict: bool = Fal
     values that go over the preset's and under `overrides` (a settings file's). strict: a setting
     given that the method's policy and cache do not read is refused (decode/field_scope.py), as the
     server and the CLI do; the Python API's default lets one set of keywords run over several methods.
+    filled: the names among `overrides` that are not the caller's (a known checkpoint's recommendation,
+    a server's default): their values apply, but they are not `given`.
     """
     if method not in PRESETS:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
@@ -149,7 +153,7 @@ def preset_config(method: str, cai_under: dict | None = None, strict: bool = Fal
     for key in ("factors", "budget_fractions"):
         if isinstance(cai_overrides.get(key), list):
             cai_overrides[key] = tuple(cai_overrides[key])
-    given = tuple(sorted(k for k, v in overrides.items() if v is not None))
+    given = tuple(sorted(k for k, v in overrides.items() if v is not None and k not in filled))
     config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides), given=given)
     config.validate()
     if strict:  # a setting this decoder does not read is refused, not ignored

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from caidllm.decode.block_diffusion import fit_to_model, own_block_length
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.field_scope import check_given_apply
@@ -15,24 +13,25 @@ from caidllm.errors import InputError
 from caidllm.models.checkpoints import recommended_options
 
 
-def build_config(method: str, settings=None, strict: bool = False, **overrides) -> DecodeConfig:
+def build_config(method: str, settings=None, strict: bool = False, filled=(), **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored).
 
     Overrides may name any DecodeConfig field or any CAISettings field
     (CAI fields may also be given as a dict under `cai`). `settings`: a
     settings file (path, dict or CalibratedSettings, see settings_file.py) whose CAI
     values go over the preset and under `overrides`; `method` must be a
-    CAI preset. strict: refuse a setting the method does not read (preset_config).
+    CAI preset. strict: refuse a setting the method does not read (preset_config). filled: the
+    overrides that are defaults filled for the caller, not given by it (preset_config).
     """
     if settings is None:
-        return preset_config(method, strict=strict, **overrides)
+        return preset_config(method, strict=strict, filled=filled, **overrides)
     if method not in PRESETS:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
     settings = load_settings(settings)
     if not uses_cai(method):
         raise InputError(f"the settings {settings.source or ''} are CAI settings; method {method!r} does "
                          f"not run the CAI controller (use {settings.method!r} or another cai preset)")
-    return preset_config(method, cai_under=settings.cai, strict=strict, **overrides)
+    return preset_config(method, cai_under=settings.cai, strict=strict, filled=filled, **overrides)
 
 
 def options_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[dict, list[str]]:
@@ -40,11 +39,12 @@ def options_for_model(model, checkpoint, method: str, settings=None, **options) 
     them (generate, serve, bench, calibrate, the lm-eval adapter): lengths, steps and temperature
     from a known checkpoint's recommendation (models/checkpoints.py; `checkpoint` None: none), then
     for a block-diffusion model (its ModelConfig `model`) the preset's block length where the model
-    decodes with it, else the model's own. Returns them and the names the recommendation filled."""
+    decodes with it, else the model's own. Returns them and the names filled (none is the caller's)."""
     options, taken = recommended_options(checkpoint, method, **options)
     if options.get("block_length") is None and model.block_lengths:
         # Before the lengths are checked together: a gen_length that is whole blocks of the model's own.
         options["block_length"] = own_block_length(build_config(method, settings=settings).block_length, model)
+        taken = [*taken, "block_length"]
     return options, taken
 
 
@@ -54,10 +54,27 @@ def config_for_model(model, checkpoint, method: str, settings=None, strict: bool
     to the model's family (block_diffusion.fit_to_model: a setting given that does not apply raises
     InputError naming it; a preset's cache the family lacks becomes its own). strict: a setting the
     caller gave that the method does not read is refused too (field_scope.py; the recommendation's
-    values are not the caller's). Returns it and the names the recommendation filled."""
+    values are not the caller's). Returns it and the names filled (options_for_model)."""
     options, taken = options_for_model(model, checkpoint, method, settings, **options)
-    config = build_config(method, settings=settings, **options)
+    config = build_config(method, settings=settings, filled=taken, **options)
     if strict:
-        check_given_apply(dataclasses.replace(config, given=tuple(g for g in config.given if g not in taken)),
-                          PRESETS)
+        check_given_apply(config, PRESETS)
     return fit_to_model(config, model), taken
+
+
+def lays_blocks(method: str, **options) -> bool:
+    """Whether `method` (with `options`: only its cache and elastic_scope decide) decodes in blocks of
+    block_length: Elastic-Cache's official loop (DecodeConfig.whole_generation) lays one block of
+    gen_length, and a block length given to it is refused."""
+    options = {k: options[k] for k in ("cache", "elastic_scope") if options.get(k) is not None}
+    return not build_config(method, **options).whole_generation
+
+
+def run_lengths(methods: list[tuple[str, dict]], gen_length=None, block_length=None) -> list[dict]:
+    """The lengths each of several methods run side by side (bench, calibrate) takes: the run's
+    block_length goes to those that lay blocks, not to Elastic-Cache's official loop (one block of
+    gen_length: the bench's row says so), unless no method of the run lays blocks (a block length given
+    then is refused by the decoder). methods: (preset, extra keywords) pairs."""
+    blocks = [lays_blocks(preset, **extra) for preset, extra in methods]
+    return [dict(gen_length=gen_length, block_length=block_length if b or not any(blocks) else None)
+            for b in blocks]

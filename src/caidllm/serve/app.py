@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from caidllm.decode.background import BackgroundEngine
 from caidllm.decode.engine import Engine
-from caidllm.decode.presets import method_names
+from caidllm.decode.presets import lays_blocks, method_names
 from caidllm.errors import EngineFullError, InputError
 from caidllm.models.quantize import quantization_info
 from caidllm.serve.answer import Answer
@@ -159,8 +159,10 @@ def _add_status_routes(app: FastAPI, server: _Server) -> None:
     @app.get("/caidllm/info")
     async def server_info():
         d = settings.defaults
+        # one_block_methods: Elastic-Cache's official loop, one block of gen_length (the page sends it no block_length).
         return {"model": d.model_name, "methods": method_names(), "method": d.method, "gen_length": d.gen_length,
-                "block_length": d.block_length, "replica": settings.replica, **weights}
+                "block_length": d.block_length, "one_block_methods": [m for m in method_names() if not lays_blocks(m)],
+                "replica": settings.replica, **weights}
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

@@ -35,7 +35,8 @@ def settings_from(args, lm):
     api_key = check_api_key(args)
     if args.shutdown_grace < 0:
         raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
-    from caidllm.decode.presets import config_for_model
+    from caidllm.decode.config import DecodeConfig
+    from caidllm.decode.presets import config_for_model, options_for_model
     from caidllm.decode.step_policies import make_step_policy
 
     if getattr(args, "step_policy", None) is not None:
@@ -49,13 +50,20 @@ def settings_from(args, lm):
     method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
     config, _ = config_for_model(lm.config, checkpoint, method, gen_length=args.gen_length,
                                  block_length=args.block_length)
+    block_length = config.block_length
+    if config.whole_generation and args.block_length is None:
+        # Elastic-Cache's one block of gen_length must not become the others' default (one given is kept).
+        own = options_for_model(lm.config, checkpoint, method, gen_length=args.gen_length)[0].get(
+            "block_length") or DecodeConfig.block_length
+        # Only one that lays whole blocks in the default gen_length: a request's canvas is whole blocks of it.
+        block_length = own if config.gen_length % own == 0 else config.gen_length
     from caidllm.decode.prefix_reuse import check_budget, make_store
 
     budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
     make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
     defaults = ServerDefaults(model_name=name, method=method, gen_length=config.gen_length,
-                              block_length=config.block_length,
+                              block_length=block_length,
                               max_gen_length=args.max_gen_length or lm.config.max_length,
                               max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
     return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,

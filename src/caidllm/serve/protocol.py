@@ -157,7 +157,10 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
     try:
         own = defaults.settings if defaults.settings is not None and defaults.settings.method == method else None
-        return build_config(method, settings=own, strict=True, temperature=float(temperature), seed=seed, **ext)
+        # The server's default block length is not the client's (Elastic-Cache's official loop refuses a given one).
+        filled = () if "block_length" in extensions else ("block_length",)
+        return build_config(method, settings=own, strict=True, filled=filled, temperature=float(temperature),
+                            seed=seed, **ext)
     except InputError as error:
         param = param_named(str(error), ["method", *extensions]) or ("cai" if "cai" in extensions else "method")
         raise RequestError(str(error), param) from None

@@ -84,12 +84,27 @@ def _pool(prompts: list[str], methods: list[str], size: int, rng: random.Random,
     pool = []
     for i in range(size):
         prompt, method = prompts[i % len(prompts)], methods[i % len(methods)]
+        own = _body_of(method, body)
         if rng.random() < 0.5:
             pool.append(("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
-                                                  "method": method, **body}))
+                                                  "method": method, **own}))
         else:
-            pool.append(("/v1/completions", {"prompt": prompt, "method": method, **body}))
+            pool.append(("/v1/completions", {"prompt": prompt, "method": method, **own}))
     return pool
+
+
+def _body_of(method: str, body: dict) -> dict:
+    """The shared body as `method` takes it: no block length for one that lays no blocks (Elastic-Cache's
+    official loop refuses one other than gen_length; presets.lays_blocks: the body's cache and elastic_scope
+    decide, as on the server; one it refuses is the server's to name)."""
+    from caidllm.decode.presets import PRESETS, lays_blocks
+
+    try:
+        whole = "block_length" in body and method in PRESETS and not lays_blocks(
+            method, **{k: body[k] for k in ("cache", "elastic_scope") if k in body})
+    except InputError:
+        whole = False
+    return {k: v for k, v in body.items() if k != "block_length"} if whole else body
 
 
 def _text(data: dict) -> str:

@@ -5,7 +5,7 @@
 const $ = (sel, root = document) => root.querySelector(sel);
 const params = new URLSearchParams(location.search);
 const lanesEl = $("#lanes");
-let info = { model: "?", methods: [], gen_length: 256, block_length: 64 };
+let info = { model: "?", methods: [], gen_length: 256, block_length: 64, one_block_methods: [] };
 
 function confidenceClass(s) {
   if (s === null || s === undefined) return "masked";
@@ -66,6 +66,8 @@ class Lane {
   constructor(method, settings) {
     this.method = method;
     this.settings = settings;
+    // Elastic-Cache's official loop decodes gen_length as one block: the page's block_length is the others'.
+    this.oneBlock = (info.one_block_methods || []).includes(method);
     this.el = $("#lane-template").content.firstElementChild.cloneNode(true);
     this.el.dataset.method = method;
     $(".lane-method", this.el).textContent = method;
@@ -86,7 +88,7 @@ class Lane {
   // lead: prompt positions in the first block (block-diffusion models lay blocks from the prompt's
   // start, so their first block is part prompt: it shows only its answer positions).
   buildCanvas(lead = 0) {
-    const { gen_length: g, block_length: b } = this.settings;
+    const g = this.settings.gen_length, b = this.oneBlock ? g : this.settings.block_length;
     if (!Number.isInteger(g) || !Number.isInteger(b) || g < 1 || b < 1 || g % b || g > 4096) return;
     const canvas = this.role("canvas");
     canvas.replaceChildren();
@@ -109,7 +111,8 @@ class Lane {
   async run() {
     const s = this.settings;
     const body = { messages: [{ role: "user", content: s.prompt }], stream: true, commit_events: true,
-                   method: this.method, gen_length: s.gen_length, block_length: s.block_length };
+                   method: this.method, gen_length: s.gen_length,
+                   ...(this.oneBlock ? {} : { block_length: s.block_length }) };
     const headers = { "Content-Type": "application/json" };
     if (s.key) headers.Authorization = `Bearer ${s.key}`;
     this.started = performance.now();
