@@ -13,6 +13,8 @@ import pytest
 import caidllm
 from caidllm.cli import build_parser, main
 from caidllm.decode import build_config
+from caidllm.decode.config import DecodeConfig
+from caidllm.decode.engine import Engine
 from caidllm.decode.presets import lays_blocks, run_lengths
 from caidllm.errors import InputError
 from caidllm.serve.launch import settings_from
@@ -39,6 +41,19 @@ def test_what_the_loop_reads_runs_as_before(tiny):
     for method, extra in (("elastic-block", {}), ("elastic", {"elastic_scope": "block"})):
         (blocks,) = tiny.generate([5, 6, 7], method=method, gen_length=16, block_length=8, **extra)
         assert len(blocks.steps_per_block) == 2
+
+
+def test_a_hand_built_config_is_held_to_the_same_rule(tiny):
+    """A DecodeConfig built by hand (no build_config to record what was given): a setting that differs
+    from its default counts as given, so the engine refuses it too instead of replacing it."""
+    hand = DecodeConfig(method="elastic", policy="threshold", cache="elastic", gen_length=16, block_length=8)
+    assert hand.given == ("block_length", "cache", "gen_length", "policy")
+    with pytest.raises(InputError) as refused:
+        Engine(tiny).prepare([5, 6, 7], hand)
+    assert str(refused.value) == REFUSAL.format(method="elastic")
+    plain = DecodeConfig(method="elastic", policy="threshold", cache="elastic", gen_length=16).validate()
+    assert plain.block_length == 16 and "block_length" not in plain.given
+    assert DecodeConfig().given == () and build_config("elastic", gen_length=16).given == ("gen_length",)
 
 
 def test_a_bad_block_length_is_named_as_such(tiny):

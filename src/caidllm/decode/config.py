@@ -92,7 +92,12 @@ class DecodeConfig:
     cai: CAISettings = field(default_factory=CAISettings)
     # The fields the caller set (build_config fills it): on a model family a setting does not apply to,
     # a given one is refused, a preset's default is replaced by the family's (decode/block_diffusion.py).
-    given: tuple[str, ...] = ()
+    # None (a DecodeConfig built by hand): every field whose value differs from its default.
+    given: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.given is None:
+            self.given = _set_by_hand(self)
 
     @property
     def whole_generation(self) -> bool:
@@ -116,6 +121,16 @@ class DecodeConfig:
         for rule in VALIDATION:
             rule(self)
         return self
+
+
+def _set_by_hand(config: DecodeConfig) -> tuple[str, ...]:
+    """The settings of a hand-built config that differ from their defaults (CAI's by their own names,
+    as build_config names them): a value equal to its default cannot be told from one left out."""
+    default_cai = CAISettings()
+    top = (f.name for f in fields(config) if f.name not in ("method", "cai", "given")
+           and getattr(config, f.name) != f.default)
+    cai = (f.name for f in fields(config.cai) if getattr(config.cai, f.name) != getattr(default_cai, f.name))
+    return tuple(sorted([*top, *cai]))
 
 
 @dataclass(frozen=True)
