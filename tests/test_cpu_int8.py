@@ -29,6 +29,15 @@ def torchao_int8_dynamic(linear: nn.Linear) -> nn.Linear:
     return linear
 
 
+def packed_int8_linear(in_features: int, out_features: int, bias: bool, seed: int) -> nn.Linear:
+    """A torchao int8-dynamic linear of seeded random weights, repacked for oneDNN."""
+    kernels = cpu_int8()
+    torch.manual_seed(seed)
+    linear = torchao_int8_dynamic(nn.Linear(in_features, out_features, bias=bias))
+    kernels.pack_int8_dynamic(linear)
+    return linear
+
+
 @pytest.fixture(scope="module")
 def tiny():
     cpu_int8()
@@ -68,10 +77,7 @@ def test_the_packed_linear_computes_torchaos_numbers(dtype):
 
 
 def test_a_row_gets_the_same_bits_alone_as_in_any_batch():
-    kernels = cpu_int8()
-    torch.manual_seed(1)
-    linear = torchao_int8_dynamic(nn.Linear(128, 256, bias=False))
-    kernels.pack_int8_dynamic(linear)
+    linear = packed_int8_linear(128, 256, bias=False, seed=1)
     x = torch.randn(9, 128)
     together = linear(x)
     for rows in (slice(3, 4), slice(0, 5), slice(2, 9)):
@@ -242,10 +248,7 @@ def test_compile_later_on_a_packed_model_is_refused_with_one_line(monkeypatch):
 
 def test_a_bias_passed_by_keyword_is_added():
     """F.linear(x, w, bias=b) on a packed weight: the bias came in kwargs and was dropped silently."""
-    kernels = cpu_int8()
-    torch.manual_seed(2)
-    linear = torchao_int8_dynamic(nn.Linear(64, 32, bias=True))
-    kernels.pack_int8_dynamic(linear)
+    linear = packed_int8_linear(64, 32, bias=True, seed=2)
     x = torch.randn(3, 64)
     positional = torch.nn.functional.linear(x, linear.weight, linear.bias)
     assert torch.equal(torch.nn.functional.linear(x, linear.weight, bias=linear.bias), positional)
