@@ -107,18 +107,18 @@ def lengths_for_run(model_name, lm, methods: list[tuple[str, dict]], gen_length=
     config_for_model), every method then checked at them against the model: `lm`'s config, or when `lm`
     is None `model_name`'s config.json alone (before the model loads). methods: (preset, extra keywords)
     pairs."""
-    from caidllm.decode.presets import config_for_model, lays_blocks
+    from caidllm.decode.presets import config_for_model, take_the_runs_block
 
     config, checkpoint = (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)
     lengths = dict(gen_length=gen_length, block_length=block_length)
-    blocks = [lays_blocks(preset, **extra) for preset, extra in methods]
+    takes = take_the_runs_block(methods)
     fixed = None
-    # The first method that lays blocks fixes the lengths the others are checked at: one whose own layout
-    # differs (Elastic-Cache's one block of gen_length) must not set the block-wise methods' block length,
-    # nor take theirs (presets.run_lengths).
-    for i in sorted(range(len(methods)), key=lambda i: not blocks[i]):
+    # The first method that takes the run's block fixes the lengths the others are checked at: one whose
+    # own layout differs (Elastic-Cache's one block of gen_length) must not set the block-wise methods'
+    # block length, nor take theirs.
+    for i in sorted(range(len(methods)), key=lambda i: not takes[i]):
         preset, extra = methods[i]
-        shared = dict(fixed or lengths, **({} if blocks[i] or not any(blocks) else {"block_length": None}))
+        shared = dict(fixed or lengths, **({} if takes[i] else {"block_length": None}))
         decoded, _ = config_for_model(config, checkpoint, preset, **extra, **shared, **common)
         fixed = fixed or dict(gen_length=decoded.gen_length, block_length=decoded.block_length)
     return fixed or lengths

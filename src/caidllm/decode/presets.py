@@ -70,11 +70,16 @@ def lays_blocks(method: str, **options) -> bool:
     return not build_config(method, **options).whole_generation
 
 
-def run_lengths(methods: list[tuple[str, dict]], gen_length=None, block_length=None) -> list[dict]:
-    """The lengths each of several methods run side by side (bench, calibrate) takes: the run's
-    block_length goes to those that lay blocks, not to Elastic-Cache's official loop (one block of
-    gen_length: the bench's row says so), unless no method of the run lays blocks (a block length given
-    then is refused by the decoder). methods: (preset, extra keywords) pairs."""
+def take_the_runs_block(methods: list[tuple[str, dict]]) -> list[bool]:
+    """Which of several methods run side by side (bench, calibrate) take the run's block_length: those
+    that lay blocks, not Elastic-Cache's official loop (one block of gen_length: the bench's row says
+    so), unless no method of the run lays blocks (a block length given then is refused by the decoder).
+    methods: (preset, extra keywords) pairs."""
     blocks = [lays_blocks(preset, **extra) for preset, extra in methods]
-    return [dict(gen_length=gen_length, block_length=block_length if b or not any(blocks) else None)
-            for b in blocks]
+    return [b or not any(blocks) for b in blocks]
+
+
+def run_lengths(methods: list[tuple[str, dict]], gen_length=None, block_length=None) -> list[dict]:
+    """The lengths each of several methods run side by side takes (take_the_runs_block)."""
+    return [dict(gen_length=gen_length, block_length=block_length if takes else None)
+            for takes in take_the_runs_block(methods)]
