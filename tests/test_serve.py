@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from caidllm.serve.loadtest import run_load
-from helpers.serve import PROMPT, SETTINGS, metric, start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import LONG, PROMPT, SETTINGS, metric, start, tiny  # noqa: F401 - tiny is a fixture
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +189,7 @@ def test_overload_gets_429_and_the_server_recovers(tiny):
 
 def test_a_request_past_its_time_limit_is_cut(tiny):
     with start(tiny, max_request_time=0.3) as s:
-        body = {"prompt": PROMPT, "method": "vanilla", "gen_length": 256, "block_length": 64}
-        r = httpx.post(f"{s.url}/v1/completions", json=body, timeout=60)
+        r = httpx.post(f"{s.url}/v1/completions", json=LONG, timeout=60)
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
         deadline = time.monotonic() + 10
         while metric(s.url, "caidllm_rows_in_flight") and time.monotonic() < deadline:
@@ -200,7 +199,7 @@ def test_a_request_past_its_time_limit_is_cut(tiny):
 
 def test_disconnect_cancels_the_request(server):
     before = metric(server.url, 'caidllm_requests_total{outcome="cancelled"}')
-    body = {"prompt": PROMPT, "stream": True, "method": "vanilla", "gen_length": 256, "block_length": 64}
+    body = {**LONG, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
         next(r.iter_lines())  # the first chunk came: the request is decoding; drop the connection
     deadline = time.monotonic() + 20

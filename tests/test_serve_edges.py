@@ -23,7 +23,7 @@ from caidllm.serve.app import ServerConfig, _decode_and_parse
 from caidllm.serve.http_edges import id_list_bounds
 from caidllm.serve.launch import check_api_key
 from caidllm.serve.protocol import RequestError, ServerDefaults
-from helpers.serve import PROMPT, free_port, spawn_serve, start, tiny, wait_until  # noqa: F401 - tiny is a fixture
+from helpers.serve import LONG, PROMPT, free_port, spawn_serve, start, tiny, wait_until  # noqa: F401 - tiny is a fixture
 
 FAST = {"method": "fastdllm", "gen_length": 16, "block_length": 16}
 
@@ -75,10 +75,9 @@ def test_a_second_signal_ends_the_drain_at_once():
     port, grace = free_port(), 60.0
     proc = spawn_serve(port, "--shutdown-grace", str(grace), "--gen-length", "16", "--block-length", "16")
     url, result = f"http://127.0.0.1:{port}", {}
-    long = {"prompt": PROMPT, "method": "vanilla", "gen_length": 256, "block_length": 64}  # ~10 s alone
 
     def call():
-        result["long"] = httpx.post(f"{url}/v1/completions", json=long, timeout=60)
+        result["long"] = httpx.post(f"{url}/v1/completions", json=LONG, timeout=60)
 
     try:
         thread = threading.Thread(target=call)

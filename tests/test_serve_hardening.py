@@ -13,7 +13,7 @@ import pytest
 
 from caidllm.decode import policies
 from caidllm.serve.guard import OPEN_PATHS, OPEN_PREFIXES
-from helpers.serve import (PROMPT, free_port, metric, spawn_serve, start, tiny,  # noqa: F401 - tiny is a fixture
+from helpers.serve import (LONG, PROMPT, free_port, metric, spawn_serve, start, tiny,  # noqa: F401 - tiny is a fixture
                            wait_until)
 
 JSON = {"content-type": "application/json"}
@@ -125,9 +125,8 @@ def test_a_body_shorter_than_its_length_times_out_with_408(server):
 
 def test_a_non_streamed_client_that_leaves_cancels_its_request(server):
     before = metric(server.url, 'caidllm_requests_total{outcome="cancelled"}')
-    body = {"prompt": PROMPT, "method": "vanilla", "gen_length": 256, "block_length": 64}  # ~10 s alone
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+        httpx.post(f"{server.url}/v1/completions", json=LONG, timeout=httpx.Timeout(10, read=0.5))
     assert wait_until(lambda: metric(server.url, "caidllm_requests_in_engine") == 0, 3)
     assert metric(server.url, 'caidllm_requests_total{outcome="cancelled"}') == before + 1
     assert metric(server.url, "caidllm_rows_in_flight") == 0
@@ -183,11 +182,10 @@ def test_sigterm_with_requests_in_flight_ends_each_cleanly():
     port, grace = free_port(), 4.0
     proc = spawn_serve(port, "--shutdown-grace", str(grace), "--gen-length", "32", "--block-length", "16")
     url, results, first_chunk = f"http://127.0.0.1:{port}", {}, threading.Event()
-    long = {"prompt": PROMPT, "method": "vanilla", "gen_length": 256, "block_length": 64}  # ~10 s alone
 
     def streamed():
         lines = []
-        with httpx.stream("POST", f"{url}/v1/completions", json={**long, "stream": True}, timeout=60) as r:
+        with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}, timeout=60) as r:
             for line in r.iter_lines():
                 first_chunk.set()
                 lines.append(line)
@@ -197,7 +195,7 @@ def test_sigterm_with_requests_in_flight_ends_each_cleanly():
         results[name] = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
 
     try:
-        threads = [threading.Thread(target=streamed), threading.Thread(target=call, args=("long", long)),
+        threads = [threading.Thread(target=streamed), threading.Thread(target=call, args=("long", LONG)),
                    threading.Thread(target=call, args=("short", {"prompt": PROMPT, **FAST}))]
         for t in threads:
             t.start()

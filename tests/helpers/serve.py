@@ -17,6 +17,9 @@ from caidllm.serve.protocol import ServerDefaults
 
 PROMPT = "not ( True ) and ( True ) is"
 SETTINGS = dict(gen_length=64, block_length=16)
+# A request that outlasts any grace or wait in the serve tests: one block, so the early end after the
+# answer's EOS (which skips later blocks) cannot shorten it; 256 vanilla steps, ~9 s alone on 1 core.
+LONG = {"prompt": PROMPT, "method": "vanilla", "gen_length": 256, "block_length": 256}
 
 
 @pytest.fixture(scope="module")
