@@ -49,29 +49,34 @@ def write_random_checkpoint(path, family="llada", *, sharded=False, seed=0, dtyp
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = build_tokenizer(SPECIAL_TOKENS[family])
-    tokenizer.save(str(path / "tokenizer.json"))
-    n_tokens = tokenizer.get_vocab_size()
+    n_tokens = write_tokenizer(path, family, s["max_length"])
     s["vocab_size"] = s["vocab_size"] or -(-n_tokens // 64) * 64
     if s["vocab_size"] < n_tokens:
         raise InputError(f"vocab_size {s['vocab_size']} is smaller than the tokenizer ({n_tokens} tokens)")
 
-    ids = special_ids(family)
     config = (_llada_config if family == "llada" else _dream_config)(s, dtype)
-    tok_config = tokenizer_config(family, s["max_length"])
     config.update(config_overrides or {})
     _write_json(path / "config.json", config)
-    tok_config["added_tokens_decoder"] = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
-        for t, i in ids.items()
-    }
-    _write_json(path / "tokenizer_config.json", tok_config)
 
     g = torch.Generator().manual_seed(seed)
     tensors = (_llada_tensors if family == "llada" else _dream_tensors)(s, g)
     tensors = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in tensors.items()}
     _write_weights(path, tensors, sharded)
     return path
+
+
+def write_tokenizer(path: Path, family: str, max_length: int) -> int:
+    """The generated tokenizer of `family` into folder `path` (tokenizer.json, and
+    tokenizer_config.json with its special tokens); returns its number of tokens."""
+    tokenizer = build_tokenizer(SPECIAL_TOKENS[family])
+    tokenizer.save(str(path / "tokenizer.json"))
+    tok_config = tokenizer_config(family, max_length)
+    tok_config["added_tokens_decoder"] = {
+        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+        for t, i in special_ids(family).items()
+    }
+    _write_json(path / "tokenizer_config.json", tok_config)
+    return tokenizer.get_vocab_size()
 
 
 def _llada_config(s, dtype, family="llada"):

@@ -1,0 +1,69 @@
+"""A `random:` model (caidllm/models/random_init.py) written out as a checkpoint folder, for
+benchmarks that need the same weights in another engine (BENCHMARKS.md, llama.cpp side by side)
+at shapes tests/helpers/checkpoints.py does not write (LLaDA-MoE, full widths).
+
+    PYTHONPATH=src:tests python -c "from helpers.random_model import write_random_model as w; \\
+        w('ckpt', 'random:llada-moe-7b?num_hidden_layers=2')"
+
+The folder holds config.json (the shape's official fields with its overrides, the generated
+tokenizer's token ids, torch_dtype), the generated tokenizer (tokenizer.json,
+tokenizer_config.json) and the weights under the official tensor names: the model's own
+state_dict, whose stacked experts write one tensor per expert (models/moe_experts.py), in
+safetensors shards of at most about `shard_mb` with an index when there is more than one.
+Loading the folder in the same dtype gives the random model's logits exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from caidllm.errors import InputError
+from caidllm.models.generated_tokenizer import SPECIAL_TOKENS, generated_tokenizer
+from caidllm.models.random_init import build_random, random_raw_config
+
+from .checkpoints import _write_json, write_tokenizer
+
+
+def write_random_model(path, name: str, *, dtype: str = "float32", seed: int = 0, shard_mb: float = 2048) -> Path:
+    """Write the random model `name` (a "random:" name, overrides included) drawn with `seed`
+    in `dtype` into folder `path`; returns it. Shapes whose generated tokenizer is LLaDA's or
+    Dream's (llada-8b, mmada-8b, llada-moe-7b, dream-7b ...); InputError for the others."""
+    kind, raw = random_raw_config(name)
+    if kind not in SPECIAL_TOKENS:
+        raise InputError(f"{name!r}: write_random_model writes shapes with LLaDA's or Dream's generated tokenizer "
+                         f"({', '.join(SPECIAL_TOKENS)}); this one has {kind!r}")
+    if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
+        raise InputError(f"unknown dtype {dtype!r}; expected a torch dtype name such as float32 or bfloat16")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    max_length = int(raw.get("max_sequence_length") or raw["max_position_embeddings"])
+    write_tokenizer(path, kind, max_length)
+    raw.update(generated_tokenizer(kind, max_length)[1], torch_dtype=dtype)
+    _write_json(path / "config.json", raw)
+    lm = build_random(name, torch.device("cpu"), getattr(torch, dtype), seed=seed)
+    _write_shards(path, lm.model.state_dict(), shard_mb * 2**20)
+    return path
+
+
+def _write_shards(path: Path, state: dict, shard_bytes: float) -> None:
+    """state's tensors in order, a new shard once one would pass shard_bytes; each tensor
+    copied as it is written (the experts' are views of one stack, which safetensors refuses)."""
+    shards, size = [[]], 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    files = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
+    for file, names in zip(files, shards):
+        save_file({n: state[n].detach().clone() for n in names}, str(path / file), metadata={"format": "pt"})
+    if len(files) > 1:
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        weight_map = {n: file for file, names in zip(files, shards) for n in names}
+        _write_json(path / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})

@@ -1,0 +1,100 @@
+"""benchmarks/llama_cpp_side_by_side.py with a stand-in forward_timer (a Python script that answers
+as benchmarks/llama_cpp/forward_timer.cpp does): the canvas both engines run, the timing rows and
+the logits agreement against caidllm, on a tiny LLaDA-MoE checkpoint (tests/helpers/random_model.py)."""
+
+import importlib.util
+import json
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers.random_model import write_random_model
+
+import caidllm
+
+ROOT = Path(__file__).resolve().parent.parent
+MOE = ("random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
+       "&expert_intermediate_size=32&num_experts=8&num_experts_per_tok=2&vocab_size=512&max_position_embeddings=256")
+# forward_timer's two answers: `time` prints "cpu_ms wall_ms checksum" per forward; `logits` writes
+# float32 [positions, vocab] (here: LOGITS_FILE's array plus OFFSET) and prints "positions vocab".
+STAND_IN = """#!{python}
+import sys
+import numpy as np
+mode, gguf, positions, last = sys.argv[1:5]
+if mode == "time":
+    for r in range(int(last)):
+        print(f"{{10.0 + r}} {{11.0 + r}} 0")
+else:
+    logits = np.load({logits!r}) + float(open(gguf).read())
+    logits.astype(np.float32).tofile(last)
+    print(*logits.shape)
+"""
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("llama_cpp_side_by_side",
+                                                  ROOT / "benchmarks" / "llama_cpp_side_by_side.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(the script, a tiny MoE checkpoint, a stand-in timer, two 'GGUF' files: offsets 0 and 0.5)."""
+    tmp = tmp_path_factory.mktemp("side")
+    script = _script()
+    folder = write_random_model(tmp / "ckpt", MOE)
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    logits = lm.logits(script.timer_canvas(lm.config.vocab_size))[0].numpy()
+    np.save(tmp / "logits.npy", logits)
+    timer = tmp / "timer"
+    timer.write_text(STAND_IN.format(python=sys.executable, logits=str(tmp / "logits.npy")))
+    timer.chmod(timer.stat().st_mode | stat.S_IEXEC)
+    (tmp / "same.gguf").write_text("0")
+    (tmp / "shifted.gguf").write_text("0.5")
+    return script, folder, timer, tmp
+
+
+def test_the_canvas_is_the_timers():
+    canvas = _script().timer_canvas(157184)
+    assert canvas.shape == (1, 128)
+    assert canvas[0, :3].tolist() == [3, 3 + 7919, 3 + 2 * 7919]
+    assert canvas[0, 100].item() == 3 + 100 * 7919 % (157184 - 3)
+
+
+def test_agreement_compares_every_engines_logits_with_the_first_setting(setup, tmp_path):
+    script, folder, timer, tmp = setup
+    out = tmp_path / "agree.json"
+    assert script.main(["--agreement", "--checkpoint", str(folder), "--timer", str(timer), "--settings", "fp32,bf16",
+                        "--gguf", f"F32={tmp / 'same.gguf'},SHIFTED={tmp / 'shifted.gguf'}", "--out", str(out)]) == 0
+    rows = {(r["engine"], r["setting"]): r for r in json.loads(out.read_text())["rows"]}
+    assert rows["caidllm", "fp32"]["same_top_token"] == 128 and rows["caidllm", "fp32"]["max_diff_over_std"] == 0
+    assert rows["llama.cpp", "F32"]["same_top_token"] == 128 and rows["llama.cpp", "F32"]["max_diff_over_std"] == 0
+    shifted = rows["llama.cpp", "SHIFTED"]  # every logit 0.5 higher: the same top tokens, a constant difference
+    assert shifted["same_top_token"] == 128
+    assert shifted["max_diff_over_std"] == pytest.approx(shifted["rms_diff_over_std"], rel=1e-4)
+    assert 0 < rows["caidllm", "bf16"]["rms_diff_over_std"] < 0.1
+    assert {r["reference"] for r in rows.values()} == {"caidllm fp32"}
+
+
+def test_timing_alternates_and_reports_medians(setup, tmp_path):
+    script, folder, timer, tmp = setup
+    out = tmp_path / "time.json"
+    assert script.main(["--checkpoint", str(folder), "--timer", str(timer), "--settings", "fp32", "--rounds", "2",
+                        "--per-round", "3", "--gguf", f"F32={tmp / 'same.gguf'}", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["canvas"] == 128 and report["rounds"] == 2 and not report["agreement"]
+    ours, theirs = report["rows"]
+    assert ours["engine"] == "caidllm" and ours["forward_cpu_ms"] > 0 and ours["weights_mb"] > 0
+    assert theirs == {"engine": "llama.cpp", "setting": "F32", "forward_cpu_ms": 11.0, "file_mb": 0.0}
+
+
+def test_a_failing_timer_is_named(setup, tmp_path):
+    script, folder, _, tmp = setup
+    with pytest.raises(SystemExit, match="forward_timer logits failed on .*missing.gguf"):
+        script.llama_logits("false", str(tmp / "missing.gguf"), tmp_path / "x.bin")
+    assert torch.equal(script.timer_canvas(10)[0, :2], torch.tensor([3, 3 + 7919 % 7]))
