@@ -14,7 +14,9 @@ process's CPU time (at 1 thread, the forward's time on a core of its own, whatev
 the machine) and the wall time. --alternate loads every setting first and then runs one forward
 of each in turn, --repeats rounds (ratios within one run on a shared machine). A setting ending
 in "@torchao" runs torchao's own kernel where caidllm would repack the weights for a faster one
-(models/cpu_int8.py): the "before" of that kernel.
+(models/cpu_int8.py): the "before" of that kernel; "@per-expert" keeps oneDNN's int8 kernel but
+runs an MoE model's routed experts one linear at a time (each with its own per-token work), the
+"before" of OnednnInt8Experts.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--settings", default=",".join(SETTINGS),
-                   help="from: " + ", ".join(SETTINGS) + " (each may end in @torchao)")
+                   help="from: " + ", ".join(SETTINGS) + " (each may end in @torchao or @per-expert)")
     p.add_argument("--alternate", action="store_true", help="load every setting, then alternate their forwards")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--threads", default="1")
@@ -71,7 +73,8 @@ def main(argv=None) -> int:
 
 
 def load_setting(name: str, dtype: str | None):
-    """The model in setting `name` ("...@torchao": with torchao's kernels, no repacking)."""
+    """The model in setting `name` ("...@torchao": with torchao's kernels, no repacking;
+    "...@per-expert": packed int8 experts run one linear at a time, as before OnednnInt8Experts)."""
     base, _, kernel = name.partition("@")
     own_dtype, quantize, head = SETTINGS[base]
     packings = {}
@@ -79,10 +82,17 @@ def load_setting(name: str, dtype: str | None):
         packings = dict(QUANTIZATIONS[quantize].packings)
         QUANTIZATIONS[quantize].packings.clear()
     try:
-        return caidllm.load(MODEL, device="cpu", dtype=dtype or own_dtype, quantize=quantize, quantize_head=head)
+        lm = caidllm.load(MODEL, device="cpu", dtype=dtype or own_dtype, quantize=quantize, quantize_head=head)
     finally:
         if packings:
             QUANTIZATIONS[quantize].packings.update(packings)
+    if kernel == "per-expert":
+        from caidllm.models.moe_experts import ExpertList
+
+        for module in lm.model.modules():
+            if isinstance(getattr(module, "experts", None), ExpertList):
+                module.experts = ExpertList(list(module.experts))
+    return lm
 
 
 def row_of(name, lm, threads, batch, cpu_ms, wall_ms) -> dict:

@@ -281,3 +281,31 @@ def test_int4_with_its_head_reports_the_heads_packed_kernel():
     assert quant.quantization_info(lm)["quantization_kernel"] == "torchao; head: onednn int8 (packed at load)"
     lm = caidllm.load("tiny", device="cpu", dtype="bfloat16", quantize="int4")
     assert quant.quantization_info(lm)["quantization_kernel"] == "torchao"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("family", ["llada2", "llada-moe"])
+def test_packed_experts_run_together_with_the_per_expert_loops_numbers(family, dtype):
+    """OnednnInt8Experts: the per-token work once over all rows, the same numbers as each expert
+    run alone (ExpertList over the same packed weights), with experts that get no row too."""
+    from test_moe_kernels import RANDOM
+
+    from caidllm.models.moe import MoEFeedForward
+    from caidllm.models.moe_experts import ExpertList
+
+    kernels = cpu_int8()
+    lm = caidllm.load(RANDOM[family], device="cpu", dtype=dtype, quantize="int8-dynamic")
+    layers = [m for m in lm.model.modules() if isinstance(m, MoEFeedForward)]
+    assert layers and all(isinstance(m.experts, kernels.OnednnInt8Experts) for m in layers)
+    assert "model.layers.1.mlp.experts.3.up_proj.weight" in lm.model.state_dict()
+    canvases = [torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(0)), torch.tensor([[7]])]
+    together = [lm.logits(ids) for ids in canvases]
+    options = dict(gen_length=32, block_length=32, steps=8)  # LLaDA2 decodes in blocks of 32
+    tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]
+    alone = [lm.generate([p], **options)[0].token_ids for p in ("hello", "two plus two")]
+    assert alone == tokens  # batch invariance
+    for m in layers:
+        m.experts = ExpertList(list(m.experts))
+    for ids, expected in zip(canvases, together):
+        assert torch.equal(lm.logits(ids), expected)
+    assert [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)] == tokens

@@ -13,13 +13,18 @@ numbers are torchao's but for the order of the two float scale products.
 ``pack_int8_dynamic(module)`` converts every torchao int8-dynamic weight inside `module`;
 quantize.py calls it on CPUs whose torch has oneDNN (``available()``), except under --compile:
 Inductor cannot lower oneDNN's opaque packed weight, so a compiled model keeps torchao's kernel.
+The routed experts of an MoE layer, once packed, become ``OnednnInt8Experts``: the loop kernel's
+per-expert matmuls, with the per-token work of its three linears done once over all rows.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchao.utils import TorchAOBaseTensor
+
+from .moe_experts import PROJECTIONS, ExpertList
 
 aten = torch.ops.aten
 _EPS = torch.finfo(torch.float32).eps
@@ -91,14 +96,55 @@ def _(func, types, args, kwargs):
     return int8_linear(args[0], args[1], args[2] if len(args) > 2 else (kwargs or {}).get("bias"))
 
 
+class OnednnInt8Experts(ExpertList):
+    """Routed experts whose projections are all OnednnInt8Weight, run by the loop kernel
+    (models/moe_kernels.py) through ``run_rows``: each expert's three oneDNN matmuls on its own
+    rows in turn, as the per-expert loop, while what int8_linear does per call for every row (the
+    per-token quantization, shared by gate and up, and the scaling) and the SwiGLU's silu and
+    product run once over all the layer's rows. Row by row the same operations as the per-expert
+    loop (each row's int32 sums exact, its quantization its own), so the same numbers; the
+    per-call overhead of 64 experts x 3 small linears was half their time (BENCHMARKS.md)."""
+
+    def run_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """The experts' outputs for `rows` [P, hidden] sorted by expert, counts[e] rows each."""
+        runs = [(e, start, start + n) for e, (start, n) in enumerate(zip(_starts(counts), counts)) if n]
+        values, scale = quantize_per_token(rows)
+        scale = scale.to(rows.dtype)
+        gate = self._each(runs, values, "gate_proj", rows.dtype).mul_(scale)
+        up = self._each(runs, values, "up_proj", rows.dtype).mul_(scale)
+        values, scale = quantize_per_token(F.silu(gate) * up)
+        return self._each(runs, values, "down_proj", rows.dtype).mul_(scale.to(rows.dtype))
+
+    def _each(self, runs, values: torch.Tensor, projection: str, dtype: torch.dtype) -> torch.Tensor:
+        """Each expert's int8 matmul on its own rows (unscaled by the rows' scales), in row order."""
+        parts = []
+        for e, start, end in runs:
+            weight = getattr(self[e], projection).weight
+            parts.append(_matmul(values[start:end], weight.packed, weight.scale, dtype))
+        return torch.cat(parts)
+
+
+def _starts(counts: list[int]) -> list[int]:
+    starts, total = [], 0
+    for n in counts:
+        starts.append(total)
+        total += n
+    return starts
+
+
 def pack_int8_dynamic(module: nn.Module) -> None:
     """Replace every torchao int8-dynamic weight (per-row int8, symmetric) inside `module` by its
     oneDNN-packed equivalent; other weights (and any torchao layout this kernel does not compute
-    the same way) are left as they are."""
+    the same way) are left as they are. Routed experts all packed become OnednnInt8Experts."""
     for linear in module.modules():
         w = getattr(linear, "weight", None)
         if isinstance(linear, nn.Linear) and _symmetric_int8_dynamic(w):
             linear.weight = nn.Parameter(OnednnInt8Weight.from_int8(w.qdata, w.scale, w.dtype), requires_grad=False)
+    for parent in list(module.modules()):
+        experts = getattr(parent, "experts", None)
+        if type(experts) is ExpertList and all(isinstance(getattr(mlp, name).weight, OnednnInt8Weight)
+                                               for mlp in experts for name in PROJECTIONS):
+            parent.experts = OnednnInt8Experts(list(experts))
 
 
 def _symmetric_int8_dynamic(w) -> bool:

@@ -74,19 +74,31 @@ def combine(x: torch.Tensor, pairs: SortedPairs, outputs: torch.Tensor, weights:
 def _each_expert(experts, x, chosen, weights, expert_on_rows: Callable) -> torch.Tensor:
     """Sort the pairs, read the counts on the host (one sync), run expert_on_rows(e, rows) on each
     chosen expert's contiguous slice in turn, and combine."""
+    def run_rows(routed_inputs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        routed_outputs = torch.empty_like(routed_inputs)
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                routed_outputs[start:start + count] = expert_on_rows(e, routed_inputs[start:start + count])
+                start += count
+        return routed_outputs
+
+    return _sorted_rows(experts, x, chosen, weights, run_rows)
+
+
+def _sorted_rows(experts, x, chosen, weights, run_rows: Callable) -> torch.Tensor:
+    """Sort the pairs, read the counts on the host (one sync), run_rows(routed inputs sorted by
+    expert, counts) and combine."""
     pairs = sort_pairs(chosen, experts.num_experts)
-    routed_inputs = x[pairs.token]
-    routed_outputs = torch.empty_like(routed_inputs)
-    start = 0
-    for e, count in enumerate(pairs.counts.tolist()):
-        if count:
-            routed_outputs[start:start + count] = expert_on_rows(e, routed_inputs[start:start + count])
-            start += count
-    return combine(x, pairs, routed_outputs, weights)
+    return combine(x, pairs, run_rows(x[pairs.token], pairs.counts.tolist()), weights)
 
 
 def loop_kernel(experts, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """The reference: each expert on its tokens in turn; one host sync (the counts)."""
+    """The reference: each expert on its tokens in turn; one host sync (the counts). Experts that
+    run their sorted rows themselves (``run_rows``: oneDNN int8 ones, models/cpu_int8.py) do so."""
+    run_rows = getattr(experts, "run_rows", None)
+    if run_rows is not None:
+        return _sorted_rows(experts, x, chosen, weights, run_rows)
     return _each_expert(experts, x, chosen, weights, experts.expert)
 
 
