@@ -98,3 +98,24 @@ def test_a_failing_timer_is_named(setup, tmp_path):
     with pytest.raises(SystemExit, match="forward_timer logits failed on .*missing.gguf"):
         script.llama_logits("false", str(tmp / "missing.gguf"), tmp_path / "x.bin")
     assert torch.equal(script.timer_canvas(10)[0, :2], torch.tensor([3, 3 + 7919 % 7]))
+
+
+def test_per_expert_is_the_before_of_the_packed_experts(setup):
+    """quant_forward's "@per-expert": the same oneDNN-packed experts run one linear at a time."""
+    script, folder, _, _ = setup
+    from caidllm.models import quantize
+
+    if quantize.torchao_version() is None or not quantize.QUANTIZATIONS["int8-dynamic"].packing("cpu"):
+        pytest.skip("needs torchao and oneDNN")
+    from caidllm.models.cpu_int8 import OnednnInt8Experts
+    from caidllm.models.moe_experts import ExpertList
+
+    script.quant_forward.MODEL = str(folder)
+    after = script.quant_forward.load_setting("int8-dynamic", None)
+    before = script.quant_forward.load_setting("int8-dynamic@per-expert", None)
+    experts = [m.experts for m in after.model.modules() if isinstance(getattr(m, "experts", None), ExpertList)]
+    assert experts and all(type(e) is OnednnInt8Experts for e in experts)
+    experts = [m.experts for m in before.model.modules() if isinstance(getattr(m, "experts", None), ExpertList)]
+    assert experts and all(type(e) is ExpertList for e in experts)
+    ids = script.timer_canvas(after.config.vocab_size)
+    assert torch.equal(after.logits(ids), before.logits(ids))

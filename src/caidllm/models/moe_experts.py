@@ -9,7 +9,8 @@ loading, saving (train/) and checking a checkpoint see the official layout. The 
 hand the whole stack instead (``experts.gate_proj``, ExpertStacks: no second copy).
 
 A quantized model runs its experts as a list of per-expert SwiGLUs (``unstack_experts``):
-torchao quantizes nn.Linear layers, not stacked 3-d weights.
+torchao quantizes nn.Linear layers, not stacked 3-d weights (int8-dynamic on a CPU: a list
+that runs its rows itself, cpu_int8.OnednnInt8Experts).
 """
 
 from __future__ import annotations

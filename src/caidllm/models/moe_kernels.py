@@ -4,7 +4,8 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
 
 - ``loop``: the reference. The (token, choice) pairs sorted by expert, one host sync to read
   how many each expert got, then each expert in turn on its contiguous slice (three matmuls
-  per chosen expert). Runs any expert form, quantized ones included.
+  per chosen expert). Runs any expert form, quantized ones included; experts with a ``run_rows``
+  of their own (oneDNN int8 ones, cpu_int8.OnednnInt8Experts) get all the sorted rows at once.
 - ``grouped``: the same sort on the device, offsets from the counts' cumulative sum, and each
   projection one ``torch._grouped_mm`` over the stacked weights; the outputs put back in
   (token, choice) order and weighted and summed as the loop does (``combine``). No host sync
