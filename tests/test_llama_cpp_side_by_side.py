@@ -119,3 +119,26 @@ def test_per_expert_is_the_before_of_the_packed_experts(setup):
     assert experts and all(type(e) is ExpertList for e in experts)
     ids = script.timer_canvas(after.config.vocab_size)
     assert torch.equal(after.logits(ids), before.logits(ids))
+
+
+def test_quant_parts_times_each_projection_and_profiles_a_forward(setup, tmp_path):
+    """benchmarks/quant_parts.py on the tiny checkpoint: every projection shape at every row count,
+    each weight kind timed, and a profiled forward per setting."""
+    _, folder, _, _ = setup
+    from caidllm.models import quantize
+
+    if quantize.torchao_version() is None:
+        pytest.skip("needs torchao")
+    spec = importlib.util.spec_from_file_location("quant_parts", ROOT / "benchmarks" / "quant_parts.py")
+    parts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parts)
+    out = tmp_path / "parts.json"
+    assert parts.main(["--checkpoint", str(folder), "--linears", "--rows", "4,16", "--profile", "bf16,int4",
+                       "--repeats", "1", "--top", "3", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    shapes = {(r["out_features"], r["in_features"], r["rows"]) for r in report["linears"]}
+    assert shapes == {(o, i, rows) for o, i in [(32, 64), (64, 32), (64, 64)] for rows in (4, 16)}
+    assert all(ms >= 0 for r in report["linears"] for ms in r["cpu_ms"].values())
+    assert all({"bf16 F.linear", "int4 F.linear"} <= set(r["cpu_ms"]) for r in report["linears"])
+    assert [f["setting"] for f in report["forwards"]] == ["bf16", "int4"]
+    assert all(f["forward_cpu_ms"] > 0 and len(f["top"]) == 3 for f in report["forwards"])
