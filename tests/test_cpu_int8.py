@@ -304,6 +304,8 @@ def test_packed_experts_run_together_with_the_per_expert_loops_numbers(family, d
     tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]
     alone = [lm.generate([p], **options)[0].token_ids for p in ("hello", "two plus two")]
     assert alone == tokens  # batch invariance
+    nothing = layers[0].experts.run_rows(torch.zeros(0, 64, dtype=lm.dtype), [0] * 16)
+    assert nothing.shape == (0, 64) and nothing.dtype == lm.dtype
     for m in layers:
         m.experts = ExpertList(list(m.experts))
     for ids, expected in zip(canvases, together):

@@ -108,6 +108,8 @@ class OnednnInt8Experts(ExpertList):
     def run_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """The experts' outputs for `rows` [P, hidden] sorted by expert, counts[e] rows each."""
         runs = [(e, start, start + n) for e, (start, n) in enumerate(zip(_starts(counts), counts)) if n]
+        if not runs:  # no row at all (an empty forward)
+            return rows.new_zeros(rows.shape[0], self[0].down_proj.weight.shape[0])
         values, scale = quantize_per_token(rows)
         scale = scale.to(rows.dtype)
         gate = self._each(runs, values, "gate_proj", rows.dtype).mul_(scale)
