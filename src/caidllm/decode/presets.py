@@ -70,6 +70,15 @@ def lays_blocks(method: str, **options) -> bool:
     return not build_config(method, **options).whole_generation
 
 
+def decodes_one_block(method, **options) -> bool:
+    """Whether `method` (with `options`) decodes the whole canvas as one block (not lays_blocks); False
+    for a method or option that is wrong, which building its config then names."""
+    try:
+        return not lays_blocks(method, **options)
+    except InputError:
+        return False
+
+
 def take_the_runs_block(methods: list[tuple[str, dict]]) -> list[bool]:
     """Which of several methods run side by side (bench, calibrate) take the run's block_length: those
     that lay blocks, not Elastic-Cache's official loop (one block of gen_length: the bench's row says
