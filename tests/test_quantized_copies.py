@@ -23,6 +23,8 @@ LOADED = {  # (name, dtype, quantize, quantize_head)
     "int8-dynamic": ("tiny", "float32", "int8-dynamic", True),
     "int4": ("tiny", "bfloat16", "int4", True),
     "moe-int8-dynamic": ("tiny-moe", "float32", "int8-dynamic", False),
+    "int8": ("tiny", "float32", "int8", False),  # torchao's tensors only
+    "moe-int4": ("tiny-moe", "bfloat16", "int4", False),
 }
 DENSE = "random:llada-8b?n_layers=2&d_model=64&n_heads=2&n_kv_heads=2&mlp_hidden_size=128&vocab_size=512"
 MOE = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
@@ -77,6 +79,8 @@ def test_a_packed_weight_saves_its_int8_values_and_scales_and_repacks():
     qdata, scale = linear.weight.qdata.clone(), linear.weight.scale.clone()
     kernels().pack_int8_dynamic(linear)
     assert torch.equal(linear.weight.int8_data(), qdata)  # unpacked exactly
+    unit = torch.ones(40)
+    assert torch.equal(kernels()._identity_product(linear.weight.packed, unit, (40, 96), torch.int8), qdata)
     x = torch.randn(5, 96)
     expected = linear(x)
     for twin in (copy.deepcopy(linear), saved_and_loaded(linear, weights_only=False)):
@@ -89,8 +93,8 @@ def test_a_packed_weight_saves_its_int8_values_and_scales_and_repacks():
 
 def test_deepcopy_gives_the_same_logits_and_tokens(loaded):
     twin = copy.deepcopy(loaded)
-    assert twin.model is not loaded.model
-    assert len(packed_weights(twin.model)) == len(packed_weights(loaded.model)) > 0
+    assert twin.model is not loaded.model and quant.is_quantized(twin.model)
+    assert len(packed_weights(twin.model)) == len(packed_weights(loaded.model))
     ids = ids_of(loaded)
     assert torch.equal(twin.logits(ids), loaded.logits(ids))
     alone = [twin.generate([p], **DECODE)[0].token_ids for p in PROMPTS]
@@ -100,7 +104,7 @@ def test_deepcopy_gives_the_same_logits_and_tokens(loaded):
 
 def test_torch_save_of_the_module_gives_the_same_logits(loaded):
     twin = with_model(loaded, saved_and_loaded(loaded.model, weights_only=False))
-    assert len(packed_weights(twin.model)) == len(packed_weights(loaded.model)) > 0
+    assert quant.is_quantized(twin.model) and len(packed_weights(twin.model)) == len(packed_weights(loaded.model))
     ids = ids_of(loaded)
     assert torch.equal(twin.logits(ids), loaded.logits(ids))
     assert quant.weights_bytes(twin.model) == quant.weights_bytes(loaded.model)
