@@ -17,6 +17,8 @@ Inductor cannot lower oneDNN's opaque packed weight, so a compiled model keeps t
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 from torchao.utils import TorchAOBaseTensor
@@ -53,8 +55,61 @@ class OnednnInt8Weight(TorchAOBaseTensor):
 
     def dequantize(self, output_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The weight in floating point: the kernel applied to the identity (exact: int32 sums of one term)."""
-        eye = torch.eye(self.shape[1], dtype=torch.int8, device=self.device)
-        return _matmul(eye, self.packed, self.scale, torch.float32).t().to(output_dtype or self.dtype)
+        return _identity_product(self.packed, self.scale, self.shape, output_dtype or self.dtype)
+
+    def int8_data(self) -> torch.Tensor:
+        """The [out, in] int8 weight back from oneDNN's layout: oneDNN's reorder to a plain [in, out]
+        layout, checked on its first columns against what the kernel computes (its product with the
+        identity, unit scales: exact); that product in full, slower, should they ever differ."""
+        ones = torch.ones_like(self.scale)
+        plain = self.packed.to_dense().t()
+        first = min(self.shape[1], _CHECKED_COLUMNS)
+        if torch.equal(_identity_product(self.packed, ones, (self.shape[0], first), torch.int8), plain[:, :first]):
+            return plain.contiguous()
+        return _identity_product(self.packed, ones, self.shape, torch.int8)
+
+    # oneDNN's packed tensor is opaque, without storage: torch.save and deepcopy could not copy it.
+    # They copy the int8 weight and its scales instead and repack as they rebuild; the model itself
+    # holds the packed form only (no second copy of the weight), the packing being a cache of it.
+    def __reduce_ex__(self, protocol):
+        extra = {k: v for k, v in self.__dict__.items() if k not in ("packed", "scale", "act_dtype")}
+        return repacked, (self.int8_data(), self.scale, self.act_dtype, extra)
+
+    def __deepcopy__(self, memo):
+        if id(self) not in memo:
+            rebuild, args = self.__reduce_ex__(2)
+            memo[id(self)] = rebuild(*copy.deepcopy(args, memo))
+        return memo[id(self)]
+
+
+def repacked(qdata: torch.Tensor, scale: torch.Tensor, act_dtype: torch.dtype, extra: dict) -> OnednnInt8Weight:
+    """An OnednnInt8Weight rebuilt from what __reduce_ex__ saved (``extra``: its other attributes,
+    such as nn.Parameter's mark)."""
+    weight = OnednnInt8Weight.from_int8(qdata, scale, act_dtype)
+    weight.__dict__.update(extra)
+    return weight
+
+
+# a state_dict holding packed weights loads with torch.load's default weights_only=True
+torch.serialization.add_safe_globals([repacked])
+
+_IDENTITY_BLOCK_BYTES = 64 << 20  # float32 output of one block of identity rows
+_CHECKED_COLUMNS = 64  # of a weight unpacked by oneDNN's reorder, checked against the kernel
+
+
+def _identity_product(packed: torch.Tensor, scale: torch.Tensor, shape, dtype: torch.dtype) -> torch.Tensor:
+    """[out, columns] in `dtype`: the kernel applied to the identity's first `columns` rows (shape:
+    (out, columns)), a block of rows at a time (a 126k-row head's whole product is 2 GB in float32)."""
+    out_features, columns = shape
+    in_features = packed.shape[0]  # oneDNN's packed weight is [in, out]
+    rows = max(1, min(columns, _IDENTITY_BLOCK_BYTES // (4 * out_features)))
+    result = torch.empty(out_features, columns, dtype=dtype, device=scale.device)
+    for start in range(0, columns, rows):
+        n = min(rows, columns - start)
+        eye = torch.zeros(n, in_features, dtype=torch.int8, device=scale.device)
+        eye[torch.arange(n), torch.arange(start, start + n)] = 1
+        result[:, start:start + n] = _matmul(eye, packed, scale, torch.float32).t()
+    return result
 
 
 def _matmul(x_int8: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype):
@@ -89,6 +144,27 @@ def int8_linear(x: torch.Tensor, weight: OnednnInt8Weight, bias: torch.Tensor | 
 @OnednnInt8Weight.implements_torch_function(torch.nn.functional.linear)
 def _(func, types, args, kwargs):
     return int8_linear(args[0], args[1], args[2] if len(args) > 2 else (kwargs or {}).get("bias"))
+
+
+@OnednnInt8Weight.implements(aten.copy_.default)
+def _(func, types, args, kwargs):
+    """load_state_dict's copy into a packed weight: another packed weight, or torchao's int8-dynamic
+    one (repacked), of the same shape; anything else is refused naming the form that loads."""
+    dst, src = args[0], args[1]
+    if isinstance(dst, OnednnInt8Weight) and _symmetric_int8_dynamic(src):
+        src = OnednnInt8Weight.from_int8(src.qdata, src.scale, dst.dtype)
+    if not (isinstance(dst, OnednnInt8Weight) and isinstance(src, OnednnInt8Weight) and dst.shape == src.shape):
+        raise ValueError(f"cannot copy a {_form(src)} into a {_form(dst)}: an int8-dynamic packed weight loads "
+                         "only into a model quantized the same way (load(..., quantize='int8-dynamic') on this "
+                         "CPU), and only such a weight, or torchao's int8-dynamic one, loads into it")
+    dst.packed.copy_(src.packed)
+    dst.scale.copy_(src.scale)
+    return dst
+
+
+def _form(t: torch.Tensor) -> str:
+    kind = "packed int8-dynamic weight" if isinstance(t, OnednnInt8Weight) else f"{type(t).__name__} of {t.dtype}"
+    return f"{kind} {list(t.shape)}"
 
 
 def pack_int8_dynamic(module: nn.Module) -> None:

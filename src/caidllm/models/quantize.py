@@ -241,6 +241,8 @@ def quantize_module(module: nn.Module, q: Quantization, device: torch.device, pa
 
     with _quiet_import():
         quantize_(module, q.config(device), filter_fn=_is_linear, device=device)
+    for linear in module.modules():  # torchao's extra_repr (a method over a partial) stops torch.save: nn.Linear's
+        linear.__dict__.pop("extra_repr", None)
     packing = q.packing(device.type) if pack else None
     if packing is not None:
         packing.apply(module)
