@@ -130,3 +130,20 @@ def test_tiny_moe_in_bf16_gives_the_same_logits_as_converting_every_forward(monk
     monkeypatch.setattr(Router, "weight_fp32", lambda self: self.weight.float())  # the official way
     every_forward = lm.logits(ids)
     assert torch.equal(cached[0], every_forward) and torch.equal(cached[1], every_forward)
+
+
+def test_a_copy_made_in_inference_mode_serves_a_later_forward_under_autograd():
+    """A frozen router (a fine-tune of the rest) after an evaluation under torch.inference_mode: the
+    float32 copy made there must not be an inference tensor, which autograd cannot save."""
+    router = bf16_router()
+    router.weight.requires_grad_(False)
+    x = torch.randn(5, 16, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        router(x)
+    assert not router.weight_fp32().is_inference()
+    trained = x.clone().requires_grad_(True)
+    _, weights = router(trained)
+    weights.sum().backward()
+    assert trained.grad is not None and trained.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert torch.equal(logits_of(router, x), official_logits(router, x))

@@ -159,8 +159,10 @@ class Router(nn.Module):
         key = (w.data_ptr(), w._version, w.shape, w.device, w.dtype)
         cached = getattr(self, "_fp32", None)  # None also in a Router pickled before the cache existed
         if cached is None or cached[1] != key:
-            # the source storage is held so that no other weight can take its address while cached
-            cached = self._fp32 = (w.detach(), key, w.detach().float())
+            # the source storage is held so that no other weight can take its address while cached; the
+            # copy is made outside inference mode, so that a later forward under autograd may use it
+            with torch.inference_mode(False):
+                cached = self._fp32 = (w.detach(), key, w.detach().float())
         return cached[2]
 
     def __getstate__(self):
