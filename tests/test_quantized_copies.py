@@ -157,3 +157,37 @@ def test_torchaos_int8_dynamic_state_loads_into_a_packed_model_and_other_forms_a
         full.model.load_state_dict(packed.model.state_dict())
     with pytest.raises(RuntimeError, match=r"cannot copy a Tensor of torch.float32 \[64, 64\] into a packed"):
         packed.model.load_state_dict(build_random(shape, cpu, dtype, seed=2).model.state_dict())
+
+
+class Crafted:
+    """A file's object that torch.load(weights_only=True) rebuilds with cpu_int8.repacked and `args`."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce_ex__(self, protocol):
+        return kernels().repacked, self.args
+
+
+
+QDATA = torch.randint(-128, 128, (40, 96), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+CRAFTED = {  # what a file gives repacked -> the refusal naming its problem
+    "short scales": ((QDATA, torch.ones(3), torch.float32, {}),
+                     r"its scales are a Tensor of torch.float32 \[3\], not 40 floats"),
+    "integer dtype": ((QDATA, torch.ones(40), torch.int64, {}), "its activation dtype torch.int64 is not a floating"),
+    "a tensor over its packing": ((QDATA, torch.ones(40), torch.float32, {"packed": torch.zeros(2, 2)}),
+                                  r"its other attributes \['packed'\] are not plain marks"),
+    "float weight": ((QDATA.float(), torch.ones(40), torch.float32, {}),
+                     r"its weight is a Tensor of torch.float32 \[40, 96\], not a 2-D int8 tensor"),
+}
+
+
+@pytest.mark.parametrize("kind", list(CRAFTED))
+def test_a_file_loaded_with_weights_only_builds_only_a_well_formed_packed_weight(kind):
+    """oneDNN reads as many scales as the weight has rows, unchecked: a file giving fewer must not
+    load (its forwards read past their end), nor one that overwrites the packed data or is not int8."""
+    args, problem = CRAFTED[kind]
+    with pytest.raises(ValueError, match="cannot rebuild a saved packed int8-dynamic weight: " + problem):
+        saved_and_loaded({"w": Crafted(*args)})
+    good = saved_and_loaded({"w": Crafted(QDATA, torch.rand(40) + 0.1, torch.float32, {"_is_param": True})})["w"]
+    assert isinstance(good, nn.Parameter) and torch.equal(good.int8_data(), QDATA)

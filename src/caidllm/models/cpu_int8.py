@@ -84,13 +84,37 @@ class OnednnInt8Weight(TorchAOBaseTensor):
 
 def repacked(qdata: torch.Tensor, scale: torch.Tensor, act_dtype: torch.dtype, extra: dict) -> OnednnInt8Weight:
     """An OnednnInt8Weight rebuilt from what __reduce_ex__ saved (``extra``: its other attributes,
-    such as nn.Parameter's mark)."""
+    such as nn.Parameter's mark), checked first (_check_saved)."""
+    _check_saved(qdata, scale, act_dtype, extra)
     weight = OnednnInt8Weight.from_int8(qdata, scale, act_dtype)
     weight.__dict__.update(extra)
     return weight
 
 
-# a state_dict holding packed weights loads with torch.load's default weights_only=True
+def _check_saved(qdata, scale, act_dtype, extra) -> None:
+    """torch.load(weights_only=True) may read anyone's file and calls repacked with what it holds:
+    only a plain [out, in] int8 weight, one float scale per row (oneDNN reads out's worth of scales
+    without a bounds check), a floating dtype and plain marks rebuild a packed weight."""
+    if type(qdata) is not torch.Tensor or qdata.dtype != torch.int8 or qdata.dim() != 2:
+        problem = f"its weight is a {_form(qdata) if isinstance(qdata, torch.Tensor) else type(qdata).__name__}" \
+                  ", not a 2-D int8 tensor"
+    elif type(scale) is not torch.Tensor or not scale.is_floating_point() or scale.numel() != qdata.shape[0]:
+        got = _form(scale) if isinstance(scale, torch.Tensor) else type(scale).__name__
+        problem = f"its scales are a {got}, not {qdata.shape[0]} floats (one per row of its {list(qdata.shape)} weight)"
+    elif not isinstance(act_dtype, torch.dtype) or not act_dtype.is_floating_point:
+        problem = f"its activation dtype {act_dtype!r} is not a floating dtype"
+    elif not isinstance(extra, dict) or any(not isinstance(k, str) or k in ("packed", "scale", "act_dtype")
+                                            or k.startswith("__") or not isinstance(v, (bool, int, float, str))
+                                            for k, v in extra.items()):
+        named = [str(k) for k in extra] if isinstance(extra, dict) else type(extra).__name__
+        problem = f"its other attributes {named} are not plain marks (such as nn.Parameter's _is_param)"
+    else:
+        return
+    raise ValueError(f"cannot rebuild a saved packed int8-dynamic weight: {problem}")
+
+
+# a state_dict holding packed weights loads with torch.load's default weights_only=True (repacked checks
+# what it is given: it builds tensors only)
 torch.serialization.add_safe_globals([repacked])
 
 _IDENTITY_BLOCK_BYTES = 64 << 20  # float32 output of one block of identity rows
