@@ -191,3 +191,27 @@ def test_a_file_loaded_with_weights_only_builds_only_a_well_formed_packed_weight
         saved_and_loaded({"w": Crafted(*args)})
     good = saved_and_loaded({"w": Crafted(QDATA, torch.rand(40) + 0.1, torch.float32, {"_is_param": True})})["w"]
     assert isinstance(good, nn.Parameter) and torch.equal(good.int8_data(), QDATA)
+
+
+@pytest.mark.parametrize("kind", ["int8-dynamic", "int4"])
+def test_a_packed_state_loads_into_torchaos_tensors(kind):
+    """The other way: a state saved from a packed model loads into one that keeps torchao's tensors (what
+    load(..., compile=True) quantizes), unpacked as it loads: the logits of the source's draw quantized
+    that way; into another
+    quantization (torchao's weight-only int8) it is refused naming both forms."""
+    kernels()
+    cpu = torch.device("cpu")
+    shape, dtype, quantize, head, _ = RANDOM[kind]
+    source = build_random(shape, cpu, dtype, seed=0, quantize=quantize, quantize_head=head)
+    target = build_random(shape, cpu, dtype, seed=1, quantize=quantize, quantize_head=head, pack=False)
+    assert packed_weights(source.model) and not packed_weights(target.model)
+    ids = torch.arange(3, 19).reshape(2, 8)
+    before = quant.weights_bytes(target.model)
+    result = target.model.load_state_dict(saved_and_loaded(source.model.state_dict()))
+    assert not result.missing_keys and not result.unexpected_keys and not packed_weights(target.model)
+    unpacked_source = build_random(shape, cpu, dtype, seed=0, quantize=quantize, quantize_head=head, pack=False)
+    assert torch.equal(target.logits(ids), unpacked_source.logits(ids))  # torchao's kernel, the source's weights
+    assert quant.weights_bytes(target.model) == before
+    weight_only = build_random(shape, cpu, dtype, seed=1, quantize="int8", quantize_head=head)
+    with pytest.raises(RuntimeError, match=r"cannot copy a packed int8-dynamic weight \[\d+, \d+\] into a Int8Tensor"):
+        weight_only.model.load_state_dict(source.model.state_dict())

@@ -178,17 +178,49 @@ def _(func, types, args, kwargs):
     if isinstance(dst, OnednnInt8Weight) and _symmetric_int8_dynamic(src):
         src = OnednnInt8Weight.from_int8(src.qdata, src.scale, dst.dtype)
     if not (isinstance(dst, OnednnInt8Weight) and isinstance(src, OnednnInt8Weight) and dst.shape == src.shape):
-        raise ValueError(f"cannot copy a {_form(src)} into a {_form(dst)}: an int8-dynamic packed weight loads "
-                         "only into a model quantized the same way (load(..., quantize='int8-dynamic') on this "
-                         "CPU), and only such a weight, or torchao's int8-dynamic one, loads into it")
+        raise ValueError(_refusal(src, dst))
     dst.packed.copy_(src.packed)
     dst.scale.copy_(src.scale)
     return dst
 
 
+def _refusal(src: torch.Tensor, dst: torch.Tensor) -> str:
+    return (f"cannot copy a {_form(src)} into a {_form(dst)}: an int8-dynamic packed weight loads only into a "
+            "model quantized the same way (load(..., quantize='int8-dynamic'), packed on this CPU or torchao's "
+            "under compile=True), and only such a weight, or torchao's int8-dynamic one, loads into a packed one")
+
+
 def _form(t: torch.Tensor) -> str:
     kind = "packed int8-dynamic weight" if isinstance(t, OnednnInt8Weight) else f"{type(t).__name__} of {t.dtype}"
     return f"{kind} {list(t.shape)}"
+
+
+def copies_and_saves(module: nn.Module) -> None:
+    """torchao-quantized nn.Linears inside `module` made to copy, save and load: torchao's extra_repr
+    (a method over a partial) dropped, as it stops torch.save (nn.Linear's serves); and a hook that
+    unpacks a packed weight's state into torchao's int8-dynamic form before a load (a state saved from a
+    packed model into a compile=True one), or refuses it naming both forms: torchao's own copy_ runs
+    first and knows no packed weight ('no attribute qdata'). A weight packed since is the packed copy_'s."""
+    for linear in module.modules():
+        linear.__dict__.pop("extra_repr", None)
+        if isinstance(linear, nn.Linear) and isinstance(linear.weight, TorchAOBaseTensor):
+            linear.register_load_state_dict_pre_hook(_unpack_a_packed_state)
+
+
+def _unpack_a_packed_state(linear, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
+    key, weight = prefix + "weight", linear.weight
+    saved = state_dict.get(key)
+    if not isinstance(saved, OnednnInt8Weight) or isinstance(weight, OnednnInt8Weight) or saved.shape != weight.shape:
+        return  # nothing of this hook's (a shape that differs: load_state_dict names it)
+    if not _symmetric_int8_dynamic(weight):
+        error_msgs.append(f'While copying the parameter named "{key}": {_refusal(saved, weight)}')
+        state_dict[key] = weight  # refused: the weight stays as it is
+        return
+    names, attributes = weight.__tensor_flatten__()
+    data = {name: getattr(weight, name) for name in names}
+    data["qdata"] = saved.int8_data().to(weight.qdata.device)
+    data["scale"] = saved.scale.reshape(weight.scale.shape).to(weight.scale)
+    state_dict[key] = type(weight).__tensor_unflatten__(data, attributes, weight.shape, weight.stride())
 
 
 def pack_int8_dynamic(module: nn.Module) -> None:
