@@ -147,3 +147,16 @@ def test_a_copy_made_in_inference_mode_serves_a_later_forward_under_autograd():
     assert trained.grad is not None and trained.grad.abs().sum() > 0
     with torch.no_grad():
         assert torch.equal(logits_of(router, x), official_logits(router, x))
+
+
+def test_a_router_made_float32_lets_go_of_its_bf16_copy():
+    """After .float() the weight is used as is: the copy of the bf16 weight (and that weight, held with
+    it) is released at the next forward, not kept for the life of the model."""
+    router = bf16_router()
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        router(x)
+        assert router._fp32 is not None
+        router.float()
+        router(x.float())
+    assert router._fp32 is None

@@ -155,6 +155,7 @@ class Router(nn.Module):
         inference-mode tensor (it has no version counter to tell a change)."""
         w = self.weight
         if w.dtype == torch.float32 or w.is_inference() or (w.requires_grad and torch.is_grad_enabled()):
+            self._fp32 = None  # a copy of an earlier weight (before .float(), say) is not held on for nothing
             return w.float()
         key = (w.data_ptr(), w._version, w.shape, w.device, w.dtype)
         cached = getattr(self, "_fp32", None)  # None also in a Router pickled before the cache existed
