@@ -150,7 +150,8 @@ class Router(nn.Module):
     def weight_fp32(self) -> torch.Tensor:
         """The weight in float32. LLaDA2's official gate converts it on every forward; a bf16 model
         here converts it once, and again only after the weight changes (new storage or a new version:
-        load_state_dict, .to(), an optimiser step): the same numbers, bf16 -> fp32 being exact.
+        load_state_dict, .to(), an optimiser step): the same numbers, bf16 -> fp32 being exact. A write
+        through ``weight.data`` (its own version counter) is not seen: write to the weight under no_grad.
         Used as is: a float32 weight, one being trained (autograd must see the conversion), and an
         inference-mode tensor (it has no version counter to tell a change)."""
         w = self.weight
