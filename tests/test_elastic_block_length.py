@@ -189,6 +189,8 @@ def test_the_soak_sends_its_block_length_only_to_methods_that_lay_blocks():
     body = {"gen_length": 32, "block_length": 16}
     assert _body_of("elastic", body) == {"gen_length": 32} and _body_of("elastic-block", body) == body
     assert _body_of("warp", body) == body  # an unknown method: the server names it
+    with_method = {**body, "method": "fastdllm"}  # a body that names a method too: read, not a TypeError
+    assert _body_of("elastic", with_method) == {"gen_length": 32, "method": "fastdllm"}
     for method, scope in (("elastic", {"elastic_scope": "block"}), ("fastdllm", {"cache": "elastic"})):
         own = {**body, **scope}  # the body's own cache and scope decide, as the server's would
         assert _body_of(method, own) == (own if method == "elastic" else {"gen_length": 32, **scope})
