@@ -88,6 +88,7 @@ def test_a_packed_weight_saves_its_int8_values_and_scales_and_repacks():
         assert isinstance(w, kernels().OnednnInt8Weight) and isinstance(w, nn.Parameter) and not w.requires_grad
         assert torch.equal(w.int8_data(), qdata) and torch.equal(w.scale, scale.reshape(-1).float())
         assert w.packed is not linear.weight.packed and torch.equal(twin(x), expected)
+        assert w.scale.data_ptr() != linear.weight.scale.data_ptr()  # the copy's own scales
         assert dict(twin.named_parameters()).keys() == dict(linear.named_parameters()).keys()
 
 

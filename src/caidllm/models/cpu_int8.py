@@ -60,12 +60,14 @@ class OnednnInt8Weight(TorchAOBaseTensor):
     def int8_data(self) -> torch.Tensor:
         """The [out, in] int8 weight back from oneDNN's layout: oneDNN's reorder to a plain [in, out]
         layout, checked on its first columns against what the kernel computes (its product with the
-        identity, unit scales: exact); that product in full, slower, should they ever differ."""
+        identity, unit scales: exact); that product in full, slower, should they ever differ. The
+        reorder is returned as its transposed view, not copied again (torch.save keeps the strides;
+        a 126k-row head is half a GB)."""
         ones = torch.ones_like(self.scale)
         plain = self.packed.to_dense().t()
         first = min(self.shape[1], _CHECKED_COLUMNS)
         if torch.equal(_identity_product(self.packed, ones, (self.shape[0], first), torch.int8), plain[:, :first]):
-            return plain.contiguous()
+            return plain
         return _identity_product(self.packed, ones, self.shape, torch.int8)
 
     # oneDNN's packed tensor is opaque, without storage: torch.save and deepcopy could not copy it.
@@ -76,9 +78,10 @@ class OnednnInt8Weight(TorchAOBaseTensor):
         return repacked, (self.int8_data(), self.scale, self.act_dtype, extra)
 
     def __deepcopy__(self, memo):
-        if id(self) not in memo:
-            rebuild, args = self.__reduce_ex__(2)
-            memo[id(self)] = rebuild(*copy.deepcopy(args, memo))
+        if id(self) not in memo:  # the int8 values are new already: made contiguous for packing, not copied again
+            qdata, scale, act_dtype, extra = self.__reduce_ex__(2)[1]
+            qdata = qdata.contiguous()  # the reorder's storage goes before the packing (a 126k-row head: 0.5 GB)
+            memo[id(self)] = repacked(qdata, scale.clone(), act_dtype, copy.deepcopy(extra, memo))
         return memo[id(self)]
 
 
