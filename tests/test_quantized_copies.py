@@ -96,6 +96,7 @@ def test_deepcopy_gives_the_same_logits_and_tokens(loaded):
     twin = copy.deepcopy(loaded)
     assert twin.model is not loaded.model and quant.is_quantized(twin.model)
     assert len(packed_weights(twin.model)) == len(packed_weights(loaded.model))
+    assert not {id(w.packed) for w in packed_weights(twin.model)} & {id(w.packed) for w in packed_weights(loaded.model)}
     ids = ids_of(loaded)
     assert torch.equal(twin.logits(ids), loaded.logits(ids))
     alone = [twin.generate([p], **DECODE)[0].token_ids for p in PROMPTS]
