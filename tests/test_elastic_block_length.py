@@ -125,6 +125,14 @@ def test_a_one_block_methods_canvas_is_max_tokens_not_whole_server_blocks(tiny):
         config = parse({"prompt": PROMPT, "max_tokens": 10, **body}, "completion", tiny, defaults).config
         assert config.gen_length == canvas, (body, config.gen_length)
     assert parse({"prompt": PROMPT, "method": "elastic"}, "completion", tiny, defaults).config.gen_length == 64
+    for tokens in (1, 2):  # the smallest canvases: one block of 1 or 2 positions, decoded alone = batched
+        body = {"prompt": PROMPT, "max_tokens": tokens, "method": "elastic"}
+        config = parse(body, "completion", tiny, defaults).config
+        assert (config.gen_length, config.block_length) == (tokens, tokens)
+        prompts = [tiny.tokenizer.encode(PROMPT), tiny.tokenizer.encode("True or False is")]
+        batched = [r.token_ids for r in tiny.generate(prompts, method="elastic", gen_length=tokens, batch_size=2)]
+        assert batched == [tiny.generate([p], method="elastic", gen_length=tokens)[0].token_ids for p in prompts]
+        assert all(len(ids) == tokens for ids in batched)
 
 
 def test_a_server_whose_default_method_is_elastic_keeps_a_block_default_for_the_others(tiny):
