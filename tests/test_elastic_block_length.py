@@ -106,6 +106,33 @@ def test_serve_refuses_a_clients_block_length_and_keeps_its_own_default(tiny):
         assert answer.json()["caidllm"]["block_length"] == 32 and answer.json()["caidllm"]["gen_length"] == 32
         blocks = httpx.post(url, json={**body, "method": "elastic-block", "block_length": 8}, timeout=60)
         assert blocks.status_code == 200 and blocks.json()["caidllm"]["block_length"] == 8
+        # max_tokens alone: elastic's canvas is exactly max_tokens (one block), its alone answer.
+        exact = httpx.post(url, json={"prompt": PROMPT, "max_tokens": 10, "method": "elastic"}, timeout=60).json()
+        assert (exact["caidllm"]["gen_length"], exact["caidllm"]["block_length"]) == (10, 10)
+        (alone,) = tiny.generate([tiny.tokenizer.encode(PROMPT)], method="elastic", gen_length=10)
+        assert exact["choices"][0]["text"] == alone.text
+
+
+def test_a_one_block_methods_canvas_is_max_tokens_not_whole_server_blocks(tiny):
+    """The server rounds max_tokens up to its block default for methods that lay blocks; a method that
+    decodes the canvas as one block (Elastic-Cache's official loop) gets exactly max_tokens."""
+    from caidllm.serve.protocol import ServerDefaults, parse
+
+    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16)
+    for body, canvas in (({"method": "elastic"}, 10), ({"method": "fastdllm"}, 16), ({"method": "elastic-block"}, 16),
+                         ({"method": "fastdllm", "cache": "elastic", "refresh_every": 0}, 10),
+                         ({"method": "elastic", "gen_length": 12}, 12)):
+        config = parse({"prompt": PROMPT, "max_tokens": 10, **body}, "completion", tiny, defaults).config
+        assert config.gen_length == canvas, (body, config.gen_length)
+    assert parse({"prompt": PROMPT, "method": "elastic"}, "completion", tiny, defaults).config.gen_length == 64
+    for tokens in (1, 2):  # the smallest canvases: one block of 1 or 2 positions, decoded alone = batched
+        body = {"prompt": PROMPT, "max_tokens": tokens, "method": "elastic"}
+        config = parse(body, "completion", tiny, defaults).config
+        assert (config.gen_length, config.block_length) == (tokens, tokens)
+        prompts = [tiny.tokenizer.encode(PROMPT), tiny.tokenizer.encode("True or False is")]
+        batched = [r.token_ids for r in tiny.generate(prompts, method="elastic", gen_length=tokens, batch_size=2)]
+        assert batched == [tiny.generate([p], method="elastic", gen_length=tokens)[0].token_ids for p in prompts]
+        assert all(len(ids) == tokens for ids in batched)
 
 
 def test_a_server_whose_default_method_is_elastic_keeps_a_block_default_for_the_others(tiny):
@@ -170,6 +197,8 @@ def test_the_soak_sends_its_block_length_only_to_methods_that_lay_blocks():
     body = {"gen_length": 32, "block_length": 16}
     assert _body_of("elastic", body) == {"gen_length": 32} and _body_of("elastic-block", body) == body
     assert _body_of("warp", body) == body  # an unknown method: the server names it
+    with_method = {**body, "method": "fastdllm"}  # a body that names a method too: read, not a TypeError
+    assert _body_of("elastic", with_method) == {"gen_length": 32, "method": "fastdllm"}
     for method, scope in (("elastic", {"elastic_scope": "block"}), ("fastdllm", {"cache": "elastic"})):
         own = {**body, **scope}  # the body's own cache and scope decide, as the server's would
         assert _body_of(method, own) == (own if method == "elastic" else {"gen_length": 32, **scope})

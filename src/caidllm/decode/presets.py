@@ -62,12 +62,22 @@ def config_for_model(model, checkpoint, method: str, settings=None, strict: bool
     return fit_to_model(config, model), taken
 
 
-def lays_blocks(method: str, **options) -> bool:
+def lays_blocks(method: str, /, **options) -> bool:
     """Whether `method` (with `options`: only its cache and elastic_scope decide) decodes in blocks of
     block_length: Elastic-Cache's official loop (DecodeConfig.whole_generation) lays one block of
     gen_length, and a block length given to it is refused."""
     options = {k: options[k] for k in ("cache", "elastic_scope") if options.get(k) is not None}
     return not build_config(method, **options).whole_generation
+
+
+def decodes_one_block(method, /, **options) -> bool:
+    """Whether `method` (with `options`) decodes the whole canvas as one block (not lays_blocks); False
+    for a method or option that is wrong, which building its config then names. Positional `method`:
+    options may be a whole request body, its own "method" among them (the soak's)."""
+    try:
+        return not lays_blocks(method, **options)
+    except InputError:
+        return False
 
 
 def take_the_runs_block(methods: list[tuple[str, dict]]) -> list[bool]:

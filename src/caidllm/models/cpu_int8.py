@@ -19,6 +19,8 @@ per-expert matmuls, with the per-token work of its three linears done once over 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -58,8 +60,88 @@ class OnednnInt8Weight(TorchAOBaseTensor):
 
     def dequantize(self, output_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The weight in floating point: the kernel applied to the identity (exact: int32 sums of one term)."""
-        eye = torch.eye(self.shape[1], dtype=torch.int8, device=self.device)
-        return _matmul(eye, self.packed, self.scale, torch.float32).t().to(output_dtype or self.dtype)
+        return _identity_product(self.packed, self.scale, self.shape, output_dtype or self.dtype)
+
+    def int8_data(self) -> torch.Tensor:
+        """The [out, in] int8 weight back from oneDNN's layout: oneDNN's reorder to a plain [in, out]
+        layout, checked on its first columns against what the kernel computes (its product with the
+        identity, unit scales: exact); that product in full, slower, should they ever differ. The
+        reorder is returned as its transposed view, not copied again (torch.save keeps the strides;
+        a 126k-row head is half a GB)."""
+        ones = torch.ones_like(self.scale)
+        plain = self.packed.to_dense().t()
+        first = min(self.shape[1], _CHECKED_COLUMNS)
+        if torch.equal(_identity_product(self.packed, ones, (self.shape[0], first), torch.int8), plain[:, :first]):
+            return plain
+        return _identity_product(self.packed, ones, self.shape, torch.int8)
+
+    # oneDNN's packed tensor is opaque, without storage: torch.save and deepcopy could not copy it.
+    # They copy the int8 weight and its scales instead and repack as they rebuild; the model itself
+    # holds the packed form only (no second copy of the weight), the packing being a cache of it.
+    def __reduce_ex__(self, protocol):
+        extra = {k: v for k, v in self.__dict__.items() if k not in ("packed", "scale", "act_dtype")}
+        return repacked, (self.int8_data(), self.scale, self.act_dtype, extra)
+
+    def __deepcopy__(self, memo):
+        if id(self) not in memo:  # the int8 values are new already: made contiguous for packing, not copied again
+            qdata, scale, act_dtype, extra = self.__reduce_ex__(2)[1]
+            qdata = qdata.contiguous()  # the reorder's storage goes before the packing (a 126k-row head: 0.5 GB)
+            memo[id(self)] = repacked(qdata, scale.clone(), act_dtype, copy.deepcopy(extra, memo))
+        return memo[id(self)]
+
+
+def repacked(qdata: torch.Tensor, scale: torch.Tensor, act_dtype: torch.dtype, extra: dict) -> OnednnInt8Weight:
+    """An OnednnInt8Weight rebuilt from what __reduce_ex__ saved (``extra``: its other attributes,
+    such as nn.Parameter's mark), checked first (_check_saved)."""
+    _check_saved(qdata, scale, act_dtype, extra)
+    weight = OnednnInt8Weight.from_int8(qdata, scale, act_dtype)
+    weight.__dict__.update(extra)
+    return weight
+
+
+def _check_saved(qdata, scale, act_dtype, extra) -> None:
+    """torch.load(weights_only=True) may read anyone's file and calls repacked with what it holds:
+    only a plain [out, in] int8 weight, one float scale per row (oneDNN reads out's worth of scales
+    without a bounds check), a floating dtype and plain marks rebuild a packed weight."""
+    if type(qdata) is not torch.Tensor or qdata.dtype != torch.int8 or qdata.dim() != 2:
+        problem = f"its weight is a {_form(qdata) if isinstance(qdata, torch.Tensor) else type(qdata).__name__}" \
+                  ", not a 2-D int8 tensor"
+    elif type(scale) is not torch.Tensor or not scale.is_floating_point() or scale.numel() != qdata.shape[0]:
+        got = _form(scale) if isinstance(scale, torch.Tensor) else type(scale).__name__
+        problem = f"its scales are a {got}, not {qdata.shape[0]} floats (one per row of its {list(qdata.shape)} weight)"
+    elif not isinstance(act_dtype, torch.dtype) or not act_dtype.is_floating_point:
+        problem = f"its activation dtype {act_dtype!r} is not a floating dtype"
+    elif not isinstance(extra, dict) or any(not isinstance(k, str) or k in ("packed", "scale", "act_dtype")
+                                            or k.startswith("__") or not isinstance(v, (bool, int, float, str))
+                                            for k, v in extra.items()):
+        named = [str(k) for k in extra] if isinstance(extra, dict) else type(extra).__name__
+        problem = f"its other attributes {named} are not plain marks (such as nn.Parameter's _is_param)"
+    else:
+        return
+    raise ValueError(f"cannot rebuild a saved packed int8-dynamic weight: {problem}")
+
+
+# a state_dict holding packed weights loads with torch.load's default weights_only=True (repacked checks
+# what it is given: it builds tensors only)
+torch.serialization.add_safe_globals([repacked])
+
+_IDENTITY_BLOCK_BYTES = 64 << 20  # float32 output of one block of identity rows
+_CHECKED_COLUMNS = 64  # of a weight unpacked by oneDNN's reorder, checked against the kernel
+
+
+def _identity_product(packed: torch.Tensor, scale: torch.Tensor, shape, dtype: torch.dtype) -> torch.Tensor:
+    """[out, columns] in `dtype`: the kernel applied to the identity's first `columns` rows (shape:
+    (out, columns)), a block of rows at a time (a 126k-row head's whole product is 2 GB in float32)."""
+    out_features, columns = shape
+    in_features = packed.shape[0]  # oneDNN's packed weight is [in, out]
+    rows = max(1, min(columns, _IDENTITY_BLOCK_BYTES // (4 * out_features)))
+    result = torch.empty(out_features, columns, dtype=dtype, device=scale.device)
+    for start in range(0, columns, rows):
+        n = min(rows, columns - start)
+        eye = torch.zeros(n, in_features, dtype=torch.int8, device=scale.device)
+        eye[torch.arange(n), torch.arange(start, start + n)] = 1
+        result[:, start:start + n] = _matmul(eye, packed, scale, torch.float32).t()
+    return result
 
 
 def _matmul(x_int8: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype):
@@ -132,6 +214,59 @@ def _starts(counts: list[int]) -> list[int]:
         starts.append(total)
         total += n
     return starts
+
+
+@OnednnInt8Weight.implements(aten.copy_.default)
+def _(func, types, args, kwargs):
+    """load_state_dict's copy into a packed weight: another packed weight, or torchao's int8-dynamic
+    one (repacked), of the same shape; anything else is refused naming the form that loads."""
+    dst, src = args[0], args[1]
+    if isinstance(dst, OnednnInt8Weight) and _symmetric_int8_dynamic(src):
+        src = OnednnInt8Weight.from_int8(src.qdata, src.scale, dst.dtype)
+    if not (isinstance(dst, OnednnInt8Weight) and isinstance(src, OnednnInt8Weight) and dst.shape == src.shape):
+        raise ValueError(_refusal(src, dst))
+    dst.packed.copy_(src.packed)
+    dst.scale.copy_(src.scale)
+    return dst
+
+
+def _refusal(src: torch.Tensor, dst: torch.Tensor) -> str:
+    return (f"cannot copy a {_form(src)} into a {_form(dst)}: an int8-dynamic packed weight loads only into a "
+            "model quantized the same way (load(..., quantize='int8-dynamic'), packed on this CPU or torchao's "
+            "under compile=True), and only such a weight, or torchao's int8-dynamic one, loads into a packed one")
+
+
+def _form(t: torch.Tensor) -> str:
+    kind = "packed int8-dynamic weight" if isinstance(t, OnednnInt8Weight) else f"{type(t).__name__} of {t.dtype}"
+    return f"{kind} {list(t.shape)}"
+
+
+def copies_and_saves(module: nn.Module) -> None:
+    """torchao-quantized nn.Linears inside `module` made to copy, save and load: torchao's extra_repr
+    (a method over a partial) dropped, as it stops torch.save (nn.Linear's serves); and a hook that
+    unpacks a packed weight's state into torchao's int8-dynamic form before a load (a state saved from a
+    packed model into a compile=True one), or refuses it naming both forms: torchao's own copy_ runs
+    first and knows no packed weight ('no attribute qdata'). A weight packed since is the packed copy_'s."""
+    for linear in module.modules():
+        linear.__dict__.pop("extra_repr", None)
+        if isinstance(linear, nn.Linear) and isinstance(linear.weight, TorchAOBaseTensor):
+            linear.register_load_state_dict_pre_hook(_unpack_a_packed_state)
+
+
+def _unpack_a_packed_state(linear, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
+    key, weight = prefix + "weight", linear.weight
+    saved = state_dict.get(key)
+    if not isinstance(saved, OnednnInt8Weight) or isinstance(weight, OnednnInt8Weight) or saved.shape != weight.shape:
+        return  # nothing of this hook's (a shape that differs: load_state_dict names it)
+    if not _symmetric_int8_dynamic(weight):
+        error_msgs.append(f'While copying the parameter named "{key}": {_refusal(saved, weight)}')
+        state_dict[key] = weight  # refused: the weight stays as it is
+        return
+    names, attributes = weight.__tensor_flatten__()
+    data = {name: getattr(weight, name) for name in names}
+    data["qdata"] = saved.int8_data().to(weight.qdata.device)
+    data["scale"] = saved.scale.reshape(weight.scale.shape).to(weight.scale)
+    state_dict[key] = type(weight).__tensor_unflatten__(data, attributes, weight.shape, weight.stride())
 
 
 def pack_int8_dynamic(module: nn.Module) -> None:

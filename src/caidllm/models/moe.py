@@ -137,14 +137,38 @@ class Router(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(config.num_experts))
         else:
             self.expert_bias = None
+        self._fp32 = None  # weight_fp32's cache: (the source weight, its address and version, it in float32)
 
     def forward(self, x: torch.Tensor):
         """x [T, hidden] -> (experts [T, k], weights [T, k] fp32 when router_fp32)."""
         if self.config.router_fp32:
-            logits = nn.functional.linear(x.float(), self.weight.float())
+            logits = nn.functional.linear(x.float(), self.weight_fp32())
         else:
             logits = nn.functional.linear(x, self.weight).float()
         return route(logits, self.config, self.expert_bias)
+
+    def weight_fp32(self) -> torch.Tensor:
+        """The weight in float32. LLaDA2's official gate converts it on every forward; a bf16 model
+        here converts it once, and again only after the weight changes (new storage or a new version:
+        load_state_dict, .to(), an optimiser step): the same numbers, bf16 -> fp32 being exact. A write
+        through ``weight.data`` (its own version counter) is not seen: write to the weight under no_grad.
+        Used as is: a float32 weight, one being trained (autograd must see the conversion), and an
+        inference-mode tensor (it has no version counter to tell a change)."""
+        w = self.weight
+        if w.dtype == torch.float32 or w.is_inference() or (w.requires_grad and torch.is_grad_enabled()):
+            self._fp32 = None  # a copy of an earlier weight (before .float(), say) is not held on for nothing
+            return w.float()
+        key = (w.data_ptr(), w._version, w.shape, w.device, w.dtype)
+        cached = getattr(self, "_fp32", None)  # None also in a Router pickled before the cache existed
+        if cached is None or cached[1] != key:
+            # the source storage is held so that no other weight can take its address while cached; the
+            # copy is made outside inference mode, so that a later forward under autograd may use it
+            with torch.inference_mode(False):
+                cached = self._fp32 = (w.detach(), key, w.detach().float())
+        return cached[2]
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "_fp32": None}  # a cache: neither saved nor deep-copied
 
 
 class MoEFeedForward(nn.Module):

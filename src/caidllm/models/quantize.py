@@ -239,8 +239,11 @@ def quantize_module(module: nn.Module, q: Quantization, device: torch.device, pa
     repacked for the device's faster kernel where there is one (not under --compile)."""
     from torchao.quantization import quantize_
 
+    from .cpu_int8 import copies_and_saves
+
     with _quiet_import():
         quantize_(module, q.config(device), filter_fn=_is_linear, device=device)
+    copies_and_saves(module)
     packing = q.packing(device.type) if pack else None
     if packing is not None:
         packing.apply(module)

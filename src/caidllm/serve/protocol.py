@@ -15,7 +15,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from caidllm.checks import is_id_list, is_int, is_number
 from caidllm.decode.block_diffusion import check_given_fit, fit_to_model
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
-from caidllm.decode.presets import build_config
+from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.errors import InputError
 from caidllm.serve.openai_fields import NEUTRAL
 
@@ -137,10 +137,13 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         if max_tokens is not None and is_int(ext["gen_length"]) and max_tokens > ext["gen_length"]:
             raise RequestError(f"{max_name} ({max_tokens}) exceeds gen_length ({ext['gen_length']})", max_name)
     elif is_int(block) and block > 0:
-        # The canvas: max_tokens rounded up to whole blocks, else the server default (whole blocks too).
+        # The canvas: max_tokens rounded up to whole blocks, else the server default (whole blocks too);
+        # exactly max_tokens for a method that decodes the whole canvas as one block (Elastic-Cache's
+        # official loop), which the server's block default does not reach.
         # Integer arithmetic: a huge max_tokens must not overflow a float.
         wanted = max_tokens if max_tokens is not None else defaults.gen_length
-        ext["gen_length"] = -(-wanted // block) * block
+        one_block = max_tokens is not None and "block_length" not in extensions and decodes_one_block(method, **ext)
+        ext["gen_length"] = wanted if one_block else -(-wanted // block) * block
     gen_length = ext.get("gen_length")
     if is_int(gen_length) and gen_length > defaults.max_gen_length:
         param = "gen_length" if "gen_length" in extensions else max_name

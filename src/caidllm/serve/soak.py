@@ -97,13 +97,9 @@ def _body_of(method: str, body: dict) -> dict:
     """The shared body as `method` takes it: no block length for one that lays no blocks (Elastic-Cache's
     official loop refuses one other than gen_length; presets.lays_blocks: the body's cache and elastic_scope
     decide, as on the server; one it refuses is the server's to name)."""
-    from caidllm.decode.presets import PRESETS, lays_blocks
+    from caidllm.decode.presets import decodes_one_block
 
-    try:
-        whole = "block_length" in body and method in PRESETS and not lays_blocks(
-            method, **{k: body[k] for k in ("cache", "elastic_scope") if k in body})
-    except InputError:
-        whole = False
+    whole = "block_length" in body and decodes_one_block(method, **body)
     return {k: v for k, v in body.items() if k != "block_length"} if whole else body
 
 
