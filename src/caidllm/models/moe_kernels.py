@@ -19,6 +19,10 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   most once, so tokens is a capacity no expert exceeds) with three ``bmm``: no host sync on
   any device, every expert's weights read, experts x tokens rows computed. Worth it only on
   a GPU at small token counts; never picked by ``auto`` on a CPU.
+- ``native``: the loop's sort and host counts, then one call into a small compiled CPU kernel
+  (``moe_native.cpp``, built on first use: ``moe_native.py``) that streams each chosen expert's
+  weights once over all its rows (AVX-512 fp32, AVX-512 BF16 bf16). CPU only, no gradient;
+  unavailable without a C++ compiler or those instructions (``native_unavailable``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch.nn.functional as F
 from torch.torch_version import TorchVersion
 
 from ..errors import InputError
+from . import moe_native
 from .moe_experts import StackedExperts
 
 AUTO = "auto"
@@ -136,35 +141,85 @@ def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(rows, weight)
 
 
+def _sized_expert(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return _sized_linear(F.silu(_sized_linear(rows, gate)) * _sized_linear(rows, up), down)
+
+
 def sized_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     """The loop's order and host counts (free on a CPU); each projection through _sized_linear."""
     def expert_on_rows(e: int, rows: torch.Tensor) -> torch.Tensor:
-        hidden = F.silu(_sized_linear(rows, experts.gate_proj[e])) * _sized_linear(rows, experts.up_proj[e])
-        return _sized_linear(hidden, experts.down_proj[e])
+        return _sized_expert(rows, experts.gate_proj[e], experts.up_proj[e], experts.down_proj[e])
 
     return _each_expert(experts, x, chosen, weights, expert_on_rows)
 
 
+def native_unavailable(experts, x: torch.Tensor | None = None) -> str | None:
+    """None where the native kernel runs these experts (on x, when given); else why not, in words."""
+    if not isinstance(experts, StackedExperts):
+        return "it runs stacked full-precision experts, not quantized ones"
+    stacks = [experts.gate_proj, experts.up_proj, experts.down_proj]
+    if stacks[0].device.type != "cpu":
+        return f"it runs on a CPU, not {stacks[0].device.type}"
+    if not all(s.is_contiguous() and s.dtype == stacks[0].dtype for s in stacks):
+        return "it reads contiguous expert stacks of one dtype"
+    if x is not None and x.dtype != stacks[0].dtype:
+        return f"its inputs ({x.dtype}) must have the experts' dtype ({stacks[0].dtype})"
+    if x is not None and torch.is_grad_enabled() and (x.requires_grad or stacks[0].requires_grad):
+        return "it computes no gradient (run it under torch.no_grad() or torch.inference_mode())"
+    return moe_native.why_unavailable(stacks[0].dtype)
+
+
+# The most rows an expert runs by the compiled kernel; one with more runs sized's matmul (oneDNN's,
+# AMX in bf16), which reads as fast and computes faster there (BENCHMARKS.md, MoE section).
+NATIVE_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 6}
+
+
+def native_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
+    """The loop's order and host counts; every expert with at most NATIVE_MAX_ROWS rows in one call
+    of the compiled kernel, each other one by sized's matmuls."""
+    reason = native_unavailable(experts, x)
+    if reason:
+        raise InputError(f"moe_kernel 'native' cannot run here: {reason}")
+    pairs = sort_pairs(chosen, experts.num_experts)
+    routed = x[pairs.token].contiguous()
+    most = NATIVE_MAX_ROWS.get(x.dtype, 0)
+    big = pairs.counts > most
+    stacks = experts.gate_proj.detach(), experts.up_proj.detach(), experts.down_proj.detach()
+    outputs = moe_native.run_routed(routed, torch.where(big, -pairs.counts, pairs.counts), *stacks)
+    if big.any():
+        ends = pairs.counts.cumsum(0).tolist()
+        for e in big.nonzero().flatten().tolist():
+            rows = slice(ends[e] - int(pairs.counts[e]), ends[e])
+            outputs[rows] = _sized_expert(routed[rows], *(stack[e] for stack in stacks))
+    return combine(x, pairs, outputs, weights)
+
+
 MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "sized": sized_kernel,
-                                    "padded": padded_kernel}
-STACKED_ONLY = ("grouped", "sized", "padded")  # kernels that need StackedExperts (full-precision weights)
-READS_COUNTS = ("loop", "sized")  # kernels that read the counts on the host (a sync on a GPU)
+                                    "padded": padded_kernel, "native": native_kernel}
+STACKED_ONLY = ("grouped", "sized", "padded", "native")  # kernels that need StackedExperts (full-precision weights)
+READS_COUNTS = ("loop", "sized", "native")  # kernels that read the counts on the host (a sync on a GPU)
 # auto's switch from grouped to sized on a CPU in fp32: (token, expert) pairs per expert on average
 # (bf16 runs sized at any count: 0.91x-0.99x grouped's time at 4-128 tokens, BENCHMARKS.md).
 SIZED_ROWS_PER_EXPERT = 8
+# native runs on one thread: auto picks it only where torch runs on as few (BENCHMARKS.md, MoE section).
+NATIVE_MAX_THREADS = 1
 
 
 def kernel_names() -> list[str]:
     return [AUTO, *MOE_KERNELS]
 
 
-def check_kernel(name, quantized: bool = False) -> str:
-    """`name` if it is a kernel this model can run; InputError naming the problem otherwise."""
+def check_kernel(name, quantized: bool = False, experts=()) -> str:
+    """`name` if it is a kernel this model (its layers' `experts`, where known) can run; InputError
+    naming the problem otherwise."""
     if name not in kernel_names():
         raise InputError(f"unknown moe_kernel {name!r}; expected one of {', '.join(kernel_names())}")
     if quantized and name in STACKED_ONLY:
         raise InputError(f"moe_kernel {name!r} runs stacked full-precision experts; quantized experts run "
                          "one at a time: use moe_kernel 'loop' or 'auto' with --quantize")
+    reason = next(filter(None, map(native_unavailable, experts)), None) if name == "native" else None
+    if reason:
+        raise InputError(f"moe_kernel 'native' cannot run here: {reason}")
     return name
 
 
@@ -178,6 +233,8 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
+    if x.device.type == "cpu" and torch.get_num_threads() <= NATIVE_MAX_THREADS and native_unavailable(experts, x) is None:
+        return "native"
     if x.device.type == "cpu" and (x.dtype == torch.bfloat16 or (
             x.dtype == torch.float32 and _ONEDNN_LINEAR is not None
             and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts)):

@@ -1,0 +1,219 @@
+// The routed experts of one mixture-of-experts layer on a CPU, in one call: for each expert in
+// turn, its gate, up and down weights read from memory once and applied to all of its rows (the
+// (token, choice) pairs routed to it, sorted by expert), fp32 accumulation, SiLU(gate) * up, then
+// down. Built and loaded by moe_native.py (g++ -O3 -march=native, ctypes); see that file.
+//
+// Each projection is out[r][o] = sum_k in[r][k] * w[o][k] for the few rows r of one expert: a
+// tile of OB weight rows times RB input rows held in OB * RB vector accumulators, the weight rows
+// streamed once per tile (re-read from L1 for the next RB rows), the next weights prefetched.
+// Rounding follows the loop kernel (torch, bf16): gate, up, silu(gate), the product and the
+// output each rounded to the weights' dtype; fp32 has nothing to round.
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define CAIDLLM_F32 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define CAIDLLM_BF16 1
+#endif
+
+namespace {
+
+#ifndef CAIDLLM_PREFETCH_BYTES
+#define CAIDLLM_PREFETCH_BYTES 1024
+#endif
+#ifndef CAIDLLM_PREFETCH_HINT
+#define CAIDLLM_PREFETCH_HINT _MM_HINT_T0
+#endif
+constexpr int PREFETCH_BYTES = CAIDLLM_PREFETCH_BYTES;  // how far ahead of each weight row's read lines are asked for
+
+inline float bf16_to_float(uint16_t v) {
+    uint32_t bits = uint32_t(v) << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch does
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // NaN stays NaN
+    return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+#if CAIDLLM_F32
+struct F32 {
+    using T = float;
+    static constexpr int LANES = 16;
+    static __m512 load(const T *p) { return _mm512_loadu_ps(p); }
+    static __m512 load_part(const T *p, int n) { return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p); }
+    static __m512 madd(__m512 acc, __m512 w, __m512 x) { return _mm512_fmadd_ps(w, x, acc); }
+    static T round(float v) { return v; }
+    static float widen(T v) { return v; }
+};
+#endif
+
+#if CAIDLLM_BF16
+struct BF16 {
+    using T = uint16_t;
+    static constexpr int LANES = 32;  // 32 bf16 per vector, summed in pairs into 16 fp32 lanes
+    static __m512i load(const T *p) { return _mm512_loadu_si512(p); }
+    static __m512i load_part(const T *p, int n) { return _mm512_maskz_loadu_epi16(__mmask32((1ull << n) - 1), p); }
+    static __m512 madd(__m512 acc, __m512i w, __m512i x) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
+    static T round(float v) { return float_to_bf16(v); }
+    static float widen(T v) { return bf16_to_float(v); }
+};
+#endif
+
+// y[r * ldy + o] = sum_k x[r * k_len + k] * w[o * k_len + k] for o < OB, r < RB.
+template <class Ops, int OB, int RB>
+void tile(const typename Ops::T *w, const typename Ops::T *x, int64_t k_len, float *y, int64_t ldy, bool prefetch) {
+    constexpr int L = Ops::LANES;
+    constexpr int AHEAD = PREFETCH_BYTES / sizeof(typename Ops::T);
+    __m512 acc[OB][RB];
+    for (int o = 0; o < OB; ++o)
+        for (int r = 0; r < RB; ++r) acc[o][r] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + L <= k_len; k += L) {
+        decltype(Ops::load(w)) wv[OB];
+        for (int o = 0; o < OB; ++o) {
+            if (PREFETCH_BYTES && prefetch) _mm_prefetch((const char *)(w + o * k_len + k + AHEAD), CAIDLLM_PREFETCH_HINT);
+            wv[o] = Ops::load(w + o * k_len + k);
+        }
+        for (int r = 0; r < RB; ++r) {
+            auto xv = Ops::load(x + r * k_len + k);
+            for (int o = 0; o < OB; ++o) acc[o][r] = Ops::madd(acc[o][r], wv[o], xv);
+        }
+    }
+    if (k < k_len) {
+        int rest = int(k_len - k);
+        for (int r = 0; r < RB; ++r) {
+            auto xv = Ops::load_part(x + r * k_len + k, rest);
+            for (int o = 0; o < OB; ++o) acc[o][r] = Ops::madd(acc[o][r], Ops::load_part(w + o * k_len + k, rest), xv);
+        }
+    }
+    for (int o = 0; o < OB; ++o)
+        for (int r = 0; r < RB; ++r) y[r * ldy + o] = _mm512_reduce_add_ps(acc[o][r]);
+}
+
+// One block of OB weight rows against all `rows` input rows, RB at a time (the rest 1-3 at a time).
+template <class Ops, int OB, int RB>
+void row_blocks(const typename Ops::T *w, const typename Ops::T *x, int64_t rows, int64_t k_len, float *y, int64_t ldy) {
+    using T = typename Ops::T;
+    int64_t r = 0;
+    for (; r + RB <= rows; r += RB) tile<Ops, OB, RB>(w, x + r * k_len, k_len, y + r * ldy, ldy, r == 0);
+    const T *xr = x + r * k_len;
+    float *yr = y + r * ldy;
+    switch (rows - r) {
+        case 3: tile<Ops, OB, 3>(w, xr, k_len, yr, ldy, r == 0); break;
+        case 2: tile<Ops, OB, 2>(w, xr, k_len, yr, ldy, r == 0); break;
+        case 1: tile<Ops, OB, 1>(w, xr, k_len, yr, ldy, r == 0); break;
+        default: break;
+    }
+}
+
+// y [rows, out] (fp32) = x [rows, k_len] @ w [out, k_len]^T, the weights streamed once.
+template <class Ops, int OB, int RB>
+void project_blocks(const typename Ops::T *w, int64_t out, int64_t k_len, const typename Ops::T *x, int64_t rows,
+                    float *y) {
+    int64_t o = 0;
+    for (; o + OB <= out; o += OB) row_blocks<Ops, OB, RB>(w + o * k_len, x, rows, k_len, y + o, out);
+    for (; o < out; ++o) row_blocks<Ops, 1, 4>(w + o * k_len, x, rows, k_len, y + o, out);
+}
+
+template <class Ops>
+void project(const typename Ops::T *w, int64_t out, int64_t k_len, const typename Ops::T *x, int64_t rows, float *y) {
+    if (rows == 1)
+        project_blocks<Ops, 8, 1>(w, out, k_len, x, rows, y);  // eight independent sums per input vector
+    else if (rows == 2)
+        project_blocks<Ops, 8, 2>(w, out, k_len, x, rows, y);
+    else
+        project_blocks<Ops, 4, 4>(w, out, k_len, x, rows, y);
+}
+
+struct Scratch {
+    float *gate, *up, *out;
+    void *hidden;
+};
+
+// One expert on its `rows` rows: out = down(silu(gate(x)) * up(x)), rounded as torch rounds.
+template <class Ops>
+void expert(const typename Ops::T *x, const typename Ops::T *wg, const typename Ops::T *wu, const typename Ops::T *wd,
+            int64_t rows, int64_t hidden, int64_t inter, Scratch s, typename Ops::T *out) {
+    using T = typename Ops::T;
+    project<Ops>(wg, inter, hidden, x, rows, s.gate);
+    project<Ops>(wu, inter, hidden, x, rows, s.up);
+    T *h = static_cast<T *>(s.hidden);
+    for (int64_t i = 0; i < rows * inter; ++i) {
+        float g = Ops::widen(Ops::round(s.gate[i]));
+        float silu = Ops::widen(Ops::round(g / (1.0f + expf(-g))));
+        h[i] = Ops::round(silu * Ops::widen(Ops::round(s.up[i])));
+    }
+    project<Ops>(wd, hidden, inter, h, rows, s.out);
+    for (int64_t i = 0; i < rows * hidden; ++i) out[i] = Ops::round(s.out[i]);
+}
+
+template <class Ops>
+int all_experts(const void *x_, const void *gate_, const void *up_, const void *down_, const int64_t *counts,
+                int64_t experts, int64_t hidden, int64_t inter, void *out_) {
+    using T = typename Ops::T;
+    const T *x = static_cast<const T *>(x_), *gate = static_cast<const T *>(gate_);
+    const T *up = static_cast<const T *>(up_), *down = static_cast<const T *>(down_);
+    T *out = static_cast<T *>(out_);
+    int64_t most = 0;
+    for (int64_t e = 0; e < experts; ++e) most = counts[e] > most ? counts[e] : most;  // negative: skipped
+    if (most == 0) return 0;
+    float *buffer = static_cast<float *>(malloc(sizeof(float) * most * (3 * inter + hidden)));
+    if (!buffer) return 2;
+    Scratch s{buffer, buffer + most * inter, buffer + 2 * most * inter, buffer + most * (2 * inter + hidden)};
+    int64_t start = 0, per_expert = hidden * inter;
+    for (int64_t e = 0; e < experts; ++e) {
+        if (counts[e] <= 0) {  // -n: an expert whose n rows the caller runs itself
+            start -= counts[e];
+            continue;
+        }
+        expert<Ops>(x + start * hidden, gate + e * per_expert, up + e * per_expert, down + e * per_expert, counts[e],
+                    hidden, inter, s, out + start * hidden);
+        start += counts[e];
+    }
+    free(buffer);
+    return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Which dtypes this build runs on this CPU: bit 0 fp32, bit 1 bf16.
+int caidllm_moe_dtypes(void) {
+    int bits = 0;
+#if CAIDLLM_F32
+    if (__builtin_cpu_supports("avx512f")) bits |= 1;
+#endif
+#if CAIDLLM_BF16
+    if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")) bits |= 2;
+#endif
+    return bits;
+}
+
+// x [pairs, hidden]: the routed rows sorted by expert, |counts[e]| rows each (a negative count:
+// rows left to the caller, out untouched there); gate and up
+// [experts, inter, hidden], down [experts, hidden, inter], out [pairs, hidden]; all contiguous,
+// of one dtype (0 fp32, 1 bf16). Returns 0, 1 for a dtype this build cannot run, 2 out of memory.
+int caidllm_moe_experts(int dtype, const void *x, const void *gate, const void *up, const void *down,
+                        const int64_t *counts, int64_t experts, int64_t hidden, int64_t inter, void *out) {
+#if CAIDLLM_F32
+    if (dtype == 0) return all_experts<F32>(x, gate, up, down, counts, experts, hidden, inter, out);
+#endif
+#if CAIDLLM_BF16
+    if (dtype == 1) return all_experts<BF16>(x, gate, up, down, counts, experts, hidden, inter, out);
+#endif
+    return 1;
+}
+
+}  // extern "C"

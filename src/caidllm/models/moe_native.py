@@ -1,0 +1,142 @@
+"""The ``native`` MoE kernel's compiled part: ``moe_native.cpp`` (shipped beside this file) built on
+first use by the system's C++ compiler (``$CXX``, else ``g++``, ``c++``, ``clang++``) with
+``-O3 -march=native`` into a per-user cache folder (``$CAIDLLM_NATIVE_CACHE``, else
+``$XDG_CACHE_HOME/caidllm/native`` or ``~/.cache/caidllm/native``), one file per hash of the
+source, the flags, the compiler and the CPU, and loaded with ctypes: no Python headers, no ninja,
+nothing to install. Without a compiler, or on a CPU without AVX-512 (fp32) or AVX-512 BF16 (bf16),
+the kernel is unavailable: ``why_unavailable`` says why, ``auto`` runs another kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("moe_native.cpp")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-exceptions")
+COMPILERS = ("g++", "c++", "clang++")
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2}
+_log = logging.getLogger(__name__)
+
+
+def cache_folder() -> Path:
+    if os.environ.get("CAIDLLM_NATIVE_CACHE"):
+        return Path(os.environ["CAIDLLM_NATIVE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "caidllm" / "native"
+
+
+def find_compiler() -> str | None:
+    names = (os.environ["CXX"],) if os.environ.get("CXX") else COMPILERS
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
+def _cpu_description() -> str:
+    """The CPU's model and feature flags (for the cache key: -march=native builds for this CPU)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
+
+
+def build(compiler: str) -> Path:
+    """The library for this source, flags, compiler and CPU: from the cache, else compiled into it
+    (written to a temporary name, then renamed: processes building at once never see half a file)."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, platform.machine(),
+                                    _cpu_description()]).encode()).hexdigest()[:20]
+    folder = cache_folder()
+    library = folder / f"moe_native-{key}.so"
+    if library.exists():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(handle)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True)
+        if done.returncode:
+            raise OSError(f"{Path(compiler).name} failed on {SOURCE.name}: {done.stderr.strip()[-300:]}")
+        os.replace(partial, library)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return library
+
+
+class _Library:
+    """The loaded library, or the reason there is none; built once per process, on first use."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._loaded = False
+        self.functions = None
+        self.reason = ""
+        self.dtype_bits = 0
+
+    def get(self):
+        with self._lock:
+            if not self._loaded:
+                self._loaded = True
+                self._load()
+        return self.functions
+
+    def _load(self) -> None:
+        compiler = find_compiler()
+        if compiler is None:
+            self.reason = f"no C++ compiler found ({', '.join(COMPILERS)}, or $CXX)"
+        else:
+            try:
+                lib = ctypes.CDLL(str(build(compiler)))
+            except OSError as error:
+                self.reason = f"building {SOURCE.name} failed: {error}"
+            else:
+                self.dtype_bits = lib.caidllm_moe_dtypes()
+                lib.caidllm_moe_experts.restype = ctypes.c_int
+                lib.caidllm_moe_experts.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 5, *[ctypes.c_int64] * 3,
+                                                    ctypes.c_void_p]
+                self.functions = lib
+        if self.reason:
+            _log.info("moe_kernel 'native' unavailable: %s", self.reason)
+
+
+_LIBRARY = _Library()
+
+
+def why_unavailable(dtype: torch.dtype) -> str | None:
+    """None where the native kernel runs `dtype` here; else the reason, in words."""
+    if dtype not in DTYPE_CODES:
+        return f"it runs float32 and bfloat16, not {str(dtype).removeprefix('torch.')}"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"it is written for x86-64 CPUs, not {platform.machine()}"
+    if _LIBRARY.get() is None:
+        return _LIBRARY.reason
+    if not _LIBRARY.dtype_bits & _DTYPE_BITS[dtype]:
+        needs = "AVX-512 BF16" if dtype == torch.bfloat16 else "AVX-512"
+        return f"this CPU lacks {needs} (or the compiler does not know it)"
+    return None
+
+
+def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+               down: torch.Tensor) -> torch.Tensor:
+    """Each expert's SwiGLU on its rows of `routed` [pairs, hidden] (sorted by expert, counts[e]
+    rows each, counts on the CPU): one call into the library. All contiguous CPU tensors of one dtype."""
+    out = torch.empty_like(routed)
+    experts, inter, hidden = gate.shape
+    status = _LIBRARY.get().caidllm_moe_experts(DTYPE_CODES[routed.dtype], routed.data_ptr(), gate.data_ptr(),
+                                                up.data_ptr(), down.data_ptr(), counts.data_ptr(), experts, hidden,
+                                                inter, out.data_ptr())
+    if status:
+        raise MemoryError(f"the native MoE kernel failed (status {status}: out of memory for its scratch)")
+    return out

@@ -1,0 +1,135 @@
+"""The native MoE kernel (models/moe_native.cpp, built by models/moe_native.py): its build cache,
+what happens without a compiler, where auto picks it, bf16 models against the loop, and its
+refusals (no gradient, quantized experts, a kernel that cannot run named as such). Its parity with
+the loop on every family, in fp32 and bf16, and its batch invariance are in test_moe_kernels.py
+(every kernel). Skipped, with the reason, where the kernel cannot run (no C++ compiler, no AVX-512)."""
+
+import logging
+
+import pytest
+import torch
+from test_moe import LLADA2_LIKE, random_moe
+from test_moe_kernels import RANDOM
+
+import caidllm
+from caidllm.errors import InputError
+from caidllm.models import moe_kernels, moe_native
+from caidllm.models.moe import set_moe_kernel
+from caidllm.models.moe_kernels import pick_kernel
+
+MISSING = moe_native.why_unavailable(torch.float32)
+needs_native = pytest.mark.skipif(bool(MISSING), reason=f"native: {MISSING}")
+
+
+@pytest.fixture
+def no_compiler(monkeypatch):
+    """A fresh library state on a machine with no C++ compiler."""
+    monkeypatch.setattr(moe_native, "_LIBRARY", moe_native._Library())
+    monkeypatch.setattr(moe_native, "find_compiler", lambda: None)
+
+
+@needs_native
+def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("CAIDLLM_NATIVE_CACHE", str(tmp_path / "cache"))
+    compiler = moe_native.find_compiler()
+    library = moe_native.build(compiler)
+    assert library.parent == tmp_path / "cache" and library.name.startswith("moe_native-")
+    made = library.stat().st_mtime_ns
+    assert moe_native.build(compiler) == library and library.stat().st_mtime_ns == made
+    assert [p.name for p in library.parent.iterdir()] == [library.name]  # no temporary file left
+
+
+def test_without_a_compiler_auto_runs_another_kernel_and_native_is_refused(no_compiler, caplog):
+    moe = random_moe(**LLADA2_LIKE)
+    x = torch.randn(6, 16)
+    with caplog.at_level(logging.INFO, logger="caidllm.models.moe_native"), torch.no_grad():
+        assert pick_kernel(moe.experts, x, choices=4) != "native"
+        assert pick_kernel(moe.experts, x.bfloat16(), choices=4) != "native"
+        moe(x)
+    assert [r.getMessage() for r in caplog.records] == [
+        "moe_kernel 'native' unavailable: no C++ compiler found (g++, c++, clang++, or $CXX)"]
+    with pytest.raises(InputError, match=r"moe_kernel 'native' cannot run here: no C\+\+ compiler found"):
+        caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="native")
+
+
+def test_a_compiler_that_fails_is_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(moe_native, "_LIBRARY", moe_native._Library())
+    monkeypatch.setenv("CAIDLLM_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    assert moe_native.why_unavailable(torch.float32).startswith("building moe_native.cpp failed: false failed")
+    assert list(tmp_path.iterdir()) == []  # nothing half-written left in the cache
+
+
+def test_native_is_refused_where_it_cannot_run():
+    moe = random_moe(**LLADA2_LIKE)
+    moe.kernel = "native"
+    with pytest.raises(InputError, match="moe_kernel 'native' cannot run here: it runs float32 and bfloat16, not"):
+        with torch.no_grad():
+            moe.half()(torch.randn(3, 16).half())
+    with pytest.raises(InputError, match="moe_kernel 'native' cannot run here: it runs on a CPU, not meta"):
+        caidllm.load(RANDOM["llada2"], device="meta", moe_kernel="native")
+
+
+@needs_native
+def test_native_computes_no_gradient_and_auto_trains_without_it():
+    moe = random_moe(**LLADA2_LIKE)
+    x = torch.randn(40, 16, requires_grad=True)
+    moe.kernel = "native"
+    with pytest.raises(InputError, match="moe_kernel 'native' cannot run here: it computes no gradient"):
+        moe(x)
+    assert pick_kernel(moe.experts, x, choices=4) != "native"
+    with torch.no_grad():
+        assert pick_kernel(moe.experts, x, choices=4) == "native"
+
+
+def test_quantized_experts_refuse_native():
+    pytest.importorskip("torchao")
+    with pytest.raises(InputError, match="moe_kernel 'native' runs stacked full-precision experts"):
+        caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8", moe_kernel="native")
+    lm = caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8")
+    with pytest.raises(InputError, match="moe_kernel 'native' runs stacked full-precision experts"):
+        set_moe_kernel(lm.model, "native")
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_picks_native_on_one_cpu_thread_where_it_runs(dtype, monkeypatch):
+    if moe_native.why_unavailable(dtype):
+        pytest.skip(f"native in {dtype}: {moe_native.why_unavailable(dtype)}")
+    experts = random_moe(**LLADA2_LIKE).to(dtype).experts
+    with torch.no_grad():
+        for tokens in (1, 4, 128):
+            assert pick_kernel(experts, torch.zeros(tokens, 16, dtype=dtype), choices=4) == "native"
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # a single-threaded kernel: not against 2 threads
+        assert pick_kernel(experts, torch.zeros(4, 16, dtype=dtype), choices=4) != "native"
+
+
+@needs_native
+@pytest.mark.parametrize("family", RANDOM)
+def test_bf16_models_by_native_give_the_loops_tokens(family):
+    """bf16 logits within bf16's rounding of the loop's (the same roundings, sums in another order),
+    and the same tokens."""
+    if moe_native.why_unavailable(torch.bfloat16):
+        pytest.skip(f"native in bf16: {moe_native.why_unavailable(torch.bfloat16)}")
+    lm = caidllm.load(RANDOM[family], device="cpu", dtype="bfloat16", moe_kernel="loop")
+    ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    options = dict(method="fastdllm", gen_length=16, block_length={"sdar-moe": 4}.get(family, 16))
+    with torch.no_grad():
+        expected = lm.logits(ids)
+        tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]
+        set_moe_kernel(lm.model, "native")
+        torch.testing.assert_close(lm.logits(ids), expected, atol=0.1, rtol=0.05)
+        assert [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)] == tokens
+        assert [lm.generate([p], **options)[0].token_ids for p in ("hello", "two plus two")] == tokens
+
+
+def test_the_kernel_names_are_offered_on_the_command_line():
+    import argparse
+
+    from caidllm.options import add_model_arguments
+
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    assert parser.parse_args(["--moe-kernel", "native"]).moe_kernel == "native"
+    choices = next(a.choices for a in parser._actions if a.dest == "moe_kernel")
+    assert list(choices) == moe_kernels.kernel_names()
