@@ -98,14 +98,20 @@ def test_no_value_is_read_on_the_host(kernel):
         run_experts(experts, "loop", x, chosen, weights)  # the reference reads the counts
 
 
-def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
+@pytest.fixture
+def without_native(monkeypatch):
+    """auto as it chooses where the native kernel is not picked (more than one thread, say)."""
+    monkeypatch.setattr(moe_kernels, "NATIVE_MAX_THREADS", 0)
+
+
+def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts(without_native):
     moe = random_moe(**LLADA2_LIKE)
     assert pick_kernel(moe.experts, torch.zeros(4, 16)) == "grouped"
     assert pick_kernel(ExpertList(), torch.zeros(4, 16)) == "loop"
 
 
 @pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
-def test_auto_picks_sized_on_a_cpu_in_bf16_and_in_fp32_once_each_expert_gets_8_rows():
+def test_auto_picks_sized_on_a_cpu_in_bf16_and_in_fp32_once_each_expert_gets_8_rows(without_native):
     experts = random_moe(**LLADA2_LIKE).experts  # 16 experts, 4 choices per token: 32 tokens = 8 rows each
     assert pick_kernel(experts, torch.zeros(32, 16), choices=4) == "sized"
     assert pick_kernel(experts, torch.zeros(31, 16), choices=4) == "grouped"
@@ -135,7 +141,7 @@ def test_sized_runs_fp32_experts_of_3_rows_or_more_through_onednn(monkeypatch):
 @pytest.mark.parametrize("dtype, widths, kernel", [
     (torch.float32, dict(hidden_size=16, moe_intermediate_size=5), "loop"),
     (torch.bfloat16, dict(hidden_size=12, moe_intermediate_size=8), "sized")])
-def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel):
+def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel, without_native):
     """grouped_mm needs each width a whole multiple of 16 bytes: auto runs another kernel on the others
     (it raised): the loop in fp32 below 8 rows per expert, sized in bf16 (no rule on widths)."""
     moe = random_moe(**{**QWEN3_MOE_LIKE, **widths}).to(dtype)
@@ -319,9 +325,9 @@ def test_the_command_line_flag(capsys):
     assert len(err) == 1 and err[0].startswith("caidllm: error: moe_kernel 'grouped' runs stacked full-precision")
 
 
-def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
+def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel(without_native):
     """The shipped, trained tiny-moe (8 experts, top-2: a 40-token forward gives each expert 10
-    rows on average, so auto runs sized, oneDNN): logits to 1e-5 of their largest magnitude (a
+    rows on average, so auto runs sized, oneDNN, where it does not pick native): logits to 1e-5 of their largest magnitude (a
     trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the last bits, 2e-5
     measured) and the llada2 decoder's exact tokens."""
     lm = caidllm.load("tiny-moe", device="cpu", moe_kernel="loop")

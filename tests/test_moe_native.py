@@ -113,7 +113,7 @@ def test_bf16_models_by_native_give_the_loops_tokens(family):
         pytest.skip(f"native in bf16: {moe_native.why_unavailable(torch.bfloat16)}")
     lm = caidllm.load(RANDOM[family], device="cpu", dtype="bfloat16", moe_kernel="loop")
     ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
-    options = dict(method="fastdllm", gen_length=16, block_length={"sdar-moe": 4}.get(family, 16))
+    options = dict(method="fastdllm", gen_length=32, block_length={"llada2": 32, "llada-moe": 16, "sdar-moe": 4}[family])
     with torch.no_grad():
         expected = lm.logits(ids)
         tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]
@@ -121,6 +121,52 @@ def test_bf16_models_by_native_give_the_loops_tokens(family):
         torch.testing.assert_close(lm.logits(ids), expected, atol=0.1, rtol=0.05)
         assert [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)] == tokens
         assert [lm.generate([p], **options)[0].token_ids for p in ("hello", "two plus two")] == tokens
+
+
+def _bf16_layer(hidden=64, inter=32):
+    if moe_native.why_unavailable(torch.bfloat16):
+        pytest.skip(f"native in bf16: {moe_native.why_unavailable(torch.bfloat16)}")
+    return random_moe(**{**LLADA2_LIKE, "hidden_size": hidden, "moe_intermediate_size": inter}).bfloat16()
+
+
+def _by(moe, kernel, x):
+    moe.kernel = kernel
+    with torch.no_grad():
+        return moe(x)
+
+
+@needs_native
+@pytest.mark.parametrize("tokens", [1, 9, 70, 200])
+def test_bf16_layers_by_amx_or_dot_products_give_the_loops_outputs(tokens):
+    """Widths multiples of 32 run on AMX where there is one (16 and 32 rows per pass: 200 tokens give
+    the 16 experts about 50 rows each), others on AVX-512 BF16's dot products."""
+    for hidden, inter in ((64, 32), (48, 24)):
+        moe = _bf16_layer(hidden, inter)
+        x = torch.randn(tokens, hidden).bfloat16()
+        torch.testing.assert_close(_by(moe, "native", x).float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
+
+
+@needs_native
+@pytest.mark.parametrize("hidden, inter", [(64, 32), (48, 24)])
+def test_a_bf16_row_does_not_depend_on_its_batch(hidden, inter):
+    moe = _bf16_layer(hidden, inter)
+    x = torch.randn(40, hidden).bfloat16()
+    together = _by(moe, "native", x)
+    assert all(torch.equal(_by(moe, "native", x[i:i + 1])[0], together[i]) for i in range(len(x)))
+
+
+@needs_native
+def test_without_amx_bf16_experts_with_many_rows_run_by_sized(monkeypatch):
+    moe = _bf16_layer()
+    monkeypatch.setattr(moe_native, "bf16_on_amx", lambda: False)
+    sized = []
+    real = moe_kernels._sized_expert
+    monkeypatch.setattr(moe_kernels, "_sized_expert", lambda rows, *w: sized.append(len(rows)) or real(rows, *w))
+    x = torch.randn(20, 64).bfloat16()
+    got = _by(moe, "native", x)
+    counts = torch.bincount(moe.gate(x)[0].flatten(), minlength=16)
+    assert sorted(sized) == sorted(int(c) for c in counts if c > moe_kernels.NATIVE_MAX_ROWS_BF16_WITHOUT_AMX) != []
+    torch.testing.assert_close(got.float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
 
 
 def test_the_kernel_names_are_offered_on_the_command_line():

@@ -169,28 +169,37 @@ def native_unavailable(experts, x: torch.Tensor | None = None) -> str | None:
     return moe_native.why_unavailable(stacks[0].dtype)
 
 
-# The most rows an expert runs by the compiled kernel; one with more runs sized's matmul (oneDNN's,
-# AMX in bf16), which reads as fast and computes faster there (BENCHMARKS.md, MoE section).
-NATIVE_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 6}
+# bf16 without AMX (AVX-512 BF16's dot products): the most rows an expert runs by the compiled
+# kernel; one with more runs sized's matmul (oneDNN's, AMX where there is one), which computes
+# faster there (BENCHMARKS.md, MoE section). fp32 and bf16 on AMX: every expert compiled.
+NATIVE_MAX_ROWS_BF16_WITHOUT_AMX = 6
+
+
+def _native_max_rows(experts: StackedExperts, dtype: torch.dtype) -> int | None:
+    widths = experts.gate_proj.shape[1:]
+    if dtype != torch.bfloat16 or (moe_native.bf16_on_amx() and all(w % 32 == 0 for w in widths)):
+        return None
+    return NATIVE_MAX_ROWS_BF16_WITHOUT_AMX
 
 
 def native_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
-    """The loop's order and host counts; every expert with at most NATIVE_MAX_ROWS rows in one call
-    of the compiled kernel, each other one by sized's matmuls."""
+    """The loop's order and host counts; every expert in one call of the compiled kernel, but in bf16
+    without AMX those with more than NATIVE_MAX_ROWS_BF16_WITHOUT_AMX rows by sized's matmuls."""
     reason = native_unavailable(experts, x)
     if reason:
         raise InputError(f"moe_kernel 'native' cannot run here: {reason}")
     pairs = sort_pairs(chosen, experts.num_experts)
     routed = x[pairs.token].contiguous()
-    most = NATIVE_MAX_ROWS.get(x.dtype, 0)
-    big = pairs.counts > most
     stacks = experts.gate_proj.detach(), experts.up_proj.detach(), experts.down_proj.detach()
+    most = _native_max_rows(experts, x.dtype)
+    if most is None:
+        return combine(x, pairs, moe_native.run_routed(routed, pairs.counts, *stacks), weights)
+    big = pairs.counts > most
     outputs = moe_native.run_routed(routed, torch.where(big, -pairs.counts, pairs.counts), *stacks)
-    if big.any():
-        ends = pairs.counts.cumsum(0).tolist()
-        for e in big.nonzero().flatten().tolist():
-            rows = slice(ends[e] - int(pairs.counts[e]), ends[e])
-            outputs[rows] = _sized_expert(routed[rows], *(stack[e] for stack in stacks))
+    ends = pairs.counts.cumsum(0).tolist()
+    for e in big.nonzero().flatten().tolist():  # the rows the compiled kernel left
+        rows = slice(ends[e] - int(pairs.counts[e]), ends[e])
+        outputs[rows] = _sized_expert(routed[rows], *(stack[e] for stack in stacks))
     return combine(x, pairs, outputs, weights)
 
 

@@ -21,6 +21,11 @@
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define CAIDLLM_BF16 1
 #endif
+#if CAIDLLM_BF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define CAIDLLM_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -158,6 +163,121 @@ void expert(const typename Ops::T *x, const typename Ops::T *wg, const typename 
     for (int64_t i = 0; i < rows * hidden; ++i) out[i] = Ops::round(s.out[i]);
 }
 
+#if CAIDLLM_AMX
+// bf16 on AMX: the tile multiply's own sums (16 weight rows x 32 inputs x up to 16 rows per
+// instruction) leave the weights' read as the only cost. y^T = W x^T: A is a [16, 32] block of
+// the weights as stored, B the rows' inputs packed in pairs ([k / 2, rows] of 32-bit pairs).
+constexpr int AMX_ROWS = 32;  // rows per pass over an expert's weights (an expert with more takes several)
+
+struct TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+bool amx_permitted() {  // Linux gives a process AMX's state only when asked (once per process)
+    static const bool permitted = __builtin_cpu_supports("amx-bf16") &&
+                                  syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return permitted;
+}
+
+bool amx_fits(int64_t hidden, int64_t inter) { return hidden % 32 == 0 && inter % 32 == 0 && amx_permitted(); }
+
+// Tiles 0-1: sums of rows 0-15 for two blocks of 16 weight rows, 2-3 the same for rows 16-31;
+// 4-5: weights [16, 32]; 6-7: inputs of rows 0-15 and 16-31 (pairs of bf16, 4 bytes a row).
+void configure_tiles(int rows) {
+    int first = rows < 16 ? rows : 16, second = rows - first;
+    TileConfig cfg{};
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        int width = t == 4 || t == 5 ? 16 : (t == 2 || t == 3 || t == 7 ? second : first);
+        cfg.rows[t] = width ? 16 : 0;
+        cfg.colsb[t] = uint16_t(width * 4);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+// yt [out, rows] (fp32) = w [out, k_len] @ x^T, x packed: pairs[(k / 2) * rows + r] = x[r][k, k + 1].
+void amx_project(const uint16_t *w, int64_t out, int64_t k_len, const uint32_t *pairs, int rows, float *yt) {
+    const int64_t stride = k_len * 2, packed = rows * 4;
+    const bool more = rows > 16;
+    for (int64_t o = 0; o < out; o += 32) {
+        const bool two = o + 32 <= out;  // out is a multiple of 16: the last block may be a single one
+        const uint16_t *wo = w + o * k_len;
+        _tile_zero(0);
+        _tile_zero(1);
+        if (more) {  // a tile configured empty must not be touched
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+        for (int64_t k = 0; k < k_len; k += 32) {
+            _tile_loadd(6, pairs + (k / 2) * rows, packed);
+            if (more) _tile_loadd(7, pairs + (k / 2) * rows + 16, packed);
+            _tile_loadd(4, wo + k, stride);
+            _tile_dpbf16ps(0, 4, 6);
+            if (more) _tile_dpbf16ps(2, 4, 7);
+            if (two) {
+                _tile_loadd(5, wo + 16 * k_len + k, stride);
+                _tile_dpbf16ps(1, 5, 6);
+                if (more) _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        _tile_stored(0, yt + o * rows, packed);
+        if (more) _tile_stored(2, yt + o * rows + 16, packed);
+        if (two) _tile_stored(1, yt + (o + 16) * rows, packed);
+        if (two && more) _tile_stored(3, yt + (o + 16) * rows + 16, packed);
+    }
+}
+
+void pack_rows(const uint16_t *x, int64_t k_len, int rows, uint32_t *pairs) {
+    const uint32_t *x32 = reinterpret_cast<const uint32_t *>(x);
+    for (int r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < k_len / 2; ++j) pairs[j * rows + r] = x32[r * (k_len / 2) + j];
+}
+
+// One expert on up to AMX_ROWS rows, rounded as the loop rounds (as expert<BF16>).
+void expert_amx(const uint16_t *x, const uint16_t *wg, const uint16_t *wu, const uint16_t *wd, int rows,
+                int64_t hidden, int64_t inter, Scratch s, uint16_t *out) {
+    uint32_t *pairs = static_cast<uint32_t *>(s.hidden);
+    configure_tiles(rows);
+    pack_rows(x, hidden, rows, pairs);
+    amx_project(wg, inter, hidden, pairs, rows, s.gate);
+    amx_project(wu, inter, hidden, pairs, rows, s.up);
+    for (int64_t j = 0; j < inter; j += 2)
+        for (int r = 0; r < rows; ++r) {
+            uint32_t pair = 0;
+            for (int half = 0; half < 2; ++half) {
+                int64_t i = (j + half) * rows + r;
+                float g = bf16_to_float(float_to_bf16(s.gate[i]));
+                float silu = bf16_to_float(float_to_bf16(g / (1.0f + expf(-g))));
+                pair |= uint32_t(float_to_bf16(silu * bf16_to_float(float_to_bf16(s.up[i])))) << (16 * half);
+            }
+            pairs[(j / 2) * rows + r] = pair;
+        }
+    amx_project(wd, hidden, inter, pairs, rows, s.out);
+    for (int r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < hidden; ++o) out[r * hidden + o] = float_to_bf16(s.out[o * rows + r]);
+}
+#endif
+
+template <class Ops>
+void any_expert(const typename Ops::T *x, const typename Ops::T *wg, const typename Ops::T *wu,
+                const typename Ops::T *wd, int64_t rows, int64_t hidden, int64_t inter, Scratch s,
+                typename Ops::T *out) {
+#if CAIDLLM_AMX
+    if constexpr (sizeof(typename Ops::T) == 2) {
+        if (amx_fits(hidden, inter)) {
+            for (int64_t r = 0; r < rows; r += AMX_ROWS) {
+                int n = int(rows - r < AMX_ROWS ? rows - r : AMX_ROWS);
+                expert_amx(x + r * hidden, wg, wu, wd, n, hidden, inter, s, out + r * hidden);
+            }
+            return;
+        }
+    }
+#endif
+    expert<Ops>(x, wg, wu, wd, rows, hidden, inter, s, out);
+}
+
 template <class Ops>
 int all_experts(const void *x_, const void *gate_, const void *up_, const void *down_, const int64_t *counts,
                 int64_t experts, int64_t hidden, int64_t inter, void *out_) {
@@ -168,7 +288,7 @@ int all_experts(const void *x_, const void *gate_, const void *up_, const void *
     int64_t most = 0;
     for (int64_t e = 0; e < experts; ++e) most = counts[e] > most ? counts[e] : most;  // negative: skipped
     if (most == 0) return 0;
-    float *buffer = static_cast<float *>(malloc(sizeof(float) * most * (3 * inter + hidden)));
+    float *buffer = static_cast<float *>(malloc(sizeof(float) * most * (3 * inter + 2 * hidden)));
     if (!buffer) return 2;
     Scratch s{buffer, buffer + most * inter, buffer + 2 * most * inter, buffer + most * (2 * inter + hidden)};
     int64_t start = 0, per_expert = hidden * inter;
@@ -177,11 +297,14 @@ int all_experts(const void *x_, const void *gate_, const void *up_, const void *
             start -= counts[e];
             continue;
         }
-        expert<Ops>(x + start * hidden, gate + e * per_expert, up + e * per_expert, down + e * per_expert, counts[e],
+        any_expert<Ops>(x + start * hidden, gate + e * per_expert, up + e * per_expert, down + e * per_expert, counts[e],
                     hidden, inter, s, out + start * hidden);
         start += counts[e];
     }
     free(buffer);
+#if CAIDLLM_AMX
+    if (sizeof(T) == 2 && amx_fits(hidden, inter)) _tile_release();
+#endif
     return 0;
 }
 
@@ -189,9 +312,13 @@ int all_experts(const void *x_, const void *gate_, const void *up_, const void *
 
 extern "C" {
 
-// Which dtypes this build runs on this CPU: bit 0 fp32, bit 1 bf16.
+// Which dtypes this build runs on this CPU: bit 0 fp32, bit 1 bf16, bit 2 bf16 on AMX (widths
+// that are multiples of 32).
 int caidllm_moe_dtypes(void) {
     int bits = 0;
+#if CAIDLLM_AMX
+    if (amx_permitted()) bits |= 4;
+#endif
 #if CAIDLLM_F32
     if (__builtin_cpu_supports("avx512f")) bits |= 1;
 #endif

@@ -3,7 +3,8 @@ first use by the system's C++ compiler (``$CXX``, else ``g++``, ``c++``, ``clang
 ``-O3 -march=native`` into a per-user cache folder (``$CAIDLLM_NATIVE_CACHE``, else
 ``$XDG_CACHE_HOME/caidllm/native`` or ``~/.cache/caidllm/native``), one file per hash of the
 source, the flags, the compiler and the CPU, and loaded with ctypes: no Python headers, no ninja,
-nothing to install. Without a compiler, or on a CPU without AVX-512 (fp32) or AVX-512 BF16 (bf16),
+nothing to install. bf16 runs on AMX where the CPU (and Linux) offer it, else on AVX-512 BF16;
+fp32 on AVX-512. Without a compiler, or on a CPU without AVX-512 (fp32) or AVX-512 BF16 (bf16),
 the kernel is unavailable: ``why_unavailable`` says why, ``auto`` runs another kernel.
 """
 
@@ -128,10 +129,16 @@ def why_unavailable(dtype: torch.dtype) -> str | None:
     return None
 
 
+def bf16_on_amx() -> bool:
+    """Whether bf16 experts (widths multiples of 32) run on AMX here rather than AVX-512 BF16."""
+    return _LIBRARY.get() is not None and bool(_LIBRARY.dtype_bits & 4)
+
+
 def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
                down: torch.Tensor) -> torch.Tensor:
     """Each expert's SwiGLU on its rows of `routed` [pairs, hidden] (sorted by expert, counts[e]
-    rows each, counts on the CPU): one call into the library. All contiguous CPU tensors of one dtype."""
+    rows each, counts on the CPU; a negative count -n: n rows left to the caller, their output
+    uninitialised): one call into the library. All contiguous CPU tensors of one dtype."""
     out = torch.empty_like(routed)
     experts, inter, hidden = gate.shape
     status = _LIBRARY.get().caidllm_moe_experts(DTYPE_CODES[routed.dtype], routed.data_ptr(), gate.data_ptr(),
