@@ -147,6 +147,21 @@ def test_bf16_layers_by_amx_or_dot_products_give_the_loops_outputs(tokens):
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_inputs_summed_a_block_at_a_time_give_the_loops_outputs(dtype):
+    """Inputs longer than the kernel's block of 1024 (the gate's 1100: two blocks, the second ending
+    in a part vector), 1-12 rows per expert."""
+    if moe_native.why_unavailable(dtype):
+        pytest.skip(f"native in {dtype}: {moe_native.why_unavailable(dtype)}")
+    moe = random_moe(**{**LLADA2_LIKE, "hidden_size": 1100, "moe_intermediate_size": 40}).to(dtype)
+    x = torch.randn(30, 1100).to(dtype)
+    expected = _by(moe, "loop", x).float()
+    scale = expected.abs().max().item()  # about 1200: fp32's rounding of the loop itself is 5e-4 from float64
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(_by(moe, "native", x).float(), expected, atol=tolerance * scale, rtol=tolerance)
+
+
+@needs_native
 @pytest.mark.parametrize("hidden, inter", [(64, 32), (48, 24)])
 def test_a_bf16_row_does_not_depend_on_its_batch(hidden, inter):
     moe = _bf16_layer(hidden, inter)

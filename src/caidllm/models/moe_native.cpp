@@ -75,11 +75,23 @@ struct BF16 {
 };
 #endif
 
-// y[r * ldy + o] = sum_k x[r * k_len + k] * w[o * k_len + k] for o < OB, r < RB.
+#ifndef CAIDLLM_K_BLOCK
+#define CAIDLLM_K_BLOCK 1024
+#endif
+// Inputs taken K_BLOCK at a time, so that a tile's weights and rows stay in L1 while the next rows reuse them.
+constexpr int64_t K_BLOCK = CAIDLLM_K_BLOCK;
+
+struct Span {  // one block of the inputs: its length, the rows' stride, prefetch the weights, add to y
+    int64_t len, stride;
+    bool prefetch, add;
+};
+
+// y[r * ldy + o] (+)= sum_k x[r * stride + k] * w[o * stride + k] for o < OB, r < RB, k < span.len.
 template <class Ops, int OB, int RB>
-void tile(const typename Ops::T *w, const typename Ops::T *x, int64_t k_len, float *y, int64_t ldy, bool prefetch) {
+void tile(const typename Ops::T *w, const typename Ops::T *x, Span span, float *y, int64_t ldy) {
     constexpr int L = Ops::LANES;
     constexpr int AHEAD = PREFETCH_BYTES / sizeof(typename Ops::T);
+    const int64_t k_len = span.len, stride = span.stride;
     __m512 acc[OB][RB];
     for (int o = 0; o < OB; ++o)
         for (int r = 0; r < RB; ++r) acc[o][r] = _mm512_setzero_ps();
@@ -87,38 +99,42 @@ void tile(const typename Ops::T *w, const typename Ops::T *x, int64_t k_len, flo
     for (; k + L <= k_len; k += L) {
         decltype(Ops::load(w)) wv[OB];
         for (int o = 0; o < OB; ++o) {
-            if (PREFETCH_BYTES && prefetch) _mm_prefetch((const char *)(w + o * k_len + k + AHEAD), CAIDLLM_PREFETCH_HINT);
-            wv[o] = Ops::load(w + o * k_len + k);
+            if (PREFETCH_BYTES && span.prefetch)
+                _mm_prefetch((const char *)(w + o * stride + k + AHEAD), CAIDLLM_PREFETCH_HINT);
+            wv[o] = Ops::load(w + o * stride + k);
         }
         for (int r = 0; r < RB; ++r) {
-            auto xv = Ops::load(x + r * k_len + k);
+            auto xv = Ops::load(x + r * stride + k);
             for (int o = 0; o < OB; ++o) acc[o][r] = Ops::madd(acc[o][r], wv[o], xv);
         }
     }
     if (k < k_len) {
         int rest = int(k_len - k);
         for (int r = 0; r < RB; ++r) {
-            auto xv = Ops::load_part(x + r * k_len + k, rest);
-            for (int o = 0; o < OB; ++o) acc[o][r] = Ops::madd(acc[o][r], Ops::load_part(w + o * k_len + k, rest), xv);
+            auto xv = Ops::load_part(x + r * stride + k, rest);
+            for (int o = 0; o < OB; ++o) acc[o][r] = Ops::madd(acc[o][r], Ops::load_part(w + o * stride + k, rest), xv);
         }
     }
     for (int o = 0; o < OB; ++o)
-        for (int r = 0; r < RB; ++r) y[r * ldy + o] = _mm512_reduce_add_ps(acc[o][r]);
+        for (int r = 0; r < RB; ++r) y[r * ldy + o] = (span.add ? y[r * ldy + o] : 0.0f) + _mm512_reduce_add_ps(acc[o][r]);
 }
 
 // One block of OB weight rows against all `rows` input rows, RB at a time (the rest 1-3 at a time).
 template <class Ops, int OB, int RB>
 void row_blocks(const typename Ops::T *w, const typename Ops::T *x, int64_t rows, int64_t k_len, float *y, int64_t ldy) {
-    using T = typename Ops::T;
-    int64_t r = 0;
-    for (; r + RB <= rows; r += RB) tile<Ops, OB, RB>(w, x + r * k_len, k_len, y + r * ldy, ldy, r == 0);
-    const T *xr = x + r * k_len;
-    float *yr = y + r * ldy;
-    switch (rows - r) {
-        case 3: tile<Ops, OB, 3>(w, xr, k_len, yr, ldy, r == 0); break;
-        case 2: tile<Ops, OB, 2>(w, xr, k_len, yr, ldy, r == 0); break;
-        case 1: tile<Ops, OB, 1>(w, xr, k_len, yr, ldy, r == 0); break;
-        default: break;
+    for (int64_t k0 = 0; k0 < k_len; k0 += K_BLOCK) {
+        Span span{k_len - k0 < K_BLOCK ? k_len - k0 : K_BLOCK, k_len, true, k0 > 0};
+        int64_t r = 0;
+        for (; r + RB <= rows; r += RB, span.prefetch = false)
+            tile<Ops, OB, RB>(w + k0, x + r * k_len + k0, span, y + r * ldy, ldy);
+        const typename Ops::T *xr = x + r * k_len + k0;
+        float *yr = y + r * ldy;
+        switch (rows - r) {
+            case 3: tile<Ops, OB, 3>(w + k0, xr, span, yr, ldy); break;
+            case 2: tile<Ops, OB, 2>(w + k0, xr, span, yr, ldy); break;
+            case 1: tile<Ops, OB, 1>(w + k0, xr, span, yr, ldy); break;
+            default: break;
+        }
     }
 }
 
