@@ -113,7 +113,8 @@ def test_bf16_models_by_native_give_the_loops_tokens(family):
         pytest.skip(f"native in bf16: {moe_native.why_unavailable(torch.bfloat16)}")
     lm = caidllm.load(RANDOM[family], device="cpu", dtype="bfloat16", moe_kernel="loop")
     ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
-    options = dict(method="fastdllm", gen_length=32, block_length={"llada2": 32, "llada-moe": 16, "sdar-moe": 4}[family])
+    block = {"llada2": 32, "llada-moe": 16, "sdar-moe": 4}[family]
+    options = dict(method="fastdllm", gen_length=32, block_length=block)
     with torch.no_grad():
         expected = lm.logits(ids)
         tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]

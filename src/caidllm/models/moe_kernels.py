@@ -21,8 +21,9 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   a GPU at small token counts; never picked by ``auto`` on a CPU.
 - ``native``: the loop's sort and host counts, then one call into a small compiled CPU kernel
   (``moe_native.cpp``, built on first use: ``moe_native.py``) that streams each chosen expert's
-  weights once over all its rows (AVX-512 fp32, AVX-512 BF16 bf16). CPU only, no gradient;
-  unavailable without a C++ compiler or those instructions (``native_unavailable``).
+  weights once over all its rows (fp32 on AVX-512; bf16 on AMX, else AVX-512 BF16). CPU only,
+  one thread, no gradient; unavailable without a C++ compiler or those instructions
+  (``native_unavailable``). The first forward that needs it builds it (seconds, once per machine).
 """
 
 from __future__ import annotations
@@ -233,8 +234,9 @@ def check_kernel(name, quantized: bool = False, experts=()) -> str:
 
 
 def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
-    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU: sized in bf16
-    (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
+    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU with torch on one
+    thread: native where it runs (outside autograd; the fastest there at every size measured).
+    Else on a CPU: sized in bf16 (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
     average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped
     where torch's grouped_mm runs without a host sync (CPU, any dtype; CUDA bf16 on compute
     capability 9.x / 10.x) and the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
@@ -242,7 +244,8 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
-    if x.device.type == "cpu" and torch.get_num_threads() <= NATIVE_MAX_THREADS and native_unavailable(experts, x) is None:
+    on_one_thread = x.device.type == "cpu" and torch.get_num_threads() <= NATIVE_MAX_THREADS
+    if on_one_thread and native_unavailable(experts, x) is None:
         return "native"
     if x.device.type == "cpu" and (x.dtype == torch.bfloat16 or (
             x.dtype == torch.float32 and _ONEDNN_LINEAR is not None

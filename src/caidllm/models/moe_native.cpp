@@ -3,9 +3,12 @@
 // (token, choice) pairs routed to it, sorted by expert), fp32 accumulation, SiLU(gate) * up, then
 // down. Built and loaded by moe_native.py (g++ -O3 -march=native, ctypes); see that file.
 //
-// Each projection is out[r][o] = sum_k in[r][k] * w[o][k] for the few rows r of one expert: a
-// tile of OB weight rows times RB input rows held in OB * RB vector accumulators, the weight rows
-// streamed once per tile (re-read from L1 for the next RB rows), the next weights prefetched.
+// Each projection is out[r][o] = sum_k in[r][k] * w[o][k] for the few rows r of one expert. fp32
+// (AVX-512 FMA) and bf16 without AMX (AVX-512 BF16 dot products): a tile of OB weight rows times
+// RB input rows held in OB * RB vector accumulators, the weight rows streamed once per tile
+// (re-read from L1 for the next RB rows), the next weights prefetched. bf16 with AMX (widths
+// multiples of 32): tile multiplies (expert_amx). Each piece of the code is guarded by the
+// instructions the compiler targets (-march=native), and caidllm_moe_dtypes says what runs.
 // Rounding follows the loop kernel (torch, bf16): gate, up, silu(gate), the product and the
 // output each rounded to the weights' dtype; fp32 has nothing to round.
 
@@ -116,12 +119,16 @@ void tile(const typename Ops::T *w, const typename Ops::T *x, Span span, float *
         }
     }
     for (int o = 0; o < OB; ++o)
-        for (int r = 0; r < RB; ++r) y[r * ldy + o] = (span.add ? y[r * ldy + o] : 0.0f) + _mm512_reduce_add_ps(acc[o][r]);
+        for (int r = 0; r < RB; ++r) {
+            float sum = _mm512_reduce_add_ps(acc[o][r]);
+            y[r * ldy + o] = span.add ? y[r * ldy + o] + sum : sum;
+        }
 }
 
 // One block of OB weight rows against all `rows` input rows, RB at a time (the rest 1-3 at a time).
 template <class Ops, int OB, int RB>
-void row_blocks(const typename Ops::T *w, const typename Ops::T *x, int64_t rows, int64_t k_len, float *y, int64_t ldy) {
+void row_blocks(const typename Ops::T *w, const typename Ops::T *x, int64_t rows, int64_t k_len, float *y,
+                int64_t ldy) {
     for (int64_t k0 = 0; k0 < k_len; k0 += K_BLOCK) {
         Span span{k_len - k0 < K_BLOCK ? k_len - k0 : K_BLOCK, k_len, true, k0 > 0};
         int64_t r = 0;
@@ -313,8 +320,8 @@ int all_experts(const void *x_, const void *gate_, const void *up_, const void *
             start -= counts[e];
             continue;
         }
-        any_expert<Ops>(x + start * hidden, gate + e * per_expert, up + e * per_expert, down + e * per_expert, counts[e],
-                    hidden, inter, s, out + start * hidden);
+        any_expert<Ops>(x + start * hidden, gate + e * per_expert, up + e * per_expert, down + e * per_expert,
+                        counts[e], hidden, inter, s, out + start * hidden);
         start += counts[e];
     }
     free(buffer);
