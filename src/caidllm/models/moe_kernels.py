@@ -227,8 +227,10 @@ def check_kernel(name, quantized: bool = False, experts=()) -> str:
     if quantized and name in STACKED_ONLY:
         raise InputError(f"moe_kernel {name!r} runs stacked full-precision experts; quantized experts run "
                          "one at a time: use moe_kernel 'loop' or 'auto' with --quantize")
-    reason = next(filter(None, map(native_unavailable, experts)), None) if name == "native" else None
-    if reason:
+    may_run_native = name == "native" or (name == AUTO and torch.get_num_threads() <= NATIVE_MAX_THREADS)
+    # Asked now, so that a model's first forward does not wait for the build (seconds, once per machine).
+    reason = next(filter(None, map(native_unavailable, experts)), None) if may_run_native else None
+    if reason and name == "native":
         raise InputError(f"moe_kernel 'native' cannot run here: {reason}")
     return name
 
