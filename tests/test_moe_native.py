@@ -187,6 +187,26 @@ def test_without_amx_bf16_experts_with_many_rows_run_by_sized(monkeypatch):
     torch.testing.assert_close(got.float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
 
 
+def test_experts_are_divided_among_threads_in_runs_of_about_equal_work():
+    runs = moe_native.expert_runs
+    assert runs([0, 3, 0, -5, 2, 1, 0, 4], 1) == [(0, 8, slice(0, 15))]
+    assert runs([0, 3, 0, -5, 2, 1, 0, 4], 2) == [(0, 5, slice(0, 10)), (5, 8, slice(10, 15))]  # -5: rows, no work
+    assert runs([1] * 10, 4) == [(0, 3, slice(0, 3)), (3, 5, slice(3, 5)), (5, 8, slice(5, 8)), (8, 10, slice(8, 10))]
+    assert runs([5], 4) == [(0, 1, slice(0, 5))] and runs([0, 0, 0], 2) == []
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_threads_give_one_threads_outputs_exactly(dtype, monkeypatch):
+    if moe_native.why_unavailable(dtype):
+        pytest.skip(f"native in {dtype}: {moe_native.why_unavailable(dtype)}")
+    moe = random_moe(**{**LLADA2_LIKE, "hidden_size": 64, "moe_intermediate_size": 32}).to(dtype)
+    x = torch.randn(25, 64).to(dtype)
+    alone = _by(moe, "native", x)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert torch.equal(_by(moe, "native", x), alone)
+
+
 def test_the_kernel_names_are_offered_on_the_command_line():
     import argparse
 

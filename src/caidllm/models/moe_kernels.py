@@ -192,11 +192,11 @@ def native_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     pairs = sort_pairs(chosen, experts.num_experts)
     routed = x[pairs.token].contiguous()
     stacks = experts.gate_proj.detach(), experts.up_proj.detach(), experts.down_proj.detach()
-    most = _native_max_rows(experts, x.dtype)
+    most, threads = _native_max_rows(experts, x.dtype), torch.get_num_threads()
     if most is None:
-        return combine(x, pairs, moe_native.run_routed(routed, pairs.counts, *stacks), weights)
+        return combine(x, pairs, moe_native.run_routed(routed, pairs.counts, *stacks, threads=threads), weights)
     big = pairs.counts > most
-    outputs = moe_native.run_routed(routed, torch.where(big, -pairs.counts, pairs.counts), *stacks)
+    outputs = moe_native.run_routed(routed, torch.where(big, -pairs.counts, pairs.counts), *stacks, threads=threads)
     ends = pairs.counts.cumsum(0).tolist()
     for e in big.nonzero().flatten().tolist():  # the rows the compiled kernel left
         rows = slice(ends[e] - int(pairs.counts[e]), ends[e])

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -135,15 +136,45 @@ def bf16_on_amx() -> bool:
 
 
 def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-               down: torch.Tensor) -> torch.Tensor:
+               down: torch.Tensor, threads: int = 1) -> torch.Tensor:
     """Each expert's SwiGLU on its rows of `routed` [pairs, hidden] (sorted by expert, counts[e]
     rows each, counts on the CPU; a negative count -n: n rows left to the caller, their output
-    uninitialised): one call into the library. All contiguous CPU tensors of one dtype."""
+    uninitialised). All contiguous CPU tensors of one dtype. One call into the library, or one per
+    thread on runs of experts of about equal work (ctypes lets go of the GIL during each)."""
     out = torch.empty_like(routed)
-    experts, inter, hidden = gate.shape
-    status = _LIBRARY.get().caidllm_moe_experts(DTYPE_CODES[routed.dtype], routed.data_ptr(), gate.data_ptr(),
-                                                up.data_ptr(), down.data_ptr(), counts.data_ptr(), experts, hidden,
-                                                inter, out.data_ptr())
-    if status:
-        raise MemoryError(f"the native MoE kernel failed (status {status}: out of memory for its scratch)")
+    calls = [(rows, slice(first, last)) for first, last, rows in expert_runs(counts.tolist(), threads)]
+
+    def call(run) -> int:
+        rows, experts = run
+        return _LIBRARY.get().caidllm_moe_experts(
+            DTYPE_CODES[routed.dtype], routed[rows].data_ptr(), gate[experts].data_ptr(), up[experts].data_ptr(),
+            down[experts].data_ptr(), counts[experts].data_ptr(), experts.stop - experts.start, gate.shape[2],
+            gate.shape[1], out[rows].data_ptr())
+
+    statuses = [call(run) for run in calls] if len(calls) < 2 else list(_pool(len(calls)).map(call, calls))
+    if any(statuses):
+        raise MemoryError(f"the native MoE kernel failed (status {max(statuses)}: out of memory for its scratch)")
     return out
+
+
+def expert_runs(counts: list[int], threads: int) -> list[tuple[int, int, slice]]:
+    """At most `threads` runs of consecutive experts (first, last + 1, their rows), each about an
+    equal share of the work: an expert it computes costs its weights' read plus its rows."""
+    work = [(1 + abs(c) / 8) if c > 0 else 0 for c in counts]
+    share, runs, first, done, row, start_row = sum(work) / max(threads, 1), [], 0, 0.0, 0, 0
+    for e, count in enumerate(counts):
+        done, row = done + work[e], row + abs(count)
+        if done >= share * (len(runs) + 1) - 1e-9 and len(runs) < threads - 1:
+            runs.append((first, e + 1, slice(start_row, row)))
+            first, start_row = e + 1, row
+    runs.append((first, len(counts), slice(start_row, row)))
+    return [run for run in runs if run[2].stop > run[2].start]
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    if threads not in _POOLS:
+        _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="caidllm-moe")
+    return _POOLS[threads]
