@@ -21,8 +21,8 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   a GPU at small token counts; never picked by ``auto`` on a CPU.
 - ``native``: the loop's sort and host counts, then one call into a small compiled CPU kernel
   (``moe_native.cpp``, built on first use: ``moe_native.py``) that streams each chosen expert's
-  weights once over all its rows (fp32 on AVX-512; bf16 on AMX, else AVX-512 BF16). CPU only,
-  one thread, no gradient; unavailable without a C++ compiler or those instructions
+  weights once over all its rows (fp32 on AVX-512; bf16 on AMX, else AVX-512 BF16), the experts
+  divided among torch's threads. CPU only, no gradient; unavailable without a C++ compiler or those instructions
   (``native_unavailable``). The first forward that needs it builds it (seconds, once per machine).
 """
 
@@ -211,7 +211,8 @@ READS_COUNTS = ("loop", "sized", "native")  # kernels that read the counts on th
 # auto's switch from grouped to sized on a CPU in fp32: (token, expert) pairs per expert on average
 # (bf16 runs sized at any count: 0.91x-0.99x grouped's time at 4-128 tokens, BENCHMARKS.md).
 SIZED_ROWS_PER_EXPERT = 8
-# native runs on one thread: auto picks it only where torch runs on as few (BENCHMARKS.md, MoE section).
+# auto picks native where torch runs this many threads or fewer: one, the case measured against the
+# targets (at two it was 0.64x-1.07x sized's time, slower in fp32 at 4 tokens; BENCHMARKS.md).
 NATIVE_MAX_THREADS = 1
 
 

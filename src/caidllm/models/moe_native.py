@@ -151,7 +151,8 @@ def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, u
             down[experts].data_ptr(), counts[experts].data_ptr(), experts.stop - experts.start, gate.shape[2],
             gate.shape[1], out[rows].data_ptr())
 
-    statuses = [call(run) for run in calls] if len(calls) < 2 else list(_pool(len(calls)).map(call, calls))
+    others = [_pool(threads).submit(call, run) for run in calls[1:]]
+    statuses = [call(run) for run in calls[:1]] + [future.result() for future in others]  # the first run here
     if any(statuses):
         raise MemoryError(f"the native MoE kernel failed (status {max(statuses)}: out of memory for its scratch)")
     return out
@@ -176,5 +177,5 @@ _POOLS: dict[int, ThreadPoolExecutor] = {}
 
 def _pool(threads: int) -> ThreadPoolExecutor:
     if threads not in _POOLS:
-        _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="caidllm-moe")
+        _POOLS[threads] = ThreadPoolExecutor(max_workers=max(threads - 1, 1), thread_name_prefix="caidllm-moe")
     return _POOLS[threads]
