@@ -27,6 +27,7 @@ import torch
 SOURCE = Path(__file__).with_name("moe_native.cpp")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-exceptions")
 COMPILERS = ("g++", "c++", "clang++")
+BUILD_SECONDS = 300  # a compiler that takes longer is taken for stuck
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2}
 _log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def _cpu_description() -> str:
 def build(compiler: str) -> Path:
     """The library for this source, flags, compiler and CPU: from the cache, else compiled into it
     (written to a temporary name, then renamed: processes building at once never see half a file)."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=BUILD_SECONDS).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, platform.machine(),
                                     _cpu_description()]).encode()).hexdigest()[:20]
     folder = cache_folder()
@@ -67,7 +68,8 @@ def build(compiler: str) -> Path:
     handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(handle)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True)
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True,
+                              timeout=BUILD_SECONDS)
         if done.returncode:
             raise OSError(f"{Path(compiler).name} failed on {SOURCE.name}: {done.stderr.strip()[-300:]}")
         os.replace(partial, library)
@@ -101,7 +103,7 @@ class _Library:
         else:
             try:
                 lib = ctypes.CDLL(str(build(compiler)))
-            except OSError as error:
+            except (OSError, subprocess.SubprocessError) as error:  # SubprocessError: the build timed out
                 self.reason = f"building {SOURCE.name} failed: {error}"
             else:
                 self.dtype_bits = lib.caidllm_moe_dtypes()
