@@ -154,18 +154,28 @@ def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel, without_nativ
         torch.testing.assert_close(got, moe(x), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", RANDOM)
-def test_models_give_the_loops_logits_and_tokens(family):
-    lm = caidllm.load(RANDOM[family], device="cpu", dtype="float32", moe_kernel="loop")
+def test_models_give_the_loops_logits_and_tokens(family, dtype):
+    """fp32: every kernel, logits to 1e-5. bf16: native (its roundings the loop's, its sums in another
+    order), logits within bf16's rounding, and the same tokens."""
+    if dtype == "float32":
+        kernels = [k for k in MOE_KERNELS if k != "loop" and not (k == "native" and NATIVE_MISSING)]
+        tolerance = (1e-5, 1e-5)
+    elif moe_native.why_unavailable(torch.bfloat16):
+        pytest.skip(f"native in bf16: {moe_native.why_unavailable(torch.bfloat16)}")
+    else:
+        kernels, tolerance = ["native"], (0.1, 0.05)
+    lm = caidllm.load(RANDOM[family], device="cpu", dtype=dtype, moe_kernel="loop")
     ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
     block = {"llada2": 32, "llada-moe": 16, "sdar-moe": 4}[family]
     options = dict(method="fastdllm", gen_length=32, block_length=block)
     with torch.no_grad():
         expected = lm.logits(ids)
         tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]
-        for kernel in [k for k in MOE_KERNELS if k != "loop" and not (k == "native" and NATIVE_MISSING)]:
+        for kernel in kernels:
             set_moe_kernel(lm.model, kernel)
-            torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(lm.logits(ids), expected, atol=tolerance[0], rtol=tolerance[1])
             assert [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)] == tokens
             alone = [lm.generate([p], **options)[0].token_ids for p in ("hello", "two plus two")]
             assert alone == tokens  # batch invariance
@@ -327,8 +337,8 @@ def test_the_command_line_flag(capsys):
 
 def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel(without_native):
     """The shipped, trained tiny-moe (8 experts, top-2: a 40-token forward gives each expert 10
-    rows on average, so auto runs sized, oneDNN, where it does not pick native): logits to 1e-5 of their largest magnitude (a
-    trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the last bits, 2e-5
+    rows on average, so auto runs sized, oneDNN, where it does not pick native): logits to 1e-5 of
+    their largest magnitude (a trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the last bits, 2e-5
     measured) and the llada2 decoder's exact tokens."""
     lm = caidllm.load("tiny-moe", device="cpu", moe_kernel="loop")
     ids = torch.tensor([lm.encode_chat("Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. "
