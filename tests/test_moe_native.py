@@ -54,6 +54,16 @@ def test_without_a_compiler_auto_runs_another_kernel_and_native_is_refused(no_co
         caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="native")
 
 
+def test_the_command_line_names_why_native_cannot_run(no_compiler, capsys):
+    from caidllm.cli import main
+
+    argv = ["generate", "hi", "--model", RANDOM["llada2"], "--device", "cpu", "--gen-length", "32", "--json"]
+    assert main([*argv, "--moe-kernel", "native"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["caidllm: error: moe_kernel 'native' cannot run here: no C++ compiler found "
+                   "(g++, c++, clang++, or $CXX)"]
+
+
 def test_a_compiler_that_fails_is_named(monkeypatch, tmp_path):
     monkeypatch.setattr(moe_native, "_LIBRARY", moe_native._Library())
     monkeypatch.setenv("CAIDLLM_NATIVE_CACHE", str(tmp_path))
