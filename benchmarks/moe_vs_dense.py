@@ -1,6 +1,7 @@
 """What the experts cost: the MoE feed-forward of random:llada2-mini (256 experts, top-8 plus
 one shared, expert width 512, hidden 2048; models/moe.py) run by the per-expert loop (the
-reference), the grouped kernel and ``auto`` (the default; models/moe_kernels.py), against a dense
+reference), the grouped kernel and ``auto`` (the default; models/moe_kernels.py; add sized and
+native, the compiled CPU kernel, with --kernels), against a dense
 SwiGLU of the same active size (width 9 x 512 = 4608: the same multiply-adds per token) and
 against the read bound: the time to read, once, the weights of the experts the tokens chose
 (plus the shared expert and the router), at the read bandwidth measured among them in the same rounds. Then the
@@ -10,6 +11,7 @@ the clock is by default this thread's CPU time (one thread does all the work), w
 processes taking the core do not inflate (their use of the memory bus still does).
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/moe_vs_dense.py         # CPU, fp32 and bf16
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/moe_vs_dense.py --kernels loop,grouped,sized,native,auto
     python benchmarks/moe_vs_dense.py --device cuda --dtypes bfloat16 --kernels loop,grouped,padded
 
 Prints Markdown tables. A whole-model row the machine has not the memory for is skipped, and says so.

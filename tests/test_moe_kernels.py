@@ -13,13 +13,16 @@ from test_moe import LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE, random_moe
 
 import caidllm
 from caidllm.errors import InputError, ModelLoadError
-from caidllm.models import moe_kernels
+from caidllm.models import moe_kernels, moe_native
 from caidllm.models.moe import MoEFeedForward, set_moe_kernel
 from caidllm.models.moe_experts import ExpertList, StackedExperts
 from caidllm.models.moe_kernels import MOE_KERNELS, READS_COUNTS, combine, pick_kernel, run_experts, sort_pairs
 
 FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
-FAST = [k for k in MOE_KERNELS if k != "loop"]
+# The native kernel needs a C++ compiler and AVX-512 (models/moe_native.py): skipped, with the reason, without them.
+NATIVE_MISSING = moe_native.why_unavailable(torch.float32)
+FAST = [pytest.param(k, marks=pytest.mark.skipif(bool(NATIVE_MISSING), reason=f"native: {NATIVE_MISSING}"))
+        if k == "native" else k for k in MOE_KERNELS if k != "loop"]
 RANDOM = {  # small random shapes of the three MoE families
     "llada2": "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
               "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
@@ -45,6 +48,8 @@ def test_each_kernel_equals_the_loop(family, kernel):
 
 @pytest.mark.parametrize("kernel", FAST)
 def test_each_kernel_in_bfloat16(kernel):
+    if kernel == "native" and moe_native.why_unavailable(torch.bfloat16):
+        pytest.skip(f"native in bf16: {moe_native.why_unavailable(torch.bfloat16)}")
     moe = random_moe(**LLADA2_LIKE).to(torch.bfloat16)
     x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -78,7 +83,7 @@ def test_each_token_sums_its_choices_in_choice_order():
     assert got.item() == 1.0
 
 
-@pytest.mark.parametrize("kernel", [k for k in FAST if k not in READS_COUNTS])
+@pytest.mark.parametrize("kernel", [k for k in MOE_KERNELS if k not in READS_COUNTS])
 def test_no_value_is_read_on_the_host(kernel):
     """On meta tensors a .item() / .tolist() / .cpu() of the counts would raise: the kernels never read one."""
     cfg = LLADA2_LIKE
@@ -93,14 +98,20 @@ def test_no_value_is_read_on_the_host(kernel):
         run_experts(experts, "loop", x, chosen, weights)  # the reference reads the counts
 
 
-def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts():
+@pytest.fixture
+def without_native(monkeypatch):
+    """auto as it chooses where the native kernel is not picked (more than one thread, say)."""
+    monkeypatch.setattr(moe_kernels, "NATIVE_MAX_THREADS", 0)
+
+
+def test_auto_picks_grouped_on_a_cpu_and_the_loop_for_quantized_experts(without_native):
     moe = random_moe(**LLADA2_LIKE)
     assert pick_kernel(moe.experts, torch.zeros(4, 16)) == "grouped"
     assert pick_kernel(ExpertList(), torch.zeros(4, 16)) == "loop"
 
 
 @pytest.mark.skipif(moe_kernels._ONEDNN_LINEAR is None, reason="torch built without oneDNN")
-def test_auto_picks_sized_on_a_cpu_in_bf16_and_in_fp32_once_each_expert_gets_8_rows():
+def test_auto_picks_sized_on_a_cpu_in_bf16_and_in_fp32_once_each_expert_gets_8_rows(without_native):
     experts = random_moe(**LLADA2_LIKE).experts  # 16 experts, 4 choices per token: 32 tokens = 8 rows each
     assert pick_kernel(experts, torch.zeros(32, 16), choices=4) == "sized"
     assert pick_kernel(experts, torch.zeros(31, 16), choices=4) == "grouped"
@@ -130,7 +141,7 @@ def test_sized_runs_fp32_experts_of_3_rows_or_more_through_onednn(monkeypatch):
 @pytest.mark.parametrize("dtype, widths, kernel", [
     (torch.float32, dict(hidden_size=16, moe_intermediate_size=5), "loop"),
     (torch.bfloat16, dict(hidden_size=12, moe_intermediate_size=8), "sized")])
-def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel):
+def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel, without_native):
     """grouped_mm needs each width a whole multiple of 16 bytes: auto runs another kernel on the others
     (it raised): the loop in fp32 below 8 rows per expert, sized in bf16 (no rule on widths)."""
     moe = random_moe(**{**QWEN3_MOE_LIKE, **widths}).to(dtype)
@@ -143,18 +154,28 @@ def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel):
         torch.testing.assert_close(got, moe(x), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", RANDOM)
-def test_models_give_the_loops_logits_and_tokens(family):
-    lm = caidllm.load(RANDOM[family], device="cpu", dtype="float32", moe_kernel="loop")
+def test_models_give_the_loops_logits_and_tokens(family, dtype):
+    """fp32: every kernel, logits to 1e-5. bf16: native (its roundings the loop's, its sums in another
+    order), logits within bf16's rounding, and the same tokens."""
+    if dtype == "float32":
+        kernels = [k for k in MOE_KERNELS if k != "loop" and not (k == "native" and NATIVE_MISSING)]
+        tolerance = (1e-5, 1e-5)
+    elif moe_native.why_unavailable(torch.bfloat16):
+        pytest.skip(f"native in bf16: {moe_native.why_unavailable(torch.bfloat16)}")
+    else:
+        kernels, tolerance = ["native"], (0.1, 0.05)
+    lm = caidllm.load(RANDOM[family], device="cpu", dtype=dtype, moe_kernel="loop")
     ids = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
     block = {"llada2": 32, "llada-moe": 16, "sdar-moe": 4}[family]
     options = dict(method="fastdllm", gen_length=32, block_length=block)
     with torch.no_grad():
         expected = lm.logits(ids)
         tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]
-        for kernel in FAST:
+        for kernel in kernels:
             set_moe_kernel(lm.model, kernel)
-            torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(lm.logits(ids), expected, atol=tolerance[0], rtol=tolerance[1])
             assert [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)] == tokens
             alone = [lm.generate([p], **options)[0].token_ids for p in ("hello", "two plus two")]
             assert alone == tokens  # batch invariance
@@ -259,7 +280,7 @@ def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
 
 def test_an_unknown_kernel_or_a_stacked_kernel_on_quantized_experts_is_refused():
     with pytest.raises(InputError,
-                       match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, sized, padded"):
+                       match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, sized, padded, native"):
         caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="fast")
     with pytest.raises(InputError, match="moe_kernel 'grouped' runs stacked full-precision experts"):
         caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8", moe_kernel="grouped")
@@ -314,10 +335,10 @@ def test_the_command_line_flag(capsys):
     assert len(err) == 1 and err[0].startswith("caidllm: error: moe_kernel 'grouped' runs stacked full-precision")
 
 
-def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
+def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel(without_native):
     """The shipped, trained tiny-moe (8 experts, top-2: a 40-token forward gives each expert 10
-    rows on average, so auto runs sized, oneDNN): logits to 1e-5 of their largest magnitude (a
-    trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the last bits, 2e-5
+    rows on average, so auto runs sized, oneDNN, where it does not pick native): logits to 1e-5 of
+    their largest magnitude (a trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the last bits, 2e-5
     measured) and the llada2 decoder's exact tokens."""
     lm = caidllm.load("tiny-moe", device="cpu", moe_kernel="loop")
     ids = torch.tensor([lm.encode_chat("Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. "
@@ -330,7 +351,7 @@ def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel():
         expected = lm.logits(ids)
         scale = max(1.0, expected.abs().max().item())
         tokens = lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids
-        for kernel in ("grouped", "sized", "auto"):
+        for kernel in ("grouped", "sized", "auto", *(() if NATIVE_MISSING else ("native",))):
             set_moe_kernel(lm.model, kernel)
             torch.testing.assert_close(lm.logits(ids), expected, atol=1e-5 * scale, rtol=1e-5)
             assert lm.generate(["True and not not ( not False ) is"], **options)[0].token_ids == tokens

@@ -30,6 +30,7 @@ def test_load_tiny_from_an_installed_wheel(tmp_path):
     for model in ("tiny", "tiny-bd", "tiny-moe"):
         for name in TINY_FILES:
             assert f"caidllm/assets/{model}/{name}" in names
+    assert "caidllm/models/moe_native.cpp" in names  # the native MoE kernel's source, compiled on first use
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True)
     code = ("import caidllm; lm = caidllm.load('tiny', device='cpu'); "

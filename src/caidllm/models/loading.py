@@ -44,7 +44,8 @@ def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize:
     layers' linear layers, applied layer by layer as they load (models/quantize.py);
     quantize_head: the untied output head too.
     moe_kernel: how mixture-of-experts layers run their experts (models/moe_kernels.py): "auto",
-    "loop" (the per-expert reference), "grouped", "sized", "padded" (these three: full-precision experts only).
+    "loop" (the per-expert reference), "grouped", "sized", "padded", "native" (these four: full-precision
+    experts only; native: a compiled CPU kernel, refused where it cannot build or run).
     shard: a tensor-parallel rank's reader (parallel/loading.py): it divides the model built on the
     meta device and reads only its rank's part of each tensor (checkpoint folders; a random model
     is drawn whole and `lm.sharded` stays False).

@@ -20,6 +20,11 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
   most once, so tokens is a capacity no expert exceeds) with three ``bmm``: no host sync on
   any device, every expert's weights read, experts x tokens rows computed. Worth it only on
   a GPU at small token counts; never picked by ``auto`` on a CPU.
+- ``native``: the loop's sort and host counts, then one call into a small compiled CPU kernel
+  (``moe_native.cpp``, built on first use: ``moe_native.py``) that streams each chosen expert's
+  weights once over all its rows (fp32 on AVX-512; bf16 on AMX, else AVX-512 BF16), the experts
+  divided among torch's threads. CPU only, no gradient; unavailable without a C++ compiler or those instructions
+  (``native_unavailable``). The first forward that needs it builds it (seconds, once per machine).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 from torch.torch_version import TorchVersion
 
 from ..errors import InputError
+from . import moe_native
 from .moe_experts import StackedExperts
 
 AUTO = "auto"
@@ -149,41 +155,104 @@ def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(rows, weight)
 
 
+def _sized_expert(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return _sized_linear(F.silu(_sized_linear(rows, gate)) * _sized_linear(rows, up), down)
+
+
 def sized_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     """The loop's order and host counts (free on a CPU); each projection through _sized_linear."""
     def expert_on_rows(e: int, rows: torch.Tensor) -> torch.Tensor:
-        hidden = F.silu(_sized_linear(rows, experts.gate_proj[e])) * _sized_linear(rows, experts.up_proj[e])
-        return _sized_linear(hidden, experts.down_proj[e])
+        return _sized_expert(rows, experts.gate_proj[e], experts.up_proj[e], experts.down_proj[e])
 
     return _each_expert(experts, x, chosen, weights, expert_on_rows)
 
 
+def native_unavailable(experts, x: torch.Tensor | None = None) -> str | None:
+    """None where the native kernel runs these experts (on x, when given); else why not, in words."""
+    if not isinstance(experts, StackedExperts):
+        return "it runs stacked full-precision experts, not quantized ones"
+    stacks = [experts.gate_proj, experts.up_proj, experts.down_proj]
+    if stacks[0].device.type != "cpu":
+        return f"it runs on a CPU, not {stacks[0].device.type}"
+    if not all(s.is_contiguous() and s.dtype == stacks[0].dtype for s in stacks):
+        return "it reads contiguous expert stacks of one dtype"
+    if x is not None and x.dtype != stacks[0].dtype:
+        return f"its inputs ({x.dtype}) must have the experts' dtype ({stacks[0].dtype})"
+    if x is not None and torch.is_grad_enabled() and (x.requires_grad or stacks[0].requires_grad):
+        return "it computes no gradient (run it under torch.no_grad() or torch.inference_mode())"
+    return moe_native.why_unavailable(stacks[0].dtype)
+
+
+# bf16 without AMX (AVX-512 BF16's dot products): the most rows an expert runs by the compiled
+# kernel; one with more runs sized's matmul (oneDNN's, AMX where there is one), which computes
+# faster there (BENCHMARKS.md, MoE section). fp32 and bf16 on AMX: every expert compiled.
+NATIVE_MAX_ROWS_BF16_WITHOUT_AMX = 6
+
+
+def _native_max_rows(experts: StackedExperts, dtype: torch.dtype) -> int | None:
+    widths = experts.gate_proj.shape[1:]
+    if dtype != torch.bfloat16 or (moe_native.bf16_on_amx() and all(w % 32 == 0 for w in widths)):
+        return None
+    return NATIVE_MAX_ROWS_BF16_WITHOUT_AMX
+
+
+def native_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
+    """The loop's order and host counts; every expert in one call of the compiled kernel, but in bf16
+    without AMX those with more than NATIVE_MAX_ROWS_BF16_WITHOUT_AMX rows by sized's matmuls."""
+    reason = native_unavailable(experts, x)
+    if reason:
+        raise InputError(f"moe_kernel 'native' cannot run here: {reason}")
+    pairs = sort_pairs(chosen, experts.num_experts)
+    routed = x[pairs.token].contiguous()
+    stacks = experts.gate_proj.detach(), experts.up_proj.detach(), experts.down_proj.detach()
+    most, threads = _native_max_rows(experts, x.dtype), torch.get_num_threads()
+    if most is None:
+        return combine(x, pairs, moe_native.run_routed(routed, pairs.counts, *stacks, threads=threads), weights)
+    big = pairs.counts > most
+    outputs = moe_native.run_routed(routed, torch.where(big, -pairs.counts, pairs.counts), *stacks, threads=threads)
+    ends = pairs.counts.cumsum(0).tolist()
+    for e in big.nonzero().flatten().tolist():  # the rows the compiled kernel left
+        rows = slice(ends[e] - int(pairs.counts[e]), ends[e])
+        outputs[rows] = _sized_expert(routed[rows], *(stack[e] for stack in stacks))
+    return combine(x, pairs, outputs, weights)
+
+
 MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "sized": sized_kernel,
-                                    "padded": padded_kernel}
-STACKED_ONLY = ("grouped", "sized", "padded")  # kernels that need StackedExperts (full-precision weights)
-READS_COUNTS = ("loop", "sized")  # kernels that read the counts on the host (a sync on a GPU)
+                                    "padded": padded_kernel, "native": native_kernel}
+STACKED_ONLY = ("grouped", "sized", "padded", "native")  # kernels that need StackedExperts (full-precision weights)
+READS_COUNTS = ("loop", "sized", "native")  # kernels that read the counts on the host (a sync on a GPU)
 # auto's switch from grouped to sized on a CPU in fp32: (token, expert) pairs per expert on average
 # (bf16 runs sized at any count: 0.91x-0.99x grouped's time at 4-128 tokens, BENCHMARKS.md).
 SIZED_ROWS_PER_EXPERT = 8
+# auto picks native where torch runs this many threads or fewer: one, the case measured against the
+# targets (at two it was 0.64x-1.07x sized's time, slower in fp32 at 4 tokens; BENCHMARKS.md).
+NATIVE_MAX_THREADS = 1
 
 
 def kernel_names() -> list[str]:
     return [AUTO, *MOE_KERNELS]
 
 
-def check_kernel(name, quantized: bool = False) -> str:
-    """`name` if it is a kernel this model can run; InputError naming the problem otherwise."""
+def check_kernel(name, quantized: bool = False, experts=()) -> str:
+    """`name` if it is a kernel this model (its layers' `experts`, where known) can run; InputError
+    naming the problem otherwise."""
     if name not in kernel_names():
         raise InputError(f"unknown moe_kernel {name!r}; expected one of {', '.join(kernel_names())}")
     if quantized and name in STACKED_ONLY:
         raise InputError(f"moe_kernel {name!r} runs stacked full-precision experts; quantized experts run "
                          "one at a time: use moe_kernel 'loop' or 'auto' with --quantize")
+    may_run_native = name == "native" or (name == AUTO and torch.get_num_threads() <= NATIVE_MAX_THREADS)
+    # Asked now, so that a model's first forward does not wait for the build (seconds, once per machine).
+    reason = next(filter(None, map(native_unavailable, experts)), None) if may_run_native else None
+    if reason and name == "native":
+        raise InputError(f"moe_kernel 'native' cannot run here: {reason}")
     return name
 
 
 def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
-    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU: sized in bf16
-    (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
+    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU with torch on one
+    thread: native where it runs (outside autograd; the fastest there at every size measured).
+    Else on a CPU: sized in bf16 (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
     average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped
     where torch's grouped_mm runs without a host sync (CPU, any dtype; CUDA bf16 on compute
     capability 9.x / 10.x) and the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
@@ -191,6 +260,9 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
+    on_one_thread = x.device.type == "cpu" and torch.get_num_threads() <= NATIVE_MAX_THREADS
+    if on_one_thread and native_unavailable(experts, x) is None:
+        return "native"
     if x.device.type == "cpu" and (x.dtype == torch.bfloat16 or (
             x.dtype == torch.float32 and _ONEDNN_LINEAR is not None
             and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts)):
