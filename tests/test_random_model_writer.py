@@ -72,3 +72,12 @@ def test_shapes_it_cannot_write_are_named(tmp_path):
     with pytest.raises(InputError, match="unknown dtype 'float13'"):
         write_random_model(tmp_path / "b", DENSE, dtype="float13")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float8_e4m3fn", "complex64"])
+def test_a_dtype_no_checkpoint_holds_is_refused_before_anything_is_written(tmp_path, dtype):
+    """torch names that are not a model dtype (int8, float8, complex) are named up front, as an
+    unknown name is, and leave no half-written folder (no tokenizer and config without weights)."""
+    with pytest.raises(InputError, match=f"unknown dtype '{dtype}'; expected float32, bfloat16 or float16"):
+        write_random_model(tmp_path / "m", DENSE, dtype=dtype)
+    assert not (tmp_path / "m").exists()

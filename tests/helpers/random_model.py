@@ -26,6 +26,8 @@ from caidllm.models.random_init import build_random, random_raw_config
 
 from .checkpoints import _write_json, write_tokenizer
 
+DTYPES = ("float32", "bfloat16", "float16")  # config.json's torch_dtype spellings of the dtypes a model loads in
+
 
 def write_random_model(path, name: str, *, dtype: str = "float32", seed: int = 0, shard_mb: float = 2048) -> Path:
     """Write the random model `name` (a "random:" name, overrides included) drawn with `seed`
@@ -35,8 +37,8 @@ def write_random_model(path, name: str, *, dtype: str = "float32", seed: int = 0
     if kind not in SPECIAL_TOKENS:
         raise InputError(f"{name!r}: write_random_model writes shapes with LLaDA's or Dream's generated tokenizer "
                          f"({', '.join(SPECIAL_TOKENS)}); this one has {kind!r}")
-    if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
-        raise InputError(f"unknown dtype {dtype!r}; expected a torch dtype name such as float32 or bfloat16")
+    if dtype not in DTYPES:  # checked before anything is written: no half-written folder
+        raise InputError(f"unknown dtype {dtype!r}; expected {', '.join(DTYPES[:-1])} or {DTYPES[-1]}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     max_length = int(raw.get("max_sequence_length") or raw["max_position_embeddings"])
