@@ -4,6 +4,7 @@ the logits agreement against caidllm, on a tiny LLaDA-MoE checkpoint (tests/help
 
 import importlib.util
 import json
+import re
 import stat
 import sys
 from pathlib import Path
@@ -142,3 +143,17 @@ def test_quant_parts_times_each_projection_and_profiles_a_forward(setup, tmp_pat
     assert all({"bf16 F.linear", "int4 F.linear"} <= set(r["cpu_ms"]) for r in report["linears"])
     assert [f["setting"] for f in report["forwards"]] == ["bf16", "int4"]
     assert all(f["forward_cpu_ms"] > 0 and len(f["top"]) == 3 for f in report["forwards"])
+
+
+@pytest.mark.parametrize("setting, problem", [
+    ("int8-dynamic@torchaoo", "'int8-dynamic@torchaoo': unknown kernel 'torchaoo'; expected @torchao or @per-expert"),
+    ("int9", "'int9': unknown setting 'int9'; expected one of fp32, bf16"),
+    ("int4@per-expert", "'int4@per-expert': @per-expert runs int8-dynamic's packed experts"),
+])
+def test_a_setting_that_names_nothing_is_refused_before_loading(setup, setting, problem):
+    """quant_forward's settings: a misspelt kernel would otherwise time the packed model under the
+    name asked for (and @per-expert on another scheme would time that scheme unchanged)."""
+    script, folder, _, _ = setup
+    script.quant_forward.MODEL = str(folder)
+    with pytest.raises(SystemExit, match=re.escape(problem)):
+        script.quant_forward.load_setting(setting, None)
