@@ -157,3 +157,16 @@ def test_a_setting_that_names_nothing_is_refused_before_loading(setup, setting, 
     script.quant_forward.MODEL = str(folder)
     with pytest.raises(SystemExit, match=re.escape(problem)):
         script.quant_forward.load_setting(setting, None)
+
+
+@pytest.mark.parametrize("config, expert", [
+    ({"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32}, 32),  # LLaDA2, SDAR-MoE
+    ({"hidden_size": 64, "dense_intermediate_size": 128, "expert_intermediate_size": 32}, 32),  # LLaDA-MoE
+    ({"d_model": 64, "mlp_hidden_size": 96}, 96),  # LLaDA (dense)
+])
+def test_quant_parts_times_the_experts_width_of_every_moe_family(tmp_path, config, expert):
+    spec = importlib.util.spec_from_file_location("quant_parts", ROOT / "benchmarks" / "quant_parts.py")
+    parts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parts)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert parts.shapes_of(str(tmp_path)) == [(expert, 64), (64, expert), (64, 64)]
