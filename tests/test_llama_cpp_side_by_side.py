@@ -170,3 +170,16 @@ def test_quant_parts_times_the_experts_width_of_every_moe_family(tmp_path, confi
     spec.loader.exec_module(parts)
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert parts.shapes_of(str(tmp_path)) == [(expert, 64), (64, expert), (64, 64)]
+
+
+def test_a_gguf_of_another_vocabulary_is_named_not_broadcast(setup, tmp_path):
+    """forward_timer's canvas is token i = 3 + 7919 i mod (its n_vocab - 3): a GGUF whose vocabulary
+    is not config.json's vocab_size ran another canvas, so its logits are not comparable."""
+    script, folder, _, tmp = setup
+    timer = tmp_path / "timer"
+    timer.write_text(f"#!{sys.executable}\nimport sys, numpy as np\n"
+                     "np.zeros((128, 500), np.float32).tofile(sys.argv[4]); print(128, 500)\n")
+    timer.chmod(timer.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(SystemExit, match=re.escape("OTHER: llama.cpp's logits are [128, 500], caidllm's [128, 512]")):
+        script.main(["--agreement", "--checkpoint", str(folder), "--timer", str(timer), "--settings", "fp32",
+                     "--gguf", f"OTHER={tmp / 'same.gguf'}", "--out", str(tmp_path / "a.json")])
