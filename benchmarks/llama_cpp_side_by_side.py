@@ -22,6 +22,8 @@ at 1 thread. Medians over every forward of every round.
 each GGUF's forward_timer `logits`, and compares every one's logits of the canvas with the first
 setting's: the positions whose top token is the same, and the largest and the root-mean-square
 difference over the reference logits' standard deviation (do both engines compute the same function?).
+A GGUF whose vocabulary is not config.json's vocab_size runs another canvas: --agreement names it
+(run it before timing).
 """
 
 from __future__ import annotations
@@ -93,8 +95,12 @@ def agreement(args, ggufs: dict) -> list[dict]:
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in ggufs.items():
-            rows.append(compared("llama.cpp", name, llama_logits(args.timer, path, Path(tmp) / "logits.bin"),
-                                 reference))
+            logits = llama_logits(args.timer, path, Path(tmp) / "logits.bin")
+            if logits.shape != reference.shape:  # its canvas is drawn from its own vocabulary size
+                raise SystemExit(f"{name}: llama.cpp's logits are {list(logits.shape)}, caidllm's "
+                                 f"{list(reference.shape)}: the GGUF's vocabulary is not config.json's "
+                                 "vocab_size, so the two engines ran different canvases")
+            rows.append(compared("llama.cpp", name, logits, reference))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return [dict(row, reference=f"caidllm {first}") for row in rows]
 

@@ -76,6 +76,7 @@ def load_setting(name: str, dtype: str | None):
     """The model in setting `name` ("...@torchao": with torchao's kernels, no repacking;
     "...@per-expert": packed int8 experts run one linear at a time, as before OnednnInt8Experts)."""
     base, _, kernel = name.partition("@")
+    _check_setting(name, base, kernel)
     own_dtype, quantize, head = SETTINGS[base]
     packings = {}
     if kernel == "torchao" and quantize:
@@ -93,6 +94,21 @@ def load_setting(name: str, dtype: str | None):
             if isinstance(getattr(module, "experts", None), ExpertList):
                 module.experts = ExpertList(list(module.experts))
     return lm
+
+
+KERNELS = ("torchao", "per-expert")  # what may follow a setting's "@"
+
+
+def _check_setting(name: str, base: str, kernel: str) -> None:
+    """SystemExit naming the problem, before loading: a misspelt kernel would time the packed model
+    under the name asked for, and @per-expert on another scheme that scheme unchanged."""
+    if base not in SETTINGS:
+        raise SystemExit(f"{name!r}: unknown setting {base!r}; expected one of {', '.join(SETTINGS)}")
+    if kernel and kernel not in KERNELS:
+        raise SystemExit(f"{name!r}: unknown kernel {kernel!r}; expected {' or '.join('@' + k for k in KERNELS)}")
+    if kernel == "per-expert" and SETTINGS[base][1] != "int8-dynamic":
+        raise SystemExit(f"{name!r}: @per-expert runs int8-dynamic's packed experts one linear at a time; "
+                         f"{base!r} is not int8-dynamic")
 
 
 def row_of(name, lm, threads, batch, cpu_ms, wall_ms) -> dict:

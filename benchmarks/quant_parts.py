@@ -74,7 +74,9 @@ def linear_rows(out_features: int, in_features: int, rows: int, repeats: int) ->
 def shapes_of(checkpoint: str) -> list[tuple[int, int]]:
     config = json.loads((Path(checkpoint) / "config.json").read_text())
     hidden = config.get("hidden_size") or config["d_model"]
-    inter = config.get("expert_intermediate_size") or config.get("intermediate_size") or config["mlp_hidden_size"]
+    # an expert's width (LLaDA-MoE's field, LLaDA2's and SDAR-MoE's), else the dense MLP's
+    inter = (config.get("expert_intermediate_size") or config.get("moe_intermediate_size")
+             or config.get("intermediate_size") or config["mlp_hidden_size"])
     return [(inter, hidden), (hidden, inter), (hidden, hidden)]
 
 

@@ -284,7 +284,7 @@ def test_int4_with_its_head_reports_the_heads_packed_kernel():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", ["llada2", "llada-moe"])
+@pytest.mark.parametrize("family", ["llada2", "llada-moe", "sdar-moe"])
 def test_packed_experts_run_together_with_the_per_expert_loops_numbers(family, dtype):
     """OnednnInt8Experts: the per-token work once over all rows, the same numbers as each expert
     run alone (ExpertList over the same packed weights), with experts that get no row too."""
@@ -300,7 +300,8 @@ def test_packed_experts_run_together_with_the_per_expert_loops_numbers(family, d
     assert "model.layers.1.mlp.experts.3.up_proj.weight" in lm.model.state_dict()
     canvases = [torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(0)), torch.tensor([[7]])]
     together = [lm.logits(ids) for ids in canvases]
-    options = dict(gen_length=32, block_length=32, steps=8)  # LLaDA2 decodes in blocks of 32
+    block = {"sdar-moe": 4}.get(family, 32)  # LLaDA2 decodes in blocks of 32, SDAR in blocks of 4
+    options = dict(gen_length=32, block_length=block, steps=8)
     tokens = [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)]
     alone = [lm.generate([p], **options)[0].token_ids for p in ("hello", "two plus two")]
     assert alone == tokens  # batch invariance
@@ -311,3 +312,24 @@ def test_packed_experts_run_together_with_the_per_expert_loops_numbers(family, d
     for ids, expected in zip(canvases, together):
         assert torch.equal(lm.logits(ids), expected)
     assert [r.token_ids for r in lm.generate(["hello", "two plus two"], **options)] == tokens
+
+
+def test_tensor_parallel_refuses_packed_experts_before_touching_them():
+    """--tp's expert sharding slices stacked experts only: a packed MoE model (OnednnInt8Experts) is
+    refused by name, through the API as through the CLI, and left whole and running."""
+    from test_moe_kernels import RANDOM
+
+    from caidllm.errors import InputError
+    from caidllm.models.moe import MoEFeedForward
+    from caidllm.parallel.mesh import TPGroup
+    from caidllm.parallel.sharding import shard_model
+
+    kernels = cpu_int8()
+    lm = caidllm.load(RANDOM["sdar-moe"], device="cpu", dtype="float32", quantize="int8-dynamic")
+    ids = torch.arange(3, 19)[None]
+    before = lm.logits(ids)
+    with pytest.raises(InputError, match="--tp with --quantize int8-dynamic: sharding quantized weights is not supported"):
+        shard_model(lm, TPGroup(rank=0, size=2))
+    layers = [m for m in lm.model.modules() if isinstance(m, MoEFeedForward)]
+    assert all(isinstance(m.experts, kernels.OnednnInt8Experts) and m.experts.num_experts == 16 for m in layers)
+    assert torch.equal(lm.logits(ids), before)

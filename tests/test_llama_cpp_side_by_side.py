@@ -4,6 +4,7 @@ the logits agreement against caidllm, on a tiny LLaDA-MoE checkpoint (tests/help
 
 import importlib.util
 import json
+import re
 import stat
 import sys
 from pathlib import Path
@@ -142,3 +143,43 @@ def test_quant_parts_times_each_projection_and_profiles_a_forward(setup, tmp_pat
     assert all({"bf16 F.linear", "int4 F.linear"} <= set(r["cpu_ms"]) for r in report["linears"])
     assert [f["setting"] for f in report["forwards"]] == ["bf16", "int4"]
     assert all(f["forward_cpu_ms"] > 0 and len(f["top"]) == 3 for f in report["forwards"])
+
+
+@pytest.mark.parametrize("setting, problem", [
+    ("int8-dynamic@torchaoo", "'int8-dynamic@torchaoo': unknown kernel 'torchaoo'; expected @torchao or @per-expert"),
+    ("int9", "'int9': unknown setting 'int9'; expected one of fp32, bf16"),
+    ("int4@per-expert", "'int4@per-expert': @per-expert runs int8-dynamic's packed experts"),
+])
+def test_a_setting_that_names_nothing_is_refused_before_loading(setup, setting, problem):
+    """quant_forward's settings: a misspelt kernel would otherwise time the packed model under the
+    name asked for (and @per-expert on another scheme would time that scheme unchanged)."""
+    script, folder, _, _ = setup
+    script.quant_forward.MODEL = str(folder)
+    with pytest.raises(SystemExit, match=re.escape(problem)):
+        script.quant_forward.load_setting(setting, None)
+
+
+@pytest.mark.parametrize("config, expert", [
+    ({"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32}, 32),  # LLaDA2, SDAR-MoE
+    ({"hidden_size": 64, "dense_intermediate_size": 128, "expert_intermediate_size": 32}, 32),  # LLaDA-MoE
+    ({"d_model": 64, "mlp_hidden_size": 96}, 96),  # LLaDA (dense)
+])
+def test_quant_parts_times_the_experts_width_of_every_moe_family(tmp_path, config, expert):
+    spec = importlib.util.spec_from_file_location("quant_parts", ROOT / "benchmarks" / "quant_parts.py")
+    parts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parts)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert parts.shapes_of(str(tmp_path)) == [(expert, 64), (64, expert), (64, 64)]
+
+
+def test_a_gguf_of_another_vocabulary_is_named_not_broadcast(setup, tmp_path):
+    """forward_timer's canvas is token i = 3 + 7919 i mod (its n_vocab - 3): a GGUF whose vocabulary
+    is not config.json's vocab_size ran another canvas, so its logits are not comparable."""
+    script, folder, _, tmp = setup
+    timer = tmp_path / "timer"
+    timer.write_text(f"#!{sys.executable}\nimport sys, numpy as np\n"
+                     "np.zeros((128, 500), np.float32).tofile(sys.argv[4]); print(128, 500)\n")
+    timer.chmod(timer.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(SystemExit, match=re.escape("OTHER: llama.cpp's logits are [128, 500], caidllm's [128, 512]")):
+        script.main(["--agreement", "--checkpoint", str(folder), "--timer", str(timer), "--settings", "fp32",
+                     "--gguf", f"OTHER={tmp / 'same.gguf'}", "--out", str(tmp_path / "a.json")])

@@ -71,12 +71,15 @@ def write_tokenizer(path: Path, family: str, max_length: int) -> int:
     tokenizer = build_tokenizer(SPECIAL_TOKENS[family])
     tokenizer.save(str(path / "tokenizer.json"))
     tok_config = tokenizer_config(family, max_length)
-    tok_config["added_tokens_decoder"] = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
-        for t, i in special_ids(family).items()
-    }
+    tok_config["added_tokens_decoder"] = added_tokens_decoder(special_ids(family))
     _write_json(path / "tokenizer_config.json", tok_config)
     return tokenizer.get_vocab_size()
+
+
+def added_tokens_decoder(ids: dict[str, int]) -> dict:
+    """tokenizer_config.json's added_tokens_decoder of special tokens (token -> id)."""
+    return {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                     "special": True} for t, i in ids.items()}
 
 
 def _llada_config(s, dtype, family="llada"):

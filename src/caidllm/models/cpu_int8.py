@@ -185,7 +185,12 @@ class OnednnInt8Experts(ExpertList):
     per-token quantization, shared by gate and up, and the scaling) and the SwiGLU's silu and
     product run once over all the layer's rows. Row by row the same operations as the per-expert
     loop (each row's int32 sums exact, its quantization its own), so the same numbers; the
-    per-call overhead of 64 experts x 3 small linears was half their time (BENCHMARKS.md)."""
+    per-call overhead of 64 experts x 3 small linears was half their time (BENCHMARKS.md).
+    (One caveat, shared with every CPU silu: torch computes a tensor's last numel mod 2 x its
+    vector width elements by a scalar path, up to 1 ulp apart in float32. Expert widths that are
+    multiples of 64 (the released MoEs': 512, 768, 1024) never leave such a tail; others can, and
+    there the int8 rounding of the down projection's input hides it unless a value lies within
+    that ulp of a rounding boundary.)"""
 
     def run_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """The experts' outputs for `rows` [P, hidden] sorted by expert, counts[e] rows each."""
