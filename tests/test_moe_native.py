@@ -108,13 +108,15 @@ def test_quantized_experts_refuse_native():
 def test_auto_picks_native_on_one_cpu_thread_where_it_runs(dtype, monkeypatch):
     if moe_native.why_unavailable(dtype):
         pytest.skip(f"native in {dtype}: {moe_native.why_unavailable(dtype)}")
-    experts = random_moe(**LLADA2_LIKE).to(dtype).experts
+    if dtype == torch.bfloat16 and not moe_native.bf16_on_amx():
+        pytest.skip("bf16 natively only on AMX (test_auto_runs_bf16_natively_only_on_amx...)")
+    experts = random_moe(**{**LLADA2_LIKE, "hidden_size": 64, "moe_intermediate_size": 32}).to(dtype).experts
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     with torch.no_grad():
         for tokens in (1, 4, 128):
-            assert pick_kernel(experts, torch.zeros(tokens, 16, dtype=dtype), choices=4) == "native"
+            assert pick_kernel(experts, torch.zeros(tokens, 64, dtype=dtype), choices=4) == "native"
         monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # measured against the targets at one thread only
-        assert pick_kernel(experts, torch.zeros(4, 16, dtype=dtype), choices=4) != "native"
+        assert pick_kernel(experts, torch.zeros(4, 64, dtype=dtype), choices=4) != "native"
 
 
 def _bf16_layer(hidden=64, inter=32):
@@ -156,26 +158,36 @@ def test_long_inputs_summed_a_block_at_a_time_give_the_loops_outputs(dtype):
 
 
 @needs_native
-@pytest.mark.parametrize("hidden, inter", [(64, 32), (48, 24)])
+@pytest.mark.parametrize("hidden, inter", [(64, 32), (48, 24), (400, 100)])
 def test_a_bf16_row_does_not_depend_on_its_batch(hidden, inter):
+    """However many rows share a row's expert (1 alone, 2-20 together): on AMX (widths multiples of
+    32) and on the dot products (others; sums long enough, 400, for another order to show). The
+    routing is fixed (the router's fp32 matmul has batch-dependent last bits of its own)."""
     moe = _bf16_layer(hidden, inter)
     x = torch.randn(40, hidden).bfloat16()
-    together = _by(moe, "native", x)
-    assert all(torch.equal(_by(moe, "native", x[i:i + 1])[0], together[i]) for i in range(len(x)))
+    with torch.no_grad():
+        chosen, weights = moe.gate(x)
+        together = moe_kernels.native_kernel(moe.experts, x, chosen, weights)
+        alone = [moe_kernels.native_kernel(moe.experts, x[i:i + 1], chosen[i:i + 1], weights[i:i + 1])[0]
+                 for i in range(len(x))]
+    assert [i for i in range(len(x)) if not torch.equal(alone[i], together[i])] == []
 
 
 @needs_native
-def test_without_amx_bf16_experts_with_many_rows_run_by_sized(monkeypatch):
-    moe = _bf16_layer()
-    monkeypatch.setattr(moe_native, "bf16_on_amx", lambda: False)
-    sized = []
-    real = moe_kernels._sized_expert
-    monkeypatch.setattr(moe_kernels, "_sized_expert", lambda rows, *w: sized.append(len(rows)) or real(rows, *w))
-    x = torch.randn(20, 64).bfloat16()
-    got = _by(moe, "native", x)
-    counts = torch.bincount(moe.gate(x)[0].flatten(), minlength=16)
-    assert sorted(sized) == sorted(int(c) for c in counts if c > moe_kernels.NATIVE_MAX_ROWS_BF16_WITHOUT_AMX) != []
-    torch.testing.assert_close(got.float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
+@pytest.mark.parametrize("hidden, inter, amx", [(64, 32, True), (64, 32, False), (48, 24, True)])
+def test_auto_runs_bf16_natively_only_on_amx_and_native_runs_every_expert_itself(hidden, inter, amx, monkeypatch):
+    """bf16 without AMX (no AMX, or widths not multiples of 32): the dot products compute slower than
+    sized's matmul from about 6 rows an expert, and handing such experts to sized would make a row's
+    sums depend on its batch: auto runs sized there; native, when asked, runs every expert itself."""
+    moe = _bf16_layer(hidden, inter)
+    monkeypatch.setattr(moe_native, "bf16_on_amx", lambda: amx and moe_native._LIBRARY.dtype_bits & 4 != 0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(moe_kernels, "_sized_expert", None)  # native must not call it
+    x = torch.randn(40, hidden).bfloat16()
+    on_amx = moe_native.bf16_on_amx() and hidden % 32 == 0 and inter % 32 == 0
+    with torch.no_grad():
+        assert pick_kernel(moe.experts, x, choices=4) == ("native" if on_amx else "sized")
+    torch.testing.assert_close(_by(moe, "native", x).float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
 
 
 def test_experts_are_divided_among_threads_in_runs_of_about_equal_work():
