@@ -220,3 +220,15 @@ def test_the_kernel_names_are_offered_on_the_command_line():
     assert parser.parse_args(["--moe-kernel", "native"]).moe_kernel == "native"
     choices = next(a.choices for a in parser._actions if a.dest == "moe_kernel")
     assert list(choices) == moe_kernels.kernel_names()
+
+
+@needs_native
+def test_a_cached_library_that_does_not_load_is_built_again(monkeypatch, tmp_path):
+    """A truncated file in the cache (a machine that went down after the rename, say) is not the
+    end of the kernel on this machine: it is compiled again."""
+    monkeypatch.setenv("CAIDLLM_NATIVE_CACHE", str(tmp_path))
+    library = moe_native.build(moe_native.find_compiler())
+    library.write_bytes(b"")
+    monkeypatch.setattr(moe_native, "_LIBRARY", moe_native._Library())
+    assert moe_native.why_unavailable(torch.float32) is None
+    assert library.stat().st_size > 0

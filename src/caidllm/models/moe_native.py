@@ -79,6 +79,17 @@ def build(compiler: str) -> Path:
     return library
 
 
+def _open(compiler: str) -> ctypes.CDLL:
+    """The built library, loaded; a cached file that does not load (truncated, say) built again."""
+    library = build(compiler)
+    try:
+        return ctypes.CDLL(str(library))
+    except OSError as error:
+        _log.info("moe_kernel 'native': %s does not load (%s); building it again", library.name, error)
+        library.unlink(missing_ok=True)
+        return ctypes.CDLL(str(build(compiler)))
+
+
 class _Library:
     """The loaded library, or the reason there is none; built once per process, on first use."""
 
@@ -102,7 +113,7 @@ class _Library:
             self.reason = f"no C++ compiler found ({', '.join(COMPILERS)}, or $CXX)"
         else:
             try:
-                lib = ctypes.CDLL(str(build(compiler)))
+                lib = _open(compiler)
             except (OSError, subprocess.SubprocessError) as error:  # SubprocessError: the build timed out
                 self.reason = f"building {SOURCE.name} failed: {error}"
             else:
