@@ -232,3 +232,19 @@ def test_a_cached_library_that_does_not_load_is_built_again(monkeypatch, tmp_pat
     monkeypatch.setattr(moe_native, "_LIBRARY", moe_native._Library())
     assert moe_native.why_unavailable(torch.float32) is None
     assert library.stat().st_size > 0
+
+
+def test_operands_the_library_would_overrun_are_refused_before_the_call():
+    """It reads raw pointers: a wrong shape, stride, dtype or count is a ValueError, not memory corruption."""
+    gate, down = torch.zeros(2, 8, 16), torch.zeros(2, 16, 8)
+    counts, routed = torch.tensor([2, 1]), torch.zeros(3, 16)
+    cases = {
+        "routed .3, 16. is not .4, 16.": (torch.zeros(3, 16), torch.tensor([3, 1]), gate, gate, down),
+        "down is not a contiguous": (routed, counts, gate, gate, down.transpose(1, 2).contiguous().transpose(1, 2)),
+        "shapes gate .2, 8, 16., up .2, 8, 16., down .2, 8, 16. disagree": (routed, counts, gate, gate, gate),
+        "counts must be 2 contiguous int64": (routed, counts.int(), gate, gate, down),
+        "up is not a contiguous CPU torch.float32": (routed, counts, gate, gate.bfloat16(), down),
+    }
+    for message, operands in cases.items():
+        with pytest.raises(ValueError, match=message):
+            moe_native.run_routed(*operands)
