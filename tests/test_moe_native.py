@@ -16,6 +16,7 @@ import caidllm
 from caidllm.errors import InputError
 from caidllm.models import moe_kernels, moe_native
 from caidllm.models.moe import set_moe_kernel
+from caidllm.models.moe_experts import StackedExperts
 from caidllm.models.moe_kernels import pick_kernel
 
 MISSING = moe_native.why_unavailable(torch.float32)
@@ -248,3 +249,38 @@ def test_operands_the_library_would_overrun_are_refused_before_the_call():
     for message, operands in cases.items():
         with pytest.raises(ValueError, match=message):
             moe_native.run_routed(*operands)
+
+
+ODD_SHAPES = [  # experts, hidden, inter, choices, tokens: widths off the vector and tile sizes, one
+    (1, 16, 20, 1, 5), (3, 20, 33, 3, 7),  # expert, every expert chosen, inputs over the block of
+    (4, 48, 1000, 2, 9), (2, 17, 31, 2, 40),  # 1024, experts of 40-70 rows (AMX: passes of 32)
+    (5, 64, 32, 5, 70), (3, 1030, 24, 2, 11), (7, 15, 1, 3, 13), (3, 32, 64, 3, 50)]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_odd_shapes_give_the_loops_outputs_whatever_the_batch_and_threads(dtype, monkeypatch):
+    if moe_native.why_unavailable(dtype):
+        pytest.skip(f"native in {dtype}: {moe_native.why_unavailable(dtype)}")
+    generator = torch.Generator().manual_seed(0)
+    for experts, hidden, inter, k, tokens in ODD_SHAPES:
+        stacked = StackedExperts(experts, hidden, inter)
+        with torch.no_grad():
+            for p in stacked.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * hidden ** -0.5)
+        stacked = stacked.to(dtype)
+        x = torch.randn(tokens, hidden, generator=generator).to(dtype)
+        chosen = torch.stack([torch.randperm(experts, generator=generator)[:k] for _ in range(tokens)])
+        weights = torch.rand(tokens, k, generator=generator)
+        with torch.no_grad():
+            got = moe_kernels.native_kernel(stacked, x, chosen, weights)
+            expected = moe_kernels.loop_kernel(stacked, x, chosen, weights).float()
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(got.float(), expected, atol=tolerance * scale, rtol=tolerance)
+            for i in (0, tokens - 1):
+                assert torch.equal(moe_kernels.native_kernel(stacked, x[i:i + 1], chosen[i:i + 1],
+                                                             weights[i:i + 1])[0], got[i])
+            monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+            assert torch.equal(moe_kernels.native_kernel(stacked, x, chosen, weights), got)
+            monkeypatch.undo()
