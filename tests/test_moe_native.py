@@ -16,6 +16,7 @@ import caidllm
 from caidllm.errors import InputError
 from caidllm.models import moe_kernels, moe_native
 from caidllm.models.moe import set_moe_kernel
+from caidllm.models.moe_experts import StackedExperts
 from caidllm.models.moe_kernels import pick_kernel
 
 MISSING = moe_native.why_unavailable(torch.float32)
@@ -108,13 +109,15 @@ def test_quantized_experts_refuse_native():
 def test_auto_picks_native_on_one_cpu_thread_where_it_runs(dtype, monkeypatch):
     if moe_native.why_unavailable(dtype):
         pytest.skip(f"native in {dtype}: {moe_native.why_unavailable(dtype)}")
-    experts = random_moe(**LLADA2_LIKE).to(dtype).experts
+    if dtype == torch.bfloat16 and not moe_native.bf16_on_amx():
+        pytest.skip("bf16 natively only on AMX (test_auto_runs_bf16_natively_only_on_amx...)")
+    experts = random_moe(**{**LLADA2_LIKE, "hidden_size": 64, "moe_intermediate_size": 32}).to(dtype).experts
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     with torch.no_grad():
         for tokens in (1, 4, 128):
-            assert pick_kernel(experts, torch.zeros(tokens, 16, dtype=dtype), choices=4) == "native"
+            assert pick_kernel(experts, torch.zeros(tokens, 64, dtype=dtype), choices=4) == "native"
         monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # measured against the targets at one thread only
-        assert pick_kernel(experts, torch.zeros(4, 16, dtype=dtype), choices=4) != "native"
+        assert pick_kernel(experts, torch.zeros(4, 64, dtype=dtype), choices=4) != "native"
 
 
 def _bf16_layer(hidden=64, inter=32):
@@ -156,26 +159,36 @@ def test_long_inputs_summed_a_block_at_a_time_give_the_loops_outputs(dtype):
 
 
 @needs_native
-@pytest.mark.parametrize("hidden, inter", [(64, 32), (48, 24)])
+@pytest.mark.parametrize("hidden, inter", [(64, 32), (48, 24), (400, 100)])
 def test_a_bf16_row_does_not_depend_on_its_batch(hidden, inter):
+    """However many rows share a row's expert (1 alone, 2-20 together): on AMX (widths multiples of
+    32) and on the dot products (others; sums long enough, 400, for another order to show). The
+    routing is fixed (the router's fp32 matmul has batch-dependent last bits of its own)."""
     moe = _bf16_layer(hidden, inter)
     x = torch.randn(40, hidden).bfloat16()
-    together = _by(moe, "native", x)
-    assert all(torch.equal(_by(moe, "native", x[i:i + 1])[0], together[i]) for i in range(len(x)))
+    with torch.no_grad():
+        chosen, weights = moe.gate(x)
+        together = moe_kernels.native_kernel(moe.experts, x, chosen, weights)
+        alone = [moe_kernels.native_kernel(moe.experts, x[i:i + 1], chosen[i:i + 1], weights[i:i + 1])[0]
+                 for i in range(len(x))]
+    assert [i for i in range(len(x)) if not torch.equal(alone[i], together[i])] == []
 
 
 @needs_native
-def test_without_amx_bf16_experts_with_many_rows_run_by_sized(monkeypatch):
-    moe = _bf16_layer()
-    monkeypatch.setattr(moe_native, "bf16_on_amx", lambda: False)
-    sized = []
-    real = moe_kernels._sized_expert
-    monkeypatch.setattr(moe_kernels, "_sized_expert", lambda rows, *w: sized.append(len(rows)) or real(rows, *w))
-    x = torch.randn(20, 64).bfloat16()
-    got = _by(moe, "native", x)
-    counts = torch.bincount(moe.gate(x)[0].flatten(), minlength=16)
-    assert sorted(sized) == sorted(int(c) for c in counts if c > moe_kernels.NATIVE_MAX_ROWS_BF16_WITHOUT_AMX) != []
-    torch.testing.assert_close(got.float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
+@pytest.mark.parametrize("hidden, inter, amx", [(64, 32, True), (64, 32, False), (48, 24, True)])
+def test_auto_runs_bf16_natively_only_on_amx_and_native_runs_every_expert_itself(hidden, inter, amx, monkeypatch):
+    """bf16 without AMX (no AMX, or widths not multiples of 32): the dot products compute slower than
+    sized's matmul from about 6 rows an expert, and handing such experts to sized would make a row's
+    sums depend on its batch: auto runs sized there; native, when asked, runs every expert itself."""
+    moe = _bf16_layer(hidden, inter)
+    monkeypatch.setattr(moe_native, "bf16_on_amx", lambda: amx and moe_native._LIBRARY.dtype_bits & 4 != 0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(moe_kernels, "_sized_expert", None)  # native must not call it
+    x = torch.randn(40, hidden).bfloat16()
+    on_amx = moe_native.bf16_on_amx() and hidden % 32 == 0 and inter % 32 == 0
+    with torch.no_grad():
+        assert pick_kernel(moe.experts, x, choices=4) == ("native" if on_amx else "sized")
+    torch.testing.assert_close(_by(moe, "native", x).float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
 
 
 def test_experts_are_divided_among_threads_in_runs_of_about_equal_work():
@@ -208,3 +221,66 @@ def test_the_kernel_names_are_offered_on_the_command_line():
     assert parser.parse_args(["--moe-kernel", "native"]).moe_kernel == "native"
     choices = next(a.choices for a in parser._actions if a.dest == "moe_kernel")
     assert list(choices) == moe_kernels.kernel_names()
+
+
+@needs_native
+def test_a_cached_library_that_does_not_load_is_built_again(monkeypatch, tmp_path):
+    """A truncated file in the cache (a machine that went down after the rename, say) is not the
+    end of the kernel on this machine: it is compiled again."""
+    monkeypatch.setenv("CAIDLLM_NATIVE_CACHE", str(tmp_path))
+    library = moe_native.build(moe_native.find_compiler())
+    library.write_bytes(b"")
+    monkeypatch.setattr(moe_native, "_LIBRARY", moe_native._Library())
+    assert moe_native.why_unavailable(torch.float32) is None
+    assert library.stat().st_size > 0
+
+
+def test_operands_the_library_would_overrun_are_refused_before_the_call():
+    """It reads raw pointers: a wrong shape, stride, dtype or count is a ValueError, not memory corruption."""
+    gate, down = torch.zeros(2, 8, 16), torch.zeros(2, 16, 8)
+    counts, routed = torch.tensor([2, 1]), torch.zeros(3, 16)
+    cases = {
+        "routed .3, 16. is not .4, 16.": (torch.zeros(3, 16), torch.tensor([3, 1]), gate, gate, down),
+        "down is not a contiguous": (routed, counts, gate, gate, down.transpose(1, 2).contiguous().transpose(1, 2)),
+        "shapes gate .2, 8, 16., up .2, 8, 16., down .2, 8, 16. disagree": (routed, counts, gate, gate, gate),
+        "counts must be 2 contiguous int64": (routed, counts.int(), gate, gate, down),
+        "up is not a contiguous CPU torch.float32": (routed, counts, gate, gate.bfloat16(), down),
+    }
+    for message, operands in cases.items():
+        with pytest.raises(ValueError, match=message):
+            moe_native.run_routed(*operands)
+
+
+ODD_SHAPES = [  # experts, hidden, inter, choices, tokens: widths off the vector and tile sizes, one
+    (1, 16, 20, 1, 5), (3, 20, 33, 3, 7),  # expert, every expert chosen, inputs over the block of
+    (4, 48, 1000, 2, 9), (2, 17, 31, 2, 40),  # 1024, experts of 40-70 rows (AMX: passes of 32)
+    (5, 64, 32, 5, 70), (3, 1030, 24, 2, 11), (7, 15, 1, 3, 13), (3, 32, 64, 3, 50)]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_odd_shapes_give_the_loops_outputs_whatever_the_batch_and_threads(dtype, monkeypatch):
+    if moe_native.why_unavailable(dtype):
+        pytest.skip(f"native in {dtype}: {moe_native.why_unavailable(dtype)}")
+    generator = torch.Generator().manual_seed(0)
+    for experts, hidden, inter, k, tokens in ODD_SHAPES:
+        stacked = StackedExperts(experts, hidden, inter)
+        with torch.no_grad():
+            for p in stacked.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * hidden ** -0.5)
+        stacked = stacked.to(dtype)
+        x = torch.randn(tokens, hidden, generator=generator).to(dtype)
+        chosen = torch.stack([torch.randperm(experts, generator=generator)[:k] for _ in range(tokens)])
+        weights = torch.rand(tokens, k, generator=generator)
+        with torch.no_grad():
+            got = moe_kernels.native_kernel(stacked, x, chosen, weights)
+            expected = moe_kernels.loop_kernel(stacked, x, chosen, weights).float()
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(got.float(), expected, atol=tolerance * scale, rtol=tolerance)
+            for i in (0, tokens - 1):
+                assert torch.equal(moe_kernels.native_kernel(stacked, x[i:i + 1], chosen[i:i + 1],
+                                                             weights[i:i + 1])[0], got[i])
+            monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+            assert torch.equal(moe_kernels.native_kernel(stacked, x, chosen, weights), got)
+            monkeypatch.undo()

@@ -183,37 +183,24 @@ def native_unavailable(experts, x: torch.Tensor | None = None) -> str | None:
     return moe_native.why_unavailable(stacks[0].dtype)
 
 
-# bf16 without AMX (AVX-512 BF16's dot products): the most rows an expert runs by the compiled
-# kernel; one with more runs sized's matmul (oneDNN's, AMX where there is one), which computes
-# faster there (BENCHMARKS.md, MoE section). fp32 and bf16 on AMX: every expert compiled.
-NATIVE_MAX_ROWS_BF16_WITHOUT_AMX = 6
-
-
-def _native_max_rows(experts: StackedExperts, dtype: torch.dtype) -> int | None:
-    widths = experts.gate_proj.shape[1:]
-    if dtype != torch.bfloat16 or (moe_native.bf16_on_amx() and all(w % 32 == 0 for w in widths)):
-        return None
-    return NATIVE_MAX_ROWS_BF16_WITHOUT_AMX
+def native_bf16_on_amx(experts: StackedExperts) -> bool:
+    """Whether the native kernel runs these bf16 experts on AMX (widths multiples of 32 on a CPU with
+    it), where it is the fastest kernel at every row count; else it runs AVX-512 BF16's dot products,
+    which compute slower than sized's matmul once an expert has more than about 6 rows (BENCHMARKS.md)."""
+    return moe_native.bf16_on_amx() and all(w % 32 == 0 for w in experts.gate_proj.shape[1:])
 
 
 def native_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
-    """The loop's order and host counts; every expert in one call of the compiled kernel, but in bf16
-    without AMX those with more than NATIVE_MAX_ROWS_BF16_WITHOUT_AMX rows by sized's matmuls."""
+    """The loop's order and host counts; every expert in one call of the compiled kernel. Each
+    expert on one code path whatever its row count: a row's sums never depend on how many other
+    rows chose its expert (batch invariance; a hand-off of busy experts to sized broke it in bf16)."""
     reason = native_unavailable(experts, x)
     if reason:
         raise InputError(f"moe_kernel 'native' cannot run here: {reason}")
     pairs = sort_pairs(chosen, experts.num_experts)
     routed = x[pairs.token].contiguous()
     stacks = experts.gate_proj.detach(), experts.up_proj.detach(), experts.down_proj.detach()
-    most, threads = _native_max_rows(experts, x.dtype), torch.get_num_threads()
-    if most is None:
-        return combine(x, pairs, moe_native.run_routed(routed, pairs.counts, *stacks, threads=threads), weights)
-    big = pairs.counts > most
-    outputs = moe_native.run_routed(routed, torch.where(big, -pairs.counts, pairs.counts), *stacks, threads=threads)
-    ends = pairs.counts.cumsum(0).tolist()
-    for e in big.nonzero().flatten().tolist():  # the rows the compiled kernel left
-        rows = slice(ends[e] - int(pairs.counts[e]), ends[e])
-        outputs[rows] = _sized_expert(routed[rows], *(stack[e] for stack in stacks))
+    outputs = moe_native.run_routed(routed, pairs.counts, *stacks, threads=torch.get_num_threads())
     return combine(x, pairs, outputs, weights)
 
 
@@ -251,7 +238,8 @@ def check_kernel(name, quantized: bool = False, experts=()) -> str:
 
 def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU with torch on one
-    thread: native where it runs (outside autograd; the fastest there at every size measured).
+    thread: native where it runs (outside autograd; the fastest there at every size measured), in
+    bf16 only on AMX (native_bf16_on_amx: its dot products lose to sized's matmul at many rows).
     Else on a CPU: sized in bf16 (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
     average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped
     where torch's grouped_mm runs without a host sync (CPU, any dtype; CUDA bf16 on compute
@@ -261,7 +249,8 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     if not isinstance(experts, StackedExperts):
         return "loop"
     on_one_thread = x.device.type == "cpu" and torch.get_num_threads() <= NATIVE_MAX_THREADS
-    if on_one_thread and native_unavailable(experts, x) is None:
+    if on_one_thread and native_unavailable(experts, x) is None \
+            and (x.dtype != torch.bfloat16 or native_bf16_on_amx(experts)):
         return "native"
     if x.device.type == "cpu" and (x.dtype == torch.bfloat16 or (
             x.dtype == torch.float32 and _ONEDNN_LINEAR is not None

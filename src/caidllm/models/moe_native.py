@@ -79,6 +79,17 @@ def build(compiler: str) -> Path:
     return library
 
 
+def _open(compiler: str) -> ctypes.CDLL:
+    """The built library, loaded; a cached file that does not load (truncated, say) built again."""
+    library = build(compiler)
+    try:
+        return ctypes.CDLL(str(library))
+    except OSError as error:
+        _log.info("moe_kernel 'native': %s does not load (%s); building it again", library.name, error)
+        library.unlink(missing_ok=True)
+        return ctypes.CDLL(str(build(compiler)))
+
+
 class _Library:
     """The loaded library, or the reason there is none; built once per process, on first use."""
 
@@ -102,7 +113,7 @@ class _Library:
             self.reason = f"no C++ compiler found ({', '.join(COMPILERS)}, or $CXX)"
         else:
             try:
-                lib = ctypes.CDLL(str(build(compiler)))
+                lib = _open(compiler)
             except (OSError, subprocess.SubprocessError) as error:  # SubprocessError: the build timed out
                 self.reason = f"building {SOURCE.name} failed: {error}"
             else:
@@ -143,6 +154,7 @@ def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, u
     rows each, counts on the CPU; a negative count -n: n rows left to the caller, their output
     uninitialised). All contiguous CPU tensors of one dtype. One call into the library, or one per
     thread on runs of experts of about equal work (ctypes lets go of the GIL during each)."""
+    _check_operands(routed, counts, gate, up, down)
     out = torch.empty_like(routed)
     calls = [(rows, slice(first, last)) for first, last, rows in expert_runs(counts.tolist(), threads)]
 
@@ -158,6 +170,25 @@ def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, u
     if any(statuses):
         raise MemoryError(f"the native MoE kernel failed (status {max(statuses)}: out of memory for its scratch)")
     return out
+
+
+def _check_operands(routed, counts, gate, up, down) -> None:
+    """ValueError for operands the library would read out of bounds (it trusts raw pointers)."""
+    experts, inter, hidden = gate.shape
+    tensors = {"routed": routed, "gate": gate, "up": up, "down": down}
+    problems = [f"{name} is not a contiguous CPU {routed.dtype} tensor" for name, t in tensors.items()
+                if not (t.is_contiguous() and t.device.type == "cpu" and t.dtype == routed.dtype)]
+    if routed.dtype not in DTYPE_CODES:
+        problems.append(f"dtype {routed.dtype} is neither float32 nor bfloat16")
+    if tuple(up.shape) != (experts, inter, hidden) or tuple(down.shape) != (experts, hidden, inter):
+        problems.append(f"shapes gate {list(gate.shape)}, up {list(up.shape)}, down {list(down.shape)} disagree")
+    if not (counts.dtype == torch.int64 and counts.is_contiguous() and counts.device.type == "cpu"
+            and tuple(counts.shape) == (experts,)):
+        problems.append(f"counts must be {experts} contiguous int64 on the CPU")
+    elif routed.dim() != 2 or tuple(routed.shape) != (int(counts.abs().sum()), hidden):
+        problems.append(f"routed {list(routed.shape)} is not [{int(counts.abs().sum())}, {hidden}]")
+    if problems:
+        raise ValueError(f"native MoE kernel: {'; '.join(problems)}")
 
 
 def expert_runs(counts: list[int], threads: int) -> list[tuple[int, int, slice]]:
