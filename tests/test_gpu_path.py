@@ -227,9 +227,9 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
         if moe and run["method"] == "es-dllm":  # early skipping needs bidirectional attention: refused, said so
             assert "does not apply to the block-causal llada2 model" in run["skipped"]
             continue
-        # On a CPU, auto runs the `sized` kernel once the experts average 8 rows (this tiny shape
-        # has 16 experts), and `sized` reads the counts on the host by design (free on a CPU):
-        # one sync more there. On CUDA auto always runs `grouped`: no sync more than a dense model.
+        # On a CPU, auto runs `sized` or `native` (by threads and rows per expert; this tiny shape has
+        # 16 experts), which read the counts on the host once by design (free on a CPU): one sync
+        # more there. On CUDA auto always runs `grouped`: no sync more than a dense model.
         cpu_sized = moe and not torch.cuda.is_available()
         assert run["syncs_per_forward"] in ((1.0, 2.0) if cpu_sized else (1.0,))
         assert run["block"] == (32 if moe else 8)

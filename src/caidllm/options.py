@@ -34,7 +34,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
     parser.add_argument("--moe-kernel", default="auto", choices=["auto", "loop", "grouped", "sized", "padded", "native"],
                         help="how a mixture-of-experts layer runs its experts (models/moe_kernels.py): auto (default: "
-                             "native on one CPU thread where it builds, else sized or grouped on a CPU; grouped "
+                             "native on one or two CPU threads where it builds, else sized or grouped on a CPU; grouped "
                              "matmuls where they run without a host sync), loop (the per-expert reference), grouped, "
                              "sized, padded, native (a compiled CPU kernel, built on first use by the C++ compiler)")
     add_quantize_arguments(parser)

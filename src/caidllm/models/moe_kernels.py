@@ -211,9 +211,10 @@ READS_COUNTS = ("loop", "sized", "native")  # kernels that read the counts on th
 # auto's switch from grouped to sized on a CPU in fp32: (token, expert) pairs per expert on average
 # (bf16 runs sized at any count: 0.91x-0.99x grouped's time at 4-128 tokens, BENCHMARKS.md).
 SIZED_ROWS_PER_EXPERT = 8
-# auto picks native where torch runs this many threads or fewer: one, the case measured against the
-# targets (at two it was 0.64x-1.07x sized's time, slower in fp32 at 4 tokens; BENCHMARKS.md).
-NATIVE_MAX_THREADS = 1
+# auto picks native where torch runs this many threads or fewer: one (the targets' case) and two, the
+# counts measured (BENCHMARKS.md); at two, in fp32 only from one row per expert on average (below it
+# grouped was 0.89x native's time).
+NATIVE_MAX_THREADS = 2
 
 
 def kernel_names() -> list[str]:
@@ -237,9 +238,10 @@ def check_kernel(name, quantized: bool = False, experts=()) -> str:
 
 
 def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
-    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU with torch on one
-    thread: native where it runs (outside autograd; the fastest there at every size measured), in
-    bf16 only on AMX (native_bf16_on_amx: its dot products lose to sized's matmul at many rows).
+    """``auto``'s choice for tokens x each choosing `choices` experts. On a CPU with torch on one or
+    two threads (NATIVE_MAX_THREADS): native where it runs (outside autograd; the fastest there at
+    every size measured but fp32 at two threads below one row per expert), in bf16 only on AMX
+    (native_bf16_on_amx: its dot products lose to sized's matmul at many rows).
     Else on a CPU: sized in bf16 (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
     average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped
     where torch's grouped_mm runs without a host sync (CPU, any dtype; CUDA bf16 on compute
@@ -248,9 +250,11 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
-    on_one_thread = x.device.type == "cpu" and torch.get_num_threads() <= NATIVE_MAX_THREADS
-    if on_one_thread and native_unavailable(experts, x) is None \
-            and (x.dtype != torch.bfloat16 or native_bf16_on_amx(experts)):
+    threads = torch.get_num_threads()
+    few_threads = x.device.type == "cpu" and threads <= NATIVE_MAX_THREADS
+    if few_threads and native_unavailable(experts, x) is None and (
+            native_bf16_on_amx(experts) if x.dtype == torch.bfloat16
+            else threads == 1 or x.shape[0] * choices >= experts.num_experts):
         return "native"
     if x.device.type == "cpu" and (x.dtype == torch.bfloat16 or (
             x.dtype == torch.float32 and _ONEDNN_LINEAR is not None

@@ -154,9 +154,9 @@ def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, u
     rows each, counts on the CPU; a negative count -n: n rows left to the caller, their output
     uninitialised). All contiguous CPU tensors of one dtype. One call into the library, or one per
     thread on runs of experts of about equal work (ctypes lets go of the GIL during each)."""
-    _check_operands(routed, counts, gate, up, down)
+    on_host = _check_operands(routed, counts, gate, up, down)
     out = torch.empty_like(routed)
-    calls = [(rows, slice(first, last)) for first, last, rows in expert_runs(counts.tolist(), threads)]
+    calls = [(rows, slice(first, last)) for first, last, rows in expert_runs(on_host, threads)]
 
     def call(run) -> int:
         rows, experts = run
@@ -172,8 +172,9 @@ def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, u
     return out
 
 
-def _check_operands(routed, counts, gate, up, down) -> None:
-    """ValueError for operands the library would read out of bounds (it trusts raw pointers)."""
+def _check_operands(routed, counts, gate, up, down) -> list[int]:
+    """ValueError for operands the library would read out of bounds (it trusts raw pointers); else
+    the counts as a list (read once: one host read per layer, as the loop's)."""
     experts, inter, hidden = gate.shape
     tensors = {"routed": routed, "gate": gate, "up": up, "down": down}
     problems = [f"{name} is not a contiguous CPU {routed.dtype} tensor" for name, t in tensors.items()
@@ -185,10 +186,13 @@ def _check_operands(routed, counts, gate, up, down) -> None:
     if not (counts.dtype == torch.int64 and counts.is_contiguous() and counts.device.type == "cpu"
             and tuple(counts.shape) == (experts,)):
         problems.append(f"counts must be {experts} contiguous int64 on the CPU")
-    elif routed.dim() != 2 or tuple(routed.shape) != (int(counts.abs().sum()), hidden):
-        problems.append(f"routed {list(routed.shape)} is not [{int(counts.abs().sum())}, {hidden}]")
+    else:
+        on_host = counts.tolist()
+        if routed.dim() != 2 or tuple(routed.shape) != (sum(map(abs, on_host)), hidden):
+            problems.append(f"routed {list(routed.shape)} is not [{sum(map(abs, on_host))}, {hidden}]")
     if problems:
         raise ValueError(f"native MoE kernel: {'; '.join(problems)}")
+    return on_host
 
 
 def expert_runs(counts: list[int], threads: int) -> list[tuple[int, int, slice]]:
