@@ -6,6 +6,7 @@ and fp32 batch invariance are in test_moe_kernels.py (every kernel). Skipped, wi
 where the kernel cannot run (no C++ compiler, no AVX-512)."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -39,6 +40,24 @@ def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     made = library.stat().st_mtime_ns
     assert moe_native.build(compiler) == library and library.stat().st_mtime_ns == made
     assert [p.name for p in library.parent.iterdir()] == [library.name]  # no temporary file left
+
+
+@needs_native
+def test_a_cache_folder_that_cannot_be_written_builds_in_a_private_temporary_one(monkeypatch, tmp_path):
+    """A read-only home, say (here: the cache under a file, which no one can make): the library is built
+    in a folder of the temporary folder that only this user can write, and found there next time."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("CAIDLLM_NATIVE_CACHE", str(tmp_path / "a-file" / "cache"))
+    monkeypatch.setattr(moe_native.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    compiler = moe_native.find_compiler()
+    library = moe_native.build(compiler)
+    private = tmp_path / "tmp" / f"caidllm-native-{os.getuid()}"
+    assert library.parent == private and private.stat().st_mode & 0o777 == 0o700
+    assert moe_native.build(compiler) == library
+    private.chmod(0o777)  # a folder others can write is never loaded from
+    with pytest.raises(OSError, match="is not a folder only this user can write"):
+        moe_native.build(compiler)
 
 
 def test_without_a_compiler_auto_runs_another_kernel_and_native_is_refused(no_compiler, caplog, monkeypatch):

@@ -1,7 +1,8 @@
 """The ``native`` MoE kernel's compiled part: ``moe_native.cpp`` (shipped beside this file) built on
 first use by the system's C++ compiler (``$CXX``, else ``g++``, ``c++``, ``clang++``) with
 ``-O3 -march=native`` into a per-user cache folder (``$CAIDLLM_NATIVE_CACHE``, else
-``$XDG_CACHE_HOME/caidllm/native`` or ``~/.cache/caidllm/native``), one file per hash of the
+``$XDG_CACHE_HOME/caidllm/native`` or ``~/.cache/caidllm/native``; where it cannot be written,
+``caidllm-native-UID`` in the temporary folder, writable by this user alone), one file per hash of the
 source, the flags, the compiler and the CPU, and loaded with ctypes: no Python headers, no ninja,
 nothing to install. bf16 runs on AMX where the CPU (and Linux) offer it, else on AVX-512 BF16;
 fp32 on AVX-512. Without a compiler, or on a CPU without AVX-512 (fp32) or AVX-512 BF16 (bf16),
@@ -16,6 +17,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -64,7 +66,11 @@ def build(compiler: str) -> Path:
     library = folder / f"moe_native-{key}.so"
     if library.exists():
         return library
-    folder.mkdir(parents=True, exist_ok=True)
+    if not _writable(folder):  # a read-only home, say: build where this user alone can write
+        folder = _private_folder(folder)
+        library = folder / library.name
+        if library.exists():
+            return library
     handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(handle)
     try:
@@ -77,6 +83,34 @@ def build(compiler: str) -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return library
+
+
+def _writable(folder: Path) -> bool:
+    """Whether files can be made in `folder` (created if missing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=folder)
+    except OSError:
+        return False
+    os.close(handle)
+    os.unlink(probe)
+    return True
+
+
+def _private_folder(wanted: Path) -> Path:
+    """A folder in the temporary folder that only this user can write (a library loaded from a folder
+    others can write would run their code); OSError naming both folders if there is none."""
+    uid = os.getuid()
+    private = Path(tempfile.gettempdir()) / f"caidllm-native-{uid}"
+    try:
+        private.mkdir(mode=0o700, exist_ok=True)
+        info = private.lstat()
+    except OSError as error:
+        raise OSError(f"{wanted} is not writable, nor is {private} ({error})") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o022:
+        raise OSError(f"{wanted} is not writable, and {private} is not a folder only this user can write")
+    _log.info("moe_kernel 'native': %s is not writable; building in %s", wanted, private)
+    return private
 
 
 def _open(compiler: str) -> ctypes.CDLL:
