@@ -269,6 +269,7 @@ def test_operands_the_library_would_overrun_are_refused_before_the_call():
         "shapes gate .2, 8, 16., up .2, 8, 16., down .2, 8, 16. disagree": (routed, counts, gate, gate, gate),
         "counts must be 2 contiguous int64": (routed, counts.int(), gate, gate, down),
         "up is not a contiguous CPU torch.float32": (routed, counts, gate, gate.bfloat16(), down),
+        "counts must be >= 0, got -1": (routed, torch.tensor([4, -1]), gate, gate, down),
     }
     for message, operands in cases.items():
         with pytest.raises(ValueError, match=message):

@@ -309,17 +309,14 @@ int all_experts(const void *x_, const void *gate_, const void *up_, const void *
     const T *up = static_cast<const T *>(up_), *down = static_cast<const T *>(down_);
     T *out = static_cast<T *>(out_);
     int64_t most = 0;
-    for (int64_t e = 0; e < experts; ++e) most = counts[e] > most ? counts[e] : most;  // negative: skipped
+    for (int64_t e = 0; e < experts; ++e) most = counts[e] > most ? counts[e] : most;
     if (most == 0) return 0;
     float *buffer = static_cast<float *>(malloc(sizeof(float) * most * (3 * inter + 2 * hidden)));
     if (!buffer) return 2;
     Scratch s{buffer, buffer + most * inter, buffer + 2 * most * inter, buffer + most * (2 * inter + hidden)};
     int64_t start = 0, per_expert = hidden * inter;
     for (int64_t e = 0; e < experts; ++e) {
-        if (counts[e] <= 0) {  // -n: an expert whose n rows the caller runs itself
-            start -= counts[e];
-            continue;
-        }
+        if (counts[e] == 0) continue;
         any_expert<Ops>(x + start * hidden, gate + e * per_expert, up + e * per_expert, down + e * per_expert,
                         counts[e], hidden, inter, s, out + start * hidden);
         start += counts[e];
@@ -351,8 +348,7 @@ int caidllm_moe_dtypes(void) {
     return bits;
 }
 
-// x [pairs, hidden]: the routed rows sorted by expert, |counts[e]| rows each (a negative count:
-// rows left to the caller, out untouched there); gate and up
+// x [pairs, hidden]: the routed rows sorted by expert, counts[e] >= 0 rows each; gate and up
 // [experts, inter, hidden], down [experts, hidden, inter], out [pairs, hidden]; all contiguous,
 // of one dtype (0 fp32, 1 bf16). Returns 0, 1 for a dtype this build cannot run, 2 out of memory.
 int caidllm_moe_experts(int dtype, const void *x, const void *gate, const void *up, const void *down,

@@ -185,8 +185,7 @@ def bf16_on_amx() -> bool:
 def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
                down: torch.Tensor, threads: int = 1) -> torch.Tensor:
     """Each expert's SwiGLU on its rows of `routed` [pairs, hidden] (sorted by expert, counts[e]
-    rows each, counts on the CPU; a negative count -n: n rows left to the caller, their output
-    uninitialised). All contiguous CPU tensors of one dtype. One call into the library, or one per
+    rows each, counts on the CPU). All contiguous CPU tensors of one dtype. One call into the library, or one per
     thread on runs of experts of about equal work (ctypes lets go of the GIL during each)."""
     on_host = _check_operands(routed, counts, gate, up, down)
     out = torch.empty_like(routed)
@@ -222,8 +221,10 @@ def _check_operands(routed, counts, gate, up, down) -> list[int]:
         problems.append(f"counts must be {experts} contiguous int64 on the CPU")
     else:
         on_host = counts.tolist()
-        if routed.dim() != 2 or tuple(routed.shape) != (sum(map(abs, on_host)), hidden):
-            problems.append(f"routed {list(routed.shape)} is not [{sum(map(abs, on_host))}, {hidden}]")
+        if min(on_host, default=0) < 0:
+            problems.append(f"counts must be >= 0, got {min(on_host)}")
+        elif routed.dim() != 2 or tuple(routed.shape) != (sum(on_host), hidden):
+            problems.append(f"routed {list(routed.shape)} is not [{sum(on_host)}, {hidden}]")
     if problems:
         raise ValueError(f"native MoE kernel: {'; '.join(problems)}")
     return on_host
