@@ -21,6 +21,7 @@ from .base import ColumnsMode
 @dataclass(kw_only=True)
 class SubBlock(ColumnsMode):
     name = "subblock"
+    shift_within_computed = True  # as the official generator shifts the sub-block's logits (models/fastdllm_v2.py)
 
     def check_model(self, lm) -> None:
         if not lm.config.block_causal:
