@@ -33,8 +33,7 @@ BLOCK_ONLY_FIELDS = {"editing_threshold": "LLaDA2.1 token editing", "max_post_st
                      "num_to_transfer": "LLaDA2.1's quota per step", "minimal_topk": "LLaDA2's step cap"}
 # Caches that are their method (ES-dLLM, Elastic-Cache, dKV-Cache): on a block-causal model they are
 # refused, never swapped for the block cache under the method's name; the advice is the same rule on it.
-METHOD_CACHES = {"es": "ES-dLLM's early skipping", "elastic": "Elastic-Cache's drift-refreshed cache",
-                 "dkv": "dKV-Cache's delayed cache", "dkv-greedy": "dKV-Cache-Greedy's cache"}
+METHOD_CACHES = {name: mode.method for name, mode in CACHE_MODES.items() if mode.method is not None}
 BLOCK_ALTERNATIVE = {"threshold": "fastdllm", "cai": "cai", "vanilla": "vanilla", "random": "vanilla"}
 
 

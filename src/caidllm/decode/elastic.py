@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from caidllm.decode.caches.base import CacheMode
+
 DEFAULT_WINDOW = 16
 SCOPES = ("generation", "block")
 
@@ -87,3 +89,59 @@ def cut_at_end_token(generated: list[int | None], committed: list[int], eos_ids:
         if generated[p] is None:
             generated[p] = eos_id
     return cut
+
+
+@dataclass(frozen=True)
+class ElasticCache(CacheMode):
+    """Cache mode "elastic": every forward is its own (its first computes every column); it refreshes
+    from the layer its drift test names, never on a fixed period; the cache row keeps every layer's input."""
+
+    def refusal(self, config, lm) -> str | None:
+        c = lm.config
+        if getattr(lm, "tp", None) is not None:
+            return (f"cache mode 'elastic' reads each layer's attention over every head, which --tp {lm.tp.size} "
+                    "divides among the ranks; run it without --tp")
+        if config.elastic_layer >= c.n_layers:
+            return (f"elastic_layer ({config.elastic_layer}) is beyond the model's layers "
+                    f"(family {c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})")
+        if c.block_causal:
+            return (f"cache mode 'elastic' needs the elastic forward (bidirectional attention over every column), "
+                    f"which model family {c.family!r} does not have (block-causal attention)")
+        return None
+
+    def new_state(self, request, lm) -> ElasticState:
+        return ElasticState(lm.model.extra_left, lm.config.n_layers)
+
+    def refresh_every(self, configured: int) -> int:
+        return 0
+
+    def frame_options(self, config) -> dict:
+        return dict(every_layer=True)
+
+    def commit_only(self, request) -> set[int]:
+        """The window, at every step (the official loop decodes nothing else)."""
+        return {c - len(request.prompt) - request.block_bounds[0] for c in self.columns(request)[2]}
+
+    def untrackable(self, request) -> list[int]:
+        """The columns the tracked set leaves out (relative): the still-masked ones."""
+        return untrackable(request.generated, len(request.prompt))
+
+    def columns(self, request) -> tuple[list[int], list[int], list[int]]:
+        """The computed columns, the columns whose logits it returns and its window (the positions it
+        decodes), relative to the row's first real column. A block's first forward computes every column
+        and returns the whole block's logits (CAI reads them)."""
+        state, config = request.cache_state, request.config
+        state.enter_block(request.block)
+        size = config.elastic_window or DEFAULT_WINDOW  # None: 16, cut to the block when shorter
+        p, bounds = len(request.prompt), request.block_bounds
+        predicted = window(request.generated, bounds, size, request.step == request.step_limit - 1)
+        decoded = [p + q for q in predicted]
+        if request.step == 0:
+            return list(range(p + len(request.generated))), [p + b for b in range(*bounds)], decoded
+        return columns(state, p, predicted, request.last_committed), decoded, decoded
+
+    def after_record(self, request, positions: list[int], eos_ids: set[int], eos_id: int) -> None:
+        state, config = request.cache_state, request.config
+        if config.elastic_scope == "generation" and config.early_stop and state.cut is None:
+            # Elastic-Cache's own stop: nothing after its first end token
+            state.cut = cut_at_end_token(request.generated, positions, eos_ids, eos_id)

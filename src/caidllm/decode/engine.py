@@ -41,7 +41,6 @@ from typing import Iterator
 from caidllm.checks import is_id_list
 from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.elastic import ElasticState
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
 from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
@@ -62,15 +61,9 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
     bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
     that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
     c = lm.config
-    if config.cache == "elastic" and getattr(lm, "tp", None) is not None:
-        return (f"cache mode 'elastic' reads each layer's attention over every head, which --tp {lm.tp.size} "
-                "divides among the ranks; run it without --tp")
-    if config.cache == "elastic" and config.elastic_layer >= c.n_layers:
-        return (f"elastic_layer ({config.elastic_layer}) is beyond the model's layers "
-                f"(family {c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})")
-    if config.cache == "elastic" and c.block_causal:
-        return (f"cache mode 'elastic' needs the elastic forward (bidirectional attention over every column), "
-                f"which model family {c.family!r} does not have (block-causal attention)")
+    own_refusal = CACHE_MODES[config.cache].refusal(config, lm)  # the cache mode's own rules first
+    if own_refusal is not None:
+        return own_refusal
     if not (lm.model.extra_left or c.block_causal):
         return None
     own = policy_spec(config.policy).forward
@@ -286,17 +279,18 @@ class Engine:
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
         gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
-        refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
-        elastic = None
-        if config.cache == "elastic":  # refreshes by its drift test, never on a fixed period
-            refresh_every, elastic = 0, ElasticState(lm.model.extra_left, lm.config.n_layers)
+        cache = CACHE_MODES[config.cache]
+        refresh_every = cache.refresh_every(lm.config.cache_refresh_every if config.refresh_every is None
+                                            else config.refresh_every)
         policy, state_names = make_policy(config, gating)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
-        # An ordered policy's order: reproducible without a seed too (seed 0), like the greedy decoders.
-        order = request_generator(config.seed or 0, prompt, "cpu") if policy_spec(config.policy).ordered else None
-        return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
-                       policy_key(config, gating), generator, block_causal=lm.config.block_causal,
-                       elastic=elastic, order_generator=order)
+        request = Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
+                          policy_key(config, gating), generator, block_causal=lm.config.block_causal)
+        # What the policy and the cache mode remember across steps, each in its own object.
+        spec = request.spec
+        request.policy_state = spec.new_state(config, prompt) if spec.new_state is not None else None
+        request.cache_state = cache.new_state(request, lm)
+        return request
 
     def _check_family(self, config: DecodeConfig) -> None:
         refusal = family_refusal(self.lm, config)

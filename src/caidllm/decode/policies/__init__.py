@@ -45,9 +45,11 @@ class PolicySpec:
     needs_distribution: bool = False  # the view carries each position's entropy and second probability
     revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
     forward: str | None = None  # a forward mode of its own, at every step (a name in models/modes: FORWARD_MODES)
-    # The request draws a decoding order at each block start and the policy is offered only the
-    # step's share of it (policies/random_order.py).
-    ordered: bool = False
+    # new_state(config, prompt): the request's own memory beyond the state tensors (request.policy_state; may
+    # offer start_block(request), commit_only(request) and a `generator` replayed on the other --tp ranks).
+    new_state: Callable[[PolicyConfig, list[int]], object] | None = None
+    # Steps a block may take; its last commits whatever is left (a decoder that re-masks may need more than T).
+    step_limit: Callable[[PolicyConfig], int] = lambda config: config.steps_per_block
     # For a config whose forwards may end before the canvas does: horizon(state, block_masked) -> [1] long,
     # where the row's keys end in its block this step (SlowFast's official fast phase); None: never.
     horizon_for: Callable[[PolicyConfig], Callable | None] = lambda config: None
@@ -71,8 +73,10 @@ POLICIES: dict[str, PolicySpec] = {
                            horizon_for=lambda config: partial(slowfast.horizon, explore_steps=config.sf_explore_steps)
                            if config.sf_shortened else None),
     "wino": PolicySpec(wino.select, lambda config, gating: dict(draft=config.wino_draft, verify=config.wino_verify),
-                       state_names=wino.STATE, revises=True, forward="verify"),
-    "random": PolicySpec(random_order.select, ordered=True),
+                       state_names=wino.STATE, revises=True, forward="verify",
+                       step_limit=lambda config: config.wino_max_steps),
+    # The request draws a decoding order at each block start and the policy is offered only the step's share.
+    "random": PolicySpec(random_order.select, new_state=random_order.new_state),
     # The block-diffusion models' own (policies/block_quota.py): LLaDA2.x threshold decoding and SDAR's
     # low_confidence_dynamic are "dynamic" (LLaDA2.1: a fixed quota, num_to_transfer); SDAR's _static.
     "dynamic": PolicySpec(block_quota.select_dynamic,

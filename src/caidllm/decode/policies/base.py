@@ -25,6 +25,20 @@ class PolicyConfig(Protocol):
     block_length: int
 
 
+class PolicyState:
+    """A request's own memory for its policy beyond the per-row state tensors (PolicySpec.new_state makes
+    it; request.policy_state holds it). The engine calls these hooks; a policy overrides what it needs."""
+
+    generator: torch.Generator | None = None  # a generator of its own (replayed on the other --tp ranks)
+
+    def start_block(self, request) -> None:
+        """The request's block starts (request.block is the new block)."""
+
+    def commit_only(self, request) -> set[int] | None:
+        """The block positions this step may commit (None: any masked one)."""
+        return None
+
+
 @dataclass
 class StepView:
     confidence: torch.Tensor  # [R, block] probability of the predicted token

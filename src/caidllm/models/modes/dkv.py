@@ -7,7 +7,7 @@ position's index among them) of the block. Families with a logit shift (Dream) c
 Engine (dKV-Cache-Decode): a decoded token's K/V are cached one step after it is decoded (at its
 decoding step its input was still the mask) and reused until the next refresh; still-masked positions
 are computed at every step. So the forward computes each row's generated positions that are still
-masked or were committed at the previous step (Request.dkv_columns; the Greedy variant: a window).
+masked or were committed at the previous step (decode/caches/dkv.py; the Greedy variant: a window).
 A block position not computed gets the logits of the row's first computed column (it is not masked:
 no policy reads it).
 """
@@ -27,13 +27,13 @@ class DKV(ColumnsMode):
 
     @staticmethod
     def group_key(request) -> tuple:
-        return (len(request.dkv_columns()),)  # rows computing as many columns share a forward
+        return (len(request.cache_mode.columns(request)),)  # rows computing as many columns share a forward
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
         columns, block_at = [], []
         for r, start in zip(requests, starts):
-            positions = r.dkv_columns()
+            positions = r.cache_mode.columns(r)  # decode/caches/dkv.py
             offset = start - r.block_bounds[0]  # the column of generated position 0
             columns.append([offset + p for p in positions])
             where = {p: i for i, p in enumerate(positions)}

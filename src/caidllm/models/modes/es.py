@@ -92,10 +92,10 @@ class EarlySkipping(CachedCanvasMode):
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
-        """Each row's previous confidences and commits (the engine keeps them on the request)."""
+        """Each row's previous confidences and commits (its cache state keeps them, decode/caches/es.py)."""
         config = requests[0].config
-        skip = EarlySkip(torch.stack([r.prev_confidence for r in requests]),
-                         torch.stack([r.just_committed for r in requests]), masked,
+        skip = EarlySkip(torch.stack([r.cache_state.prev_confidence for r in requests]),
+                         torch.stack([r.cache_state.just_committed for r in requests]), masked,
                          config.es_schedule, config.es_alpha)
         return cls(skip=skip, **common)
 

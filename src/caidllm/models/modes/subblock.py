@@ -34,10 +34,11 @@ class SubBlock(ColumnsMode):
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
-        """Each row's current sub-block (Request.current_sub_block) as absolute columns."""
+        """Each row's current sub-block (its cache mode's current_sub_block, decode/caches/exact.py) as
+        absolute columns."""
         columns, block_at = [], []
         for r, start in zip(requests, starts):
-            first, size = r.current_sub_block(), r.config.sub_block
+            first, size = r.cache_mode.current_sub_block(r), r.config.sub_block
             columns.append([start + first + j for j in range(size)])
             block_at.append([b - first if first <= b < first + size else 0 for b in range(r.config.block_length)])
         device = masked.device
