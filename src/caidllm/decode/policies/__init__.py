@@ -19,7 +19,8 @@ from typing import Callable
 
 import torch
 
-from caidllm.decode.policies import block_quota, cai, eb, random_order, slowfast, subblock, threshold, vanilla, wino
+from caidllm.decode.policies import (block_quota, cai, eb, margin, random_order, slowfast, subblock, threshold, vanilla,
+                                     wino)
 from caidllm.decode.policies.base import PolicyConfig, StepView
 from caidllm.errors import InputError
 
@@ -57,6 +58,7 @@ class PolicySpec:
 
 POLICIES: dict[str, PolicySpec] = {
     "vanilla": PolicySpec(vanilla.select, state_names=("n_masked",)),
+    "margin": PolicySpec(margin.select, state_names=("n_masked",), needs_distribution=True),  # top-2 margin
     "threshold": PolicySpec(threshold.select,
                             lambda config, gating: dict(threshold=config.threshold, factor=config.factor)),
     "cai": PolicySpec(cai.select,
