@@ -68,7 +68,7 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
         return None
     own = policy_spec(config.policy).forward
     needs = ([f"policy {config.policy!r} needs the {own} forward"] if own is not None and FORWARD_MODES[own].unshifted else []) + (
-        [f"cache mode {config.cache!r} needs the {config.cache} forward"]
+        [f"cache mode {config.cache!r} needs the {CACHE_MODES[config.cache].between_refreshes.name} forward"]
         if CACHE_MODES[config.cache].between_refreshes.unshifted else [])
     if not needs:
         return None
