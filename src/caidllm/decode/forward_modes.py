@@ -13,6 +13,7 @@ from caidllm.decode.caches.base import CacheMode
 from caidllm.decode.caches.dkv import DKVCache
 from caidllm.decode.caches.es import EarlySkippingCache
 from caidllm.decode.caches.exact import ExactCache
+from caidllm.decode.caches.prompt import PromptCache
 from caidllm.decode.elastic import ElasticCache
 from caidllm.models.modes import DKV, Block, Dual, Elastic, EarlySkipping, Full, Prefix
 
@@ -25,6 +26,7 @@ CACHE_MODES: dict[str, CacheMode] = {
     # at the second, the first step's commits get their K/V) and every f (8 in its preset).
     "dkv": DKVCache(DKV, refreshes_at_start=2, method="dKV-Cache's delayed cache"),
     "dkv-greedy": DKVCache(DKV, greedy=True, method="dKV-Cache-Greedy's cache"),
+    "prompt": PromptCache(DKV, method="dLLM-Cache's prompt cache"),  # the prompt's K/V cached, the answer computed
     "elastic": ElasticCache(Elastic, refreshes_at_start=0, method="Elastic-Cache's drift-refreshed cache"),
     "block": ExactCache(Block),  # block-causal models' exact cache
     "subblock": ExactCache(Block, within_block=True),  # plus Fast-dLLM v2's within-block cache
