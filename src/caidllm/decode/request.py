@@ -127,7 +127,7 @@ class Request:
         block_start, block_end = self.block_bounds
         first = next((p - block_start for p in range(max(block_start, 0), block_end) if self.generated[p] is None),
                      block_end - block_start - 1)
-        return first - first % self.config.sub_block
+        return first - first % self.config.policy_settings.sub_block
 
     def sub_block_cached(self) -> bool:
         """Whether Fast-dLLM v2's within-block cache serves this step: the block has had a whole forward
@@ -153,8 +153,7 @@ class Request:
     def step_limit(self) -> int:
         """Steps a block may take; its last commits whatever is left. A decoder that re-masks
         (WINO) may need more than the schedule's T."""
-        c = self.config
-        return c.wino_max_steps if policy_spec(c.policy).revises else c.steps_per_block
+        return self.config.policy_settings.step_limit(self.config)
 
     def dkv_columns(self) -> list[int]:
         """dKV-Cache's computed positions of the generated region. Decode: the still-masked ones and
@@ -168,7 +167,7 @@ class Request:
         chosen = set(now) | set(before)
         masked = {p for p, token in enumerate(self.generated) if token is None} | recent
         for p in now:
-            chosen |= set(nearest_masked(p, masked - chosen, self.config.dkv_window, len(self.generated)))
+            chosen |= set(nearest_masked(p, masked - chosen, self.config.cache_settings.window, len(self.generated)))
         return sorted(chosen)
 
     def scheduled(self, step: int) -> list[int]:
@@ -195,7 +194,7 @@ class Request:
         positions it decodes), relative to the row's first real column (decode/elastic.py). A block's
         first forward computes every column and returns the whole block's logits (CAI reads them)."""
         self.elastic.enter_block(self.block)
-        size = self.config.elastic_window or elastic.DEFAULT_WINDOW  # None: 16, cut to the block when shorter
+        size = self.config.cache_settings.window or elastic.DEFAULT_WINDOW  # None: 16, cut to the block when shorter
         p = len(self.prompt)
         predicted = elastic.window(self.generated, self.block_bounds, size, self.step == self.step_limit - 1)
         window = [p + q for q in predicted]
@@ -245,7 +244,7 @@ class Request:
             self.generated[p] = token
             self.commit_step[p] = global_step
             self.commit_step_in_block[p] = t
-        if self.elastic is not None and self.config.elastic_scope == "generation" and self.config.early_stop \
+        if self.elastic is not None and self.config.whole_generation and self.config.early_stop \
                 and self.elastic.cut is None:  # Elastic-Cache's own stop: nothing after its first end token
             self.elastic.cut = elastic.cut_at_end_token(self.generated, positions, eos_ids, eos_id)
         self.nfe += 1

@@ -151,7 +151,7 @@ class Scheduler:
         for r in self.running.values():
             mode = r.forward_mode()
             # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
-            shortens = policy_spec(r.config.policy).horizon_for(r.config) is not None
+            shortens = r.config.policy_settings.horizon() is not None
             key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.fold(), shortens)
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
@@ -168,7 +168,7 @@ class Scheduler:
             r = self.queue.popleft()
             config, cache = r.config, CACHE_MODES[r.config.cache]
             self.frame.place(slot, r.prompt, r.layout.span, cached=cache.uses_cache,
-                             skip_schedule=config.es_schedule if cache.early_skipping else None,
+                             skip_schedule=config.cache_settings.schedule if cache.early_skipping else None,
                              every_layer=cache.hidden_every_layer)
             r.slot, r.admitted_at = slot, time.perf_counter()
             self._on_admit(r, slot)

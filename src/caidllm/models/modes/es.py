@@ -47,15 +47,16 @@ class EarlySkipping(CachedCanvasMode):
 
     @staticmethod
     def group_key(request) -> tuple:
-        return (request.config.es_schedule, request.config.es_alpha)
+        settings = request.config.cache_settings
+        return (settings.schedule, settings.alpha)
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
         """Each row's previous confidences and commits (the engine keeps them on the request)."""
-        config = requests[0].config
+        settings = requests[0].config.cache_settings
         skip = EarlySkip(torch.stack([r.prev_confidence for r in requests]),
                          torch.stack([r.just_committed for r in requests]), masked,
-                         config.es_schedule, config.es_alpha)
+                         settings.schedule, settings.alpha)
         return cls(skip=skip, **common)
 
     def computed_pairs(self, n_layers: int, block_length: int) -> int:

@@ -29,14 +29,14 @@ class SubBlock(ColumnsMode):
 
     @staticmethod
     def group_key(request) -> tuple:
-        return (request.config.sub_block,)
+        return (request.config.policy_settings.sub_block,)
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
         """Each row's current sub-block (Request.current_sub_block) as absolute columns."""
         columns, block_at = [], []
         for r, start in zip(requests, starts):
-            first, size = r.current_sub_block(), r.config.sub_block
+            first, size = r.current_sub_block(), r.config.policy_settings.sub_block
             columns.append([start + first + j for j in range(size)])
             block_at.append([b - first if first <= b < first + size else 0 for b in range(r.config.block_length)])
         device = masked.device
