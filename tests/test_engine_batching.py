@@ -206,7 +206,7 @@ def test_a_config_changed_after_submit_does_not_reach_the_request(llada_lm):
 def test_invalid_config_is_refused_before_queueing(llada_lm):
     engine = Engine(llada_lm)
     bad = config("cai")
-    bad.threshold = 1.5
+    bad.policy_settings.threshold = 1.5
     with pytest.raises(InputError, match=r"threshold must be in \(0, 1\]"):
         engine.submit(PROMPTS[0], bad)
     with pytest.raises(InputError, match="config must be a DecodeConfig"):

@@ -38,7 +38,8 @@ from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
 from caidllm.decode.prefix_reuse import check_budget
-from caidllm.decode.presets import build_config, method_names, run_lengths
+from caidllm.decode.presets import build_config, run_lengths
+from caidllm.decode.methods import method_names
 from caidllm.models.quantize import weights_mb
 from caidllm.distributed import World, together
 from caidllm.errors import CaidllmError, InputError

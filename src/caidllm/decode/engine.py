@@ -177,9 +177,11 @@ class Engine:
         """A checked Request, not yet queued (touches no engine state: any thread may call it)."""
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
-        config = copy.deepcopy(config).validate()  # the request's own: a caller's later edit cannot reach it
+        config = copy.deepcopy(config)  # the request's own: a caller's later edit cannot reach it
+        if config.fitted_to is None:  # not yet checked and fitted to a model (build_config alone)
+            config.validate()
         self._check_family(config)  # a decoder whose forward the family lacks, before the family's defaults apply
-        config = fit_to_model(config, self.lm.config)  # a setting the model's family does not take is refused
+        config = fit_to_model(config, self.lm.config)  # once: a config fitted to this model is returned as is
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         return self._new_request(request_id, prompt, config)
@@ -278,7 +280,8 @@ class Engine:
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
-        gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
+        own_gating = getattr(config.policy_settings, "gating", None)  # a policy that gates says so in its settings
+        gating = lm.config.confidence_gating if own_gating is None else own_gating
         cache = CACHE_MODES[config.cache]
         refresh_every = cache.refresh_every(lm.config.cache_refresh_every if config.refresh_every is None
                                             else config.refresh_every)
@@ -293,6 +296,7 @@ class Engine:
         return request
 
     def _check_family(self, config: DecodeConfig) -> None:
+        CACHE_MODES[config.cache].check_settings(config, self.lm)  # its settings against the model
         refusal = family_refusal(self.lm, config)
         if refusal:
             raise InputError(refusal)
@@ -300,14 +304,14 @@ class Engine:
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
         if not is_id_list(prompt_ids):
-            raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
+            raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}", field="prompt")
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
-            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})", field="prompt")
         span = Layout.of(len(prompt_ids), config, c.block_causal).span
         if len(prompt_ids) + span > c.max_length:
             laid = "" if span == config.gen_length else f", laid out to the end of its last block: {span}"
             raise InputError(
                 f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}{laid}) = "
-                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens")
+                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens", field="prompt")
         return list(prompt_ids)

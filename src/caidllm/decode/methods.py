@@ -11,9 +11,14 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
-from caidllm.decode.field_scope import check_given_apply
+import dataclasses
+
+from caidllm.decode.config import DecodeConfig
+from caidllm.decode.forward_modes import CACHE_MODES
+from caidllm.decode.policies import POLICIES, NoSettings
+from caidllm.decode.setting_names import not_read, owners_of, split
 from caidllm.errors import InputError
+from caidllm.setting_rules import NoCacheSettings
 
 PRESETS: dict[str, dict] = {
     # LLaDA low-confidence remasking, no cache, one token per step (steps = gen_length): the paper's 1.0x.
@@ -110,52 +115,72 @@ def method_names(block_causal: bool | None = None) -> list[str]:
 
 
 def uses_cai(method: str) -> bool:
-    """Whether the preset runs the CAI controller (so a settings file applies to it)."""
+    """Whether the preset runs the CAI controller."""
     return PRESETS.get(method, {}).get("policy") == "cai"
 
 
-def preset_config(method: str, cai_under: dict | None = None, strict: bool = False, filled=(),
+def settings_classes(policy: str, cache: str) -> tuple[type, type]:
+    """The settings classes of a policy and a cache mode (the no-settings ones for a name unknown, which
+    validation then refuses)."""
+    spec, mode = POLICIES.get(policy), CACHE_MODES.get(cache)
+    return (spec.settings_type if spec else NoSettings), (mode.settings_type if mode else NoCacheSettings)
+
+
+def preset_config(method: str, file_values: dict | None = None, strict: bool = False, filled=(),
                   **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored), checked.
 
-    Overrides may name any DecodeConfig field or any CAISettings field
-    (CAI fields may also be given as a dict under `cai`). `cai_under`: CAI
-    values that go over the preset's and under `overrides` (a settings file's). strict: a setting
-    given that the method's policy and cache do not read is refused (decode/field_scope.py), as the
-    server and the CLI do; the Python API's default lets one set of keywords run over several methods.
-    filled: the names among `overrides` that are not the caller's (a known checkpoint's recommendation,
-    a server's default): their values apply, but they are not `given`.
+    Overrides name a shared DecodeConfig field, a method's settings under its owner's key (cai={...},
+    eb={...}) or by a flat name of earlier versions (eb_gamma=, theta_end=: each settings class's
+    LEGACY). `file_values`: values (of the same shape) that go over the preset's and under `overrides`
+    (a settings file's). A name of a method that does not run is checked and left out; strict: refused,
+    naming who reads it, as the server and the CLI do (the Python API's default lets one set of keywords
+    run over several methods). filled: the names among `overrides` that are not the caller's (a known
+    checkpoint's recommendation, a server's default): their values apply, but they are not `given`.
     """
     if method not in PRESETS:
-        raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
+        raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}", field="method")
     preset = copy.deepcopy(PRESETS[method])
-    cai_overrides = preset.pop("cai", {})
-    cai_overrides.update(copy.deepcopy(cai_under or {}))
-    top = dict(preset)
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if key == "cai":
-            if not isinstance(value, dict):
-                raise InputError(f"cai overrides must be a dict of CAI settings, got {type(value).__name__}")
-            for k in value:
-                if k not in CAI_FIELDS:
-                    raise InputError(f"unknown CAI setting {k!r}; known: {', '.join(sorted(CAI_FIELDS))}")
-            cai_overrides.update(value)
-        elif key in DECODE_FIELDS:
-            top[key] = value
-        elif key in CAI_FIELDS:
-            cai_overrides[key] = value
-        else:
-            raise InputError(
-                f"unknown decoding option {key!r}; known: {', '.join(sorted(DECODE_FIELDS | CAI_FIELDS))}"
-            )
-    for key in ("factors", "budget_fractions"):
-        if isinstance(cai_overrides.get(key), list):
-            cai_overrides[key] = tuple(cai_overrides[key])
-    given = tuple(sorted(k for k, v in overrides.items() if v is not None and k not in filled))
-    config = DecodeConfig(method=method, **top, cai=replace(CAISettings(), **cai_overrides), given=given)
+    policy = overrides.get("policy") or preset["policy"]
+    cache = overrides.get("cache") or preset["cache"]
+    classes = settings_classes(policy, cache)
+    parts = split(preset, *classes, counted=False)
+    split(copy.deepcopy(file_values or {}), *classes, counted=False, into=parts)
+    split({k: v for k, v in overrides.items() if k in filled}, *classes, counted=False, into=parts)
+    split({k: v for k, v in overrides.items() if k not in filled}, *classes, into=parts)
+    config = DecodeConfig(method=method, **parts.shared, policy_settings=_build(classes[0], parts.policy),
+                          cache_settings=_build(classes[1], parts.cache), given=tuple(sorted(set(parts.given))),
+                          labels=parts.labels, foreign=tuple(parts.foreign))
     config.validate()
     if strict:  # a setting this decoder does not read is refused, not ignored
-        check_given_apply(config, PRESETS)
+        refuse_unread(config)
     return config
+
+
+def _build(cls, values: dict):
+    """cls(**values), a JSON list where the field's default is a tuple made a tuple."""
+    defaults = cls()
+    return cls(**{k: tuple(v) if isinstance(v, list) and isinstance(getattr(defaults, k), tuple) else v
+                  for k, v in values.items()})
+
+
+def refuse_unread(config: DecodeConfig) -> None:
+    """InputError naming the first setting the caller gave that the config's policy and cache do not
+    read (in the mode they run in), and who does read it."""
+    config.policy_settings.refuse_unread(config)
+    config.cache_settings.refuse_unread(config)
+    if "refresh_every" in config.given and not CACHE_MODES[config.cache].refreshes:
+        caches = [name for name, mode in CACHE_MODES.items() if mode.refreshes]
+        methods = [m for m, p in PRESETS.items() if p["cache"] in caches]
+        raise InputError(f"refresh_every does not apply to method {config.method!r} (policy {config.policy!r}, "
+                         f"cache {config.cache!r}): it is read only by {' or '.join(f'cache {c!r}' for c in caches)} "
+                         f"(methods: {', '.join(methods)})", field="refresh_every")
+    for name in config.foreign:
+        owners = owners_of(name)
+        methods = [m for m, p in PRESETS.items() if set(settings_classes(p["policy"], p["cache"])) & set(owners)]
+        raise not_read(name, config, methods)
+
+
+def settings_summary(config: DecodeConfig) -> dict:
+    """The method's own settings as a report records them: {owner: {field: value}} for the policy and cache."""
+    return {s.OWNER: dataclasses.asdict(s) for s in (config.policy_settings, config.cache_settings) if s.OWNER}

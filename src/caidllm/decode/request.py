@@ -109,7 +109,7 @@ class Request:
     @property
     def step_limit(self) -> int:
         """Steps a block may take; its last commits whatever is left (the policy says how many)."""
-        return self.spec.step_limit(self.config)
+        return self.config.policy_settings.step_limit(self.config)
 
     def commit_only(self) -> set[int] | None:
         """The block positions this step may commit (None: any masked one): the policy's say (an ordered

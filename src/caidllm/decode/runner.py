@@ -147,7 +147,7 @@ class Runner:
     def _key_ends(members: list[Request], masked, starts: list[int], width: int):
         """[R] the column each row's keys end at this step (None: the canvas's end for every row):
         a policy whose forwards may end early (SlowFast's fast phase) says where in its block."""
-        horizons = [r.spec.horizon_for(r.config) for r in members]
+        horizons = [r.config.policy_settings.horizon() for r in members]
         if all(h is None for h in horizons):
             return None
         ends = [start + h(r.state, masked[i]) if h is not None else torch.full((1,), width, device=masked.device)

@@ -150,7 +150,7 @@ class Scheduler:
             # The policy's own forward (WINO's verify) at every step, else the cache mode's choice.
             mode = r.spec.forward or r.cache_mode.forward_mode(r)
             # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
-            shortens = r.spec.horizon_for(r.config) is not None
+            shortens = r.config.policy_settings.horizon() is not None
             key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.cache_mode.fold(r), shortens)
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]

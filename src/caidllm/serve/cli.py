@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from caidllm.decode.presets import method_names
+from caidllm.decode.methods import method_names
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY, STEP_POLICIES
 from caidllm.errors import InputError
 from caidllm.serve import replicas

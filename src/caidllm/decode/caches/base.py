@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from caidllm.models.modes import ForwardMode, Full
+from caidllm.setting_rules import CacheSettings, NoCacheSettings
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,23 @@ class CacheMode:
     exact: bool = False
     # What the method is, for a refusal on a model it cannot run on (None: a plain cache, no method of its own).
     method: str | None = None
+    settings_type: type[CacheSettings] = NoCacheSettings  # its settings dataclass, declared next to its code
 
     @property
     def uses_cache(self) -> bool:
         return self.between_refreshes is not Full
 
+    @property
+    def refreshes(self) -> bool:
+        """Whether it refreshes on a period (refresh_every): a cache that is not exact."""
+        return self.uses_cache and not self.exact
+
     def refusal(self, config, lm) -> str | None:
         """Why this mode cannot run `config` on the model `lm` (None: it can); the engine refuses the request."""
         return None
+
+    def check_settings(self, config, lm) -> None:
+        """Refuse settings of this mode that the model `lm` cannot take (InputError naming the field)."""
 
     def new_state(self, request, lm) -> object | None:
         """The request's own memory across steps (request.cache_state); None: it needs none."""

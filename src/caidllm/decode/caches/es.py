@@ -23,7 +23,7 @@ class EarlySkippingCache(CacheMode):
         return EarlySkippingState()
 
     def frame_options(self, config) -> dict:
-        return dict(skip_schedule=config.es_schedule)
+        return dict(skip_schedule=config.cache_settings.schedule)
 
     def after_step(self, request, confidence: torch.Tensor, committed: torch.Tensor) -> None:
         state = request.cache_state

@@ -43,7 +43,7 @@ def current_sub_block(request) -> int:
     block_start, block_end = request.block_bounds
     first = next((p - block_start for p in range(max(block_start, 0), block_end) if request.generated[p] is None),
                  block_end - block_start - 1)
-    return first - first % request.config.sub_block
+    return first - first % request.config.policy_settings.sub_block
 
 
 def sub_block_cached(request) -> bool:

@@ -15,7 +15,10 @@ no policy reads it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from ...errors import InputError
+from ...setting_rules import CacheSettings, Rule, chosen_by, non_negative_int
 from ..transfer import to_device
 from .base import ColumnsMode
 
@@ -40,3 +43,24 @@ class DKV(ColumnsMode):
             block_start, block_end = r.block_bounds
             block_at.append([where.get(p, 0) for p in range(block_start, block_end)])
         return cls(columns=to_device(columns, masked.device), block_at=to_device(block_at, masked.device), **common)
+
+
+@dataclass
+class GreedySettings(CacheSettings):
+    """dKV-Cache-Greedy (cache "dkv-greedy"): the masked neighbours computed around each position a step decodes."""
+
+    window: int = 0
+
+    OWNER: ClassVar[str] = "dkv"
+    TITLE: ClassVar[str] = "dKV-Cache-Greedy (arXiv 2505.15781)"
+    LEGACY: ClassVar[dict[str, str]] = {"dkv_window": "window"}
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule("window", "an integer >= 0", non_negative_int),)
+
+    def check_with(self, config) -> None:
+        if config.policy != "random":
+            raise InputError(f"cache 'dkv-greedy' with policy {config.policy!r} is not meaningful: it computes only "
+                             "the positions a step will decode, known in advance only from policy 'random' (its "
+                             "random order), as in the official dKV-Cache-Greedy", field=chosen_by(config, "policy"))
+        if self.window > config.block_length:
+            name = config.labels.get("dkv.window", "dkv_window")
+            raise InputError(f"{name} ({self.window}) is longer than the block ({config.block_length})", field=name)

@@ -64,11 +64,11 @@ class Elastic(ForwardMode):
             untrackable.append([first + c for c in r.cache_mode.untrackable(r)])
             where = {c - len(r.prompt) - r.block_bounds[0]: i for i, c in enumerate(returned)}
             block_at.append([where.get(b, 0) for b in range(r.config.block_length)])
-        device, config = masked.device, requests[0].config
+        device, settings = masked.device, requests[0].config.cache_settings
         inputs = ElasticInputs(to_device(columns, device), to_device(targets, device), requests[0].cache_state.n_layers,
                                to_device(block_at, device), profiled=to_device(windows, device), tracked=tracked,
-                               untrackable=untrackable, gamma=config.elastic_gamma, track=config.elastic_track,
-                               test_from=config.elastic_layer, firsts=firsts, whole=all(r.step == 0 for r in requests))
+                               untrackable=untrackable, gamma=settings.gamma, track=settings.track,
+                               test_from=settings.layer, firsts=firsts, whole=all(r.step == 0 for r in requests))
         return cls(inputs=inputs, **common)
 
     def after(self, requests) -> None:

@@ -88,15 +88,16 @@ class EarlySkipping(CachedCanvasMode):
 
     @staticmethod
     def group_key(request) -> tuple:
-        return (request.config.es_schedule, request.config.es_alpha)
+        settings = request.config.cache_settings
+        return (settings.schedule, settings.alpha)
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
         """Each row's previous confidences and commits (its cache state keeps them, decode/caches/es.py)."""
-        config = requests[0].config
+        settings = requests[0].config.cache_settings
         skip = EarlySkip(torch.stack([r.cache_state.prev_confidence for r in requests]),
                          torch.stack([r.cache_state.just_committed for r in requests]), masked,
-                         config.es_schedule, config.es_alpha)
+                         settings.schedule, settings.alpha)
         return cls(skip=skip, **common)
 
     def computed_pairs(self, n_layers: int, block_length: int) -> int:

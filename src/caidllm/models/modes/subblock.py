@@ -30,7 +30,7 @@ class SubBlock(ColumnsMode):
 
     @staticmethod
     def group_key(request) -> tuple:
-        return (request.config.sub_block,)
+        return (request.config.policy_settings.sub_block,)
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
@@ -38,7 +38,7 @@ class SubBlock(ColumnsMode):
         absolute columns."""
         columns, block_at = [], []
         for r, start in zip(requests, starts):
-            first, size = r.cache_mode.current_sub_block(r), r.config.sub_block
+            first, size = r.cache_mode.current_sub_block(r), r.config.policy_settings.sub_block
             columns.append([start + first + j for j in range(size)])
             block_at.append([b - first if first <= b < first + size else 0 for b in range(r.config.block_length)])
         device = masked.device
