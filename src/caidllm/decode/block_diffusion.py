@@ -27,8 +27,9 @@ from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
 from caidllm.setting_rules import BLOCK_CAUSAL, FULL_SEQUENCE
 
-# The exact block cache, Fast-dLLM v2's within-block cache over it, or the whole window recomputed every step.
-BLOCK_CACHES = ("block", "subblock", "none")
+# The exact caches (the block cache, Fast-dLLM v2's within-block cache over it) or the whole window recomputed
+# every step: read from the registry.
+BLOCK_CACHES = tuple(name for name, mode in CACHE_MODES.items() if mode.exact or not mode.uses_cache)
 BLOCK_POLICIES = ("dynamic", "static", "subblock")
 # Caches that are their method (ES-dLLM, Elastic-Cache, dKV-Cache): on a block-causal model they are
 # refused, never swapped for the block cache under the method's name; the advice is the same rule on it.
@@ -97,7 +98,7 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
                              field="policy" if "policy" in given else "method")
         if config.editing_threshold is not None:  # a preset's (the caller's was refused above)
             check_given_fit(["editing_threshold"], model)
-        if config.cache in ("block", "subblock"):
+        if CACHE_MODES[config.cache].exact:
             raise InputError(f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} "
                              "model: its attention is bidirectional; use none, prefix, dual or es",
                              field="cache" if "cache" in given else "method")
@@ -114,7 +115,7 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
                          f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
                          "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder (llada2, sdar)",
                          field="policy" if "policy" in given else "method")
-    if "cache" not in given and config.cache != "subblock":
+    if "cache" not in given and not CACHE_MODES[config.cache].exact:
         # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too
         # (Fast-dLLM v2's keeps its within-block cache over it).
         changes["cache"] = "block"
