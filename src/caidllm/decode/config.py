@@ -61,8 +61,8 @@ class DecodeConfig:
     fitted_to: tuple | None = field(default=None, compare=False, init=False)
 
     def __post_init__(self):
-        self.policy_settings = _settings_of(self.policy_settings, policies.POLICIES.get(self.policy))
-        self.cache_settings = _settings_of(self.cache_settings, forward_modes.CACHE_MODES.get(self.cache))
+        self.policy_settings = _settings_of(self.policy_settings, _entry(policies.POLICIES, self.policy))
+        self.cache_settings = _settings_of(self.cache_settings, _entry(forward_modes.CACHE_MODES, self.cache))
         if self.given is None:
             self.given = _set_by_hand(self)
 
@@ -99,6 +99,11 @@ class DecodeConfig:
         return self
 
 
+def _entry(registry: dict, name):
+    """The registry's entry of `name` (None for a name it lacks, or not a string: validate refuses both)."""
+    return registry.get(name) if isinstance(name, str) else None
+
+
 def _settings_of(settings, spec):
     """The settings object a config holds for its policy or cache `spec` (None: an unknown name, which
     validate refuses): the given one when it is of the method's class, else the class's defaults."""
@@ -125,7 +130,7 @@ def _set_by_hand(config: DecodeConfig) -> tuple[str, ...]:
 
 def _choice(config: DecodeConfig, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(config, name)
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         what = "cache mode" if name == "cache" else name
         raise InputError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}", field=name)
 
@@ -133,8 +138,7 @@ def _choice(config: DecodeConfig, name: str, choices: tuple[str, ...]) -> None:
 def _whole_blocks(config: DecodeConfig) -> None:
     if config.gen_length % config.block_length:
         raise InputError(f"gen_length ({config.gen_length}) must be a multiple of block_length "
-                         f"({config.block_length})", field="block_length" if "block_length" in config.given
-                         else "gen_length")
+                         f"({config.block_length})", field="gen_length")
 
 
 def _steps_per_block(config: DecodeConfig) -> None:
