@@ -59,9 +59,12 @@ class DecodeConfig:
     # The model traits it was fitted to (block_diffusion.fit_to_model): fitted once per request.
     # A copy made with dataclasses.replace is fitted anew; a fitted config's fields are not edited in place.
     fitted_to: tuple | None = field(default=None, compare=False, init=False)
+    # The policy's registry entry, resolved once (None for an unknown policy, which validate refuses).
+    policy_spec: policies.PolicySpec | None = field(default=None, compare=False, init=False, repr=False)
 
     def __post_init__(self):
-        self.policy_settings = _settings_of(self.policy_settings, _entry(policies.POLICIES, self.policy))
+        self.policy_spec = _entry(policies.POLICIES, self.policy)
+        self.policy_settings = _settings_of(self.policy_settings, self.policy_spec)
         self.cache_settings = _settings_of(self.cache_settings, _entry(forward_modes.CACHE_MODES, self.cache))
         if self.given is None:
             self.given = _set_by_hand(self)

@@ -43,7 +43,7 @@ from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.elastic import ElasticState
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.policies import make_policy, policy_key, policy_spec
+from caidllm.decode.policies import make_policy, policy_key
 from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
 from caidllm.decode.prefix_store import PrefixStore
 from caidllm.decode.request import CommitEvent, Request
@@ -70,7 +70,7 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
                 f"which model family {c.family!r} does not have (block-causal attention)")
     if not (lm.model.extra_left or c.block_causal):
         return None
-    own = policy_spec(config.policy).forward
+    own = config.policy_spec.forward
     needs = ([f"policy {config.policy!r} needs the {own} forward"] if own is not None and FORWARD_MODES[own].unshifted else []) + (
         [f"cache mode {config.cache!r} needs the {config.cache} forward"]
         if CACHE_MODES[config.cache].between_refreshes.unshifted else [])
@@ -293,7 +293,7 @@ class Engine:
         policy, state_names = make_policy(config, gating)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
         # An ordered policy's order: reproducible without a seed too (seed 0), like the greedy decoders.
-        order = request_generator(config.seed or 0, prompt, "cpu") if policy_spec(config.policy).ordered else None
+        order = request_generator(config.seed or 0, prompt, "cpu") if config.policy_spec.ordered else None
         return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
                        policy_key(config, gating), generator, block_causal=lm.config.block_causal,
                        elastic=elastic, order_generator=order)

@@ -9,8 +9,6 @@ adds a settings file on top (settings_file.py sits between the two).
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
-
 import dataclasses
 
 from caidllm.decode.config import DecodeConfig

@@ -14,7 +14,7 @@ from caidllm.decode import elastic
 from caidllm.decode.block_diffusion import Layout, editing_block_done
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.policies import Policy, policy_spec, random_order
+from caidllm.decode.policies import Policy, random_order
 from caidllm.decode.results import GenerationResult, result_of
 from caidllm.models.modes import Full, SubBlock
 
@@ -110,7 +110,7 @@ class Request:
         """This step's forward: a full one at the block start and every f steps (a refresh);
         the cache mode's forward otherwise (decode/forward_modes.py; full without a cache).
         An exact cache (block diffusion's) is never refreshed: one full forward, the request's first."""
-        own = policy_spec(self.config.policy).forward
+        own = self.config.policy_spec.forward
         if own is not None:  # a decoder with a forward of its own (WINO's verify forward)
             return own
         t, cache = self.step, CACHE_MODES[self.config.cache]

@@ -17,7 +17,7 @@ import torch
 from caidllm.decode.block_diffusion import edits
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.frame import Frame
-from caidllm.decode.policies import StepView, policy_spec
+from caidllm.decode.policies import StepView
 from caidllm.decode.policies.base import distribution_stats
 from caidllm.decode.request import Request
 from caidllm.decode.sampling import predict, token_probability
@@ -121,7 +121,7 @@ class Runner:
         """Each position's prediction and confidence, the policies' commits (and re-masks), token edits:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
-        specs = [policy_spec(r.config.policy) for r in members]
+        specs = [r.config.policy_spec for r in members]
         stats = None
         if any(spec.needs_distribution for spec in specs):
             stats = distribution_stats(logits, mask_id)  # before prediction consumes the logits

@@ -17,7 +17,6 @@ from typing import Callable, Iterable
 from caidllm.checks import is_int
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.frame import Frame
-from caidllm.decode.policies import policy_spec
 from caidllm.decode.request import Request
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY, make_step_policy
 from caidllm.errors import EngineFullError, InputError
