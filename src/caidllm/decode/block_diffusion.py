@@ -21,7 +21,6 @@ import torch
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS, PRESETS, preset_config, refuse_unread
-from caidllm.decode.policies import policy_spec
 from caidllm.decode.setting_names import rules_of
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
@@ -109,7 +108,7 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
                          f"cache {config.cache!r} is {METHOD_CACHES[config.cache]}, which needs bidirectional "
                          f"attention; use method {BLOCK_ALTERNATIVE.get(config.policy, 'fastdllm')!r} (its rule "
                          "on the exact block cache)", field="method")
-    own_forward = policy_spec(config.policy).forward
+    own_forward = config.policy_spec.forward
     if own_forward is not None:  # refused here, with no advice about its cache that a second refusal undoes
         raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
                          f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "

@@ -59,10 +59,13 @@ class DecodeConfig:
     # The model traits it was fitted to (block_diffusion.fit_to_model): fitted once per request.
     # A copy made with dataclasses.replace is fitted anew; a fitted config's fields are not edited in place.
     fitted_to: tuple | None = field(default=None, compare=False, init=False)
+    # The policy's registry entry, resolved once (None for an unknown policy, which validate refuses).
+    policy_spec: policies.PolicySpec | None = field(default=None, compare=False, init=False, repr=False)
 
     def __post_init__(self):
-        self.policy_settings = _settings_of(self.policy_settings, policies.POLICIES.get(self.policy))
-        self.cache_settings = _settings_of(self.cache_settings, forward_modes.CACHE_MODES.get(self.cache))
+        self.policy_spec = _entry(policies.POLICIES, self.policy)
+        self.policy_settings = _settings_of(self.policy_settings, self.policy_spec)
+        self.cache_settings = _settings_of(self.cache_settings, _entry(forward_modes.CACHE_MODES, self.cache))
         if self.given is None:
             self.given = _set_by_hand(self)
 
@@ -99,6 +102,11 @@ class DecodeConfig:
         return self
 
 
+def _entry(registry: dict, name):
+    """The registry's entry of `name` (None for a name it lacks, or not a string: validate refuses both)."""
+    return registry.get(name) if isinstance(name, str) else None
+
+
 def _settings_of(settings, spec):
     """The settings object a config holds for its policy or cache `spec` (None: an unknown name, which
     validate refuses): the given one when it is of the method's class, else the class's defaults."""
@@ -125,7 +133,7 @@ def _set_by_hand(config: DecodeConfig) -> tuple[str, ...]:
 
 def _choice(config: DecodeConfig, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(config, name)
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         what = "cache mode" if name == "cache" else name
         raise InputError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}", field=name)
 
@@ -133,8 +141,7 @@ def _choice(config: DecodeConfig, name: str, choices: tuple[str, ...]) -> None:
 def _whole_blocks(config: DecodeConfig) -> None:
     if config.gen_length % config.block_length:
         raise InputError(f"gen_length ({config.gen_length}) must be a multiple of block_length "
-                         f"({config.block_length})", field="block_length" if "block_length" in config.given
-                         else "gen_length")
+                         f"({config.block_length})", field="gen_length")
 
 
 def _steps_per_block(config: DecodeConfig) -> None:

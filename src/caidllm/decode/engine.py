@@ -42,7 +42,7 @@ from caidllm.checks import is_id_list
 from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.policies import make_policy, policy_key, policy_spec
+from caidllm.decode.policies import make_policy, policy_key
 from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
 from caidllm.decode.prefix_store import PrefixStore
 from caidllm.decode.request import CommitEvent, Request
@@ -66,7 +66,7 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
         return own_refusal
     if not (lm.model.extra_left or c.block_causal):
         return None
-    own = policy_spec(config.policy).forward
+    own = config.policy_spec.forward
     needs = ([f"policy {config.policy!r} needs the {own} forward"] if own is not None and FORWARD_MODES[own].unshifted else []) + (
         [f"cache mode {config.cache!r} needs the {CACHE_MODES[config.cache].between_refreshes.name} forward"]
         if CACHE_MODES[config.cache].between_refreshes.unshifted else [])
@@ -290,7 +290,7 @@ class Engine:
         request = Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
                           policy_key(config, gating), generator, block_causal=lm.config.block_causal)
         # What the policy and the cache mode remember across steps, each in its own object.
-        spec = request.spec
+        spec = config.policy_spec
         request.policy_state = spec.new_state(config, prompt) if spec.new_state is not None else None
         request.cache_state = cache.new_state(request, lm)
         return request

@@ -9,8 +9,6 @@ adds a settings file on top (settings_file.py sits between the two).
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
-
 import dataclasses
 
 from caidllm.decode.config import DecodeConfig
@@ -122,7 +120,8 @@ def uses_cai(method: str) -> bool:
 def settings_classes(policy: str, cache: str) -> tuple[type, type]:
     """The settings classes of a policy and a cache mode (the no-settings ones for a name unknown, which
     validation then refuses)."""
-    spec, mode = POLICIES.get(policy), CACHE_MODES.get(cache)
+    spec = POLICIES.get(policy) if isinstance(policy, str) else None
+    mode = CACHE_MODES.get(cache) if isinstance(cache, str) else None
     return (spec.settings_type if spec else NoSettings), (mode.settings_type if mode else NoCacheSettings)
 
 
@@ -138,7 +137,7 @@ def preset_config(method: str, file_values: dict | None = None, strict: bool = F
     run over several methods). filled: the names among `overrides` that are not the caller's (a known
     checkpoint's recommendation, a server's default): their values apply, but they are not `given`.
     """
-    if method not in PRESETS:
+    if not isinstance(method, str) or method not in PRESETS:
         raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}", field="method")
     preset = copy.deepcopy(PRESETS[method])
     policy = overrides.get("policy") or preset["policy"]

@@ -14,7 +14,7 @@ from caidllm.decode.block_diffusion import Layout, editing_block_done
 from caidllm.decode.caches.base import CacheMode
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.policies import Policy, PolicySpec, policy_spec
+from caidllm.decode.policies import Policy
 from caidllm.decode.policies.base import PolicyState
 from caidllm.decode.results import GenerationResult, result_of
 
@@ -88,7 +88,6 @@ class Request:
     final_blocks: int = 0
 
     def __post_init__(self):
-        self.spec: PolicySpec = policy_spec(self.config.policy)  # resolved once
         self.cache_mode: CacheMode = CACHE_MODES[self.config.cache]
         self.layout = Layout.of(len(self.prompt), self.config, self.block_causal)
         G = self.layout.span  # gen_length, up to the end of the last block for block diffusion

@@ -119,7 +119,7 @@ class Runner:
         """Each position's prediction and confidence, the policies' commits (and re-masks), token edits:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
-        specs = [r.spec for r in members]
+        specs = [r.config.policy_spec for r in members]
         stats = None
         if any(spec.needs_distribution for spec in specs):
             stats = distribution_stats(logits, mask_id)  # before prediction consumes the logits

@@ -148,7 +148,7 @@ class Scheduler:
         groups: dict[tuple, list[Request]] = {}
         for r in self.running.values():
             # The policy's own forward (WINO's verify) at every step, else the cache mode's choice.
-            mode = r.spec.forward or r.cache_mode.forward_mode(r)
+            mode = r.config.policy_spec.forward or r.cache_mode.forward_mode(r)
             # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
             shortens = r.config.policy_settings.horizon() is not None
             key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.cache_mode.fold(r), shortens)
