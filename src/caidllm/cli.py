@@ -18,8 +18,7 @@ from caidllm.decode.methods import method_names
 from caidllm.errors import CaidllmError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
-from caidllm.options import (MODEL_HELP, add_model_arguments, add_tp_argument,  # noqa: F401 - the old import path
-                             check_before_load, load_model)
+from caidllm.options import add_model_arguments, add_tp_argument, check_before_load
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train

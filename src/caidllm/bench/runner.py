@@ -152,9 +152,6 @@ class BenchConfig:
             self.methods = list(self._rows)
 
 
-BenchSettings = BenchConfig  # the old name
-
-
 def resolve_lengths(settings: BenchConfig, lm=None) -> BenchConfig:
     """The run's lengths (options.lengths_for_run): unset ones as generate takes them for the first
     method; each method checked against the model, from its config.json alone when `lm` is None."""

@@ -67,8 +67,8 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
         engine.cancel_all()
         raise
     _sync(lm)
-    elapsed, policy = time.perf_counter() - started, engine.policy_timer.total()
-    forward = engine.forward_timer.total()
+    elapsed, policy = time.perf_counter() - started, engine.runner.policy_timer.total()
+    forward = engine.runner.forward_timer.total()
     return [dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward)
             for i in ids]
 

@@ -64,9 +64,6 @@ class ServerConfig:
     prefix_cache_mb: float | None = None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
 
 
-ServeSettings = ServerConfig  # the old name
-
-
 @dataclass
 class _Server:
     """What every route of one app shares: the model, its settings, the engine thread, the metrics
