@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from caidllm.errors import InputError
-from caidllm.setting_rules import (UNIT_INTERVAL, CacheSettings, Rule, choice_rule, non_negative_int, positive_int,
+from caidllm.setting_rules import (UNIT_INTERVAL, CacheSettings, Rule, choice_rule, named, non_negative_int, positive_int,
                                    unit_interval)
 
 DEFAULT_WINDOW = 16
@@ -89,11 +89,11 @@ class ElasticSettings(CacheSettings):
         config.block_length = config.gen_length
 
     def check_with(self, config) -> None:
-        name = config.labels.get("elastic.window", "elastic_window")
         if (self.window or 0) > config.block_length:
+            name, field = named(config.labels, "elastic.window")
             longer = (f"the generation (gen_length {config.gen_length})" if self.whole_generation
                       else f"the block ({config.block_length})")
-            raise InputError(f"{name} ({self.window}) is longer than {longer}", field=name)
+            raise InputError(f"{name} ({self.window}) is longer than {longer}", field=field)
         if config.refresh_every:
             raise InputError(f"cache 'elastic' with refresh_every={config.refresh_every} is not meaningful: "
                              "Elastic-Cache refreshes when its drift test says so (use refresh_every=0)",

@@ -53,6 +53,7 @@ from caidllm.decode.scheduler import Scheduler
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY
 from caidllm.errors import InputError
 from caidllm.models.modes import FORWARD_MODES
+from caidllm.setting_rules import named
 
 
 
@@ -265,9 +266,9 @@ class Engine:
     def _check_family(self, config: DecodeConfig) -> None:
         c = self.lm.config
         if config.cache == "elastic" and config.cache_settings.layer >= c.n_layers:
-            name = config.labels.get("elastic.layer", "elastic.layer")
+            name, field = named(config.labels, "elastic.layer")
             raise InputError(f"{name} ({config.cache_settings.layer}) is beyond the model's layers (family "
-                             f"{c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})", field=name)
+                             f"{c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})", field=field)
         refusal = family_refusal(self.lm, config)
         if refusal:
             raise InputError(refusal)
