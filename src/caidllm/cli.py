@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"one of: {', '.join(method_names())} (default: the settings file's method, else cai)")
     add_decoding_arguments(gen)
     gen.add_argument("--settings", default=None, metavar="FILE",
-                     help="CAI settings file (from caidllm calibrate) applied over the method's preset")
+                     help="settings file (from caidllm calibrate, or a method's settings by hand) applied over the method's preset")
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
                       help="put the prompt through the chat template (default for instruct models)")
