@@ -13,8 +13,8 @@ import sys
 from caidllm.bench.calibrate_cli import register as register_calibrate
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
-from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.methods import method_names
+from caidllm.decode.prefix_reuse import check_budget
 from caidllm.errors import CaidllmError, InputError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models

@@ -30,8 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from caidllm.decode.background import BackgroundEngine
 from caidllm.decode.engine import Engine
-from caidllm.decode.presets import lays_blocks
 from caidllm.decode.methods import method_names
+from caidllm.decode.presets import lays_blocks
 from caidllm.errors import EngineFullError, InputError
 from caidllm.models.quantize import quantization_info
 from caidllm.serve.answer import Answer
