@@ -134,3 +134,10 @@ def test_a_request_is_fitted_to_its_model_once(tiny):
     config = parse({"prompt": PROMPT, "method": "eb", "eb_gamma": 0.02}, "completion", tiny, DEFAULTS).config
     assert config.fitted_to is not None and fit_to_model(config, tiny.config) is config
     assert config.policy_spec is POLICIES["eb"]  # resolved once, read at every step
+
+
+def test_a_policy_changed_in_place_gets_its_own_settings_at_validation():
+    config = build_config("cai")
+    config.policy = "eb"  # set in place, past the constructor
+    config.validate()
+    assert type(config.policy_settings) is POLICIES["eb"].settings_type and config.policy_spec is POLICIES["eb"]
