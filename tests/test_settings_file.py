@@ -93,6 +93,8 @@ def test_bench_runs_the_file_as_its_own_row_and_refuses_its_held_out_samples(lla
     report = json.loads((out / "results.json").read_text())
     assert [r["method"] for r in report["results"]] == ["vanilla", "cai", "mine"]
     assert report["settings"]["settings_file"]["cai"]["theta_end"] == 0.5
+    own = report["settings"]["method_settings"]  # each row's settings, read from the methods' declarations
+    assert own["mine"]["cai"]["theta_end"] == 0.5 and own["cai"]["cai"]["theta_end"] == 0.7 and own["vanilla"] == {}
     assert "row `mine` is `cai` with theta_end=0.5" in (out / "results.md").read_text()
     capsys.readouterr()
     held = settings_file(tmp_path, calibration={"held_out": {"synthetic:boolean_expressions": {

@@ -71,6 +71,15 @@ def boolean(v) -> bool:
 UNIT_INTERVAL = "in (0, 1]"
 
 
+def named(labels: dict[str, str], dotted: str) -> tuple[str, str]:
+    """How an error says the method's setting `dotted` ("wino.draft"), and the field it is about: a flat
+    name of earlier versions as the caller gave it (`wino_draft`), else the dotted name, about the key
+    the caller gave it under (the owner's, "wino"; the dotted name where the caller gave none)."""
+    owner, _, field = dotted.partition(".")
+    given_as = labels.get(dotted)
+    return (dotted if given_as in (None, owner, field) else given_as), given_as or dotted
+
+
 def chosen_by(config, name: str) -> str:
     """The field an error about the request's `name` ("cache", "policy") is about: `name` where the
     caller gave it, else the method that chose it."""
@@ -121,11 +130,8 @@ class MethodSettings:
     def check(self, labels: dict[str, str]) -> None:
         """Every field rule, in order; `labels`: dotted name -> the name the caller gave it under."""
         for rule in self.RULES:
-            dotted = f"{self.OWNER}.{rule.field}"
-            given_as = labels.get(dotted)
-            # A flat name of earlier versions is said as given (`eb_gamma`), any other by its owner's.
-            label = dotted if given_as in (None, self.OWNER, rule.field) else given_as
-            rule.check(self, label, given_as)
+            label, field = named(labels, f"{self.OWNER}.{rule.field}")
+            rule.check(self, label, field)
 
 
 class CacheSettings(MethodSettings):

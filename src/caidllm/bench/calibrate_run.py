@@ -21,8 +21,8 @@ from pathlib import Path
 from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE, Trial, choose, coordinate_search, floor_of
 from caidllm.bench.metrics import mean
 from caidllm.bench.tasks import BenchTask, kind_of, load_task
-from caidllm.decode.presets import build_config
 from caidllm.decode.methods import uses_cai
+from caidllm.decode.presets import build_config
 from caidllm.decode.settings_file import CalibratedSettings, write_settings
 from caidllm.errors import InputError
 from caidllm.options import lengths_for_run

@@ -2,9 +2,9 @@
 
 from caidllm.decode.api import GenerationResult, Trace, generate
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.methods import PRESETS, method_names
 from caidllm.decode.policies.cai import CAISettings
 from caidllm.decode.presets import build_config
-from caidllm.decode.methods import PRESETS, method_names
 
 __all__ = ["generate", "GenerationResult", "Trace", "DecodeConfig", "CAISettings", "PRESETS", "build_config",
            "method_names"]

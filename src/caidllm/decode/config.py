@@ -87,6 +87,7 @@ class DecodeConfig:
         """Raise InputError naming the first invalid value (the shared rules and the method's, in order)."""
         _choice(self, "policy", POLICIES)
         _choice(self, "cache", CACHE_MODES)
+        self.__post_init__()  # a policy or cache set in place since: its own settings class (its defaults)
         SHARED_RULES[0].check(self, "gen_length")
         self.cache_settings.check(self.labels)
         self.cache_settings.settle_lengths(self)  # Elastic-Cache's one block, before the lengths are checked

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from caidllm.errors import InputError
-from caidllm.setting_rules import (UNIT_INTERVAL, CacheSettings, Rule, choice_rule, non_negative_int, positive_int,
+from caidllm.setting_rules import (UNIT_INTERVAL, CacheSettings, Rule, choice_rule, named, non_negative_int, positive_int,
                                    unit_interval)
 
 from caidllm.decode.caches.base import CacheMode
@@ -91,11 +91,11 @@ class ElasticSettings(CacheSettings):
         config.block_length = config.gen_length
 
     def check_with(self, config) -> None:
-        name = config.labels.get("elastic.window", "elastic_window")
         if (self.window or 0) > config.block_length:
+            name, field = named(config.labels, "elastic.window")
             longer = (f"the generation (gen_length {config.gen_length})" if self.whole_generation
                       else f"the block ({config.block_length})")
-            raise InputError(f"{name} ({self.window}) is longer than {longer}", field=name)
+            raise InputError(f"{name} ({self.window}) is longer than {longer}", field=field)
         if config.refresh_every:
             raise InputError(f"cache 'elastic' with refresh_every={config.refresh_every} is not meaningful: "
                              "Elastic-Cache refreshes when its drift test says so (use refresh_every=0)",
@@ -177,9 +177,9 @@ class ElasticCache(CacheMode):
     def check_settings(self, config, lm) -> None:
         c = lm.config
         if config.cache_settings.layer >= c.n_layers:
-            name = config.labels.get("elastic.layer", "elastic.layer")
+            name, field = named(config.labels, "elastic.layer")
             raise InputError(f"{name} ({config.cache_settings.layer}) is beyond the model's layers (family "
-                             f"{c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})", field=name)
+                             f"{c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})", field=field)
 
     def new_state(self, request, lm) -> ElasticState:
         return ElasticState(lm.model.extra_left, lm.config.n_layers)

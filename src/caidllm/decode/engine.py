@@ -50,7 +50,6 @@ from caidllm.decode.runner import RowStep, Runner
 from caidllm.decode.sampling import request_generator
 from caidllm.decode.scheduler import Scheduler
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY
-from caidllm.decode.timing import DeviceTimer  # noqa: F401 - the old import path
 from caidllm.errors import InputError
 from caidllm.models.modes import FORWARD_MODES
 
@@ -122,47 +121,12 @@ class Engine:
         if self.mirror is not None:
             self.mirror.attach(self)
 
-    # ---- what the engine holds (the scheduler's; read-only views for callers and tests) ----
-
-    @property
-    def max_batch(self) -> int:
-        return self.scheduler.max_batch
-
-    @property
-    def max_queue(self) -> int:
-        return self.scheduler.max_queue
-
-    @property
-    def frame(self):
-        return self.scheduler.frame
-
-    @property
-    def queue(self):
-        return self.scheduler.queue
-
-    @property
-    def running(self):
-        return self.scheduler.running
-
-    @property
-    def policy_timer(self) -> DeviceTimer:
-        return self.runner.policy_timer
-
-    @property
-    def forward_timer(self) -> DeviceTimer:
-        return self.runner.forward_timer
-
-    @property
-    def forwards(self) -> int:
-        return self.runner.forwards
+    # ---- the public surface beside submit / step / run / cancel (the rest: engine.scheduler, .runner) ----
 
     @property
     def has_work(self) -> bool:
+        """Whether a request is queued or in flight."""
         return self.scheduler.has_work
-
-    @property
-    def prefix_store(self) -> PrefixStore | None:
-        return self.prefix.store
 
     # ---- requests in and out -------------------------------------------------
 
@@ -251,7 +215,7 @@ class Engine:
         for row in rows:
             request = row.request
             first = request.nfe == 0
-            self.prefix.after_forward(self.frame, request)
+            self.prefix.after_forward(self.scheduler.frame, request)
             event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
                                    self.lm.config.eos_id, self.lm.device, row.edits)
             if first and self.prefix.applies(request):
@@ -261,7 +225,7 @@ class Engine:
             events.append(event)
         for event, row in zip(events, rows):
             if event.finished:
-                self.prefix.finish(self.frame, row.request)
+                self.prefix.finish(self.scheduler.frame, row.request)
                 self.scheduler.retire(row.request)
         self.steps += bool(events)
         return events
@@ -276,7 +240,7 @@ class Engine:
         """A request took a slot: its policy time so far is the baseline of its own."""
         request.policy_seconds_at_admission = self.runner.policy_timer.total()
         request.start_block(self.lm.device)
-        self.prefix.admit(self.frame, request)
+        self.prefix.admit(self.scheduler.frame, request)
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm

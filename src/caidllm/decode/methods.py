@@ -1,4 +1,6 @@
-"""Named methods: each preset is a set of overrides of `DecodeConfig`.
+"""Named methods: each preset is a set of overrides of `DecodeConfig`: shared fields, and a method's
+settings under its owner's key (eb=dict(gamma=...)); `threshold` stays flat, its meaning shared by every
+threshold rule (fastdllm's, dynamic, subblock, CAI's fixed one).
 
 The same names are used by the API, the CLI and the benchmark runner. Any
 field can still be overridden by the caller (e.g. method="fastdllm",
@@ -24,8 +26,8 @@ PRESETS: dict[str, dict] = {
     # Fast-dLLM threshold decoding with DualCache: the paper's "DualCache" baseline. As the official
     # code runs them, its DualCache and prefix cache are refreshed at block starts only (refresh_every=0);
     # CAI and ES-dLLM keep the paper's f (the model's cache_refresh_every).
-    "fastdllm": dict(policy="threshold", cache="dual", threshold=0.9, refresh_every=0),
-    "fastdllm-prefix": dict(policy="threshold", cache="prefix", threshold=0.9, refresh_every=0),
+    "fastdllm": dict(policy="threshold", cache="dual", refresh_every=0, threshold=0.9),
+    "fastdllm-prefix": dict(policy="threshold", cache="prefix", refresh_every=0, threshold=0.9),
     # ES-dLLM baseline: early skipping on the dual cache, schedule [(1.0, 0.0), (0.5, 0.125), (0.25, 0.25)]
     # and alpha 0.5 (the DecodeConfig defaults), committing with a fixed confidence threshold of 0.9 (the
     # paper's ablation starts from ES-dLLM and adds the adaptive schedule, APD, on top of it).
@@ -45,58 +47,60 @@ PRESETS: dict[str, dict] = {
     "cai-apd-block": dict(policy="cai", cache="dual", cai=dict(position_factors=False, gating=False)),
     "cai-apd-block-pos": dict(policy="cai", cache="dual", cai=dict(gating=False)),
     # EB-Sampler (arXiv 2505.24857): entropy-bounded unmasking, no cache, gamma 0.01 (policies/eb.py).
-    "eb": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="entropy"),
+    "eb": dict(policy="eb", cache="none", eb=dict(gamma=0.01, proxy="entropy")),
     # The same with the paper's other error proxies ordering the positions (the bound stays on entropies).
-    "eb-confidence": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="confidence"),
-    "eb-margin": dict(policy="eb", cache="none", eb_gamma=0.01, eb_proxy="margin"),
+    "eb-confidence": dict(policy="eb", cache="none", eb=dict(gamma=0.01, proxy="confidence")),
+    "eb-margin": dict(policy="eb", cache="none", eb=dict(gamma=0.01, proxy="margin")),
     # EB-Sampler's rule over Fast-dLLM's dual cache refreshed at block starts (a combination, not a paper's).
-    "eb-dual": dict(policy="eb", cache="dual", eb_gamma=0.01, eb_proxy="entropy", refresh_every=0),
+    "eb-dual": dict(policy="eb", cache="dual", refresh_every=0, eb=dict(gamma=0.01, proxy="entropy")),
     # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults, its
     # fast phase's forwards after the first ending at the span's end as the official code runs them.
-    "slowfast": dict(policy="slowfast", cache="none", sf_explore_steps=6, sf_cycle_threshold=0.3, sf_window=2,
-                     sf_std=1.0, sf_high=0.9, sf_shortened=True),
+    "slowfast": dict(policy="slowfast", cache="none", slowfast=dict(explore_steps=6, cycle_threshold=0.3, window=2,
+                                                                  std=1.0, high=0.9, shortened=True)),
     # caidllm's earlier reading: every forward on the whole canvas (BENCHMARKS.md compares the two).
-    "slowfast-whole": dict(policy="slowfast", cache="none", sf_explore_steps=6, sf_cycle_threshold=0.3,
-                           sf_window=2, sf_std=1.0, sf_high=0.9, sf_shortened=False),
+    "slowfast-whole": dict(policy="slowfast", cache="none", slowfast=dict(explore_steps=6, cycle_threshold=0.3,
+                                                                        window=2, std=1.0, high=0.9, shortened=False)),
     # dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache): LLaDA's low-confidence remasking with delayed
     # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first two.
     "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
     # dKV-Cache-Greedy (same paper and repository): LLaDA's random remasking (the only one its official
     # generate supports); between refreshes only the positions a step decodes, the previous step's and 2
     # masked neighbours of each are computed; refreshed every 8 steps (window and period: our pick, as dkv).
-    "dkv-greedy": dict(policy="random", cache="dkv-greedy", refresh_every=8, dkv_window=2),
+    "dkv-greedy": dict(policy="random", cache="dkv-greedy", refresh_every=8, dkv=dict(window=2)),
     # WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM) at its official defaults: draft 0.6, verify 0.9.
-    "wino": dict(policy="wino", cache="none", wino_draft=0.6, wino_verify=0.9),
+    "wino": dict(policy="wino", cache="none", wino=dict(draft=0.6, verify=0.9)),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
     # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length given
-    # that differs is refused (config._elastic_one_block); the bench gives it none of the run's (presets.run_lengths).
-    "elastic": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9,
-                    elastic_scope="generation"),
+    # that differs is refused (elastic.ElasticSettings.settle_lengths); the bench gives it none of the run's (presets.run_lengths).
+    "elastic": dict(policy="threshold", cache="elastic", refresh_every=0, threshold=0.9,
+                    elastic=dict(gamma=0.9, scope="generation")),
     # caidllm's block-wise reading: the same rule with the window inside each block (BENCHMARKS.md compares).
-    "elastic-block": dict(policy="threshold", cache="elastic", threshold=0.9, refresh_every=0, elastic_gamma=0.9,
-                          elastic_scope="block"),
+    "elastic-block": dict(policy="threshold", cache="elastic", refresh_every=0, threshold=0.9,
+                          elastic=dict(gamma=0.9, scope="block")),
     # CAI-dLLM's budgets and schedule over the Elastic-Cache backend (as cai-es over ES-dLLM's), block-wise.
-    "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0, elastic_gamma=0.9, elastic_scope="block"),
+    "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0,
+                        elastic=dict(gamma=0.9, scope="block")),
     # Block-diffusion models' own decoders with their official defaults (docs/block-diffusion.md), on the
     # exact block cache. LLaDA2.x: threshold decoding, block 32, 32 steps per block, threshold 0.95.
     "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),
     # LLaDA2.1: threshold decoding with token editing, one forced commit a step (num_to_transfer 1), up to 16
     # editing steps after a block's last mask. "llada2.1": the official generate's defaults (threshold 0.95,
     # editing 0.9, eos_early_stop False); the model card's Q (quality: 0.7 / 0.5) and S (speed: 0.5 / 0.0) modes.
-    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95, editing_threshold=0.9,
-                     num_to_transfer=1, max_post_steps=16, early_stop=False),
-    "llada2.1-quality": dict(policy="dynamic", cache="block", block_length=32, threshold=0.7, editing_threshold=0.5,
-                             num_to_transfer=1, max_post_steps=16),
-    "llada2.1-speed": dict(policy="dynamic", cache="block", block_length=32, threshold=0.5, editing_threshold=0.0,
-                           num_to_transfer=1, max_post_steps=16),
+    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, editing_threshold=0.9,
+                     max_post_steps=16, early_stop=False, threshold=0.95, dynamic=dict(num_to_transfer=1)),
+    "llada2.1-quality": dict(policy="dynamic", cache="block", block_length=32, editing_threshold=0.5,
+                             max_post_steps=16, threshold=0.7, dynamic=dict(num_to_transfer=1)),
+    "llada2.1-speed": dict(policy="dynamic", cache="block", block_length=32, editing_threshold=0.0,
+                           max_post_steps=16, threshold=0.5, dynamic=dict(num_to_transfer=1)),
     # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
     # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.
     "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.85),
     "sdar-static": dict(policy="static", cache="block", block_length=4),
     # Fast-dLLM v2 (its eval.py's defaults): block 32 (bd_size), sub-blocks of 8, threshold 0.9, on the exact
     # block cache plus the within-block cache of its generator's use_block_cache (cache="block": without it).
-    "fastdllm-v2": dict(policy="subblock", cache="subblock", block_length=32, sub_block=8, threshold=0.9),
+    "fastdllm-v2": dict(policy="subblock", cache="subblock", block_length=32,
+                        threshold=0.9, subblock=dict(sub_block=8)),
 }
 
 # Presets that only apply to block-causal models (their own decoders); the others run on every family.

@@ -149,3 +149,29 @@ def not_read(name: str, config, methods: list[str]) -> InputError:
     who = " or ".join(readers(cls) for cls in owners)
     return InputError(f"{name} does not apply to method {config.method!r} (policy {config.policy!r}, cache "
                       f"{config.cache!r}): it is read only by {who} (methods: {', '.join(methods)})", field=name)
+
+
+def settings_table() -> list[dict]:
+    """Every method's settings as `caidllm models` and the docs list them, read from the declarations:
+    owner key, title, who reads them, and each field's default, rule, flat name and models."""
+    table = []
+    for cls in SETTINGS_CLASSES:
+        defaults = cls()
+        fields = [{"name": name, "default": getattr(defaults, name), "flat": cls.flat_name(name),
+                   "expected": rule.expected if rule and rule.expected else "checked by its normaliser",
+                   "models": rule.models if rule else None}
+                  for name in cls.field_names() for rule in [cls.rule_for(name)]]
+        table.append({"owner": cls.OWNER, "title": cls.TITLE, "read_by": readers(cls), "fields": fields})
+    return table
+
+
+def settings_lines() -> list[str]:
+    """settings_table as text: one line per owner, one per field."""
+    lines = ["Method settings (a body's / settings file's {\"OWNER\": {...}}, --set OWNER.FIELD=VALUE, or the flat name):"]
+    for entry in settings_table():
+        lines.append(f"  {entry['owner']}: {entry['title']} (read by {entry['read_by']})")
+        for f in entry["fields"]:
+            models = f" ({f['models']} models only)" if f["models"] else ""
+            dotted = f"{entry['owner']}.{f['name']}"
+            lines.append(f"    {dotted:<26} {f['flat']:<20} default {f['default']!r}: {f['expected']}{models}")
+    return lines

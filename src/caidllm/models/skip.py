@@ -85,8 +85,11 @@ class EarlySkippingSettings(CacheSettings):
     OWNER: ClassVar[str] = "es"
     TITLE: ClassVar[str] = "ES-dLLM early skipping"
     LEGACY: ClassVar[dict[str, str]] = {"es_schedule": "schedule", "es_alpha": "alpha"}
-    RULES: ClassVar[tuple[Rule, ...]] = (Rule("schedule", normalise=check_schedule),
-                                         Rule("alpha", normalise=check_alpha))
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("schedule", "(keep fraction, start) pairs: fractions in (0, 1], starts rising from 0",
+             normalise=check_schedule),
+        Rule("alpha", "in [0, 1]", normalise=check_alpha),
+    )
 
 
 def group_start_layers(schedule, n_layers: int) -> list[int]:

@@ -57,7 +57,7 @@ class Mirror:
         serial = next(self._serials)
         engine.mirror_serial = serial
         self._sent[serial] = set()
-        self.record(engine, "engine", engine.max_batch, engine.max_queue)
+        self.record(engine, "engine", engine.scheduler.max_batch, engine.scheduler.max_queue)
         weakref.finalize(engine, self._freed, serial)
 
     def record(self, engine, op: str, *args) -> None:

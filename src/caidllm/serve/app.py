@@ -30,8 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from caidllm.decode.background import BackgroundEngine
 from caidllm.decode.engine import Engine
-from caidllm.decode.presets import lays_blocks
 from caidllm.decode.methods import method_names
+from caidllm.decode.presets import lays_blocks
 from caidllm.errors import EngineFullError, InputError
 from caidllm.models.quantize import quantization_info
 from caidllm.serve.answer import Answer
@@ -62,9 +62,6 @@ class ServerConfig:
     step_policy: str | None = None  # which forward groups run at each step (decode/step_policies.py; None: fair)
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     prefix_cache_mb: float | None = None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
-
-
-ServeSettings = ServerConfig  # the old name
 
 
 @dataclass

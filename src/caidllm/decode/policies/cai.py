@@ -28,7 +28,7 @@ import torch
 from caidllm.checks import are_numbers, is_number
 from caidllm.decode.policies.base import PolicySettings, StepView, with_most_confident
 from caidllm.errors import InputError
-from caidllm.setting_rules import UNIT_INTERVAL, Rule, boolean, choice_rule, non_negative, positive_int, unit_interval
+from caidllm.setting_rules import UNIT_INTERVAL, Rule, boolean, choice_rule, named, non_negative, positive_int, unit_interval
 
 # What the controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
@@ -85,7 +85,7 @@ class CAISettings(PolicySettings):
         super().check(labels)
         if self.clip_low > self.clip_high:
             raise InputError(f"cai.clip_low ({self.clip_low}) must not exceed cai.clip_high ({self.clip_high})",
-                             field=labels.get("cai.clip_low", "cai.clip_low"))
+                             field=named(labels, "cai.clip_low")[1])
 
     def refuse_unread(self, config) -> None:
         if "cai.threshold" in config.given and self.adaptive:

@@ -34,7 +34,7 @@ import torch
 from caidllm.checks import is_number
 from caidllm.decode.policies.base import PolicySettings, StepView, masked_confidence
 from caidllm.errors import InputError
-from caidllm.setting_rules import UNIT_INTERVAL, Rule, boolean, positive_int, unit_interval
+from caidllm.setting_rules import UNIT_INTERVAL, Rule, boolean, named, positive_int, unit_interval
 
 NOWHERE = 1 << 40  # past any canvas: the runner clamps it to the canvas's end
 STATE = ("sf_k", "sf_count", "sf_fixed", "sf_cur", "sf_last", "sf_fast")
@@ -68,8 +68,8 @@ class SlowFastSettings(PolicySettings):
 
     def check_with(self, config) -> None:
         if self.window > config.block_length:
-            name = config.labels.get("slowfast.window", "slowfast.window")
-            raise InputError(f"{name} ({self.window}) is longer than the block ({config.block_length})", field=name)
+            name, field = named(config.labels, "slowfast.window")
+            raise InputError(f"{name} ({self.window}) is longer than the block ({config.block_length})", field=field)
 
     def arguments(self, gating: bool) -> dict:
         return dict(explore_steps=self.explore_steps, cycle_threshold=self.cycle_threshold, window=self.window,

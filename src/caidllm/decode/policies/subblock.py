@@ -19,7 +19,7 @@ import torch
 
 from caidllm.decode.policies.base import PolicySettings, StepView, with_most_confident
 from caidllm.errors import InputError
-from caidllm.setting_rules import UNIT_INTERVAL, CacheSettings, Rule, chosen_by, positive_int, unit_interval
+from caidllm.setting_rules import UNIT_INTERVAL, CacheSettings, Rule, chosen_by, named, positive_int, unit_interval
 
 
 @dataclasses.dataclass
@@ -39,9 +39,9 @@ class SubblockSettings(PolicySettings):
 
     def check_with(self, config) -> None:
         if config.block_length % self.sub_block:
-            name = config.labels.get("subblock.sub_block", "sub_block")
+            name, field = named(config.labels, "subblock.sub_block")
             raise InputError(f"{name} ({self.sub_block}) must divide block_length ({config.block_length}): "
-                             "Fast-dLLM v2 decodes a block in whole sub-blocks", field=name)
+                             "Fast-dLLM v2 decodes a block in whole sub-blocks", field=field)
 
     def arguments(self, gating: bool) -> dict:
         return dict(threshold=self.threshold, sub_block=self.sub_block)

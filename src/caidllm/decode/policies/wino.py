@@ -30,7 +30,7 @@ import torch
 
 from caidllm.decode.policies.base import PolicySettings, StepView, masked_confidence
 from caidllm.errors import InputError
-from caidllm.setting_rules import UNIT_INTERVAL, Rule, chosen_by, positive_int, unit_interval
+from caidllm.setting_rules import UNIT_INTERVAL, Rule, chosen_by, named, positive_int, unit_interval
 
 STATE = ("wino_last_accept",)
 
@@ -55,10 +55,9 @@ class WinoSettings(PolicySettings):
 
     def check_with(self, config) -> None:
         if self.draft > self.verify:
-            draft = config.labels.get("wino.draft", "wino.draft")
-            verify = config.labels.get("wino.verify", "wino.verify")
+            (draft, field), (verify, _) = named(config.labels, "wino.draft"), named(config.labels, "wino.verify")
             raise InputError(f"WINO thresholds out of order: {draft} ({self.draft}) must not exceed {verify} "
-                             f"({self.verify}) (draft wide, verify narrow)", field=draft)
+                             f"({self.verify}) (draft wide, verify narrow)", field=field)
         if config.cache != "none":
             raise InputError(f"policy 'wino' with cache={config.cache!r} is not meaningful: WINO's verify forward "
                              "reads the whole canvas with a shadow block each step (use cache='none')",

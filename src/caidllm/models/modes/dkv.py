@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...errors import InputError
-from ...setting_rules import CacheSettings, Rule, chosen_by, non_negative_int
+from ...setting_rules import CacheSettings, Rule, chosen_by, named, non_negative_int
 from ..transfer import to_device
 from .base import ColumnsMode
 
@@ -62,5 +62,5 @@ class GreedySettings(CacheSettings):
                              "the positions a step will decode, known in advance only from policy 'random' (its "
                              "random order), as in the official dKV-Cache-Greedy", field=chosen_by(config, "policy"))
         if self.window > config.block_length:
-            name = config.labels.get("dkv.window", "dkv_window")
-            raise InputError(f"{name} ({self.window}) is longer than the block ({config.block_length})", field=name)
+            name, field = named(config.labels, "dkv.window")
+            raise InputError(f"{name} ({self.window}) is longer than the block ({config.block_length})", field=field)
