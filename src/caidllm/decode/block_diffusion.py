@@ -20,7 +20,7 @@ import torch
 
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS, PRESETS, preset_config, refuse_unread
+from caidllm.decode.methods import PRESETS, block_diffusion_preset, preset_config, refuse_unread
 from caidllm.decode.setting_names import rules_of
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
@@ -29,11 +29,10 @@ from caidllm.setting_rules import BLOCK_CAUSAL, FULL_SEQUENCE
 # The exact caches (the block cache, Fast-dLLM v2's within-block cache over it) or the whole window recomputed
 # every step: read from the registry.
 BLOCK_CACHES = tuple(name for name, mode in CACHE_MODES.items() if mode.exact or not mode.uses_cache)
-BLOCK_POLICIES = ("dynamic", "static", "subblock")
 # Caches that are their method (ES-dLLM, Elastic-Cache, dKV-Cache): on a block-causal model they are
-# refused, never swapped for the block cache under the method's name; the advice is the same rule on it.
+# refused, never swapped for the block cache under the method's name; the advice is the same rule on it
+# (the policy's block_causal_method).
 METHOD_CACHES = {name: mode.method for name, mode in CACHE_MODES.items() if mode.method is not None}
-BLOCK_ALTERNATIVE = {"threshold": "fastdllm", "cai": "cai", "vanilla": "vanilla", "random": "vanilla"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +90,7 @@ def fit_to_model(config: DecodeConfig, model, strict: bool = False) -> DecodeCon
 def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
     given = set(config.given)
     if not model.block_causal:
-        if config.method in BLOCK_DIFFUSION_PRESETS or config.policy in BLOCK_POLICIES:
+        if block_diffusion_preset(config.method) or config.policy_spec.models == BLOCK_CAUSAL:
             raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
                              f"the {model.family} model is full-sequence (bidirectional attention)",
                              field="policy" if "policy" in given else "method")
@@ -106,7 +105,7 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
     if "cache" not in given and config.cache in METHOD_CACHES:
         raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
                          f"cache {config.cache!r} is {METHOD_CACHES[config.cache]}, which needs bidirectional "
-                         f"attention; use method {BLOCK_ALTERNATIVE.get(config.policy, 'fastdllm')!r} (its rule "
+                         f"attention; use method {config.policy_spec.block_causal_method!r} (its rule "
                          "on the exact block cache)", field="method")
     own_forward = config.policy_spec.forward
     if own_forward is not None:  # refused here, with no advice about its cache that a second refusal undoes
