@@ -23,7 +23,8 @@ def new_decoders(monkeypatch):
                                                           models=BLOCK_CAUSAL))
     monkeypatch.setitem(POLICIES, "any-model", PolicySpec(vanilla.select, state_names=("n_masked",),
                                                           block_causal_method="vanilla"))
-    monkeypatch.setitem(methods.PRESETS, "own-block-preset", {"policy": "own-block", "cache": "block", "block_length": 4})
+    monkeypatch.setitem(methods.PRESETS, "own-block-preset",
+                        {"policy": "own-block", "cache": "block", "block_length": 4})
 
 
 def test_a_block_diffusion_decoder_is_refused_on_a_full_sequence_model(new_decoders):
@@ -50,10 +51,24 @@ def test_a_method_cache_on_a_block_causal_model_advises_the_policys_own_preset(n
     assert info.value.field == "method"
 
 
-@pytest.mark.parametrize("policy, advised", [("threshold", "fastdllm"), ("cai", "cai"), ("vanilla", "vanilla"),
-                                             ("random", "vanilla"), ("eb", "fastdllm")])
+@pytest.mark.parametrize("policy, advised", [
+    ("threshold", "fastdllm"), ("cai", "cai"), ("vanilla", "vanilla"), ("random", "vanilla"), ("eb", "fastdllm")])
 def test_the_registered_policies_advice_is_unchanged(policy, advised):
     config = DecodeConfig(method="x", policy=policy, cache="es", block_length=4, gen_length=16,
                           given=("policy",)).validate()
     with pytest.raises(InputError, match=f"use method '{advised}'"):
         fit_to_model(config, BLOCK_MODEL)
+
+
+def test_the_advice_lists_the_block_diffusion_presets_from_the_registry(new_decoders):
+    config = DecodeConfig(method="wino", policy="wino", cache="none", block_length=4, gen_length=16,
+                          given=()).validate()
+    with pytest.raises(InputError, match="needs bidirectional attention") as info:
+        fit_to_model(config, BLOCK_MODEL)
+    assert "own-block-preset" in str(info.value) and "llada2" in str(info.value)
+
+
+def test_a_cache_refusal_lists_the_caches_the_model_takes():
+    with pytest.raises(InputError) as info:
+        fit_to_model(DecodeConfig(cache="dual", block_length=4, gen_length=16, given=("cache",)), BLOCK_MODEL)
+    assert info.value.field == "cache" and str(info.value).endswith("none, block, subblock")

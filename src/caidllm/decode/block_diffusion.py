@@ -98,7 +98,8 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
             check_given_fit(["editing_threshold"], model)
         if CACHE_MODES[config.cache].exact:
             raise InputError(f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} "
-                             "model: its attention is bidirectional; use none, prefix, dual or es",
+                             f"model: its attention is bidirectional; use one that is not exact "
+                             f"({', '.join(m for m, mode in CACHE_MODES.items() if not mode.exact)})",
                              field="cache" if "cache" in given else "method")
         return config
     changes = {}
@@ -111,7 +112,8 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
     if own_forward is not None:  # refused here, with no advice about its cache that a second refusal undoes
         raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
                          f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
-                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder (llada2, sdar)",
+                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder "
+                         f"({', '.join(m for m in PRESETS if block_diffusion_preset(m))})",
                          field="policy" if "policy" in given else "method")
     if "cache" not in given and not CACHE_MODES[config.cache].exact:
         # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too
@@ -119,8 +121,8 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
         changes["cache"] = "block"
     elif config.cache not in BLOCK_CACHES:
         raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
-                         "its cache is 'block' (exact), 'subblock' (Fast-dLLM v2's within-block cache over it) "
-                         "or 'none' (the whole window every step)", field="cache")
+                         f"its cache is an exact one or 'none' (the whole window every step): "
+                         f"{', '.join(BLOCK_CACHES)}", field="cache")
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
         changes["block_length"] = own_block_length(config.block_length, model)
     elif model.block_lengths and config.block_length not in model.block_lengths:
