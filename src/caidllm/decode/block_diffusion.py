@@ -188,9 +188,10 @@ def editing_block_done(r, started_masked: bool, edited: bool) -> bool:
     """Whether an editing request's block ends after this step (the official loop's rule)."""
     if not started_masked and not edited:
         return True
-    if any(x is None for x in r.generated[max(r.block_bounds[0], 0):r.block_bounds[1]]):
+    block_start, block_end = r.block_bounds
+    answer = range(max(block_start, 0), block_end)
+    if any(r.generated[p] is None for p in answer):
         return False
-    if r.post_steps + 1 > r.config.max_post_steps:  # the next step would be one post-step too many
-        return True
-    r.post_steps += 1
-    return False
+    # Steps run since the one that committed the block's last mask (0 at that step): read from the trace.
+    post_steps = r.step - max(r.commit_step_in_block[p] for p in answer)
+    return post_steps + 1 > r.config.max_post_steps  # the next step would be one post-step too many
