@@ -2,6 +2,8 @@
 PolicySpec.block_causal_method), not listed in decode/block_diffusion.py: a decoder added with its
 registry line alone is refused on the models it does not run on, and advised by its own entry."""
 
+from pathlib import Path
+
 import pytest
 
 from caidllm.decode import methods
@@ -72,3 +74,79 @@ def test_a_cache_refusal_lists_the_caches_the_model_takes():
     with pytest.raises(InputError) as info:
         fit_to_model(DecodeConfig(cache="dual", block_length=4, gen_length=16, given=("cache",)), BLOCK_MODEL)
     assert info.value.field == "cache" and str(info.value).endswith("none, block, subblock")
+
+
+
+# A decoder with settings: its one file (policies/top.py) and its registry line, added to a copy of the
+# package as a source edit would be; the keywords, the owner's key, the flat name, the refusals naming the
+# field, `caidllm models`' table and the server's fields follow from the declaration alone.
+TOP_FILE = """
+import dataclasses
+from typing import ClassVar
+
+from caidllm.decode.policies.base import PolicySettings, with_most_confident
+from caidllm.setting_rules import Rule, positive_int
+
+
+@dataclasses.dataclass
+class TopSettings(PolicySettings):
+    k: int = 2
+    OWNER: ClassVar[str] = "top"
+    TITLE: ClassVar[str] = "the k most confident"
+    LEGACY: ClassVar[dict[str, str]] = {"top_k_old": "k"}
+    RULES: ClassVar[tuple[Rule, ...]] = (Rule("k", "a positive integer", positive_int),)
+
+    def arguments(self, gating):
+        return dict(k=self.k)
+
+
+def select(view, k):
+    ranks = view.confidence.masked_fill(~view.masked, -1).argsort(dim=1, descending=True).argsort(dim=1)
+    return with_most_confident(view.masked & (ranks < k), view)
+"""
+REGISTRY_LINE = """
+from caidllm.decode.policies import top  # noqa: E402
+POLICIES["top"] = PolicySpec(top.select, top.TopSettings)
+"""
+CHECKS = """
+from caidllm.decode import build_config
+from caidllm.decode.methods import PRESETS
+from caidllm.decode.setting_names import settings_lines
+from caidllm.errors import InputError
+from caidllm.serve.protocol import EXTENSIONS
+
+PRESETS["top"] = dict(policy="top", cache="none")
+assert build_config("top", top={"k": 3}).policy_settings.k == 3
+assert build_config("top", top_k_old=4).policy_settings.k == 4
+for method, given, field, said in (("top", {"top": {"k": 0}}, "top", "top.k must be a positive integer"),
+                                   ("top", {"top_k_old": 0}, "top_k_old", "top_k_old must be a positive integer"),
+                                   ("vanilla", {"top_k_old": 2}, "top_k_old", "read only by policy 'top'")):
+    try:
+        build_config(method, strict=True, **given)
+        raise SystemExit(f"{given} not refused")
+    except InputError as error:
+        assert error.field == field and said in str(error), (error.field, str(error))
+assert any(line.strip().startswith("top.k ") for line in settings_lines())
+assert {"top", "top_k_old"} <= EXTENSIONS
+print("ok")
+"""
+
+
+def test_a_decoder_with_settings_is_its_file_and_its_registry_line(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import caidllm
+
+    source = Path(caidllm.__file__).parent
+    copy = tmp_path / "src" / "caidllm"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    (copy / "assets").symlink_to(source / "assets")
+    (copy / "decode" / "policies" / "top.py").write_text(TOP_FILE)
+    with open(copy / "decode" / "policies" / "__init__.py", "a") as registry:
+        registry.write(REGISTRY_LINE)
+    run = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "src"), "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
