@@ -54,7 +54,8 @@ def test_a_method_cache_on_a_block_causal_model_advises_the_policys_own_preset(n
 
 
 @pytest.mark.parametrize("policy, advised", [
-    ("threshold", "fastdllm"), ("cai", "cai"), ("vanilla", "vanilla"), ("random", "vanilla"), ("eb", "fastdllm")])
+    ("threshold", "fastdllm"), ("cai", "cai"), ("vanilla", "vanilla"), ("random", "vanilla"),
+    ("eb", "fastdllm")])
 def test_the_registered_policies_advice_is_unchanged(policy, advised):
     config = DecodeConfig(method="x", policy=policy, cache="es", block_length=4, gen_length=16,
                           given=("policy",)).validate()
@@ -118,9 +119,10 @@ from caidllm.serve.protocol import EXTENSIONS
 PRESETS["top"] = dict(policy="top", cache="none")
 assert build_config("top", top={"k": 3}).policy_settings.k == 3
 assert build_config("top", top_k_old=4).policy_settings.k == 4
-for method, given, field, said in (("top", {"top": {"k": 0}}, "top", "top.k must be a positive integer"),
-                                   ("top", {"top_k_old": 0}, "top_k_old", "top_k_old must be a positive integer"),
-                                   ("vanilla", {"top_k_old": 2}, "top_k_old", "read only by policy 'top'")):
+for method, given, field, said in (
+        ("top", {"top": {"k": 0}}, "top", "top.k must be a positive integer"),
+        ("top", {"top_k_old": 0}, "top_k_old", "top_k_old must be a positive integer"),
+        ("vanilla", {"top_k_old": 2}, "top_k_old", "read only by policy 'top'")):
     try:
         build_config(method, strict=True, **given)
         raise SystemExit(f"{given} not refused")
@@ -147,6 +149,6 @@ def test_a_decoder_with_settings_is_its_file_and_its_registry_line(tmp_path):
     (copy / "decode" / "policies" / "top.py").write_text(TOP_FILE)
     with open(copy / "decode" / "policies" / "__init__.py", "a") as registry:
         registry.write(REGISTRY_LINE)
-    run = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path / "src"), "OMP_NUM_THREADS": "1"})
+    run = subprocess.run([sys.executable, "-c", CHECKS], check=False, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path / "src")})
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
