@@ -215,6 +215,11 @@ class Context:
                 lo = min(start_list) - extra
                 if max(start_list) - extra != lo:
                     fresh_from = starts - extra
+            elif mode == "full" and cache is None and real_from is not None and start_list:
+                # No cache to fill: the columns left of every row's first real one (and of its first
+                # target) are padding no one reads, so they are not computed (a short row in a frame
+                # widened by a long one paid the long one's width at each forward: issue 49).
+                lo = min(*real_from, *start_list)
             cos, sin = rope_cos_sin(positions[:, lo:], head_dim, theta)
         ctx = cls(mode, lo, rows, mask, cos, sin, cache, targets=targets, index=index, fresh_from=fresh_from,
                   extra=extra, real_from=real_from, attention_block=attention_block, positions=positions)

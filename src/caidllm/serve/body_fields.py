@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from json.decoder import scanstring
 
-from caidllm.serve.protocol import EXTENSIONS, OPENAI_FIELDS, OWN_FIELDS, RequestError
 from caidllm.serve.openai_fields import NEUTRAL
+from caidllm.serve.protocol import EXTENSIONS, OPENAI_FIELDS, OWN_FIELDS, RequestError
 from caidllm.serve.stops import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
 KNOWN = OPENAI_FIELDS | EXTENSIONS | OWN_FIELDS | set(NEUTRAL)
