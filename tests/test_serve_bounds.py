@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from caidllm.serve.answer import _tokens_covering
+from caidllm.serve.app import INLINE_PARSE_BYTES
 from caidllm.serve.stops import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, StopStrings
 from helpers.serve import PROMPT, start, tiny  # noqa: F401 - tiny is a fixture
 
@@ -120,14 +121,13 @@ def _messages(n: int) -> list[dict]:
     return [{"role": "user" if i % 2 == 0 else "assistant", "content": "a"} for i in range(n)]
 
 
-# Each field at (or just past) its limit in a body over 64 KB (measured from its bytes): the status, the param.
+# Each field at (or just past) its limit in a body over INLINE_PARSE_BYTES (measured from its bytes): the status, the param.
 AT_LIMIT = {
     "unknown field, a 4 MB list": ('{"prompt": "hi", "numbers": [' + "7," * 1_900_000 + "7]}", 400, "numbers"),
     "logit_bias past 256 entries": ({"prompt": "hi", "logit_bias": {str(i): 1 for i in range(300_000)}}, 400,
                                     "logit_bias"),
     "messages past 8 x context values": ({"messages": _messages(100_000)}, 400, "messages"),
     "a setting past 16 KB": ({"prompt": "hi", "user": "u" * 100_000}, 400, "user"),
-    # indented: six lists of 1000 ids make a body over 64 KB
     "token-id lists at the context": (json.dumps({"prompt": [[600] * 1000] * 6, "max_tokens": 4, **FAST}, indent=12),
                                       200, None),
     "a prompt text at its limit": ({"prompt": "a " * 38_000, "max_tokens": 4, **FAST}, 400, "prompt"),
@@ -138,7 +138,7 @@ AT_LIMIT = {
 def test_each_field_at_its_limit_leaves_health_fast(server, case):
     body, status, param = AT_LIMIT[case]
     content = body if isinstance(body, str) else json.dumps(body)
-    assert len(content) > 64 * 1024  # measured from the bytes before parsing
+    assert len(content) > INLINE_PARSE_BYTES  # measured from the bytes before parsing
     (r,), worst = health_beside(server.url, lambda: post(server.url, content))
     assert r.status_code == status, r.text
     if param is not None:

@@ -44,7 +44,9 @@ from caidllm.serve.shutdown import Shutdown
 
 logger = logging.getLogger("caidllm.serve")
 STATIC = Path(__file__).parent / "static"  # the live view (plain HTML/CSS/JS, shipped in the package)
-INLINE_PARSE_BYTES = 64 * 1024  # bodies up to this size are decoded and tokenised on the event loop (fast)
+# Bodies up to this size are decoded and tokenised on the event loop (fast). At 64 KB a conversation of
+# 1,800 turns (its chat template and tokenizer) held the loop 72 ms on a loaded 2-core machine; 16 KB: a quarter.
+INLINE_PARSE_BYTES = 16 * 1024
 
 
 @dataclass

@@ -5,7 +5,7 @@ for each of their values: an unknown field is refused (never parsed), and a fiel
 Why: `json.loads` is one C call that holds the interpreter throughout, in whichever thread it runs, so
 a 4 MB list of numbers (in an unknown field, a `logit_bias` map, a message list) held every other
 request and `/health` for a third of a second. This scan runs in a worker thread (bodies over
-app.INLINE_PARSE_BYTES only: a smaller one parses in well under a millisecond) and in short C calls
+app.INLINE_PARSE_BYTES (16 KB) only: a smaller one parses in well under a millisecond) and in short C calls
 (a string skipped by the json module's scanner, the separators between two brackets counted with
 `str.count`, the next bracket searched a chunk at a time), so the event loop runs between them.
 A value's count is an upper bound: the commas outside strings, plus one per container.
