@@ -178,3 +178,29 @@ def test_a_half_closed_client_is_taken_as_gone(server):
         assert sock.recv(65536) == b""  # closed without an answer
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert post(server.url, {"prompt": PROMPT, **FAST}).status_code == 200
+
+
+@pytest.mark.parametrize("text, counts", [
+    ('{"a": "x,y]\\"}", "b": [1, [2, 3], {"c": "d,e"}], "n": -1.5e3, "t": true, "z": null, "o": {}}',
+     {"a": 1, "b": 6, "n": 1, "t": 1, "z": 1, "o": 1}),
+    (' { } ', {}),
+    ('{"a": 1, "a": [1, 2]}', {"a": 2}),  # repeated: json.loads keeps the last
+])
+def test_top_level_fields_are_counted_from_the_text(text, counts):
+    from caidllm.serve.body_fields import top_level_fields
+
+    found = {}
+    for key, span in top_level_fields(text):
+        found[key] = span.values
+        assert json.loads(text[span.start:span.end]) is not ...  # each span is one whole JSON value
+    assert found == counts
+
+
+@pytest.mark.parametrize("text", ['[1, 2]', '{"a": 1} x', '{"a": [1, 2}', '{"a" 1}', '{"a": "open}', '{a: 1}'])
+def test_a_body_that_is_not_a_json_object_is_refused_by_the_scan(text):
+    from caidllm.serve.body_fields import check_fields
+    from caidllm.serve.protocol import RequestError
+
+    with pytest.raises(RequestError) as refused:
+        check_fields(text.replace('"a"', '"max_tokens"'), 1024)
+    assert "JSON" in refused.value.message
