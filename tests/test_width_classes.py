@@ -36,7 +36,8 @@ def test_a_forward_without_a_cache_starts_at_its_first_real_column():
     build = dict(mode="full", starts=torch.tensor([7, 6]), block_length=3, start_list=[7, 6])
     assert Context.build(mask, positions, 8, 10000.0, real_from=[6, 5], **build).lo == 5
     assert Context.build(mask, positions, 8, 10000.0, **build).lo == 0  # not vouched for: every column
-    everything = dict(build, starts=torch.tensor([0, 0]), start_list=[0, 0])  # logits of the padding asked for
+    # logits of the padding asked for
+    everything = dict(build, starts=torch.tensor([0, 0]), start_list=[0, 0])
     assert Context.build(mask, positions, 8, 10000.0, real_from=[6, 5], **everything).lo == 0
 
 

@@ -160,7 +160,8 @@ class Scheduler:
             mode = r.forward_mode()
             # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
             shortens = policy_spec(r.config.policy).horizon_for(r.config) is not None
-            key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.fold(), shortens, width_class(r))
+            key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.fold(), shortens,
+                   width_class(r))
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
 

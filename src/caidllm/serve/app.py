@@ -45,7 +45,8 @@ from caidllm.serve.shutdown import Shutdown
 logger = logging.getLogger("caidllm.serve")
 STATIC = Path(__file__).parent / "static"  # the live view (plain HTML/CSS/JS, shipped in the package)
 # Bodies up to this size are decoded and tokenised on the event loop (fast). At 64 KB a conversation of
-# 1,800 turns (its chat template and tokenizer) held the loop 72 ms on a loaded 2-core machine; 16 KB: a quarter.
+# 1,800 turns (its chat template and tokenizer) held the loop 72 ms on a loaded 2-core machine; 16 KB: a
+# quarter of it.
 INLINE_PARSE_BYTES = 16 * 1024
 
 
@@ -85,7 +86,7 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
     """The app. With engine_thread the engine loop runs in its own thread from startup to
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
     server = _server_for(lm, settings)
-    # redirect_slashes off: a path with a trailing slash is the route (Guard), any other unknown one a JSON 404
+    # redirect_slashes off: a path with a trailing slash is the route (Guard), another unknown one a JSON 404
     app = FastAPI(title="caidllm", lifespan=_lifespan(server, engine_thread), docs_url=None, redoc_url=None,
                   openapi_url=None, redirect_slashes=False)
     app.state.background, app.state.metrics, app.state.settings = server.background, server.metrics, settings

@@ -30,7 +30,8 @@ _CHUNK = 1 << 18  # characters searched per C call: ~1 ms, so the event loop is 
 SETTING_VALUES = 256  # any other field: a scalar or a small object (`cai`: 19 settings), 256 values at most
 SETTING_BYTES = 16 * 1024
 NOTES = {"stop": f" (at most {MAX_STOP_SEQUENCES} sequences of {MAX_STOP_CHARS} characters)"}
-STOP_BYTES = MAX_STOP_SEQUENCES * (MAX_STOP_CHARS * 12 + 4) + 64  # 12 bytes: a character as two \uXXXX escapes
+# 12 bytes: a character written as two \uXXXX escapes
+STOP_BYTES = MAX_STOP_SEQUENCES * (MAX_STOP_CHARS * 12 + 4) + 64
 
 
 @dataclass
@@ -53,11 +54,13 @@ def check_fields(text: str, context_tokens: int) -> None:
     for name, span in top_level_fields(text, allowed):
         values, size = _limits(name, context_tokens)
         if span.values > values:  # the scan stopped at the first value past the limit
-            raise RequestError(f"{_label(name)} holds more than {values} values; at most {values} here", _label(name))
+            raise RequestError(f"{_label(name)} holds more than {values} values; at most {values} here",
+                               _label(name))
         if span.end - span.start > size:
             note = NOTES.get(name, "")
-            raise RequestError(f"{_label(name)} is {span.end - span.start} characters long; at most {size} here"
-                               f"{note}", _label(name))
+            length = span.end - span.start
+            raise RequestError(f"{_label(name)} is {length} characters long; at most {size} here{note}",
+                               _label(name))
 
 
 def _label(name: str) -> str:

@@ -36,7 +36,8 @@ class StopStrings:
     def __init__(self, stops: list[str]):
         self.stops = list(stops)
         self._tables = [_failure(s) for s in self.stops]
-        self._chars = [frozenset(s[:-1]) for s in self.stops]  # a text ending in none of these holds nothing back
+        # a text ending in none of these characters holds nothing back
+        self._chars = [frozenset(s[:-1]) for s in self.stops]
 
     def first(self, text: str) -> int | None:
         """Where the earliest stop string in the text starts, or None."""
@@ -46,12 +47,12 @@ class StopStrings:
         """How many of the text's last characters could be the start of a stop string."""
         if not text:
             return 0
-        return max((self._overlap(text, s, fail) for s, fail, chars in zip(self.stops, self._tables, self._chars)
-                    if text[-1] in chars), default=0)
+        rules = zip(self.stops, self._tables, self._chars)
+        return max((self._overlap(text, s, fail) for s, fail, chars in rules if text[-1] in chars), default=0)
 
     @staticmethod
     def _overlap(text: str, stop: str, fail: list[int]) -> int:
-        """The longest proper prefix of `stop` that the text ends with (a whole stop string was cut already)."""
+        """The longest proper prefix of `stop` that the text ends with (a whole one was cut already)."""
         k = 0
         for c in text[-(len(stop) - 1):]:
             while k and c != stop[k]:
