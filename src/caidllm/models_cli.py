@@ -100,7 +100,8 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     for c in checkpoints:
         r = c["recommended"]
         params = f"{c['parameters_total'] / 1e9:.2f}B/{c['parameters_active'] / 1e9:.2f}B"
-        decoder = f"{r['decoder']} (threshold {r['threshold']:g}), " if r.get("decoder") else ""
+        threshold = f" (threshold {r['threshold']:g})" if r.get("threshold") is not None else ""
+        decoder = f"{r['decoder']}{threshold}, " if r.get("decoder") else ""  # sdar-static: a quota, no threshold
         lines.append(f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
                      f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
                      f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "
