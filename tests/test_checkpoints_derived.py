@@ -18,6 +18,7 @@ from caidllm.models.checkpoints_derived import DERIVED_ROWS
 from caidllm.models.families import parse_config
 from caidllm.models.inventory import shape_figures
 
+from bd_reference import stable_diffcoder_generate
 from block_checkpoints import SMALL, write_block_checkpoint
 
 DERIVED = [find_checkpoint(row[0]) for row in DERIVED_ROWS]
@@ -119,6 +120,25 @@ def test_a_stable_diffcoder_folder_decodes_with_its_own_decoder(tmp_path):
     base = caidllm.load(write_block_checkpoint(tmp_path / "Stable-DiffCoder-8B-Base", "stable_diffcoder"),
                         device="cpu", dtype="float32")
     assert base.checkpoint.name == "Stable-DiffCoder-8B-Base" and base.chat_default is False
+
+
+def test_stable_diffcoder_tokens_equal_its_generate_block(tmp_path):
+    """sdar-static against a re-statement of the modeling file's generate_block (tests/bd_reference.py), one
+    token a step: equal where the prompt fills whole blocks; where it does not, the official canvas ends at
+    prompt + gen_length (its last block cut to prompt length % 4 positions) while caidllm's last block is
+    whole, so only those last positions may differ (docs/models.md)."""
+    folder = write_block_checkpoint(tmp_path / "Stable-DiffCoder-8B-Instruct", "stable_diffcoder", head_scale=4.0)
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    stop = set(lm.config.eos_ids)
+    prompts = [[40, 41, 42, 43], [50, 51, 52, 53, 54, 55, 56, 57], [61, 62, 63], [40, 41, 42, 43, 44]]
+    results = lm.generate(prompts, method="sdar-static", gen_length=16, block_length=4, steps=16)
+    for prompt, result in zip(prompts, results):
+        got = result.token_ids[:result.answer_length + 1] if result.answer_length < 16 else result.token_ids
+        want = stable_diffcoder_generate(lm, prompt, gen_length=16, block_length=4, steps=16, stop_ids=stop)
+        cut = len(prompt) % 4
+        assert got[:16 - cut] == want[:16 - cut]
+        if cut == 0:
+            assert got == want
 
 
 @pytest.mark.parametrize("method", ["cai", "es-dllm"])
