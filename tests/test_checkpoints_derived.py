@@ -126,7 +126,7 @@ def test_stable_diffcoder_tokens_equal_its_generate_block(tmp_path):
     """sdar-static against a re-statement of the modeling file's generate_block (tests/bd_reference.py), one
     token a step: equal where the prompt fills whole blocks; where it does not, the official canvas ends at
     prompt + gen_length (its last block cut to prompt length % 4 positions) while caidllm's last block is
-    whole, so only those last positions may differ (docs/models.md)."""
+    whole, so only those last positions may differ (docs/models-derived.md)."""
     folder = write_block_checkpoint(tmp_path / "Stable-DiffCoder-8B-Instruct", "stable_diffcoder", head_scale=4.0)
     lm = caidllm.load(folder, device="cpu", dtype="float32")
     stop = set(lm.config.eos_ids)

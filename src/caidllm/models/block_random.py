@@ -11,7 +11,7 @@ Shapes (config.json fields; sources in docs/block-diffusion-models.md):
   fine-tunes) with the modeling file's bd_size;
 - stable-diffcoder-8b: ByteDance-Seed/Stable-DiffCoder-8B-Base's and -Instruct's config.json (Seed-Coder's
   Llama layout); rnd1-30b-a3b: RND1's configuration_rnd.py CONFIG_DEFAULTS ("Qwen3-30B-A3B / checkpoint
-  defaults", the full-sequence RND1-Base-0910). Sources and counts: docs/models.md.
+  defaults", the full-sequence RND1-Base-0910). Sources and counts: docs/models-derived.md.
 """
 
 from __future__ import annotations

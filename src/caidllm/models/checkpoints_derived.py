@@ -6,7 +6,7 @@ that needed a small family of their own, Stable-DiffCoder (models/stable_diffcod
 Plain rows (hub id, family, random: shape, instruct, Recommendation fields) that checkpoints.py turns
 into its KNOWN table; kept apart so that each source can be read beside its values. Every value names
 where it comes from; what the stored public copies do not give is said in the source. Left out:
-hao-ai-lab's "SDAR-4B-Chat-distill", which no stored copy names (docs/models.md).
+hao-ai-lab's "SDAR-4B-Chat-distill", which no stored copy names (docs/models-derived.md).
 """
 
 from __future__ import annotations
