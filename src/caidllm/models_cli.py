@@ -101,7 +101,7 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
         r = c["recommended"]
         params = f"{c['parameters_total'] / 1e9:.2f}B/{c['parameters_active'] / 1e9:.2f}B"
         threshold = f" (threshold {r['threshold']:g})" if r.get("threshold") is not None else ""
-        decoder = f"{r['decoder']}{threshold}, " if r.get("decoder") else ""  # sdar-static: a quota, no threshold
+        decoder = f"{r['decoder']}{threshold}, " if r.get("decoder") else ""  # sdar-static: no threshold
         lines.append(f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
                      f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
                      f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "

@@ -77,9 +77,9 @@ OFFICIAL.update({
     # config.json of ByteDance-Seed/Stable-DiffCoder-8B-Base / -Instruct (head_dim: hidden / heads, 128).
     "stable-diffcoder-8b": {
         "architectures": ["StableDiffcoderForCausalLM"], "model_type": "llama", "attention_bias": False,
-        "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 8192,
-        "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+        "max_position_embeddings": 8192, "mlp_bias": False, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "vocab_size": 155136,
     },
     # RND1's CONFIG_DEFAULTS (Qwen3-30B-A3B's shape); architectures: the class that saves it, RND1LM.
@@ -108,8 +108,8 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SEED_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}\n{{ message['content'] }}{{ eos_token }}"
-    "{% endfor %}{% if add_generation_prompt %}assistant\n{% endif %}"
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}\n{{ message['content'] }}"
+    "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}assistant\n{% endif %}"
 )
 TOKENIZERS = {
     "llada2": dict(specials=["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],

@@ -41,15 +41,21 @@ class StableDiffCoderModel(DecoderLM):
     """Llama's decoder, block-causal (the config's block_causal): logits at i predict token i."""
 
     def __init__(self, config: ModelConfig):
-        super().__init__(config, [PreNormLayer(config, i, LlamaAttention(config)) for i in range(config.n_layers)])
+        super().__init__(
+            config, [PreNormLayer(config, i, LlamaAttention(config)) for i in range(config.n_layers)]
+        )
 
 
 # No confidence gating (its own decoder is a fixed-quota low-confidence one); its block cache is exact. No
 # model_type: config.json says "llama", which an autoregressive Llama says too.
 STABLE_DIFFCODER = Family(
-    name="stable_diffcoder", architectures=("StableDiffcoderForCausalLM",), model_types=(),
-    read_fields=read_stable_diffcoder_fields, model_class=StableDiffCoderModel, confidence_gating=False,
+    name="stable_diffcoder",
+    architectures=("StableDiffcoderForCausalLM",),
+    model_types=(),
+    read_fields=read_stable_diffcoder_fields,
+    model_class=StableDiffCoderModel,
+    confidence_gating=False,
     cache_refresh_every=16,
-    description="Stable-DiffCoder (ByteDance Seed): Seed-Coder's Llama layout made block-diffusion, blocks of 4",
+    description="Stable-DiffCoder (ByteDance Seed): Seed-Coder's Llama layout, block-diffusion, blocks of 4",
     block_causal=True,
 )
