@@ -79,8 +79,8 @@ OFFICIAL.update({
         "architectures": ["StableDiffcoderForCausalLM"], "model_type": "llama", "attention_bias": False,
         "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
         "max_position_embeddings": 8192, "mlp_bias": False, "num_attention_heads": 32,
-        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "vocab_size": 155136,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 155136,
     },
     # RND1's CONFIG_DEFAULTS (Qwen3-30B-A3B's shape); architectures: the class that saves it, RND1LM.
     "rnd1-30b-a3b": {
