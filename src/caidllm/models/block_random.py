@@ -119,10 +119,13 @@ TOKENIZERS = {
     # Qwen2.5-Instruct's specials, the end of a turn its eos; the mask token Fast-dLLM v2 added.
     "fastdllm_v2": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "|<MASK>|"],
                         template=CHATML_TEMPLATE, eos="<|im_end|>", mask="|<MASK>|", bos=None),
-    # Stand-ins: the spellings of Seed-Coder's specials are not in the stored copies (its template ends a
-    # turn with the eos); RND1 is a base model on Qwen3's tokenizer (eos <|im_end|>, pad <|endoftext|>).
-    "stable_diffcoder": dict(specials=["<bos>", "<eos>", "<mask>"], template=SEED_TEMPLATE, eos="<eos>",
-                             mask="<mask>", bos="<bos>"),
+    # Seed-Coder's bos / pad / eos / sep spellings (its special_tokens_map.json), at its ids 0 and 2; the
+    # spelling of the mask token (id 5) and the chat template are not in the stored copies: stand-ins. RND1
+    # is a base model on Qwen3's tokenizer (eos <|im_end|>, pad <|endoftext|>).
+    "stable_diffcoder": dict(specials=["<[begin▁of▁sentence]>", "<[PAD▁TOKEN]>", "<[end▁of▁sentence]>",
+                                       "<[SEP▁TOKEN]>", "<[MASK▁TOKEN]>"],
+                             template=SEED_TEMPLATE, eos="<[end▁of▁sentence]>", mask="<[MASK▁TOKEN]>",
+                             bos="<[begin▁of▁sentence]>"),
     "rnd1": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"], template=None,
                  eos="<|im_end|>", mask="<|mask|>", bos=None),
 }
