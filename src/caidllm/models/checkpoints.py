@@ -153,11 +153,12 @@ KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("JetLM/SDAR-30B-A3B-Chat", "sdar", "sdar-30b-a3b", True, SDAR_SCRIPT),
     Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_1.5B", "fastdllm_v2", "fastdllm-v2-1.5b", True, FASTDLLM_V2_CARD),
     Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_7B", "fastdllm_v2", "fastdllm-v2-7b", True, FASTDLLM_V2_CARD),
-    # The 2026 checkpoints that reuse these architectures (or need a small family of their own):
-    # their rows and sources live in checkpoints_derived.py.
-    *(Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
-      for hub_id, family, shape, instruct, settings in DERIVED_ROWS),
 )
+
+# The 2026 checkpoints that reuse these architectures (or need a small family of their own): their rows and
+# sources live in checkpoints_derived.py.
+KNOWN += tuple(Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
+               for hub_id, family, shape, instruct, settings in DERIVED_ROWS)
 BY_HUB_ID = {c.hub_id.lower(): c for c in KNOWN}
 BY_NAME = {c.name.lower(): c for c in KNOWN}
 

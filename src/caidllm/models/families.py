@@ -20,8 +20,9 @@ from .rnd1 import RND1
 from .sdar import SDAR
 from .stable_diffcoder import STABLE_DIFFCODER
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (
-    LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2, STABLE_DIFFCODER, RND1)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2)}
+
+FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1)})  # the 2026 derivatives (issue 46)
 
 
 def get_family(name: str) -> Family:
