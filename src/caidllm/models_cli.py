@@ -91,8 +91,8 @@ def run_plan(args) -> int:
 def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     lines = ["Families (config.json architectures / model_type):"]
     for f in families:
-        lines.append(f"  {f['family']:<11} {', '.join(f['architectures'])} / {', '.join(f['model_types'])}: "
-                     f"{f['description']}")
+        model_types = ", ".join(f["model_types"]) or "none of its own"  # Stable-DiffCoder says "llama"
+        lines.append(f"  {f['family']:<11} {', '.join(f['architectures'])} / {model_types}: {f['description']}")
     lines += ["", "Known checkpoints (parameters: total / active per token; chat: instruct, else raw text):"]
     header = f"  {'hub id':<39} {'family':<11} {'architecture':<25} {'params':>14} {'context':>7} {'chat':<5} " \
              "recommended"
