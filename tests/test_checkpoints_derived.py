@@ -69,6 +69,25 @@ def test_new_random_shapes_on_the_meta_device(shape):
     assert figures["context"] == CONTEXTS[shape]
 
 
+def by_hand(shape):
+    """(divided among --tp ranks, held by every rank) counted from the official configs."""
+    if shape == "stable-diffcoder-8b":  # 32 layers: q, o 4096x4096; k, v 1024x4096; SwiGLU 3 x 4096x14336
+        sharded = 32 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336)
+        return sharded, 2 * 155136 * 4096 + 32 * 2 * 4096 + 4096  # embedding, head; norms
+    # 48 layers: q, o 2048x(32x128); k, v 2048x(4x128); 128 experts of 3 x 2048x768; routers and norms replicated
+    sharded = 48 * (2 * 2048 * 4096 + 2 * 2048 * 512 + 128 * 3 * 2048 * 768)
+    return sharded, 2 * 151936 * 2048 + 48 * (2 * 2048 + 2 * 128) + 2048 + 48 * 128 * 2048
+
+
+@pytest.mark.parametrize("shape", sorted(COUNTS))
+def test_the_plan_divides_the_parameters_counted_by_hand(shape):
+    from caidllm.models.inventory import describe
+    from caidllm.models.plan import split_parameters
+
+    sharded, replicated = split_parameters(describe(f"random:{shape}").model)
+    assert (sharded, replicated) == by_hand(shape) and sharded + replicated == COUNTS[shape][0]
+
+
 def test_models_memory_of_stable_diffcoder_without_a_threshold(capsys):
     assert (
         main(
