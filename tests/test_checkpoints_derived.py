@@ -74,7 +74,7 @@ def by_hand(shape):
     if shape == "stable-diffcoder-8b":  # 32 layers: q, o 4096x4096; k, v 1024x4096; SwiGLU 3 x 4096x14336
         sharded = 32 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336)
         return sharded, 2 * 155136 * 4096 + 32 * 2 * 4096 + 4096  # embedding, head; norms
-    # 48 layers: q, o 2048x(32x128); k, v 2048x(4x128); 128 experts of 3 x 2048x768; routers and norms replicated
+    # 48 layers: q, o 2048x(32x128); k, v 2048x(4x128); 128 experts of 3 x 2048x768 (routers: replicated)
     sharded = 48 * (2 * 2048 * 4096 + 2 * 2048 * 512 + 128 * 3 * 2048 * 768)
     return sharded, 2 * 151936 * 2048 + 48 * (2 * 2048 + 2 * 128) + 2048 + 48 * 128 * 2048
 
