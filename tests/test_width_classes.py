@@ -1,14 +1,15 @@
 """Issue 49: a light request without a cache keeps its pace beside long ones. Rows of canvases of
 different sizes never share a forward (decode/scheduler.py: width_class), and a forward without a
-cache computes no column left of its rows' first real one (models/layers.py: Context.build), so a
+cache computes no column left of its rows' first real one (models/modes/full.py), so a
 short row in a frame widened by a long one pays its own width. Tokens never change."""
 
+from types import SimpleNamespace
+
 import pytest
-import torch
 
 from caidllm.decode import build_config
 from caidllm.decode.engine import Engine
-from caidllm.models.layers import Context
+from caidllm.models.modes.full import Full
 
 LIGHT = dict(method="vanilla", gen_length=16, block_length=16)
 HEAVY = dict(method="vanilla", gen_length=128, block_length=16, early_stop=False)
@@ -31,14 +32,13 @@ def test_rows_of_different_canvas_sizes_never_share_a_forward(tiny):
 
 
 def test_a_forward_without_a_cache_starts_at_its_first_real_column():
-    mask = torch.tensor([[False] * 6 + [True] * 4, [False] * 5 + [True] * 5])
-    positions = mask.long().cumsum(1).clamp(min=1) - 1
-    build = dict(mode="full", starts=torch.tensor([7, 6]), block_length=3, start_list=[7, 6])
-    assert Context.build(mask, positions, 8, 10000.0, real_from=[6, 5], **build).lo == 5
-    assert Context.build(mask, positions, 8, 10000.0, **build).lo == 0  # not vouched for: every column
-    # logits of the padding asked for
-    everything = dict(build, starts=torch.tensor([0, 0]), start_list=[0, 0])
-    assert Context.build(mask, positions, 8, 10000.0, real_from=[6, 5], **everything).lo == 0
+    full = Full()
+    call = SimpleNamespace(cache=None, real_from=[6, 5], starts=[7, 6])
+    assert full.computed_positions(call, None, 0)["lo"] == 5
+    assert full.computed_positions(SimpleNamespace(cache=None, real_from=None, starts=[7, 6]), None, 0)["lo"] == 0
+    assert full.computed_positions(SimpleNamespace(cache=object(), real_from=[6, 5], starts=[7, 6]), None, 0)["lo"] == 0
+    # logits of the padding asked for (the whole canvas): every column
+    assert full.computed_positions(SimpleNamespace(cache=None, real_from=[6, 5], starts=[0, 0]), None, 0)["lo"] == 0
 
 
 def test_a_light_request_beside_long_ones_decodes_as_alone(tiny):
