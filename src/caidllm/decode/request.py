@@ -88,6 +88,7 @@ class Request:
     reused: int = 0
     pinned: list[bytes] = field(default_factory=list)
     final_blocks: int = 0
+    constraint: object | None = None  # structured output: its CanvasConstraint (decode/constraints/)
 
     def __post_init__(self):
         self.layout = Layout.of(len(self.prompt), self.config, self.block_causal)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from caidllm.decode.block_diffusion import edits
+from caidllm.decode.constraints import guide
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView, policy_spec
@@ -122,6 +123,8 @@ class Runner:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
         specs = [policy_spec(r.config.policy) for r in members]
+        # A constrained row's holes lose the tokens that would leave its canvas uncompletable (constraints/).
+        saved = guide.mask_logits(members, logits, masked) if any(r.constraint for r in members) else {}
         stats = None
         if any(spec.needs_distribution for spec in specs):
             stats = distribution_stats(logits, mask_id)  # before prediction consumes the logits
@@ -130,6 +133,8 @@ class Runner:
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
         commit, remask = self._select(members, predicted, confidence, masked, stats, support)
+        if saved:  # commits of one step checked against each other
+            guide.settle(members, commit, predicted, confidence, saved)
         # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
         edit = edits(members, predicted, confidence, masked, block, columns,
                      [frame.block_start(r.slot, r.layout.span, 0) for r in members])
