@@ -161,3 +161,28 @@ def test_constrained_and_unconstrained_requests_get_in_a_batch_what_they_get_alo
                           others=[("Give a person as JSON.", Constraint("json_schema", PERSON))])
     assert together_json.token_ids == alone_json.token_ids
     assert together_plain.token_ids == alone_plain.token_ids
+
+
+def test_generate_takes_a_schema_a_regex_or_a_choice_and_refuses_two(tiny):
+    (result,) = tiny.generate(["Give a person as JSON."], method="cai", gen_length=64, block_length=32,
+                              json_schema=json.dumps(PERSON))
+    jsonschema.validate(json.loads(result.text), PERSON)
+    (result,) = tiny.generate(["3 + 4 is"], gen_length=16, block_length=16, regex="[0-9]{2}")
+    assert re.fullmatch("[0-9]{2}", result.text)
+    with pytest.raises(InputError, match="give one constraint, not json_schema and regex"):
+        tiny.generate(["x"], gen_length=16, block_length=16, json_schema=PERSON, regex="a")
+
+
+def test_cli_json_schema_and_its_refusals(tmp_path, capsys):
+    from caidllm.cli import main
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(PERSON))
+    assert main(["generate", "Give a person as JSON.", "--model", "tiny", "--json-schema", str(schema),
+                 "--gen-length", "64", "--block-length", "32", "--json"]) == 0
+    jsonschema.validate(json.loads(json.loads(capsys.readouterr().out)["text"]), PERSON)
+    assert main(["generate", "x", "--model", "tiny", "--json-schema", str(tmp_path / "missing.json")]) == 2
+    assert "--json-schema" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", "tiny", "--regex", "x[a&&b]", "--gen-length", "16",
+                 "--block-length", "16"]) == 2
+    assert "regex: cannot be compiled" in capsys.readouterr().err

@@ -245,7 +245,7 @@ def _submit(background, req, loop) -> list:
     handles = []
     try:
         for ids in req.prompts:
-            handles.append(background.submit(ids, req.config, loop=loop))
+            handles.append(background.submit(ids, req.config, loop=loop, constraint=req.constraint))
     except (InputError, EngineFullError) as error:
         for h in handles:
             cancel(background, h.id)
@@ -260,4 +260,6 @@ def _submit_param(message: str, req) -> str | None:
     setting it names (`elastic_layer (100) is beyond the model's layers`), else the method given."""
     if message.startswith(("a prompt", "token id", "prompt (")):
         return "messages" if req.kind == "chat" else "prompt"
+    if req.constraint is not None and message.startswith(req.constraint.field):
+        return req.constraint.field.split(".")[0]
     return param_named(message, list(req.extensions)) or ("method" if "method" in req.extensions else None)

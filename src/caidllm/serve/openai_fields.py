@@ -89,7 +89,6 @@ _RULES = [
     NeutralField("function_call", "a string or an object", _is((str, dict)), lambda v: v == "none",
                  "no function calls"),
     NeutralField("parallel_tool_calls", "true or false", _bool, _never, "no tool calls"),
-    NeutralField("response_format", "an object", _is(dict), lambda v: v == {"type": "text"}, "text only"),
     NeutralField("echo", "true or false", _bool, lambda v: v is False),
     NeutralField("suffix", "a string", _is(str), _never, "no insertion"),
     NeutralField("service_tier", "a string", _is(str), _never),

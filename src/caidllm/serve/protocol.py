@@ -17,6 +17,8 @@ from caidllm.decode.block_diffusion import check_given_fit, fit_to_model
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
 from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.errors import InputError
+from caidllm.decode.constraints import Constraint
+from caidllm.serve import structured
 from caidllm.serve.openai_fields import NEUTRAL
 
 
@@ -60,12 +62,13 @@ class DecodeRequest:
     commit_events: bool
     model: str
     extensions: dict = field(default_factory=dict)
+    constraint: Constraint | None = None  # structured output (serve/structured.py)
 
 
 OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
                  "stream_options", "user", "messages", "prompt"}
 EXTENSIONS = (DECODE_FIELDS | CAI_FIELDS | {"cai", "method"}) - {"temperature", "seed"}
-OWN_FIELDS = {"commit_events"}
+OWN_FIELDS = {"commit_events", *structured.FIELDS}
 # caidllm's fields whose default is a bool or a str take only a bool or a str (the rest are checked by
 # DecodeConfig.validate): "early_stop": "no" must be refused, not read as true.
 STRICT_TYPES = {f.name: type(f.default) for f in (*fields(DecodeConfig), *fields(CAISettings))
@@ -124,8 +127,12 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         config = fit_to_model(config, lm.config)
     except InputError as error:
         raise RequestError(str(error), param_named(str(error), ["method", *extensions])) from None
+    try:
+        constraint = structured.constraint_of(body, max_tokens)
+    except structured.RequestError as error:
+        raise RequestError(error.message, error.param) from None
     return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
-                         _bool(body, "commit_events", False), model, extensions)
+                         _bool(body, "commit_events", False), model, extensions, constraint)
 
 
 def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerDefaults) -> DecodeConfig:

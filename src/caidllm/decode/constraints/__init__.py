@@ -2,6 +2,6 @@
 constraint (spec.py), its token automaton (automaton.py, outlines-core), the any-order state sets (canvas.py)
 and the engine's hook where logits become tokens (guide.py)."""
 
-from caidllm.decode.constraints.spec import Constraint
+from caidllm.decode.constraints.spec import Constraint, constraint_of
 
-__all__ = ["Constraint"]
+__all__ = ["Constraint", "constraint_of"]

@@ -34,6 +34,7 @@ class TokenAutomaton:
     pair_src: np.ndarray
     pair_dst: np.ndarray
     vocab_size: int
+    end_token: int  # the end token that pads an answer shorter than its canvas
 
     def next_state(self, state: int, token: int) -> int | None:
         lo, hi = self.token_offsets[token], self.token_offsets[token + 1]
@@ -144,7 +145,7 @@ def _arrays(index, end_ids: tuple[int, ...], vocab_size: int, field: str) -> Tok
     pairs = np.unique(edges[:, [0, 2]], axis=0)
     automaton = TokenAutomaton(done + 1, number[index.get_initial_state()], accepting, edges[:, 0].copy(),
                                edges[:, 1].copy(), edges[:, 2].copy(), offsets, pairs[:, 0].copy(),
-                               pairs[:, 1].copy(), vocab_size)
+                               pairs[:, 1].copy(), vocab_size, end_ids[0])
     if automaton.shortest_accepted() is None:
         raise InputError(f"{field}: matches nothing that this model's tokens can spell")
     return automaton

@@ -18,23 +18,33 @@ from caidllm.errors import InputError
 class CanvasConstraint:
     """One request's constraint state: its automaton and the tokens committed so far (None: a hole)."""
 
-    def __init__(self, automaton: TokenAutomaton, length: int, field: str = "constraint"):
+    def __init__(self, automaton: TokenAutomaton, length: int, field: str = "constraint",
+                 answer_limit: int | None = None):
         self.automaton, self.length = automaton, length
         self.tokens: list[int | None] = [None] * length
+        # An answer cut at answer_limit tokens (a server's max_tokens under a larger canvas) must end
+        # by then: the positions after it are end tokens from the start.
+        limit = length if answer_limit is None else min(answer_limit, length)
+        self.fixed = {p: automaton.end_token for p in range(limit, length)}
+        self.tokens[limit:] = [automaton.end_token] * (length - limit)
         n = automaton.n_states
         self.forward = np.zeros((length + 1, n), dtype=bool)
         self.backward = np.zeros((length + 1, n), dtype=bool)
         self.forward[0, automaton.initial] = True
         self.backward[length] = automaton.accepting
-        self._dirty: tuple[int, int] | None = (0, length)
+        self._dirty: tuple[int, int] | None = (0, self.length)
         self._refresh()
         if not self.backward[0, automaton.initial]:
             shortest = automaton.shortest_accepted()
             raise InputError(f"{field}: its shortest answer takes {shortest} tokens, more than the "
-                             f"{length} the canvas has (raise gen_length / max_tokens)")
+                             f"{limit} the answer may have (raise gen_length / max_tokens)")
 
     def allowed(self, position: int) -> np.ndarray:
         """[vocab] bool: the tokens that may be committed at `position` now (the canvas stays completable)."""
+        if position in self.fixed:
+            out = np.zeros(self.automaton.vocab_size, dtype=bool)
+            out[self.fixed[position]] = True
+            return out
         self._refresh()
         a = self.automaton
         live = self.forward[position][a.edge_src] & self.backward[position + 1][a.edge_dst]
@@ -43,6 +53,8 @@ class CanvasConstraint:
         return out
 
     def commit(self, position: int, token: int) -> None:
+        if position in self.fixed:
+            return
         self.tokens[position] = token
         lo, hi = (position, position) if self._dirty is None else self._dirty
         self._dirty = (min(lo, position), max(hi, position))

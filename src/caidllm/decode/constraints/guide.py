@@ -26,7 +26,7 @@ def canvas_constraint(lm, constraint: Constraint, config) -> CanvasConstraint:
                          "check; use a decoder that only commits")
     automaton = compile_regex(lm.tokenizer, constraint.regex(), tuple(lm.config.eos_ids), lm.config.mask_id,
                               constraint.field, lm.config.vocab_size)
-    return CanvasConstraint(automaton, config.gen_length, constraint.field)
+    return CanvasConstraint(automaton, config.gen_length, constraint.field, constraint.max_tokens)
 
 
 def mask_logits(members, logits: torch.Tensor, masked: torch.Tensor) -> dict[int, torch.Tensor]:

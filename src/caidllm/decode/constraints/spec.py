@@ -18,12 +18,13 @@ ANY_OBJECT_SCHEMA = {"type": "object"}
 
 @dataclass(frozen=True)
 class Constraint:
-    """kind: "regex", "json_schema", "json_object" or "choice"; value: the regex, the schema (a dict), None, or
-    the list of strings; field: how the caller named it (errors say it)."""
+    """kind: "regex", "json_schema", "json_object" or "choice"; value: the regex, the schema (a dict or its JSON
+    text), None, or the list of strings; field: how the caller named it (errors say it)."""
 
     kind: str
     value: object = None
     field: str = ""
+    max_tokens: int | None = None  # the answer is cut there (a server's max_tokens): it must end by then
 
     def __post_init__(self):
         if self.kind not in REGEX_OF:
@@ -73,3 +74,12 @@ REGEX_OF = {
     "json_object": lambda value, field: schema_regex(ANY_OBJECT_SCHEMA, field),
     "choice": _choice,
 }
+
+
+def constraint_of(json_schema=None, regex=None, choice=None, json_object: bool = False) -> Constraint | None:
+    """The constraint of generate()'s keywords (None: none given); more than one is refused."""
+    given = [(kind, value) for kind, value in (("json_schema", json_schema), ("regex", regex), ("choice", choice),
+                                               ("json_object", True if json_object else None)) if value is not None]
+    if len(given) > 1:
+        raise InputError(f"give one constraint, not {' and '.join(kind for kind, _ in given)}")
+    return Constraint(*given[0]) if given else None
