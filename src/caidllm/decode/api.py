@@ -24,7 +24,8 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
              temperature: float | None = None, seed: int | None = None, early_stop: bool = True,
              batch_size: int = 8, chat: bool | None = None, compile: bool = False, settings=None,
              prefix_cache_mb: float | None = None, json_schema=None, regex: str | None = None,
-             choice: list[str] | None = None, json_object: bool = False, **overrides) -> list[GenerationResult]:
+             choice: list[str] | None = None, json_object: bool = False, logprobs: bool = False,
+             top_logprobs: int = 0, **overrides) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a
     method preset; any keyword given overrides the preset's value.
 
@@ -43,8 +44,9 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     the prefix store kept with the model across calls (decode/prefix_reuse.py; None: the default on a
     block-causal model, 0: off; exact: the same tokens either way). Each result's elapsed_s,
     policy_s and forward_s are those of the whole run.
-    json_schema (a dict or its JSON text) / regex / choice (a list of strings) / json_object=True: structured
-    output, every answer held to it in any commit order (decode/constraints/, docs/structured-output.md)."""
+    json_schema (dict or JSON text) / regex / choice (strings) / json_object=True: structured output held in
+    any commit order (docs/structured-output.md). logprobs=True: each result's `logprobs`, every answer
+    token's logprob (and its top_logprobs best alternatives) at the step that committed it."""
     constraint = constraint_of(json_schema=json_schema, regex=regex, choice=choice, json_object=json_object)
     checkpoint = getattr(lm, "checkpoint", None)
     method = recommended_method(checkpoint if settings is None else None, method)
@@ -65,7 +67,8 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     store = shared_store(lm, prefix_cache_mb)
     engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts), prefix_cache_mb=0, prefix_store=store)
     started = time.perf_counter()
-    ids = [engine.submit(p, config, constraint=constraint) for p in token_prompts]
+    ids = [engine.submit(p, config, constraint=constraint, logprobs=top_logprobs if logprobs else None)
+           for p in token_prompts]
     try:
         results = {event.request_id: event.result for event in engine.run() if event.finished}
     except BaseException:  # the store outlives this call: its requests must let go of the blocks they hold

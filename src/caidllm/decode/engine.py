@@ -44,6 +44,7 @@ from caidllm.decode.config import DecodeConfig
 from caidllm.decode.constraints import Constraint
 from caidllm.decode.constraints.guide import canvas_constraint
 from caidllm.decode.elastic import ElasticState
+from caidllm.decode.logprobs import commit_logprobs
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
 from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
@@ -176,16 +177,17 @@ class Engine:
     # ---- requests in and out -------------------------------------------------
 
     def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
-               constraint: Constraint | None = None) -> str:
+               constraint: Constraint | None = None, logprobs: int | None = None) -> str:
         """Queue a tokenised prompt; it joins the running batch at the next step.
         Everything is checked here, before anything is queued. constraint: structured output
-        (decode/constraints/: a regex, a JSON schema, any JSON object, a choice), held in any commit order."""
-        request = self.prepare(prompt_ids, config, request_id, constraint)
+        (decode/constraints/: a regex, a JSON schema, any JSON object, a choice), held in any commit order.
+        logprobs: each committed token's logprob and this many top alternatives (decode/logprobs.py; None: off)."""
+        request = self.prepare(prompt_ids, config, request_id, constraint, logprobs)
         self.scheduler.add(request)
         return request.id
 
     def prepare(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
-                constraint: Constraint | None = None) -> Request:
+                constraint: Constraint | None = None, logprobs: int | None = None) -> Request:
         """A checked Request, not yet queued (touches no engine state: any thread may call it)."""
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
@@ -197,6 +199,8 @@ class Engine:
         request = self._new_request(request_id, prompt, config)
         if constraint is not None:
             request.constraint = self._constraint_state(constraint, config)
+        if logprobs is not None:
+            request.logprobs = commit_logprobs(logprobs, config)
         return request
 
     def _constraint_state(self, constraint: Constraint, config: DecodeConfig):

@@ -245,7 +245,8 @@ def _submit(background, req, loop) -> list:
     handles = []
     try:
         for ids in req.prompts:
-            handles.append(background.submit(ids, req.config, loop=loop, constraint=req.constraint))
+            handles.append(background.submit(ids, req.config, loop=loop, constraint=req.constraint,
+                                             logprobs=req.logprobs))
     except (InputError, EngineFullError) as error:
         for h in handles:
             cancel(background, h.id)
@@ -262,4 +263,6 @@ def _submit_param(message: str, req) -> str | None:
         return "messages" if req.kind == "chat" else "prompt"
     if req.constraint is not None and message.startswith(req.constraint.field):
         return req.constraint.field.split(".")[0]
+    if message.startswith(("logprobs", "top_logprobs")):
+        return message.split(":")[0].split(" ")[0]
     return param_named(message, list(req.extensions)) or ("method" if "method" in req.extensions else None)

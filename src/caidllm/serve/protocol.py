@@ -18,7 +18,7 @@ from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, Decode
 from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.errors import InputError
 from caidllm.decode.constraints import Constraint
-from caidllm.serve import structured
+from caidllm.serve import logprobs, structured
 from caidllm.serve.openai_fields import NEUTRAL
 
 
@@ -63,12 +63,13 @@ class DecodeRequest:
     model: str
     extensions: dict = field(default_factory=dict)
     constraint: Constraint | None = None  # structured output (serve/structured.py)
+    logprobs: int | None = None  # top alternatives per token's logprob entry; None: no logprobs (serve/logprobs.py)
 
 
 OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
                  "stream_options", "user", "messages", "prompt"}
 EXTENSIONS = (DECODE_FIELDS | CAI_FIELDS | {"cai", "method"}) - {"temperature", "seed"}
-OWN_FIELDS = {"commit_events", *structured.FIELDS}
+OWN_FIELDS = {"commit_events", "logprobs", "top_logprobs", "echo", *structured.FIELDS}
 # caidllm's fields whose default is a bool or a str take only a bool or a str (the rest are checked by
 # DecodeConfig.validate): "early_stop": "no" must be refused, not read as true.
 STRICT_TYPES = {f.name: type(f.default) for f in (*fields(DecodeConfig), *fields(CAISettings))
@@ -129,10 +130,11 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         raise RequestError(str(error), param_named(str(error), ["method", *extensions])) from None
     try:
         constraint = structured.constraint_of(body, max_tokens)
-    except structured.RequestError as error:
+        top = logprobs.requested(body, kind)
+    except (structured.RequestError, logprobs.LogprobsError) as error:
         raise RequestError(error.message, error.param) from None
     return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
-                         _bool(body, "commit_events", False), model, extensions, constraint)
+                         _bool(body, "commit_events", False), model, extensions, constraint, top)
 
 
 def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerDefaults) -> DecodeConfig:

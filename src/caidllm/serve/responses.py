@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+from caidllm.serve.logprobs import body as logprob_body
+
 
 def sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
@@ -32,7 +34,7 @@ def complete(call) -> dict:
     chat = call.req.kind == "chat"
     choices = []
     for i, a in enumerate(call.answers):
-        choice = {"index": i, "finish_reason": a.finish_reason, "logprobs": None}
+        choice = {"index": i, "finish_reason": a.finish_reason, "logprobs": _logprobs(call, a)}
         if chat:
             choice["message"] = {"role": "assistant", "content": a.text}
         else:
@@ -42,9 +44,19 @@ def complete(call) -> dict:
             "usage": usage(call), "caidllm": stats(call)}
 
 
+def _logprobs(call, answer) -> dict | None:
+    """The logprobs object of the answer's tokens not yet handed out (None when not asked for)."""
+    if call.req.logprobs is None:
+        return None
+    entries, ids, offset = answer.new_logprobs()
+    return logprob_body(answer.lm, call.req.kind, entries, ids, offset)
+
+
 def _chunk(call, index: int, text: str | None, finish_reason=None, role: bool = False) -> dict:
     chat = call.req.kind == "chat"
-    choice = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+    with_logprobs = text and not role and call.req.logprobs is not None
+    choice = {"index": index, "logprobs": _logprobs(call, call.answers[index]) if with_logprobs else None,
+              "finish_reason": finish_reason}
     if chat:
         delta = {"role": "assistant"} if role else {}
         if text:
@@ -79,6 +91,8 @@ def chunks(call, index: int, delta: str, event) -> list[dict]:
     answer = call.answers[index]
     if answer.finish_reason:
         final = _chunk(call, index, None, answer.finish_reason)
+        if call.req.logprobs is not None:  # tokens with no text of their own, not yet handed out
+            final["choices"][0]["logprobs"] = _logprobs(call, answer)
         final["caidllm"] = {"method": call.req.config.method, **answer.stats()}
         out.append(final)
     return out
