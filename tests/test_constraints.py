@@ -186,3 +186,13 @@ def test_cli_json_schema_and_its_refusals(tmp_path, capsys):
     assert main(["generate", "x", "--model", "tiny", "--regex", "x[a&&b]", "--gen-length", "16",
                  "--block-length", "16"]) == 2
     assert "regex: cannot be compiled" in capsys.readouterr().err
+
+
+def test_schema_keywords_the_library_leaves_out_of_its_regex_are_refused(tiny):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}, "required": ["n"]}
+    with pytest.raises(InputError, match="json_schema: 'minimum' at properties.n cannot be held"):
+        canvas_constraint(tiny, Constraint("json_schema", schema), build_config("vanilla", gen_length=32,
+                                                                                 block_length=32))
+    # a property that is merely named like a keyword is fine
+    named = {"type": "object", "properties": {"minimum": {"type": "integer"}}, "required": ["minimum"]}
+    canvas_constraint(tiny, Constraint("json_schema", named), build_config("vanilla", gen_length=32, block_length=32))

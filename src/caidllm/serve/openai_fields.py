@@ -74,8 +74,6 @@ _RULES = [
     NeutralField("logit_bias", "an object of token id -> number in [-100, 100]",
                  lambda v, kind: isinstance(v, dict) and all(is_number(b) and -100 <= b <= 100 for b in v.values()),
                  lambda v: v == {}),
-    NeutralField("tools", "a list", _is(list), lambda v: v == [], "no tool calls"),
-    NeutralField("tool_choice", "a string or an object", _is((str, dict)), lambda v: v == "none", "no tool calls"),
     NeutralField("functions", "a list", _is(list), lambda v: v == [], "no function calls"),
     NeutralField("function_call", "a string or an object", _is((str, dict)), lambda v: v == "none",
                  "no function calls"),
