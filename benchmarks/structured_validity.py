@@ -45,7 +45,7 @@ def validity(lm, count: int) -> dict:
     rows = {True: [0, 0, 0.0], False: [0, 0, 0.0]}  # constrained -> valid, nfe, seconds
     for i, (prompt, constraint, case) in enumerate(_cases(count)):
         for constrained in ((True, False) if i % 2 else (False, True)):  # alternating order
-            options = dict(method="cai", gen_length=64, block_length=32, temperature=0.7, seed=i)
+            options = {"method": "cai", "gen_length": 64, "block_length": 32, "temperature": 0.7, "seed": i}
             started = time.perf_counter()
             (r,) = lm.generate([prompt], **options, **(constraint if constrained else {}))
             row = rows[constrained]

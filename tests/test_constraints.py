@@ -196,3 +196,23 @@ def test_schema_keywords_the_library_leaves_out_of_its_regex_are_refused(tiny):
     # a property that is merely named like a keyword is fine
     named = {"type": "object", "properties": {"minimum": {"type": "integer"}}, "required": ["minimum"]}
     canvas_constraint(tiny, Constraint("json_schema", named), build_config("vanilla", gen_length=32, block_length=32))
+
+
+def test_the_json_extraction_task_scores_validity_and_holds_each_sample_to_its_constraint(tiny):
+    from caidllm.bench.tasks import load_task
+    from caidllm.bench.tasks.structured import REGEXES, SCHEMAS, score_text
+
+    for name, (schema, example) in SCHEMAS.items():  # every example is valid: the scorer is right
+        assert score_text(json.dumps(example), ("schema", name)).score == 1.0
+        assert score_text(json.dumps(example)[:-1], ("schema", name)).score == 0.0
+    for name, (regex, example) in REGEXES.items():
+        assert score_text(example, ("regex", name)).score == 1.0
+    task = load_task("json-extraction", limit=35)
+    free = load_task("json-extraction:free", limit=35)
+    assert free.constraint_for is None and [s.prompt for s in free.samples] == [s.prompt for s in task.samples]
+    picked = [task.samples[0], task.samples[30], task.samples[34]]  # a schema and two regexes
+    results = tiny.generate([s.prompt for s in picked], method="cai", gen_length=64, block_length=32,
+                            constraint=[task.constraint_for(s) for s in picked])
+    assert all(task.score(r.text, s).score == 1.0 for r, s in zip(results, picked))
+    with pytest.raises(InputError, match="constraint: 1 constraints for 2 prompts"):
+        tiny.generate(["a", "b"], gen_length=16, block_length=16, constraint=[None])

@@ -20,7 +20,7 @@ def tiny():
 
 
 def test_logprobs_are_those_of_the_committing_step_and_change_no_token(tiny):
-    options = dict(method="vanilla", gen_length=32, block_length=32)
+    options = {"method": "vanilla", "gen_length": 32, "block_length": 32}
     (plain,) = tiny.generate([PROMPT], **options)
     (scored,) = tiny.generate([PROMPT], logprobs=True, top_logprobs=3, **options)
     assert scored.token_ids == plain.token_ids and plain.logprobs is None
@@ -59,13 +59,13 @@ def test_bad_logprob_requests_are_refused(tiny):
 
 def test_logprobs_through_the_openai_client_streamed_and_not(tiny):
     import openai
-
     from helpers.serve import start
 
     with start(tiny, max_batch=4, max_queue=16) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-        ask = dict(model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=32, logprobs=True,
-                   top_logprobs=2, extra_body={"method": "vanilla", "gen_length": 32, "block_length": 32})
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 32,
+               "logprobs": True, "top_logprobs": 2,
+               "extra_body": {"method": "vanilla", "gen_length": 32, "block_length": 32}}
         whole = client.chat.completions.create(**ask)
         content = whole.choices[0].logprobs.content
         assert "".join(item.token for item in content) == whole.choices[0].message.content

@@ -8,7 +8,6 @@ import httpx
 import jsonschema
 import openai
 import pytest
-
 from helpers.serve import start, tiny  # noqa: F401 - tiny is a fixture
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "sure": {"type": "boolean"}},
@@ -18,7 +17,7 @@ ASK = [{"role": "user", "content": "What is 3 + 4?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny):
+def server(tiny):  # noqa: F811 - the fixture imported above
     with start(tiny, max_batch=8, max_queue=64) as s:
         yield s
 

@@ -88,7 +88,7 @@ def test_a_tool_result_is_fed_back(served):
      "cannot be combined"),
 ])
 def test_malformed_tools_are_400_naming_the_field(served, body, param, words):
-    name, server = served
+    _, server = served
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": ASK, **body}, timeout=60)
     assert r.status_code == 400, r.text
     error = r.json()["error"]

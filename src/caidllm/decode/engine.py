@@ -44,8 +44,8 @@ from caidllm.decode.config import DecodeConfig
 from caidllm.decode.constraints import Constraint
 from caidllm.decode.constraints.guide import canvas_constraint
 from caidllm.decode.elastic import ElasticState
-from caidllm.decode.logprobs import commit_logprobs
 from caidllm.decode.forward_modes import CACHE_MODES
+from caidllm.decode.logprobs import commit_logprobs
 from caidllm.decode.policies import make_policy, policy_key, policy_spec
 from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
 from caidllm.decode.prefix_store import PrefixStore

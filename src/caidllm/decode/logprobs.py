@@ -21,7 +21,7 @@ class CommitLogprobs:
 
     top: int = 0
     at: dict[int, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
-    pending: "StepLogprobs | None" = None  # the step's values, set by the runner, taken by the request's record
+    pending: StepLogprobs | None = None  # the step's values, set by the runner, taken by the request's record
 
     def take(self, positions: list[int], block_start: int) -> list:
         """Keep the entries of the positions committed this step; returns them in the order of `positions`."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from caidllm.decode.block_diffusion import edits
 from caidllm.decode import logprobs
+from caidllm.decode.block_diffusion import edits
 from caidllm.decode.constraints import guide
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.frame import Frame

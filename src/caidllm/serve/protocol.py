@@ -15,9 +15,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from caidllm.checks import is_id_list, is_int, is_number
 from caidllm.decode.block_diffusion import check_given_fit, fit_to_model
 from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
+from caidllm.decode.constraints import Constraint
 from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.errors import InputError
-from caidllm.decode.constraints import Constraint
 from caidllm.serve import logprobs, structured, tools
 from caidllm.serve.openai_fields import NEUTRAL
 

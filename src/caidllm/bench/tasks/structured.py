@@ -4,6 +4,16 @@ arrays, enums, numbers, strings with patterns), each with a valid example, and f
 
 from __future__ import annotations
 
+import json
+import re
+
+import jsonschema
+
+from caidllm.bench.tasks.base import BenchTask, Sample, Scored
+from caidllm.decode.constraints import Constraint
+
+DEFAULT_N = 200
+
 SCHEMAS: dict[str, tuple[dict, object]] = {
     "person": ({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                                  "age": {"type": "integer"}},
@@ -49,3 +59,40 @@ def schema_prompt(name: str) -> str:
 
 def regex_prompt(name: str) -> str:
     return f"Answer in the {name.replace('_', ' ')} format."
+
+
+def _cases(count: int) -> list[tuple[str, str]]:
+    """(kind, name) cycling over the schemas (three times each per round) and the regexes."""
+    kinds = [("schema", name) for name in SCHEMAS] * 3 + [("regex", name) for name in REGEXES]
+    return [kinds[i % len(kinds)] for i in range(count)]
+
+
+def constraint_of(case: tuple[str, str]) -> Constraint:
+    kind, name = case
+    return Constraint("json_schema", SCHEMAS[name][0]) if kind == "schema" else Constraint("regex", REGEXES[name][0])
+
+
+def score_text(text: str, case: tuple[str, str]) -> Scored:
+    """1 when the answer parses and validates against its schema (jsonschema), or matches its regex."""
+    kind, name = case
+    if kind == "regex":
+        return Scored(float(re.fullmatch(REGEXES[name][0], text) is not None), text)
+    try:
+        jsonschema.validate(json.loads(text), SCHEMAS[name][0])
+        return Scored(1.0, text)
+    except (ValueError, jsonschema.ValidationError) as error:
+        return Scored(0.0, text, {"why": str(error)[:200]})
+
+
+def load(limit: int | None, constrained: bool = True) -> BenchTask:
+    """The JSON-extraction task: 200 prompts by default (ten schemas and five regexes), each answer held to its
+    own constraint (`json-extraction`) or not (`json-extraction:free`); the score is validity."""
+    cases = _cases(DEFAULT_N if limit is None else limit)
+    prompt = {"schema": schema_prompt, "regex": regex_prompt}
+    samples = [Sample(id=f"json-extraction/{i}", prompt=prompt[kind](name) + ("" if i < len(SCHEMAS) * 3 + len(
+        REGEXES) else f" ({i})"), reference=(kind, name)) for i, (kind, name) in enumerate(cases)]
+    return BenchTask(name="json-extraction" if constrained else "json-extraction:free", metric="valid",
+                     samples=samples, scorer=lambda text, s: score_text(text, s.reference),
+                     source="caidllm.bench.tasks.structured",
+                     constraint_for=(lambda s: constraint_of(s.reference)) if constrained else None,
+                     notes="validity: the answer parses and validates against its JSON schema, or matches its regex")

@@ -51,7 +51,7 @@ def _unenforced(schema, path: str = "") -> str | None:
     """The first keyword of UNENFORCED in `schema` (its place in the schema), else None."""
     if isinstance(schema, dict):
         for key, value in schema.items():
-            if key in UNENFORCED and not (path.endswith("properties") or path.endswith("$defs")):
+            if key in UNENFORCED and not path.endswith(("properties", "$defs")):
                 return f"'{key}' at {path or 'the top'}"
             found = _unenforced(value, f"{path}.{key}" if path else key)
             if found:
@@ -111,3 +111,12 @@ def constraint_of(json_schema=None, regex=None, choice=None, json_object: bool =
     if len(given) > 1:
         raise InputError(f"give one constraint, not {' and '.join(kind for kind, _ in given)}")
     return Constraint(*given[0]) if given else None
+
+
+def per_prompt(constraint, count: int) -> list:
+    """generate()'s `constraint`: None, one Constraint for every prompt, or a list of one per prompt."""
+    if isinstance(constraint, (list, tuple)):
+        if len(constraint) != count:
+            raise InputError(f"constraint: {len(constraint)} constraints for {count} prompts; give one per prompt")
+        return list(constraint)
+    return [constraint] * count
