@@ -76,7 +76,18 @@ def test_bad_constraints_are_400_naming_the_field(server, body, param, words):
     assert error["param"] == param and words in error["message"], error
 
 
-def test_a_refused_constraint_leaves_the_server_serving(client, server):
-    httpx.post(f"{server.url}/v1/chat/completions", json={"messages": ASK, "regex": "x[a&&b]"}, timeout=60)
-    r = client.chat.completions.create(model="tiny", messages=ASK, response_format={"type": "text"}, max_tokens=16)
-    assert r.choices[0].finish_reason in ("stop", "length")
+def test_refused_constraints_leave_the_requests_in_flight_unharmed(client, server):
+    import threading
+
+    alone = client.chat.completions.create(model="tiny", messages=ASK, response_format=FORMAT, max_tokens=64,
+                                           extra_body={"method": "vanilla", "gen_length": 64, "block_length": 64})
+    answers = []
+    flight = threading.Thread(target=lambda: answers.append(client.chat.completions.create(
+        model="tiny", messages=ASK, response_format=FORMAT, max_tokens=64,
+        extra_body={"method": "vanilla", "gen_length": 64, "block_length": 64})))
+    flight.start()
+    for bad in ({"regex": "x[a&&b]"}, {"response_format": FORMAT, "max_tokens": 3}, {"choice": []}):
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": ASK, **bad}, timeout=60)
+        assert r.status_code == 400
+    flight.join(timeout=120)
+    assert answers[0].choices[0].message.content == alone.choices[0].message.content

@@ -93,3 +93,29 @@ def test_malformed_tools_are_400_naming_the_field(served, body, param, words):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+TAGGED_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}{{ '<|start_header_id|>system<|end_header_id|>\\n\\nTools: ' }}"
+    "{% for tool in tools %}{{ tool.function.name }} {% endfor %}{{ 'Call one inside <tool_call></tool_call>.' }}"
+    "{{ '<|eot_id|>' }}{% endif %}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}{% endfor %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}")
+
+
+def test_a_template_that_speaks_of_tool_call_tags_gets_that_format_and_renders_the_tools():
+    from caidllm.serve.tools import TOOL_FORMATS, tool_request
+
+    lm = caidllm.load("tiny")
+    lm.tokenizer.chat_template = TAGGED_TEMPLATE  # this load's own tokenizer (a Qwen-style template)
+    request = tool_request({"tools": TOOLS, "tool_choice": "required"}, lm)
+    assert request.format == TOOL_FORMATS["tool_call_tags"] and request.format.renders_tools
+    prompt = lm.tokenizer.decode(lm.encode_messages(ASK, tools=TOOLS))
+    assert "Tools: get_weather add" in prompt
+    (result,) = lm.generate([lm.encode_messages(ASK, tools=TOOLS)], method="cai", gen_length=96, block_length=32,
+                            constraint=request.constraint(None))
+    assert result.text.startswith("<tool_call>\n") and result.text.endswith("\n</tool_call>")
+    (call,) = request.calls_in(result.text)
+    assert call["function"]["name"] in ("get_weather", "add")
+    written = request.call_text(call)  # fed back as the model wrote it
+    assert request.calls_in(written)[0]["function"]["arguments"] == call["function"]["arguments"]
