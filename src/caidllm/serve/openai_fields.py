@@ -77,7 +77,7 @@ _RULES = [
     NeutralField("functions", "a list", _is(list), lambda v: v == [], "no function calls"),
     NeutralField("function_call", "a string or an object", _is((str, dict)), lambda v: v == "none",
                  "no function calls"),
-    NeutralField("parallel_tool_calls", "true or false", _bool, _never, "no tool calls"),
+    NeutralField("parallel_tool_calls", "true or false", _bool, lambda v: v is False, "one tool call per answer"),
     NeutralField("suffix", "a string", _is(str), _never, "no insertion"),
     NeutralField("service_tier", "a string", _is(str), _never),
     NeutralField("store", "true or false", _bool, lambda v: v is False, "nothing is stored"),
