@@ -216,3 +216,12 @@ def test_the_json_extraction_task_scores_validity_and_holds_each_sample_to_its_c
     assert all(task.score(r.text, s).score == 1.0 for r, s in zip(results, picked))
     with pytest.raises(InputError, match="constraint: 1 constraints for 2 prompts"):
         tiny.generate(["a", "b"], gen_length=16, block_length=16, constraint=[None])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_holes_committed_together_in_one_step_do_not_clash(tiny, seed):
+    # One step commits the whole canvas: each hole alone allows 'x' and 'y', together they must agree.
+    regex = "(xxxxxxxx|yyyyyyyy)"
+    config = build_config("vanilla", gen_length=8, block_length=8, steps=1, temperature=1.0, seed=seed)
+    result = _run(tiny, config, Constraint("regex", regex))
+    assert result.nfe == 1 and re.fullmatch(regex, result.text), result.text
