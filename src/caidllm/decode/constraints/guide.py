@@ -70,9 +70,3 @@ def settle(members, commit: torch.Tensor, predicted: torch.Tensor, confidence: t
                 confidence[i, j] = torch.softmax(row, dim=-1)[token].to(confidence.dtype)
             r.constraint.commit(p, token)
 
-
-def check_allowed(constraint: CanvasConstraint, position: int, token: int) -> bool:
-    """Whether `token` may be committed at `position` now (tests, and decoders that place tokens themselves)."""
-    if not 0 <= position < constraint.length:
-        return True
-    return bool(constraint.allowed(position)[token])
