@@ -185,7 +185,7 @@ def test_cli_json_schema_and_its_refusals(tmp_path, capsys):
     assert "--json-schema" in capsys.readouterr().err
     assert main(["generate", "x", "--model", "tiny", "--regex", "x[a&&b]", "--gen-length", "16",
                  "--block-length", "16"]) == 2
-    assert "regex: cannot be compiled" in capsys.readouterr().err
+    assert "--regex: cannot be compiled" in capsys.readouterr().err
 
 
 def test_schema_keywords_the_library_leaves_out_of_its_regex_are_refused(tiny):

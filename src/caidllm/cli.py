@@ -103,8 +103,7 @@ def run_generate(args) -> int:
     # checkpoint's own, read from its config.json) fails before the model loads.
     check_before_load(args.model, given_method, settings, strict=True, **options)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
-    structured = dict(json_schema=read_schema(args.json_schema), regex=args.regex, choice=args.choice,
-                      json_object=args.json_object)
+    structured = {"constraint": cli_constraint(args)}
     from caidllm.parallel.launch import parallel_model
 
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
@@ -127,10 +126,19 @@ def run_generate(args) -> int:
     return 0
 
 
-def read_schema(path: str | None):
+def cli_constraint(args):
+    """The structured-output flag given, as a Constraint whose errors name the flag (None: none given)."""
+    from caidllm.decode.constraints import Constraint
+
+    if args.json_schema is not None:
+        return Constraint("json_schema", read_schema(args.json_schema), "--json-schema")
+    given = [("regex", args.regex, "--regex"), ("choice", args.choice, "--choice"),
+             ("json_object", True if args.json_object else None, "--json-object")]
+    return next((Constraint(kind, value, flag) for kind, value, flag in given if value is not None), None)
+
+
+def read_schema(path: str):
     """--json-schema's file, read before the model loads (InputError naming the flag)."""
-    if path is None:
-        return None
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
