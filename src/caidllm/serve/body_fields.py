@@ -29,6 +29,11 @@ _CHUNK = 1 << 18  # characters searched per C call: ~1 ms, so the event loop is 
 
 SETTING_VALUES = 256  # any other field: a scalar or a small object (`cai`: 19 settings), 256 values at most
 SETTING_BYTES = 16 * 1024
+# Fields that carry JSON schemas or patterns (tools, structured output): OpenAI's 128 tools with their
+# parameters' schemas fit; json.loads of this many values takes about a millisecond.
+SCHEMA_FIELDS = {"tools", "response_format", "regex", "choice"}
+SCHEMA_VALUES = 16 * 1024
+SCHEMA_BYTES = 256 * 1024
 NOTES = {"stop": f" (at most {MAX_STOP_SEQUENCES} sequences of {MAX_STOP_CHARS} characters)"}
 # 12 bytes: a character written as two \uXXXX escapes
 STOP_BYTES = MAX_STOP_SEQUENCES * (MAX_STOP_CHARS * 12 + 4) + 64
@@ -77,6 +82,8 @@ def _limits(name: str, context_tokens: int) -> tuple[int, float]:
         return 8 * context_tokens, float("inf")
     if name == "stop":
         return MAX_STOP_SEQUENCES + 1, STOP_BYTES
+    if name in SCHEMA_FIELDS:
+        return SCHEMA_VALUES, SCHEMA_BYTES
     return SETTING_VALUES, SETTING_BYTES
 
 
