@@ -59,7 +59,8 @@ def health_beside(url: str, *actions):
 
 def post(url: str, body) -> httpx.Response:
     content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(f"{url}/v1/completions", content=content, headers=JSON, timeout=120)
+    path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else "/v1/completions"
+    return httpx.post(url + path, content=content, headers=JSON, timeout=120)
 
 
 def test_stop_strings_hold_back_what_brute_force_holds_back():
@@ -155,6 +156,9 @@ AT_LIMIT = {
                                     "logit_bias"),
     "messages past 8 x context values": ({"messages": _messages(100_000)}, 400, "messages"),
     "a setting past 16 KB": ({"prompt": "hi", "user": "u" * 100_000}, 400, "user"),
+    "tools past 16,384 values": ({"messages": [{"role": "user", "content": "hi"}],
+                                  "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(9000)]},
+                                 400, "tools"),
     "token-id lists at the context": (json.dumps({"prompt": [[600] * 1000] * 6, "max_tokens": 4, **FAST}, indent=12),
                                       200, None),
     "a prompt text at its limit": ({"prompt": "a " * 38_000, "max_tokens": 4, **FAST}, 400, "prompt"),
@@ -166,7 +170,7 @@ def test_each_field_at_its_limit_leaves_health_fast(server, case):
     body, status, param = AT_LIMIT[case]
     content = body if isinstance(body, str) else json.dumps(body)
     assert len(content) > INLINE_PARSE_BYTES  # measured from the bytes before parsing
-    (r,), worst = health_beside(server.url, lambda: post(server.url, content))
+    (r,), worst = health_beside(server.url, lambda: post(server.url, body if not isinstance(body, str) else content))
     assert r.status_code == status, r.text
     if param is not None:
         assert r.json()["error"]["param"] == param, r.text
