@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from caidllm.decode.request import CommitEvent
+from caidllm.serve.stops import StopStrings
 
 
 @dataclass
@@ -36,7 +37,13 @@ class Answer:
     nfe: int = 0
     steps_per_block: list[int] = field(default_factory=list)
     result: object | None = None  # the engine's GenerationResult, when the request ran to its end
+    logprobs: dict[int, tuple] = field(default_factory=dict)  # position -> logprob entry, when asked for
+    logprobs_sent: int = 0  # answer tokens whose entries a stream has sent
     _decoded_prefix: int = -1
+    _stops: StopStrings | None = None
+
+    def __post_init__(self):
+        self._stops = StopStrings(self.stop)
 
     def update(self, event: CommitEvent) -> str:
         """Take one step's event; the new text to send (possibly empty)."""
@@ -45,6 +52,8 @@ class Answer:
             self.steps_per_block.append(0)
         self.steps_per_block[event.block] += 1
         self.tokens.update(zip(event.positions, event.token_ids))
+        if event.logprobs:
+            self.logprobs.update(zip(event.positions, event.logprobs))
         if event.finished:
             self.result = event.result
         prefix = event.prefix_length
@@ -56,7 +65,7 @@ class Answer:
         text = self.lm.decode(ids)
         eos = set(self.lm.config.eos_ids)
         ended = prefix < self.gen_length and self.tokens.get(prefix) in eos
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=None)
+        cut = self._stops.first(text)
         if cut is not None:
             return self._finish(text[:cut], "stop", ids)
         if ended and (event.finished or not self.run_to_end):
@@ -72,8 +81,7 @@ class Answer:
     def _settled(self, text: str) -> str:
         """The part of the text that no later token can change."""
         text = text.rstrip("\ufffd")
-        hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        return text[:len(text) - hold]
+        return text[:len(text) - self._stops.held(text)]
 
     def _emit(self, visible: str) -> str:
         if len(visible) <= len(self.sent) or not visible.startswith(self.sent):
@@ -87,6 +95,18 @@ class Answer:
         delta = text[len(self.sent):] if text.startswith(self.sent) else ""
         self.sent = text
         return delta
+
+    def new_logprobs(self) -> tuple[list, list[int], int]:
+        """The logprob entries and tokens of the answer tokens the text sent so far covers, not yet handed out
+        (a stream's share of this step; the whole answer's once it finished), and where their text starts."""
+        ids = []
+        while len(ids) in self.tokens and (self.max_tokens is None or len(ids) < self.max_tokens):
+            ids.append(self.tokens[len(ids)])
+        covered = self.completion_tokens if self.finish_reason else _tokens_covering(self.lm, ids, len(self.sent))
+        start, self.logprobs_sent = self.logprobs_sent, max(self.logprobs_sent, covered)
+        positions = range(start, self.logprobs_sent)
+        return [self.logprobs[p] for p in positions], [self.tokens[p] for p in positions], len(
+            self.lm.decode(ids[:start]))
 
     @property
     def text(self) -> str:
@@ -104,7 +124,16 @@ class Answer:
 
 
 def _tokens_covering(lm, ids: list[int], length: int) -> int:
-    """How many of the answer's tokens the returned text uses (all of them unless a stop string cut it)."""
+    """How many of the answer's tokens the returned text uses (all of them unless a stop string cut it):
+    the fewest whose text is as long, by bisection (a text grows with its tokens), so a cut costs
+    log2(tokens) decodes, not one per token."""
     if len(lm.decode(ids)) <= length:
         return len(ids)
-    return next(n for n in range(len(ids) + 1) if len(lm.decode(ids[:n])) >= length)
+    low, high = 0, len(ids)  # decode(ids[:high]) reaches `length`; decode(ids[:low]) may not
+    while low < high:
+        middle = (low + high) // 2
+        if len(lm.decode(ids[:middle])) >= length:
+            high = middle
+        else:
+            low = middle + 1
+    return high
