@@ -121,10 +121,7 @@ def layer_table(device, dtypes, token_counts, kernels, repeats, probe: ReadProbe
         with torch.no_grad():
             for n in token_counts:
                 x = torch.randn(n, moe.config.hidden_size, device=device, generator=g).to(dtype)
-                fns = {k: (lambda k=k: run_kernel(moe, k, x)) for k in kernels}
-                fns["dense"] = lambda: dense(x)
-                fns["read"] = probe
-                t = timed_ab(fns, device, repeats)
+                t = timed_ab(layer_calls(moe, dense, x, kernels, probe), device, repeats)
                 bandwidth = probe.bandwidth(t["read"])
                 bound = read_bound(moe, x, bandwidth)
                 cells = " | ".join(f"{1e3 * t[k]:.1f}" for k in kernels)
@@ -133,6 +130,20 @@ def layer_table(device, dtypes, token_counts, kernels, repeats, probe: ReadProbe
                       f"{t[after] / max(t['dense'], bound):.2f}x | {t['dense'] / t[after]:.2f}x |", flush=True)
         del moe, dense
         gc.collect()
+
+
+def layer_calls(moe, dense, x, kernels, probe: ReadProbe) -> dict:
+    """The timed calls of one row: each MoE kernel, the dense layer, the read probe (built here, so that
+    the layers' later `del` in the caller does not reach into these closures)."""
+    calls = {k: (lambda k=k: run_kernel(moe, k, x)) for k in kernels}
+    calls["dense"] = lambda: dense(x)
+    calls["read"] = probe
+    return calls
+
+
+def model_calls(lm, ids, kernels) -> dict:
+    """One full-model forward per kernel (the model's MoE layers set to that kernel first)."""
+    return {k: (lambda k=k: (set_moe_kernel(lm.model, k), lm.logits(ids))) for k in kernels}
 
 
 def run_kernel(moe: MoEFeedForward, kernel: str, x: torch.Tensor):
@@ -164,8 +175,7 @@ def model_table(device, dtypes, models, tokens, kernels, repeats) -> None:
             lm = caidllm.load(name, device=device, dtype=dtype)
             ids = torch.randint(0, 1000, (1, tokens), device=device)
             with torch.no_grad():
-                fns = {k: (lambda k=k: (set_moe_kernel(lm.model, k), lm.logits(ids))) for k in kernels}
-                t = timed_ab(fns, device, repeats)
+                t = timed_ab(model_calls(lm, ids, kernels), device, repeats)
             cells = " | ".join(f"{1e3 * t[k]:.0f}" for k in kernels)
             print(f"{label} {cells} | {ratios(t, kernels)} |", flush=True)
             del lm

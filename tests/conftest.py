@@ -68,3 +68,9 @@ def block_family(tmp_path_factory):
         return made[kind]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The shipped tiny model, fp32 on the CPU (a module that needs another tiny defines its own)."""
+    return caidllm.load("tiny", device="cpu", dtype="float32")

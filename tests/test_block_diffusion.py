@@ -131,7 +131,7 @@ def test_streamed_commits_are_answer_positions(bd_lm):
     positions past gen_length of the last one) and never a mask."""
     config = build_config("llada2", gen_length=16, block_length=8, early_stop=False)
     engine = Engine(bd_lm, max_batch=2)
-    rid = engine.submit(PROMPTS[0], config)
+    engine.submit(PROMPTS[0], config)
     seen = {}
     for event in engine.run():
         for p, t in zip(event.positions, event.token_ids):

@@ -54,7 +54,9 @@ def test_search_finds_the_fastest_feasible_point_within_its_budget():
 
 
 def test_search_is_deterministic_given_the_seed():
-    labels = lambda seed: [t.label for t in coordinate_search(dict(START), fake_evaluate([]), 6, 0.79, seed=seed)]
+    def labels(seed):
+        return [t.label for t in coordinate_search(dict(START), fake_evaluate([]), 6, 0.79, seed=seed)]
+
     assert labels(0) == labels(0)
     assert any(labels(0) != labels(s) for s in range(1, 6))  # the seed orders the values tried
 

@@ -18,7 +18,7 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.presets import lays_blocks, run_lengths
 from caidllm.errors import InputError
 from caidllm.serve.launch import settings_from
-from helpers.serve import PROMPT, start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import PROMPT, start
 
 REFUSAL = ("block_length 8 does not apply to method '{method}': Elastic-Cache's official loop (cache 'elastic', "
            "elastic_scope 'generation') decodes the whole generation (gen_length 16) as one block with its own "

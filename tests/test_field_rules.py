@@ -21,7 +21,7 @@ from caidllm.decode.setting_names import FLAT_NAMES, SETTINGS_CLASSES, owners_of
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 from caidllm.serve.protocol import RequestError, ServerDefaults, parse
-from helpers.serve import PROMPT, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import PROMPT
 
 INF = math.inf
 # field -> (a method that reads it, kind, low, high, low excluded): the OpenAI-API-like domain of each.

@@ -52,7 +52,7 @@ def browser():
 
 def lanes_settled(driver):
     lanes = driver.find_elements(By.CSS_SELECTOR, "section.lane")
-    return lanes if lanes and all(l.get_attribute("data-state") in ("done", "error") for l in lanes) else False
+    return lanes if lanes and all(lane.get_attribute("data-state") in ("done", "error") for lane in lanes) else False
 
 
 def api_answer(url, method, gen_length, block_length):
@@ -67,7 +67,7 @@ def test_a_two_lane_race_finishes_like_the_api(server, browser):
                        "autorun": 1})
     browser.get(f"{server.url}/?{query}")
     lanes = WebDriverWait(browser, 120).until(lanes_settled)
-    assert [l.get_attribute("data-method") for l in lanes] == ["vanilla", "cai"]
+    assert [lane.get_attribute("data-method") for lane in lanes] == ["vanilla", "cai"]
     for lane in lanes:
         method = lane.get_attribute("data-method")
         assert lane.get_attribute("data-state") == "done", lane.text
@@ -103,7 +103,7 @@ def test_a_bad_parameter_shows_the_server_error_in_the_lane(server, browser):
     lanes = WebDriverWait(browser, 60).until(lanes_settled)
     for lane in lanes:
         assert lane.get_attribute("data-state") == "error"
-    messages = [l.find_element(By.CSS_SELECTOR, '[data-role="error"]').text for l in lanes]
+    messages = [lane.find_element(By.CSS_SELECTOR, '[data-role="error"]').text for lane in lanes]
     assert "unknown method 'turbo'" in messages[0]
     assert "multiple of block_length" in messages[1]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from caidllm.decode.setting_names import FLAT_NAMES, OWNERS, SETTINGS_CLASSES, s
 from caidllm.decode.settings_file import load_settings
 from caidllm.errors import InputError
 from caidllm.serve.protocol import RequestError, ServerDefaults, parse
-from helpers.serve import PROMPT, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import PROMPT
 
 DEFAULTS = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=256)
 # (method, flat name of 0.1, value, owner key, field): the old keyword and the owner's key give one setting.

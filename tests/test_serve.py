@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from caidllm.bench.loadgen import run_load
-from helpers.serve import LONG, PROMPT, SETTINGS, metric, start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import LONG, PROMPT, SETTINGS, metric, start
 
 
 @pytest.fixture(scope="module")

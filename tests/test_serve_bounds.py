@@ -25,7 +25,7 @@ import pytest
 from caidllm.serve.answer import _tokens_covering
 from caidllm.serve.app import INLINE_PARSE_BYTES
 from caidllm.serve.stops import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, StopStrings
-from helpers.serve import PROMPT, start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import PROMPT, start
 
 JSON = {"content-type": "application/json"}
 HEALTH_LIMIT_S = 1.0  # the 100 ms, with room for a loaded CI machine (module docstring)

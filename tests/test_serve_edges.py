@@ -23,7 +23,7 @@ from caidllm.serve.app import ServerConfig, _decode_and_parse
 from caidllm.serve.http_edges import id_list_bounds
 from caidllm.serve.launch import check_api_key
 from caidllm.serve.protocol import RequestError, ServerDefaults
-from helpers.serve import LONG, PROMPT, free_port, spawn_serve, start, tiny, wait_until  # noqa: F401 - tiny is a fixture
+from helpers.serve import LONG, PROMPT, free_port, spawn_serve, start, wait_until
 
 FAST = {"method": "fastdllm", "gen_length": 16, "block_length": 16}
 

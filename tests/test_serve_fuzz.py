@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from caidllm.serve.protocol import NEUTRAL, OPENAI_FIELDS
-from helpers.serve import PROMPT, start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import PROMPT, start
 
 settings.register_profile("ci", max_examples=60, derandomize=True, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -13,7 +13,7 @@ import pytest
 
 from caidllm.decode import policies
 from caidllm.serve.guard import OPEN_PATHS, OPEN_PREFIXES
-from helpers.serve import (LONG, PROMPT, free_port, metric, spawn_serve, start, tiny,  # noqa: F401 - tiny is a fixture
+from helpers.serve import (LONG, PROMPT, free_port, metric, spawn_serve, start,
                            wait_until)
 
 JSON = {"content-type": "application/json"}
@@ -189,7 +189,7 @@ def test_sigterm_with_requests_in_flight_ends_each_cleanly():
             for line in r.iter_lines():
                 first_chunk.set()
                 lines.append(line)
-        results["streamed"] = [l for l in lines if l.startswith("data: ")]
+        results["streamed"] = [line for line in lines if line.startswith("data: ")]
 
     def call(name, body):
         results[name] = httpx.post(f"{url}/v1/completions", json=body, timeout=60)

@@ -8,7 +8,7 @@ import pytest
 
 from caidllm.errors import InputError
 from caidllm.serve.soak import run_soak
-from helpers.serve import start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import start
 
 
 def test_a_short_soak_loses_nothing(tiny):

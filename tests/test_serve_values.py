@@ -11,7 +11,7 @@ import caidllm
 from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
-from helpers.serve import PROMPT, start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import PROMPT, start
 
 FAST = {"method": "fastdllm", "gen_length": 16, "block_length": 16}
 

@@ -8,7 +8,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from helpers.serve import start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import start
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}, "sure": {"type": "boolean"}},
           "required": ["answer", "sure"], "additionalProperties": False}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import httpx
-from helpers.serve import free_port, spawn_serve, start, tiny  # noqa: F401 - tiny is a fixture
+from helpers.serve import free_port, spawn_serve, start
 
 FLAGS = ("--tp", "2", "--method", "fastdllm", "--gen-length", "16", "--block-length", "8")
 BODY = {"model": "tiny", "prompt": "Question: 17 + 25 = ? Answer:", "max_tokens": 16, "method": "fastdllm",

@@ -8,9 +8,7 @@ import sys
 import time
 
 import httpx
-import pytest
 
-import caidllm
 from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
@@ -22,12 +20,6 @@ SETTINGS = dict(gen_length=64, block_length=16)
 LONG = {"prompt": PROMPT, "method": "vanilla", "gen_length": 256, "block_length": 256}
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    """The shipped tiny model, fp32 on the CPU (a test module imports this fixture by name)."""
-    return caidllm.load("tiny", device="cpu", dtype="float32")
-
-
 def start(lm, max_gen_length=256, **kw):
     defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=max_gen_length)
     return LocalServer(create_app(lm, ServerConfig(defaults=defaults, **kw)))
@@ -35,7 +27,7 @@ def start(lm, max_gen_length=256, **kw):
 
 def metric(url, name, headers=None):
     text = httpx.get(f"{url}/metrics", headers=headers).text
-    line = next(l for l in text.splitlines() if l.startswith(name + " ") or l.startswith(name + "{"))
+    line = next(row for row in text.splitlines() if row.startswith(name + " ") or row.startswith(name + "{"))
     return float(line.rsplit(" ", 1)[1])
 
 

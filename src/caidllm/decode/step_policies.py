@@ -126,7 +126,9 @@ class FairShare:
         # Least recently run first (a round of slices reaches every row: a slice is charged to the whole
         # group, so rows owing differently keep their order and "most owed first" would run one forever);
         # among equals the most owed, then the rows that ran least.
-        order = (lambda r: (self.last_run.get(r.id, -1), self.virtual[r.id], getattr(r, "nfe", 0), r.slot))
+        def order(r):
+            return (self.last_run.get(r.id, -1), self.virtual[r.id], getattr(r, "nfe", 0), r.slot)
+
         for r in sorted(members, key=order):
             if taken and total + costs[r.id] > self.slice_seconds:
                 break

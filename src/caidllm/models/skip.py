@@ -117,7 +117,7 @@ def hidden_levels(schedule, n_layers: int) -> tuple[int, ...]:
     the last layer's output (the final hidden state a skipped position hands
     to the LM head)."""
     fractions = layer_fractions(schedule, n_layers)
-    return tuple(l for l in range(1, n_layers) if fractions[l] < fractions[l - 1]) + (n_layers,)
+    return tuple(layer for layer in range(1, n_layers) if fractions[layer] < fractions[layer - 1]) + (n_layers,)
 
 
 def forced_keeps(prev_confidence: torch.Tensor, masked: torch.Tensor, just_committed: torch.Tensor) -> torch.Tensor:
