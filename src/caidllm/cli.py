@@ -52,8 +52,18 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="caidllm", description="Fast decoding for masked diffusion language models")
     sub = parser.add_subparsers(dest="command", required=True)
+    register_generate(sub, "generate")
+    register_train(sub, "train")
+    register_bench(sub, "bench")
+    register_calibrate(sub, "calibrate")
+    register_serve(sub, "serve")
+    register_loadtest(sub, "loadtest")
+    register_models(sub, "models")
+    return parser
 
-    gen = sub.add_parser("generate", help="answer one or more prompts")
+
+def register_generate(sub, name: str) -> None:
+    gen = sub.add_parser(name, help="answer one or more prompts")
     gen.add_argument("prompts", nargs="+", metavar="PROMPT")
     add_model_arguments(gen)
     gen.add_argument("--method", default=None,
@@ -61,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_arguments(gen)
     gen.add_argument("--settings", default=None, metavar="FILE",
                      help="settings file (from caidllm calibrate, or a method's settings by hand) applied over the method's preset")
+    _add_prompt_and_output_arguments(gen)
+    _add_structured_arguments(gen)
+    add_tp_argument(gen)
+    gen.set_defaults(handler=run_generate)
+
+
+def _add_prompt_and_output_arguments(gen: argparse.ArgumentParser) -> None:
+    """How a prompt is read (chat template or raw, prefix store) and how answers are printed."""
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
                       help="put the prompt through the chat template (default for instruct models)")
@@ -70,22 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
                      help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
                           "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
+
+
+def _add_structured_arguments(gen: argparse.ArgumentParser) -> None:
+    """At most one structured-output constraint on every answer."""
     structured = gen.add_mutually_exclusive_group()  # docs/structured-output.md
     structured.add_argument("--json-schema", default=None, metavar="FILE",
                             help="hold every answer to this JSON schema (a file), in any commit order")
     structured.add_argument("--regex", default=None, help="hold every answer to this regular expression")
     structured.add_argument("--choice", nargs="+", default=None, metavar="TEXT", help="the answer is one of these")
     structured.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
-    add_tp_argument(gen)
-    gen.set_defaults(handler=run_generate)
-
-    register_train(sub, "train")
-    register_bench(sub, "bench")
-    register_calibrate(sub, "calibrate")
-    register_serve(sub, "serve")
-    register_loadtest(sub, "loadtest")
-    register_models(sub, "models")
-    return parser
 
 
 def set_values(items: list[str]) -> dict:
@@ -115,12 +127,7 @@ def run_generate(args) -> int:
 
         settings = load_settings(args.settings)  # a bad file fails before the model loads
     given_method = args.method or (settings.method if settings else None)
-    method = given_method or "cai"
-    options = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
-                   threshold=args.threshold, temperature=args.temperature, seed=args.seed,
-                   editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
-                   minimal_topk=args.minimal_topk, sub_block=args.sub_block,
-                   early_stop=not args.no_early_stop, **set_values(args.set_values))
+    options = generate_options(args)
     # A bad method or setting (or one the decoder that runs does not read: with no method given, a known
     # checkpoint's own, read from its config.json) fails before the model loads.
     check_before_load(args.model, given_method, settings, strict=True, **options)
@@ -134,6 +141,21 @@ def run_generate(args) -> int:
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                               chat=chat, prefix_cache_mb=budget, **structured, **options)
+    print_results(args, results, settings)
+    return 0
+
+
+def generate_options(args) -> dict:
+    """The decoding keywords of the command line (--set values included), as generate takes them."""
+    return dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
+                threshold=args.threshold, temperature=args.temperature, seed=args.seed,
+                editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
+                minimal_topk=args.minimal_topk, sub_block=args.sub_block,
+                early_stop=not args.no_early_stop, **set_values(args.set_values))
+
+
+def print_results(args, results, settings) -> None:
+    """One answer per prompt: a JSON object each (--json), else the text and a summary line."""
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):
@@ -145,7 +167,6 @@ def run_generate(args) -> int:
                 if result.reused_positions else ""
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
                   f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
-    return 0
 
 
 def cli_constraint(args):

@@ -31,7 +31,16 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                                    "memory and energy. Under torchrun (torchrun --nproc-per-node N -m caidllm "
                                    "bench ...) each rank takes a share of every task and rank 0 writes the report.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from caidllm.options import MODEL_HELP, add_quantize_arguments, add_tp_argument
+    _add_workload_arguments(p)
+    _add_machine_arguments(p)
+    _add_decoding_arguments(p)
+    p.set_defaults(handler=run)
+    return p
+
+
+def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """What runs: the model, the tasks, the methods, the lengths, where the data is."""
+    from caidllm.options import MODEL_HELP
 
     p.add_argument("--model", default="tiny", help=MODEL_HELP)
     p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None,
@@ -54,6 +63,12 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                    help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/, mathqa/, longbench/); "
                         "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "
                         "root; with none, the Hugging Face hub copies (datasets)")
+
+
+def _add_machine_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the report goes and what the model runs on."""
+    from caidllm.options import add_quantize_arguments, add_tp_argument
+
     p.add_argument("--out", default=None, help="write results.json, results.md, plots and per-sample JSONL here")
     p.add_argument("--json", action="store_true", help="print the results object as JSON on stdout")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -61,6 +76,10 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
     add_quantize_arguments(p)
     add_tp_argument(p)
+
+
+def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    """How each example is decoded and scored, and the progress display."""
     p.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -77,8 +96,6 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
     progress.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
                           help="always show progress bars on stderr (default: when stderr is a terminal)")
     progress.add_argument("--no-progress", dest="progress", action="store_const", const=False)
-    p.set_defaults(handler=run)
-    return p
 
 
 def resolve_data_dir(data_dir: str | None, tasks: list[str]) -> str | None:

@@ -28,6 +28,15 @@ def register(sub, name: str) -> None:
     add_tp_argument(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    _add_request_defaults(p)
+    _add_limits(p)
+    _add_server_options(p)
+    replicas.add_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def _add_request_defaults(p: argparse.ArgumentParser) -> None:
+    """What a request gets when it does not say: the model id, the method, the lengths."""
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
     p.add_argument("--method", default=None, help="default method (default: a known block-diffusion checkpoint's own "
                    f"decoder, else cai): {', '.join(method_names())}")
@@ -36,6 +45,10 @@ def register(sub, name: str) -> None:
                    help="default canvas when a request gives no max_tokens" + known.format(256))
     p.add_argument("--block-length", type=int, default=None,
                    help="default block length" + known.format("the method's, a block-diffusion model's own where it does not apply"))
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    """The bounds of a request and of the queue, and the engine's step policy."""
     p.add_argument("--max-gen-length", type=int, default=None, help="largest canvas a request may ask for "
                    "(default: the model's context)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: what fits)")
@@ -52,6 +65,10 @@ def register(sub, name: str) -> None:
                    help="seconds to receive a request's whole body; past it: 408")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM, seconds requests in flight may go on; then each ends with a clean error")
+
+
+def _add_server_options(p: argparse.ArgumentParser) -> None:
+    """Access, the settings file, the prefix store and logging."""
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
     p.add_argument("--settings", default=None, metavar="FILE",
                    help="settings file (caidllm calibrate, or by hand): the defaults of requests for its method")
@@ -59,8 +76,6 @@ def register(sub, name: str) -> None:
                    help="block-causal models: the prefix store's budget, shared prompt blocks (system prompts, chat "
                         "history) computed once (0 = off; default: 1024 MB or an eighth of the device's memory)")
     p.add_argument("--log-level", default="info")
-    replicas.add_arguments(p)
-    p.set_defaults(handler=run)
 
 
 def run(args) -> int:
