@@ -119,6 +119,15 @@ def _settings(config) -> dict:
 
 
 def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    lm = caidllm.load(args.model, device=args.device)
+    rows = measure(lm, args)
+    print(rows_table(rows))
+    write_json(args.json, {"settings": vars(args), "rows": rows})
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m caidllm.bench.arrivals", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--methods", default="cai,vanilla")
@@ -131,8 +140,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", default=None, help="also write the figures to this file")
-    args = ap.parse_args(argv)
-    lm = caidllm.load(args.model, device=args.device)
+    return ap
+
+
+def measure(lm, args) -> list[dict]:
+    """One row per method and serving mode (continuous, static), each under the same Poisson arrivals."""
     prompts = prompts_of(lm, args.requests, args.seed)
     rows = []
     methods = args.methods.split(",")
@@ -146,13 +158,15 @@ def main(argv=None) -> int:
         for name, serve in (("continuous", serve_continuous), ("static", serve_static)):
             rows.append({"method": method, "serving": name, "rate_req_s": rate,
                          **summary(serve(lm, prompts, arrivals, config, args.max_batch))})
-    print(markdown_table(
+    return rows
+
+
+def rows_table(rows: list[dict]) -> str:
+    return markdown_table(
         ["method", "serving", "arrivals/s", "answer tok/s", "mean latency s", "p99 latency s", "mean TTFT s",
          "p99 TTFT s"],
         [[r["method"], r["serving"], f"{r['rate_req_s']:.2f}", f"{r['throughput_tok_s']:.1f}",
-          *(f"{r[k]:.2f}" for k in ("latency_mean_s", "latency_p99_s", "ttft_mean_s", "ttft_p99_s"))] for r in rows]))
-    write_json(args.json, {"settings": vars(args), "rows": rows})
-    return 0
+          *(f"{r[k]:.2f}" for k in ("latency_mean_s", "latency_p99_s", "ttft_mean_s", "ttft_p99_s"))] for r in rows])
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

@@ -119,12 +119,7 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
     # config.json alone when it is not loaded yet: a bad setting fails before loading).
     options = dataclasses.replace(options, **lengths_for_run(
         options.model, lm, [(options.method, {}), ("vanilla", {})], options.gen_length, options.block_length))
-    if lm is None:
-        from caidllm.models import load
-
-        log(f"loading model {options.model} ...")
-        lm = load(options.model, device=options.device, dtype=options.dtype, quantize=options.quantize,
-                  quantize_head=options.quantize_head)
+    lm = lm if lm is not None else _load_model(options, log)
     encoded = {t.name: _encode(lm, t, options) for t in tasks}
     evaluate = _evaluator(lm, options, tasks, encoded)
     progress = _progress(options.budget + 1, options.progress)
@@ -144,9 +139,22 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
     settings = CalibratedSettings(method=options.method, name=options.name, values={"cai": dict(chosen.values)},
                         calibration=_calibration(options, tasks, vanilla, trials, chosen, floor))
     table = markdown_table(vanilla, trials, chosen, floor, options)
-    write_settings(options.out, settings)
-    Path(options.out).expanduser().with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+    _write(options.out, settings, table)
     return {"settings": settings, "trials": trials, "chosen": chosen, "vanilla": vanilla, "table": table}
+
+
+def _load_model(options: CalibrateOptions, log):
+    from caidllm.models import load
+
+    log(f"loading model {options.model} ...")
+    return load(options.model, device=options.device, dtype=options.dtype, quantize=options.quantize,
+                quantize_head=options.quantize_head)
+
+
+def _write(out: str, settings: CalibratedSettings, table: str) -> None:
+    """The settings file and, beside it (.md), the table of the trials."""
+    write_settings(out, settings)
+    Path(out).expanduser().with_suffix(".md").write_text(table + "\n", encoding="utf-8")
 
 
 def start_values(lm, method: str) -> dict:

@@ -64,6 +64,21 @@ def start_server(args, port: int) -> subprocess.Popen:
 
 
 def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.block_length is None and lays_blocks(args.method):
+        args.block_length = 32
+    prompts = synthetic_prompts(args.requests, args.seed)
+    lm = caidllm.load(args.model, device=args.device)
+    rows = [offline(lm, prompts, args)]
+    want = rows[0].pop("texts")
+    del lm
+    rows += served_rows(args, prompts, want)
+    print(rows_table(rows, len(prompts)))
+    write_json(args.json, {"settings": vars(args), "rows": rows})
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m caidllm.bench.serving", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--method", default="cai")
@@ -75,14 +90,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    if args.block_length is None and lays_blocks(args.method):
-        args.block_length = 32
-    prompts = synthetic_prompts(args.requests, args.seed)
-    lm = caidllm.load(args.model, device=args.device)
-    rows = [offline(lm, prompts, args)]
-    want = rows[0].pop("texts")
-    del lm
+    return ap
+
+
+def served_rows(args, prompts: list, want: list) -> list[dict]:
+    """One row per --concurrency level against a `caidllm serve` subprocess (after a warm-up), each
+    counting the answers whose text equals the offline run's."""
+    rows = []
     port = free_port()
     proc = start_server(args, port)
     try:
@@ -96,19 +110,21 @@ def main(argv=None) -> int:
     finally:
         proc.send_signal(2)
         proc.wait(timeout=60)
+    return rows
+
+
+def rows_table(rows: list[dict], n_prompts: int) -> str:
     base = rows[0]["throughput_tok_s"]
 
     def f(r, key):
         return "" if r.get(key) is None else f"{r[key]:.2f}"
 
-    print(markdown_table(
+    return markdown_table(
         ["setting", "answer tok/s", "vs offline", "p50 latency s", "p99 latency s", "p50 TTFT s", "p99 TTFT s",
          "errors", "same text"],
         [[r["setting"], f"{r['throughput_tok_s']:.1f}", f"{r['throughput_tok_s'] / base:.2f}x",
           *(f(r, k) for k in ("latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s")),
-          sum(r.get("errors", {}).values()), f"{r.get('same_text', len(prompts))}/{len(prompts)}"] for r in rows]))
-    write_json(args.json, {"settings": vars(args), "rows": rows})
-    return 0
+          sum(r.get("errors", {}).values()), f"{r.get('same_text', n_prompts)}/{n_prompts}"] for r in rows])
 
 
 if __name__ == "__main__":

@@ -70,14 +70,7 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
         sync(lm)
         started = time.perf_counter()
         try:
-            preset, extra = settings.method_options(method)
-            if task.constraint_for is not None:  # each sample held to its own constraint
-                extra = {**extra, "constraint": [task.constraint_for(encoded[i].sample) for i in batch]}
-            out_batch = lm.generate([encoded[i].ids for i in batch], method=preset, **extra,
-                                    **settings.store_options(method),
-                                    **settings.lengths_for(method), temperature=settings.temperature,
-                                    seed=settings.seed, early_stop=settings.early_stop, batch_size=len(batch),
-                                    chat=False)
+            out_batch = _generate(lm, settings, task, method, [encoded[i] for i in batch])
         except CaidllmError:
             raise
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: record for these samples, go on
@@ -98,15 +91,31 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
     reading = energy.stop()
     peak = memory.peak_mb()
     progress.close()
+    outcomes = _outcomes(task, encoded, indices, generations, errors)  # scoring comes after the clock stopped
+    return ShardRun(outcomes, wall, policy, engine, forward, reading, peak, memory.kind)
 
+
+def _generate(lm, settings, task: BenchTask, method: str, batch: list[Encoded]) -> list:
+    """One batch of samples decoded with `method` under the bench's settings."""
+    preset, extra = settings.method_options(method)
+    if task.constraint_for is not None:  # each sample held to its own constraint
+        extra = {**extra, "constraint": [task.constraint_for(item.sample) for item in batch]}
+    return lm.generate([item.ids for item in batch], method=preset, **extra, **settings.store_options(method),
+                       **settings.lengths_for(method), temperature=settings.temperature, seed=settings.seed,
+                       early_stop=settings.early_stop, batch_size=len(batch), chat=False)
+
+
+def _outcomes(task: BenchTask, encoded: list[Encoded], indices: list[int], generations: dict,
+              errors: dict) -> dict[int, Outcome]:
+    """Each sample's outcome: its result scored, or the error that left it without one."""
     outcomes = {}
-    for i in indices:  # scoring comes after the clock stopped
+    for i in indices:
         result = generations.get(i)
         if result is None:
             outcomes[i] = Outcome(None, None, errors.get(i))
         else:
             outcomes[i] = Outcome(result, *_score(task, result.text, encoded[i].sample))
-    return ShardRun(outcomes, wall, policy, engine, forward, reading, peak, memory.kind)
+    return outcomes
 
 
 def _score(task: BenchTask, text: str, sample: Sample) -> tuple[Scored | None, str | None]:

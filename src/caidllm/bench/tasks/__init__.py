@@ -62,14 +62,7 @@ def load_task(spec: str, *, data_dir: Path | None = None, limit: int | None = No
     are never evaluated)."""
     kind = kind_of(spec)
     arg = spec.partition(":")[2]
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise InputError(f"limit must be a positive integer, got {limit!r}")
-    if isinstance(fewshot, bool) or not isinstance(fewshot, int) or fewshot < 0:
-        raise InputError(f"fewshot must be an integer >= 0, got {fewshot!r}")
-    if data_dir is not None and reads_data_folder(spec):
-        data_dir = Path(data_dir).expanduser()
-        if not data_dir.is_dir():
-            raise InputError(f"data directory {data_dir} does not exist or is not a directory")
+    data_dir = _checked_arguments(spec, data_dir, limit, fewshot)
     shots = fewshot if kind in FEWSHOT_KINDS else 0
     if kind == "gsm8k":
         from caidllm.bench.tasks import gsm8k
@@ -99,6 +92,19 @@ def load_task(spec: str, *, data_dir: Path | None = None, limit: int | None = No
         return mathqa.load(arg, limit, None if data_dir is None else Path(data_dir))
     from caidllm.bench.tasks import longbench
     return longbench.load(arg, limit, None if data_dir is None else Path(data_dir))
+
+
+def _checked_arguments(spec: str, data_dir: Path | None, limit: int | None, fewshot: int) -> Path | None:
+    """Refuse a bad limit, few-shot count or data folder; returns the folder, expanded where the task reads one."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InputError(f"limit must be a positive integer, got {limit!r}")
+    if isinstance(fewshot, bool) or not isinstance(fewshot, int) or fewshot < 0:
+        raise InputError(f"fewshot must be an integer >= 0, got {fewshot!r}")
+    if data_dir is not None and reads_data_folder(spec):
+        data_dir = Path(data_dir).expanduser()
+        if not data_dir.is_dir():
+            raise InputError(f"data directory {data_dir} does not exist or is not a directory")
+    return data_dir
 
 
 def reference_scorer(spec: str, code_limits: Limits = Limits()):
