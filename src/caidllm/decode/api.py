@@ -46,29 +46,46 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     policy_s and forward_s are those of the whole run.
     json_schema, regex, choice, json_object, constraint: structured output (docs/structured-output.md). logprobs:
     each result's `logprobs`, with top_logprobs alternatives, taken at the step that committed each token."""
-    checkpoint = getattr(lm, "checkpoint", None)
-    method = recommended_method(checkpoint if settings is None else None, method)
-    # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
-    options, taken = options_for_model(lm.config, checkpoint, method, settings=settings, gen_length=gen_length,
-                                       block_length=block_length, steps=steps, temperature=temperature,
-                                       threshold=threshold)
-    config = build_config(method, settings=settings, filled=taken, cache=cache, seed=seed, early_stop=early_stop,
-                          **options, **overrides)
+    method = recommended_method(getattr(lm, "checkpoint", None) if settings is None else None, method)
+    lengths = dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature)
+    options = dict(cache=cache, seed=seed, early_stop=early_stop, **overrides)
+    config = _config_for(lm, method, settings, lengths, threshold, options)
+    _prepare(lm, batch_size, compile)
+    token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
+    given = constraint_of(json_schema=json_schema, regex=regex, choice=choice, json_object=json_object)
+    constraints = per_prompt(constraint if given is None else given, len(token_prompts))
+    top = top_logprobs if logprobs else None
+    return _run(lm, token_prompts, config, constraints, batch_size, prefix_cache_mb, top)
+
+
+def _prepare(lm, batch_size: int, compile: bool) -> None:
+    """Refuse a bad batch size; compile=True: the model's norms and MLPs through torch.compile from now
+    on (models/compiled.py)."""
     if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if compile:  # the model's norms and MLPs through torch.compile from now on (models/compiled.py)
+    if compile:
         from caidllm.models.compiled import enable_compile
 
         enable_compile(lm)
-    token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
 
+
+def _config_for(lm, method: str, settings, lengths: dict, threshold, options: dict):
+    """The decode config of `method`: the lengths left None from a known checkpoint's recommendation (and
+    a block-diffusion model's own block length), the settings file under the keywords given."""
+    checkpoint = getattr(lm, "checkpoint", None)
+    # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
+    lengths, taken = options_for_model(lm.config, checkpoint, method, settings=settings, threshold=threshold,
+                                       **lengths)
+    return build_config(method, settings=settings, filled=taken, **options, **lengths)
+
+
+def _run(lm, token_prompts, config, constraints, batch_size: int, prefix_cache_mb, logprobs) -> list:
+    """Every prompt submitted to one engine (at most batch_size decoding together); the results in the
+    prompts' order, each with the whole run's times."""
     store = shared_store(lm, prefix_cache_mb)
     engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts), prefix_cache_mb=0, prefix_store=store)
     started = time.perf_counter()
-    given = constraint_of(json_schema=json_schema, regex=regex, choice=choice, json_object=json_object)
-    constraints = per_prompt(constraint if given is None else given, len(token_prompts))
-    ids = [engine.submit(p, config, constraint=c, logprobs=top_logprobs if logprobs else None)
-           for p, c in zip(token_prompts, constraints)]
+    ids = [engine.submit(p, config, constraint=c, logprobs=logprobs) for p, c in zip(token_prompts, constraints)]
     try:
         results = {event.request_id: event.result for event in engine.run() if event.finished}
     except BaseException:  # the store outlives this call: its requests must let go of the blocks they hold

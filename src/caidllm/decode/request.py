@@ -156,18 +156,7 @@ class Request:
                 self.first_confidence[p] = confidences[p - block_start]
         positions = [block_start + j for j, committed in enumerate(commits) if committed]
         committed_tokens = [tokens[p - block_start] for p in positions]
-        global_step = self.steps_before_block + t
-        self.last_committed = positions
-        for p, token in zip(positions, committed_tokens):
-            self.generated[p] = token
-            self.commit_step[p] = global_step
-            self.commit_step_in_block[p] = t
-        self.cache_mode.after_record(self, positions, eos_ids, eos_id)
-        self.nfe += 1
-        self.computed_pairs += computed_pairs
-        self.steps_per_block[self.block] += 1
-        if positions and self.first_commit_at is None:
-            self.first_commit_at = time.perf_counter()
+        self._commit(positions, committed_tokens, computed_pairs, eos_ids, eos_id)
         edited = [block_start + j for j, e in enumerate(edits or ()) if e and not commits[j]] if editing else []
         for p in edited:
             self.generated[p] = tokens[p - block_start]
@@ -184,6 +173,29 @@ class Request:
                             [self.first_confidence[p] for p in reported], block_start=block_start,
                             logprobs=None if self.logprobs is None else self.logprobs.take(reported, block_start))
         self.step += 1
+        self._move_on(event, block_done, editing, eos_ids, eos_id, device)
+        return event
+
+    def _commit(self, positions: list[int], tokens: list[int], computed_pairs: int, eos_ids: set[int],
+                eos_id: int) -> None:
+        """This step's commits written into the answer with their steps, and its counters."""
+        t = self.step
+        global_step = self.steps_before_block + t
+        self.last_committed = positions
+        for p, token in zip(positions, tokens):
+            self.generated[p] = token
+            self.commit_step[p] = global_step
+            self.commit_step_in_block[p] = t
+        self.cache_mode.after_record(self, positions, eos_ids, eos_id)
+        self.nfe += 1
+        self.computed_pairs += computed_pairs
+        self.steps_per_block[self.block] += 1
+        if positions and self.first_commit_at is None:
+            self.first_commit_at = time.perf_counter()
+
+    def _move_on(self, event: CommitEvent, block_done: bool, editing: bool, eos_ids: set[int], eos_id: int,
+                 device) -> None:
+        """After a step: the answer's prefix, an early end after its EOS, or the next block (or the end)."""
         if block_done or not editing:  # an editing request's answer grows only by final blocks
             self.advance_prefix(eos_ids)
         if self.config.early_stop and self.answer_end is not None:
@@ -198,7 +210,6 @@ class Request:
             else:
                 self.start_block(device)
         event.prefix_length = min(self.prefix, self.config.gen_length)
-        return event
 
     def result(self, lm, policy_seconds_now: float) -> GenerationResult:
         """The GenerationResult of this finished request (policy time: the engine's since admission)."""

@@ -77,6 +77,13 @@ def _bool(value, name: str) -> bool:
     raise InputError(f"model_args {name}={value!r}: expected true or false")
 
 
+def _decode_options(steps, cache, threshold, seed, early_stop, overrides: dict) -> dict:
+    """The model_args that go to generate as they are (typed from lm-eval's strings)."""
+    return dict(steps=None if steps is None else int(steps), cache=cache,
+                threshold=None if threshold is None else float(threshold), seed=int(seed),
+                early_stop=_bool(early_stop, "early_stop"), **overrides)
+
+
 @register_model("caidllm")
 class CaidllmLM(LM):
     def __init__(self, pretrained="tiny", method=None, gen_length=None, block_length=None, steps=None, cache=None,
@@ -84,43 +91,57 @@ class CaidllmLM(LM):
                  stats_path=None, batch_size=8, max_batch_size=None, device=None, quantize=None, quantize_head=False,
                  prefix_cache_mb=None, **overrides):
         super().__init__()
-        from caidllm.models import load
-
-        self.method = None if method is None else str(method)  # None: a known checkpoint's own decoder, else cai
+        # method None: a known checkpoint's own decoder, else cai
+        self.method = None if method is None else str(method)
         self.gen_length = None if gen_length is None else int(gen_length)
         self.block_length = None if block_length is None else int(block_length)
-        self.decode = dict(steps=None if steps is None else int(steps), cache=cache,
-                           threshold=None if threshold is None else float(threshold), seed=int(seed),
-                           early_stop=_bool(early_stop, "early_stop"), **overrides)
+        self.decode = _decode_options(steps, cache, threshold, seed, early_stop, overrides)
         self.temperature = float(temperature)
         # The prefix store (decode/prefix_reuse.py), kept with the model across batches: a few-shot task's
         # shared examples are prefilled once. None: the default on a block-causal model; 0: off.
         self.prefix_cache_mb = check_budget(prefix_cache_mb, "model_args prefix_cache_mb")
-        # Bad settings, or ones the model's family does not take, fail here, before loading (its config.json).
-        check_before_load(pretrained, self.method, gen_length=self.gen_length, block_length=self.block_length,
-                          temperature=self.temperature, **self.decode)
+        self._check_settings(pretrained)
         self.chat = str(chat).lower()
         if self.chat not in ("auto", "true", "false"):
             raise InputError(f"model_args chat={chat!r}: expected auto, true or false")
         self.batch_size = _batch_size(batch_size)
         self.world = World.from_env()
+        self.lm = self._load(pretrained, device, dtype, quantize, quantize_head)
+        self._fit_lengths()
+        make_store(self.lm, self.prefix_cache_mb)  # a budget the model cannot use fails here
+        self._device = self.lm.device
+        # What lm-eval splits requests by.
+        self._rank, self._world_size = self.world.rank, self.world.world_size
+        self.pretrained = str(pretrained)
+        self._start_stats(stats_path)
+
+    def _check_settings(self, pretrained) -> None:
+        """Bad settings, or ones the model's family does not take, fail here, before loading (its config.json)."""
+        check_before_load(pretrained, self.method, gen_length=self.gen_length, block_length=self.block_length,
+                          temperature=self.temperature, **self.decode)
+
+    def _load(self, pretrained, device, dtype, quantize, quantize_head):
+        """The model on this rank's device (one GPU per rank in a distributed run)."""
+        from caidllm.models import load
+
         device = _device(device)
         if self.world.distributed and (device is None or str(device).startswith("cuda")):
             device = self.world.device("cuda" if torch.cuda.is_available() else "cpu")  # one GPU per rank
         self.world.init(device)
-        self.lm = load(pretrained, device=device, dtype=dtype, quantize=quantize or None,
-                       quantize_head=_bool(quantize_head, "quantize_head"))
-        # Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion
-        # model's own block length): the lengths every request of the run decodes with.
-        self.method = recommended_method(getattr(self.lm, "checkpoint", None), self.method)
-        config, _ = config_for_model(self.lm.config, getattr(self.lm, "checkpoint", None), self.method,
-                                     gen_length=self.gen_length, block_length=self.block_length,
-                                     temperature=self.temperature, **self.decode)
+        return load(pretrained, device=device, dtype=dtype, quantize=quantize or None,
+                    quantize_head=_bool(quantize_head, "quantize_head"))
+
+    def _fit_lengths(self) -> None:
+        """Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion
+        model's own block length): the lengths every request of the run decodes with."""
+        checkpoint = getattr(self.lm, "checkpoint", None)
+        self.method = recommended_method(checkpoint, self.method)
+        config, _ = config_for_model(self.lm.config, checkpoint, self.method, gen_length=self.gen_length,
+                                     block_length=self.block_length, temperature=self.temperature, **self.decode)
         self.gen_length, self.block_length = config.gen_length, config.block_length
-        make_store(self.lm, self.prefix_cache_mb)  # a budget the model cannot use fails here
-        self._device = self.lm.device
-        self._rank, self._world_size = self.world.rank, self.world.world_size  # what lm-eval splits requests by
-        self.pretrained = str(pretrained)
+
+    def _start_stats(self, stats_path) -> None:
+        """The run's counters, the file they go to (stats_path, else $CAIDLLM_LM_EVAL_STATS), the chat markers."""
         self.stats_path = Path(stats_path) if stats_path else (Path(os.environ[STATS_ENV])
                                                                 if os.environ.get(STATS_ENV) else None)
         template = getattr(self.lm.tokenizer, "chat_template", None) or ""

@@ -25,8 +25,34 @@ def check_api_key(args) -> str | None:
 
 
 def settings_from(args, lm):
+    from caidllm.models.checkpoints import recommended_method
     from caidllm.serve.app import ServerConfig
     from caidllm.serve.protocol import ServerDefaults
+
+    api_key = _check_flags(args)
+    checkpoint = getattr(lm, "checkpoint", None)
+    # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its method).
+    method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
+    gen_length, block_length = _default_lengths(args, lm, checkpoint, method)
+    from caidllm.decode.prefix_reuse import check_budget, make_store
+
+    budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
+    make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
+    name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
+    defaults = ServerDefaults(model_name=name, method=method, gen_length=gen_length,
+                              block_length=block_length,
+                              max_gen_length=args.max_gen_length or lm.config.max_length,
+                              max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
+    return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
+                        api_key=api_key,
+                        max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
+                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace,
+                        step_policy=getattr(args, "step_policy", None), prefix_cache_mb=budget)
+
+
+def _check_flags(args):
+    """Refuse a bounded flag out of its range, a bad API key or step policy; returns the API key."""
+    from caidllm.decode.step_policies import make_step_policy
 
     for name in ("gen_length", "block_length", "max_batch", "port", "max_body_bytes", "body_timeout"):
         value = getattr(args, name)
@@ -35,19 +61,18 @@ def settings_from(args, lm):
     api_key = check_api_key(args)
     if args.shutdown_grace < 0:
         raise InputError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
-    from caidllm.decode.config import DecodeConfig
-    from caidllm.decode.presets import config_for_model, options_for_model
-    from caidllm.decode.step_policies import make_step_policy
-
     if getattr(args, "step_policy", None) is not None:
         make_step_policy(args.step_policy)
-    # Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion model's
-    # own block length); given ones are checked, and that they apply to the model's family.
-    from caidllm.models.checkpoints import recommended_method
+    return api_key
 
-    checkpoint = getattr(lm, "checkpoint", None)
-    # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its method).
-    method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
+
+def _default_lengths(args, lm, checkpoint, method: str) -> tuple[int, int]:
+    """The requests' default gen_length and block_length. Unset ones as generate takes them (a known
+    checkpoint's recommendation, a block-diffusion model's own block length); given ones are checked, and
+    that they apply to the model's family."""
+    from caidllm.decode.config import DecodeConfig
+    from caidllm.decode.presets import config_for_model, options_for_model
+
     config, _ = config_for_model(lm.config, checkpoint, method, gen_length=args.gen_length,
                                  block_length=args.block_length)
     block_length = config.block_length
@@ -57,20 +82,7 @@ def settings_from(args, lm):
             "block_length") or DecodeConfig.block_length
         # Only one that lays whole blocks in the default gen_length: a request's canvas is whole blocks of it.
         block_length = own if config.gen_length % own == 0 else config.gen_length
-    from caidllm.decode.prefix_reuse import check_budget, make_store
-
-    budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
-    make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
-    name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
-    defaults = ServerDefaults(model_name=name, method=method, gen_length=config.gen_length,
-                              block_length=block_length,
-                              max_gen_length=args.max_gen_length or lm.config.max_length,
-                              max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
-    return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
-                        api_key=api_key,
-                        max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
-                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace,
-                        step_policy=getattr(args, "step_policy", None), prefix_cache_mb=budget)
+    return config.gen_length, block_length
 
 
 def settings_file_of(args):

@@ -117,12 +117,7 @@ def select(view: StepView, explore_steps: int, cycle_threshold: float, window: i
     exploring = k < explore_steps
 
     # Exploratory step: estimate the span's end from `last` on and push it into the window.
-    scope = pos >= last[:, None]
-    reach = scope & (conf >= cycle_threshold)
-    farthest = torch.where(reach, pos, -1).amax(dim=1)
-    increment = torch.where(reach.any(dim=1), farthest - last + 1, torch.ones_like(last))
-    increment = torch.where(last < bl, increment, torch.zeros_like(last))
-    estimate = (last + increment).clamp(1, bl)
+    scope, estimate = _estimate(conf, pos, last, cycle_threshold, bl)
     push = exploring & ~fixed
     hist = torch.where(push[:, None], torch.cat([hist[:, 1:], estimate[:, None]], dim=1), hist)
     count = torch.where(push, (count + 1).clamp(max=window), count)
@@ -135,10 +130,7 @@ def select(view: StepView, explore_steps: int, cycle_threshold: float, window: i
     k = torch.where(exploring, k + 1, k)
     # After the last exploratory step an unfixed span takes the mean of what was seen.
     fallback = exploring & (k == explore_steps) & ~fixed
-    valid = torch.arange(window, device=conf.device)[None] >= (window - count)[:, None]
-    seen_mean = (hist.double() * valid).sum(dim=1) / count.clamp(min=1)
-    seen = torch.where(count > 0, seen_mean.floor().long().clamp(1, bl), torch.full_like(cur, bl // 2))
-    cur = torch.where(fallback, seen, cur)
+    cur = torch.where(fallback, _seen_length(hist, count, bl), cur)
     fixed = fixed | fallback
 
     fast_span = (pos >= last[:, None]) & (pos < cur[:, None])
@@ -146,12 +138,35 @@ def select(view: StepView, explore_steps: int, cycle_threshold: float, window: i
     commit = _fill(conf, commit_span & view.masked, high)
     fast = torch.where(exploring, torch.zeros_like(k), s["sf_fast"][rows] + 1)  # fast forwards of the sub-cycle
 
-    for name, value in (("sf_k", k), ("sf_count", count), ("sf_fixed", fixed.long()), ("sf_cur", cur),
-                        ("sf_last", last), ("sf_fast", fast)):
-        s[name][rows] = value
-    for i in range(window):
-        s[f"sf_hist{i}"][rows] = hist[:, i]
+    _save(s, rows, hist, sf_k=k, sf_count=count, sf_fixed=fixed.long(), sf_cur=cur, sf_last=last, sf_fast=fast)
     return commit
+
+
+def _estimate(conf: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, cycle_threshold: float, bl: int):
+    """The exploratory step's scope (the positions from `last` on) and its estimate of the span's end:
+    past the farthest position confident over cycle_threshold (one position when none is)."""
+    scope = pos >= last[:, None]
+    reach = scope & (conf >= cycle_threshold)
+    farthest = torch.where(reach, pos, -1).amax(dim=1)
+    increment = torch.where(reach.any(dim=1), farthest - last + 1, torch.ones_like(last))
+    increment = torch.where(last < bl, increment, torch.zeros_like(last))
+    return scope, (last + increment).clamp(1, bl)
+
+
+def _seen_length(hist: torch.Tensor, count: torch.Tensor, bl: int) -> torch.Tensor:
+    """The floor of the mean of the `count` estimates in the window (its last ones); half the block with none."""
+    window = hist.shape[1]
+    valid = torch.arange(window, device=hist.device)[None] >= (window - count)[:, None]
+    seen_mean = (hist.double() * valid).sum(dim=1) / count.clamp(min=1)
+    return torch.where(count > 0, seen_mean.floor().long().clamp(1, bl), torch.full_like(count, bl // 2))
+
+
+def _save(s: dict, rows, hist: torch.Tensor, **values: torch.Tensor) -> None:
+    """The rows' state back into the step's state tensors, the window's estimates one tensor each."""
+    for name, value in values.items():
+        s[name][rows] = value
+    for i in range(hist.shape[1]):
+        s[f"sf_hist{i}"][rows] = hist[:, i]
 
 
 def horizon(state: dict[str, torch.Tensor], masked: torch.Tensor, explore_steps: int) -> torch.Tensor:
