@@ -84,6 +84,29 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     _check_text(body)
     body = {k: v for k, v in body.items() if v is not None}
     prompt_field = "messages" if kind == "chat" else "prompt"
+    _check_fields(body, kind, prompt_field)
+    model = _model(body, defaults)
+    stream, include_usage = _stream(body)
+    max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _positive_int(body, max_name)
+    tool_request = _tools(body, lm, kind)
+    prompts = _messages(body["messages"], lm, defaults, tool_request) if kind == "chat" \
+        else _prompts(body["prompt"], lm, defaults)
+    _check_prompt_lengths(prompts, defaults, prompt_field)
+    extensions = {k: body[k] for k in body if k in EXTENSIONS}
+    config = _config(body, extensions, max_tokens, max_name, defaults)
+    try:  # the one check against the model: a setting its kind never reads, then one the method does not
+        # read (whose advice is a method), then what the family does not take (cache=dual on block diffusion)
+        config = fit_to_model(config, lm.config, strict=True)
+    except InputError as error:
+        raise RequestError(str(error), error.field or _method_param(extensions)) from None
+    constraint, top = _answer_form(body, kind, max_tokens, tool_request)
+    return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
+                         _bool(body, "commit_events", False), model, extensions, constraint, top, tool_request)
+
+
+def _check_fields(body: dict, kind: str, prompt_field: str) -> None:
+    """Every field known to this endpoint and well typed where it is one the decoding ignores; the prompt given."""
     other = "prompt" if kind == "chat" else "messages"
     for name, value in body.items():
         if name in NEUTRAL:
@@ -96,6 +119,10 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
             raise RequestError(f"unknown field {name!r}", name)
     if prompt_field not in body:
         raise RequestError(f"{prompt_field!r} is required", prompt_field)
+
+
+def _model(body: dict, defaults: ServerDefaults) -> str:
+    """The model named (the served one when none is); another one: 404."""
     model = body.get("model", defaults.model_name)
     for name in ("model", "user"):
         if name in body and not isinstance(body[name], str):
@@ -103,6 +130,11 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     if model != defaults.model_name:
         raise RequestError(f"the model {model!r} does not exist; this server serves {defaults.model_name!r}",
                            "model", status=404, code="model_not_found")
+    return model
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    """stream, and stream_options' include_usage (only with stream: true)."""
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not stream:
@@ -112,26 +144,15 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         if not isinstance(options, dict) or set(options) - {"include_usage"}:
             raise RequestError("stream_options must be an object with only 'include_usage'", "stream_options")
         include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
-    max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _positive_int(body, max_name)
-    tool_request = _tools(body, lm, kind)
-    prompts = _messages(body["messages"], lm, defaults, tool_request) if kind == "chat" \
-        else _prompts(body["prompt"], lm, defaults)
+    return stream, include_usage
+
+
+def _check_prompt_lengths(prompts: list, defaults: ServerDefaults, prompt_field: str) -> None:
     if defaults.max_prompt_tokens is not None:
         for ids in prompts:
             if len(ids) > defaults.max_prompt_tokens:
                 raise RequestError(f"the prompt has {len(ids)} tokens; this server takes at most "
                                    f"{defaults.max_prompt_tokens}", prompt_field)
-    extensions = {k: body[k] for k in body if k in EXTENSIONS}
-    config = _config(body, extensions, max_tokens, max_name, defaults)
-    try:  # the one check against the model: a setting its kind never reads, then one the method does not
-        # read (whose advice is a method), then what the family does not take (cache=dual on block diffusion)
-        config = fit_to_model(config, lm.config, strict=True)
-    except InputError as error:
-        raise RequestError(str(error), error.field or _method_param(extensions)) from None
-    constraint, top = _answer_form(body, kind, max_tokens, tool_request)
-    return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
-                         _bool(body, "commit_events", False), model, extensions, constraint, top, tool_request)
 
 
 def _answer_form(body: dict, kind: str, max_tokens, tool_request):

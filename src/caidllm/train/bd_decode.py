@@ -30,18 +30,8 @@ def block_diffusion_generate(lm, prompts: list[str], block_length: int, gen_leng
 
 def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length: int) -> list[str]:
     model, config, bl = lm.model, lm.config, block_length
-    longest = max(len(p) for p in prompts)
-    # Left padding by whole blocks, so every row's blocks share the same columns.
-    padding = [bl * ((longest - len(p)) // bl) for p in prompts]
-    starts = [pad + len(p) for pad, p in zip(padding, prompts)]  # first answer column
-    L = -(-(longest + gen_length) // bl) * bl
-    B = len(prompts)
-    ids = torch.full((B, L), config.eos_id, dtype=torch.long)
-    real = torch.zeros(B, L, dtype=torch.bool)
-    for r, (pad, prompt, start) in enumerate(zip(padding, prompts, starts)):
-        ids[r, pad:start] = torch.tensor(prompt)
-        ids[r, start:start + gen_length] = config.mask_id
-        real[r, pad:start + gen_length] = True
+    ids, real, starts = _canvas(prompts, bl, gen_length, config.eos_id, config.mask_id)
+    B, L = ids.shape
     positions = (real.long().cumsum(1) - 1).clamp(min=0)
     ids, real, positions = ids.to(lm.device), real.to(lm.device), positions.to(lm.device)
     cache = lm.new_cache(B, L)
@@ -66,24 +56,47 @@ def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length:
             masked = (ids[:, block * bl:(block + 1) * bl] == config.mask_id) & ~done[:, None]
             if not bool(masked.any()):
                 break
-            probabilities = forward().softmax(-1)
-            confidence, predicted = probabilities.max(-1)
-            confidence = torch.where(masked, confidence, torch.full_like(confidence, -1.0))
-            choice = confidence.argmax(1, keepdim=True)
-            rows = masked.any(1)
-            chosen = predicted.gather(1, choice)
-            block_ids = ids[:, block * bl:(block + 1) * bl]
-            block_ids.scatter_(1, choice, torch.where(rows[:, None], chosen, block_ids.gather(1, choice)))
+            _commit_surest(ids[:, block * bl:(block + 1) * bl], masked, forward())
         for r, start in enumerate(starts):
             answer = ids[r, start:(block + 1) * bl]
             done[r] |= bool(torch.isin(answer, eos).any())
         if bool(done.all()):
             break
         forward()  # the finished block's final keys and values, read by every later block
+    return _texts(lm, ids, starts, gen_length)
 
+
+def _canvas(prompts: list[list[int]], bl: int, gen_length: int, eos_id: int, mask_id: int):
+    """[B, L] ids (prompts left-padded by whole blocks, so every row's blocks share the same columns; then
+    gen_length masks), which of them are real (not padding), and each row's first answer column."""
+    longest = max(len(p) for p in prompts)
+    padding = [bl * ((longest - len(p)) // bl) for p in prompts]
+    starts = [pad + len(p) for pad, p in zip(padding, prompts)]
+    L = -(-(longest + gen_length) // bl) * bl
+    ids = torch.full((len(prompts), L), eos_id, dtype=torch.long)
+    real = torch.zeros(len(prompts), L, dtype=torch.bool)
+    for r, (pad, prompt, start) in enumerate(zip(padding, prompts, starts)):
+        ids[r, pad:start] = torch.tensor(prompt)
+        ids[r, start:start + gen_length] = mask_id
+        real[r, pad:start + gen_length] = True
+    return ids, real, starts
+
+
+def _commit_surest(block_ids: torch.Tensor, masked: torch.Tensor, logits: torch.Tensor) -> None:
+    """Commit, in place, each row's masked position the model is surest of (rows with none left unchanged)."""
+    confidence, predicted = logits.softmax(-1).max(-1)
+    confidence = torch.where(masked, confidence, torch.full_like(confidence, -1.0))
+    choice = confidence.argmax(1, keepdim=True)
+    rows = masked.any(1)
+    chosen = predicted.gather(1, choice)
+    block_ids.scatter_(1, choice, torch.where(rows[:, None], chosen, block_ids.gather(1, choice)))
+
+
+def _texts(lm, ids: torch.Tensor, starts: list[int], gen_length: int) -> list[str]:
+    """Each row's answer up to its first end-of-answer (or still masked) token."""
     texts = []
     for r, start in enumerate(starts):
         answer = ids[r, start:start + gen_length].tolist()
-        ends = [i for i, token in enumerate(answer) if token in config.eos_ids or token == config.mask_id]
+        ends = [i for i, token in enumerate(answer) if token in lm.config.eos_ids or token == lm.config.mask_id]
         texts.append(lm.decode(answer[:ends[0]] if ends else answer))
     return texts

@@ -155,15 +155,8 @@ def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_s
     is_result_row = (torch.rand(B, generator=generator) < result_share) & results.any(dim=1)
     is_cut_row = (torch.rand(B, generator=generator) < cut_share) & results.any(dim=1) & ~is_result_row
     is_block_row = (torch.rand(B, generator=generator) < block_share) & ~is_result_row & ~is_cut_row
-    # Cut rows: the k-th result start, k drawn uniformly among the row's results.
-    result_starts = results & ~torch.nn.functional.pad(results, (1, 0))[:, :L]
-    k = (torch.rand(B, generator=generator) * result_starts.sum(dim=1)).long() + 1
-    cut = torch.where(result_starts & (result_starts.cumsum(dim=1) == k[:, None]), positions, L).min(dim=1).values
-    # Block start anywhere from the answer's first position to its end-of-turn token.
-    span = (batch.answer_end - batch.answer_start).clamp(min=1)
-    block_start = batch.answer_start + (torch.rand(B, generator=generator) * span).long()
-    block_start = torch.where(is_block_row, block_start, batch.answer_start)[:, None]
-    block_end = torch.where(is_block_row[:, None], block_start + block_length, torch.full_like(block_start, L))
+    cut = _cut_columns(results, positions, generator)  # the draws in this order: the same noise for a seed
+    block_start, block_end = _block_bounds(batch, is_block_row, block_length, L, generator)
     cut_tail = is_cut_row[:, None] & (positions >= cut[:, None])
     p_mask = torch.where((positions >= block_end) | cut_tail, torch.ones_like(p_mask), p_mask)
     noised = positions >= block_start  # the clean prefix of block rows is never masked
@@ -171,6 +164,26 @@ def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_s
     noised = torch.where(is_cut_row[:, None], cut_tail, noised)
     masked = (torch.rand(B, L, generator=generator) < p_mask) & noised
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask, in_answer
+
+
+def _cut_columns(results: torch.Tensor, positions: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Cut rows: the k-th result start, k drawn uniformly among the row's results (L for a row without)."""
+    B, L = results.shape
+    result_starts = results & ~torch.nn.functional.pad(results, (1, 0))[:, :L]
+    k = (torch.rand(B, generator=generator) * result_starts.sum(dim=1)).long() + 1
+    first = torch.where(result_starts & (result_starts.cumsum(dim=1) == k[:, None]), positions, L)
+    return first.min(dim=1).values
+
+
+def _block_bounds(batch: Batch, is_block_row: torch.Tensor, block_length: int, L: int,
+                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, 1] start and end of the noised block: block rows start anywhere from the answer's first position
+    to its end-of-turn token and span block_length; the others span the whole answer."""
+    span = (batch.answer_end - batch.answer_start).clamp(min=1)
+    block_start = batch.answer_start + (torch.rand(len(is_block_row), generator=generator) * span).long()
+    block_start = torch.where(is_block_row, block_start, batch.answer_start)[:, None]
+    block_end = torch.where(is_block_row[:, None], block_start + block_length, torch.full_like(block_start, L))
+    return block_start, block_end
 
 
 def masked_loss(logits: torch.Tensor, ids: torch.Tensor, masked: torch.Tensor, p_mask: torch.Tensor,
