@@ -116,7 +116,8 @@ class CaidllmLM(LM):
         self._start_stats(stats_path)
 
     def _check_settings(self, pretrained) -> None:
-        """Bad settings, or ones the model's family does not take, fail here, before loading (its config.json)."""
+        """Bad settings, or ones the model's family does not take, fail here, before loading (read from
+        its config.json)."""
         check_before_load(pretrained, self.method, gen_length=self.gen_length, block_length=self.block_length,
                           temperature=self.temperature, **self.decode)
 
@@ -141,7 +142,8 @@ class CaidllmLM(LM):
         self.gen_length, self.block_length = config.gen_length, config.block_length
 
     def _start_stats(self, stats_path) -> None:
-        """The run's counters, the file they go to (stats_path, else $CAIDLLM_LM_EVAL_STATS), the chat markers."""
+        """The run's counters, the file they go to (stats_path, else $CAIDLLM_LM_EVAL_STATS) and the chat
+        template's markers."""
         self.stats_path = Path(stats_path) if stats_path else (Path(os.environ[STATS_ENV])
                                                                 if os.environ.get(STATS_ENV) else None)
         template = getattr(self.lm.tokenizer, "chat_template", None) or ""

@@ -31,7 +31,8 @@ def settings_from(args, lm):
 
     api_key = _check_flags(args)
     checkpoint = getattr(lm, "checkpoint", None)
-    # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its method).
+    # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its
+    # method).
     method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
     gen_length, block_length = _default_lengths(args, lm, checkpoint, method)
     from caidllm.decode.prefix_reuse import check_budget, make_store

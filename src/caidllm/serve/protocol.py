@@ -106,7 +106,7 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
 
 
 def _check_fields(body: dict, kind: str, prompt_field: str) -> None:
-    """Every field known to this endpoint and well typed where it is one the decoding ignores; the prompt given."""
+    """Every field known to this endpoint, and well typed where the decoding ignores it; the prompt given."""
     other = "prompt" if kind == "chat" else "messages"
     for name, value in body.items():
         if name in NEUTRAL:

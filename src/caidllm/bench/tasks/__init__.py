@@ -95,7 +95,8 @@ def load_task(spec: str, *, data_dir: Path | None = None, limit: int | None = No
 
 
 def _checked_arguments(spec: str, data_dir: Path | None, limit: int | None, fewshot: int) -> Path | None:
-    """Refuse a bad limit, few-shot count or data folder; returns the folder, expanded where the task reads one."""
+    """Refuse a bad limit, few-shot count or data folder; returns the folder (expanded where the task
+    reads one)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InputError(f"limit must be a positive integer, got {limit!r}")
     if isinstance(fewshot, bool) or not isinstance(fewshot, int) or fewshot < 0:

@@ -154,7 +154,7 @@ def _estimate(conf: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, cycle_t
 
 
 def _seen_length(hist: torch.Tensor, count: torch.Tensor, bl: int) -> torch.Tensor:
-    """The floor of the mean of the `count` estimates in the window (its last ones); half the block with none."""
+    """The floor of the mean of the window's last `count` estimates; half the block with none."""
     window = hist.shape[1]
     valid = torch.arange(window, device=hist.device)[None] >= (window - count)[:, None]
     seen_mean = (hist.double() * valid).sum(dim=1) / count.clamp(min=1)
