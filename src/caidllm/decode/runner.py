@@ -17,7 +17,7 @@ import torch
 from caidllm.decode.block_diffusion import edits
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView
-from caidllm.decode.policies.base import distribution_stats
+from caidllm.decode.policies.base import distribution_stats, probabilities
 from caidllm.decode.request import Request
 from caidllm.decode.sampling import predict, token_probability
 from caidllm.decode.scheduler import ForwardGroup
@@ -123,6 +123,8 @@ class Runner:
         stats = None
         if any(spec.needs_distribution for spec in specs):
             stats = distribution_stats(logits, mask_id)  # before prediction consumes the logits
+        if any(spec.needs_probabilities for spec in specs):
+            stats = (stats or (None, None)) + (probabilities(logits, mask_id),)
         predicted, confidence = self._predict(logits, members)
         for i, r in enumerate(members):
             if r.step == 0:
@@ -187,8 +189,12 @@ class Runner:
                             first_confidence=first[at], step=lead.step, total_steps=total_steps,
                             block_index=lead.block, rows=torch.arange(len(indices), device=masked.device),
                             state=state)
-            if stats is not None:
+            if stats is not None and stats[0] is not None:
                 view.entropy, view.second = stats[0][at], stats[1][at]
+            if stats is not None and len(stats) > 2:
+                view.probabilities = stats[2][at]
+            if lead.policy_state is not None:
+                view.policy_states = [members[i].policy_state for i in indices]
             if support is not None:
                 view.verify_confidence = support[at]
             try:
