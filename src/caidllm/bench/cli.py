@@ -54,6 +54,10 @@ def register(sub, name: str = "bench") -> argparse.ArgumentParser:
                    help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/, mathqa/, longbench/); "
                         "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "
                         "root; with none, the Hugging Face hub copies (datasets)")
+    p.add_argument("--lengths", default=None, metavar="N[,N...]",
+                   help="the length table: every method at each generation length (multiples of --block-length, "
+                        "default 32), tokens/s and speedup per length in results.md, lengths.png beside it; the run "
+                        "says how long it expects before it starts (--limit caps the examples)")
     p.add_argument("--out", default=None, help="write results.json, results.md, plots and per-sample JSONL here")
     p.add_argument("--json", action="store_true", help="print the results object as JSON on stdout")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -109,6 +113,8 @@ def settings_from_args(args) -> BenchConfig:
 
 def run(args) -> int:
     settings = settings_from_args(args)
+    if args.lengths is not None:
+        return run_length_table(args, settings)
     if args.tp > 1:  # this process is rank 0 of the ranks it spawns; it runs the benchmark on their model
         from caidllm.parallel.launch import parallel_model
 
@@ -128,4 +134,29 @@ def run(args) -> int:
         print(markdown(report))
     if settings.out:
         print(f"wrote {settings.out}/results.json, results.md and plots", file=sys.stderr)
+    return 0
+
+
+def run_length_table(args, settings: BenchConfig) -> int:
+    """`--lengths`: one bench run per generation length on one loaded model (bench/lengths.py)."""
+    import dataclasses
+
+    from caidllm.bench.lengths import DEFAULT_BLOCK, parse_lengths, run_lengths
+    from caidllm.errors import InputError
+
+    if args.tp > 1:
+        raise InputError("--lengths runs on one process (no --tp)", field="lengths")
+    block = args.block_length or DEFAULT_BLOCK
+    lengths = parse_lengths(args.lengths, block)  # refused before the model loads
+    settings = dataclasses.replace(settings, block_length=block)
+    report = run_lengths(settings, lengths, lambda message: print(message, file=sys.stderr))
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, ensure_ascii=False, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        from caidllm.bench.lengths import markdown
+
+        print(markdown(report["rows"], lengths, settings.methods, "## Length table"))
+    if settings.out:
+        print(f"wrote {settings.out}/results.json, results.md and lengths.png", file=sys.stderr)
     return 0
