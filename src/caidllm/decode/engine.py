@@ -241,6 +241,8 @@ class Engine:
             self.prefix.after_forward(self.scheduler.frame, request)
             event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
                                    self.lm.config.eos_id, self.lm.device, row.edits)
+            if row.fill is not None and not event.finished:
+                request.finish_with(row.fill, event, self._eos_ids, self.lm.config.eos_id)
             if first and self.prefix.applies(request):
                 event.reused_positions, event.prompt_length = request.reused, len(request.prompt)
             if event.finished:
