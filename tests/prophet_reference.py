@@ -35,7 +35,8 @@ def prophet_reference(lm, prompt, gen, block, steps, answer_start, thresholds=(7
             if positions:
                 gaps = [float(logits[q].topk(2).values[0] - logits[q].topk(2).values[1]) for q in positions]
                 progress = global_step / steps
-                threshold = thresholds[0] if progress < 0.33 else thresholds[1] if progress < 0.67 else thresholds[2]
+                phase = 0 if progress < 0.33 else 1 if progress < 0.67 else 2
+                threshold = thresholds[phase]
                 if sum(gaps) / len(gaps) >= threshold:
                     x[0] = torch.where(x[0] == mask, tokens, x[0])
                     return x[0, p:].tolist(), global_step

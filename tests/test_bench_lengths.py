@@ -31,7 +31,8 @@ def test_the_length_table_in_one_command(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, words", [("16,12", "12 is not a positive multiple of the block length 8"),
-                                         ("0", "0 is not a positive multiple"), ("16,x", "comma-separated integers"),
+                                         ("0", "0 is not a positive multiple"),
+                                         ("16,x", "comma-separated integers"),
                                          (",", "names no length")])
 def test_a_bad_length_list_is_refused_by_name(text, words):
     with pytest.raises(InputError, match=words) as error:

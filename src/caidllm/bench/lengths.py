@@ -36,14 +36,16 @@ def parse_lengths(text: str, block_length: int) -> list[int]:
         raise InputError("--lengths names no length", field="lengths")
     for length in lengths:
         if length < 1 or length % block_length:
-            raise InputError(f"--lengths: {length} is not a positive multiple of the block length {block_length} "
+            raise InputError(f"--lengths: {length} is not a positive multiple of the block length "
+                             f"{block_length} "
                              "(set --block-length or pick multiples of it)", field="lengths")
     return sorted(set(lengths))
 
 
 def seconds_per_forward(lm, batch_size: int, length: int) -> float:
     """One timed forward over a batch of canvases of `length` answer positions (after one untimed)."""
-    ids = torch.full((batch_size, PROMPT_ALLOWANCE + length), lm.config.mask_id, dtype=torch.long, device=lm.device)
+    ids = torch.full((batch_size, PROMPT_ALLOWANCE + length), lm.config.mask_id, dtype=torch.long,
+                     device=lm.device)
     with torch.inference_mode():
         lm.logits(ids)
         started = time.perf_counter()
@@ -78,7 +80,8 @@ def markdown(rows: list[dict], lengths: list[int], methods: list[str], header: s
         for method in methods:
             cells = []
             for n in lengths:
-                row = next(r for r in rows if r["task"] == task and r["method"] == method and r["gen_length"] == n)
+                row = next(r for r in rows
+                           if r["task"] == task and r["method"] == method and r["gen_length"] == n)
                 cells.append(f"{row['tps']:.1f} tok/s ({row['speedup']:.2f}x, {row['nfe']:.1f} fwd)")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -91,10 +94,12 @@ def plot(path: Path, rows: list[dict], lengths: list[int], methods: list[str]) -
 
     task = rows[0]["task"]
     fig = _figure(width=10, height=4.2)
-    for i, (key, label) in enumerate([("tps", "answer tokens/s"), ("speedup", f"speedup over {methods[0]} (x)")]):
+    panels = [("tps", "answer tokens/s"), ("speedup", f"speedup over {methods[0]} (x)")]
+    for i, (key, label) in enumerate(panels):
         ax = fig.add_subplot(1, 2, i + 1)
         for method in methods:
-            points = sorted((r["gen_length"], r[key]) for r in rows if r["task"] == task and r["method"] == method)
+            points = sorted((r["gen_length"], r[key]) for r in rows
+                            if r["task"] == task and r["method"] == method)
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
@@ -107,7 +112,7 @@ def plot(path: Path, rows: list[dict], lengths: list[int], methods: list[str]) -
 
 
 def run_lengths(settings, lengths: list[int], log) -> dict:
-    """Every length's bench run on one loaded model; the combined report (written to settings.out at the end)."""
+    """Every length's bench run on one loaded model; the combined report (to settings.out at the end)."""
     from caidllm.bench.runner import _load_model, run_bench
     from caidllm.distributed import World
 
@@ -116,10 +121,11 @@ def run_lengths(settings, lengths: list[int], log) -> dict:
     lm = _load_model(settings, world, world.device(settings.device), log)
     examples = settings.limit if settings.limit is not None else 1
     bound = expected_seconds(lm, settings, lengths, examples)
-    per = "" if settings.limit is not None else " per example of each task (no --limit: times the task's size)"
+    per = "" if settings.limit is not None else " per example of each task (no --limit: times its size)"
     log(f"lengths {lengths}, block {settings.block_length}: expected at most ~{bound:.0f} s{per} "
         "(every method as slow as vanilla); --limit caps the examples")
-    reports = {n: run_bench(dataclasses.replace(settings, gen_length=n, out=None), lm=lm, log=log) for n in lengths}
+    reports = {n: run_bench(dataclasses.replace(settings, gen_length=n, out=None), lm=lm, log=log)
+               for n in lengths}
     rows = table_rows(reports)
     report = dict(lengths=lengths, methods=settings.methods, block_length=settings.block_length, rows=rows,
                   settings=reports[lengths[0]]["settings"], expected_upper_bound_s=bound)
@@ -129,7 +135,7 @@ def run_lengths(settings, lengths: list[int], log) -> dict:
 
 
 def write(out: Path, report: dict) -> None:
-    """results.json, results.md and lengths.png into `out`, all or nothing (built beside it, then moved in)."""
+    """results.json, results.md and lengths.png into `out`, all or nothing (built beside it, moved in)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

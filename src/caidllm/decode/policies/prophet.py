@@ -52,9 +52,9 @@ class ProphetSettings(PolicySettings):
     )
 
     def check_with(self, config) -> None:
-        if config.cache != "none":  # its watch reads the whole generation's logits: a forward over every position
-            raise InputError(f"policy 'prophet' runs without a cache (its official loop's), got cache {config.cache!r}",
-                             field="cache")
+        if config.cache != "none":  # its watch reads the whole generation's logits: every position computed
+            raise InputError("policy 'prophet' runs without a cache (its official loop's), got cache "
+                             f"{config.cache!r}", field="cache")
 
     def arguments(self, gating: bool) -> dict:
         return dict(answer_start=self.answer_start, thresholds=(self.early, self.mid, self.late))
