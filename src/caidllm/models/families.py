@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import ModelLoadError
 from .config import ConfigFields, Family, ModelConfig, block_diffusion_fields, check_heads
+from .diffusion_gemma import DIFFUSION_GEMMA
 from .dream import DREAM
 from .fastdllm_v2 import FASTDLLM_V2
 from .llada import LLADA
@@ -18,7 +19,8 @@ from .llada2 import LLADA2
 from .llada_moe import LLADA_MOE
 from .sdar import SDAR
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2,
+                                                                   DIFFUSION_GEMMA)}
 
 
 def get_family(name: str) -> Family:

@@ -142,8 +142,9 @@ def load_tokenizer(folder: Path, config: ModelConfig):
     if n > config.vocab_size:
         raise ModelLoadError(f"{tok_file} has {n} tokens but the model's vocabulary has only {config.vocab_size}")
     generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-    mask_id = checkpoint_mask_id(tokenizer, config, generation, folder)
-    if tokenizer.mask_token is None:
+    # a uniform-state family (DiffusionGemma) has no mask token: its canvases start as random tokens
+    mask_id = None if get_family(config.family).uniform else checkpoint_mask_id(tokenizer, config, generation, folder)
+    if tokenizer.mask_token is None and mask_id is not None:
         tokenizer.mask_token = tokenizer.convert_ids_to_tokens(mask_id)
     for name in ("eos_id", "pad_id"):
         value = getattr(config, name)
@@ -324,7 +325,8 @@ def _check_weights(where: dict[str, Path], expected: dict[str, tuple], config: M
 
     # Rotary tables are recomputed, and a tied head duplicated in the file is the embedding.
     tied_heads = {"model.transformer.ff_out.weight", "lm_head.weight"} if config.tie_embeddings else set()
-    names = [n for n in where if not n.endswith("rotary_emb.inv_freq") and n not in tied_heads]
+    ignores = get_family(config.family).ignores_weight or (lambda name: False)  # a vision tower, tied copies
+    names = [n for n in where if not n.endswith("rotary_emb.inv_freq") and n not in tied_heads and not ignores(n)]
     missing = sorted(set(expected) - set(names))
     unexpected = sorted(set(names) - set(expected))
     if unexpected:
