@@ -13,8 +13,10 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.prefix_reuse import shared_store
 from caidllm.decode.presets import build_config, options_for_model
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
+from caidllm.decode.uniform_api import generate_uniform
 from caidllm.errors import InputError
 from caidllm.models.checkpoints import recommended_method
+from caidllm.models.families import get_family
 from caidllm.models.lm import DiffusionLM
 
 
@@ -41,6 +43,12 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     the prefix store kept with the model across calls (decode/prefix_reuse.py; None: the default on a
     block-causal model, 0: off; exact: the same tokens either way). Each result's elapsed_s,
     policy_s and forward_s are those of the whole run."""
+    if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine (uniform_api.py)
+        mask_only = dict(block_length=block_length, steps=steps, cache=cache, threshold=threshold,
+                         temperature=temperature, settings=settings, prefix_cache_mb=prefix_cache_mb)
+        return _generate_uniform(lm, prompts, method, batch_size, chat, dict(
+            gen_length=gen_length, seed=seed, **mask_only, **({} if early_stop else {"adaptive_stop": False}),
+            **overrides))
     checkpoint = getattr(lm, "checkpoint", None)
     method = recommended_method(checkpoint if settings is None else None, method)
     # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
@@ -71,6 +79,13 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     forward = engine.forward_timer.total()
     return [dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward)
             for i in ids]
+
+
+def _generate_uniform(lm, prompts, method, batch_size, chat, options: dict):
+    if not is_int(batch_size) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
+    return generate_uniform(lm, token_prompts, method, batch_size, **options)
 
 
 def _sync(lm) -> None:

@@ -26,7 +26,13 @@ from torch import nn
 
 from .config import Family, ModelConfig
 from .diffusion_gemma_cache import DecoderView, DGCache, causal_mask
-from .diffusion_gemma_config import FULL, SLIDING, DGShape, dg_shape, read_diffusion_gemma_fields
+from .diffusion_gemma_config import (
+    FULL,
+    SLIDING,
+    DGShape,
+    dg_shape,
+    read_diffusion_gemma_fields,
+)
 from .moe_experts import StackedExperts
 from .moe_kernels import AUTO, run_experts
 
@@ -166,10 +172,13 @@ class Layer(nn.Module):
     def forward(self, x, attention, scalar: torch.Tensor) -> torch.Tensor:
         x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
-        flat = x.reshape(-1, x.shape[-1])
-        chosen, weights = self.router(flat)
-        routed = run_experts(self.experts, self.kernel, self.pre_feedforward_layernorm_2(flat), chosen, weights)
-        routed = self.post_feedforward_layernorm_2(routed.view(x.shape))
+        chosen, weights = self.router(x)
+        inputs = self.pre_feedforward_layernorm_2(x)
+        # each request's tokens through the experts on their own: how many rows an expert gets (and so the
+        # matmul path it takes) must not depend on the batch (batch invariance; DecoderView's note)
+        routed = torch.stack([run_experts(self.experts, self.kernel, inputs[b], chosen[b], weights[b])
+                              for b in range(x.shape[0])])
+        routed = self.post_feedforward_layernorm_2(routed)
         return (x + self.post_feedforward_layernorm(dense + routed)) * scalar
 
 
@@ -212,6 +221,8 @@ class EncoderScalars(nn.Module):
 class DiffusionGemmaModel(nn.Module):
     """encode(ids, cache) writes keys/values; denoise(canvas, view, soft) returns float32 soft-capped
     logits of the canvas. See the module docstring."""
+
+    extra_left = 0  # what the mask engine's checks read of a model (no shifted logits here)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -278,21 +289,23 @@ class DiffusionGemmaModel(nn.Module):
     def denoise(self, canvas: torch.Tensor, view: DecoderView, soft: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 logits [B, L, V] of canvas [B, L] over the cached prefix of each row; `soft`
         [B, L, hidden]: the self-conditioning soft embeddings (soft_embeddings), None at a first step."""
-        b, n = canvas.shape
+        n = canvas.shape[1]
         x = self.embed(canvas)
         x = self.backbone.self_conditioning(x, soft if soft is not None else torch.zeros_like(x))
-        positions = view.lengths[:, None] + torch.arange(n, device=canvas.device)[None]
+        positions = torch.tensor(view.lengths, device=canvas.device)[:, None] + torch.arange(n, device=canvas.device)
         ropes = self._ropes(positions, x.dtype)
-        masks = {kind: view.key_mask(n, self.shape.sliding_window if kind == SLIDING else None)
-                 for kind in (SLIDING, FULL)}
         for i, layer in enumerate(self.backbone.layers):
             attn, kind = layer.self_attn, self.shape.layer_types[i]
 
             def attention(h, attn=attn, i=i, kind=kind):
                 q, k, v = attn.project(h, *ropes[kind])
-                if view.keys and view.keys[i] is not None:
-                    k, v = torch.cat([view.keys[i], k], dim=2), torch.cat([view.values[i], v], dim=2)
-                return attn.attend(q, k, v, masks[kind])
+                rows = []
+                for r in range(h.shape[0]):  # each row over its own cached keys: no padding (DecoderView)
+                    ck, cv = view.cached(r, i, attn.window)
+                    kr, vr = (k[r:r + 1], v[r:r + 1]) if ck is None else \
+                        (torch.cat([ck, k[r:r + 1]], dim=2), torch.cat([cv, v[r:r + 1]], dim=2))
+                    rows.append(attn.attend(q[r:r + 1], kr, vr, None))
+                return torch.cat(rows)
 
             x = layer(x, attention, layer.layer_scalar)
         return self.logits(self.backbone.norm(x))
@@ -310,7 +323,8 @@ class DiffusionGemmaModel(nn.Module):
         flat = logits.reshape(-1, logits.shape[-1])
         out = torch.empty(flat.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
         for s in range(0, flat.shape[0], chunk):
-            probs = flat[s:s + chunk].softmax(dim=-1, dtype=torch.float32).to(w.dtype)
+            # the logits in the weights' dtype first, as the reference keeps them between steps
+            probs = flat[s:s + chunk].to(w.dtype).softmax(dim=-1, dtype=torch.float32).to(w.dtype)
             out[s:s + chunk] = (probs @ w) * scale
         return out.view(*logits.shape[:-1], w.shape[1])
 

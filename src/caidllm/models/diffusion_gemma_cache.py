@@ -2,8 +2,7 @@
 
 The encoder (causal) writes the keys and values of the prompt and of each finished canvas; the
 decoder reads them and never writes. One DGCache per request (its rows all one length), so that a
-request's cache never depends on its batch; ``DGCache.batch`` lines several up (right-padded, a
-key-validity mask) for one batched decoder forward.
+request's cache never depends on its batch; a DecoderView holds those of one batched decoder forward.
 
 Which cached keys the decoder sees follows transformers' dynamic cache, the reference generate()'s:
 a sliding-window layer keeps only its last ``sliding_window - 1`` keys, and the canvas attends to
@@ -29,7 +28,7 @@ class DGCache:
         return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[2]
 
     @classmethod
-    def empty(cls, n_layers: int) -> "DGCache":
+    def empty(cls, n_layers: int) -> DGCache:
         return cls([None] * n_layers, [None] * n_layers)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,40 +44,29 @@ class DGCache:
 
 @dataclass
 class DecoderView:
-    """What a batched decoder forward reads: each layer's cached keys/values right-padded to the
-    longest row, the cached length of each row (its canvas starts at that position)."""
+    """What a batched decoder forward reads: each row's own cache. Attention runs row by row over that
+    row's cached keys (no padding): a row's numbers are those it gets alone, whatever its batch (the
+    self-conditioning loop would grow a rounding difference into a different sample)."""
 
-    keys: list
-    values: list
-    lengths: torch.Tensor  # [B] long
+    caches: list
 
     @classmethod
-    def batch(cls, caches: list[DGCache]) -> "DecoderView":
-        lengths = [c.length for c in caches]
-        longest = max(lengths)
-        keys, values = [], []
-        for layer in range(len(caches[0].keys)):
-            keys.append(_padded([c.keys[layer] for c in caches], longest))
-            values.append(_padded([c.values[layer] for c in caches], longest))
-        device = caches[0].keys[0].device
-        return cls(keys, values, torch.tensor(lengths, device=device, dtype=torch.long))
+    def batch(cls, caches: list[DGCache]) -> DecoderView:
+        return cls(list(caches))
 
-    def key_mask(self, canvas: int, window: int | None) -> torch.Tensor:
-        """[B, 1, 1, cached + canvas] bool: the cached keys a row's canvas sees (its own, and for a
-        sliding layer only its last window - 1), then every canvas key."""
-        longest = self.keys[0].shape[2] if self.keys and self.keys[0] is not None else 0
-        j = torch.arange(longest, device=self.lengths.device)[None]
-        seen = j < self.lengths[:, None]
-        if window is not None:
-            seen &= j >= self.lengths[:, None] - (window - 1)
-        canvas_keys = torch.ones(seen.shape[0], canvas, dtype=torch.bool, device=seen.device)
-        return torch.cat([seen, canvas_keys], dim=1)[:, None, None, :]
+    @property
+    def lengths(self) -> list[int]:
+        return [c.length for c in self.caches]
 
-
-def _padded(tensors: list[torch.Tensor], longest: int) -> torch.Tensor:
-    if len(tensors) == 1 and tensors[0].shape[2] == longest:
-        return tensors[0]
-    return torch.cat([torch.nn.functional.pad(t, (0, 0, 0, longest - t.shape[2])) for t in tensors], dim=0)
+    def cached(self, row: int, layer: int, window: int | None):
+        """The keys / values of `row` that its canvas sees at `layer`: all of them, or for a sliding layer its
+        last window - 1 (transformers' dynamic cache keeps no more)."""
+        cache = self.caches[row]
+        k, v = cache.keys[layer], cache.values[layer]
+        if k is None or window is None:
+            return k, v
+        start = max(0, k.shape[2] - (window - 1))
+        return k[:, :, start:], v[:, :, start:]
 
 
 def causal_mask(start: int, n: int, window: int | None, device) -> torch.Tensor:
