@@ -97,3 +97,26 @@ def test_greedy_is_reproducible_and_differs_from_sampling():
     a = _ours(lm, [[3, 4, 5]], None, 16, method="greedy", exact_seed=False)[0].token_ids
     b = _ours(lm, [[3, 4, 5]], None, 16, method="greedy", exact_seed=False)[0].token_ids
     assert a == b
+
+
+def test_a_step_holds_one_full_size_float32_tensor():
+    """The [batch, canvas, vocab] float32 logits are the only allocation of that size in a step (the softmax,
+    sampling draws, entropies and self-conditioning probabilities go `sample_chunk` positions at a time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from caidllm.decode.diffusiongemma_sampler import denoise_step
+
+    lm = _lm(reference(seed=1, canvas_length=64, vocab_size=4096))
+    engine = UniformEngine(lm, max_batch=2)
+    for p in ([3, 4, 5], [6, 7]):
+        engine.submit(p, build_settings("diffusiongemma", gen_length=64, seed=0, sample_chunk=16))
+    engine.step()  # admission and a first step (no self-conditioning yet)
+    full = 2 * 64 * 4096 * 4
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        denoise_step(lm.model, list(engine.running.values()))
+    events = [e for e in prof.events() if e.cpu_memory_usage > 0]
+    # the logits' allocation, seen at each level of the head's matmul (linear > matmul > mm), and no other
+    big = [e for e in events if e.cpu_memory_usage >= full // 2]
+    assert {e.name for e in big} <= {"aten::linear", "aten::matmul", "aten::mm"}
+    assert sum(1 for e in big if e.name == "aten::mm") == 1
+    assert max(e.cpu_memory_usage for e in events if e not in big) <= full // 8  # a chunk: 16 of 64 positions

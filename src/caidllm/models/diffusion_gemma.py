@@ -313,7 +313,8 @@ class DiffusionGemmaModel(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         logits = F.linear(h, self.backbone.embed_tokens.weight).float()
         cap = self.shape.softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        # in place: the [B, L, vocab] float32 logits are the one full-size tensor a step holds
+        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 
     def soft_embeddings(self, logits: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """softmax(logits) @ embedding * sqrt(hidden), [B, L, hidden], `chunk` positions at a time (the
