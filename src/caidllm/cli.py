@@ -100,7 +100,7 @@ def run_generate(args) -> int:
     from caidllm.parallel.launch import parallel_model
 
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
-        method = recommended_method(lm.checkpoint, given_method)
+        method = recommended_method(lm.checkpoint, given_method or uniform_default(lm))
         note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
@@ -117,6 +117,13 @@ def run_generate(args) -> int:
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
                   f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
     return 0
+
+
+def uniform_default(lm) -> str | None:
+    """A uniform-state model's (DiffusionGemma's) own decoder when none is given; None for the others."""
+    from caidllm.models.families import get_family
+
+    return "diffusiongemma" if get_family(lm.config.family).uniform else None
 
 
 def note_recommendation(lm, options: dict, method: str = "cai") -> None:

@@ -100,14 +100,16 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     for c in checkpoints:
         r = c["recommended"]
         params = f"{c['parameters_total'] / 1e9:.2f}B/{c['parameters_active'] / 1e9:.2f}B"
-        decoder = f"{r['decoder']} (threshold {r['threshold']:g}), " if r.get("decoder") else ""
+        threshold = f" (threshold {r['threshold']:g})" if r.get("threshold") is not None else ""
+        decoder = f"{r['decoder']}{threshold}, " if r.get("decoder") else ""
         lines.append(f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
                      f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
                      f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "
                      f"{'on' if r['confidence_gating'] else 'off'}, f {r['refresh_every']}")
     lines.append("")
-    for kind, block_causal in (("full-sequence", False), ("block-diffusion", True)):
-        rows = [f for f in families if f["block_causal"] is block_causal]
+    for kind, block_causal, uniform in (("full-sequence", False, False), ("block-diffusion", True, False),
+                                        ("uniform-state", True, True)):
+        rows = [f for f in families if f["block_causal"] is block_causal and f.get("uniform", False) is uniform]
         if rows:
             lines += [f"Decoders (--method) of {kind} models: {', '.join(rows[0]['decoders'])}",
                       f"Cache modes (--cache) of {kind} models: {', '.join(rows[0]['cache_modes'])}"]
@@ -124,7 +126,7 @@ def quantized(m: dict) -> str:
     return f", {m['quantization']} linear layers and " + ("head" if head == m["quantization"] else f"{head} head")
 
 
-CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "none")
+CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "none")
 
 
 def memory_lines(m: dict) -> list[str]:

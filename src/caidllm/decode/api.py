@@ -47,8 +47,7 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
         mask_only = dict(block_length=block_length, steps=steps, cache=cache, threshold=threshold,
                          temperature=temperature, settings=settings, prefix_cache_mb=prefix_cache_mb)
         return _generate_uniform(lm, prompts, method, batch_size, chat, dict(
-            gen_length=gen_length, seed=seed, **mask_only, **({} if early_stop else {"adaptive_stop": False}),
-            **overrides))
+            gen_length=gen_length, seed=seed, early_stop=early_stop, **mask_only, **overrides))
     checkpoint = getattr(lm, "checkpoint", None)
     method = recommended_method(checkpoint if settings is None else None, method)
     # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.

@@ -51,6 +51,11 @@ class DGNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim)) if scaled else None
 
+    def draw_random(self, generator: torch.Generator) -> None:  # random_init.py: N(1, 0.1^2) as other norms
+        if self.weight is not None:
+            with torch.no_grad():
+                self.weight.normal_(1.0, 0.1, generator=generator)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
@@ -97,12 +102,19 @@ class Router(nn.Module):
     """RMS-normed (no weight) input times ``scale`` / sqrt(hidden), one logit per expert, softmax in fp32,
     top-k, renormalised, times the chosen experts' ``per_expert_scale``."""
 
+    is_router = True  # plan.py: replicated on every rank, as the other families' gates
+
     def __init__(self, d: int, experts: int, top_k: int, eps: float):
         super().__init__()
         self.norm, self.top_k, self.root = DGNorm(d, eps, scaled=False), top_k, d ** -0.5
         self.proj = nn.Linear(d, experts, bias=False)
         self.scale = nn.Parameter(torch.ones(d))
         self.per_expert_scale = nn.Parameter(torch.ones(experts))
+
+    @torch.no_grad()
+    def draw_random(self, generator: torch.Generator) -> None:
+        self.scale.normal_(1.0, 0.1, generator=generator)
+        self.per_expert_scale.normal_(1.0, 0.1, generator=generator)
 
     def forward(self, x: torch.Tensor):
         probs = self.proj(self.norm(x) * self.scale * self.root).softmax(dim=-1, dtype=torch.float32)
@@ -169,6 +181,9 @@ class Layer(nn.Module):
         self.experts = DGExperts(moe.num_experts, d, moe.moe_intermediate_size)
         self.register_buffer("layer_scalar", torch.ones(1))
 
+    def draw_random(self, generator: torch.Generator) -> None:
+        self.layer_scalar.fill_(1.0)
+
     def forward(self, x, attention, scalar: torch.Tensor) -> torch.Tensor:
         x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
@@ -213,9 +228,16 @@ class EncoderScalars(nn.Module):
     def __init__(self, n_layers: int):
         super().__init__()
         self.language_model = nn.Module()
-        self.language_model.layers = nn.ModuleList(nn.Module() for _ in range(n_layers))
-        for layer in self.language_model.layers:
-            layer.register_buffer("layer_scalar", torch.ones(1))
+        self.language_model.layers = nn.ModuleList(Scalar() for _ in range(n_layers))
+
+
+class Scalar(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+    def draw_random(self, generator: torch.Generator) -> None:
+        self.layer_scalar.fill_(1.0)
 
 
 class DiffusionGemmaModel(nn.Module):
@@ -231,6 +253,17 @@ class DiffusionGemmaModel(nn.Module):
         self.model.decoder = Backbone(config, self.shape)
         self.model.encoder = EncoderScalars(config.n_layers)
         self.embed_scale = config.hidden_size ** 0.5
+
+    @property
+    def cfg(self) -> ModelConfig:  # what quantize.py / plan.py read of a model
+        return self.config
+
+    def cache_bytes(self, length: int, size: int) -> int:
+        """Bytes of one request's cache at `length` positions: keys and values of every layer (a sliding
+        layer's too: the per-request cache keeps all of them), V = K stored apart in the full layers."""
+        c = self.config
+        per_position = sum(2 * self.shape.kv_heads(i, c) * self.shape.head_dim(i, c) for i in range(c.n_layers))
+        return per_position * length * size
 
     @property
     def backbone(self) -> Backbone:

@@ -140,3 +140,38 @@ def _rope(parameters: dict, kind: str, source: str) -> Rope:
         raise ModelLoadError(f"{source}: unsupported rope_parameters[{kind!r}] = {p!r} (default RoPE on the "
                              "whole head, or proportional RoPE without a factor)")
     return Rope(kind=rope_type, theta=float(p.get("rope_theta", 10_000.0)), partial=partial)
+
+
+# google/diffusiongemma-26B-A4B-it's config.json, its text part (the vision tower is not built): the field
+# values as a public mirror of the released file gives them (dotLLM's test fixture "verified real-26B
+# config", transcribed from the model's config.json; richengine's Gemma4MoeLayout agrees on every size).
+RELEASED_26B_A4B = {
+    "architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma", "canvas_length": 256,
+    "dtype": "bfloat16", "tie_word_embeddings": True, "use_bidirectional_attention": "vision",
+    "image_token_id": IMAGE_TOKEN_ID,
+    "text_config": {
+        "model_type": "diffusion_gemma_text", "hidden_size": 2816, "num_hidden_layers": 30,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "num_global_key_value_heads": 2, "head_dim": 256,
+        "global_head_dim": 512, "intermediate_size": 2112, "moe_intermediate_size": 704, "num_experts": 128,
+        "top_k_experts": 8, "vocab_size": 262144, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+        "final_logit_softcapping": 30.0, "sliding_window": 1024,
+        "layer_types": ([SLIDING] * 5 + [FULL]) * 5, "max_position_embeddings": 262144,
+        "rope_parameters": {FULL: {"rope_theta": 1_000_000.0, "partial_rotary_factor": 0.25,
+                                   "rope_type": "proportional"},
+                            SLIDING: {"rope_theta": 10_000.0, "rope_type": "default"}},
+        "eos_token_id": 1, "pad_token_id": 0, "bos_token_id": 2,
+    },
+}
+
+
+def with_overrides(raw: dict, overrides: dict) -> dict:
+    """A random shape's config.json with `overrides` applied: text_config's fields (num_hidden_layers shortens
+    layer_types, keeping its pattern and a full last layer) or the top level's (canvas_length)."""
+    text = raw["text_config"]
+    for key, value in overrides.items():
+        (text if key in text else raw)[key] = value
+    n = text["num_hidden_layers"]
+    if len(text["layer_types"]) != n:
+        pattern = RELEASED_26B_A4B["text_config"]["layer_types"]
+        text["layer_types"] = [pattern[i % len(pattern)] for i in range(n - 1)] + [FULL]
+    return raw

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: F401 - tests patch loading.F
 
 from ..errors import ModelLoadError
-from .checkpoints import identify
+from .checkpoints import identify, refused_variant
 from .config import ModelConfig
 from .families import get_family, load_config
 from .hub import download, is_hub_id
@@ -104,6 +104,9 @@ def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None, pack
 
 def resolve_folder(path_or_name) -> tuple[Path, str | None]:
     """The local folder of `path_or_name` and, when it was a hub id, that id (models/hub.py)."""
+    refusal = refused_variant(path_or_name)  # a quantized variant caidllm cannot load: before any download
+    if refusal:
+        raise ModelLoadError(refusal)
     if isinstance(path_or_name, str) and path_or_name in EMBEDDED:
         folder = EMBEDDED[path_or_name]
         if not (folder / "config.json").is_file():
@@ -236,6 +239,9 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
         plan.check(model)
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
+    if shard is not None and get_family(config.family).uniform:
+        raise ModelLoadError(f"--tp: tensor parallelism is not implemented for the {config.family} family; "
+                             "load it on one device")
     if shard is not None:  # a tensor-parallel rank: its part of each tensor only (parallel/loading.py)
         return shard(model, config, where, found, device, dtype).eval()
 
