@@ -68,7 +68,10 @@ def test_the_checkpoints_generation_config_sets_the_defaults(tmp_path):
     gives the sampler's defaults; a keyword given wins; absent (null) fields keep the released defaults."""
     import json
 
-    from caidllm.decode.diffusiongemma_settings import GENERATION_DEFAULTS, build_settings
+    from caidllm.decode.diffusiongemma_settings import (
+        GENERATION_DEFAULTS,
+        build_settings,
+    )
 
     (tmp_path / "generation_config.json").write_text(json.dumps({
         "max_denoising_steps": 20, "t_max": 1.2, "stability_threshold": None,

@@ -59,6 +59,7 @@ def accepted_positions(entropy: torch.Tensor, bound: float) -> torch.Tensor:
     return torch.zeros_like(chosen).scatter(-1, order, chosen)
 
 
+@torch.no_grad()
 def denoise_step(model, requests: list[CanvasRequest]) -> list[bool]:
     """One step of every request's canvas (one batched decoder forward); whether each one's canvas ended."""
     view = DecoderView.batch([r.cache for r in requests])

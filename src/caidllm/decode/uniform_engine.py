@@ -94,6 +94,7 @@ class UniformEngine:
         while self.has_work:
             yield from self.step()
 
+    @torch.no_grad()
     def step(self) -> list[CommitEvent]:
         """Admit waiting requests, advance every running canvas by one step; the step's events."""
         while self.queue and len(self.running) < self.max_batch:
@@ -106,6 +107,7 @@ class UniformEngine:
         self.steps += 1
         return [self._after_step(r, done) for r, done in zip(requests, ended)]
 
+    @torch.no_grad()
     def _admit(self, r: CanvasRequest) -> None:
         device = self.lm.device
         self.lm.model.encode(torch.tensor([r.prompt], device=device), r.cache)
@@ -113,6 +115,7 @@ class UniformEngine:
         r.new_canvas(device)
         self.running[r.id] = r
 
+    @torch.no_grad()
     def _after_step(self, r: CanvasRequest, canvas_ended: bool) -> CommitEvent:
         index = len(r.steps_per_canvas)
         event = CommitEvent(request_id=r.id, block=index, step=r.step - 1, positions=[], token_ids=[],

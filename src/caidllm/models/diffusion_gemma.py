@@ -298,7 +298,6 @@ class DiffusionGemmaModel(nn.Module):
         return {kind: self.rope(positions, kind, c.head_dim if kind == SLIDING else self.shape.full_head_dim, dtype)
                 for kind in (SLIDING, FULL)}
 
-    @torch.no_grad()
     def encode(self, ids: torch.Tensor, cache: DGCache) -> torch.Tensor:
         """Run the causal encoder over ids [B, n] after the cached positions, appending their keys/values;
         returns its final (normed) hidden states [B, n, hidden]."""
@@ -318,7 +317,6 @@ class DiffusionGemmaModel(nn.Module):
             x = layer(x, attention, scalars[i].layer_scalar)
         return self.backbone.norm(x)
 
-    @torch.no_grad()
     def denoise(self, canvas: torch.Tensor, view: DecoderView, soft: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 logits [B, L, V] of canvas [B, L] over the cached prefix of each row; `soft`
         [B, L, hidden]: the self-conditioning soft embeddings (soft_embeddings), None at a first step."""
@@ -346,8 +344,12 @@ class DiffusionGemmaModel(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         logits = F.linear(h, self.backbone.embed_tokens.weight).float()
         cap = self.shape.softcap
+        if cap is None:
+            return logits
+        if torch.is_grad_enabled() and logits.requires_grad:  # training: autograd needs the intermediate
+            return torch.tanh(logits / cap) * cap
         # in place: the [B, L, vocab] float32 logits are the one full-size tensor a step holds
-        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
+        return logits.div_(cap).tanh_().mul_(cap)
 
     def soft_embeddings(self, logits: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """softmax(logits) @ embedding * sqrt(hidden), [B, L, hidden], `chunk` positions at a time (the
