@@ -36,23 +36,28 @@ def memory_one(path: str) -> dict:
     before = _peak_mb()
     if path == "chunked":
         scaled = logits.div_(0.8)
-        tokens, argmax, entropy = draw(scaled, g, True, 64)
+        _, _, entropy = draw(scaled, g, True, 64)
         accepted_positions(entropy, 0.1)
         soft = torch.empty(CANVAS, HIDDEN, dtype=torch.bfloat16)
         for s in range(0, CANVAS, 64):
-            soft[s:s + 64] = scaled[s:s + 64].to(torch.bfloat16).softmax(-1, dtype=torch.float32).to(
-                torch.bfloat16) @ embedding
+            soft[s : s + 64] = (
+                scaled[s : s + 64].to(torch.bfloat16).softmax(-1, dtype=torch.float32).to(torch.bfloat16)
+                @ embedding
+            )
     else:
         scaled = logits / 0.8
         probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)
-        tokens = torch.multinomial(probs, 1, generator=g)
+        torch.multinomial(probs, 1, generator=g)
         scaled.argmax(-1)
         entropy = torch.distributions.Categorical(logits=scaled).entropy()
         accepted_positions(entropy, 0.1)
         sc = scaled.to(torch.bfloat16)
         soft = sc.softmax(-1, dtype=torch.float32).to(torch.bfloat16) @ embedding
-    return {"path": path, "peak_mb_over_inputs": round(_peak_mb() - before),
-            "logits_mb": CANVAS * VOCAB * 4 // 2**20}
+    return {
+        "path": path,
+        "peak_mb_over_inputs": round(_peak_mb() - before),
+        "logits_mb": CANVAS * VOCAB * 4 // 2**20,
+    }
 
 
 def shape(layers: int, steps: int) -> dict:
@@ -81,10 +86,16 @@ def shape(layers: int, steps: int) -> dict:
     canvas_encode = time.perf_counter() - t
     decode = min(times[1:] or times)
     soft_share = min(soft_times[1:] or soft_times) / decode
-    return {"layers": layers, "prompt_64_encode_s": round(prefill, 3), "decoder_step_s": round(decode, 3),
-            "canvas_256_encode_s": round(canvas_encode, 3), "self_conditioning_share_of_a_step": round(soft_share, 3),
-            "encoder_share_of_a_48_step_canvas": round(canvas_encode / (canvas_encode + 48 * decode), 4),
-            "moe_kernel": "auto", "threads": 1}
+    return {
+        "layers": layers,
+        "prompt_64_encode_s": round(prefill, 3),
+        "decoder_step_s": round(decode, 3),
+        "canvas_256_encode_s": round(canvas_encode, 3),
+        "self_conditioning_share_of_a_step": round(soft_share, 3),
+        "encoder_share_of_a_48_step_canvas": round(canvas_encode / (canvas_encode + 48 * decode), 4),
+        "moe_kernel": "auto",
+        "threads": 1,
+    }
 
 
 def main() -> None:
@@ -98,8 +109,12 @@ def main() -> None:
         print(json.dumps(memory_one(a.path)))
     elif a.what == "memory":
         for path in ("naive", "chunked"):
-            out = subprocess.run([sys.executable, __file__, "memory-one", "--path", path], check=True,
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "memory-one", "--path", path],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             print(out.strip().splitlines()[-1])
     else:
         print(json.dumps(shape(a.layers, a.steps)))

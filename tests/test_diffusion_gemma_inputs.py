@@ -33,20 +33,23 @@ def test_generate_runs_both_decoders(dg_lm):
     assert default.method == "diffusiongemma"
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"method": "cai"}, "'cai'"),
-    ({"method": "diffusiongemma", "threshold": 0.9}, "'threshold'"),
-    ({"method": "diffusiongemma", "block_length": 32}, "'block_length'"),
-    ({"canvas_length": 16}, "canvas_length"),
-    ({"entropy_bound": 0}, "entropy_bound"),
-    ({"entropy_bound": -1.0}, "entropy_bound"),
-    ({"seed": 1.5}, "seed"),
-    ({"seed": "7"}, "seed"),
-    ({"t_min": 0.9, "t_max": 0.5}, "t_max"),
-    ({"max_denoising_steps": 0}, "max_denoising_steps"),
-    ({"stability_threshold": -1}, "stability_threshold"),
-    ({"frobnicate": 3}, "'frobnicate'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"method": "cai"}, "'cai'"),
+        ({"method": "diffusiongemma", "threshold": 0.9}, "'threshold'"),
+        ({"method": "diffusiongemma", "block_length": 32}, "'block_length'"),
+        ({"canvas_length": 16}, "canvas_length"),
+        ({"entropy_bound": 0}, "entropy_bound"),
+        ({"entropy_bound": -1.0}, "entropy_bound"),
+        ({"seed": 1.5}, "seed"),
+        ({"seed": "7"}, "seed"),
+        ({"t_min": 0.9, "t_max": 0.5}, "t_max"),
+        ({"max_denoising_steps": 0}, "max_denoising_steps"),
+        ({"stability_threshold": -1}, "stability_threshold"),
+        ({"frobnicate": 3}, "'frobnicate'"),
+    ],
+)
 def test_bad_settings_are_refused_naming_the_field(dg_lm, kwargs, field):
     with pytest.raises(InputError) as e:
         dg_lm.generate([[5, 9, 3]], gen_length=8, **kwargs)
@@ -73,9 +76,16 @@ def test_the_checkpoints_generation_config_sets_the_defaults(tmp_path):
         build_settings,
     )
 
-    (tmp_path / "generation_config.json").write_text(json.dumps({
-        "max_denoising_steps": 20, "t_max": 1.2, "stability_threshold": None,
-        "sampler_config": {"entropy_bound": 0.3, "_cls_name": "EntropyBoundSamplerConfig"}}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "max_denoising_steps": 20,
+                "t_max": 1.2,
+                "stability_threshold": None,
+                "sampler_config": {"entropy_bound": 0.3, "_cls_name": "EntropyBoundSamplerConfig"},
+            }
+        )
+    )
     s = build_settings("diffusiongemma", tmp_path)
     assert (s.max_denoising_steps, s.t_max, s.entropy_bound) == (20, 1.2, 0.3)
     assert s.stability_threshold == GENERATION_DEFAULTS["stability_threshold"]
@@ -91,12 +101,24 @@ def test_streamed_canvases_and_chunking(dg_lm):
     tokens = {}
     for chunk in (1, 3, 64):
         engine = UniformEngine(dg_lm)
-        engine.submit([5, 9, 3], build_settings("diffusiongemma", gen_length=24, seed=4, max_denoising_steps=3,
-                                                sample_chunk=chunk, adaptive_stop=False))
+        engine.submit(
+            [5, 9, 3],
+            build_settings(
+                "diffusiongemma",
+                gen_length=24,
+                seed=4,
+                max_denoising_steps=3,
+                sample_chunk=chunk,
+                adaptive_stop=False,
+            ),
+        )
         events = list(engine.run())
         canvases = [e for e in events if e.positions]
         assert [e.positions[0] for e in canvases] == [8 * i for i in range(len(canvases))]
-        assert events[-1].finished and events[-1].result.token_ids == sum((e.token_ids for e in canvases), [])[:24]
+        assert (
+            events[-1].finished
+            and events[-1].result.token_ids == sum((e.token_ids for e in canvases), [])[:24]
+        )
         tokens[chunk] = events[-1].result.token_ids
     assert tokens[1] == tokens[3] == tokens[64]
 

@@ -8,13 +8,15 @@ import torch
 
 from caidllm.errors import InputError, ModelLoadError
 
-SMALL = ("random:diffusiongemma-26b-a4b?num_hidden_layers=2&vocab_size=512&hidden_size=64&intermediate_size=64"
-         "&moe_intermediate_size=32&num_experts=8&top_k_experts=2&head_dim=16&global_head_dim=32&num_attention_heads=4"
-         "&num_key_value_heads=2&num_global_key_value_heads=1&canvas_length=16")
+SMALL = (
+    "random:diffusiongemma-26b-a4b?num_hidden_layers=2&vocab_size=512&hidden_size=64&intermediate_size=64"
+    "&moe_intermediate_size=32&num_experts=8&top_k_experts=2&head_dim=16&global_head_dim=32&num_attention_heads=4"
+    "&num_key_value_heads=2&num_global_key_value_heads=1&canvas_length=16"
+)
 
 
 def test_parameter_counts_equal_transformers_class_from_the_released_config():
-    """Total: every text parameter of transformers' DiffusionGemmaForBlockDiffusion built on the meta device from
+    """Total: every text parameter of transformers' DiffusionGemmaForBlockDiffusion on the meta device from
     the released config (the vision tower left out: caidllm builds none); active: without the routed experts a
     token does not use (the tied embedding is the head: counted)."""
     pytest.importorskip("transformers.models.diffusion_gemma")
@@ -29,8 +31,13 @@ def test_parameter_counts_equal_transformers_class_from_the_released_config():
         reference = DiffusionGemmaForBlockDiffusion(DiffusionGemmaConfig(**raw))
     text = sum(p.numel() for name, p in reference.named_parameters() if "vision" not in name)
     t = RELEASED_26B_A4B["text_config"]
-    unused = t["num_hidden_layers"] * (t["num_experts"] - t["top_k_experts"]) * 3 * t["hidden_size"] \
+    unused = (
+        t["num_hidden_layers"]
+        * (t["num_experts"] - t["top_k_experts"])
+        * 3
+        * t["hidden_size"]
         * t["moe_intermediate_size"]
+    )
     total, active = parameter_counts(load("random:diffusiongemma-26b-a4b", device="meta"))
     assert total == text == 25_250_986_752
     assert active == text - unused == 3_840_375_552
@@ -60,7 +67,10 @@ def test_models_table_plan_and_refused_variants(capsys):
     assert main(["models", "--plan", "random:diffusiongemma-26b-a4b", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["sharded_parameters"] + plan["replicated_parameters"] == 25_250_986_752
-    for variant in ("RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic", "nvidia/diffusiongemma-26B-A4B-it-NVFP4"):
+    for variant in (
+        "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic",
+        "nvidia/diffusiongemma-26B-A4B-it-NVFP4",
+    ):
         assert main(["generate", "--model", variant, "hi"]) == 2
         err = capsys.readouterr().err
         assert "google/diffusiongemma-26B-A4B-it" in err and variant in err

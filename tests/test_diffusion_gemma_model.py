@@ -14,8 +14,12 @@ from caidllm.models.diffusion_gemma_cache import DecoderView, DGCache
 
 def _reference_decode(model, cache, canvas, sc_logits, start):
     positions = torch.arange(start, start + canvas.shape[1])[None]
-    return model(decoder_input_ids=canvas, cache=cache, self_conditioning_logits=sc_logits,
-                 decoder_position_ids=positions).logits
+    return model(
+        decoder_input_ids=canvas,
+        cache=cache,
+        self_conditioning_logits=sc_logits,
+        decoder_position_ids=positions,
+    ).logits
 
 
 @pytest.mark.parametrize("prompt_len", [3, 11])
@@ -30,8 +34,9 @@ def test_encoder_and_decoder_logits_match_transformers(prompt_len):
 
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     with torch.no_grad():
-        encoded = model.model.encoder(input_ids=prompt, cache=cache,
-                                      position_ids=torch.arange(prompt_len)[None]).last_hidden_state
+        encoded = model.model.encoder(
+            input_ids=prompt, cache=cache, position_ids=torch.arange(prompt_len)[None]
+        ).last_hidden_state
         first = _reference_decode(model, cache, canvas, None, prompt_len)
         second = _reference_decode(model, cache, canvas, first / 0.7, prompt_len)
     mine = DGCache.empty(4)
@@ -49,11 +54,14 @@ def test_encoder_and_decoder_logits_match_transformers(prompt_len):
 
     # a finished canvas encoded after the prompt, then the next canvas decoded over both
     with torch.no_grad():
-        model.model.encoder(input_ids=canvas, cache=cache,
-                            position_ids=torch.arange(prompt_len, prompt_len + 8)[None])
+        model.model.encoder(
+            input_ids=canvas, cache=cache, position_ids=torch.arange(prompt_len, prompt_len + 8)[None]
+        )
         nxt = _reference_decode(model, cache, canvas.flip(1), None, prompt_len + 8)
     ours.encode(canvas, mine)
-    torch.testing.assert_close(ours.denoise(canvas.flip(1), DecoderView.batch([mine])), nxt, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        ours.denoise(canvas.flip(1), DecoderView.batch([mine])), nxt, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_batched_decoder_rows_equal_their_own():
@@ -69,8 +77,9 @@ def test_batched_decoder_rows_equal_their_own():
         canvases.append(torch.randint(0, 96, (1, 8), generator=g))
     together = ours.denoise(torch.cat(canvases), DecoderView.batch(caches))
     for row, (cache, canvas) in enumerate(zip(caches, canvases)):
-        torch.testing.assert_close(together[row:row + 1], ours.denoise(canvas, DecoderView.batch([cache])),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            together[row : row + 1], ours.denoise(canvas, DecoderView.batch([cache])), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_checkpoint_folder_loads_with_official_names(tmp_path):
@@ -92,8 +101,10 @@ def test_checkpoint_folder_loads_with_official_names(tmp_path):
     expected = ours_from(model)
     ref_cache = DGCache.empty(4)
     expected.encode(ids, ref_cache)
-    torch.testing.assert_close(lm.model.denoise(canvas, DecoderView.batch([cache])),
-                               expected.denoise(canvas, DecoderView.batch([ref_cache])))
+    torch.testing.assert_close(
+        lm.model.denoise(canvas, DecoderView.batch([cache])),
+        expected.denoise(canvas, DecoderView.batch([ref_cache])),
+    )
 
 
 @pytest.mark.parametrize("kernel", ["loop", "grouped", "sized", "padded"])
@@ -110,7 +121,9 @@ def test_moe_kernels_agree(kernel):
     set_moe_kernel(ours, "loop")
     expected = ours.denoise(canvas, DecoderView.batch([cache]))
     set_moe_kernel(ours, kernel)
-    torch.testing.assert_close(ours.denoise(canvas, DecoderView.batch([cache])), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ours.denoise(canvas, DecoderView.batch([cache])), expected, rtol=1e-5, atol=1e-5
+    )
     assert "silu" in native_unavailable(ours.backbone.layers[0].experts)
 
 

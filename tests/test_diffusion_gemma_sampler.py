@@ -26,24 +26,38 @@ def _reference_tokens(model, prompt, seed, gen_length, **knobs):
         EntropyBoundSamplerConfig,
     )
 
-    settings = dict(max_denoising_steps=knobs.get("max_denoising_steps", 12), t_min=knobs.get("t_min", 0.4),
-                    t_max=knobs.get("t_max", 0.8))
+    settings = dict(
+        max_denoising_steps=knobs.get("max_denoising_steps", 12),
+        t_min=knobs.get("t_min", 0.4),
+        t_max=knobs.get("t_max", 0.8),
+    )
     if knobs.get("adaptive_stop", True):
-        settings.update(stability_threshold=knobs.get("stability_threshold", 1),
-                        confidence_threshold=knobs.get("confidence_threshold", 0.005))
+        settings.update(
+            stability_threshold=knobs.get("stability_threshold", 1),
+            confidence_threshold=knobs.get("confidence_threshold", 0.005),
+        )
     else:
         settings.update(stability_threshold=None, confidence_threshold=None)
     torch.manual_seed(seed)
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=gen_length, eos_token_id=1, pad_token_id=0,
-                         sampler_config=EntropyBoundSamplerConfig(entropy_bound=knobs.get("entropy_bound", 0.1)),
-                         **settings)
-    return out.sequences[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=gen_length,
+        eos_token_id=1,
+        pad_token_id=0,
+        sampler_config=EntropyBoundSamplerConfig(entropy_bound=knobs.get("entropy_bound", 0.1)),
+        **settings,
+    )
+    return out.sequences[0, len(prompt) :].tolist()
 
 
 def _ours(lm, prompts, seed, gen_length, method="diffusiongemma", exact_seed=True, **knobs):
     engine = UniformEngine(lm, max_batch=len(prompts))
-    ids = [engine.submit(p, build_settings(method, gen_length=gen_length, seed=seed, exact_seed=exact_seed,
-                                           **knobs)) for p in prompts]
+    ids = [
+        engine.submit(
+            p, build_settings(method, gen_length=gen_length, seed=seed, exact_seed=exact_seed, **knobs)
+        )
+        for p in prompts
+    ]
     results = {e.request_id: e.result for e in engine.run() if e.finished}
     return [results[i] for i in ids]
 
@@ -59,7 +73,16 @@ CASES = [
     (6, 2, {"entropy_bound": 2.0, "stability_threshold": 1, "confidence_threshold": 5.0}),
     (12, 2, {"adaptive_stop": False, "max_denoising_steps": 5}),
     (5, 2, {"t_min": 0.1, "t_max": 1.5, "confidence_threshold": 5.0, "stability_threshold": 0}),
-    (7, 2, {"entropy_bound": 8.0, "stability_threshold": 2, "confidence_threshold": 5.0, "max_denoising_steps": 6}),
+    (
+        7,
+        2,
+        {
+            "entropy_bound": 8.0,
+            "stability_threshold": 2,
+            "confidence_threshold": 5.0,
+            "max_denoising_steps": 6,
+        },
+    ),
 ]
 
 
@@ -72,7 +95,7 @@ def test_generate_matches_transformers_token_for_token(prompt_len, canvases, kno
         knobs = {"max_denoising_steps": 12, **knobs}
         expected = _reference_tokens(model, prompt, seed, 8 * canvases, **knobs)
         [result] = _ours(lm, [prompt], seed, 8 * canvases, **knobs)
-        assert result.token_ids == expected[:len(result.token_ids)]
+        assert result.token_ids == expected[: len(result.token_ids)]
         assert len(result.token_ids) == len(expected)
         if knobs.get("stability_threshold") == 0:  # the adaptive stop fired before the last step
             assert max(result.steps_per_block) < knobs["max_denoising_steps"]
@@ -85,9 +108,13 @@ def test_a_seeded_request_is_the_same_alone_batched_and_joining_mid_flight():
     together = [r.token_ids for r in _ours(lm, prompts, 3, 24, exact_seed=False, entropy_bound=0.3)]
     assert together == alone
     engine = UniformEngine(lm, max_batch=3)
-    first = engine.submit(prompts[0], build_settings("diffusiongemma", gen_length=24, seed=3, entropy_bound=0.3))
+    first = engine.submit(
+        prompts[0], build_settings("diffusiongemma", gen_length=24, seed=3, entropy_bound=0.3)
+    )
     engine.step(), engine.step()
-    late = engine.submit(prompts[1], build_settings("diffusiongemma", gen_length=24, seed=3, entropy_bound=0.3))
+    late = engine.submit(
+        prompts[1], build_settings("diffusiongemma", gen_length=24, seed=3, entropy_bound=0.3)
+    )
     results = {e.request_id: e.result for e in engine.run() if e.finished}
     assert results[first].token_ids == alone[0] and results[late].token_ids == alone[1]
 

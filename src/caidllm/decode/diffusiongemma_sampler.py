@@ -34,26 +34,26 @@ def temperature(r: CanvasRequest) -> torch.Tensor:
 
 
 def draw(scaled: torch.Tensor, generator: torch.Generator, sample: bool, chunk: int):
-    """(sampled or argmax tokens [L], argmax [L], entropy [L]) of scaled logits [L, V], chunk rows at a time."""
+    """(sampled tokens [L], argmax [L], entropy [L]) of scaled logits [L, V], chunk rows at a time."""
     L = scaled.shape[0]
     tokens = torch.empty(L, dtype=torch.long, device=scaled.device)
     argmax = torch.empty_like(tokens)
     entropy = torch.empty(L, dtype=torch.float32, device=scaled.device)
     for s in range(0, L, chunk):
-        part = scaled[s:s + chunk]
+        part = scaled[s : s + chunk]
         if sample:
             probs = torch.softmax(part, dim=-1, dtype=torch.float32)
-            tokens[s:s + chunk] = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+            tokens[s : s + chunk] = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
             del probs
-        argmax[s:s + chunk] = part.argmax(dim=-1)
-        entropy[s:s + chunk] = Categorical(logits=part, validate_args=False).entropy()
+        argmax[s : s + chunk] = part.argmax(dim=-1)
+        entropy[s : s + chunk] = Categorical(logits=part, validate_args=False).entropy()
     if not sample:
         tokens = argmax
     return tokens, argmax, entropy
 
 
 def accepted_positions(entropy: torch.Tensor, bound: float) -> torch.Tensor:
-    """[L] bool: the lowest-entropy positions whose sorted cumulative entropy minus the largest is <= bound."""
+    """[L] bool: the lowest-entropy positions whose cumulative entropy minus the largest is <= bound."""
     ordered, order = torch.sort(entropy, dim=-1, descending=False)
     chosen = torch.cumsum(ordered, dim=-1) - ordered <= bound
     return torch.zeros_like(chosen).scatter(-1, order, chosen)
@@ -66,8 +66,14 @@ def denoise_step(model, requests: list[CanvasRequest]) -> list[bool]:
     canvas = torch.stack([r.canvas for r in requests])
     soft = None
     if any(r.soft is not None for r in requests):  # a first step's self-conditioning is zero
-        soft = torch.stack([r.soft if r.soft is not None else torch.zeros_like(next(
-            q.soft for q in requests if q.soft is not None)) for r in requests])
+        soft = torch.stack(
+            [
+                r.soft
+                if r.soft is not None
+                else torch.zeros_like(next(q.soft for q in requests if q.soft is not None))
+                for r in requests
+            ]
+        )
     logits = model.denoise(canvas, view, soft)
     return [_update(model, r, logits[i]) for i, r in enumerate(requests)]
 

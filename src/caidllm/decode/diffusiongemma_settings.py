@@ -51,7 +51,9 @@ class DiffusionGemmaSettings:
 
     def validate(self, canvas_length: int | None = None) -> DiffusionGemmaSettings:
         if self.method not in UNIFORM_METHODS:
-            raise InputError(f"method {self.method!r}: the uniform-state decoders are {', '.join(UNIFORM_METHODS)}")
+            raise InputError(
+                f"method {self.method!r}: the uniform-state decoders are {', '.join(UNIFORM_METHODS)}"
+            )
         for name in ("gen_length", "max_denoising_steps", "sample_chunk"):
             _positive_int(name, getattr(self, name))
         if not is_int(self.stability_threshold) or self.stability_threshold < 0:
@@ -72,8 +74,10 @@ class DiffusionGemmaSettings:
                 raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if canvas_length is not None:
             if self.canvas_length is not None and self.canvas_length != canvas_length:
-                raise InputError(f"canvas_length {self.canvas_length!r}: this checkpoint decodes canvases of "
-                                 f"{canvas_length} tokens (its trained length) only")
+                raise InputError(
+                    f"canvas_length {self.canvas_length!r}: this checkpoint decodes canvases of "
+                    f"{canvas_length} tokens (its trained length) only"
+                )
             self.canvas_length = canvas_length
         return self
 
@@ -85,8 +89,14 @@ def _positive_int(name: str, value) -> None:
 
 FIELDS = {f.name for f in dataclasses.fields(DiffusionGemmaSettings)} - {"given"}
 # generation_config.json's names -> the settings' (the entropy bound may sit in a sampler_config object)
-GENERATION_KEYS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max", "stability_threshold",
-                   "confidence_threshold")
+GENERATION_KEYS = (
+    "max_denoising_steps",
+    "entropy_bound",
+    "t_min",
+    "t_max",
+    "stability_threshold",
+    "confidence_threshold",
+)
 
 
 def checkpoint_defaults(folder) -> dict:
@@ -110,8 +120,10 @@ def build_settings(method: str, folder=None, **options) -> DiffusionGemmaSetting
     (None values left out); an unknown option is refused naming it (a mask-based decoder's setting)."""
     unknown = sorted(k for k, v in options.items() if k not in FIELDS and v is not None)
     if unknown:
-        raise InputError(f"setting {unknown[0]!r} does not apply to the uniform-state decoder {method!r} "
-                         f"(its settings: {', '.join(sorted(FIELDS - {'method'}))})")
+        raise InputError(
+            f"setting {unknown[0]!r} does not apply to the uniform-state decoder {method!r} "
+            f"(its settings: {', '.join(sorted(FIELDS - {'method'}))})"
+        )
     given = {k for k, v in options.items() if v is not None}
     values = {**checkpoint_defaults(folder), **{k: v for k, v in options.items() if v is not None}}
     settings = DiffusionGemmaSettings(method=method, given=given, **values)

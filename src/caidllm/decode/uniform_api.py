@@ -15,8 +15,10 @@ MASK_ONLY = ("block_length", "steps", "cache", "threshold", "temperature", "sett
 
 
 def mask_decoder_refusal(family: str, method: str) -> str:
-    return (f"model family {family!r} is uniform-state diffusion (no mask token; canvases of random tokens): "
-            f"the mask-based decoder {method!r} does not apply; use {' or '.join(map(repr, UNIFORM_METHODS))}")
+    return (
+        f"model family {family!r} is uniform-state diffusion (no mask token; canvases of random tokens): "
+        f"the mask-based decoder {method!r} does not apply; use {' or '.join(map(repr, UNIFORM_METHODS))}"
+    )
 
 
 def check_uniform(config, method: str | None, folder=None, **options):
@@ -30,24 +32,29 @@ def check_uniform(config, method: str | None, folder=None, **options):
         raise InputError(mask_decoder_refusal(config.family, method))
     given = sorted(k for k in MASK_ONLY if options.get(k) is not None)
     if given:
-        raise InputError(f"setting {given[0]!r} belongs to the mask-based decoders; the uniform-state decoder "
-                         f"{method!r} takes max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold, "
-                         "confidence_threshold, adaptive_stop, seed, gen_length")
+        raise InputError(
+            f"setting {given[0]!r} belongs to the mask-based decoders; the uniform-state decoder "
+            f"{method!r} takes max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold, "
+            "confidence_threshold, adaptive_stop, seed, gen_length"
+        )
     if options.pop("early_stop", True) is False:
         options["adaptive_stop"] = False
     options = {k: v for k, v in options.items() if k not in MASK_ONLY}
     return build_settings(method, folder, **options).validate(dg_shape(config.raw).canvas_length)
 
 
-def generate_uniform(lm, token_prompts: list[list[int]], method: str | None, batch_size: int = 8,
-                     **options) -> list:
+def generate_uniform(
+    lm, token_prompts: list[list[int]], method: str | None, batch_size: int = 8, **options
+) -> list:
     method = method or UNIFORM_METHODS[0]
     check_uniform(lm.config, method, getattr(lm, "path", None), **options)  # every prompt's settings alike
     options = {k: v for k, v in options.items() if k not in MASK_ONLY}
     engine = UniformEngine(lm, max_batch=batch_size, max_queue=len(token_prompts))
     started = time.perf_counter()
-    ids = [engine.submit(p, check_uniform(lm.config, method, getattr(lm, "path", None), **options))
-           for p in token_prompts]
+    ids = [
+        engine.submit(p, check_uniform(lm.config, method, getattr(lm, "path", None), **options))
+        for p in token_prompts
+    ]
     try:
         results = {e.request_id: e.result for e in engine.run() if e.finished}
     except BaseException:

@@ -46,7 +46,9 @@ class UniformEngine:
     def canvas_length(self) -> int:
         return self.lm.model.shape.canvas_length
 
-    def submit(self, prompt_ids: list[int], settings: DiffusionGemmaSettings, request_id: str | None = None) -> str:
+    def submit(
+        self, prompt_ids: list[int], settings: DiffusionGemmaSettings, request_id: str | None = None
+    ) -> str:
         request = self.prepare(prompt_ids, settings, request_id)
         if len(self.queue) >= self.max_queue:
             raise EngineFullError(f"the queue is full ({self.max_queue} requests waiting)")
@@ -65,20 +67,30 @@ class UniformEngine:
             raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
         image = self.lm.model.shape.image_token_id
         if image is not None and image in prompt_ids:
-            raise InputError("the prompt holds image tokens: DiffusionGemma's vision tower is not loaded "
-                             "(caidllm runs its text path only)")
+            raise InputError(
+                "the prompt holds image tokens: DiffusionGemma's vision tower is not loaded "
+                "(caidllm runs its text path only)"
+            )
         canvases = math.ceil(settings.gen_length / L)
         if len(prompt_ids) + canvases * L > c.max_length:
-            raise InputError(f"prompt ({len(prompt_ids)} tokens) + {canvases} canvases of {L} exceeds the "
-                             f"model's context of {c.max_length} tokens (gen_length {settings.gen_length})")
+            raise InputError(
+                f"prompt ({len(prompt_ids)} tokens) + {canvases} canvases of {L} exceeds the "
+                f"model's context of {c.max_length} tokens (gen_length {settings.gen_length})"
+            )
         if settings.exact_seed and settings.seed is not None:
             generator = torch.Generator(device=self.lm.device).manual_seed(settings.seed)
         else:
             generator = request_generator(settings.seed, list(prompt_ids), self.lm.device)
-        return CanvasRequest(id=uuid.uuid4().hex if request_id is None else str(request_id),
-                             prompt=list(prompt_ids), settings=settings, generator=generator,
-                             cache=DGCache.empty(c.n_layers), vocab_size=c.vocab_size, canvas_length=L,
-                             canvases_wanted=canvases)
+        return CanvasRequest(
+            id=uuid.uuid4().hex if request_id is None else str(request_id),
+            prompt=list(prompt_ids),
+            settings=settings,
+            generator=generator,
+            cache=DGCache.empty(c.n_layers),
+            vocab_size=c.vocab_size,
+            canvas_length=L,
+            canvases_wanted=canvases,
+        )
 
     def cancel(self, request_id: str) -> None:
         self.running.pop(request_id, None)
@@ -118,15 +130,22 @@ class UniformEngine:
     @torch.no_grad()
     def _after_step(self, r: CanvasRequest, canvas_ended: bool) -> CommitEvent:
         index = len(r.steps_per_canvas)
-        event = CommitEvent(request_id=r.id, block=index, step=r.step - 1, positions=[], token_ids=[],
-                            first_confidence=[], block_start=index * r.canvas_length)
+        event = CommitEvent(
+            request_id=r.id,
+            block=index,
+            step=r.step - 1,
+            positions=[],
+            token_ids=[],
+            first_confidence=[],
+            block_start=index * r.canvas_length,
+        )
         if not canvas_ended:
             return event
         tokens = r.argmax.tolist()
         eos = set(self.lm.config.eos_ids)
         end = next((i for i, t in enumerate(tokens) if t in eos), None)
         if end is not None:  # the reference's padding after the end token
-            tokens = tokens[:end + 1] + [self.lm.config.pad_id] * (len(tokens) - end - 1)
+            tokens = tokens[: end + 1] + [self.lm.config.pad_id] * (len(tokens) - end - 1)
         event.positions = list(range(index * r.canvas_length, (index + 1) * r.canvas_length))
         event.token_ids = tokens
         r.generated += tokens
@@ -146,19 +165,31 @@ class UniformEngine:
     def _result(self, r: CanvasRequest) -> GenerationResult:
         import time
 
-        ids = r.generated[:r.settings.gen_length]
+        ids = r.generated[: r.settings.gen_length]
         answer = _answer_length(ids, set(self.lm.config.eos_ids))
         ends, steps = [], 0
         for n in r.steps_per_canvas:
             steps += n
             ends += [steps - 1] * r.canvas_length
-        trace = Trace(commit_step=ends[:len(ids)], commit_step_in_block=[-1] * len(ids),
-                      first_confidence=[None] * len(ids))
-        return GenerationResult(text=self.lm.decode(ids[:answer]), token_ids=ids, answer_length=answer, nfe=r.nfe,
-                                steps_per_block=list(r.steps_per_canvas),
-                                elapsed_s=time.perf_counter() - r.admitted_at, policy_s=0.0,
-                                early_stopped=r.ended_by_eos, method=r.settings.method,
-                                prompt_length=len(r.prompt), trace=trace, prefill_positions=len(r.prompt))
+        trace = Trace(
+            commit_step=ends[: len(ids)],
+            commit_step_in_block=[-1] * len(ids),
+            first_confidence=[None] * len(ids),
+        )
+        return GenerationResult(
+            text=self.lm.decode(ids[:answer]),
+            token_ids=ids,
+            answer_length=answer,
+            nfe=r.nfe,
+            steps_per_block=list(r.steps_per_canvas),
+            elapsed_s=time.perf_counter() - r.admitted_at,
+            policy_s=0.0,
+            early_stopped=r.ended_by_eos,
+            method=r.settings.method,
+            prompt_length=len(r.prompt),
+            trace=trace,
+            prefill_positions=len(r.prompt),
+        )
 
 
 def _answer_length(ids: list[int], eos: set) -> int:

@@ -106,7 +106,7 @@ class Router(nn.Module):
 
     def __init__(self, d: int, experts: int, top_k: int, eps: float):
         super().__init__()
-        self.norm, self.top_k, self.root = DGNorm(d, eps, scaled=False), top_k, d ** -0.5
+        self.norm, self.top_k, self.root = DGNorm(d, eps, scaled=False), top_k, d**-0.5
         self.proj = nn.Linear(d, experts, bias=False)
         self.scale = nn.Parameter(torch.ones(d))
         self.per_expert_scale = nn.Parameter(torch.ones(experts))
@@ -173,9 +173,15 @@ class Layer(nn.Module):
         d, eps, moe = config.hidden_size, config.rms_norm_eps, config.moe
         self.self_attn = Attention(config, shape, layer)
         self.mlp = GatedMLP(d, config.intermediate_size)
-        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
-                     "pre_feedforward_layernorm_2"):
+        for name in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+            "post_feedforward_layernorm_1",
+            "post_feedforward_layernorm_2",
+            "pre_feedforward_layernorm_2",
+        ):
             setattr(self, name, DGNorm(d, eps))
         self.router = Router(d, moe.num_experts, moe.num_experts_per_tok, eps)
         self.experts = DGExperts(moe.num_experts, d, moe.moe_intermediate_size)
@@ -191,8 +197,12 @@ class Layer(nn.Module):
         inputs = self.pre_feedforward_layernorm_2(x)
         # each request's tokens through the experts on their own: how many rows an expert gets (and so the
         # matmul path it takes) must not depend on the batch (batch invariance; DecoderView's note)
-        routed = torch.stack([run_experts(self.experts, self.kernel, inputs[b], chosen[b], weights[b])
-                              for b in range(x.shape[0])])
+        routed = torch.stack(
+            [
+                run_experts(self.experts, self.kernel, inputs[b], chosen[b], weights[b])
+                for b in range(x.shape[0])
+            ]
+        )
         routed = self.post_feedforward_layernorm_2(routed)
         return (x + self.post_feedforward_layernorm(dense + routed)) * scalar
 
@@ -218,7 +228,9 @@ class Backbone(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Layer(config, shape, i) for i in range(config.n_layers))
         self.norm = DGNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_conditioning = SelfConditioning(config.hidden_size, config.intermediate_size, config.rms_norm_eps)
+        self.self_conditioning = SelfConditioning(
+            config.hidden_size, config.intermediate_size, config.rms_norm_eps
+        )
 
 
 class EncoderScalars(nn.Module):
@@ -252,7 +264,7 @@ class DiffusionGemmaModel(nn.Module):
         self.model = nn.Module()
         self.model.decoder = Backbone(config, self.shape)
         self.model.encoder = EncoderScalars(config.n_layers)
-        self.embed_scale = config.hidden_size ** 0.5
+        self.embed_scale = config.hidden_size**0.5
 
     @property
     def cfg(self) -> ModelConfig:  # what quantize.py / plan.py read of a model
@@ -262,7 +274,9 @@ class DiffusionGemmaModel(nn.Module):
         """Bytes of one request's cache at `length` positions: keys and values of every layer (a sliding
         layer's too: the per-request cache keeps all of them), V = K stored apart in the full layers."""
         c = self.config
-        per_position = sum(2 * self.shape.kv_heads(i, c) * self.shape.head_dim(i, c) for i in range(c.n_layers))
+        per_position = sum(
+            2 * self.shape.kv_heads(i, c) * self.shape.head_dim(i, c) for i in range(c.n_layers)
+        )
         return per_position * length * size
 
     @property
@@ -272,9 +286,10 @@ class DiffusionGemmaModel(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, *args):
         # The tied encoder copies and the vision tower are not this module's: dropped, never an error.
         for name in [n for n in state_dict if n.startswith(prefix + "model.encoder.")]:
-            rest = name[len(prefix):]
-            if rest.startswith(VISION_PREFIXES) or (rest.startswith("model.encoder.language_model.")
-                                                    and not rest.endswith("layer_scalar")):
+            rest = name[len(prefix) :]
+            if rest.startswith(VISION_PREFIXES) or (
+                rest.startswith("model.encoder.language_model.") and not rest.endswith("layer_scalar")
+            ):
                 del state_dict[name]
         state_dict.pop(prefix + "lm_head.weight", None)  # tied to the embedding
         super()._load_from_state_dict(state_dict, prefix, *args)
@@ -295,8 +310,12 @@ class DiffusionGemmaModel(nn.Module):
 
     def _ropes(self, positions, dtype) -> dict:
         c = self.config
-        return {kind: self.rope(positions, kind, c.head_dim if kind == SLIDING else self.shape.full_head_dim, dtype)
-                for kind in (SLIDING, FULL)}
+        return {
+            kind: self.rope(
+                positions, kind, c.head_dim if kind == SLIDING else self.shape.full_head_dim, dtype
+            )
+            for kind in (SLIDING, FULL)
+        }
 
     def encode(self, ids: torch.Tensor, cache: DGCache) -> torch.Tensor:
         """Run the causal encoder over ids [B, n] after the cached positions, appending their keys/values;
@@ -317,13 +336,17 @@ class DiffusionGemmaModel(nn.Module):
             x = layer(x, attention, scalars[i].layer_scalar)
         return self.backbone.norm(x)
 
-    def denoise(self, canvas: torch.Tensor, view: DecoderView, soft: torch.Tensor | None = None) -> torch.Tensor:
+    def denoise(
+        self, canvas: torch.Tensor, view: DecoderView, soft: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Float32 logits [B, L, V] of canvas [B, L] over the cached prefix of each row; `soft`
         [B, L, hidden]: the self-conditioning soft embeddings (soft_embeddings), None at a first step."""
         n = canvas.shape[1]
         x = self.embed(canvas)
         x = self.backbone.self_conditioning(x, soft if soft is not None else torch.zeros_like(x))
-        positions = torch.tensor(view.lengths, device=canvas.device)[:, None] + torch.arange(n, device=canvas.device)
+        positions = torch.tensor(view.lengths, device=canvas.device)[:, None] + torch.arange(
+            n, device=canvas.device
+        )
         ropes = self._ropes(positions, x.dtype)
         for i, layer in enumerate(self.backbone.layers):
             attn, kind = layer.self_attn, self.shape.layer_types[i]
@@ -333,9 +356,12 @@ class DiffusionGemmaModel(nn.Module):
                 rows = []
                 for r in range(h.shape[0]):  # each row over its own cached keys: no padding (DecoderView)
                     ck, cv = view.cached(r, i, attn.window)
-                    kr, vr = (k[r:r + 1], v[r:r + 1]) if ck is None else \
-                        (torch.cat([ck, k[r:r + 1]], dim=2), torch.cat([cv, v[r:r + 1]], dim=2))
-                    rows.append(attn.attend(q[r:r + 1], kr, vr, None))
+                    kr, vr = (
+                        (k[r : r + 1], v[r : r + 1])
+                        if ck is None
+                        else (torch.cat([ck, k[r : r + 1]], dim=2), torch.cat([cv, v[r : r + 1]], dim=2))
+                    )
+                    rows.append(attn.attend(q[r : r + 1], kr, vr, None))
                 return torch.cat(rows)
 
             x = layer(x, attention, layer.layer_scalar)
@@ -360,21 +386,30 @@ class DiffusionGemmaModel(nn.Module):
         out = torch.empty(flat.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
         for s in range(0, flat.shape[0], chunk):
             # the logits in the weights' dtype first, as the reference keeps them between steps
-            probs = flat[s:s + chunk].to(w.dtype).softmax(dim=-1, dtype=torch.float32).to(w.dtype)
-            out[s:s + chunk] = (probs @ w) * scale
+            probs = flat[s : s + chunk].to(w.dtype).softmax(dim=-1, dtype=torch.float32).to(w.dtype)
+            out[s : s + chunk] = (probs @ w) * scale
         return out.view(*logits.shape[:-1], w.shape[1])
 
 
 def ignored_weight(name: str) -> bool:
     """Checkpoint tensors the loader skips: the vision tower and the encoder's copies tied to the decoder."""
-    return name.startswith(VISION_PREFIXES) or name == "lm_head.weight" or (
-        name.startswith("model.encoder.language_model.") and not name.endswith(".layer_scalar"))
+    return (
+        name.startswith(VISION_PREFIXES)
+        or name == "lm_head.weight"
+        or (name.startswith("model.encoder.language_model.") and not name.endswith(".layer_scalar"))
+    )
 
 
 DIFFUSION_GEMMA = Family(
-    name="diffusion_gemma", architectures=("DiffusionGemmaForBlockDiffusion",), model_types=("diffusion_gemma",),
-    read_fields=read_diffusion_gemma_fields, model_class=DiffusionGemmaModel, confidence_gating=False,
+    name="diffusion_gemma",
+    architectures=("DiffusionGemmaForBlockDiffusion",),
+    model_types=("diffusion_gemma",),
+    read_fields=read_diffusion_gemma_fields,
+    model_class=DiffusionGemmaModel,
+    confidence_gating=False,
     cache_refresh_every=0,
     description="DiffusionGemma (Google): uniform-state block diffusion, Gemma-4 MoE, canvases of 256",
-    block_causal=True, uniform=True, ignores_weight=ignored_weight,
+    block_causal=True,
+    uniform=True,
+    ignores_weight=ignored_weight,
 )

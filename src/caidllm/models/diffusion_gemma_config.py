@@ -20,10 +20,18 @@ from .moe import MoEConfig
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 # generation_config.json of google/diffusiongemma-26B-A4B-it (the sampler's defaults, decode/ reads them)
-GENERATION_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
-                       "stability_threshold": 1, "confidence_threshold": 0.005}
-DEFAULT_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
-                FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+GENERATION_DEFAULTS = {
+    "max_denoising_steps": 48,
+    "entropy_bound": 0.1,
+    "t_min": 0.4,
+    "t_max": 0.8,
+    "stability_threshold": 1,
+    "confidence_threshold": 0.005,
+}
+DEFAULT_ROPE = {
+    SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
+    FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+}
 IMAGE_TOKEN_ID = 258_880  # DiffusionGemmaConfig.image_token_id's default
 
 
@@ -68,11 +76,15 @@ def read_diffusion_gemma_fields(raw: dict, get: ConfigFields, source: str) -> di
     text = text_config(raw, source)
     t = ConfigFields(text, f"{source} text_config")
     if text.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
-        raise ModelLoadError(f"{source}: text_config hidden_activation={text.get('hidden_activation')!r} "
-                             "(only 'gelu_pytorch_tanh' is supported)")
+        raise ModelLoadError(
+            f"{source}: text_config hidden_activation={text.get('hidden_activation')!r} "
+            "(only 'gelu_pytorch_tanh' is supported)"
+        )
     if text.get("use_bidirectional_attention") == "all":
-        raise ModelLoadError(f"{source}: text_config use_bidirectional_attention='all' (a bidirectional encoder) "
-                             "is not supported; the released model's encoder is causal over text")
+        raise ModelLoadError(
+            f"{source}: text_config use_bidirectional_attention='all' (a bidirectional encoder) "
+            "is not supported; the released model's encoder is causal over text"
+        )
     if t.bool("attention_bias", False):
         raise ModelLoadError(f"{source}: text_config attention_bias=true is not supported")
     d, h = t.int("hidden_size"), t.int("num_attention_heads")
@@ -80,17 +92,36 @@ def read_diffusion_gemma_fields(raw: dict, get: ConfigFields, source: str) -> di
     check_heads(h, kv, head_dim, f"{source} text_config")
     shape = dg_shape(raw, source)  # checks the per-layer fields now, not at the first forward
     del shape
-    moe = MoEConfig(hidden_size=d, moe_intermediate_size=t.int("moe_intermediate_size"),
-                    num_experts=t.int("num_experts"), num_experts_per_tok=t.int("top_k_experts"),
-                    score_function="softmax", norm_topk_prob=True, router_fp32=False)
+    moe = MoEConfig(
+        hidden_size=d,
+        moe_intermediate_size=t.int("moe_intermediate_size"),
+        num_experts=t.int("num_experts"),
+        num_experts_per_tok=t.int("top_k_experts"),
+        score_function="softmax",
+        norm_topk_prob=True,
+        router_fp32=False,
+    )
     canvas = ConfigFields(raw, source).int("canvas_length", 256)
     return dict(
-        vocab_size=t.int("vocab_size"), hidden_size=d, n_layers=t.int("num_hidden_layers"), n_heads=h,
-        n_kv_heads=kv, head_dim=head_dim, intermediate_size=t.int("intermediate_size"),
-        rope_theta=10_000.0, rms_norm_eps=t.float("rms_norm_eps", 1e-6),
-        max_length=t.int("max_position_embeddings", 131_072), qkv_bias=False,
-        tie_embeddings=get.bool("tie_word_embeddings", True), eos_id=t.int("eos_token_id", 1),
-        mask_id=None, block_causal=True, block_lengths=(canvas,), qk_norm=True, moe=moe)
+        vocab_size=t.int("vocab_size"),
+        hidden_size=d,
+        n_layers=t.int("num_hidden_layers"),
+        n_heads=h,
+        n_kv_heads=kv,
+        head_dim=head_dim,
+        intermediate_size=t.int("intermediate_size"),
+        rope_theta=10_000.0,
+        rms_norm_eps=t.float("rms_norm_eps", 1e-6),
+        max_length=t.int("max_position_embeddings", 131_072),
+        qkv_bias=False,
+        tie_embeddings=get.bool("tie_word_embeddings", True),
+        eos_id=t.int("eos_token_id", 1),
+        mask_id=None,
+        block_causal=True,
+        block_lengths=(canvas,),
+        qk_norm=True,
+        moe=moe,
+    )
 
 
 def dg_shape(raw: dict, source: str = "config.json") -> DGShape:
@@ -106,7 +137,9 @@ def dg_shape(raw: dict, source: str = "config.json") -> DGShape:
             full_kv = overrides.get("num_key_value_heads", full_kv)
     full_kv = full_kv or t.int("num_key_value_heads")
     check_heads(t.int("num_attention_heads"), full_kv, full_head_dim, f"{source} text_config (full layers)")
-    rope = {kind: _rope(text.get("rope_parameters") or DEFAULT_ROPE, kind, source) for kind in (SLIDING, FULL)}
+    rope = {
+        kind: _rope(text.get("rope_parameters") or DEFAULT_ROPE, kind, source) for kind in (SLIDING, FULL)
+    }
     window = t.int("sliding_window", 512)
     if window < 2:
         raise ModelLoadError(f"{source}: text_config sliding_window={window} must be at least 2")
@@ -114,17 +147,26 @@ def dg_shape(raw: dict, source: str = "config.json") -> DGShape:
     if canvas < 1:
         raise ModelLoadError(f"{source}: canvas_length={canvas} must be positive")
     softcap = text.get("final_logit_softcapping", 30.0)
-    return DGShape(layer_types=layer_types, sliding_window=window, full_head_dim=int(full_head_dim),
-                   full_kv_heads=int(full_kv), rope=rope, softcap=None if softcap is None else float(softcap),
-                   canvas_length=canvas, image_token_id=raw.get("image_token_id", IMAGE_TOKEN_ID))
+    return DGShape(
+        layer_types=layer_types,
+        sliding_window=window,
+        full_head_dim=int(full_head_dim),
+        full_kv_heads=int(full_kv),
+        rope=rope,
+        softcap=None if softcap is None else float(softcap),
+        canvas_length=canvas,
+        image_token_id=raw.get("image_token_id", IMAGE_TOKEN_ID),
+    )
 
 
 def _layer_types(value, n_layers: int, source: str) -> tuple[str, ...]:
     if value is None:  # the configuration class's default: five sliding layers, then a full one
         value = [SLIDING if (i + 1) % 6 else FULL for i in range(n_layers)]
     if not isinstance(value, list) or len(value) != n_layers or not set(value) <= {SLIDING, FULL}:
-        raise ModelLoadError(f"{source}: text_config layer_types must list {n_layers} entries of "
-                             f"{SLIDING!r} / {FULL!r}, got {value!r}")
+        raise ModelLoadError(
+            f"{source}: text_config layer_types must list {n_layers} entries of "
+            f"{SLIDING!r} / {FULL!r}, got {value!r}"
+        )
     value = list(value)
     value[-1] = FULL  # the configuration class forces the last layer to full attention
     return tuple(value)
@@ -135,10 +177,15 @@ def _rope(parameters: dict, kind: str, source: str) -> Rope:
     if not isinstance(p, dict):
         raise ModelLoadError(f"{source}: text_config rope_parameters has no {kind!r} entry")
     rope_type, partial = p.get("rope_type", "default"), float(p.get("partial_rotary_factor", 1.0))
-    if rope_type not in ("default", "proportional") or (rope_type == "default" and partial != 1.0) \
-            or p.get("factor", 1.0) != 1.0:
-        raise ModelLoadError(f"{source}: unsupported rope_parameters[{kind!r}] = {p!r} (default RoPE on the "
-                             "whole head, or proportional RoPE without a factor)")
+    if (
+        rope_type not in ("default", "proportional")
+        or (rope_type == "default" and partial != 1.0)
+        or p.get("factor", 1.0) != 1.0
+    ):
+        raise ModelLoadError(
+            f"{source}: unsupported rope_parameters[{kind!r}] = {p!r} (default RoPE on the "
+            "whole head, or proportional RoPE without a factor)"
+        )
     return Rope(kind=rope_type, theta=float(p.get("rope_theta", 10_000.0)), partial=partial)
 
 
@@ -146,20 +193,40 @@ def _rope(parameters: dict, kind: str, source: str) -> Rope:
 # values as a public mirror of the released file gives them (dotLLM's test fixture "verified real-26B
 # config", transcribed from the model's config.json; richengine's Gemma4MoeLayout agrees on every size).
 RELEASED_26B_A4B = {
-    "architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma", "canvas_length": 256,
-    "dtype": "bfloat16", "tie_word_embeddings": True, "use_bidirectional_attention": "vision",
+    "architectures": ["DiffusionGemmaForBlockDiffusion"],
+    "model_type": "diffusion_gemma",
+    "canvas_length": 256,
+    "dtype": "bfloat16",
+    "tie_word_embeddings": True,
+    "use_bidirectional_attention": "vision",
     "image_token_id": IMAGE_TOKEN_ID,
     "text_config": {
-        "model_type": "diffusion_gemma_text", "hidden_size": 2816, "num_hidden_layers": 30,
-        "num_attention_heads": 16, "num_key_value_heads": 8, "num_global_key_value_heads": 2, "head_dim": 256,
-        "global_head_dim": 512, "intermediate_size": 2112, "moe_intermediate_size": 704, "num_experts": 128,
-        "top_k_experts": 8, "vocab_size": 262144, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
-        "final_logit_softcapping": 30.0, "sliding_window": 1024,
-        "layer_types": ([SLIDING] * 5 + [FULL]) * 5, "max_position_embeddings": 262144,
-        "rope_parameters": {FULL: {"rope_theta": 1_000_000.0, "partial_rotary_factor": 0.25,
-                                   "rope_type": "proportional"},
-                            SLIDING: {"rope_theta": 10_000.0, "rope_type": "default"}},
-        "eos_token_id": 1, "pad_token_id": 0, "bos_token_id": 2,
+        "model_type": "diffusion_gemma_text",
+        "hidden_size": 2816,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "num_global_key_value_heads": 2,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "intermediate_size": 2112,
+        "moe_intermediate_size": 704,
+        "num_experts": 128,
+        "top_k_experts": 8,
+        "vocab_size": 262144,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "final_logit_softcapping": 30.0,
+        "sliding_window": 1024,
+        "layer_types": ([SLIDING] * 5 + [FULL]) * 5,
+        "max_position_embeddings": 262144,
+        "rope_parameters": {
+            FULL: {"rope_theta": 1_000_000.0, "partial_rotary_factor": 0.25, "rope_type": "proportional"},
+            SLIDING: {"rope_theta": 10_000.0, "rope_type": "default"},
+        },
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+        "bos_token_id": 2,
     },
 }
 

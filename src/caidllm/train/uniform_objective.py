@@ -16,7 +16,7 @@ from caidllm.models.diffusion_gemma_cache import DecoderView, DGCache
 
 
 def corrupt(canvas: torch.Tensor, vocab_size: int, generator: torch.Generator, eps: float = 1e-3):
-    """(noisy canvas [B, L], the corruption level t [B]): each position uniformly random with probability t."""
+    """(noisy canvas [B, L], corruption level t [B]): each position uniformly random with probability t."""
     b, n = canvas.shape
     t = eps + (1 - eps) * torch.rand(b, generator=generator, device=canvas.device)
     noise = torch.randint(0, vocab_size, (b, n), generator=generator, device=canvas.device)
@@ -24,9 +24,15 @@ def corrupt(canvas: torch.Tensor, vocab_size: int, generator: torch.Generator, e
     return torch.where(replaced, noise, canvas), t
 
 
-def uniform_state_loss(model, prompts: list[torch.Tensor], canvases: torch.Tensor, generator: torch.Generator,
-                       self_conditioning: float = 0.5, eps: float = 1e-3) -> torch.Tensor:
-    """Mean cross-entropy of the clean canvases [B, L] given their prompts (1-d token tensors, any lengths) and a
+def uniform_state_loss(
+    model,
+    prompts: list[torch.Tensor],
+    canvases: torch.Tensor,
+    generator: torch.Generator,
+    self_conditioning: float = 0.5,
+    eps: float = 1e-3,
+) -> torch.Tensor:
+    """Mean cross-entropy of the clean canvases [B, L] given their prompts (1-d token tensors) and a
     corrupted copy; differentiable through the encoder and the decoder."""
     caches = []
     for prompt in prompts:
