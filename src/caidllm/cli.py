@@ -101,7 +101,8 @@ def run_generate(args) -> int:
 
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
         method = recommended_method(lm.checkpoint, given_method or uniform_default(lm))
-        note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
+        if not uniform_default(lm):  # a uniform-state model's defaults are its generation_config.json's
+            note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                               chat=chat, prefix_cache_mb=budget, **options)
