@@ -13,6 +13,7 @@ that canvas's positions and tokens (the stream of finished canvases), the last o
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -163,8 +164,6 @@ class UniformEngine:
         return event
 
     def _result(self, r: CanvasRequest) -> GenerationResult:
-        import time
-
         ids = r.generated[: r.settings.gen_length]
         answer = _answer_length(ids, set(self.lm.config.eos_ids))
         ends, steps = [], 0

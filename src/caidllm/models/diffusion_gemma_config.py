@@ -90,8 +90,7 @@ def read_diffusion_gemma_fields(raw: dict, get: ConfigFields, source: str) -> di
     d, h = t.int("hidden_size"), t.int("num_attention_heads")
     kv, head_dim = t.int("num_key_value_heads"), t.int("head_dim")
     check_heads(h, kv, head_dim, f"{source} text_config")
-    shape = dg_shape(raw, source)  # checks the per-layer fields now, not at the first forward
-    del shape
+    dg_shape(raw, source)  # the per-layer fields checked now, not at the first forward
     moe = MoEConfig(
         hidden_size=d,
         moe_intermediate_size=t.int("moe_intermediate_size"),
