@@ -82,7 +82,11 @@ def test_command_line_generate_and_bad_input(capsys):
     assert main(["generate", "--model", SMALL, "--gen-length", "16", "--seed", "1", "--json", "hi"]) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert out["method"] == "diffusiongemma"
-    for args, field in ((["--method", "cai"], "'cai'"), (["--threshold", "0.9"], "'threshold'")):
+    for args, field in (
+        (["--method", "cai"], "'cai'"),
+        (["--threshold", "0.9"], "'threshold'"),
+        (["--tp", "2"], "--tp 2"),
+    ):
         assert main(["generate", "--model", SMALL, *args, "hi"]) == 2 and field in capsys.readouterr().err
     with pytest.raises(InputError, match="seed"):
         from caidllm.models import load
