@@ -92,3 +92,23 @@ def test_command_line_generate_and_bad_input(capsys):
         from caidllm.models import load
 
         load(SMALL, device="cpu", dtype="float32").generate([[3, 4]], gen_length=16, seed=True)
+
+
+def test_the_server_refuses_mask_based_requests_with_a_400():
+    """Serving this family is not wired yet: a request (a mask-based decoder, the server's) gets an OpenAI
+    error body with HTTP 400 naming the decoder, and the server goes on."""
+    import httpx
+
+    from caidllm.models import load
+    from caidllm.serve.app import ServeSettings, create_app
+    from caidllm.serve.local import LocalServer
+    from caidllm.serve.protocol import ServerDefaults
+
+    lm = load(SMALL, device="cpu", dtype="float32")
+    defaults = ServerDefaults(model_name="dg", gen_length=16, max_gen_length=64)
+    with LocalServer(create_app(lm, ServeSettings(defaults=defaults, max_batch=2, max_queue=4))) as server:
+        for _ in range(2):
+            r = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                           json={"model": "dg", "prompt": "hi", "max_tokens": 8, "method": "cai"})
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["param"] == "method" and "uniform-state" in error["message"]
