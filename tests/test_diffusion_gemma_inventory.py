@@ -100,13 +100,13 @@ def test_the_server_refuses_mask_based_requests_with_a_400():
     import httpx
 
     from caidllm.models import load
-    from caidllm.serve.app import ServeSettings, create_app
+    from caidllm.serve.app import ServerConfig, create_app
     from caidllm.serve.local import LocalServer
     from caidllm.serve.protocol import ServerDefaults
 
     lm = load(SMALL, device="cpu", dtype="float32")
     defaults = ServerDefaults(model_name="dg", gen_length=16, max_gen_length=64)
-    with LocalServer(create_app(lm, ServeSettings(defaults=defaults, max_batch=2, max_queue=4))) as server:
+    with LocalServer(create_app(lm, ServerConfig(defaults=defaults, max_batch=2, max_queue=4))) as server:
         for _ in range(2):
             r = httpx.post(f"{server.url}/v1/completions", timeout=60,
                            json={"model": "dg", "prompt": "hi", "max_tokens": 8, "method": "cai"})

@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from .checkpoints_derived import DERIVED_ROWS
+
 CAI_PAPER_LLADA = "CAI-dLLM paper: confidence gating on, f=16 for LLaDA"
 CAI_PAPER_DREAM = "CAI-dLLM paper: confidence gating off, f=8 for Dream (Table 11)"
 
@@ -46,8 +48,9 @@ class Recommendation:
         return options
 
     def summary(self) -> str:
-        threshold = f", threshold {self.threshold:g}" if self.threshold is not None else ""
-        decoder = f"method {self.decoder}{threshold}, " if self.decoder else ""
+        decoder = f"method {self.decoder}, " if self.decoder else ""
+        if self.decoder and self.threshold is not None:  # a quota decoder (sdar-static) has none
+            decoder += f"threshold {self.threshold:g}, "
         return (f"{decoder}gen_length {self.gen_length}, block_length {self.block_length}, steps {self.steps}, "
                 f"temperature {self.temperature:g}, confidence gating {'on' if self.confidence_gating else 'off'}, "
                 f"f {self.refresh_every}")
@@ -161,6 +164,11 @@ KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("google/diffusiongemma-26B-A4B-it", "diffusion_gemma", "diffusiongemma-26b-a4b", True,
                DIFFUSION_GEMMA_CARD),
 )
+# The 2026 checkpoints that reuse these architectures (or need a small family of their own): their rows and
+# sources live in checkpoints_derived.py.
+KNOWN += tuple(Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
+               for hub_id, family, shape, instruct, settings in DERIVED_ROWS)
+
 # Quantized variants caidllm does not load (their weights need compressed-tensors / ModelOpt kernels it
 # has not), each refused by name with the checkpoint to use instead.
 REFUSED_VARIANTS = {
@@ -181,6 +189,8 @@ def refused_variant(name) -> str | None:
         return (f"{hub_id}: its {kind} weights are not loaded by caidllm; load {instead} (bf16), with "
                 "--quantize for quantized weights")
     return None
+
+
 BY_HUB_ID = {c.hub_id.lower(): c for c in KNOWN}
 BY_NAME = {c.name.lower(): c for c in KNOWN}
 
