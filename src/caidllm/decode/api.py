@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from caidllm.checks import is_id_list, is_int
+from caidllm.decode.constraints import constraint_of, per_prompt
 from caidllm.decode.engine import Engine
 from caidllm.decode.prefix_reuse import shared_store
 from caidllm.decode.presets import build_config, options_for_model
@@ -24,30 +25,29 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
              temperature: float | None = None, seed: int | None = None, early_stop: bool = True,
              batch_size: int = 8, chat: bool | None = None, compile: bool = False, settings=None,
-             prefix_cache_mb: float | None = None, **overrides) -> list[GenerationResult]:
-    """Decode `prompts` (strings, or lists of token ids used as given) with a
-    method preset; any keyword given overrides the preset's value.
+             prefix_cache_mb: float | None = None, json_schema=None, regex: str | None = None,
+             choice: list[str] | None = None, json_object: bool = False, logprobs: bool = False,
+             top_logprobs: int = 0, constraint=None, **overrides) -> list[GenerationResult]:
+    """Decode `prompts` (strings, or lists of token ids used as given) with a method preset; any keyword given
+    overrides the preset's value (a uniform-state model, DiffusionGemma, runs its own: decode/uniform_api.py).
 
-    gen_length / block_length / steps / temperature left None: the recommendation of a known
-    checkpoint (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0; a
-    block-diffusion model decodes with its own block length unless one is given
-    (presets.options_for_model, the rule of every command). method None: a known block-diffusion
-    checkpoint's own decoder (and its threshold, when threshold is None too), else "cai".
-    chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
+    gen_length / block_length / steps / temperature left None: the recommendation of a known checkpoint
+    (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0; a block-diffusion model decodes
+    with its own block length unless one is given (presets.options_for_model, the rule of every command).
+    method None: a known block-diffusion checkpoint's own decoder (and its threshold, when threshold is None
+    too), else "cai". chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
 
-    A client of the step-level engine: every prompt is submitted, at most
-    `batch_size` decode together, and a finished one's slot goes to the next
-    at once. compile=True: the model runs its norms and MLPs through torch.compile from
-    then on (models/compiled.py). `settings`: a settings file (path or loaded, see
+    A client of the step-level engine: every prompt is submitted, at most `batch_size` decode together, and
+    a finished one's slot goes to the next at once. compile=True: the model runs its norms and MLPs through
+    torch.compile from then on (models/compiled.py). `settings`: a settings file (path or loaded, see
     decode/settings_file.py) whose method settings apply under the keywords. prefix_cache_mb: the budget of
     the prefix store kept with the model across calls (decode/prefix_reuse.py; None: the default on a
     block-causal model, 0: off; exact: the same tokens either way). Each result's elapsed_s,
-    policy_s and forward_s are those of the whole run."""
+    policy_s and forward_s are those of the whole run.
+    json_schema, regex, choice, json_object, constraint: structured output (docs/structured-output.md). logprobs:
+    each result's `logprobs`, with top_logprobs alternatives, taken at the step that committed each token."""
     if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine (uniform_api.py)
-        mask_only = dict(block_length=block_length, steps=steps, cache=cache, threshold=threshold,
-                         temperature=temperature, settings=settings, prefix_cache_mb=prefix_cache_mb)
-        return _generate_uniform(lm, prompts, method, batch_size, chat, dict(
-            gen_length=gen_length, seed=seed, early_stop=early_stop, **mask_only, **overrides))
+        return _generate_uniform(**locals())
     checkpoint = getattr(lm, "checkpoint", None)
     method = recommended_method(checkpoint if settings is None else None, method)
     # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
@@ -67,7 +67,10 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     store = shared_store(lm, prefix_cache_mb)
     engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts), prefix_cache_mb=0, prefix_store=store)
     started = time.perf_counter()
-    ids = [engine.submit(p, config) for p in token_prompts]
+    given = constraint_of(json_schema=json_schema, regex=regex, choice=choice, json_object=json_object)
+    constraints = per_prompt(constraint if given is None else given, len(token_prompts))
+    ids = [engine.submit(p, config, constraint=c, logprobs=top_logprobs if logprobs else None)
+           for p, c in zip(token_prompts, constraints)]
     try:
         results = {event.request_id: event.result for event in engine.run() if event.finished}
     except BaseException:  # the store outlives this call: its requests must let go of the blocks they hold
@@ -80,11 +83,15 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
             for i in ids]
 
 
-def _generate_uniform(lm, prompts, method, batch_size, chat, options: dict):
+def _generate_uniform(lm, prompts, method, batch_size, chat, overrides, early_stop, compile, json_object, logprobs,
+                      top_logprobs, **options):
+    """generate() on a uniform-state model: its settings checked (a mask-based decoder's refused by name)."""
     if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
-    return generate_uniform(lm, token_prompts, method, batch_size, **options)
+    flags = {"compile": compile, "json_object": json_object, "logprobs": logprobs, "top_logprobs": top_logprobs}
+    options.update({name: value or None for name, value in flags.items()}, early_stop=early_stop)
+    return generate_uniform(lm, token_prompts, method, batch_size, **options, **overrides)
 
 
 def _sync(lm) -> None:

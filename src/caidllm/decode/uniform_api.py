@@ -10,8 +10,10 @@ from caidllm.decode.diffusiongemma_settings import UNIFORM_METHODS, build_settin
 from caidllm.decode.uniform_engine import UniformEngine
 from caidllm.errors import InputError
 
-# generate()'s keywords of the mask-based decoders: refused by name on this family
-MASK_ONLY = ("block_length", "steps", "cache", "threshold", "temperature", "settings", "prefix_cache_mb")
+# generate()'s keywords of the mask-based decoders (and structured output, logprobs: not implemented for the
+# uniform-state decoders yet): refused by name on this family
+MASK_ONLY = ("block_length", "steps", "cache", "threshold", "temperature", "settings", "prefix_cache_mb",
+             "json_schema", "regex", "choice", "json_object", "constraint", "logprobs", "top_logprobs", "compile")
 
 
 def mask_decoder_refusal(family: str, method: str) -> str:
@@ -33,9 +35,9 @@ def check_uniform(config, method: str | None, folder=None, **options):
     given = sorted(k for k in MASK_ONLY if options.get(k) is not None)
     if given:
         raise InputError(
-            f"setting {given[0]!r} belongs to the mask-based decoders; the uniform-state decoder "
-            f"{method!r} takes max_denoising_steps, entropy_bound, t_min, t_max, stability_threshold, "
-            "confidence_threshold, adaptive_stop, seed, gen_length"
+            f"setting {given[0]!r} does not apply to the uniform-state decoder {method!r} (a mask-based "
+            "decoder's, or not implemented for it); it takes max_denoising_steps, entropy_bound, t_min, t_max, "
+            "stability_threshold, confidence_threshold, adaptive_stop, seed, gen_length"
         )
     if options.pop("early_stop", True) is False:
         options["adaptive_stop"] = False
