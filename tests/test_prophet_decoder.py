@@ -60,3 +60,14 @@ def test_prophet_refuses_a_cache(lm):
     with pytest.raises(InputError, match="runs without a cache") as error:
         run(lm, PROMPTS[:1], "fastdllm", policy="prophet")
     assert error.value.field == "cache"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--method", "klass", "--set", "klass.kl_threshold=0"], "klass.kl_threshold must be a number > 0"),
+    (["--method", "prophet", "--set", "prophet.early=-1"], "prophet.early must be a number >= 0"),
+    (["--method", "prophet", "--cache", "dual"], "policy 'prophet' runs without a cache")])
+def test_the_command_line_refuses_with_exit_2(argv, words, capsys):
+    from caidllm.cli import main
+
+    assert main(["generate", "--model", "tiny", *argv, "hi"]) == 2
+    assert words in capsys.readouterr().err
