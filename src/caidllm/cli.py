@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
                       help="use the prompt as raw text, without the chat template (default for base models)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    gen.add_argument("--verbose", action="store_true",
+                     help="print the whole steps-per-block list under each answer (--json always has it)")
     gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
                      help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
                           "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
@@ -115,8 +117,20 @@ def run_generate(args) -> int:
             reused = f", {result.reused_positions} prompt positions from the prefix cache" \
                 if result.reused_positions else ""
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
-                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
+                  f"{result.elapsed_s:.2f} s, {steps_summary(result.steps_per_block)}{reused}]")
+            if args.verbose:
+                print(f"[steps per block: {result.steps_per_block}]")
     return 0
+
+
+def steps_summary(steps_per_block: list[int]) -> str:
+    """The summary line's steps: the blocks that ran (early stop leaves the rest at 0 steps) and their
+    mean and largest step counts; the whole list (64 entries for 256 tokens in blocks of 4) is too long."""
+    used = [steps for steps in steps_per_block if steps > 0]
+    if not used:
+        return f"0 of {len(steps_per_block)} blocks decoded"
+    return (f"{len(used)} of {len(steps_per_block)} blocks decoded, steps per block mean "
+            f"{sum(used) / len(used):.1f}, max {max(used)}")
 
 
 def note_recommendation(lm, options: dict, method: str = "cai") -> None:
