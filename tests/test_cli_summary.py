@@ -27,7 +27,8 @@ def test_generate_prints_a_short_summary_and_the_list_only_when_verbose(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2].startswith("[cai: ")
     full = json.loads(lines[-1].removeprefix("[steps per block: ").removesuffix("]"))
-    assert len(full) >= 32 and steps_summary(full) in lines[-2]  # 33 here: the first block holds the prompt end
+    # 33 blocks here for 32 of gen-length: the first holds the prompt's end too
+    assert len(full) >= 32 and steps_summary(full) in lines[-2]
 
     assert cli_main(args + ["--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
