@@ -128,13 +128,14 @@ def test_unknown_folder_keeps_the_family_defaults(folders, tmp_path):
     assert caidllm.load(path, device="cpu", dtype="float32").chat_default is False
 
 
-def test_readme_model_table_matches_the_known_checkpoints():
+def test_docs_model_table_matches_the_known_checkpoints():
+    """docs/models.md's table (it was the README's) states each known checkpoint's settings."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    page = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text()
     for c in KNOWN:
         r = c.recommended
-        row = next((line for line in readme.splitlines() if line.startswith(f"| {c.hub_id} |")), None)
+        row = next((line for line in page.splitlines() if line.startswith(f"| {c.hub_id} |")), None)
         assert row is not None, c.hub_id
         assert f"| {c.family} (" in row
         assert f"| {r.gen_length} / {r.block_length} / {r.steps} / {r.temperature:g} |" in row
