@@ -76,7 +76,7 @@ def test_readme_starts_with_the_two_set_up_commands_that_ci_runs():
 
 # --- command lines: `caidllm CMD ... --flag` --------------------------------------------------------------
 
-COMMAND = re.compile(r"(?<![\w./-])caidllm (\w+)\b")
+COMMAND = re.compile(r"(?<![\w./-])caidllm ([a-z]\w*)\b")  # `caidllm CMD`: a placeholder
 
 
 def _command_lines(text: str):
