@@ -123,16 +123,6 @@ def run_generate(args) -> int:
     return 0
 
 
-def steps_summary(steps_per_block: list[int]) -> str:
-    """The summary line's steps: the blocks that ran (early stop leaves the rest at 0 steps) and their
-    mean and largest step counts; the whole list (64 entries for 256 tokens in blocks of 4) is too long."""
-    used = [steps for steps in steps_per_block if steps > 0]
-    if not used:
-        return f"0 of {len(steps_per_block)} blocks decoded"
-    return (f"{len(used)} of {len(steps_per_block)} blocks decoded, steps per block mean "
-            f"{sum(used) / len(used):.1f}, max {max(used)}")
-
-
 def note_recommendation(lm, options: dict, method: str = "cai") -> None:
     """Say on stderr which unset lengths, steps and temperature (and, running its own decoder, the
     threshold) generate takes from a known checkpoint's recommendation (models/checkpoints.py), and
@@ -154,6 +144,16 @@ def note_recommendation(lm, options: dict, method: str = "cai") -> None:
           f"confidence gating {'on' if lm.config.confidence_gating else 'off'}, f {lm.config.cache_refresh_every}; "
           f"{'chat template' if checkpoint.instruct else 'base model: raw text'} by default (source: {r.source})",
           file=sys.stderr)
+
+
+def steps_summary(steps_per_block: list[int]) -> str:
+    """The summary line's steps: the blocks that ran (early stop leaves the rest at 0 steps) and their
+    mean and largest step counts; the whole list (64 entries for 256 tokens in blocks of 4) is too long."""
+    used = [steps for steps in steps_per_block if steps > 0]
+    if not used:
+        return f"0 of {len(steps_per_block)} blocks decoded"
+    return (f"{len(used)} of {len(steps_per_block)} blocks decoded, steps per block mean "
+            f"{sum(used) / len(used):.1f}, max {max(used)}")
 
 
 def main(argv: list[str] | None = None) -> int:
