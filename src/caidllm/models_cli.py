@@ -46,6 +46,7 @@ def register(sub, name: str = "models") -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from caidllm.decode.block_diffusion import ModelTraits, applicable
+    from caidllm.decode.setting_names import settings_lines, settings_table
     from caidllm.models.device import resolve_dtype
     from caidllm.models.inventory import checkpoint_rows, describe, family_rows, model_memory
 
@@ -65,9 +66,9 @@ def run(args) -> int:
         traits = ModelTraits(row["family"], row["block_causal"], tuple(row["block_lengths"]))
         row["decoders"], row["cache_modes"] = applicable(traits)
     if args.json:
-        print(json.dumps({"families": families, "checkpoints": checkpoints}))
+        print(json.dumps({"families": families, "checkpoints": checkpoints, "settings": settings_table()}))
     else:
-        print("\n".join(table_lines(families, checkpoints)))
+        print("\n".join([*table_lines(families, checkpoints), "", *settings_lines()]))
     return 0
 
 
