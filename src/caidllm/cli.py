@@ -129,20 +129,25 @@ def run_generate(args) -> int:
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                               chat=chat, prefix_cache_mb=budget, **options)
+    print_results(args, results, settings)
+    return 0
+
+
+def print_results(args, results, settings) -> None:
+    """Each answer and its one-line summary (or, with --json, one JSON object per prompt)."""
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):
         if args.json:
             print(json.dumps({"prompt": prompt, **result.to_dict(), **ran}))
-        else:
-            print(result.text.strip())
-            reused = f", {result.reused_positions} prompt positions from the prefix cache" \
-                if result.reused_positions else ""
-            print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
-                  f"{result.elapsed_s:.2f} s, {steps_summary(result.steps_per_block)}{reused}]")
-            if args.verbose:
-                print(f"[steps per block: {result.steps_per_block}]")
-    return 0
+            continue
+        print(result.text.strip())
+        reused = f", {result.reused_positions} prompt positions from the prefix cache" \
+            if result.reused_positions else ""
+        print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
+              f"{result.elapsed_s:.2f} s, {steps_summary(result.steps_per_block)}{reused}]")
+        if args.verbose:
+            print(f"[steps per block: {result.steps_per_block}]")
 
 
 def note_recommendation(lm, options: dict, method: str = "cai") -> None:
