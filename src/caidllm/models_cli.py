@@ -92,8 +92,8 @@ def run_plan(args) -> int:
 def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     lines = ["Families (config.json architectures / model_type):"]
     for f in families:
-        lines.append(f"  {f['family']:<11} {', '.join(f['architectures'])} / {', '.join(f['model_types'])}: "
-                     f"{f['description']}")
+        model_types = ", ".join(f["model_types"]) or "none of its own"  # Stable-DiffCoder says "llama"
+        lines.append(f"  {f['family']:<11} {', '.join(f['architectures'])} / {model_types}: {f['description']}")
     lines += ["", "Known checkpoints (parameters: total / active per token; chat: instruct, else raw text):"]
     header = f"  {'hub id':<39} {'family':<11} {'architecture':<25} {'params':>14} {'context':>7} {'chat':<5} " \
              "recommended"
@@ -101,7 +101,8 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     for c in checkpoints:
         r = c["recommended"]
         params = f"{c['parameters_total'] / 1e9:.2f}B/{c['parameters_active'] / 1e9:.2f}B"
-        decoder = f"{r['decoder']} (threshold {r['threshold']:g}), " if r.get("decoder") else ""
+        threshold = f" (threshold {r['threshold']:g})" if r.get("threshold") is not None else ""
+        decoder = f"{r['decoder']}{threshold}, " if r.get("decoder") else ""  # sdar-static: no threshold
         lines.append(f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
                      f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
                      f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "
