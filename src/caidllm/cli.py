@@ -131,8 +131,9 @@ def run_generate(args) -> int:
     from caidllm.parallel.launch import parallel_model
 
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
-        method = recommended_method(lm.checkpoint, given_method)
-        note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
+        method = recommended_method(lm.checkpoint, given_method or uniform_default(lm))
+        if not uniform_default(lm):  # a uniform-state model's defaults are its generation_config.json's
+            note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                               chat=chat, prefix_cache_mb=budget, **structured, **options)
@@ -155,6 +156,13 @@ def print_results(args, results, settings) -> None:
               f"{result.elapsed_s:.2f} s, {steps_summary(result.steps_per_block)}{reused}]")
         if args.verbose:
             print(f"[steps per block: {result.steps_per_block}]")
+
+
+def uniform_default(lm) -> str | None:
+    """A uniform-state model's (DiffusionGemma's) own decoder when none is given; None for the others."""
+    from caidllm.models.families import get_family
+
+    return "diffusiongemma" if get_family(lm.config.family).uniform else None
 
 
 def cli_constraint(args):
