@@ -49,6 +49,28 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
 
 
+def add_prompt_and_output_arguments(gen: argparse.ArgumentParser) -> None:
+    """generate's chat template choice and what it prints."""
+    chat = gen.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
+                      help="put the prompt through the chat template (default for instruct models)")
+    chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
+                      help="use the prompt as raw text, without the chat template (default for base models)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    gen.add_argument("--verbose", action="store_true",
+                     help="print the whole steps-per-block list under each answer (--json always has it)")
+
+
+def add_constraint_arguments(gen: argparse.ArgumentParser) -> None:
+    """generate's structured-output flags (docs/structured-output.md): one at most."""
+    structured = gen.add_mutually_exclusive_group()  # docs/structured-output.md
+    structured.add_argument("--json-schema", default=None, metavar="FILE",
+                            help="hold every answer to this JSON schema (a file), in any commit order")
+    structured.add_argument("--regex", default=None, help="hold every answer to this regular expression")
+    structured.add_argument("--choice", nargs="+", default=None, metavar="TEXT", help="the answer is one of these")
+    structured.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="caidllm", description="Fast decoding for masked diffusion language models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,23 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_arguments(gen)
     gen.add_argument("--settings", default=None, metavar="FILE",
                      help="settings file (from caidllm calibrate, or a method's settings by hand) applied over the method's preset")
-    chat = gen.add_mutually_exclusive_group()
-    chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
-                      help="put the prompt through the chat template (default for instruct models)")
-    chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
-                      help="use the prompt as raw text, without the chat template (default for base models)")
-    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
-    gen.add_argument("--verbose", action="store_true",
-                     help="print the whole steps-per-block list under each answer (--json always has it)")
+    add_prompt_and_output_arguments(gen)
     gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
                      help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
                           "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
-    structured = gen.add_mutually_exclusive_group()  # docs/structured-output.md
-    structured.add_argument("--json-schema", default=None, metavar="FILE",
-                            help="hold every answer to this JSON schema (a file), in any commit order")
-    structured.add_argument("--regex", default=None, help="hold every answer to this regular expression")
-    structured.add_argument("--choice", nargs="+", default=None, metavar="TEXT", help="the answer is one of these")
-    structured.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    add_constraint_arguments(gen)
     add_tp_argument(gen)
     gen.set_defaults(handler=run_generate)
 
