@@ -268,11 +268,11 @@ def run_one(lm, name, method, batch, shape, compiled, peak) -> dict:
         wall = time.perf_counter() - tick
     finally:
         counter.remove()
-    forward_s = engine.forward_timer.total()
-    policy_s = engine.policy_timer.total()
+    forward_s = engine.runner.forward_timer.total()
+    policy_s = engine.runner.policy_timer.total()
     tflops = counter.flops / forward_s / 1e12 if forward_s > 0 else None
     return dict(model=name.split("?")[0] + ("?..." if "?" in name else ""), method=method, batch=batch,
-                compile=compiled, wall_s=round(wall, 4), steps=engine.steps, forwards=engine.forwards,
+                compile=compiled, wall_s=round(wall, 4), steps=engine.steps, forwards=engine.runner.forwards,
                 block=block, tokens_per_s=round(batch * gen / wall, 2), forward_share=round(forward_s / wall, 4),
                 engine_overhead_share=round((wall - forward_s - policy_s) / wall, 4),
                 forward_tflops=None if tflops is None else float(f"{tflops:.4g}"),

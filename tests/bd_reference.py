@@ -9,6 +9,9 @@ LLaDA2's and SDAR's documentation call greedy decoding), the mask token never pr
 - ``llada2_generate``: inclusionAI's LLaDA2.x `generate` (threshold decoding, eos_early_stop).
 - ``sdar_generate``: JetAstra SDAR's `block_diffusion_generate` (low_confidence_dynamic / _static).
 - ``llada21_generate``: inclusionAI's LLaDA2.1 `generate` (threshold decoding with token editing).
+- ``stable_diffcoder_generate``: ByteDance Seed's Stable-DiffCoder `generate_block` (low_confidence with a
+  fixed quota per step, threshold None): its canvas ends at prompt + gen_length, so when the prompt does not
+  fill whole blocks its first and last blocks are partial (caidllm lays masks to the end of the last block).
 All return the generated tokens up to and including the first stop id (or gen_length of them).
 
 Switches for the code as shipped where caidllm deviates (their defaults are caidllm's position; the
@@ -163,4 +166,31 @@ def llada21_generate(lm, prompt, *, gen_length, block_length, threshold, editing
         generated = x[P:end].tolist()
         if eos_early_stop and mask_id not in generated and any(t in stop_ids for t in generated):
             break
+    return _answer(x, P, gen_length, stop_ids)
+
+
+def stable_diffcoder_generate(lm, prompt, *, gen_length, block_length, steps, stop_ids=()):
+    """Stable-DiffCoder's loop: steps // (gen_length // block_length) steps for every block (the partial
+    ones too), each block's quota spread over them from its own mask count, the quota's most confident
+    masked positions committed; it stops after a completed block that holds an end token."""
+    mask_id, P = lm.config.mask_id, len(prompt)
+    x = torch.tensor(list(prompt) + [mask_id] * gen_length)
+    per_block = steps // (gen_length // block_length)
+    sizes = [block_length] * (gen_length // block_length)
+    if P % block_length:  # the prompt's last block is completed first; the answer's last block is cut short
+        sizes = [block_length - P % block_length, *sizes[:-1], P % block_length]
+    start, end = P - P % block_length, P
+    for size in sizes:
+        end += size
+        for quota in transfer_schedule(int((x[start:end] == mask_id).sum()), per_block):
+            if quota:
+                x0, p = _greedy(lm, x, end, block_length)
+                x0, p = x0[-(end - start):], p[-(end - start):]
+                masked = x[start:end] == mask_id
+                confidence = torch.where(masked, p, torch.tensor(-torch.inf, dtype=p.dtype))
+                pick = torch.topk(confidence, quota).indices
+                x[start:end][pick] = x0[pick]
+        if any(int(t) in stop_ids for t in x[P:end]):
+            break
+        start = end
     return _answer(x, P, gen_length, stop_ids)

@@ -1,6 +1,8 @@
-"""Tiny random LLaDA2, SDAR and Fast-dLLM v2 checkpoints in the official file layout, for tests.
+"""Tiny random LLaDA2, SDAR, Fast-dLLM v2, Stable-DiffCoder and RND1 checkpoints in the official file
+layout, for tests.
 
-write_block_checkpoint(path, "llada2" | "sdar" | "sdar-moe" | "fastdllm_v2") writes config.json with the
+write_block_checkpoint(path, "llada2" | "sdar" | "sdar-moe" | "fastdllm_v2" | "stable_diffcoder" | "rnd1")
+writes config.json with the
 official field names, tokenizer.json / tokenizer_config.json (the generated tokenizer,
 chat template and special tokens) and sharded safetensors with an index. The tensor
 names are spelled out here from the official modeling files, independently of the
@@ -33,8 +35,16 @@ SMALL = {
     "fastdllm_v2": {**OFFICIAL["fastdllm-v2-1.5b"], "hidden_size": 32, "num_hidden_layers": 2,
                     "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
                     "max_position_embeddings": 256, "tie_word_embeddings": False, "torch_dtype": "float32"},
+    # Llama layout (Stable-DiffCoder) and Qwen3-MoE layout (RND1, full-sequence): the 2026 families.
+    "stable_diffcoder": {**OFFICIAL["stable-diffcoder-8b"], "hidden_size": 32, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+                         "max_position_embeddings": 256, "torch_dtype": "float32"},
+    "rnd1": {**OFFICIAL["rnd1-30b-a3b"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 8, "moe_intermediate_size": 8, "num_experts": 8,
+             "num_experts_per_tok": 2, "max_position_embeddings": 256, "torch_dtype": "float32"},
 }
-FAMILIES = {"llada2": "llada2", "sdar": "sdar", "sdar-moe": "sdar", "fastdllm_v2": "fastdllm_v2"}
+FAMILIES = {"llada2": "llada2", "sdar": "sdar", "sdar-moe": "sdar", "fastdllm_v2": "fastdllm_v2",
+            "stable_diffcoder": "stable_diffcoder", "rnd1": "rnd1"}
 
 
 def write_block_checkpoint(path, kind: str = "llada2", *, seed: int = 0, config_overrides=None,
@@ -55,8 +65,10 @@ def write_block_checkpoint(path, kind: str = "llada2", *, seed: int = 0, config_
     g = torch.Generator().manual_seed(seed)
     if family == "llada2":
         tensors = _tensors(config, g, "model.word_embeddings.weight", _llada2_attention, _llada2_feed_forward)
-    elif family == "sdar":
+    elif family in ("sdar", "rnd1"):  # RND1: Qwen3-MoE's names, as SDAR-30B-A3B's
         tensors = _tensors(config, g, "model.embed_tokens.weight", _sdar_attention, _sdar_feed_forward)
+    elif family == "stable_diffcoder":
+        tensors = _tensors(config, g, "model.embed_tokens.weight", _llama_attention, _sdar_feed_forward)
     else:
         tensors = _tensors(config, g, "model.embed_tokens.weight", _qwen2_attention, _sdar_feed_forward)
     tensors["lm_head.weight"] *= head_scale
@@ -135,6 +147,15 @@ def _qwen2_attention(t, g, p, c):
     for name, n_out in (("q_proj", h * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
         t[p + f"self_attn.{name}.weight"] = _linear(g, n_out, d)
         t[p + f"self_attn.{name}.bias"] = 0.1 * torch.randn(n_out, generator=g)
+    t[p + "self_attn.o_proj.weight"] = _linear(g, d, h * hd)
+
+
+def _llama_attention(t, g, p, c):
+    """Stable-DiffCoder (transformers' Llama): q/k/v/o without biases, no QK-norm."""
+    d, h, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    hd = d // h
+    for name, n_out in (("q_proj", h * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+        t[p + f"self_attn.{name}.weight"] = _linear(g, n_out, d)
     t[p + "self_attn.o_proj.weight"] = _linear(g, d, h * hd)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from caidllm.bench import BenchSettings, run_bench
+from caidllm.bench import BenchConfig, run_bench
 from caidllm.bench.tasks import BenchTask, Sample, Scored
 from caidllm.cli import main
 
@@ -90,7 +90,7 @@ def test_every_data_task_runs(dream_dir, tmp_path):
                                      "answers": ["word0"], "dataset": "narrativeqa"}) + "\n")
     tasks = ["gsm8k", "piqa", "winogrande", "mbpp", "bbh:date_understanding", f"mathqa:{DATA / 'mathqa.jsonl'}",
              f"longbench:{long_file}"]
-    report = run_bench(BenchSettings(model=str(dream_dir), tasks=tasks, methods=["cai"], limit=1, batch_size=2,
+    report = run_bench(BenchConfig(model=str(dream_dir), tasks=tasks, methods=["cai"], limit=1, batch_size=2,
                                      gen_length=16, block_length=8, data_dir=str(BENCH), out=str(tmp_path / "o"),
                                      warmup=False, progress=False, code_timeout=5.0),
                        log=lambda message: None)
@@ -114,7 +114,7 @@ def test_a_scorer_crash_is_recorded_and_the_run_goes_on(llada_dir, tmp_path, mon
                                                                    Sample("s1", "two plus two", "4")],
                      scorer=scorer, source="test")
     monkeypatch.setattr("caidllm.bench.runner.load_task", lambda spec, **kw: task)
-    report = run_bench(BenchSettings(model=str(llada_dir), tasks=["synthetic:arithmetic"], methods=["vanilla"],
+    report = run_bench(BenchConfig(model=str(llada_dir), tasks=["synthetic:arithmetic"], methods=["vanilla"],
                                      gen_length=16, block_length=8, batch_size=2, out=str(tmp_path), warmup=False,
                                      progress=False), log=lambda message: None)
     (row,) = report["results"]

@@ -33,7 +33,10 @@ def test_every_block_checkpoint_is_known():
     names = {c.hub_id for c in BLOCK}
     assert names == {f"inclusionAI/LLaDA2.{v}-{s}" for v in "01" for s in ("mini", "flash")} | {
         f"JetLM/SDAR-{s}-Chat" for s in ("1.7B", "4B", "8B", "30B-A3B")} | {
-        f"Efficient-Large-Model/Fast_dLLM_v2_{s}" for s in ("1.5B", "7B")}
+        f"Efficient-Large-Model/Fast_dLLM_v2_{s}" for s in ("1.5B", "7B")} | {
+        # The 2026 checkpoints on these architectures (models/checkpoints_derived.py).
+        "inclusionAI/LLaDA2.0-mini-CAP", "inclusionAI/LLaDA2.0-flash-CAP", "Gen-Verse/TraDo-4B-Instruct",
+        "Gen-Verse/TraDo-8B-Instruct", "Gen-Verse/TraDo-8B-Thinking"}
     assert {c.shape for c in BLOCK} == set(COUNTS)
 
 

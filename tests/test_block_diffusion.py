@@ -76,7 +76,7 @@ def test_llada2_parity(bd_lm, threshold):
                                               ("low_confidence_static", "sdar-static")])
 def test_sdar_parity(bd_lm, strategy, method):
     stop = set(bd_lm.config.eos_ids)
-    # The static rule reads no threshold (giving it one is refused: decode/field_scope.py).
+    # The static rule reads no threshold (giving it one is refused: methods.refuse_unread).
     threshold = dict(threshold=0.5) if strategy == "low_confidence_dynamic" else {}
     results = bd_lm.generate(PROMPTS, method=method, gen_length=16, block_length=4, **threshold)
     for prompt, result in zip(PROMPTS, results):

@@ -9,7 +9,7 @@ import pytest
 
 import caidllm
 from caidllm.cli import main
-from caidllm.serve.app import ServeSettings, create_app
+from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
 from helpers.decoding import lm_eval_generates
@@ -58,7 +58,7 @@ def test_cli_refuses_block_decoders_on_full_sequence_models(llada_dir, capsys):
 @pytest.fixture(scope="module")
 def server(bd_lm):
     defaults = ServerDefaults(model_name="bd", method="llada2", gen_length=16, block_length=8, max_gen_length=64)
-    with LocalServer(create_app(bd_lm, ServeSettings(defaults=defaults, max_batch=4, max_queue=16))) as s:
+    with LocalServer(create_app(bd_lm, ServerConfig(defaults=defaults, max_batch=4, max_queue=16))) as s:
         yield s
 
 

@@ -71,7 +71,7 @@ def test_tiny_calibration_end_to_end_is_deterministic(tmp_path):
     a, b = ([(t.label, t.accuracy, t.nfe) for t in r["trials"]] for r in runs)
     assert a == b and len(a) == 3 and a[0][0] == "start"
     settings = load_settings(tmp_path / "s0.json")
-    assert set(settings.cai) == set(SEARCH_SPACE) and settings.method == "cai"
+    assert set(settings.values["cai"]) == set(SEARCH_SPACE) and settings.method == "cai"
     calibration = settings.calibration
     assert calibration["held_out"]["synthetic:boolean_expressions"]["ids"] == [
         "synthetic:boolean_expressions/validation/0", "synthetic:boolean_expressions/validation/1"]

@@ -66,7 +66,7 @@ def test_mid_flight_joins_match_alone_and_static_batches(lm):
                 ids.append(engine.submit(prompt, config(method, **kw)))
         results.update({e.request_id: e.result for e in engine.step() if e.finished})
         step += 1
-    assert engine.frame.free_slots() == [0, 1, 2, 3, 4] and engine.frame.width == 1  # all freed, frame narrowed
+    assert engine.scheduler.frame.free_slots() == [0, 1, 2, 3, 4] and engine.scheduler.frame.width == 1  # all freed, frame narrowed
     for rid, (_, prompt, method, kw) in zip(ids, plan):
         assert same(results[rid], alone(lm, prompt, method, **kw)), method
     # The same requests as one static batch through generate().
@@ -104,12 +104,12 @@ def test_requests_in_the_same_phase_share_one_forward(llada_lm):
     for prompt in PROMPTS[:3]:  # three prompt lengths, one method: every step is one forward
         engine.submit(prompt, config("fastdllm", threshold=1.0))
     engine.step()
-    assert engine.forwards == 1  # the three refreshes of block 0 in one full forward
+    assert engine.runner.forwards == 1  # the three refreshes of block 0 in one full forward
     engine.step()
-    assert engine.forwards == 2  # then one dual forward for the three rows
+    assert engine.runner.forwards == 2  # then one dual forward for the three rows
     engine.submit(PROMPTS[3], config("fastdllm", threshold=1.0))
     engine.step()
-    assert engine.forwards == 4  # the newcomer's refresh is a full forward beside the others' dual one
+    assert engine.runner.forwards == 4  # the newcomer's refresh is a full forward beside the others' dual one
 
 
 def test_commit_stream(lm):
@@ -140,7 +140,7 @@ def test_early_stop_leaves_at_once(llada_lm):
     rid = engine.submit(PROMPTS[0], config("fastdllm", gen_length=32, early_stop=True))
     (event,) = engine.step()
     assert event.finished and event.result.early_stopped and event.result.nfe == 1
-    assert not engine.has_work and engine.frame.free_slots() == [0, 1]
+    assert not engine.has_work and engine.scheduler.frame.free_slots() == [0, 1]
     with pytest.raises(InputError, match="already finished"):
         engine.cancel(rid)
 
@@ -153,7 +153,7 @@ def test_cancel_frees_the_slot_and_spares_the_others(lm):
     engine.step()
     engine.cancel(queued)  # still waiting: leaves the queue
     engine.cancel(drop)  # in flight: leaves now
-    assert sorted(engine.running) == [keep] and len(engine.frame.free_slots()) == 1
+    assert sorted(engine.scheduler.running) == [keep] and len(engine.scheduler.frame.free_slots()) == 1
     results = {e.request_id: e.result for e in engine.run() if e.finished}
     assert list(results) == [keep] and same(results[keep], alone(lm, PROMPTS[0], "cai"))
     with pytest.raises(InputError, match="cannot cancel request 'nope': unknown"):
@@ -169,7 +169,7 @@ def test_limits(llada_lm):
     with pytest.raises(EngineFullError, match="max_batch 2, max_queue 1"):
         engine.submit(PROMPTS[3], config("fastdllm"))
     engine.step()
-    assert len(engine.running) == 2 and len(engine.queue) == 1  # past max_batch: queued
+    assert len(engine.scheduler.running) == 2 and len(engine.scheduler.queue) == 1  # past max_batch: queued
     with pytest.raises(InputError, match="max_batch must be an integer >= 1"):
         Engine(llada_lm, max_batch=0)
 
@@ -189,7 +189,7 @@ def test_bad_requests_are_refused_alone(llada_lm, prompt, message):
     engine.step()
     with pytest.raises(InputError, match=message):
         engine.submit(prompt, config("cai"))
-    assert len(engine.queue) == 0 and list(engine.running) == [good]
+    assert len(engine.scheduler.queue) == 0 and list(engine.scheduler.running) == [good]
     results = {e.request_id: e.result for e in engine.run() if e.finished}
     assert same(results[good], alone(llada_lm, PROMPTS[1], "cai"))
 
@@ -206,7 +206,7 @@ def test_a_config_changed_after_submit_does_not_reach_the_request(llada_lm):
 def test_invalid_config_is_refused_before_queueing(llada_lm):
     engine = Engine(llada_lm)
     bad = config("cai")
-    bad.threshold = 1.5
+    bad.policy_settings.threshold = 1.5
     with pytest.raises(InputError, match=r"threshold must be in \(0, 1\]"):
         engine.submit(PROMPTS[0], bad)
     with pytest.raises(InputError, match="config must be a DecodeConfig"):
@@ -260,9 +260,9 @@ def test_background_failing_step_spares_the_queue_and_stop_cancels(llada_lm):
             raise RuntimeError("policy exploded")
 
         deadline = time.monotonic() + 10
-        while "bad" not in engine.running and time.monotonic() < deadline:
+        while "bad" not in engine.scheduler.running and time.monotonic() < deadline:
             time.sleep(0.001)
-        engine.running["bad"].policy = explode  # the next step of the in-flight row fails
+        engine.scheduler.running["bad"].policy = explode  # the next step of the in-flight row fails
         with pytest.raises(RuntimeError, match="policy exploded"):
             bad.wait()
         assert same(good.wait(), alone(llada_lm, PROMPTS[1], "cai"))  # the queued request still runs
@@ -293,7 +293,7 @@ def test_background_async_cancel(llada_lm):
             return seen
 
         assert asyncio.run(cancel_mid_stream()) >= 2
-        assert background.pending == 0 and not background.engine.running
+        assert background.pending == 0 and not background.engine.scheduler.running
     finally:
         background.stop(timeout=30)
 

@@ -369,13 +369,16 @@ def test_computed_fraction(lm):
 
 def test_presets():
     es = build_config("es-dllm")
-    assert (es.policy, es.cache, es.threshold, es.es_schedule, es.es_alpha) == (
+    own = es.cache_settings
+    assert (es.policy, es.cache, es.policy_settings.threshold, own.schedule, own.alpha) == (
         "threshold", "es", 0.9, DEFAULT_SCHEDULE, 0.5)
     cai_es = build_config("cai-es")
     assert (cai_es.policy, cai_es.cache) == ("cai", "es")
     assert build_config("cai").cache == "dual"  # the default backend is chosen after measuring
     custom = build_config("es-dllm", es_schedule=[[1, 0], [0.5, 0.5]], es_alpha=1)
-    assert custom.es_schedule == ((1.0, 0.0), (0.5, 0.5)) and custom.es_alpha == 1.0
+    assert custom.cache_settings.schedule == ((1.0, 0.0), (0.5, 0.5)) and custom.cache_settings.alpha == 1.0
+    nested = build_config("es-dllm", es={"schedule": [[1, 0], [0.5, 0.5]], "alpha": 1})  # the owner's key
+    assert nested.cache_settings == custom.cache_settings
 
 
 @pytest.mark.parametrize("kwargs, message", [

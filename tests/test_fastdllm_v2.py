@@ -83,7 +83,8 @@ def test_batch_invariance(lm, method):
 
 def test_official_defaults():
     config = build_config("fastdllm-v2")
-    assert (config.block_length, config.sub_block, config.threshold, config.cache) == (32, 8, 0.9, "subblock")
+    own = config.policy_settings
+    assert (config.block_length, own.sub_block, own.threshold, config.cache) == (32, 8, 0.9, "subblock")
 
 
 @pytest.mark.parametrize("options, needle", [

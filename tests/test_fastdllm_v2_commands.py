@@ -9,7 +9,7 @@ import pytest
 
 import caidllm
 from caidllm.cli import main
-from caidllm.serve.app import ServeSettings, create_app
+from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
 
@@ -58,7 +58,7 @@ def test_cli_refusals(fd_dir, capsys, args, words):
 @pytest.fixture(scope="module")
 def server(fd_lm):
     defaults = ServerDefaults(model_name="fd", method="fastdllm-v2", gen_length=32, block_length=16, max_gen_length=64)
-    with LocalServer(create_app(fd_lm, ServeSettings(defaults=defaults, max_batch=4, max_queue=16))) as s:
+    with LocalServer(create_app(fd_lm, ServerConfig(defaults=defaults, max_batch=4, max_queue=16))) as s:
         yield s
 
 

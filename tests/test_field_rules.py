@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from caidllm.cli import main as cli_main
-from caidllm.decode.config import VALIDATION, CAISettings, DecodeConfig, FieldRule
-from caidllm.decode.field_scope import SCOPE_OF
-from caidllm.decode.methods import PRESETS
+from caidllm.decode.config import SHARED_FIELDS, SHARED_RULE
+from caidllm.decode.methods import PRESETS, settings_classes
+from caidllm.decode.setting_names import FLAT_NAMES, SETTINGS_CLASSES, owners_of
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 from caidllm.serve.protocol import RequestError, ServerDefaults, parse
@@ -53,8 +53,8 @@ SPEC = {
     "grinding_action": ("cai", "choice", 0, 0, False),
     "factors": ("cai", "numbers", 0, 0, False), "budget_fractions": ("cai", "numbers", 0, 0, False),
 }
-# Checked by their own normaliser (models/skip.py) or not a setting.
-NOT_IN_SPEC = {"es_schedule", "method", "given", "cai"}
+# Checked by its own normaliser (models/skip.py).
+NOT_IN_SPEC = {"es_schedule"}
 CLI_FLAGS = {"gen_length", "block_length", "steps", "threshold", "editing_threshold", "max_post_steps",
              "minimal_topk", "temperature", "seed"}
 # Settings every decoder reads (no scope), by design.
@@ -63,14 +63,17 @@ READ_BY_EVERY_DECODER = {"gen_length", "block_length", "steps", "cache", "policy
 
 
 def test_the_table_has_no_gaps():
-    names = {f.name for f in fields(DecodeConfig)} | {f.name for f in fields(CAISettings)}
-    assert names - NOT_IN_SPEC == set(SPEC)
-    ruled = {rule.field.removeprefix("cai.") for rule in VALIDATION if isinstance(rule, FieldRule)}
-    assert set(SPEC) - ruled == {"cache", "policy"}  # these two by their registries' choices
-    assert {f.name for f in fields(DecodeConfig)} - NOT_IN_SPEC - set(SCOPE_OF) == READ_BY_EVERY_DECODER
+    """Every flat name the methods declare (and every shared field) is in the spec, every field of every
+    settings class has a rule, and the method the test uses for a name reads it."""
+    assert set(SHARED_FIELDS) | set(FLAT_NAMES) - NOT_IN_SPEC == set(SPEC) | {"es_schedule"} - NOT_IN_SPEC
+    assert set(SHARED_FIELDS) - set(SHARED_RULE) == {"cache", "policy"}  # these two by their registries' choices
+    for cls in SETTINGS_CLASSES:
+        assert {f.name for f in fields(cls)} == {rule.field for rule in cls.RULES}, cls
+    assert set(SHARED_FIELDS) - {"refresh_every"} == READ_BY_EVERY_DECODER
     for name, (method, *_) in SPEC.items():  # the method the test uses reads the field
-        scope = SCOPE_OF.get(name)
-        assert scope is None or scope.reads(PRESETS[method]["policy"], PRESETS[method]["cache"]), name
+        owners = owners_of(name)
+        assert not owners or set(owners) & set(settings_classes(PRESETS[method]["policy"],
+                                                                PRESETS[method]["cache"])), name
 
 
 def _outside(low, high, low_open):
@@ -161,8 +164,9 @@ def test_a_setting_its_policy_does_not_read_in_this_mode_is_refused_and_the_advi
     assert _cli(["generate", "x", "--method", method, f"--{name}", str(value)]) == 2
     for fix in advised:
         req = parse({"prompt": PROMPT, "method": method, **fix}, "completion", tiny, defaults)
-        first = next(iter(fix))  # the setting kept: honoured
-        assert getattr(req.config, first) == fix[first]
+        first = next(iter(fix))  # the setting kept: honoured (its policy's, by its field's name)
+        own = req.config.policy_settings
+        assert getattr(own, own.LEGACY[first]) == fix[first]
     build_config(method, **{name: value})  # the Python API's default stays lenient
 
 

@@ -19,7 +19,6 @@ class Window(CachedCanvasMode):
     """docs/forward-modes.md's example: the block and the `left` positions before it recomputed."""
 
     name = "window"
-    context_mode = "dual"
     left: int = 4
 
     def extra(self, lm) -> int:

@@ -113,10 +113,10 @@ def test_one_host_sync_per_forward_group(which, methods, request):
     the only one left in a step is the engine's transfer of each forward group's commits."""
     engine = _engine_with(request.getfixturevalue(which), methods)
     with SyncCounter("cpu") as counter:
-        forwards = engine.forwards
+        forwards = engine.runner.forwards
         for _ in range(6):
             engine.step()
-    forwards = engine.forwards - forwards
+    forwards = engine.runner.forwards - forwards
     assert forwards >= 6
     assert counter.sites == ["transfer.to_host"] * forwards
 

@@ -264,12 +264,12 @@ def test_unknown_method():
 def test_presets_and_overrides():
     assert build_config("vanilla").cache == "none"
     fd = build_config("fastdllm", cache="none")
-    assert fd.policy == "threshold" and fd.cache == "none" and fd.threshold == 0.9
-    assert build_config("cai-gate-off").cai.gating is False
-    assert build_config("cai-gate-on").cai.gating is True
-    assert build_config("cai").cai.gating is None
-    assert build_config("cai-exit").cai.grinding_action == "exit"
-    assert build_config("cai", gating=False, cai={"theta_start": 0.8}).cai.theta_start == 0.8
+    assert fd.policy == "threshold" and fd.cache == "none" and fd.policy_settings.threshold == 0.9
+    assert build_config("cai-gate-off").policy_settings.gating is False
+    assert build_config("cai-gate-on").policy_settings.gating is True
+    assert build_config("cai").policy_settings.gating is None
+    assert build_config("cai-exit").policy_settings.grinding_action == "exit"
+    assert build_config("cai", gating=False, cai={"theta_start": 0.8}).policy_settings.theta_start == 0.8
     assert build_config("cai", gen_length=128, block_length=32).steps_per_block == 32
     assert build_config("vanilla", gen_length=128, block_length=32, steps=64).steps_per_block == 16
 

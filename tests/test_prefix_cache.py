@@ -184,12 +184,12 @@ def test_bad_budgets_are_refused(tiny_bd, value, words):
 def test_a_full_sequence_model_refuses_the_store_and_runs_without_it(llada_lm):
     with pytest.raises(InputError, match="does not apply to the llada model: its attention is bidirectional"):
         Engine(llada_lm, prefix_cache_mb=64)
-    assert Engine(llada_lm).prefix_store is None and Engine(llada_lm, prefix_cache_mb=0).prefix_store is None
+    assert Engine(llada_lm).prefix.store is None and Engine(llada_lm, prefix_cache_mb=0).prefix.store is None
 
 
 def test_off_means_no_store(tiny_bd):
-    assert Engine(tiny_bd, prefix_cache_mb=0).prefix_store is None
-    assert Engine(tiny_bd).prefix_store is not None  # on by default for a block-causal model
+    assert Engine(tiny_bd, prefix_cache_mb=0).prefix.store is None
+    assert Engine(tiny_bd).prefix.store is not None  # on by default for a block-causal model
     config = build_config("llada2", gen_length=8, block_length=4, cache="none")
     result, = decode(tiny_bd, [SHARED, SHARED], config, store=PrefixStore(1 << 20))[:1]
     assert result.reused_positions == 0  # the whole window every step: no cache to take blocks into

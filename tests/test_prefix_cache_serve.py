@@ -80,10 +80,10 @@ def test_bench_runs_each_method_with_the_store_off_and_on(tmp_path):
     """`--prefix-cache-mb 0,16`: two rows per method, the same answers, the on row's prompts partly reused."""
     from pathlib import Path
 
-    from caidllm.bench import BenchSettings, run_bench
+    from caidllm.bench import BenchConfig, run_bench
 
     data = Path(__file__).parent / "data" / "bench"
-    report = run_bench(BenchSettings(model="tiny-bd", tasks=["bbh:boolean_expressions"], methods=["llada2"], limit=2,
+    report = run_bench(BenchConfig(model="tiny-bd", tasks=["bbh:boolean_expressions"], methods=["llada2"], limit=2,
                                      fewshot=2, batch_size=1, gen_length=16, block_length=8, data_dir=str(data),
                                      device="cpu", dtype="float32", warmup=False, progress=False, out=str(tmp_path),
                                      prefix_cache_mb=(0.0, 16.0)), log=lambda message: None)

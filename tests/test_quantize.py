@@ -142,10 +142,10 @@ def test_bench_states_the_quantization_and_weights(tmp_path):
 def test_server_reports_the_quantization(quantized):
     from fastapi.testclient import TestClient
 
-    from caidllm.serve.app import ServeSettings, create_app
+    from caidllm.serve.app import ServerConfig, create_app
     from caidllm.serve.protocol import ServerDefaults
 
-    app = create_app(quantized["int8"], ServeSettings(defaults=ServerDefaults(model_name="tiny")), engine_thread=False)
+    app = create_app(quantized["int8"], ServerConfig(defaults=ServerDefaults(model_name="tiny")), engine_thread=False)
     model = TestClient(app).get("/v1/models").json()["data"][0]
     assert (model["quantization"], model["dtype"]) == ("int8", "float32") and model["weights_mb"] < 10
 

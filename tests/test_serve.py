@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from caidllm.serve.loadtest import run_load
+from caidllm.bench.loadgen import run_load
 from helpers.serve import LONG, PROMPT, SETTINGS, metric, start, tiny  # noqa: F401 - tiny is a fixture
 
 

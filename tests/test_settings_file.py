@@ -24,14 +24,14 @@ def settings_file(tmp_path, **data):
 def test_round_trip_and_values_between_preset_and_keywords(tmp_path):
     path = settings_file(tmp_path)
     loaded = load_settings(path)
-    assert loaded.cai["budget_fractions"] == (0.25, 0.75, 1.0) and loaded.name == "cai-calibrated"
+    assert loaded.values["cai"]["budget_fractions"] == (0.25, 0.75, 1.0) and loaded.name == "cai-calibrated"
     write_settings(tmp_path / "again.json", loaded)
-    assert load_settings(tmp_path / "again.json").cai == loaded.cai
+    assert load_settings(tmp_path / "again.json").values == loaded.values
     config = build_config("cai", settings=path)
-    assert (config.cai.theta_end, config.cai.warmup, config.cai.grinding_action) == (0.5, 0.0, "exit")
-    assert config.cai.theta_start == 0.90  # untouched: the preset's
-    assert build_config("cai", settings=path, theta_end=0.8).cai.theta_end == 0.8  # the caller's keyword wins
-    assert build_config("cai-gate-off", settings=str(path)).cai.gating is False  # the preset's own value stays
+    assert (config.policy_settings.theta_end, config.policy_settings.warmup, config.policy_settings.grinding_action) == (0.5, 0.0, "exit")
+    assert config.policy_settings.theta_start == 0.90  # untouched: the preset's
+    assert build_config("cai", settings=path, theta_end=0.8).policy_settings.theta_end == 0.8  # the caller's keyword wins
+    assert build_config("cai-gate-off", settings=str(path)).policy_settings.gating is False  # the preset's own value stays
 
 
 @pytest.mark.parametrize("content, message", [
@@ -40,7 +40,7 @@ def test_round_trip_and_values_between_preset_and_keywords(tmp_path):
     ("[1, 2]", "must hold a JSON object"),
     ('{"cai": {}}', "is not a caidllm settings file"),
     ('{"caidllm_settings": 1, "cai": {}, "extra": 1}', "unknown key(s) 'extra'"),
-    ('{"caidllm_settings": 1, "cai": {"theta_ending": 0.5}}', "unknown CAI setting(s) 'theta_ending'"),
+    ('{"caidllm_settings": 1, "cai": {"theta_ending": 0.5}}', "unknown cai setting(s) 'theta_ending'"),
     ('{"caidllm_settings": 1, "cai": {"grinding_action": "stop"}}', "cai.grinding_action must be one of"),
     ('{"caidllm_settings": 1, "cai": {"theta_end": 3}}', r"cai.theta_end must be in (0, 1]"),
     ('{"caidllm_settings": 1, "cai": [1]}', "'cai' must be an object"),
@@ -56,7 +56,7 @@ def test_bad_settings_files(tmp_path, content, message):
 
 
 def test_settings_refused_for_a_method_without_the_cai_controller(tmp_path):
-    with pytest.raises(InputError, match="method 'vanilla' does not run the CAI controller"):
+    with pytest.raises(InputError, match="method 'vanilla' does not run them"):
         build_config("vanilla", settings=settings_file(tmp_path))
     with pytest.raises(InputError, match="settings must be a settings file path"):
         build_config("cai", settings=3)
@@ -81,7 +81,7 @@ def test_cli_generate_settings(llada_dir, tmp_path, capsys):
     assert main([*args, "--settings", str(tmp_path / "missing.json")]) == 2
     assert "settings file" in capsys.readouterr().err
     assert main([*args, "--settings", str(path), "--method", "vanilla"]) == 2
-    assert "does not run the CAI controller" in capsys.readouterr().err
+    assert "does not run them" in capsys.readouterr().err
 
 
 def test_bench_runs_the_file_as_its_own_row_and_refuses_its_held_out_samples(llada_dir, tmp_path, capsys):
@@ -93,6 +93,8 @@ def test_bench_runs_the_file_as_its_own_row_and_refuses_its_held_out_samples(lla
     report = json.loads((out / "results.json").read_text())
     assert [r["method"] for r in report["results"]] == ["vanilla", "cai", "mine"]
     assert report["settings"]["settings_file"]["cai"]["theta_end"] == 0.5
+    own = report["settings"]["method_settings"]  # each row's settings, read from the methods' declarations
+    assert own["mine"]["cai"]["theta_end"] == 0.5 and own["cai"]["cai"]["theta_end"] == 0.7 and own["vanilla"] == {}
     assert "row `mine` is `cai` with theta_end=0.5" in (out / "results.md").read_text()
     capsys.readouterr()
     held = settings_file(tmp_path, calibration={"held_out": {"synthetic:boolean_expressions": {
@@ -122,11 +124,11 @@ def test_server_defaults_take_the_file_for_its_method_only(tmp_path):
     defaults = ServerDefaults(model_name="m", gen_length=16, block_length=8,
                               settings=load_settings(settings_file(tmp_path)))
     cai = parse({"prompt": "x"}, "completion", _LM(), defaults).config
-    assert cai.cai.theta_end == 0.5 and cai.cai.grinding_action == "exit"
+    assert cai.policy_settings.theta_end == 0.5 and cai.policy_settings.grinding_action == "exit"
     own = parse({"prompt": "x", "theta_end": 0.8}, "completion", _LM(), defaults).config
-    assert own.cai.theta_end == 0.8 and own.cai.warmup == 0.0  # the request's field wins, the file fills the rest
+    assert own.policy_settings.theta_end == 0.8 and own.policy_settings.warmup == 0.0  # the request's field wins, the file fills the rest
     other = parse({"prompt": "x", "method": "cai-es"}, "completion", _LM(), defaults).config
-    assert other.cai.theta_end == 0.70  # another method keeps its preset
+    assert other.policy_settings.theta_end == 0.70  # another method keeps its preset
     assert parse({"prompt": "x", "method": "vanilla"}, "completion", _LM(), defaults).config.policy == "vanilla"
 
 
@@ -140,5 +142,5 @@ def test_serve_cli_reads_the_settings_file(tmp_path):
     parser = sub.choices["serve"]
     args = parser.parse_args(["--settings", str(settings_file(tmp_path))])
     lm = _LM()
-    assert settings_from(args, lm).defaults.settings.cai["theta_end"] == 0.5
+    assert settings_from(args, lm).defaults.settings.values["cai"]["theta_end"] == 0.5
     assert main(["serve", "--settings", str(tmp_path / "none.json")]) == 2

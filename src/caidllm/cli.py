@@ -13,13 +13,12 @@ import sys
 from caidllm.bench.calibrate_cli import register as register_calibrate
 from caidllm.bench.cli import register as register_bench
 from caidllm.decode.config import CACHE_MODES
+from caidllm.decode.methods import method_names
 from caidllm.decode.prefix_reuse import check_budget
-from caidllm.decode.presets import method_names
-from caidllm.errors import CaidllmError
+from caidllm.errors import CaidllmError, InputError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
-from caidllm.options import (MODEL_HELP, add_model_arguments, add_tp_argument,  # noqa: F401 - the old import path
-                             check_before_load, load_model)
+from caidllm.options import add_model_arguments, add_tp_argument, check_before_load
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -43,6 +42,9 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minimal-topk", type=int, default=None, help="LLaDA2: steps per block <= gen-length // this")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature" + known.format(0))
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="set_values",
+                        help="any method's setting, by OWNER.FIELD (eb.gamma=0.02) or its flat name (eb_gamma=0.02); "
+                             "the VALUE is read as JSON, else as text; repeatable (caidllm models lists them all)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
 
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"one of: {', '.join(method_names())} (default: the settings file's method, else cai)")
     add_decoding_arguments(gen)
     gen.add_argument("--settings", default=None, metavar="FILE",
-                     help="CAI settings file (from caidllm calibrate) applied over the method's preset")
+                     help="settings file (from caidllm calibrate, or a method's settings by hand) applied over the method's preset")
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
                       help="put the prompt through the chat template (default for instruct models)")
@@ -80,6 +82,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def set_values(items: list[str]) -> dict:
+    """--set NAME=VALUE items as keywords: OWNER.FIELD under the owner's key ({"eb": {"gamma": 0.02}}), a
+    flat name as is; VALUE as JSON (0.02, true, [1, 2]), else the text. The decoder checks every value."""
+    values: dict = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise InputError(f"--set takes NAME=VALUE, got {item!r}", field="set")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        owner, dot, field = name.partition(".")
+        if dot:
+            values.setdefault(owner, {})[field] = value
+        else:
+            values[name] = value
+    return values
+
+
 def run_generate(args) -> int:
     settings = None
     if args.settings is not None:
@@ -92,7 +114,7 @@ def run_generate(args) -> int:
                    threshold=args.threshold, temperature=args.temperature, seed=args.seed,
                    editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
                    minimal_topk=args.minimal_topk, sub_block=args.sub_block,
-                   early_stop=not args.no_early_stop)
+                   early_stop=not args.no_early_stop, **set_values(args.set_values))
     # A bad method or setting (or one the decoder that runs does not read: with no method given, a known
     # checkpoint's own, read from its config.json) fails before the model loads.
     decoded = check_before_load(args.model, given_method, settings, strict=True, **options)

@@ -15,7 +15,12 @@ class ModelLoadError(CaidllmError):
 
 
 class InputError(CaidllmError):
-    """Arguments or inputs to a model or decoder are invalid."""
+    """Arguments or inputs to a model or decoder are invalid. `field`: the setting or input the error
+    is about, as the caller named it (the server's `param`; None when it is about no one field)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class EngineFullError(CaidllmError):

@@ -46,6 +46,7 @@ def register(sub, name: str = "models") -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from caidllm.decode.block_diffusion import ModelTraits, applicable
+    from caidllm.decode.setting_names import settings_lines, settings_table
     from caidllm.models.device import resolve_dtype
     from caidllm.models.inventory import checkpoint_rows, describe, family_rows, model_memory
 
@@ -65,9 +66,9 @@ def run(args) -> int:
         traits = ModelTraits(row["family"], row["block_causal"], tuple(row["block_lengths"]))
         row["decoders"], row["cache_modes"] = applicable(traits)
     if args.json:
-        print(json.dumps({"families": families, "checkpoints": checkpoints}))
+        print(json.dumps({"families": families, "checkpoints": checkpoints, "settings": settings_table()}))
     else:
-        print("\n".join(table_lines(families, checkpoints)))
+        print("\n".join([*table_lines(families, checkpoints), "", *settings_lines()]))
     return 0
 
 
@@ -91,8 +92,8 @@ def run_plan(args) -> int:
 def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     lines = ["Families (config.json architectures / model_type):"]
     for f in families:
-        lines.append(f"  {f['family']:<11} {', '.join(f['architectures'])} / {', '.join(f['model_types'])}: "
-                     f"{f['description']}")
+        model_types = ", ".join(f["model_types"]) or "none of its own"  # Stable-DiffCoder says "llama"
+        lines.append(f"  {f['family']:<11} {', '.join(f['architectures'])} / {model_types}: {f['description']}")
     lines += ["", "Known checkpoints (parameters: total / active per token; chat: instruct, else raw text):"]
     header = f"  {'hub id':<39} {'family':<11} {'architecture':<25} {'params':>14} {'context':>7} {'chat':<5} " \
              "recommended"
@@ -100,7 +101,8 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     for c in checkpoints:
         r = c["recommended"]
         params = f"{c['parameters_total'] / 1e9:.2f}B/{c['parameters_active'] / 1e9:.2f}B"
-        decoder = f"{r['decoder']} (threshold {r['threshold']:g}), " if r.get("decoder") else ""
+        threshold = f" (threshold {r['threshold']:g})" if r.get("threshold") is not None else ""
+        decoder = f"{r['decoder']}{threshold}, " if r.get("decoder") else ""  # sdar-static: no threshold
         lines.append(f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
                      f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
                      f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "

@@ -7,10 +7,10 @@ PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 2
 def block_of(method, **kw):
     """BLOCK, or None for a method that lays no blocks (Elastic-Cache's official loop refuses a block
     length other than gen_length): `kw`'s decoding settings decide, the rest (batch_size, ...) aside."""
-    from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS
     from caidllm.decode.presets import lays_blocks
+    from caidllm.decode.setting_names import ALL_NAMES
 
-    settings = {k: v for k, v in kw.items() if k in DECODE_FIELDS | CAI_FIELDS | {"cai"}}
+    settings = {k: v for k, v in kw.items() if k in ALL_NAMES}
     return BLOCK if lays_blocks(method or "cai", **settings) else None
 
 

@@ -20,6 +20,11 @@ MODELS = {
     "random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
     "&vocab_size=512&num_experts=16&expert_intermediate_size=32": dict(method="fastdllm", gen_length=16,
                                                                         block_length=8),
+    # The 2026 families: Stable-DiffCoder's Llama attention, RND1's shifted Qwen3-MoE.
+    "random:stable-diffcoder-8b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
+    "&num_key_value_heads=4&vocab_size=512&intermediate_size=128": dict(method="sdar-static", gen_length=8,
+                                                                     block_length=4),
+    f"random:rnd1-30b-a3b?{SMALL}{MOE}": dict(method="fastdllm", gen_length=16, block_length=8),
 }
 # Checkpoint folders the test writes (tests/block_checkpoints.py): read part by part on each rank
 # (parallel/loading.py); the embedded tiny models are folders too, the random: shapes are drawn whole.

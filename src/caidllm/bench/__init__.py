@@ -5,7 +5,7 @@
 or from Python: ``run_bench(BenchConfig(...))``. See BENCHMARKS.md.
 """
 
-from caidllm.bench.runner import BenchConfig, BenchSettings, run_bench
+from caidllm.bench.runner import BenchConfig, run_bench
 from caidllm.bench.tasks import TASK_KINDS, load_task
 
-__all__ = ["BenchConfig", "BenchSettings", "run_bench", "load_task", "TASK_KINDS"]
+__all__ = ["BenchConfig", "run_bench", "load_task", "TASK_KINDS"]

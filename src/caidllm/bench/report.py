@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from caidllm.decode.setting_names import OWNERS
+
 
 def _num(value, fmt: str, missing: str = "n/a") -> str:
     return missing if value is None else format(value, fmt)
@@ -72,7 +74,8 @@ def _preamble(s: dict) -> list[str]:
         lines[2:2] = ["**The weights are random: scores mean nothing; only speed and memory do.**", ""]
     ran = s.get("settings_file")
     if ran:
-        values = ", ".join(f"{k}={v}" for k, v in ran["cai"].items()) or "none"
+        own = [fields for owner, fields in ran.items() if owner in OWNERS]  # the method's settings, by owner
+        values = ", ".join(f"{k}={v}" for fields in own for k, v in fields.items()) or "none"
         lines += [f"Settings file `{ran['source']}`: row `{ran['name']}` is `{ran['method']}` with {values}.", ""]
     return lines
 

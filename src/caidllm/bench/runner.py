@@ -37,11 +37,13 @@ from caidllm.bench.sandbox import Limits
 from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
+from caidllm.decode.methods import method_names, settings_summary
 from caidllm.decode.prefix_reuse import check_budget
-from caidllm.decode.presets import build_config, method_names, run_lengths
-from caidllm.models.quantize import weights_mb
+from caidllm.decode.presets import build_config, run_lengths
 from caidllm.distributed import World, together
 from caidllm.errors import CaidllmError, InputError
+from caidllm.models.quantize import weights_mb
+
 
 @dataclass
 class BenchConfig:
@@ -151,9 +153,6 @@ class BenchConfig:
             self.methods = list(self._rows)
 
 
-BenchSettings = BenchConfig  # the old name
-
-
 def resolve_lengths(settings: BenchConfig, lm=None) -> BenchConfig:
     """The run's lengths (options.lengths_for_run): unset ones as generate takes them for the first
     method; each method checked against the model, from its config.json alone when `lm` is None."""
@@ -206,12 +205,13 @@ def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
 
     report = {
         "settings": {**run_settings(run.settings, run.lm, run.tasks, run.data_dir, run.chat, run.T),
-                     "started": started, "world_size": world.world_size, "ranks": ranks},
+                     "method_settings": run.method_settings, "started": started, "world_size": world.world_size, "ranks": ranks},
         "definitions": DEFINITIONS,
         "results": results,
     }
     if run.out is not None:
-        from caidllm.bench import plots, report as report_mod
+        from caidllm.bench import plots
+        from caidllm.bench import report as report_mod
 
         report["plots"] = plots.write_all(run.out, report, traces, run.T)
         report_mod.write(run.out, report)
@@ -231,6 +231,7 @@ class _Prepared:
     chat: bool
     encoded: dict[str, list[Encoded]]
     T: dict[str, int]
+    method_settings: dict[str, dict]  # each row's policy and cache settings, by owner (methods.settings_summary)
 
 
 def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
@@ -255,12 +256,14 @@ def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
         if settings.lengths_for(m)["block_length"] is None:
             log(f"{m}: Elastic-Cache's official loop decodes the whole generation as one block of "
                 f"{settings.gen_length}; block_length {settings.block_length} does not apply to it")
-    T = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
-                         **settings.lengths_for(m)).steps_per_block for m in settings.methods}
+    configs = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
+                               **settings.lengths_for(m)) for m in settings.methods}
+    T = {m: config.steps_per_block for m, config in configs.items()}
+    own = {m: settings_summary(config) for m, config in configs.items()}
     if settings.warmup:  # every rank warms up on its own share
         first = encoded[tasks[0].name]
         _warm_up(lm, settings, [first[i] for i in world.shard(len(first))], log)
-    return _Prepared(settings, lm, out, data_dir, tasks, chat, encoded, T)
+    return _Prepared(settings, lm, out, data_dir, tasks, chat, encoded, T, own)
 
 
 def _load_model(settings: BenchConfig, world: World, device, log):

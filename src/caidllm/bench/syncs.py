@@ -110,11 +110,11 @@ class SyncCounter:
 def syncs_per_step(engine, steps: int) -> tuple[float, int]:
     """Run `steps` engine steps (fewer if the work ends) under a SyncCounter: the host syncs
     per forward group and the number of forward groups run."""
-    forwards_before = engine.forwards
+    forwards_before = engine.runner.forwards
     with SyncCounter(engine.lm.device) as counter:
         for _ in range(steps):
             if not engine.has_work:
                 break
             engine.step()
-    forwards = engine.forwards - forwards_before
+    forwards = engine.runner.forwards - forwards_before
     return (counter.count / forwards if forwards else 0.0), forwards

@@ -37,7 +37,7 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     `batch_size` decode together, and a finished one's slot goes to the next
     at once. compile=True: the model runs its norms and MLPs through torch.compile from
     then on (models/compiled.py). `settings`: a settings file (path or loaded, see
-    decode/settings_file.py) whose CAI values apply under the keywords. prefix_cache_mb: the budget of
+    decode/settings_file.py) whose method settings apply under the keywords. prefix_cache_mb: the budget of
     the prefix store kept with the model across calls (decode/prefix_reuse.py; None: the default on a
     block-causal model, 0: off; exact: the same tokens either way). Each result's elapsed_s,
     policy_s and forward_s are those of the whole run."""
@@ -67,8 +67,8 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
         engine.cancel_all()
         raise
     _sync(lm)
-    elapsed, policy = time.perf_counter() - started, engine.policy_timer.total()
-    forward = engine.forward_timer.total()
+    elapsed, policy = time.perf_counter() - started, engine.runner.policy_timer.total()
+    forward = engine.runner.forward_timer.total()
     return [dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward)
             for i in ids]
 

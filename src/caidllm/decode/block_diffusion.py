@@ -20,21 +20,19 @@ import torch
 
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS, PRESETS, preset_config
-from caidllm.decode.policies import policy_spec
+from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS, PRESETS, preset_config, refuse_unread
+from caidllm.decode.setting_names import rules_of
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
+from caidllm.setting_rules import BLOCK_CAUSAL, FULL_SEQUENCE
 
-# The exact block cache, Fast-dLLM v2's within-block cache over it, or the whole window recomputed every step.
-BLOCK_CACHES = ("block", "subblock", "none")
+# The exact caches (the block cache, Fast-dLLM v2's within-block cache over it) or the whole window recomputed
+# every step: read from the registry.
+BLOCK_CACHES = tuple(name for name, mode in CACHE_MODES.items() if mode.exact or not mode.uses_cache)
 BLOCK_POLICIES = ("dynamic", "static", "subblock")
-# Settings only the block-diffusion decoders read (what each is), refused on a full-sequence model.
-BLOCK_ONLY_FIELDS = {"editing_threshold": "LLaDA2.1 token editing", "max_post_steps": "LLaDA2.1 token editing",
-                     "num_to_transfer": "LLaDA2.1's quota per step", "minimal_topk": "LLaDA2's step cap"}
 # Caches that are their method (ES-dLLM, Elastic-Cache, dKV-Cache): on a block-causal model they are
 # refused, never swapped for the block cache under the method's name; the advice is the same rule on it.
-METHOD_CACHES = {"es": "ES-dLLM's early skipping", "elastic": "Elastic-Cache's drift-refreshed cache",
-                 "dkv": "dKV-Cache's delayed cache", "dkv-greedy": "dKV-Cache-Greedy's cache"}
+METHOD_CACHES = {name: mode.method for name, mode in CACHE_MODES.items() if mode.method is not None}
 BLOCK_ALTERNATIVE = {"threshold": "fastdllm", "cai": "cai", "vanilla": "vanilla", "random": "vanilla"}
 
 
@@ -57,60 +55,81 @@ class Layout:
 
 
 def check_given_fit(given, model) -> None:
-    """InputError naming the first setting in `given` (names) that the model's family never reads, whatever
-    the method. The server checks it before the method's own scope (decode/field_scope.py), whose advice
-    (another method) would otherwise name one this model refuses in turn."""
-    if not model.block_causal:
-        for name in BLOCK_ONLY_FIELDS:
-            if name in given:
-                raise InputError(f"{name} ({BLOCK_ONLY_FIELDS[name]}) does not apply to the {model.family} model: "
-                                 "it is a block-diffusion decoder's setting, and this model is full-sequence")
-    elif "refresh_every" in given:
-        raise InputError("refresh_every does not apply to a block-causal model: its block cache is exact, "
-                         "never refreshed")
+    """InputError naming the first setting in `given` (names as given: shared, flat or dotted) that the
+    model's kind never reads, whatever the method (the field rules' `models`: an owner's rule says it).
+    Checked before the method's own reading (methods.refuse_unread), whose advice (another method)
+    would otherwise name one this model refuses in turn."""
+    kind = BLOCK_CAUSAL if model.block_causal else FULL_SEQUENCE
+    for name in given:
+        rules = rules_of(name)
+        if not rules or any(rule.models in (None, kind) for rule in rules):
+            continue
+        if kind == FULL_SEQUENCE:
+            raise InputError(f"{name} ({rules[0].about}) does not apply to the {model.family} model: it is a "
+                             "block-diffusion decoder's setting, and this model is full-sequence", field=name)
+        raise InputError(f"{name} does not apply to a block-causal model: {rules[0].about}", field=name)
 
 
-def fit_to_model(config: DecodeConfig, model) -> DecodeConfig:
+def fit_to_model(config: DecodeConfig, model, strict: bool = False) -> DecodeConfig:
     """`config` as it runs on the model (its ModelConfig): a setting the caller gave that does not
     apply to the family raises InputError naming it; a preset's default that does not apply is
     replaced by the family's (every preset runs on a block-causal model's exact block cache, unless
-    the caller asks for cache="none", the whole window recomputed every step)."""
+    the caller asks for cache="none", the whole window recomputed every step). strict: a setting the
+    caller gave that the method does not read is refused too (after the model's own refusals, whose
+    advice comes first). Fitted once: a config already fitted to these traits is returned as is."""
+    traits = (model.family, model.block_causal, tuple(model.block_lengths or ()))
+    if config.fitted_to == traits:
+        return config
+    check_given_fit([*config.given, *config.foreign], model)
+    if strict:
+        refuse_unread(config)
+    fitted = _fit_family(config, model)
+    fitted.fitted_to = traits
+    return fitted
+
+
+def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
     given = set(config.given)
     if not model.block_causal:
         if config.method in BLOCK_DIFFUSION_PRESETS or config.policy in BLOCK_POLICIES:
             raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
-                             f"the {model.family} model is full-sequence (bidirectional attention)")
-        check_given_fit(given | ({"editing_threshold"} if config.editing_threshold is not None else set()), model)
-        if config.cache in ("block", "subblock"):
-            raise InputError(f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} model: "
-                             "its attention is bidirectional; use none, prefix, dual or es")
+                             f"the {model.family} model is full-sequence (bidirectional attention)",
+                             field="policy" if "policy" in given else "method")
+        if config.editing_threshold is not None:  # a preset's (the caller's was refused above)
+            check_given_fit(["editing_threshold"], model)
+        if CACHE_MODES[config.cache].exact:
+            raise InputError(f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} "
+                             "model: its attention is bidirectional; use none, prefix, dual or es",
+                             field="cache" if "cache" in given else "method")
         return config
     changes = {}
     if "cache" not in given and config.cache in METHOD_CACHES:
         raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
                          f"cache {config.cache!r} is {METHOD_CACHES[config.cache]}, which needs bidirectional "
                          f"attention; use method {BLOCK_ALTERNATIVE.get(config.policy, 'fastdllm')!r} (its rule "
-                         "on the exact block cache)")
-    own_forward = policy_spec(config.policy).forward
+                         "on the exact block cache)", field="method")
+    own_forward = config.policy_spec.forward
     if own_forward is not None:  # refused here, with no advice about its cache that a second refusal undoes
         raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
                          f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
-                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder (llada2, sdar)")
-    if "cache" not in given and config.cache != "subblock":
+                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder (llada2, sdar)",
+                         field="policy" if "policy" in given else "method")
+    if "cache" not in given and not CACHE_MODES[config.cache].exact:
         # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too
         # (Fast-dLLM v2's keeps its within-block cache over it).
         changes["cache"] = "block"
     elif config.cache not in BLOCK_CACHES:
         raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
                          "its cache is 'block' (exact), 'subblock' (Fast-dLLM v2's within-block cache over it) "
-                         "or 'none' (the whole window every step)")
+                         "or 'none' (the whole window every step)", field="cache")
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
         changes["block_length"] = own_block_length(config.block_length, model)
     elif model.block_lengths and config.block_length not in model.block_lengths:
         raise InputError(f"block_length {config.block_length} is not one the {model.family} model decodes with "
-                         f"(allowed: {', '.join(map(str, model.block_lengths))})")
-    check_given_fit(given, model)
-    return dataclasses.replace(config, **changes).validate() if changes != {"cache": config.cache} else config
+                         f"(allowed: {', '.join(map(str, model.block_lengths))})", field="block_length")
+    if changes == {"cache": config.cache}:
+        return config
+    return dataclasses.replace(config, **changes).validate()
 
 
 def own_block_length(block_length: int, model) -> int:

@@ -41,9 +41,8 @@ from typing import Iterator
 from caidllm.checks import is_id_list
 from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.elastic import ElasticState
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.policies import make_policy, policy_key, policy_spec
+from caidllm.decode.policies import make_policy, policy_key
 from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
 from caidllm.decode.prefix_store import PrefixStore
 from caidllm.decode.request import CommitEvent, Request
@@ -51,7 +50,6 @@ from caidllm.decode.runner import RowStep, Runner
 from caidllm.decode.sampling import request_generator
 from caidllm.decode.scheduler import Scheduler
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY
-from caidllm.decode.timing import DeviceTimer  # noqa: F401 - the old import path
 from caidllm.errors import InputError
 from caidllm.models.modes import FORWARD_MODES
 
@@ -62,20 +60,14 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
     bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
     that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
     c = lm.config
-    if config.cache == "elastic" and getattr(lm, "tp", None) is not None:
-        return (f"cache mode 'elastic' reads each layer's attention over every head, which --tp {lm.tp.size} "
-                "divides among the ranks; run it without --tp")
-    if config.cache == "elastic" and config.elastic_layer >= c.n_layers:
-        return (f"elastic_layer ({config.elastic_layer}) is beyond the model's layers "
-                f"(family {c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})")
-    if config.cache == "elastic" and c.block_causal:
-        return (f"cache mode 'elastic' needs the elastic forward (bidirectional attention over every column), "
-                f"which model family {c.family!r} does not have (block-causal attention)")
+    own_refusal = CACHE_MODES[config.cache].refusal(config, lm)  # the cache mode's own rules first
+    if own_refusal is not None:
+        return own_refusal
     if not (lm.model.extra_left or c.block_causal):
         return None
-    own = policy_spec(config.policy).forward
+    own = config.policy_spec.forward
     needs = ([f"policy {config.policy!r} needs the {own} forward"] if own is not None and FORWARD_MODES[own].unshifted else []) + (
-        [f"cache mode {config.cache!r} needs the {config.cache} forward"]
+        [f"cache mode {config.cache!r} needs the {CACHE_MODES[config.cache].between_refreshes.name} forward"]
         if CACHE_MODES[config.cache].between_refreshes.unshifted else [])
     if not needs:
         return None
@@ -129,47 +121,12 @@ class Engine:
         if self.mirror is not None:
             self.mirror.attach(self)
 
-    # ---- what the engine holds (the scheduler's; read-only views for callers and tests) ----
-
-    @property
-    def max_batch(self) -> int:
-        return self.scheduler.max_batch
-
-    @property
-    def max_queue(self) -> int:
-        return self.scheduler.max_queue
-
-    @property
-    def frame(self):
-        return self.scheduler.frame
-
-    @property
-    def queue(self):
-        return self.scheduler.queue
-
-    @property
-    def running(self):
-        return self.scheduler.running
-
-    @property
-    def policy_timer(self) -> DeviceTimer:
-        return self.runner.policy_timer
-
-    @property
-    def forward_timer(self) -> DeviceTimer:
-        return self.runner.forward_timer
-
-    @property
-    def forwards(self) -> int:
-        return self.runner.forwards
+    # ---- the public surface beside submit / step / run / cancel (the rest: engine.scheduler, .runner) ----
 
     @property
     def has_work(self) -> bool:
+        """Whether a request is queued or in flight."""
         return self.scheduler.has_work
-
-    @property
-    def prefix_store(self) -> PrefixStore | None:
-        return self.prefix.store
 
     # ---- requests in and out -------------------------------------------------
 
@@ -184,9 +141,11 @@ class Engine:
         """A checked Request, not yet queued (touches no engine state: any thread may call it)."""
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
-        config = copy.deepcopy(config).validate()  # the request's own: a caller's later edit cannot reach it
+        config = copy.deepcopy(config)  # the request's own: a caller's later edit cannot reach it
+        if config.fitted_to is None:  # not yet checked and fitted to a model (build_config alone)
+            config.validate()
         self._check_family(config)  # a decoder whose forward the family lacks, before the family's defaults apply
-        config = fit_to_model(config, self.lm.config)  # a setting the model's family does not take is refused
+        config = fit_to_model(config, self.lm.config)  # once: a config fitted to this model is returned as is
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
         return self._new_request(request_id, prompt, config)
@@ -256,7 +215,7 @@ class Engine:
         for row in rows:
             request = row.request
             first = request.nfe == 0
-            self.prefix.after_forward(self.frame, request)
+            self.prefix.after_forward(self.scheduler.frame, request)
             event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
                                    self.lm.config.eos_id, self.lm.device, row.edits)
             if first and self.prefix.applies(request):
@@ -266,7 +225,7 @@ class Engine:
             events.append(event)
         for event, row in zip(events, rows):
             if event.finished:
-                self.prefix.finish(self.frame, row.request)
+                self.prefix.finish(self.scheduler.frame, row.request)
                 self.scheduler.retire(row.request)
         self.steps += bool(events)
         return events
@@ -281,24 +240,27 @@ class Engine:
         """A request took a slot: its policy time so far is the baseline of its own."""
         request.policy_seconds_at_admission = self.runner.policy_timer.total()
         request.start_block(self.lm.device)
-        self.prefix.admit(self.frame, request)
+        self.prefix.admit(self.scheduler.frame, request)
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
-        gating = lm.config.confidence_gating if config.cai.gating is None else config.cai.gating
-        refresh_every = lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
-        elastic = None
-        if config.cache == "elastic":  # refreshes by its drift test, never on a fixed period
-            refresh_every, elastic = 0, ElasticState(lm.model.extra_left, lm.config.n_layers)
+        own_gating = getattr(config.policy_settings, "gating", None)  # a policy that gates says so in its settings
+        gating = lm.config.confidence_gating if own_gating is None else own_gating
+        cache = CACHE_MODES[config.cache]
+        refresh_every = cache.refresh_every(lm.config.cache_refresh_every if config.refresh_every is None
+                                            else config.refresh_every)
         policy, state_names = make_policy(config, gating)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
-        # An ordered policy's order: reproducible without a seed too (seed 0), like the greedy decoders.
-        order = request_generator(config.seed or 0, prompt, "cpu") if policy_spec(config.policy).ordered else None
-        return Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
-                       policy_key(config, gating), generator, block_causal=lm.config.block_causal,
-                       elastic=elastic, order_generator=order)
+        request = Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
+                          policy_key(config, gating), generator, block_causal=lm.config.block_causal)
+        # What the policy and the cache mode remember across steps, each in its own object.
+        spec = config.policy_spec
+        request.policy_state = spec.new_state(config, prompt) if spec.new_state is not None else None
+        request.cache_state = cache.new_state(request, lm)
+        return request
 
     def _check_family(self, config: DecodeConfig) -> None:
+        CACHE_MODES[config.cache].check_settings(config, self.lm)  # its settings against the model
         refusal = family_refusal(self.lm, config)
         if refusal:
             raise InputError(refusal)
@@ -306,14 +268,14 @@ class Engine:
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
         if not is_id_list(prompt_ids):
-            raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
+            raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}", field="prompt")
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
-            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})", field="prompt")
         span = Layout.of(len(prompt_ids), config, c.block_causal).span
         if len(prompt_ids) + span > c.max_length:
             laid = "" if span == config.gen_length else f", laid out to the end of its last block: {span}"
             raise InputError(
                 f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}{laid}) = "
-                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens")
+                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens", field="prompt")
         return list(prompt_ids)

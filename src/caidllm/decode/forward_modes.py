@@ -1,53 +1,39 @@
-"""Which forward mode each cache setting (DecodeConfig.cache) runs between refreshes.
+"""The cache modes (DecodeConfig.cache), one line each: the forward each runs between refreshes, its
+settings dataclass and its engine side (decode/caches/base.py's CacheMode; a mode with per-request
+memory or its own forward schedule subclasses it in its own module).
 
 The forward modes themselves, the model's computation and the engine's inputs of each, are one
-module each in models/modes/ (one registry, FORWARD_MODES, read by the model and the engine). A
-cache setting that uses one between refreshes is one more entry in CACHE_MODES here; the valid
-`cache` values are read from there.
+module each in models/modes/ (one registry, FORWARD_MODES, read by the model and the engine). The
+valid `cache` values are read from CACHE_MODES here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from caidllm.models.modes import DKV, Block, Dual, EarlySkipping, Elastic, ForwardMode, Full, Prefix
-
-
-@dataclass(frozen=True)
-class CacheMode:
-    """A value of DecodeConfig.cache: the forward a request runs between refreshes (a refresh is
-    always a full forward), and whether it skips early (its next forward then reads this step's
-    confidences and commits, and its cache keeps hidden states)."""
-
-    between_refreshes: type[ForwardMode]
-    early_skipping: bool = False
-    # Steps at a block's start that are refreshes (dKV-Cache refreshes at its first two: at the first,
-    # the block's tokens are all masks; at the second, the first step's commits get their K/V).
-    refreshes_at_start: int = 1
-    hidden_every_layer: bool = False  # the cache keeps every layer's input (Elastic-Cache's deep refresh reads it)
-    # Exact (block-causal models): never refreshed; a full forward only as the request's first.
-    exact: bool = False
-    # Fast-dLLM v2's within-block cache: once the block has had a whole forward with its first position
-    # known and the current sub-block's first position is decoded, a step computes that sub-block only.
-    within_block: bool = False
-
-    @property
-    def uses_cache(self) -> bool:
-        return self.between_refreshes is not Full
-
+from caidllm.decode.caches.base import CacheMode
+from caidllm.decode.caches.dkv import DKVCache
+from caidllm.decode.caches.es import EarlySkippingCache
+from caidllm.decode.caches.exact import ExactCache
+from caidllm.decode.caches.prompt import PromptCache
+from caidllm.decode.elastic import ElasticCache, ElasticSettings
+from caidllm.decode.policies.subblock import WithinBlockCacheSettings
+from caidllm.models.modes import DKV, Block, Dual, EarlySkipping, Elastic, Full, Prefix
+from caidllm.models.modes.dkv import GreedySettings
+from caidllm.models.skip import EarlySkippingSettings
 
 CACHE_MODES: dict[str, CacheMode] = {
     "none": CacheMode(Full),
     "prefix": CacheMode(Prefix),
     "dual": CacheMode(Dual),
-    "es": CacheMode(EarlySkipping, early_skipping=True),  # the dual cache with ES-dLLM early skipping
-    "dkv": CacheMode(DKV, refreshes_at_start=2),  # dKV-Cache-Decode (refresh every f: 8 in its preset)
-    # dKV-Cache-Greedy: only the positions a step decodes, the previous step's and a window of masked
-    # neighbours are computed (Request.dkv_columns); its official generate refreshes at steps 0, f, 2f ...
-    "dkv-greedy": CacheMode(DKV),
-    # Elastic-Cache: every forward is its own (its first computes every column, decode/elastic.py); it
-    # refreshes from the layer its drift test names.
-    "elastic": CacheMode(Elastic, refreshes_at_start=0, hidden_every_layer=True),
-    "block": CacheMode(Block, exact=True),  # block-causal models' exact cache
-    "subblock": CacheMode(Block, exact=True, within_block=True),  # plus Fast-dLLM v2's within-block cache
+    # the dual cache with ES-dLLM early skipping
+    "es": EarlySkippingCache(EarlySkipping, settings_type=EarlySkippingSettings, method="ES-dLLM's early skipping"),
+    # dKV-Cache-Decode: refreshes at a block's first two steps (at the first, the block's tokens are all masks;
+    # at the second, the first step's commits get their K/V) and every f (8 in its preset).
+    "dkv": DKVCache(DKV, refreshes_at_start=2, method="dKV-Cache's delayed cache"),
+    "dkv-greedy": DKVCache(DKV, greedy=True, settings_type=GreedySettings, method="dKV-Cache-Greedy's cache"),
+    "prompt": PromptCache(DKV, method="dLLM-Cache's prompt cache"),  # the prompt's K/V cached, the answer computed
+    "elastic": ElasticCache(Elastic, refreshes_at_start=0, settings_type=ElasticSettings,
+                            method="Elastic-Cache's drift-refreshed cache"),
+    "block": ExactCache(Block),  # block-causal models' exact cache
+    # plus Fast-dLLM v2's within-block cache
+    "subblock": ExactCache(Block, within_block=True, settings_type=WithinBlockCacheSettings),
 }

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from caidllm.decode.block_diffusion import fit_to_model, own_block_length
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.field_scope import check_given_apply
-from caidllm.decode.methods import (  # noqa: F401 - the old import path
-    BLOCK_DIFFUSION_PRESETS, PRESETS, method_names, preset_config, uses_cai)
+from caidllm.decode.methods import PRESETS, preset_config
 from caidllm.decode.settings_file import load_settings
 from caidllm.errors import InputError
 from caidllm.models.checkpoints import recommended_options
@@ -16,22 +14,19 @@ from caidllm.models.checkpoints import recommended_options
 def build_config(method: str, settings=None, strict: bool = False, filled=(), **overrides) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored).
 
-    Overrides may name any DecodeConfig field or any CAISettings field
-    (CAI fields may also be given as a dict under `cai`). `settings`: a
-    settings file (path, dict or CalibratedSettings, see settings_file.py) whose CAI
-    values go over the preset and under `overrides`; `method` must be a
-    CAI preset. strict: refuse a setting the method does not read (preset_config). filled: the
-    overrides that are defaults filled for the caller, not given by it (preset_config).
+    Overrides name a shared DecodeConfig field or a method's setting (preset_config). `settings`: a
+    settings file (path, dict or CalibratedSettings, see settings_file.py) whose values go over the
+    preset and under `overrides`; they must be settings of `method`. strict: refuse a setting the
+    method does not read (preset_config). filled: the overrides that are defaults filled for the
+    caller, not given by it (preset_config).
     """
     if settings is None:
         return preset_config(method, strict=strict, filled=filled, **overrides)
     if method not in PRESETS:
-        raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
+        raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}", field="method")
     settings = load_settings(settings)
-    if not uses_cai(method):
-        raise InputError(f"the settings {settings.source or ''} are CAI settings; method {method!r} does "
-                         f"not run the CAI controller (use {settings.method!r} or another cai preset)")
-    return preset_config(method, cai_under=settings.cai, strict=strict, filled=filled, **overrides)
+    settings.check_applies(method)
+    return preset_config(method, file_values=settings.values, strict=strict, filled=filled, **overrides)
 
 
 def options_for_model(model, checkpoint, method: str, settings=None, **options) -> tuple[dict, list[str]]:
@@ -53,20 +48,18 @@ def config_for_model(model, checkpoint, method: str, settings=None, strict: bool
     """The config `method` runs with on the model, unset options filled (options_for_model) and fitted
     to the model's family (block_diffusion.fit_to_model: a setting given that does not apply raises
     InputError naming it; a preset's cache the family lacks becomes its own). strict: a setting the
-    caller gave that the method does not read is refused too (field_scope.py; the recommendation's
+    caller gave that the method does not read is refused too (methods.refuse_unread; the recommendation's
     values are not the caller's). Returns it and the names filled (options_for_model)."""
     options, taken = options_for_model(model, checkpoint, method, settings, **options)
     config = build_config(method, settings=settings, filled=taken, **options)
-    if strict:
-        check_given_apply(config, PRESETS)
-    return fit_to_model(config, model), taken
+    return fit_to_model(config, model, strict=strict), taken
 
 
 def lays_blocks(method: str, /, **options) -> bool:
     """Whether `method` (with `options`: only its cache and elastic_scope decide) decodes in blocks of
     block_length: Elastic-Cache's official loop (DecodeConfig.whole_generation) lays one block of
     gen_length, and a block length given to it is refused."""
-    options = {k: options[k] for k in ("cache", "elastic_scope") if options.get(k) is not None}
+    options = {k: options[k] for k in ("cache", "elastic", "elastic_scope") if options.get(k) is not None}
     return not build_config(method, **options).whole_generation
 
 

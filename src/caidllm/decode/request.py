@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from caidllm.decode import elastic
 from caidllm.decode.block_diffusion import Layout, editing_block_done
+from caidllm.decode.caches.base import CacheMode
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.policies import Policy, policy_spec, random_order
+from caidllm.decode.policies import Policy
+from caidllm.decode.policies.base import PolicyState
 from caidllm.decode.results import GenerationResult, result_of
-from caidllm.models.modes import Full, SubBlock
 
 
 @dataclass
@@ -46,10 +46,11 @@ class CommitEvent:
 
 @dataclass
 class Request:
-    """Per-request state. Tokens, traces and counters live on the host (they are
-    read every step for the events anyway); the canvas row and the KV cache row
-    live in the engine's Frame, at ``slot``; the policy's state and the
-    previous step's view (for early skipping) are small device tensors."""
+    """Per-request state: what every request has. Tokens, traces and counters live on the host (they
+    are read every step for the events anyway); the canvas row and the KV cache row live in the
+    engine's Frame, at ``slot``; the policy's state tensors are small device tensors. A policy or a
+    cache mode that needs memory of its own keeps it in its own object, made for the request:
+    ``policy_state`` (PolicySpec.new_state) and ``cache_state`` (CacheMode.new_state)."""
 
     id: str
     prompt: list[int]
@@ -75,12 +76,9 @@ class Request:
     answer_end: int | None = None  # position of the first end token, once the prefix reaches it
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     block_first_confidence: torch.Tensor | None = None  # [block] s_i of the current block
-    prev_confidence: torch.Tensor | None = None  # [block] the previous step's confidences (early skipping)
-    just_committed: torch.Tensor | None = None  # [block] committed at the previous step
     last_committed: list[int] = field(default_factory=list)  # generated positions committed at the previous step
-    elastic: elastic.ElasticState | None = None  # cache mode "elastic" only (decode/elastic.py)
-    order_generator: torch.Generator | None = None  # an ordered policy's (policies/random_order.py)
-    commit_order: list[int] | None = None  # its block's decoding order
+    policy_state: PolicyState | None = None  # the policy's own memory (PolicySpec.new_state)
+    cache_state: object | None = None  # the cache mode's own memory (CacheMode.new_state)
     block_causal: bool = False  # a block-diffusion model's request: blocks laid from the prompt's start
     post_steps: int = 0  # token editing: steps run on the current block since its last mask went
     # The prefix store (decode/prefix_reuse.py): prompt positions whose keys and values came from it, the
@@ -90,6 +88,7 @@ class Request:
     final_blocks: int = 0
 
     def __post_init__(self):
+        self.cache_mode: CacheMode = CACHE_MODES[self.config.cache]
         self.layout = Layout.of(len(self.prompt), self.config, self.block_causal)
         G = self.layout.span  # gen_length, up to the end of the last block for block diffusion
         self.generated: list[int | None] = [None] * G  # None = still masked
@@ -106,107 +105,21 @@ class Request:
         first = self.block * bl - self.layout.lead
         return first, first + bl
 
-    def forward_mode(self) -> str:
-        """This step's forward: a full one at the block start and every f steps (a refresh);
-        the cache mode's forward otherwise (decode/forward_modes.py; full without a cache).
-        An exact cache (block diffusion's) is never refreshed: one full forward, the request's first."""
-        own = policy_spec(self.config.policy).forward
-        if own is not None:  # a decoder with a forward of its own (WINO's verify forward)
-            return own
-        t, cache = self.step, CACHE_MODES[self.config.cache]
-        if cache.exact:  # with blocks from the prefix store the first forward is a block forward too
-            refresh = self.block == 0 and t == 0 and not self.reused
-            if not refresh and cache.within_block and self.sub_block_cached():
-                return SubBlock.name
-        else:
-            refresh = t < cache.refreshes_at_start or (self.refresh_every > 0 and t % self.refresh_every == 0)
-        return (Full if refresh else cache.between_refreshes).name
-
-    def current_sub_block(self) -> int:
-        """Block position where the first sub-block that still holds a mask starts."""
-        block_start, block_end = self.block_bounds
-        first = next((p - block_start for p in range(max(block_start, 0), block_end) if self.generated[p] is None),
-                     block_end - block_start - 1)
-        return first - first % self.config.sub_block
-
-    def sub_block_cached(self) -> bool:
-        """Whether Fast-dLLM v2's within-block cache serves this step: the block has had a whole forward
-        with its first position known (a block whose first position is generated spends its first step
-        on that position alone), and the current sub-block's first position is decoded."""
-        block_start = self.block_bounds[0]
-        if self.step <= int(block_start >= 0):
-            return False
-        first = block_start + self.current_sub_block()
-        return first < 0 or self.generated[first] is not None
-
-    def fold(self) -> int:
-        """Positions left of the block that this step's forward recomputes: the previous block,
-        whose final keys/values the exact block cache writes at the next block's first step; at the
-        first step of a request that took blocks from the prefix store, the prompt positions after them."""
-        if not CACHE_MODES[self.config.cache].exact or self.step:
-            return 0
-        if self.block:
-            return self.config.block_length
-        return len(self.prompt) - self.layout.lead - self.reused if self.reused else 0
-
     @property
     def step_limit(self) -> int:
-        """Steps a block may take; its last commits whatever is left. A decoder that re-masks
-        (WINO) may need more than the schedule's T."""
-        c = self.config
-        return c.wino_max_steps if policy_spec(c.policy).revises else c.steps_per_block
-
-    def dkv_columns(self) -> list[int]:
-        """dKV-Cache's computed positions of the generated region. Decode: the still-masked ones and
-        those committed at the previous step (their K/V are cached one step late). Greedy: the ones
-        this step decodes, those the previous step decoded, and up to `dkv_window` still-masked
-        neighbours of each (nearest first, left then right; masked as of the previous step)."""
-        recent = set(self.last_committed)
-        if self.config.cache != "dkv-greedy":
-            return [p for p, token in enumerate(self.generated) if token is None or p in recent]
-        now, before = self.scheduled(self.step), self.scheduled(self.step - 1)
-        chosen = set(now) | set(before)
-        masked = {p for p, token in enumerate(self.generated) if token is None} | recent
-        for p in now:
-            chosen |= set(nearest_masked(p, masked - chosen, self.config.dkv_window, len(self.generated)))
-        return sorted(chosen)
-
-    def scheduled(self, step: int) -> list[int]:
-        """The generated positions an ordered policy decodes at `step` of the current block."""
-        block_start, block_end = self.block_bounds
-        order = random_order.scheduled(self.commit_order, block_end - block_start, step, self.config.steps_per_block)
-        return [block_start + b for b in order]
+        """Steps a block may take; its last commits whatever is left (the policy says how many)."""
+        return self.config.policy_settings.step_limit(self.config)
 
     def commit_only(self) -> set[int] | None:
-        """The block positions this step may commit (None: any masked one): an ordered policy's share of
-        its order, Elastic-Cache's window between refreshes."""
-        if self.commit_order is not None:
-            return {p - self.block_bounds[0] for p in self.scheduled(self.step)}
-        if self.elastic is not None:  # the window, at every step (the official loop decodes nothing else)
-            return {c - len(self.prompt) - self.block_bounds[0] for c in self.elastic_columns()[2]}
-        return None
-
-    def elastic_untrackable(self) -> list[int]:
-        """Elastic-Cache's columns its tracked set leaves out (relative): the still-masked ones."""
-        return elastic.untrackable(self.generated, len(self.prompt))
-
-    def elastic_columns(self) -> tuple[list[int], list[int], list[int]]:
-        """Elastic-Cache's computed columns, the columns whose logits it returns and its window (the
-        positions it decodes), relative to the row's first real column (decode/elastic.py). A block's
-        first forward computes every column and returns the whole block's logits (CAI reads them)."""
-        self.elastic.enter_block(self.block)
-        size = self.config.elastic_window or elastic.DEFAULT_WINDOW  # None: 16, cut to the block when shorter
-        p = len(self.prompt)
-        predicted = elastic.window(self.generated, self.block_bounds, size, self.step == self.step_limit - 1)
-        window = [p + q for q in predicted]
-        if self.step == 0:
-            return list(range(p + len(self.generated))), [p + b for b in range(*self.block_bounds)], window
-        return elastic.columns(self.elastic, p, predicted, self.last_committed), window, window
+        """The block positions this step may commit (None: any masked one): the policy's say (an ordered
+        policy's share of its order), else the cache mode's (Elastic-Cache's window)."""
+        own = self.policy_state.commit_only(self) if self.policy_state is not None else None
+        return own if own is not None else self.cache_mode.commit_only(self)
 
     def start_block(self, device) -> None:
         self.state = {name: torch.zeros(1, dtype=torch.long, device=device) for name in self.state_names}
-        if self.order_generator is not None:
-            self.commit_order = random_order.block_order(self.order_generator, self.config.block_length)
+        if self.policy_state is not None:
+            self.policy_state.start_block(self)
 
     def advance_prefix(self, eos_ids: set[int]) -> None:
         """Extend the committed prefix; note the answer's end when the prefix reaches an end token."""
@@ -245,9 +158,7 @@ class Request:
             self.generated[p] = token
             self.commit_step[p] = global_step
             self.commit_step_in_block[p] = t
-        if self.elastic is not None and self.config.elastic_scope == "generation" and self.config.early_stop \
-                and self.elastic.cut is None:  # Elastic-Cache's own stop: nothing after its first end token
-            self.elastic.cut = elastic.cut_at_end_token(self.generated, positions, eos_ids, eos_id)
+        self.cache_mode.after_record(self, positions, eos_ids, eos_id)
         self.nfe += 1
         self.computed_pairs += computed_pairs
         self.steps_per_block[self.block] += 1
@@ -288,18 +199,3 @@ class Request:
         """The GenerationResult of this finished request (policy time: the engine's since admission)."""
         return result_of(lm, self, policy_seconds_now - self.policy_seconds_at_admission)
 
-
-def nearest_masked(position: int, masked: set[int], size: int, length: int) -> list[int]:
-    """Up to `size` of the `masked` positions nearest `position`, looking left and right in turn."""
-    found, left, right, look_left = [], position - 1, position + 1, True
-    while len(found) < size and (left >= 0 or right < length):
-        if look_left:
-            if left in masked:
-                found.append(left)
-            left -= 1
-        else:
-            if right < length and right in masked:
-                found.append(right)
-            right += 1
-        look_left = not look_left
-    return found

@@ -48,12 +48,6 @@ class GenerationResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    @property
-    def controller_s(self) -> float:
-        """The old name of policy_s (kept for callers written before the rename)."""
-        return self.policy_s
-
-
 def result_of(lm, r, policy_s: float) -> GenerationResult:
     """The GenerationResult of a finished Request (every position committed or filled)."""
     G = r.config.gen_length  # block diffusion decodes to the end of its last block; the answer is G long

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from caidllm.decode.block_diffusion import edits
-from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.frame import Frame
-from caidllm.decode.policies import StepView, policy_spec
+from caidllm.decode.policies import StepView
 from caidllm.decode.policies.base import distribution_stats
 from caidllm.decode.request import Request
 from caidllm.decode.sampling import predict, token_probability
@@ -82,9 +81,8 @@ class Runner:
         new_block, commit, predicted, confidence, edit = self._decide(frame, members, logits, block, masked, columns,
                                                                       support)
         frame.canvas[slot_ids[:, None], columns] = new_block
-        for i, r in enumerate(members):
-            if CACHE_MODES[r.config.cache].early_skipping:  # the next step's forward reads these
-                r.prev_confidence, r.just_committed = confidence[i], commit[i]
+        for i, r in enumerate(members):  # a cache mode whose next forward reads them keeps them
+            r.cache_mode.after_step(r, confidence[i], commit[i])
         pairs = mode.computed_pairs(lm.config.n_layers, block_length)
         # Commits, tokens and confidences of these rows reach the host in one transfer:
         # the step's one host sync per forward group (transfer.to_host).
@@ -109,7 +107,7 @@ class Runner:
 
     @staticmethod
     def _commit_only(members: list[Request], masked):
-        """A step that may commit only part of the block (Request.commit_only): the rest waits."""
+        """A step that may commit only part of the block (Request.commit_only: the policy's or the cache mode's say): the rest waits."""
         only = [r.commit_only() for r in members]
         if all(positions is None for positions in only):
             return masked
@@ -121,7 +119,7 @@ class Runner:
         """Each position's prediction and confidence, the policies' commits (and re-masks), token edits:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
-        specs = [policy_spec(r.config.policy) for r in members]
+        specs = [r.config.policy_spec for r in members]
         stats = None
         if any(spec.needs_distribution for spec in specs):
             stats = distribution_stats(logits, mask_id)  # before prediction consumes the logits
@@ -149,7 +147,7 @@ class Runner:
     def _key_ends(members: list[Request], masked, starts: list[int], width: int):
         """[R] the column each row's keys end at this step (None: the canvas's end for every row):
         a policy whose forwards may end early (SlowFast's fast phase) says where in its block."""
-        horizons = [policy_spec(r.config.policy).horizon_for(r.config) for r in members]
+        horizons = [r.config.policy_settings.horizon() for r in members]
         if all(h is None for h in horizons):
             return None
         ends = [start + h(r.state, masked[i]) if h is not None else torch.full((1,), width, device=masked.device)

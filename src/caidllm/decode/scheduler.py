@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from caidllm.checks import is_int
-from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.frame import Frame
-from caidllm.decode.policies import policy_spec
 from caidllm.decode.request import Request
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY, make_step_policy
 from caidllm.errors import EngineFullError, InputError
@@ -149,10 +147,11 @@ class Scheduler:
         """Every request in flight in the forward it would share at this step."""
         groups: dict[tuple, list[Request]] = {}
         for r in self.running.values():
-            mode = r.forward_mode()
+            # The policy's own forward (WINO's verify) at every step, else the cache mode's choice.
+            mode = r.config.policy_spec.forward or r.cache_mode.forward_mode(r)
             # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
-            shortens = policy_spec(r.config.policy).horizon_for(r.config) is not None
-            key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.fold(), shortens)
+            shortens = r.config.policy_settings.horizon() is not None
+            key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.cache_mode.fold(r), shortens)
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
 
@@ -166,10 +165,8 @@ class Scheduler:
             if not self.queue:
                 return
             r = self.queue.popleft()
-            config, cache = r.config, CACHE_MODES[r.config.cache]
-            self.frame.place(slot, r.prompt, r.layout.span, cached=cache.uses_cache,
-                             skip_schedule=config.es_schedule if cache.early_skipping else None,
-                             every_layer=cache.hidden_every_layer)
+            cache = r.cache_mode
+            self.frame.place(slot, r.prompt, r.layout.span, cached=cache.uses_cache, **cache.frame_options(r.config))
             r.slot, r.admitted_at = slot, time.perf_counter()
             self._on_admit(r, slot)
             self.running[r.id] = r

@@ -1,14 +1,16 @@
-"""Settings files: a set of CAI settings saved by `caidllm calibrate`, read back
-by generate(settings=...), build_config(settings=...), `caidllm generate /
-bench / serve --settings FILE`.
+"""Settings files: a method's settings, saved by `caidllm calibrate` (CAI's) or by hand, read back
+by generate(settings=...), build_config(settings=...), `caidllm generate / bench / serve --settings FILE`.
 
     {"caidllm_settings": 1,
-     "method": "cai",                      # the preset the values apply to (a `cai`-policy preset)
+     "method": "cai",                      # the preset the values apply to
      "name": "cai-calibrated",             # the row name `caidllm bench` gives these settings
-     "cai": {"theta_end": 0.6, ...},       # CAISettings fields, applied over the preset's
+     "cai": {"theta_end": 0.6, ...},       # the method's settings under their owner's key (its policy's
+                                           # or its cache's: "cai", "eb", "elastic", ...), over the preset's
      "calibration": {...}}                 # how they were found (free-form, written by calibrate)
 
-The values go on top of the preset and under any keyword the caller gives.
+The values go on top of the preset and under any keyword the caller gives. The keys a method takes
+are read from its settings classes (decode/setting_names.py); a key of another method's is refused
+in one line naming the methods that read it.
 """
 
 from __future__ import annotations
@@ -17,30 +19,41 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from caidllm.decode.config import CAI_FIELDS
-from caidllm.decode.methods import PRESETS, preset_config, uses_cai
+from caidllm.decode.methods import PRESETS, preset_config, settings_classes
+from caidllm.decode.setting_names import OWNERS, SETTINGS_CLASSES, readers
 from caidllm.errors import InputError
 
 FORMAT_KEY = "caidllm_settings"
 FORMAT_VERSION = 1
-TOP_LEVEL = {FORMAT_KEY, "method", "name", "cai", "calibration"}
-_TUPLE_FIELDS = ("factors", "budget_fractions")  # JSON lists, tuples in CAISettings
+TOP_LEVEL = {FORMAT_KEY, "method", "name", "calibration"}
 
 
 @dataclass
 class CalibratedSettings:
-    """The contents of a settings file: CAI values found by `caidllm calibrate` for one cai preset."""
+    """The contents of a settings file: one method's settings (CAI's found by `caidllm calibrate`)."""
 
     method: str = "cai"
-    cai: dict = field(default_factory=dict)  # CAISettings field -> value
+    values: dict = field(default_factory=dict)  # owner key ("cai") -> {field: value}
     name: str = "cai-calibrated"
     calibration: dict = field(default_factory=dict)
     source: str | None = None  # the file it was read from
 
     def to_dict(self) -> dict:
         return {FORMAT_KEY: FORMAT_VERSION, "method": self.method, "name": self.name,
-                "cai": {k: list(v) if isinstance(v, tuple) else v for k, v in self.cai.items()},
+                **{owner: {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+                   for owner, values in self.values.items()},
                 "calibration": self.calibration}
+
+    def check_applies(self, method: str) -> None:
+        """InputError unless every owner key of the file is a settings class `method` runs."""
+        own = {cls.OWNER for cls in settings_classes(PRESETS[method]["policy"], PRESETS[method]["cache"])}
+        for owner in self.values:
+            if owner not in own:
+                users = [m for m, p in PRESETS.items()
+                         if owner in {c.OWNER for c in settings_classes(p["policy"], p["cache"])}]
+                raise InputError(f"the settings {self.source or ''} hold {owner!r} settings, read only by "
+                                 f"{readers(OWNERS[owner])} (methods: {', '.join(users)}); method {method!r} "
+                                 f"does not run them (use {self.method!r})", field="settings")
 
     def held_out_ids(self, task: str) -> set[str]:
         """Ids of the samples of `task` these settings were calibrated on (never to be evaluated)."""
@@ -49,7 +62,8 @@ class CalibratedSettings:
 
     def summary(self) -> dict:
         """What a report records about the settings that ran."""
-        return {"source": self.source, "method": self.method, "name": self.name, "cai": self.to_dict()["cai"],
+        own = {owner: value for owner, value in self.to_dict().items() if owner in self.values}
+        return {"source": self.source, "method": self.method, "name": self.name, **own,
                 "calibrated_on": self.calibration.get("tasks")}
 
 
@@ -95,35 +109,42 @@ def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
     if data.get(FORMAT_KEY) != FORMAT_VERSION:
         raise InputError(f"{where} is not a caidllm settings file (needs \"{FORMAT_KEY}\": {FORMAT_VERSION}; "
                          "write one with caidllm calibrate)")
-    unknown = sorted(set(data) - TOP_LEVEL)
+    unknown = sorted(set(data) - TOP_LEVEL - set(OWNERS))
     if unknown:
         raise InputError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-                         f"known: {', '.join(sorted(TOP_LEVEL))}")
+                         f"known: {', '.join(sorted(TOP_LEVEL | set(OWNERS)))}")
     method, name = data.get("method", "cai"), data.get("name", "cai-calibrated")
     for key, value in (("method", method), ("name", name)):
         if not isinstance(value, str) or not value:
             raise InputError(f"{where}: {key!r} must be a non-empty string, got {value!r}")
-    cai = data.get("cai", {})
-    if not isinstance(cai, dict):
-        raise InputError(f"{where}: 'cai' must be an object of CAI settings, got {type(cai).__name__}")
-    bad = sorted(set(cai) - CAI_FIELDS)
-    if bad:
-        raise InputError(f"{where}: unknown CAI setting(s) {', '.join(map(repr, bad))}; "
-                         f"known: {', '.join(sorted(CAI_FIELDS))}")
-    cai = {k: tuple(v) if k in _TUPLE_FIELDS and isinstance(v, list) else v for k, v in cai.items()}
+    values = {owner: data[owner] for owner in OWNERS if owner in data}
+    for owner, given in values.items():
+        cls = OWNERS[owner]
+        if not isinstance(given, dict):
+            raise InputError(f"{where}: {owner!r} must be an object of {cls.TITLE} settings, got "
+                             f"{type(given).__name__}")
+        bad = sorted(set(given) - set(cls.field_names()))
+        if bad:
+            raise InputError(f"{where}: unknown {owner} setting(s) {', '.join(map(repr, bad))}; "
+                             f"known: {', '.join(sorted(cls.field_names()))}{_owned_elsewhere(bad[0])}")
+        defaults = cls()  # JSON lists where the field is a tuple: tuples, as the dataclass holds them
+        values[owner] = {k: tuple(v) if isinstance(v, list) and isinstance(getattr(defaults, k), tuple) else v
+                         for k, v in given.items()}
     calibration = data.get("calibration", {})
     if not isinstance(calibration, dict):
         raise InputError(f"{where}: 'calibration' must be an object, got {type(calibration).__name__}")
-    settings = CalibratedSettings(method=method, cai=cai, name=name, calibration=calibration, source=source)
+    settings = CalibratedSettings(method=method, values=values, name=name, calibration=calibration, source=source)
     try:  # every value checked now, by the decoder's own validation
         if method not in PRESETS:
             raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
-        if not uses_cai(method):
-            raise InputError(f"the settings are CAI settings; method {method!r} does not run the CAI controller")
-        preset_config(method, cai_under=cai)
+        settings.check_applies(method)
+        preset_config(method, file_values=values)
     except InputError as error:
         raise InputError(f"{where}: {error}") from None
     return settings
 
 
-Settings = CalibratedSettings  # the old name
+def _owned_elsewhere(name: str) -> str:
+    """" (a setting of ...)" when `name` is another settings class's field: who reads it."""
+    owners = [cls for cls in SETTINGS_CLASSES if name in cls.field_names()]
+    return f" ({name!r} is a setting of {' or '.join(readers(cls) for cls in owners)})" if owners else ""

@@ -26,6 +26,10 @@ FASTDLLM_V2_IDS = {"mask": 151665, "eos": 151645}
 # block_length), SDAR its config's block_size (4).
 LLADA2_BLOCK, SDAR_BLOCK = 32, 4
 FASTDLLM_V2_BLOCK = 32  # config.json's bd_size (the training block; its eval.py's bd_size 32)
+# Stable-DiffCoder: its config.json names neither; the modeling file's generate_block defaults mask_id=5 and
+# block_length=4 (the README's example too), and config.json's eos_token_id is 2.
+STABLE_DIFFCODER_IDS = {"mask": 5, "eos": 2}
+STABLE_DIFFCODER_BLOCK = 4
 
 
 def read_llada2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
@@ -111,6 +115,16 @@ def read_fastdllm_v2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
         raw = {**raw, "caidllm_block_lengths": [get.int("bd_size", FASTDLLM_V2_BLOCK)]}
     return _fields(raw, get, source, _attention_shape(get, source), n_layers=get.int("num_hidden_layers"),
                    qk_norm=False, qkv_bias=True, ids=FASTDLLM_V2_IDS, block=FASTDLLM_V2_BLOCK)
+
+
+def read_stable_diffcoder_fields(raw: dict, get: ConfigFields, source: str) -> dict:
+    """StableDiffcoderForCausalLM (ByteDance Seed): transformers' LlamaForCausalLM (Seed-Coder's layout: no
+    biases, no QK-norm, RoPE on whole heads) run block-causal over blocks of 4, logits unshifted."""
+    _expect(raw, source, "Stable-DiffCoder", hidden_act=("silu", None), rope_scaling=(None,),
+            attention_bias=(False, None), mlp_bias=(False, None))
+    return _fields(raw, get, source, _attention_shape(get, source), n_layers=get.int("num_hidden_layers"),
+                   qk_norm=False, qkv_bias=False, ids=STABLE_DIFFCODER_IDS,
+                   block=get.int("block_size", STABLE_DIFFCODER_BLOCK))
 
 
 def _moe(source: str, **fields) -> MoEConfig:

@@ -8,7 +8,10 @@ Shapes (config.json fields; sources in docs/block-diffusion-models.md):
   Qwen3-8B and Qwen3-30B-A3B shapes SDAR-4B/8B-Chat and SDAR-30B-A3B-Chat were trained from, with
   SDAR's block_size, mask token and untied head (as SDAR-1.7B-Chat's config.json has it);
 - fastdllm-v2-1.5b / -7b: Qwen2.5-1.5B / 7B-Instruct's config.json (the models Fast-dLLM v2
-  fine-tunes) with the modeling file's bd_size.
+  fine-tunes) with the modeling file's bd_size;
+- stable-diffcoder-8b: ByteDance-Seed/Stable-DiffCoder-8B-Base's and -Instruct's config.json (Seed-Coder's
+  Llama layout); rnd1-30b-a3b: RND1's configuration_rnd.py CONFIG_DEFAULTS ("Qwen3-30B-A3B / checkpoint
+  defaults", the full-sequence RND1-Base-0910). Sources and counts: docs/models-derived.md.
 """
 
 from __future__ import annotations
@@ -70,8 +73,28 @@ OFFICIAL.update({
                        "num_hidden_layers": 28, "num_key_value_heads": 4, "tie_word_embeddings": False,
                        "vocab_size": 152064},
 })
-FAMILY = {name: {"llada2.1": "llada2", "fastdllm": "fastdllm_v2"}.get(name.split("-")[0], name.split("-")[0])
-          for name in OFFICIAL}
+OFFICIAL.update({
+    # config.json of ByteDance-Seed/Stable-DiffCoder-8B-Base / -Instruct (head_dim: hidden / heads, 128).
+    "stable-diffcoder-8b": {
+        "architectures": ["StableDiffcoderForCausalLM"], "model_type": "llama", "attention_bias": False,
+        "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+        "max_position_embeddings": 8192, "mlp_bias": False, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 155136,
+    },
+    # RND1's CONFIG_DEFAULTS (Qwen3-30B-A3B's shape); architectures: the class that saves it, RND1LM.
+    "rnd1-30b-a3b": {
+        "architectures": ["RND1LM"], "model_type": "rnd1", "attention_bias": False, "decoder_sparse_step": 1,
+        "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "mlp_only_layers": [], "moe_intermediate_size": 768,
+        "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+        "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "rope_scaling": None,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "use_sliding_window": False, "vocab_size": 151936,
+    },
+})
+FAMILY = {name: {"llada2.1": "llada2", "fastdllm": "fastdllm_v2", "stable": "stable_diffcoder"}.get(
+    name.split("-")[0], name.split("-")[0]) for name in OFFICIAL}
 
 # The generated tokenizers: the families' special tokens (their official spellings) and a chat
 # template of the same layout as the official one (the real template comes with a checkpoint).
@@ -84,6 +107,10 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+SEED_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}\n{{ message['content'] }}"
+    "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}assistant\n{% endif %}"
+)
 TOKENIZERS = {
     "llada2": dict(specials=["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"],
                    template=LLADA2_TEMPLATE, eos="<|endoftext|>", mask="<|mask|>", bos=None),
@@ -92,6 +119,15 @@ TOKENIZERS = {
     # Qwen2.5-Instruct's specials, the end of a turn its eos; the mask token Fast-dLLM v2 added.
     "fastdllm_v2": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "|<MASK>|"],
                         template=CHATML_TEMPLATE, eos="<|im_end|>", mask="|<MASK>|", bos=None),
+    # Seed-Coder's bos / pad / eos / sep spellings (its special_tokens_map.json), at its ids 0 and 2; the
+    # spelling of the mask token (id 5) and the chat template are not in the stored copies: stand-ins. RND1
+    # is a base model on Qwen3's tokenizer (eos <|im_end|>, pad <|endoftext|>).
+    "stable_diffcoder": dict(specials=["<[begin▁of▁sentence]>", "<[PAD▁TOKEN]>", "<[end▁of▁sentence]>",
+                                       "<[SEP▁TOKEN]>", "<[MASK▁TOKEN]>"],
+                             template=SEED_TEMPLATE, eos="<[end▁of▁sentence]>", mask="<[MASK▁TOKEN]>",
+                             bos="<[begin▁of▁sentence]>"),
+    "rnd1": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"], template=None,
+                 eos="<|im_end|>", mask="<|mask|>", bos=None),
 }
 
 

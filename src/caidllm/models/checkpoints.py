@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from .checkpoints_derived import DERIVED_ROWS
+
 CAI_PAPER_LLADA = "CAI-dLLM paper: confidence gating on, f=16 for LLaDA"
 CAI_PAPER_DREAM = "CAI-dLLM paper: confidence gating off, f=8 for Dream (Table 11)"
 
@@ -46,7 +48,9 @@ class Recommendation:
         return options
 
     def summary(self) -> str:
-        decoder = f"method {self.decoder}, threshold {self.threshold:g}, " if self.decoder else ""
+        decoder = f"method {self.decoder}, " if self.decoder else ""
+        if self.decoder and self.threshold is not None:  # a quota decoder (sdar-static) has none
+            decoder += f"threshold {self.threshold:g}, "
         return (f"{decoder}gen_length {self.gen_length}, block_length {self.block_length}, steps {self.steps}, "
                 f"temperature {self.temperature:g}, confidence gating {'on' if self.confidence_gating else 'off'}, "
                 f"f {self.refresh_every}")
@@ -150,6 +154,11 @@ KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_1.5B", "fastdllm_v2", "fastdllm-v2-1.5b", True, FASTDLLM_V2_CARD),
     Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_7B", "fastdllm_v2", "fastdllm-v2-7b", True, FASTDLLM_V2_CARD),
 )
+
+# The 2026 checkpoints that reuse these architectures (or need a small family of their own): their rows and
+# sources live in checkpoints_derived.py.
+KNOWN += tuple(Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
+               for hub_id, family, shape, instruct, settings in DERIVED_ROWS)
 BY_HUB_ID = {c.hub_id.lower(): c for c in KNOWN}
 BY_NAME = {c.name.lower(): c for c in KNOWN}
 

@@ -78,5 +78,10 @@ class DecoderLM(nn.Module):
         for i, layer in enumerate(m.layers):
             x = layer(ctx.enter(i, x), ctx, i)  # es mode: fewer positions at deeper layers
         x = ctx.leave(len(m.layers), x)
-        head = self.embedding.weight if c.tie_embeddings else self.lm_head.weight
-        return logits_at_targets(ctx, x, m.norm, head)
+        return self.head_logits(ctx, x)
+
+    def head_logits(self, ctx: Context, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of the final hidden states x (every computed position) at ctx.targets; a
+        family trained with the autoregressive shift (RND1) reads each target's hidden state at i - 1."""
+        head = self.embedding.weight if self.cfg.tie_embeddings else self.lm_head.weight
+        return logits_at_targets(ctx, x, self.model.norm, head)

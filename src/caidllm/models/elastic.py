@@ -138,12 +138,10 @@ class ElasticContext(Context):
 
 
 def elastic_context(mask, positions, rotary_dim, theta, inputs: ElasticInputs, *, rows, cache, real_from) -> ElasticContext:
-    ctx = ElasticContext.build(mask, positions, rotary_dim, theta, mode="dkv", rows=rows, cache=cache,
-                               real_from=real_from, columns=inputs.columns)
-    ctx.mode = "elastic"
-    ctx.targets = inputs.window
-    ctx.refresh_from, ctx.rotary_dim, ctx.theta, ctx.inputs = inputs.refresh_from, rotary_dim, theta, inputs
-    ctx.named = [set() for _ in range(mask.shape[0])]
+    ctx = ElasticContext.build(mask, positions, rotary_dim, theta, index=inputs.columns, targets=inputs.window,
+                               rows=rows, cache=cache, real_from=real_from, refresh_from=inputs.refresh_from,
+                               inputs=inputs, named=[set() for _ in range(mask.shape[0])])
+    ctx.rotary_dim, ctx.theta = rotary_dim, theta  # for widening to the whole canvas (build's own are its arguments)
     return ctx
 
 

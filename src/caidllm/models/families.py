@@ -16,9 +16,13 @@ from .fastdllm_v2 import FASTDLLM_V2
 from .llada import LLADA
 from .llada2 import LLADA2
 from .llada_moe import LLADA_MOE
+from .rnd1 import RND1
 from .sdar import SDAR
+from .stable_diffcoder import STABLE_DIFFCODER
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2)}
+
+FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1)})  # the 2026 derivatives (issue 46)
 
 
 def get_family(name: str) -> Family:

@@ -31,7 +31,7 @@ class FastDLLMv2Model(DreamModel):
     """Dream's Qwen2 decoder with block-causal attention (the config's block_causal)."""
 
     def head_sources(self, ctx: Context, x: torch.Tensor) -> torch.Tensor:
-        if ctx.mode != "subblock":  # models/modes/subblock.py
+        if not ctx.shift_within_computed:  # the sub-block forward sets it (models/modes/subblock.py)
             return super().head_sources(ctx, x)
         n = x.shape[1]
         within = (torch.arange(n, device=x.device) - 1).clamp(min=0)  # [0, 0, 1, ..., n - 2]

@@ -16,7 +16,6 @@ from torch import nn
 
 from .attention import RowGroups, cache_rows, sdpa
 from .cache import KVCache
-from .skip import EarlySkip, choose, forced_keeps, importance, relative_drift
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -108,52 +107,41 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32: bool
 
 @dataclass
 class Context:
-    """What one forward pass computes and where its keys come from.
+    """What one forward pass computes and where its keys come from, described by data: the forward
+    modes (models/modes/) decide these, this class names none of them.
 
-    Keys always span the whole canvas [0, L). Computed positions:
-    - "full":   every position [0, L), all K/V fresh; written to ``cache`` if one is given.
-    - "prefix": [lo, L) with lo = the leftmost row's block start; each row reads the K/V
-                left of its own block start (``fresh_from``) from the cache's working copy,
-                and its fresh K/V are written there from that start on (never read before
-                the next refresh: so the prefix is read in place, never concatenated).
-    - "dual":   each row's own block (``index``: absolute columns, per row), whose K/V are
-                fresh and written into the cache; every other position's K/V come from it.
-    - "dkv":    like dual, but over any columns of each row (``index``, ascending; dKV-Cache's
-                still-masked and just-decoded positions): their K/V are fresh and written into the
-                cache, every other column's come from it; logits for every computed column.
-    - "block":  block-causal models' exact cache: like dual (``index``: the row's block, and
-                ``extra`` positions left of it whose final K/V are written once), but reading
-                only the blocks left of it, whose cached K/V are final (``attention_block``).
-    - "es":     like dual, but at the layers where ``plan`` drops, only the most important
-                block positions go on (models/skip.py); ``index`` then narrows.
-    Rows may sit at different block starts in one forward (the step-level engine batches
-    requests at different blocks); ``targets`` are the absolute columns whose logits are
-    returned, [R, block].
-    The model calls ``enter`` with the input of each layer and ``leave`` with
-    the last layer's output (level n_layers): they keep the cache's hidden
-    states and, in es mode, drop positions and restore the skipped ones at the
-    end. Other modes pass x through unchanged.
+    Keys always span the whole canvas [0, L). Computed positions: ``index`` [R, n] (absolute columns,
+    ascending per row; their fresh K/V are written into the cache, every other column's read from it),
+    or, when ``index`` is None, [lo, L) shared by every row: without ``reads_cache`` every K/V is fresh
+    (written to ``cache`` if one is given: a refresh); with it, each row reads the K/V left of its own
+    block start (``fresh_from``) from the cache's working copy, and its fresh K/V are written there from
+    that start on (never read before the next refresh: the prefix is read in place, never concatenated).
+    Rows may sit at different block starts in one forward (the step-level engine batches requests at
+    different blocks); ``targets`` are the absolute columns whose logits are returned, [R, block].
+    The model calls ``enter`` with the input of each layer and ``leave`` with the last layer's output
+    (level n_layers): they keep the cache's hidden states (unless ``keeps_hidden`` is off); a mode that
+    drops positions at some layers (models/modes/es.py) subclasses them.
     """
 
-    mode: str
-    lo: int  # full / prefix: the computed positions are [lo, L), shared by every row
+    lo: int  # index None: the computed positions are [lo, L), shared by every row
     rows: torch.Tensor | slice  # rows of the batch / cache: a slice (a view) or a long tensor
     mask: torch.Tensor  # [R, L] bool, True = real token (key padding mask)
     cos: torch.Tensor  # [R, 1, n, head_dim] fp32, n = positions computed at the current layer
     sin: torch.Tensor
+    reads_cache: bool = False  # K/V of positions not computed come from the cache (False: a full forward)
+    keeps_hidden: bool = True  # the layers' inputs go into the cache's hidden states where it keeps them
+    # The model's logit shift counts among the computed positions only (a sub-block forward: each position
+    # reads the hidden state of the one before it among them, the first its own; models/fastdllm_v2.py).
+    shift_within_computed: bool = False
     cache: KVCache | None = None
     key_mask: torch.Tensor | None = None  # [R, 1, 1, L]; None only for the training forward (whole_canvas)
     targets: torch.Tensor | None = None  # [R, block] absolute columns to return logits for; None = all computed
-    index: torch.Tensor | None = None  # dual / es: [R, n] absolute columns computed at the current layer
-    fresh_from: torch.Tensor | None = None  # prefix with rows at different starts: [R] first fresh column
+    index: torch.Tensor | None = None  # [R, n] absolute columns computed at the current layer
+    fresh_from: torch.Tensor | None = None  # reading the prefix, rows at different starts: [R] first fresh column
     extra: int = 0  # positions left of the block computed for it (Dream's start-1)
     # Left-padded rows: each row's first real column. Attention then runs over each row's own
     # real keys, unmasked, so a row's numbers do not depend on how much padding the batch gives it.
     real_from: list[int] | None = None
-    # es mode only:
-    skip: EarlySkip | None = None
-    plan: list[int] | None = None  # block positions that run each layer
-    forced: torch.Tensor | None = None  # [R, block] forced keeps
     # Block-causal models: the attention block length (None: bidirectional), and the RoPE
     # positions [R, L] of the rows, from which each query's and key's block is read.
     attention_block: int | None = None
@@ -167,7 +155,7 @@ class Context:
         # left-padded rows (every decode) attend over their real keys only (attention.RowGroups).
         if self.key_mask is None:
             self.key_mask = self.mask[:, None, None, :]
-        self.computed = self.index  # dual / es: the columns computed at the first layer
+        self.computed = self.index  # the columns computed at the first layer
         self._row_groups = None
 
     @classmethod
@@ -190,38 +178,19 @@ class Context:
         return ctx
 
     @classmethod
-    def build(cls, mask, positions, head_dim, theta, *, mode="full", starts=None, block_length=None, extra=0,
-              rows=None, cache=None, skip=None, plan=None, real_from=None, start_list=None,
-              attention_block=None, columns=None):
-        """mask, positions: [R, L] of the selected rows; starts: [R] long, each row's
-        block start (None with mode="full": all positions, logits of all); start_list:
-        the same on the host (prefix mode needs its min and max without a device sync);
-        attention_block: the block length of block-causal attention (None: bidirectional)."""
-        R, L = mask.shape
+    def build(cls, mask, positions, head_dim, theta, *, index=None, lo=0, targets=None, fresh_from=None,
+              reads_cache=None, rows=None, cache=None, real_from=None, attention_block=None, **options):
+        """mask, positions: [R, L] of the selected rows; index: [R, n] the computed columns (None: [lo, L));
+        targets: [R, block] the columns whose logits come back (None: every computed one); reads_cache:
+        None = whether index is given; attention_block: the block length of block-causal attention (None:
+        bidirectional); options: the remaining fields (extra, keeps_hidden, shift_within_computed, ...)."""
         rows = slice(None) if rows is None else rows
-        targets = index = fresh_from = None
-        lo = 0
-        if starts is not None:
-            offsets = torch.arange(block_length, device=mask.device)
-            targets = starts[:, None] + offsets
-        if mode in ("dkv", "subblock"):  # the caller's columns, ascending per row: logits for all of them
-            index = columns
-            cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
-        elif mode in ("dual", "es", "block"):
-            index = starts[:, None] - extra + torch.arange(block_length + extra, device=mask.device)
-            cos, sin = rope_cos_sin(positions.gather(1, index), head_dim, theta)
-        else:
-            if mode == "prefix":
-                lo = min(start_list) - extra
-                if max(start_list) - extra != lo:
-                    fresh_from = starts - extra
-            cos, sin = rope_cos_sin(positions[:, lo:], head_dim, theta)
-        ctx = cls(mode, lo, rows, mask, cos, sin, cache, targets=targets, index=index, fresh_from=fresh_from,
-                  extra=extra, real_from=real_from, attention_block=attention_block, positions=positions)
-        if mode == "es":
-            ctx.skip, ctx.plan = skip, plan
-            ctx.forced = forced_keeps(skip.prev_confidence, skip.masked, skip.just_committed)
-        return ctx
+        computed = positions[:, lo:] if index is None else positions.gather(1, index)
+        cos, sin = rope_cos_sin(computed, head_dim, theta)
+        reads_cache = index is not None if reads_cache is None else reads_cache
+        return cls(lo, rows, mask, cos, sin, reads_cache=reads_cache, cache=cache, targets=targets, index=index,
+                   fresh_from=fresh_from, real_from=real_from, attention_block=attention_block, positions=positions,
+                   **options)
 
     @property
     def row_ids(self) -> torch.Tensor:
@@ -250,51 +219,28 @@ class Context:
         """Absolute columns [R, k] as indices among the computed positions."""
         return absolute - (self.lo if self.computed is None else self.computed[:, :1])
 
-    # ---- hidden states and early skipping ------------------------------
+    # ---- hidden states ------------------------------------------------
 
     def enter(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """x: input of `layer` at the computed positions. Returns the input for
-        the positions that run it (es: fewer where the plan drops)."""
-        if self.mode == "es" and self.plan[layer] < x.shape[1] - self.extra:
-            x = self._drop(layer, x)
+        """x: input of `layer` at the computed positions. Returns the input for the positions that run
+        it (all of them here; a mode that drops positions overrides this)."""
         self._store_hidden(layer, x)
         return x
 
     def leave(self, level: int, x: torch.Tensor) -> torch.Tensor:
-        """x: output of the last layer (level = n_layers). Returns the final
-        hidden states of every computed position; in es mode a skipped
-        position's come from the cache."""
+        """x: output of the last layer (level = n_layers). Returns the final hidden states of every
+        computed position."""
         self._store_hidden(level, x)
-        if self.mode != "es":
-            return x
-        return self.cache.hidden[level][self.row_ids, self.computed]  # just written where computed, cached elsewhere
+        return x
 
     def _store_hidden(self, level: int, x: torch.Tensor) -> None:
         c = self.cache
-        if c is None or level not in c.hidden or self.mode == "prefix":
+        if c is None or level not in c.hidden or not self.keeps_hidden:
             return
         if self.index is None:
             c.hidden[level][self.rows, self.lo:] = x
         else:
             c.hidden[level][self.row_ids, self.index] = x
-
-    def _drop(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """Keep the plan[layer] most important block positions of each row
-        (and the always-computed ones left of the block); narrow x, RoPE and
-        the index to them."""
-        extra = self.extra
-        running = self.index[:, extra:]  # [R, k] absolute positions of the running block positions
-        cached = self.cache.hidden[layer][self.row_ids, running]
-        drift = relative_drift(x[:, extra:], cached)
-        local = running - self.targets[:, :1]
-        scores = importance(self.skip.prev_confidence.gather(1, local), drift, self.forced.gather(1, local),
-                            self.skip.alpha)
-        chosen = choose(scores, self.plan[layer]) + extra
-        keep = torch.cat([torch.arange(extra, device=x.device).expand(len(x), -1), chosen], dim=1)
-        self.index = self.index.gather(1, keep)
-        self.cos = self.cos.gather(2, keep[:, None, :, None].expand(-1, 1, -1, self.cos.shape[-1]))
-        self.sin = self.sin.gather(2, keep[:, None, :, None].expand(-1, 1, -1, self.sin.shape[-1]))
-        return x.gather(1, keep[..., None].expand(-1, -1, x.shape[-1]))
 
     # ---- attention ------------------------------------------------------
 
@@ -308,13 +254,13 @@ class Context:
         k = apply_rope(k, self.cos, self.sin, rope_fp32)
 
         c, rows = self.cache, self.rows
-        from_cache = self.mode != "full"  # prefix / dual / es read the layer's cache, written in place first
-        if self.mode == "full":
+        from_cache = self.reads_cache  # the layer's cache is read, written in place first
+        if not from_cache:
             keys, values = k, v
             for cached_k, cached_v in (c.layer_tensors(layer) if c is not None else ()):
                 cached_k[rows] = k
                 cached_v[rows] = v
-        elif self.mode == "prefix":
+        elif self.index is None:
             work_keys, work_values = c.working_copy()
             keys, values = self._write_fresh(work_keys[layer], k), self._write_fresh(work_values[layer], v)
         else:
@@ -356,7 +302,7 @@ class Context:
         return visible if ends is None else visible & ends
 
     def _write_fresh(self, cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
-        """Prefix mode: write the fresh K/V of columns [lo, L) into the layer's working copy,
+        """Reading the prefix: write the fresh K/V of columns [lo, L) into the layer's working copy,
         except where a row whose block starts right of lo keeps its cached entries up to its
         own start (as it would alone); returns it: it now holds every key to read. Safe: a
         prefix forward reads only left of each row's own start, never what it wrote."""

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..errors import InputError
+from ..setting_rules import CacheSettings, Rule
 
 DEFAULT_SCHEDULE = ((1.0, 0.0), (0.5, 0.125), (0.25, 0.25))
 DEFAULT_ALPHA = 0.5
@@ -69,6 +71,25 @@ def check_alpha(alpha, name: str = "alpha") -> float:
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
         raise InputError(f"{name} must be in [0, 1], got {alpha!r}")
     return float(alpha)
+
+
+@dataclass
+class EarlySkippingSettings(CacheSettings):
+    """Cache mode "es" (the dual cache with ES-dLLM early skipping): (keep fraction, group start as a
+    fraction of depth) pairs, and the weight of the previous-step confidence against the hidden-state
+    drift in the importance score."""
+
+    schedule: tuple[tuple[float, float], ...] = DEFAULT_SCHEDULE
+    alpha: float = DEFAULT_ALPHA
+
+    OWNER: ClassVar[str] = "es"
+    TITLE: ClassVar[str] = "ES-dLLM early skipping"
+    LEGACY: ClassVar[dict[str, str]] = {"es_schedule": "schedule", "es_alpha": "alpha"}
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("schedule", "(keep fraction, start) pairs: fractions in (0, 1], starts rising from 0",
+             normalise=check_schedule),
+        Rule("alpha", "in [0, 1]", normalise=check_alpha),
+    )
 
 
 def group_start_layers(schedule, n_layers: int) -> list[int]:

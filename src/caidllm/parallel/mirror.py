@@ -80,7 +80,7 @@ class Mirror:
         serial = next(self._serials)
         engine.mirror_serial = serial
         self._sent[serial] = set()
-        self.record(engine, "engine", engine.max_batch, engine.max_queue)
+        self.record(engine, "engine", engine.scheduler.max_batch, engine.scheduler.max_queue)
         weakref.finalize(engine, self._freed, serial)
 
     def record(self, engine, op: str, *args) -> None:
@@ -101,7 +101,7 @@ class Mirror:
         """Send the other ranks what changed, then the step itself."""
         sent = self._sent[engine.mirror_serial]
         queued = engine.scheduler.queue
-        new = [(r.id, r.prompt, r.config, _state(r.generator), _state(r.order_generator))
+        new = [(r.id, r.prompt, r.config, _state(r.generator), _state(getattr(r.policy_state, "generator", None)))
                for r in queued if r.id not in sent]
         self._sent[engine.mirror_serial] = {r.id for r in queued}
         if new:
@@ -183,7 +183,7 @@ def _add_requests(engine: Engine, requests) -> None:
         if state is not None:
             request.generator.set_state(state)
         if order_state is not None:
-            request.order_generator.set_state(order_state)
+            request.policy_state.generator.set_state(order_state)
         engine.scheduler.add_checked([request])
 
 

@@ -27,6 +27,7 @@ from ..models.llada2 import LLaDA2Attention
 from ..models.moe import ExpertMLP, MoEFeedForward
 from ..models.plan import check_tp_divides
 from ..models.sdar import SDARAttention
+from ..models.stable_diffcoder import LlamaAttention
 from .experts import shard_experts
 from .layers import RowParallelLinear, head_rows, keep_rows, shard_swiglu
 from .mesh import TPGroup
@@ -63,6 +64,7 @@ SHARDERS = {
     LLaDABlock: shard_llada_block,
     SDARAttention: lambda m, c, tp: shard_separate_qkv(m, c, tp, "o_proj"),
     DreamAttention: lambda m, c, tp: shard_separate_qkv(m, c, tp, "o_proj"),
+    LlamaAttention: lambda m, c, tp: shard_separate_qkv(m, c, tp, "o_proj"),  # Stable-DiffCoder
     LLaDA2Attention: shard_fused_qkv,
     ExpertMLP: lambda m, c, tp: shard_swiglu(m, ("gate_proj", "up_proj", "down_proj"), tp),
     DreamMLP: lambda m, c, tp: shard_swiglu(m, ("gate_proj", "up_proj", "down_proj"), tp),

@@ -30,7 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from caidllm.decode.background import BackgroundEngine
 from caidllm.decode.engine import Engine
-from caidllm.decode.presets import lays_blocks, method_names
+from caidllm.decode.methods import method_names
+from caidllm.decode.presets import lays_blocks
 from caidllm.errors import EngineFullError, InputError
 from caidllm.models.quantize import quantization_info
 from caidllm.serve.answer import Answer
@@ -38,7 +39,7 @@ from caidllm.serve.call import CLIENT_CLOSED, Call, cancel
 from caidllm.serve.guard import Guard, check_json_content_type, error_response, read_body
 from caidllm.serve.http_edges import id_list_bounds
 from caidllm.serve.metrics import ServerMetrics
-from caidllm.serve.protocol import RequestError, ServerDefaults, param_named, parse, prompt_char_limit
+from caidllm.serve.protocol import RequestError, ServerDefaults, parse, prompt_char_limit
 from caidllm.serve.shutdown import Shutdown
 
 logger = logging.getLogger("caidllm.serve")
@@ -61,9 +62,6 @@ class ServerConfig:
     step_policy: str | None = None  # which forward groups run at each step (decode/step_policies.py; None: fair)
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     prefix_cache_mb: float | None = None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
-
-
-ServeSettings = ServerConfig  # the old name
 
 
 @dataclass
@@ -252,13 +250,13 @@ def _submit(background, req, loop) -> list:
             cancel(background, h.id)
         if isinstance(error, EngineFullError):
             raise RequestError(str(error), None, 429, "rate_limit_error", "queue_full", {"Retry-After": "1"}) from None
-        raise RequestError(str(error), _submit_param(str(error), req)) from None
+        raise RequestError(str(error), _submit_param(error, req)) from None
     return handles
 
 
-def _submit_param(message: str, req) -> str | None:
-    """The field an engine refusal at submit is about: the prompt (its ids, its length), else the
-    setting it names (`elastic_layer (100) is beyond the model's layers`), else the method given."""
-    if message.startswith(("a prompt", "token id", "prompt (")):
-        return "messages" if req.kind == "chat" else "prompt"
-    return param_named(message, list(req.extensions)) or ("method" if "method" in req.extensions else None)
+def _submit_param(error: InputError, req) -> str | None:
+    """The field an engine refusal at submit is about (error.field): the prompt is the chat's messages;
+    a refusal about no one field is about the method given."""
+    if error.field == "prompt" and req.kind == "chat":
+        return "messages"
+    return error.field or ("method" if "method" in req.extensions else None)

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from caidllm.decode.presets import method_names
+from caidllm.decode.methods import method_names
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY, STEP_POLICIES
 from caidllm.errors import InputError
 from caidllm.serve import replicas
@@ -54,7 +54,7 @@ def register(sub, name: str) -> None:
                    help="on SIGTERM, seconds requests in flight may go on; then each ends with a clean error")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
     p.add_argument("--settings", default=None, metavar="FILE",
-                   help="CAI settings file (caidllm calibrate): the defaults of requests for its method")
+                   help="settings file (caidllm calibrate, or by hand): the defaults of requests for its method")
     p.add_argument("--prefix-cache-mb", default=None, metavar="MB",
                    help="block-causal models: the prefix store's budget, shared prompt blocks (system prompts, chat "
                         "history) computed once (0 = off; default: 1024 MB or an eighth of the device's memory)")

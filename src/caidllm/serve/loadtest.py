@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from caidllm.bench.loadgen import LoadResult, run_load, synthetic_prompts  # noqa: F401 - the old import path
+from caidllm.bench.loadgen import run_load, synthetic_prompts
 from caidllm.errors import InputError
 from caidllm.options import json_object_option
 

@@ -45,12 +45,12 @@ class _EngineCounters:
 
     def collect(self):
         forwards = CounterMetricFamily("caidllm_forwards", "Model forward passes run by the engine")
-        forwards.add_metric([], self.engine.forwards)
+        forwards.add_metric([], self.engine.runner.forwards)
         steps = CounterMetricFamily("caidllm_engine_steps", "Engine steps (each advances every request in flight)")
         steps.add_metric([], self.engine.steps)
         yield forwards
         yield steps
-        yield from _prefix_store_metrics(self.engine.prefix_store)
+        yield from _prefix_store_metrics(self.engine.prefix.store)
 
 
 PREFIX_COUNTERS = {  # store counter -> (metric, help)

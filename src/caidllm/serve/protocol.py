@@ -4,18 +4,22 @@ Every field is either honoured, accepted only at its neutral value (n=1,
 top_p=1, no penalties, no logprobs, ...), or refused with a 400 naming it:
 never silently ignored. caidllm's own settings come as top-level fields
 (what the openai client sends with `extra_body`), named as generate()'s
-keywords: method, gen_length, block_length, steps, cache, threshold,
-early_stop, and any CAI setting by name.
+keywords: method, gen_length, block_length, steps, cache, early_stop, and a
+method's settings under its owner's key ("cai": {...}, "eb": {...}) or by
+their flat names (theta_end, eb_gamma, ...), read from the methods'
+declarations (decode/setting_names.py). A refusal's `param` is the field the
+InputError names (error.field), never read from its text.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 
 from caidllm.checks import is_id_list, is_int, is_number
-from caidllm.decode.block_diffusion import check_given_fit, fit_to_model
-from caidllm.decode.config import CAI_FIELDS, DECODE_FIELDS, CAISettings, DecodeConfig
+from caidllm.decode.block_diffusion import fit_to_model
+from caidllm.decode.config import DecodeConfig
 from caidllm.decode.presets import build_config, decodes_one_block
+from caidllm.decode.setting_names import ALL_NAMES
 from caidllm.errors import InputError
 from caidllm.serve.openai_fields import NEUTRAL
 
@@ -64,12 +68,8 @@ class DecodeRequest:
 
 OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
                  "stream_options", "user", "messages", "prompt"}
-EXTENSIONS = (DECODE_FIELDS | CAI_FIELDS | {"cai", "method"}) - {"temperature", "seed"}
+EXTENSIONS = (ALL_NAMES | {"method"}) - {"temperature", "seed"}
 OWN_FIELDS = {"commit_events"}
-# caidllm's fields whose default is a bool or a str take only a bool or a str (the rest are checked by
-# DecodeConfig.validate): "early_stop": "no" must be refused, not read as true.
-STRICT_TYPES = {f.name: type(f.default) for f in (*fields(DecodeConfig), *fields(CAISettings))
-                if f.default is not MISSING and type(f.default) in (bool, str)}
 
 
 def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
@@ -115,21 +115,22 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
                 raise RequestError(f"the prompt has {len(ids)} tokens; this server takes at most "
                                    f"{defaults.max_prompt_tokens}", prompt_field)
     extensions = {k: body[k] for k in body if k in EXTENSIONS}
-    try:  # a setting the model never reads, before one the method does not read (whose advice is a method)
-        check_given_fit(extensions, lm.config)
-    except InputError as error:
-        raise RequestError(str(error), param_named(str(error), extensions)) from None
     config = _config(body, extensions, max_tokens, max_name, defaults)
-    try:  # a setting the model's family does not take (cache=dual on a block-diffusion model, ...)
-        config = fit_to_model(config, lm.config)
+    try:  # the one check against the model: a setting its kind never reads, then one the method does not
+        # read (whose advice is a method), then what the family does not take (cache=dual on block diffusion)
+        config = fit_to_model(config, lm.config, strict=True)
     except InputError as error:
-        raise RequestError(str(error), param_named(str(error), ["method", *extensions])) from None
+        raise RequestError(str(error), error.field or _method_param(extensions)) from None
     return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
                          _bool(body, "commit_events", False), model, extensions)
 
 
+def _method_param(extensions: dict) -> str | None:
+    """The param of a refusal about no one field: the method, where the body names one."""
+    return "method" if "method" in extensions else None
+
+
 def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerDefaults) -> DecodeConfig:
-    _check_types(extensions)
     ext = dict(extensions)
     method = ext.pop("method", defaults.method)
     block = ext.setdefault("block_length", defaults.block_length)
@@ -162,11 +163,11 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         own = defaults.settings if defaults.settings is not None and defaults.settings.method == method else None
         # The server's default block length is not the client's (Elastic-Cache's official loop refuses a given one).
         filled = () if "block_length" in extensions else ("block_length",)
-        return build_config(method, settings=own, strict=True, filled=filled, temperature=float(temperature),
-                            seed=seed, **ext)
+        # Lenient here: a setting of a method that does not run is refused by fit_to_model, after the model's
+        # own refusals (a setting the model never reads is said so first).
+        return build_config(method, settings=own, filled=filled, temperature=float(temperature), seed=seed, **ext)
     except InputError as error:
-        param = param_named(str(error), ["method", *extensions]) or ("cai" if "cai" in extensions else "method")
-        raise RequestError(str(error), param) from None
+        raise RequestError(str(error), error.field or "method") from None
 
 
 def _check_text(body: dict) -> None:
@@ -188,18 +189,6 @@ def _check_text(body: dict) -> None:
                 stack.extend(item.values())
             elif isinstance(item, list):
                 stack.extend(item)
-
-
-def _check_types(extensions: dict) -> None:
-    cai = extensions.get("cai", {})
-    if not isinstance(cai, dict):
-        raise RequestError(f"cai must be an object of CAI settings, got {_type(cai)}", "cai")
-    named = [(n, n, v) for n, v in extensions.items()] + [(f"cai.{n}", n, v) for n, v in cai.items()]
-    for label, name, value in named:
-        wanted = STRICT_TYPES.get(name)
-        if wanted is not None and value is not None and not isinstance(value, wanted):
-            kind = "true or false" if wanted is bool else "a string"
-            raise RequestError(f"{label} must be {kind}, got {_type(value)}", label.split(".")[0])
 
 
 def _type(value) -> str:
@@ -280,14 +269,6 @@ def _stop(body) -> list[str]:
     if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) and s for s in stop):
         raise RequestError("stop must be a non-empty string or a list of at most 16 of them", "stop")
     return stop
-
-
-def param_named(message: str, names) -> str | None:
-    """The field an error message is about: the one it starts with, else the first it names."""
-    names = list(names)
-    first = next((n for n in names if message.startswith((f"{n} ", f"cai.{n} "))), None)
-    return first or next((n for n in names if f"{n} " in message or f"'{n}'" in message or f"cai.{n}" in message
-                          or message.startswith(n)), None)
 
 
 def _bool(body, name, default, label=None):

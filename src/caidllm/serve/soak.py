@@ -285,7 +285,7 @@ async def _metric(client, name: str) -> float | None:
 def run(args) -> int:
     """The `--soak` mode of `caidllm loadtest` (serve/loadtest.py)."""
     from caidllm.bench.loadgen import synthetic_prompts
-    from caidllm.decode.presets import method_names
+    from caidllm.decode.methods import method_names
 
     prompts = synthetic_prompts(8, args.seed)
     methods = args.method.split(",") if args.method else method_names()

@@ -57,8 +57,9 @@ def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length:
         block_starts = torch.full((B,), block * bl, device=lm.device)
 
         def forward():
-            ctx = Context.build(real, positions, config.rotary_dim, config.rope_theta, mode="dual",
-                                starts=block_starts, block_length=bl, cache=cache, attention_block=bl)
+            columns = block_starts[:, None] + torch.arange(bl, device=lm.device)  # the block, against the cache
+            ctx = Context.build(real, positions, config.rotary_dim, config.rope_theta, index=columns,
+                                targets=columns, cache=cache, attention_block=bl)
             return model(ids[:, block * bl:(block + 1) * bl], ctx)
 
         for _ in range(bl):

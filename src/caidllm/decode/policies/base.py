@@ -15,6 +15,8 @@ from typing import Protocol
 
 import torch
 
+from caidllm.setting_rules import MethodSettings
+
 
 class PolicyConfig(Protocol):
     """A request's decoding settings as the policies read them: a DecodeConfig (decode/config.py). The
@@ -23,6 +25,48 @@ class PolicyConfig(Protocol):
 
     policy: str
     block_length: int
+    policy_settings: "PolicySettings"
+
+
+class PolicySettings(MethodSettings):
+    """A policy's settings (setting_rules.MethodSettings), plus what its select function takes of them."""
+
+    def arguments(self, gating: bool) -> dict:
+        """The keyword arguments of the policy's select function (rows with equal ones share a call)."""
+        return {}
+
+    def state_names(self) -> tuple[str, ...] | None:
+        """Per-row state tensors that depend on the settings (None: the policy's fixed ones)."""
+        return None
+
+    def step_limit(self, config) -> int:
+        """Steps a block may take (its last commits whatever is left): the schedule's T, unless a
+        decoder that re-masks needs more."""
+        return config.steps_per_block
+
+    def horizon(self):
+        """horizon(state, block_masked) -> [1] long, where the row's keys end in its block this step, for
+        settings whose forwards may end before the canvas does (SlowFast's official fast phase); None: never."""
+        return None
+
+
+@dataclass
+class NoSettings(PolicySettings):
+    """A policy with no settings of its own (vanilla, random order)."""
+
+
+class PolicyState:
+    """A request's own memory for its policy beyond the per-row state tensors (PolicySpec.new_state makes
+    it; request.policy_state holds it). The engine calls these hooks; a policy overrides what it needs."""
+
+    generator: torch.Generator | None = None  # a generator of its own (replayed on the other --tp ranks)
+
+    def start_block(self, request) -> None:
+        """The request's block starts (request.block is the new block)."""
+
+    def commit_only(self, request) -> set[int] | None:
+        """The block positions this step may commit (None: any masked one)."""
+        return None
 
 
 @dataclass

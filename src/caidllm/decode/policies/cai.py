@@ -20,20 +20,31 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 
-from caidllm.decode.policies.base import StepView, with_most_confident
+from caidllm.checks import are_numbers, is_number
+from caidllm.decode.policies.base import PolicySettings, StepView, with_most_confident
+from caidllm.errors import InputError
+from caidllm.setting_rules import UNIT_INTERVAL, Rule, boolean, choice_rule, named, non_negative, positive_int, unit_interval
+
+# What the controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
+# fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
+# current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
+GRINDING_ACTIONS = ("continue", "exit")
+UNIT_FIELDS = ("theta_start", "theta_end", "block_end_floor", "fallback_threshold", "clip_low", "clip_high",
+               "easy_confidence", "hard_confidence")
 
 
 @dataclass
-class CAISettings:
+class CAISettings(PolicySettings):
     """CAI-dLLM controller constants. Each switch turns one component on or off
     (the paper's ablation: fixed threshold vs APD, +block schedule, +position
     factors, +budgets/grinding)."""
 
-    adaptive: bool = True  # cosine schedule (APD); False = fixed `DecodeConfig.threshold`
+    adaptive: bool = True  # cosine schedule (APD); False = the fixed `threshold`
     block_schedule: bool = True  # end threshold decreases with the block index (Box 4)
     position_factors: bool = True  # per-quarter factors on the threshold (Box 6)
     gating: bool | None = None  # budgets + grinding fallback (Boxes 5, 7); None = model default
@@ -52,6 +63,44 @@ class CAISettings:
     grinding_patience: int = 4  # K low-yield steps in a row trigger the fallback
     fallback_threshold: float = 0.40  # on grinding, commit masked tokens with c > this ("continue")
     grinding_action: str = "continue"  # GRINDING_ACTIONS: go on after the fallback, or end the block there
+    threshold: float = 0.9  # the fixed threshold, read with adaptive=False only
+
+    OWNER: ClassVar[str] = "cai"
+    TITLE: ClassVar[str] = "CAI-dLLM's confidence-aware controller"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("threshold", UNIT_INTERVAL, unit_interval),
+        *(Rule(name, UNIT_INTERVAL, unit_interval) for name in UNIT_FIELDS),
+        Rule("warmup", "in [0, 1)", lambda v: is_number(v) and 0 <= v < 1),
+        Rule("block_end_decay", "a number >= 0", non_negative),
+        Rule("grinding_yield", "a number >= 0", non_negative),
+        Rule("grinding_patience", "an integer >= 1", positive_int),
+        Rule("factors", "four positive numbers", lambda v: are_numbers(v, 4) and all(f > 0 for f in v)),
+        Rule("budget_fractions", "three numbers in (0, 1]", lambda v: are_numbers(v, 3) and all(0 < f <= 1 for f in v)),
+        *(Rule(name, "True or False", boolean) for name in ("adaptive", "block_schedule", "position_factors")),
+        choice_rule("grinding_action", GRINDING_ACTIONS),
+        Rule("gating", "True, False or None (model default)", lambda v: v is None or isinstance(v, bool)),
+    )
+
+    def check(self, labels: dict[str, str]) -> None:
+        super().check(labels)
+        if self.clip_low > self.clip_high:
+            raise InputError(f"cai.clip_low ({self.clip_low}) must not exceed cai.clip_high ({self.clip_high})",
+                             field=named(labels, "cai.clip_low")[1])
+
+    def refuse_unread(self, config) -> None:
+        if "cai.threshold" in config.given and self.adaptive:
+            name = config.labels.get("cai.threshold", "threshold")
+            raise InputError(
+                f"{name} does not apply to method {config.method!r}: with CAI's adaptive schedule on, its "
+                "thresholds follow the schedule; give adaptive=false with it (the CLI: in a --settings file's cai) "
+                "for a fixed threshold, or use method 'fastdllm'", field=name)
+
+    def arguments(self, gating: bool) -> dict:
+        return dict(s=self, gating=gating, fixed_threshold=self.threshold)
+
+
+# Every field keeps its flat name of earlier versions (`theta_end=0.6`, a body's "theta_end").
+CAISettings.LEGACY = {f.name: f.name for f in fields(CAISettings)}
 
 
 

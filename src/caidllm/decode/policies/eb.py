@@ -20,11 +20,34 @@ plain loop for the three proxies and compares tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from caidllm.decode.policies.base import StepView
+from caidllm.decode.policies.base import PolicySettings, StepView
+from caidllm.setting_rules import Rule, choice_rule, non_negative
 
 PROXIES = ("entropy", "confidence", "margin")
+
+
+@dataclass
+class EBSettings(PolicySettings):
+    """The error budget gamma of a step and the error proxy that orders the positions."""
+
+    gamma: float = 0.01
+    proxy: str = "entropy"
+
+    OWNER: ClassVar[str] = "eb"
+    TITLE: ClassVar[str] = "EB-Sampler (arXiv 2505.24857)"
+    LEGACY: ClassVar[dict[str, str]] = {"eb_gamma": "gamma", "eb_proxy": "proxy"}
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("gamma", "a number >= 0 (0: one position per step)", non_negative),
+        choice_rule("proxy", PROXIES),
+    )
+
+    def arguments(self, gating: bool) -> dict:
+        return dict(gamma=self.gamma, proxy=self.proxy)
 
 
 def error_proxy(view: StepView, proxy: str) -> torch.Tensor:

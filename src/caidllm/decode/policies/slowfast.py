@@ -25,12 +25,61 @@ official loop with the shortened forwards as a switch and compares tokens both w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
+
 import torch
 
-from caidllm.decode.policies.base import StepView, masked_confidence
+from caidllm.checks import is_number
+from caidllm.decode.policies.base import PolicySettings, StepView, masked_confidence
+from caidllm.errors import InputError
+from caidllm.setting_rules import UNIT_INTERVAL, Rule, boolean, named, positive_int, unit_interval
 
 NOWHERE = 1 << 40  # past any canvas: the runner clamps it to the canvas's end
 STATE = ("sf_k", "sf_count", "sf_fixed", "sf_cur", "sf_last", "sf_fast")
+
+
+@dataclass
+class SlowFastSettings(PolicySettings):
+    """Exploratory steps per sub-cycle, the certainty threshold that marks the cycle's reach, the
+    convergence window and its std bound, the accelerated phase's high-confidence threshold, and
+    whether the fast phase's forwards end at the span's end (the official code's)."""
+
+    explore_steps: int = 6
+    cycle_threshold: float = 0.3
+    window: int = 2
+    std: float = 1.0
+    high: float = 0.9
+    shortened: bool = True
+
+    OWNER: ClassVar[str] = "slowfast"
+    TITLE: ClassVar[str] = "SlowFast Sampling (arXiv 2506.10848)"
+    LEGACY: ClassVar[dict[str, str]] = {f"sf_{name}": name for name in (
+        "explore_steps", "cycle_threshold", "window", "std", "high", "shortened")}
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("explore_steps", "a positive integer", positive_int),
+        Rule("window", "a positive integer", positive_int),
+        Rule("std", "a positive number", lambda v: is_number(v) and v > 0),
+        Rule("shortened", "True or False", boolean),
+        Rule("cycle_threshold", UNIT_INTERVAL, unit_interval),
+        Rule("high", UNIT_INTERVAL, unit_interval),
+    )
+
+    def check_with(self, config) -> None:
+        if self.window > config.block_length:
+            name, field = named(config.labels, "slowfast.window")
+            raise InputError(f"{name} ({self.window}) is longer than the block ({config.block_length})", field=field)
+
+    def arguments(self, gating: bool) -> dict:
+        return dict(explore_steps=self.explore_steps, cycle_threshold=self.cycle_threshold, window=self.window,
+                    std_bound=self.std, high=self.high)
+
+    def state_names(self) -> tuple[str, ...]:
+        return state_names(self.window)
+
+    def horizon(self):
+        return partial(horizon, explore_steps=self.explore_steps) if self.shortened else None
 
 
 def state_names(window: int) -> tuple[str, ...]:

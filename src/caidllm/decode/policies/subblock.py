@@ -13,10 +13,49 @@ last logit, its "next token", before decoding the new block).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 
-from caidllm.decode.policies.base import StepView, with_most_confident
+from caidllm.decode.policies.base import PolicySettings, StepView, with_most_confident
+from caidllm.errors import InputError
+from caidllm.setting_rules import UNIT_INTERVAL, CacheSettings, Rule, chosen_by, named, positive_int, unit_interval
+
+
+@dataclasses.dataclass
+class SubblockSettings(PolicySettings):
+    """The threshold, and the sub-block length, which must divide the block."""
+
+    threshold: float = 0.9
+    sub_block: int = 8
+
+    OWNER: ClassVar[str] = "subblock"
+    TITLE: ClassVar[str] = "Fast-dLLM v2's sub-block decoding"
+    LEGACY: ClassVar[dict[str, str]] = {"threshold": "threshold", "sub_block": "sub_block"}
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("threshold", UNIT_INTERVAL, unit_interval),
+        Rule("sub_block", "a positive integer", positive_int),
+    )
+
+    def check_with(self, config) -> None:
+        if config.block_length % self.sub_block:
+            name, field = named(config.labels, "subblock.sub_block")
+            raise InputError(f"{name} ({self.sub_block}) must divide block_length ({config.block_length}): "
+                             "Fast-dLLM v2 decodes a block in whole sub-blocks", field=field)
+
+    def arguments(self, gating: bool) -> dict:
+        return dict(threshold=self.threshold, sub_block=self.sub_block)
+
+
+@dataclasses.dataclass
+class WithinBlockCacheSettings(CacheSettings):
+    """Cache "subblock", Fast-dLLM v2's within-block cache: no settings, but it follows this policy's sub-blocks."""
+
+    def check_with(self, config) -> None:
+        if config.policy != "subblock":
+            raise InputError(f"cache 'subblock' with policy {config.policy!r} is not meaningful: Fast-dLLM v2's "
+                             "within-block cache follows its sub-blocks (use policy 'subblock', or cache 'block')",
+                             field=chosen_by(config, "cache"))
 
 
 def current_sub_block(masked: torch.Tensor, sub_block: int) -> torch.Tensor:

@@ -23,11 +23,56 @@ counted in the softmax (engine-wide rule; the official code does both); past
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from caidllm.decode.policies.base import StepView, masked_confidence
+from caidllm.decode.policies.base import PolicySettings, StepView, masked_confidence
+from caidllm.errors import InputError
+from caidllm.setting_rules import UNIT_INTERVAL, Rule, chosen_by, named, positive_int, unit_interval
 
 STATE = ("wino_last_accept",)
+
+
+@dataclass
+class WinoSettings(PolicySettings):
+    """The draft (wide-in) and verify (narrow-out) thresholds, and the most steps a block may take
+    (re-masking can undo progress; past it the rest is committed)."""
+
+    draft: float = 0.6
+    verify: float = 0.9
+    max_steps: int = 256
+
+    OWNER: ClassVar[str] = "wino"
+    TITLE: ClassVar[str] = "WINO revokable decoding (arXiv 2507.18578)"
+    LEGACY: ClassVar[dict[str, str]] = {"wino_draft": "draft", "wino_verify": "verify", "wino_max_steps": "max_steps"}
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("draft", UNIT_INTERVAL, unit_interval),
+        Rule("verify", UNIT_INTERVAL, unit_interval),
+        Rule("max_steps", "a positive integer", positive_int),
+    )
+
+    def check_with(self, config) -> None:
+        if self.draft > self.verify:
+            (draft, field), (verify, _) = named(config.labels, "wino.draft"), named(config.labels, "wino.verify")
+            raise InputError(f"WINO thresholds out of order: {draft} ({self.draft}) must not exceed {verify} "
+                             f"({self.verify}) (draft wide, verify narrow)", field=field)
+        if config.cache != "none":
+            raise InputError(f"policy 'wino' with cache={config.cache!r} is not meaningful: WINO's verify forward "
+                             "reads the whole canvas with a shadow block each step (use cache='none')",
+                             field=chosen_by(config, "cache"))
+
+    def refuse_unread(self, config) -> None:
+        if "steps" in config.given:
+            raise InputError(f"steps does not apply to method {config.method!r}: a decoder that re-masks takes up "
+                             "to wino_max_steps steps a block, not steps; give wino_max_steps", field="steps")
+
+    def step_limit(self, config) -> int:
+        return self.max_steps
+
+    def arguments(self, gating: bool) -> dict:
+        return dict(draft=self.draft, verify=self.verify)
 FIRST_LAST_ACCEPT = 30  # the official loop's start value of the previous step's draft count
 
 

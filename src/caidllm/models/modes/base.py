@@ -19,7 +19,6 @@ import torch
 from ...errors import InputError
 from ..cache import KVCache
 from ..layers import Context, default_attention_block
-from ..skip import EarlySkip
 from ..transfer import to_device
 from .checks import (check_attention_block, check_cache, check_canvas, check_filled, check_key_end, check_range,
                      check_rows, left_padding)
@@ -60,9 +59,8 @@ class ForwardMode:
     shadow: ClassVar[bool] = False  # returns the block's logits, then a verifying shadow block's
     unshifted: ClassVar[bool] = False  # needs logits aligned to positions (no family shift)
     bidirectional: ClassVar[bool] = False  # its computation has no block-causal mask (refuses such models)
-    # CachedCanvasMode: the layers.Context computation it runs (None: its own name). "dual": the block and
-    # `extra` positions left of it against the cache; "prefix": from the block to the canvas's end.
-    context_mode: ClassVar[str | None] = None
+    # The model's logit shift counts among the computed positions only (layers.Context.shift_within_computed).
+    shift_within_computed: ClassVar[bool] = False
 
     start: int | list[int] = 0
     end: int | list[int] | None = None
@@ -120,6 +118,11 @@ class ForwardMode:
     def run(self, lm, call: Call) -> torch.Tensor:
         raise NotImplementedError
 
+    def computed_positions(self, call: Call, starts: torch.Tensor, extra: int) -> dict:
+        """What the forward computes, as layers.Context.build's keywords: here each row's block and the
+        ``extra`` positions left of it, against the cache (``index``); a mode over a range overrides it."""
+        return dict(index=block_columns(starts, call.length, extra))
+
     # ---- engine side -----------------------------------------------------
 
     @staticmethod
@@ -147,7 +150,7 @@ class CachedCanvasMode(ForwardMode):
     reads every other position's K/V, mask and positions from the cache."""
 
     def run(self, lm, call: Call) -> torch.Tensor:
-        return cached_forward(lm, call, self.context_mode or self.name, self.extra(lm), key_end=self.key_end)[0]
+        return cached_forward(lm, call, self, self.extra(lm))[0]
 
 
 @dataclass(kw_only=True)
@@ -190,9 +193,9 @@ class ColumnsMode(ForwardMode):
         self.check_model(lm)  # the engine refuses these models before; a vouched call is checked here too
         c, r = lm.config, call.r
         ctx = Context.build(call.cache.attention_mask[r], call.cache.positions[r], c.rotary_dim, c.rope_theta,
-                            mode=self.name, rows=call.rows, cache=call.cache, real_from=call.real_from,
-                            columns=self.columns, attention_block=call.attention_block)
-        ctx.key_end = self.key_end
+                            index=self.columns, rows=call.rows, cache=call.cache, real_from=call.real_from,
+                            attention_block=call.attention_block, key_end=self.key_end,
+                            shift_within_computed=self.shift_within_computed)
         return gather_block(lm.model(call.ids[r].gather(1, self.columns), ctx), self.block_at)
 
 
@@ -208,25 +211,31 @@ def _described(value) -> str:
     return type(value).__name__
 
 
-def canvas_forward(lm, call: Call, name: str, extra: int, mask_r, positions_r, *, key_end=None,
-                   skip: EarlySkip | None = None, plan: list[int] | None = None):
-    """The model over the canvas in a Context mode (layers.Context): logits, and the Context."""
+def block_columns(starts: torch.Tensor, length: int, extra: int) -> torch.Tensor:
+    """[R, extra + length] absolute columns of each row's block and the `extra` positions left of it."""
+    return starts[:, None] - extra + torch.arange(length + extra, device=starts.device)
+
+
+def canvas_forward(lm, call: Call, mode: ForwardMode, extra: int, mask_r, positions_r, *, context=Context,
+                   **options):
+    """The model over the canvas computing what ``mode.computed_positions`` names (a layers.Context, or the
+    mode's own subclass `context` with its `options`): logits of each row's block, and the Context."""
     c = lm.config
     start_t = to_device(call.starts, lm.device)
-    ctx = Context.build(mask_r, positions_r, c.rotary_dim, c.rope_theta, mode=name, starts=start_t,
-                        block_length=call.length, extra=extra, rows=call.rows, cache=call.cache, skip=skip, plan=plan,
-                        real_from=call.real_from, start_list=call.starts, attention_block=call.attention_block)
-    ctx.key_end = key_end
+    targets = start_t[:, None] + torch.arange(call.length, device=lm.device)
+    ctx = context.build(mask_r, positions_r, c.rotary_dim, c.rope_theta, targets=targets, extra=extra,
+                        rows=call.rows, cache=call.cache, real_from=call.real_from,
+                        attention_block=call.attention_block, key_end=mode.key_end,
+                        **mode.computed_positions(call, start_t, extra), **options)
     ids = call.ids[call.r]
     computed = ids.gather(1, ctx.index) if ctx.index is not None else ids[:, ctx.lo:]
     return lm.model(computed, ctx), ctx
 
 
-def cached_forward(lm, call: Call, name: str, extra: int, key_end=None, **skipping):
+def cached_forward(lm, call: Call, mode: ForwardMode, extra: int, **options):
     """A forward that reads every position it does not compute from the cache (mask and positions too)."""
     r = call.r
-    return canvas_forward(lm, call, name, extra, call.cache.attention_mask[r], call.cache.positions[r],
-                          key_end=key_end, **skipping)
+    return canvas_forward(lm, call, mode, extra, call.cache.attention_mask[r], call.cache.positions[r], **options)
 
 
 def gather_block(logits: torch.Tensor, block_at: torch.Tensor | None) -> torch.Tensor:

@@ -2,7 +2,7 @@
 positions left of start: a just-completed block, whose final K/V are written here once) against
 the cache, whose K/V of every earlier block are final; later blocks are never read.
 
-Engine: after a completed block the previous one is folded in (Request.fold; the scheduler groups
+Engine: after a completed block the previous one is folded in (CacheMode.fold; the scheduler groups
 rows by it, so every member of a group has the same).
 """
 
@@ -31,4 +31,4 @@ class Block(CachedCanvasMode):
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
-        return cls(fold=requests[0].fold(), **common)
+        return cls(fold=requests[0].cache_mode.fold(requests[0]), **common)

@@ -54,27 +54,27 @@ class Elastic(ForwardMode):
         untrackable columns (absolute), and the block positions its logits stand for."""
         columns, targets, windows, tracked, untrackable, block_at, firsts = [], [], [], [], [], [], []
         for r, start in zip(requests, starts):
-            computed, returned, window = r.elastic_columns()
+            computed, returned, window = r.cache_mode.columns(r)  # decode/elastic.py
             first = start - len(r.prompt) - r.block_bounds[0]  # the row's first real column
             firsts.append(first)
             columns.append([first + c for c in computed])
             targets.append([first + c for c in returned])
             windows.append([first + c for c in window])
-            tracked.append([first + c for c in r.elastic.tracked])
-            untrackable.append([first + c for c in r.elastic_untrackable()])
+            tracked.append([first + c for c in r.cache_state.tracked])
+            untrackable.append([first + c for c in r.cache_mode.untrackable(r)])
             where = {c - len(r.prompt) - r.block_bounds[0]: i for i, c in enumerate(returned)}
             block_at.append([where.get(b, 0) for b in range(r.config.block_length)])
-        device, config = masked.device, requests[0].config
-        inputs = ElasticInputs(to_device(columns, device), to_device(targets, device), requests[0].elastic.n_layers,
+        device, settings = masked.device, requests[0].config.cache_settings
+        inputs = ElasticInputs(to_device(columns, device), to_device(targets, device), requests[0].cache_state.n_layers,
                                to_device(block_at, device), profiled=to_device(windows, device), tracked=tracked,
-                               untrackable=untrackable, gamma=config.elastic_gamma, track=config.elastic_track,
-                               test_from=config.elastic_layer, firsts=firsts, whole=all(r.step == 0 for r in requests))
+                               untrackable=untrackable, gamma=settings.gamma, track=settings.track,
+                               test_from=settings.layer, firsts=firsts, whole=all(r.step == 0 for r in requests))
         return cls(inputs=inputs, **common)
 
     def after(self, requests) -> None:
         done = self.inputs
         for r, start, tracked in zip(requests, done.firsts, done.tracked):
-            r.elastic.observe([c - start for c in tracked], done.refresh_from)
+            r.cache_state.observe([c - start for c in tracked], done.refresh_from)
 
     def computed_pairs(self, n_layers: int, block_length: int) -> int:
         """The window below the refresh layer, the whole block from it on."""

@@ -12,9 +12,50 @@ from dataclasses import dataclass
 import torch
 
 from ...errors import InputError
-from ..skip import EarlySkip, hidden_levels, keep_counts
+from ..layers import Context
+from ..skip import EarlySkip, choose, forced_keeps, hidden_levels, importance, keep_counts, relative_drift
 from ..transfer import to_device
 from .base import Call, CachedCanvasMode, cached_forward
+
+
+@dataclass
+class EarlySkipContext(Context):
+    """The dual cache's Context, but at the layers where ``plan`` drops, only the most important block
+    positions go on (``index`` then narrows); a skipped position's final hidden state comes from the cache."""
+
+    skip: EarlySkip | None = None
+    plan: list[int] | None = None  # block positions that run each layer
+    forced: torch.Tensor | None = None  # [R, block] forced keeps
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.forced = forced_keeps(self.skip.prev_confidence, self.skip.masked, self.skip.just_committed)
+
+    def enter(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        if self.plan[layer] < x.shape[1] - self.extra:
+            x = self._drop(layer, x)
+        return super().enter(layer, x)
+
+    def leave(self, level: int, x: torch.Tensor) -> torch.Tensor:
+        super().leave(level, x)
+        return self.cache.hidden[level][self.row_ids, self.computed]  # just written where computed, cached elsewhere
+
+    def _drop(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Keep the plan[layer] most important block positions of each row (and the always-computed ones
+        left of the block); narrow x, RoPE and the index to them."""
+        extra = self.extra
+        running = self.index[:, extra:]  # [R, k] absolute positions of the running block positions
+        cached = self.cache.hidden[layer][self.row_ids, running]
+        drift = relative_drift(x[:, extra:], cached)
+        local = running - self.targets[:, :1]
+        scores = importance(self.skip.prev_confidence.gather(1, local), drift, self.forced.gather(1, local),
+                            self.skip.alpha)
+        chosen = choose(scores, self.plan[layer]) + extra
+        keep = torch.cat([torch.arange(extra, device=x.device).expand(len(x), -1), chosen], dim=1)
+        self.index = self.index.gather(1, keep)
+        self.cos = self.cos.gather(2, keep[:, None, :, None].expand(-1, 1, -1, self.cos.shape[-1]))
+        self.sin = self.sin.gather(2, keep[:, None, :, None].expand(-1, 1, -1, self.sin.shape[-1]))
+        return x.gather(1, keep[..., None].expand(-1, -1, x.shape[-1]))
 
 
 @dataclass(kw_only=True)
@@ -40,22 +81,23 @@ class EarlySkipping(CachedCanvasMode):
         skip, n_layers = self.skip, lm.config.n_layers
         plan = keep_counts(skip.schedule, n_layers, call.length)
         extra = self.extra(lm)
-        logits, ctx = cached_forward(lm, call, self.name, extra, key_end=self.key_end, skip=skip, plan=plan)
+        logits, ctx = cached_forward(lm, call, self, extra, context=EarlySkipContext, skip=skip, plan=plan)
         skip.computed_pairs, skip.full_pairs = sum(plan), n_layers * call.length
         skip.kept = ctx.index[:, extra:] - to_device(call.starts, lm.device)[:, None]
         return logits
 
     @staticmethod
     def group_key(request) -> tuple:
-        return (request.config.es_schedule, request.config.es_alpha)
+        settings = request.config.cache_settings
+        return (settings.schedule, settings.alpha)
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
-        """Each row's previous confidences and commits (the engine keeps them on the request)."""
-        config = requests[0].config
-        skip = EarlySkip(torch.stack([r.prev_confidence for r in requests]),
-                         torch.stack([r.just_committed for r in requests]), masked,
-                         config.es_schedule, config.es_alpha)
+        """Each row's previous confidences and commits (its cache state keeps them, decode/caches/es.py)."""
+        settings = requests[0].config.cache_settings
+        skip = EarlySkip(torch.stack([r.cache_state.prev_confidence for r in requests]),
+                         torch.stack([r.cache_state.just_committed for r in requests]), masked,
+                         settings.schedule, settings.alpha)
         return cls(skip=skip, **common)
 
     def computed_pairs(self, n_layers: int, block_length: int) -> int:

@@ -33,4 +33,7 @@ class Full(ForwardMode):
             cache.attention_mask[call.r] = mask_r
             cache.positions[call.r] = positions_r
             cache.filled[call.r] = True
-        return canvas_forward(lm, call, self.name, 0, mask_r, positions_r, key_end=self.key_end)[0]
+        return canvas_forward(lm, call, self, 0, mask_r, positions_r)[0]
+
+    def computed_positions(self, call: Call, starts, extra: int) -> dict:
+        return dict(lo=0, reads_cache=False)  # every position, every K/V fresh (written to a given cache)

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import CachedCanvasMode
+from .base import Call, CachedCanvasMode
 
 
 @dataclass(kw_only=True)
 class Prefix(CachedCanvasMode):
     name = "prefix"
+
+    def computed_positions(self, call: Call, starts, extra: int) -> dict:
+        """[lo, L) from the leftmost row's block start; a row whose block starts right of lo keeps its cached
+        K/V up to its own start (``fresh_from``: as it would alone). The cache keeps no hidden states here."""
+        lo = min(call.starts) - extra  # the host list: no device sync
+        fresh_from = starts - extra if max(call.starts) - extra != lo else None
+        return dict(lo=lo, fresh_from=fresh_from, reads_cache=True, keeps_hidden=False)

@@ -21,6 +21,7 @@ from .base import ColumnsMode
 @dataclass(kw_only=True)
 class SubBlock(ColumnsMode):
     name = "subblock"
+    shift_within_computed = True  # as the official generator shifts the sub-block's logits (models/fastdllm_v2.py)
 
     def check_model(self, lm) -> None:
         if not lm.config.block_causal:
@@ -29,14 +30,15 @@ class SubBlock(ColumnsMode):
 
     @staticmethod
     def group_key(request) -> tuple:
-        return (request.config.sub_block,)
+        return (request.config.policy_settings.sub_block,)
 
     @classmethod
     def for_rows(cls, requests, masked, starts, **common):
-        """Each row's current sub-block (Request.current_sub_block) as absolute columns."""
+        """Each row's current sub-block (its cache mode's current_sub_block, decode/caches/exact.py) as
+        absolute columns."""
         columns, block_at = [], []
         for r, start in zip(requests, starts):
-            first, size = r.current_sub_block(), r.config.sub_block
+            first, size = r.cache_mode.current_sub_block(r), r.config.policy_settings.sub_block
             columns.append([start + first + j for j in range(size)])
             block_at.append([b - first if first <= b < first + size else 0 for b in range(r.config.block_length)])
         device = masked.device
