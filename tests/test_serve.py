@@ -95,9 +95,9 @@ def test_commit_events_on_request(server):
     ({"method": "turbo"}, 400, "method", "unknown method 'turbo'"),
     ({"gen_length": 40, "block_length": 16}, 400, "gen_length", "multiple of block_length"),
     ({"n": 2}, 400, "n", "n=2 is not supported"),
-    ({"logprobs": True}, 400, "logprobs", "not supported"),
+    ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "integer in [0, 20]"),  # answered since #44
     ({"top_p": 0.5}, 400, "top_p", "not supported"),
-    ({"tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    ({"tools": [{"type": "function"}]}, 400, "tools", "tools[0] must be"),  # tools are answered since #44
     ({"messages": []}, 400, "messages", "non-empty list"),
     ({"messages": [{"role": "user", "content": "x " * 2000}]}, 400, "messages", "exceeds the model's context"),
     ({"max_tokens": "ten"}, 400, "max_tokens", "positive integer"),

@@ -56,7 +56,7 @@ def _model_names(server, bd_server):
     ("top_p", 2, "in (0, 1]"), ("top_p", 1.0000001, "in (0, 1]"), ("top_p", 0.5, "not supported"),
     ("n", True, "integer"), ("best_of", True, "integer"), ("presence_penalty", False, "number"),
     ("frequency_penalty", True, "number"), ("echo", 0, "true or false"), ("presence_penalty", 3, "[-2, 2]"),
-    ("logprobs", 0, "log probability"), ("logprobs", True, "integer in [0, 5]"),
+    ("logprobs", 6, "integer in [0, 5]"), ("logprobs", True, "integer in [0, 5]"),
 ])
 def test_openai_values_are_typed_and_ranged(server, field, value, says):
     assert says in refused_by(server, field, extra_body={field: value})
@@ -72,8 +72,10 @@ def test_neutral_values_still_pass(server):
     assert chat.choices[0].message.content is not None
 
 
-def test_chat_logprobs_are_refused_with_the_reason(server):
-    assert "log probability" in refused_by(server, "logprobs", chat=True, logprobs=True, extra_body=FAST)
+def test_chat_top_logprobs_over_the_limit_are_refused(server):
+    # logprobs are answered since issue 44 (tests/test_logprobs.py); past the API's limit of 20 they are not.
+    assert "[0, 20]" in refused_by(server, "top_logprobs", chat=True, logprobs=True, top_logprobs=21,
+                                   extra_body=FAST)
 
 
 @pytest.mark.parametrize("field, value", [("num_to_transfer", 2), ("minimal_topk", 2), ("max_post_steps", 4),

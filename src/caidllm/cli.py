@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
                      help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
                           "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
+    structured = gen.add_mutually_exclusive_group()  # docs/structured-output.md
+    structured.add_argument("--json-schema", default=None, metavar="FILE",
+                            help="hold every answer to this JSON schema (a file), in any commit order")
+    structured.add_argument("--regex", default=None, help="hold every answer to this regular expression")
+    structured.add_argument("--choice", nargs="+", default=None, metavar="TEXT", help="the answer is one of these")
+    structured.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
     add_tp_argument(gen)
     gen.set_defaults(handler=run_generate)
 
@@ -119,16 +125,16 @@ def run_generate(args) -> int:
     # checkpoint's own, read from its config.json) fails before the model loads.
     decoded = check_before_load(args.model, given_method, settings, strict=True, **options)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
+    structured = {"constraint": cli_constraint(args)}
     from caidllm.parallel.launch import check_method, parallel_model
 
     check_method(decoded, args.tp)  # before any rank starts
-
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
         method = recommended_method(lm.checkpoint, given_method)
         note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
-                              chat=chat, prefix_cache_mb=budget, **options)
+                              chat=chat, prefix_cache_mb=budget, **structured, **options)
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):
@@ -141,6 +147,26 @@ def run_generate(args) -> int:
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
                   f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
     return 0
+
+
+def cli_constraint(args):
+    """The structured-output flag given, as a Constraint whose errors name the flag (None: none given)."""
+    from caidllm.decode.constraints import Constraint
+
+    if args.json_schema is not None:
+        return Constraint("json_schema", read_schema(args.json_schema), "--json-schema")
+    given = [("regex", args.regex, "--regex"), ("choice", args.choice, "--choice"),
+             ("json_object", True if args.json_object else None, "--json-object")]
+    return next((Constraint(kind, value, flag) for kind, value, flag in given if value is not None), None)
+
+
+def read_schema(path: str):
+    """--json-schema's file, read before the model loads (InputError naming the flag)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"--json-schema {path}: cannot read a JSON schema from it ({error})") from None
 
 
 def note_recommendation(lm, options: dict, method: str = "cai") -> None:

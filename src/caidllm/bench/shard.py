@@ -71,6 +71,8 @@ def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded]
         started = time.perf_counter()
         try:
             preset, extra = settings.method_options(method)
+            if task.constraint_for is not None:  # each sample held to its own constraint
+                extra = {**extra, "constraint": [task.constraint_for(encoded[i].sample) for i in batch]}
             out_batch = lm.generate([encoded[i].ids for i in batch], method=preset, **extra,
                                     **settings.store_options(method),
                                     **settings.lengths_for(method), temperature=settings.temperature,

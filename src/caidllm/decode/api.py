@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from caidllm.checks import is_id_list, is_int
+from caidllm.decode.constraints import constraint_of, per_prompt
 from caidllm.decode.engine import Engine
 from caidllm.decode.prefix_reuse import shared_store
 from caidllm.decode.presets import build_config, options_for_model
@@ -22,7 +23,9 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
              steps: int | None = None, cache: str | None = None, threshold: float | None = None,
              temperature: float | None = None, seed: int | None = None, early_stop: bool = True,
              batch_size: int = 8, chat: bool | None = None, compile: bool = False, settings=None,
-             prefix_cache_mb: float | None = None, **overrides) -> list[GenerationResult]:
+             prefix_cache_mb: float | None = None, json_schema=None, regex: str | None = None,
+             choice: list[str] | None = None, json_object: bool = False, logprobs: bool = False,
+             top_logprobs: int = 0, constraint=None, **overrides) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a
     method preset; any keyword given overrides the preset's value.
 
@@ -40,7 +43,9 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     decode/settings_file.py) whose method settings apply under the keywords. prefix_cache_mb: the budget of
     the prefix store kept with the model across calls (decode/prefix_reuse.py; None: the default on a
     block-causal model, 0: off; exact: the same tokens either way). Each result's elapsed_s,
-    policy_s and forward_s are those of the whole run."""
+    policy_s and forward_s are those of the whole run.
+    json_schema, regex, choice, json_object, constraint: structured output (docs/structured-output.md). logprobs:
+    each result's `logprobs`, with top_logprobs alternatives, taken at the step that committed each token."""
     checkpoint = getattr(lm, "checkpoint", None)
     method = recommended_method(checkpoint if settings is None else None, method)
     # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
@@ -60,7 +65,10 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
     store = shared_store(lm, prefix_cache_mb)
     engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts), prefix_cache_mb=0, prefix_store=store)
     started = time.perf_counter()
-    ids = [engine.submit(p, config) for p in token_prompts]
+    given = constraint_of(json_schema=json_schema, regex=regex, choice=choice, json_object=json_object)
+    constraints = per_prompt(constraint if given is None else given, len(token_prompts))
+    ids = [engine.submit(p, config, constraint=c, logprobs=top_logprobs if logprobs else None)
+           for p, c in zip(token_prompts, constraints)]
     try:
         results = {event.request_id: event.result for event in engine.run() if event.finished}
     except BaseException:  # the store outlives this call: its requests must let go of the blocks they hold

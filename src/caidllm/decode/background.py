@@ -141,9 +141,11 @@ class BackgroundEngine:
         self._run()
 
     def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
-               loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
-        """Check and hand over a request; raises InputError (bad request) or EngineFullError."""
-        request = self.engine.prepare(prompt_ids, config, request_id)
+               loop: asyncio.AbstractEventLoop | None = None, constraint=None,
+               logprobs: int | None = None) -> RequestHandle:
+        """Check and hand over a request; raises InputError (bad request) or EngineFullError.
+        constraint: structured output (decode/constraints/), compiled and checked here; logprobs: Engine.submit's."""
+        request = self.engine.prepare(prompt_ids, config, request_id, constraint, logprobs)
         with self._lock:
             if self._stopping or not self.alive:
                 raise EngineFullError("the engine is not running (not started, stopped, or shutting down)")

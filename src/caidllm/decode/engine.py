@@ -41,7 +41,10 @@ from typing import Iterator
 from caidllm.checks import is_id_list
 from caidllm.decode.block_diffusion import Layout, fit_to_model
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.constraints import Constraint
+from caidllm.decode.constraints.guide import canvas_constraint
 from caidllm.decode.forward_modes import CACHE_MODES
+from caidllm.decode.logprobs import commit_logprobs
 from caidllm.decode.policies import make_policy, policy_key
 from caidllm.decode.prefix_reuse import PrefixReuse, adopt, make_store
 from caidllm.decode.prefix_store import PrefixStore
@@ -130,14 +133,18 @@ class Engine:
 
     # ---- requests in and out -------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None) -> str:
+    def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
+               constraint: Constraint | None = None, logprobs: int | None = None) -> str:
         """Queue a tokenised prompt; it joins the running batch at the next step.
-        Everything is checked here, before anything is queued."""
-        request = self.prepare(prompt_ids, config, request_id)
+        Everything is checked here, before anything is queued. constraint: structured output
+        (decode/constraints/: a regex, a JSON schema, any JSON object, a choice), held in any commit order.
+        logprobs: each committed token's logprob and this many top alternatives (decode/logprobs.py; None: off)."""
+        request = self.prepare(prompt_ids, config, request_id, constraint, logprobs)
         self.scheduler.add(request)
         return request.id
 
-    def prepare(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None) -> Request:
+    def prepare(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
+                constraint: Constraint | None = None, logprobs: int | None = None) -> Request:
         """A checked Request, not yet queued (touches no engine state: any thread may call it)."""
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
@@ -148,7 +155,23 @@ class Engine:
         config = fit_to_model(config, self.lm.config)  # once: a config fitted to this model is returned as is
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
-        return self._new_request(request_id, prompt, config)
+        request = self._new_request(request_id, prompt, config)
+        if constraint is not None:
+            request.constraint = self._constraint_state(constraint, config)
+        if logprobs is not None:
+            request.logprobs = commit_logprobs(logprobs, config)
+        return request
+
+    def _constraint_state(self, constraint: Constraint, config: DecodeConfig):
+        if not isinstance(constraint, Constraint):
+            raise InputError(f"constraint must be a Constraint (decode/constraints/), got {type(constraint).__name__}")
+        if self.mirror is not None:  # the other ranks replay the inputs, not the constraint's choices
+            raise InputError(f"{constraint.field}: structured output does not run on a tensor-parallel model yet")
+        try:
+            return canvas_constraint(self.lm, constraint, config)
+        except InputError as error:  # about the constraint's field (a server's param: its top-level name)
+            error.field = error.field or constraint.field.split(".")[0]
+            raise
 
     def cancel(self, request_id: str) -> None:
         """Remove a queued or in-flight request now (between steps) and free its slot."""

@@ -14,6 +14,7 @@ from caidllm.decode.block_diffusion import Layout, editing_block_done
 from caidllm.decode.caches.base import CacheMode
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
+from caidllm.decode.logprobs import CommitLogprobs
 from caidllm.decode.policies import Policy
 from caidllm.decode.policies.base import PolicyState
 from caidllm.decode.results import GenerationResult, result_of
@@ -42,6 +43,8 @@ class CommitEvent:
     # came from the store (decode/prefix_reuse.py; 0 when none did), and its prompt length. Else None.
     reused_positions: int | None = None
     prompt_length: int | None = None
+    # With logprobs asked for: per committed position, (its token's logprob, [(token, logprob)] of the best).
+    logprobs: list | None = None
 
 
 @dataclass
@@ -86,6 +89,8 @@ class Request:
     reused: int = 0
     pinned: list[bytes] = field(default_factory=list)
     final_blocks: int = 0
+    constraint: object | None = None  # structured output: its CanvasConstraint (decode/constraints/)
+    logprobs: CommitLogprobs | None = None  # committed tokens' logprobs, when asked for (decode/logprobs.py)
 
     def __post_init__(self):
         self.cache_mode: CacheMode = CACHE_MODES[self.config.cache]
@@ -175,9 +180,10 @@ class Request:
             block_done = all(x is not None for x in self.generated[answer_from:block_end])
         # Positions past gen_length (the end of block diffusion's last block) are decoded, never reported.
         shown = [i for i, p in enumerate(positions) if p < self.config.gen_length]
-        event = CommitEvent(self.id, self.block, t, [positions[i] for i in shown],
-                            [committed_tokens[i] for i in shown], [self.first_confidence[positions[i]] for i in shown],
-                            block_start=block_start)
+        reported = [positions[i] for i in shown]
+        event = CommitEvent(self.id, self.block, t, reported, [committed_tokens[i] for i in shown],
+                            [self.first_confidence[p] for p in reported], block_start=block_start,
+                            logprobs=None if self.logprobs is None else self.logprobs.take(reported, block_start))
         self.step += 1
         if block_done or not editing:  # an editing request's answer grows only by final blocks
             self.advance_prefix(eos_ids)

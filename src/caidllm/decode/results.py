@@ -44,6 +44,9 @@ class GenerationResult:
     # keys and values it took from the store instead (the two add up to prompt_length).
     prefill_positions: int = 0
     reused_positions: int = 0
+    # logprobs asked for (decode/logprobs.py): per answer token, {"token_id", "logprob", "top_logprobs":
+    # [[token_id, logprob], ...]}, taken at the step that committed it.
+    logprobs: list[dict] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,4 +69,11 @@ def result_of(lm, r, policy_s: float) -> GenerationResult:
         policy_s=policy_s, early_stopped=r.early_stopped, method=r.config.method,
         prompt_length=len(r.prompt), trace=trace, prefill_positions=len(r.prompt) - r.reused,
         reused_positions=r.reused, computed_fraction=r.computed_pairs / max(r.nfe * step_pairs, 1),
+        logprobs=None if r.logprobs is None else answer_logprobs(r.logprobs.at, ids[:answer_length]),
     )
+
+
+def answer_logprobs(at: dict, ids: list[int]) -> list[dict]:
+    """The answer tokens' logprob entries, in order (every answer position was committed at some step)."""
+    return [{"token_id": token, "logprob": at[p][0], "top_logprobs": [list(pair) for pair in at[p][1]]}
+            for p, token in enumerate(ids)]

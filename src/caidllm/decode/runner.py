@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from caidllm.decode import logprobs
 from caidllm.decode.block_diffusion import edits
+from caidllm.decode.constraints import guide
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView
 from caidllm.decode.policies.base import distribution_stats
@@ -120,6 +122,10 @@ class Runner:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
         specs = [r.config.policy_spec for r in members]
+        # A constrained row's holes lose the tokens that would leave its canvas uncompletable (constraints/).
+        saved = guide.mask_logits(members, logits, masked) if any(r.constraint for r in members) else {}
+        # Logprobs from these same logits, for the rows that asked (decode/logprobs.py): no extra forward.
+        lp_scores = {i: logprobs.scores(logits[i], mask_id) for i, r in enumerate(members) if r.logprobs}
         stats = None
         if any(spec.needs_distribution for spec in specs):
             stats = distribution_stats(logits, mask_id)  # before prediction consumes the logits
@@ -128,6 +134,10 @@ class Runner:
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
         commit, remask = self._select(members, predicted, confidence, masked, stats, support)
+        if saved:  # commits of one step checked against each other
+            guide.settle(members, commit, predicted, confidence, saved)
+        for i, row_scores in lp_scores.items():
+            members[i].logprobs.pending = logprobs.step_values(row_scores, predicted[i], members[i].logprobs.top)
         # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
         edit = edits(members, predicted, confidence, masked, block, columns,
                      [frame.block_start(r.slot, r.layout.span, 0) for r in members])

@@ -131,14 +131,15 @@ class DiffusionLM:
             raise InputError(f"encode_chat expects a str prompt, got {type(prompt).__name__}")
         return self.encode_messages([{"role": "user", "content": prompt}])
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
+    def encode_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation ([{"role", "content"}, ...]) through the chat
-        template, ending with the assistant generation prompt."""
+        template, ending with the assistant generation prompt (tools: the template's, when it has them)."""
         if not self.tokenizer.chat_template:
             raise InputError(f"{self.name or self.path} has no chat template (its tokenizer_config.json has no "
                              "chat_template: a base model?); decode the prompt as raw text with chat=False "
                              "(--no-chat on the command line)")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        extra = {"tools": tools} if tools else {}
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids) -> str:

@@ -36,6 +36,8 @@ class Answer:
     nfe: int = 0
     steps_per_block: list[int] = field(default_factory=list)
     result: object | None = None  # the engine's GenerationResult, when the request ran to its end
+    logprobs: dict[int, tuple] = field(default_factory=dict)  # position -> logprob entry, when asked for
+    logprobs_sent: int = 0  # answer tokens whose entries a stream has sent
     _decoded_prefix: int = -1
 
     def update(self, event: CommitEvent) -> str:
@@ -45,6 +47,8 @@ class Answer:
             self.steps_per_block.append(0)
         self.steps_per_block[event.block] += 1
         self.tokens.update(zip(event.positions, event.token_ids))
+        if event.logprobs:
+            self.logprobs.update(zip(event.positions, event.logprobs))
         if event.finished:
             self.result = event.result
         prefix = event.prefix_length
@@ -87,6 +91,18 @@ class Answer:
         delta = text[len(self.sent):] if text.startswith(self.sent) else ""
         self.sent = text
         return delta
+
+    def new_logprobs(self) -> tuple[list, list[int], int]:
+        """The logprob entries and tokens of the answer tokens the text sent so far covers, not yet handed out
+        (a stream's share of this step; the whole answer's once it finished), and where their text starts."""
+        ids = []
+        while len(ids) in self.tokens and (self.max_tokens is None or len(ids) < self.max_tokens):
+            ids.append(self.tokens[len(ids)])
+        covered = self.completion_tokens if self.finish_reason else _tokens_covering(self.lm, ids, len(self.sent))
+        start, self.logprobs_sent = self.logprobs_sent, max(self.logprobs_sent, covered)
+        positions = range(start, self.logprobs_sent)
+        return [self.logprobs[p] for p in positions], [self.tokens[p] for p in positions], len(
+            self.lm.decode(ids[:start]))
 
     @property
     def text(self) -> str:

@@ -244,7 +244,8 @@ def _submit(background, req, loop) -> list:
     handles = []
     try:
         for ids in req.prompts:
-            handles.append(background.submit(ids, req.config, loop=loop))
+            handles.append(background.submit(ids, req.config, loop=loop, constraint=req.constraint,
+                                             logprobs=req.logprobs))
     except (InputError, EngineFullError) as error:
         for h in handles:
             cancel(background, h.id)

@@ -1,5 +1,5 @@
 """The OpenAI request fields caidllm accepts only at their neutral value (n=1, top_p=1, no penalties,
-no logprobs, ...): each first checked for the OpenAI API's type and range, then for neutrality.
+...): each first checked for the OpenAI API's type and range, then for neutrality.
 
 So `top_p: 2` is refused as out of range, `top_p: 0.5` as not supported, and JSON `true` is never
 read as 1 (`n: true`, `best_of: true`, `presence_penalty: false` are refused as wrong types), which
@@ -52,11 +52,6 @@ def _bool(v, kind) -> bool:
     return isinstance(v, bool)
 
 
-def _logprobs_type(v, kind) -> bool:
-    # Chat: a boolean; completions: how many top alternatives, an integer 0..5 (the OpenAI API's).
-    return isinstance(v, bool) if kind == "chat" else is_int(v) and 0 <= v <= 5
-
-
 def _never(v) -> bool:
     return False
 
@@ -66,8 +61,6 @@ def _equals(neutral) -> Callable[[object], bool]:
     return lambda v: v == neutral
 
 
-NO_LOGPROBS = ("a masked diffusion decoder has no per-token log probability of the kind the API means: "
-               "a token's distribution changes with every step until it is committed")
 TEXT_ONLY = "text is its only output"
 _RULES = [
     NeutralField("n", "an integer in [1, 128]", _int_in(1, 128), _equals(1), "one choice per prompt; send the "
@@ -81,16 +74,10 @@ _RULES = [
     NeutralField("logit_bias", "an object of token id -> number in [-100, 100]",
                  lambda v, kind: isinstance(v, dict) and all(is_number(b) and -100 <= b <= 100 for b in v.values()),
                  lambda v: v == {}),
-    NeutralField("logprobs", "true or false|an integer in [0, 5]", _logprobs_type, lambda v: v is False, NO_LOGPROBS),
-    NeutralField("top_logprobs", "an integer in [0, 20]", _int_in(0, 20), _never, NO_LOGPROBS),
-    NeutralField("tools", "a list", _is(list), lambda v: v == [], "no tool calls"),
-    NeutralField("tool_choice", "a string or an object", _is((str, dict)), lambda v: v == "none", "no tool calls"),
     NeutralField("functions", "a list", _is(list), lambda v: v == [], "no function calls"),
     NeutralField("function_call", "a string or an object", _is((str, dict)), lambda v: v == "none",
                  "no function calls"),
-    NeutralField("parallel_tool_calls", "true or false", _bool, _never, "no tool calls"),
-    NeutralField("response_format", "an object", _is(dict), lambda v: v == {"type": "text"}, "text only"),
-    NeutralField("echo", "true or false", _bool, lambda v: v is False),
+    NeutralField("parallel_tool_calls", "true or false", _bool, lambda v: v is False, "one tool call per answer"),
     NeutralField("suffix", "a string", _is(str), _never, "no insertion"),
     NeutralField("service_tier", "a string", _is(str), _never),
     NeutralField("store", "true or false", _bool, lambda v: v is False, "nothing is stored"),

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from caidllm.checks import is_id_list, is_int, is_number
 from caidllm.decode.block_diffusion import fit_to_model
 from caidllm.decode.config import DecodeConfig
+from caidllm.decode.constraints import Constraint
 from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.decode.setting_names import ALL_NAMES
 from caidllm.errors import InputError
+from caidllm.serve import logprobs, structured, tools
 from caidllm.serve.openai_fields import NEUTRAL
 
 
@@ -64,12 +66,15 @@ class DecodeRequest:
     commit_events: bool
     model: str
     extensions: dict = field(default_factory=dict)
+    constraint: Constraint | None = None  # structured output (serve/structured.py)
+    logprobs: int | None = None  # top alternatives per token's logprob entry; None: no logprobs (serve/logprobs.py)
+    tools: object | None = None  # the chat request's ToolRequest (serve/tools.py)
 
 
 OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
                  "stream_options", "user", "messages", "prompt"}
 EXTENSIONS = (ALL_NAMES | {"method"}) - {"temperature", "seed"}
-OWN_FIELDS = {"commit_events"}
+OWN_FIELDS = {"commit_events", "logprobs", "top_logprobs", "echo", "tools", "tool_choice", *structured.FIELDS}
 
 
 def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
@@ -108,7 +113,9 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
     max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = _positive_int(body, max_name)
-    prompts = _messages(body["messages"], lm, defaults) if kind == "chat" else _prompts(body["prompt"], lm, defaults)
+    tool_request = _tools(body, lm, kind)
+    prompts = _messages(body["messages"], lm, defaults, tool_request) if kind == "chat" \
+        else _prompts(body["prompt"], lm, defaults)
     if defaults.max_prompt_tokens is not None:
         for ids in prompts:
             if len(ids) > defaults.max_prompt_tokens:
@@ -121,8 +128,36 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         config = fit_to_model(config, lm.config, strict=True)
     except InputError as error:
         raise RequestError(str(error), error.field or _method_param(extensions)) from None
+    constraint, top = _answer_form(body, kind, max_tokens, tool_request)
     return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
-                         _bool(body, "commit_events", False), model, extensions)
+                         _bool(body, "commit_events", False), model, extensions, constraint, top, tool_request)
+
+
+def _answer_form(body: dict, kind: str, max_tokens, tool_request):
+    """The answer's constraint (response_format, regex, choice, or a forced tool call) and its logprobs' count."""
+    try:
+        constraint = structured.constraint_of(body, max_tokens)
+        top = logprobs.requested(body, kind)
+    except (structured.RequestError, logprobs.LogprobsError) as error:
+        raise RequestError(error.message, error.param) from None
+    forced = tool_request.constraint(max_tokens) if tool_request is not None else None
+    if forced is not None and constraint is not None:
+        raise RequestError("a forced tool call (tool_choice) cannot be combined with response_format, regex or "
+                           "choice", "tool_choice")
+    return constraint or forced, top
+
+
+def _tools(body: dict, lm, kind: str):
+    """The chat request's tools (serve/tools.py); None without them."""
+    if kind != "chat":
+        for name in ("tools", "tool_choice"):
+            if name in body:
+                raise RequestError(f"{name!r} is not a field of this endpoint", name)
+        return None
+    try:
+        return tools.tool_request(body, lm)
+    except tools.ToolError as error:
+        raise RequestError(error.message, error.param) from None
 
 
 def _method_param(extensions: dict) -> str | None:
@@ -209,13 +244,19 @@ def _check_length(text: str, defaults: ServerDefaults, param: str) -> None:
                            "characters fits the model's context", param)
 
 
-def _messages(messages, lm, defaults: ServerDefaults) -> list[list[int]]:
+def _messages(messages, lm, defaults: ServerDefaults, tool_request=None) -> list[list[int]]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
     turns = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise RequestError(f"messages[{i}] must be an object with role system, user or assistant", "messages")
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise RequestError(f"messages[{i}] must be an object with role system, user, assistant or tool",
+                               "messages")
+        if m["role"] in ("assistant", "tool"):  # a tool call and its result, fed back through the template
+            try:
+                m = tools.turn(m, i, tool_request)
+            except tools.ToolError as error:
+                raise RequestError(error.message, error.param) from None
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text ones
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -226,16 +267,20 @@ def _messages(messages, lm, defaults: ServerDefaults) -> list[list[int]]:
             raise RequestError(f"messages[{i}].content must be a string", "messages")
         if not isinstance(m.get("name", ""), str):
             raise RequestError(f"messages[{i}].name must be a string", "messages")
-        extra = set(m) - {"role", "content", "name"}
+        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
             raise RequestError(f"messages[{i}] has fields caidllm does not support: {', '.join(sorted(extra))}",
                                "messages")
-        turns.append({"role": m["role"], "content": content})
+        turns.append({"role": m["role"], "content": content, **{k: m[k] for k in ("tool_calls", "tool_call_id")
+                                                                if k in m}})
     if not any(t["content"].strip() for t in turns):
         raise RequestError("messages are all empty", "messages")
     _check_length("".join(t["content"] for t in turns), defaults, "messages")
     try:
-        return [lm.encode_messages(turns)]
+        if tool_request is not None and not tool_request.format.renders_tools:
+            turns = [tool_request.system_message()] + turns
+        return [lm.encode_messages(turns, tools=tool_request.tools if tool_request is not None
+                                   and tool_request.format.renders_tools else None)]
     except InputError as error:
         raise RequestError(str(error), "messages") from None
     except Exception as error:  # noqa: BLE001 - a template that rejects this conversation

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+from caidllm.serve.logprobs import body as logprob_body
+
 
 def sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
@@ -32,8 +34,12 @@ def complete(call) -> dict:
     chat = call.req.kind == "chat"
     choices = []
     for i, a in enumerate(call.answers):
-        choice = {"index": i, "finish_reason": a.finish_reason, "logprobs": None}
-        if chat:
+        choice = {"index": i, "finish_reason": a.finish_reason, "logprobs": _logprobs(call, a)}
+        calls = call.req.tools.calls_in(a.text) if chat and call.req.tools is not None else None
+        if calls:
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+            choice["finish_reason"] = "tool_calls"
+        elif chat:
             choice["message"] = {"role": "assistant", "content": a.text}
         else:
             choice["text"] = a.text
@@ -42,9 +48,19 @@ def complete(call) -> dict:
             "usage": usage(call), "caidllm": stats(call)}
 
 
+def _logprobs(call, answer) -> dict | None:
+    """The logprobs object of the answer's tokens not yet handed out (None when not asked for)."""
+    if call.req.logprobs is None:
+        return None
+    entries, ids, offset = answer.new_logprobs()
+    return logprob_body(answer.lm, call.req.kind, entries, ids, offset)
+
+
 def _chunk(call, index: int, text: str | None, finish_reason=None, role: bool = False) -> dict:
     chat = call.req.kind == "chat"
-    choice = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+    with_logprobs = text and not role and call.req.logprobs is not None
+    choice = {"index": index, "logprobs": _logprobs(call, call.answers[index]) if with_logprobs else None,
+              "finish_reason": finish_reason}
     if chat:
         delta = {"role": "assistant"} if role else {}
         if text:
@@ -69,6 +85,8 @@ def chunks(call, index: int, delta: str, event) -> list[dict]:
     """The chunks one step of one choice produces: its new text (if any, or if commit events were
     asked for), and the finishing chunk when its answer ended."""
     out = []
+    if call.req.tools is not None:  # a tool call is known only once the answer is whole: sent then
+        delta = ""
     if delta or call.req.commit_events:
         chunk = _chunk(call, index, delta)
         if call.req.commit_events:
@@ -78,10 +96,26 @@ def chunks(call, index: int, delta: str, event) -> list[dict]:
         out.append(chunk)
     answer = call.answers[index]
     if answer.finish_reason:
-        final = _chunk(call, index, None, answer.finish_reason)
+        reason = answer.finish_reason
+        if call.req.tools is not None:
+            whole, reason = _tool_chunk(call, index, answer)
+            out.append(whole)
+        final = _chunk(call, index, None, reason)
+        if call.req.logprobs is not None:  # tokens with no text of their own, not yet handed out
+            final["choices"][0]["logprobs"] = _logprobs(call, answer)
         final["caidllm"] = {"method": call.req.config.method, **answer.stats()}
         out.append(final)
     return out
+
+
+def _tool_chunk(call, index: int, answer) -> tuple[dict, str]:
+    """A tools request's whole answer in one chunk: its tool calls (OpenAI's delta format), or its text."""
+    calls = call.req.tools.calls_in(answer.text)
+    chunk = _chunk(call, index, None if calls else answer.text)
+    if not calls:
+        return chunk, answer.finish_reason
+    chunk["choices"][0]["delta"]["tool_calls"] = [{"index": n, **c} for n, c in enumerate(calls)]
+    return chunk, "tool_calls"
 
 
 def commit_events(call, event) -> list[dict]:

@@ -11,6 +11,8 @@
     synthetic:<name>      caidllm.tasks, test split
     mathqa:FILE           a MathQA file (JSON lines or JSON array)
     longbench:FILE        a LongBench file (JSON lines)
+    json-extraction       JSON schemas and regexes, each answer held to its own (validity: parses and validates)
+    json-extraction:free  the same prompts without the constraint (the unconstrained validity)
 
 DATA is the data folder. Without one (data_dir=None), the tasks that read
 it load the same benchmark from the Hugging Face hub (sources.py).
@@ -26,7 +28,8 @@ from caidllm.bench.tasks.sources import LONGBENCH_TASKS
 from caidllm.errors import InputError
 
 TASK_KINDS = ("gsm8k", "bbh:<name>", "humaneval", "mbpp", "piqa", "winogrande", "mathqa",
-              f"longbench:<{'|'.join(LONGBENCH_TASKS)}>", "synthetic:<name>", "mathqa:FILE", "longbench:FILE")
+              f"longbench:<{'|'.join(LONGBENCH_TASKS)}>", "synthetic:<name>", "mathqa:FILE", "longbench:FILE",
+              "json-extraction", "json-extraction:free")
 FEWSHOT_KINDS = {"gsm8k", "bbh"}
 
 
@@ -42,8 +45,10 @@ def kind_of(spec: str) -> str:
     if not isinstance(spec, str) or not spec.strip():
         raise InputError(f"task must be a non-empty string, got {spec!r}; choose one of {', '.join(TASK_KINDS)}")
     kind, sep, arg = spec.partition(":")
-    known = {"gsm8k", "humaneval", "mbpp", "piqa", "winogrande", "mathqa"}
+    known = {"gsm8k", "humaneval", "mbpp", "piqa", "winogrande", "mathqa", "json-extraction"}
     if kind in known and not sep:
+        return kind
+    if kind == "json-extraction" and arg == "free":
         return kind
     if kind in {"bbh", "synthetic", "mathqa", "longbench"} and sep and arg:
         return kind
@@ -75,6 +80,9 @@ def load_task(spec: str, *, data_dir: Path | None = None, limit: int | None = No
     if kind == "synthetic":
         from caidllm.bench.tasks import synthetic
         return synthetic.load(arg, limit, seed)
+    if kind == "json-extraction":
+        from caidllm.bench.tasks import structured
+        return structured.load(limit, constrained=arg != "free")
     if kind in ("piqa", "winogrande"):
         from caidllm.bench.tasks import choice
         return choice.load_piqa(data_dir, limit) if kind == "piqa" else choice.load_winogrande(data_dir, limit)
@@ -108,6 +116,9 @@ def reference_scorer(spec: str, code_limits: Limits = Limits()):
     if kind == "synthetic":
         from caidllm.bench.tasks import synthetic
         return lambda text, ref: synthetic.score_text(text, ref, arg)
+    if kind == "json-extraction":
+        from caidllm.bench.tasks import structured
+        return lambda text, ref: structured.score_text(text, tuple(ref))
     if kind in ("piqa", "winogrande"):
         from caidllm.bench.tasks import choice
         return lambda text, ref: choice.score_choice(text, ref[0], ref[1])

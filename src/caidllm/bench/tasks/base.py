@@ -55,6 +55,8 @@ class BenchTask:
     fewshot: int = 0  # examples shown in each prompt (taken from the data, excluded from evaluation)
     extra_metrics: tuple[str, ...] = ()  # keys of Scored.details averaged over samples (e.g. "flexible")
     notes: str = ""
+    # Structured output: each sample's constraint (decode/constraints/), held while decoding; None: none.
+    constraint_for: Callable[[Sample], object] | None = None
 
     def score(self, text: str, sample: Sample) -> Scored:
         return self.scorer(text, sample)
