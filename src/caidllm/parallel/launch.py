@@ -118,7 +118,8 @@ class Ranks:
         for _, writer in pipes:
             writer.close()  # rank 0 keeps the readers only: a rank's death closes its pipe
         self._clock = watchdog.StopClock(timeout_s)
-        threading.Thread(target=self._watch, name="caidllm-tp-watchdog", daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, name="caidllm-tp-watchdog", daemon=True)
+        self._watcher.start()
 
     @property
     def phase(self) -> str:
@@ -138,11 +139,11 @@ class Ranks:
         """The first fault among the ranks now, one line naming the rank (None: all well)."""
         for rank, (process, report) in enumerate(zip(self.processes, self.reports), start=1):
             code = process.exitcode
-            if report.poll():  # a rank that raised sends first, then exits
-                try:
+            try:
+                if report.poll():  # a rank that raised sends first, then exits
                     return f"tensor-parallel rank {rank} failed: {report.recv()}"
-                except (EOFError, OSError):
-                    pass
+            except (EOFError, OSError):  # the rank is gone (its exit status says how), or stop() closed it
+                pass
             if code not in (None, 0):
                 return f"tensor-parallel rank {rank} {watchdog.exit_text(code)}"
             if code is None and self._clock.hung(process.pid):
@@ -199,6 +200,8 @@ class Ranks:
         self.kill()
         for process in self.processes:
             process.join(1.0)
+        if threading.current_thread() is not self._watcher:
+            self._watcher.join(1.0)  # it sees `finished` within 0.1 s: then nothing reads the pipes
         for report in self.reports:
             report.close()
 
