@@ -23,11 +23,14 @@ import threading
 import time
 
 import caidllm
-from caidllm.decode import build_config
+from caidllm.decode import build_config, scheduler
 from caidllm.decode.background import BackgroundEngine
 from caidllm.decode.engine import Engine
 
 LIGHT = dict(method="cai", gen_length=32, block_length=32)  # 6 forwards on tiny for the prompt below
+# --light-methods: a light request of each method as the server makes one for `max_tokens: 64` at its
+# default block length (64, the heavy rows' too: the rows could share a forward)
+LIGHT_OF = dict(gen_length=64, block_length=64)
 LIGHT_PROMPT = "not not not ( False ) or True is"
 HEAVY = dict(method="vanilla", gen_length=512, block_length=64, early_stop=False)
 
@@ -67,13 +70,30 @@ def heavy_rate(recorder: Recorder, heavy_ids: set[str], since: float, until: flo
     return sum(rows for _, rows in ends[1:]) / (ends[-1][0] - ends[0][0])
 
 
-def one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng) -> dict:
-    light, heavy = build_config(**LIGHT), build_config(**HEAVY)
+def one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng, light_method=None) -> dict:
+    """`policy`, or `policy:shared-width`: the scheduler's grouping before width classes (issue 49), rows of
+    any canvas size sharing a forward."""
+    step_policy, _, variant = policy.partition(":")
+    saved = scheduler.width_class
+    if variant == "shared-width":
+        scheduler.width_class = lambda request: 0
+    try:
+        return _one_policy(lm, step_policy, args, light_prompt, heavy_prompts, rng, light_method) | {"policy": policy}
+    finally:
+        scheduler.width_class = saved
+
+
+def _one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng, light_method=None) -> dict:
+    light = build_config(**(LIGHT if light_method is None else dict(method=light_method, **LIGHT_OF)))
+    heavy = build_config(**HEAVY)
     engine = Engine(lm, max_batch=8, step_policy=policy)
     recorder = Recorder(engine)
     background = BackgroundEngine(engine).start()
     try:
         alone = [light_once(background, light_prompt, light) for _ in range(3)]
+        # One light request at a time beside the heavy ones: a light request of several seconds (vanilla's
+        # 64 steps) arriving every 2 s would meet the light ones before it as well.
+        interval = max(args.interval, 3 * statistics.median(a["latency"] for a in alone))
         handles = [background.submit(p, heavy) for p in heavy_prompts]
         heavy_ids = {h.id for h in handles}
         while not any(ids & heavy_ids for _, ids in recorder.steps):
@@ -84,7 +104,7 @@ def one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng) -> dict:
         beside, threads = [], []
         lights_from = time.perf_counter()
         for i in range(args.lights):
-            time.sleep(max(0.0, lights_from + i * args.interval + rng.uniform(0, 1.0) - time.perf_counter()))
+            time.sleep(max(0.0, lights_from + i * interval + rng.uniform(0, 1.0) - time.perf_counter()))
             thread = threading.Thread(target=lambda: beside.append(light_once(background, light_prompt, light)))
             thread.start()
             threads.append(thread)
@@ -97,7 +117,7 @@ def one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng) -> dict:
         background.stop(timeout=30)
     assert all(b["tokens"] == alone[0]["tokens"] for b in alone + beside), "a light request's tokens changed"
     alone_s = statistics.median(a["latency"] for a in alone)
-    return dict(policy=policy, light_nfe=alone[0]["nfe"], light_alone_s=alone_s,
+    return dict(policy=policy, light_method=light_method or LIGHT["method"], light_nfe=alone[0]["nfe"], light_alone_s=alone_s,
                 light_beside_s=statistics.median(b["latency"] for b in beside),
                 light_beside_max_s=max(b["latency"] for b in beside),
                 first_text_alone_s=statistics.median(a["first_text"] for a in alone),
@@ -125,27 +145,35 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="A/B rounds (policies alternate within each)")
     parser.add_argument("--lights", type=int, default=6, help="light requests per round and policy")
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between light arrivals")
+    parser.add_argument("--interval", type=float, default=2.0,
+                        help="seconds between light arrivals (at least 3x a light request's time alone)")
     parser.add_argument("--heavy-window", type=float, default=8.0, help="seconds the heavy rows run alone")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policies", default="all,fair", help="step policies, alternating within each round")
+    parser.add_argument("--light-methods", default=None,
+                        help="comma-separated methods of the light request (64 tokens, block 64), one after another "
+                             "in each round; default: cai with 32 tokens in one block")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     lm = caidllm.load("tiny", device="cpu", dtype="float32")
     light_prompt = lm.encode_chat(LIGHT_PROMPT)
     heavy_prompts = [lm.encode_chat(f"{i} + {i} * 2 =") for i in range(4)]
     rng = random.Random(args.seed)
+    policies = args.policies.split(",")
+    methods = args.light_methods.split(",") if args.light_methods else [None]
     runs = []
     for r in range(args.rounds):
-        for policy in (("all", "fair") if r % 2 == 0 else ("fair", "all")):
-            runs.append(dict(round=r, **one_policy(lm, policy, args, light_prompt, heavy_prompts, rng)))
-            print(json.dumps(runs[-1]), file=sys.stderr)
+        for policy in (policies if r % 2 == 0 else policies[::-1]):
+            for method in (methods if r % 2 == 0 else methods[::-1]):
+                runs.append(dict(round=r, **one_policy(lm, policy, args, light_prompt, heavy_prompts, rng, method)))
+                print(json.dumps(runs[-1]), file=sys.stderr)
     summary = {}
-    for policy in ("all", "fair"):
-        mine = [x for x in runs if x["policy"] == policy]
+    for key in sorted({(x["policy"], x["light_method"]) for x in runs}):
+        mine = [x for x in runs if (x["policy"], x["light_method"]) == key]
         pick = {k: statistics.median(x[k] for x in mine) for k in mine[0] if isinstance(mine[0][k], float)}
         pick["light_slowdown"] = pick["light_beside_s"] / pick["light_alone_s"]
         pick["heavy_throughput_drop"] = 1 - pick["heavy_rows_per_s_beside"] / pick["heavy_rows_per_s_alone"]
-        summary[policy] = pick
+        summary["/".join(key)] = pick
     print(json.dumps(summary, indent=2))
     if args.out:
         with open(args.out, "w") as f:

@@ -88,7 +88,9 @@ def test_sdar_parity(bd_lm, strategy, method):
 @pytest.mark.parametrize("method, threshold, editing, post, early", [("llada2.1", 0.95, 0.9, 16, False),
                                                                       ("llada2.1-quality", 0.7, 0.5, 16, True),
                                                                       ("llada2.1-speed", 0.5, 0.0, 16, True),
-                                                                      ("llada2.1-quality", 0.7, 0.2, 1, True)])
+                                                                      ("llada2.1-quality", 0.7, 0.2, 1, True),
+                                                                      ("llada2.1-speed", 0.5, 0.0, 0, False),
+                                                                      ("llada2.1-speed", 0.5, 0.0, 2, False)])
 def test_llada21_editing_parity(bd_lm, method, threshold, editing, post, early):
     stop = set(bd_lm.config.eos_ids)
     results = bd_lm.generate(PROMPTS, method=method, gen_length=16, block_length=8, max_post_steps=post,

@@ -141,3 +141,28 @@ def test_a_policy_changed_in_place_gets_its_own_settings_at_validation():
     config.policy = "eb"  # set in place, past the constructor
     config.validate()
     assert type(config.policy_settings) is POLICIES["eb"].settings_type and config.policy_spec is POLICIES["eb"]
+
+
+@pytest.mark.parametrize("value, message", [({"gama": 0.1}, "unknown eb setting 'gama'; known: gamma, proxy"),
+                                            (0.1, "eb must be an object of ")])
+def test_an_owner_object_is_checked_alike_whether_its_method_runs_or_not(value, message):
+    """The chosen method's key and another method's (kept out, its value checked by its owner) share one check."""
+    for method in ("eb", "vanilla"):
+        with pytest.raises(InputError) as error:
+            build_config(method, eb=value)
+        assert str(error.value).startswith(message) and error.value.field == "eb"
+
+
+def test_the_method_settings_pages_examples_run():
+    """docs/method-settings.md's python blocks run as written; its settings file loads."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "method-settings.md").read_text()
+    python = re.findall(r"^```python\n(.*?)^```", page, re.S | re.M)
+    files = re.findall(r"^```json\n(.*?)^```", page, re.S | re.M)
+    assert python and files
+    for block in python:
+        exec(compile(block, "docs/method-settings.md", "exec"), {"build_config": build_config})
+    for block in files:
+        assert load_settings(json.loads(block)).values

@@ -55,6 +55,28 @@ def test_bad_settings_files(tmp_path, content, message):
     assert message in str(error.value) and str(path) in str(error.value)
 
 
+@pytest.mark.parametrize("key, owner", [
+    ("eb_gamma", '{"eb": {"gamma": ...}}'), ("eb.gamma", '{"eb": {"gamma": ...}}'), ("es_alpha", '{"es": {"alpha": ...}}')])
+def test_a_flat_setting_at_the_top_of_a_file_says_its_owner_in_one_line(tmp_path, key, owner):
+    path = settings_file(tmp_path, **{key: 0.5})
+    with pytest.raises(InputError) as error:
+        load_settings(path)
+    message = str(error.value)
+    assert "\n" not in message and f"unknown key(s) {key!r}" in message
+    assert f"{key!r} is a setting of " in message and f"under its owner's key, {owner}" in message
+
+
+def test_another_methods_settings_in_a_file_name_their_readers_without_advising_the_same_method(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"caidllm_settings": 1, "method": "vanilla", "eb": {"gamma": 0.02}}))
+    with pytest.raises(InputError) as error:
+        load_settings(path)
+    message = str(error.value)
+    assert "read only by policy 'eb' (methods: eb, " in message and message.endswith("does not run them")
+    with pytest.raises(InputError, match=r"method 'vanilla' does not run them \(use 'cai'\)$"):
+        build_config("vanilla", settings=settings_file(tmp_path))
+
+
 def test_settings_refused_for_a_method_without_the_cai_controller(tmp_path):
     with pytest.raises(InputError, match="method 'vanilla' does not run them"):
         build_config("vanilla", settings=settings_file(tmp_path))

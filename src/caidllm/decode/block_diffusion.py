@@ -20,7 +20,7 @@ import torch
 
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.forward_modes import CACHE_MODES
-from caidllm.decode.methods import BLOCK_DIFFUSION_PRESETS, PRESETS, preset_config, refuse_unread
+from caidllm.decode.methods import PRESETS, block_diffusion_preset, preset_config, refuse_unread
 from caidllm.decode.setting_names import rules_of
 from caidllm.errors import InputError
 from caidllm.models.transfer import to_device
@@ -29,11 +29,10 @@ from caidllm.setting_rules import BLOCK_CAUSAL, FULL_SEQUENCE
 # The exact caches (the block cache, Fast-dLLM v2's within-block cache over it) or the whole window recomputed
 # every step: read from the registry.
 BLOCK_CACHES = tuple(name for name, mode in CACHE_MODES.items() if mode.exact or not mode.uses_cache)
-BLOCK_POLICIES = ("dynamic", "static", "subblock")
 # Caches that are their method (ES-dLLM, Elastic-Cache, dKV-Cache): on a block-causal model they are
-# refused, never swapped for the block cache under the method's name; the advice is the same rule on it.
+# refused, never swapped for the block cache under the method's name; the advice is the same rule on it
+# (the policy's block_causal_method).
 METHOD_CACHES = {name: mode.method for name, mode in CACHE_MODES.items() if mode.method is not None}
-BLOCK_ALTERNATIVE = {"threshold": "fastdllm", "cai": "cai", "vanilla": "vanilla", "random": "vanilla"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +90,7 @@ def fit_to_model(config: DecodeConfig, model, strict: bool = False) -> DecodeCon
 def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
     given = set(config.given)
     if not model.block_causal:
-        if config.method in BLOCK_DIFFUSION_PRESETS or config.policy in BLOCK_POLICIES:
+        if block_diffusion_preset(config.method) or config.policy_spec.models == BLOCK_CAUSAL:
             raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
                              f"the {model.family} model is full-sequence (bidirectional attention)",
                              field="policy" if "policy" in given else "method")
@@ -99,20 +98,22 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
             check_given_fit(["editing_threshold"], model)
         if CACHE_MODES[config.cache].exact:
             raise InputError(f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} "
-                             "model: its attention is bidirectional; use none, prefix, dual or es",
+                             f"model: its attention is bidirectional; use one that is not exact "
+                             f"({', '.join(m for m, mode in CACHE_MODES.items() if not mode.exact)})",
                              field="cache" if "cache" in given else "method")
         return config
     changes = {}
     if "cache" not in given and config.cache in METHOD_CACHES:
         raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
                          f"cache {config.cache!r} is {METHOD_CACHES[config.cache]}, which needs bidirectional "
-                         f"attention; use method {BLOCK_ALTERNATIVE.get(config.policy, 'fastdllm')!r} (its rule "
+                         f"attention; use method {config.policy_spec.block_causal_method!r} (its rule "
                          "on the exact block cache)", field="method")
     own_forward = config.policy_spec.forward
     if own_forward is not None:  # refused here, with no advice about its cache that a second refusal undoes
         raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
                          f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
-                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder (llada2, sdar)",
+                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder "
+                         f"({', '.join(m for m in PRESETS if block_diffusion_preset(m))})",
                          field="policy" if "policy" in given else "method")
     if "cache" not in given and not CACHE_MODES[config.cache].exact:
         # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too
@@ -120,8 +121,8 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
         changes["cache"] = "block"
     elif config.cache not in BLOCK_CACHES:
         raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
-                         "its cache is 'block' (exact), 'subblock' (Fast-dLLM v2's within-block cache over it) "
-                         "or 'none' (the whole window every step)", field="cache")
+                         f"its cache is an exact one or 'none' (the whole window every step): "
+                         f"{', '.join(BLOCK_CACHES)}", field="cache")
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
         changes["block_length"] = own_block_length(config.block_length, model)
     elif model.block_lengths and config.block_length not in model.block_lengths:
@@ -187,9 +188,10 @@ def editing_block_done(r, started_masked: bool, edited: bool) -> bool:
     """Whether an editing request's block ends after this step (the official loop's rule)."""
     if not started_masked and not edited:
         return True
-    if any(x is None for x in r.generated[max(r.block_bounds[0], 0):r.block_bounds[1]]):
+    block_start, block_end = r.block_bounds
+    answer = range(max(block_start, 0), block_end)
+    if any(r.generated[p] is None for p in answer):
         return False
-    if r.post_steps + 1 > r.config.max_post_steps:  # the next step would be one post-step too many
-        return True
-    r.post_steps += 1
-    return False
+    # Steps run since the one that committed the block's last mask (0 at that step): read from the trace.
+    post_steps = r.step - max(r.commit_step_in_block[p] for p in answer)
+    return post_steps + 1 > r.config.max_post_steps  # the next step would be one post-step too many

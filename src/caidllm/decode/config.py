@@ -85,8 +85,8 @@ class DecodeConfig:
 
     def validate(self) -> "DecodeConfig":
         """Raise InputError naming the first invalid value (the shared rules and the method's, in order)."""
-        _choice(self, "policy", POLICIES)
-        _choice(self, "cache", CACHE_MODES)
+        _choice(self, "policy", tuple(policies.POLICIES))  # the registries as they are now (a decoder added since)
+        _choice(self, "cache", tuple(forward_modes.CACHE_MODES))
         self.__post_init__()  # a policy or cache set in place since: its own settings class (its defaults)
         SHARED_RULES[0].check(self, "gen_length")
         self.cache_settings.check(self.labels)

@@ -18,7 +18,7 @@ from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.policies import POLICIES, NoSettings
 from caidllm.decode.setting_names import not_read, owners_of, split
 from caidllm.errors import InputError
-from caidllm.setting_rules import NoCacheSettings
+from caidllm.setting_rules import BLOCK_CAUSAL, NoCacheSettings
 
 PRESETS: dict[str, dict] = {
     # LLaDA low-confidence remasking, no cache, one token per step (steps = gen_length): the paper's 1.0x.
@@ -103,16 +103,22 @@ PRESETS: dict[str, dict] = {
                         threshold=0.9, subblock=dict(sub_block=8)),
 }
 
-# Presets that only apply to block-causal models (their own decoders); the others run on every family.
-BLOCK_DIFFUSION_PRESETS = ("llada2", "llada2.1", "llada2.1-quality", "llada2.1-speed", "sdar", "sdar-static",
-                           "fastdllm-v2")
+
+def block_diffusion_preset(method) -> bool:
+    """Whether `method` is a preset that only applies to block-causal models: its policy is one of their
+    own decoders (PolicySpec.models); the others run on every family."""
+    preset = PRESETS.get(method) if isinstance(method, str) else None
+    return preset is not None and POLICIES[preset["policy"]].models == BLOCK_CAUSAL
+
+
+BLOCK_DIFFUSION_PRESETS = tuple(m for m in PRESETS if block_diffusion_preset(m))
 
 
 def method_names(block_causal: bool | None = None) -> list[str]:
     """Every preset; with block_causal=False, those a full-sequence model runs (its own
     decoders are the block-diffusion models')."""
     if block_causal is False:
-        return [m for m in PRESETS if m not in BLOCK_DIFFUSION_PRESETS]
+        return [m for m in PRESETS if not block_diffusion_preset(m)]
     return list(PRESETS)
 
 

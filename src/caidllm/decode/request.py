@@ -83,7 +83,6 @@ class Request:
     policy_state: PolicyState | None = None  # the policy's own memory (PolicySpec.new_state)
     cache_state: object | None = None  # the cache mode's own memory (CacheMode.new_state)
     block_causal: bool = False  # a block-diffusion model's request: blocks laid from the prompt's start
-    post_steps: int = 0  # token editing: steps run on the current block since its last mask went
     # The prefix store (decode/prefix_reuse.py): prompt positions whose keys and values came from it, the
     # store's blocks this request holds until it leaves, and its complete blocks with final keys and values.
     reused: int = 0
@@ -193,7 +192,7 @@ class Request:
             event.finished = True
         elif block_done:
             self.steps_before_block += self.steps_per_block[self.block]
-            self.block, self.step, self.post_steps = self.block + 1, 0, 0
+            self.block, self.step = self.block + 1, 0
             if self.block == self.layout.num_blocks:
                 event.finished = True
             else:

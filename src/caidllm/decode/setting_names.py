@@ -104,15 +104,20 @@ def split(values: dict, policy_cls, cache_cls, counted: bool = True, into: Split
     return out
 
 
-def _nested(cls, value, target: dict, out: Split, counted: bool) -> None:
+def _owner_object(cls, value) -> dict:
+    """`value` given under `cls`'s owner key: an object of its fields, else InputError naming the key."""
     if not isinstance(value, dict):
         raise InputError(f"{cls.OWNER} must be an object of {cls.TITLE} settings, got {type(value).__name__}",
                          field=cls.OWNER)
-    names = cls.field_names()
-    for name, item in value.items():
-        if name not in names:
-            raise InputError(f"unknown {cls.OWNER} setting {name!r}; known: {', '.join(sorted(names))}",
-                             field=cls.OWNER)
+    unknown = [name for name in value if name not in cls.field_names()]
+    if unknown:
+        known = ", ".join(sorted(cls.field_names()))
+        raise InputError(f"unknown {cls.OWNER} setting {unknown[0]!r}; known: {known}", field=cls.OWNER)
+    return value
+
+
+def _nested(cls, value, target: dict, out: Split, counted: bool) -> None:
+    for name, item in _owner_object(cls, value).items():
         target[name] = item
         if counted:
             out.labels[f"{cls.OWNER}.{name}"] = cls.OWNER
@@ -128,14 +133,7 @@ def _foreign(key: str, value) -> None:
     cls = owners[0]
     settings = cls()
     if key == cls.OWNER:
-        if not isinstance(value, dict):
-            raise InputError(f"{key} must be an object of {cls.TITLE} settings, got {type(value).__name__}",
-                             field=key)
-        unknown = sorted(set(value) - set(cls.field_names()))
-        if unknown:
-            raise InputError(f"unknown {key} setting {unknown[0]!r}; known: {', '.join(cls.field_names())}",
-                             field=key)
-        for name, item in value.items():
+        for name, item in _owner_object(cls, value).items():
             setattr(settings, name, item)
         settings.check({f"{key}.{name}": key for name in value})
     else:

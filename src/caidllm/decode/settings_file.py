@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from caidllm.decode.methods import PRESETS, preset_config, settings_classes
-from caidllm.decode.setting_names import OWNERS, SETTINGS_CLASSES, readers
+from caidllm.decode.setting_names import OWNERS, SETTINGS_CLASSES, owners_of, readers
 from caidllm.errors import InputError
 
 FORMAT_KEY = "caidllm_settings"
@@ -51,9 +51,11 @@ class CalibratedSettings:
             if owner not in own:
                 users = [m for m, p in PRESETS.items()
                          if owner in {c.OWNER for c in settings_classes(p["policy"], p["cache"])}]
-                raise InputError(f"the settings {self.source or ''} hold {owner!r} settings, read only by "
-                                 f"{readers(OWNERS[owner])} (methods: {', '.join(users)}); method {method!r} "
-                                 f"does not run them (use {self.method!r})", field="settings")
+                advice = f" (use {self.method!r})" if self.method != method else ""  # the file's own method
+                where = f"settings {self.source}" if self.source else "settings"
+                raise InputError(f"the {where} hold {owner!r} settings, read only by {readers(OWNERS[owner])} "
+                                 f"(methods: {', '.join(users)}); method {method!r} does not run "
+                                 f"them{advice}", field="settings")
 
     def held_out_ids(self, task: str) -> set[str]:
         """Ids of the samples of `task` these settings were calibrated on (never to be evaluated)."""
@@ -112,7 +114,7 @@ def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
     unknown = sorted(set(data) - TOP_LEVEL - set(OWNERS))
     if unknown:
         raise InputError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-                         f"known: {', '.join(sorted(TOP_LEVEL | set(OWNERS)))}")
+                         f"known: {', '.join(sorted(TOP_LEVEL | set(OWNERS)))}{_owned_setting(unknown[0])}")
     method, name = data.get("method", "cai"), data.get("name", "cai-calibrated")
     for key, value in (("method", method), ("name", name)):
         if not isinstance(value, str) or not value:
@@ -142,6 +144,20 @@ def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
     except InputError as error:
         raise InputError(f"{where}: {error}") from None
     return settings
+
+
+def _owned_setting(name: str) -> str:
+    """" (a setting of ...: write it under its owner's key)" when the top-level key `name` is a method's
+    setting by its flat name (`eb_gamma`) or dotted one ("eb.gamma"): who reads it, and where it goes."""
+    owners = owners_of(name)
+    if not owners or name in OWNERS:
+        return ""
+    def nested(cls) -> str:
+        field_name = name.split(".", 1)[1] if "." in name else cls.LEGACY[name]
+        return json.dumps({cls.OWNER: {field_name: None}}).replace("null", "...")
+
+    return (f" ({name!r} is a setting of {' or '.join(readers(cls) for cls in owners)}: a settings file "
+            f"holds it under its owner's key, {' or '.join(nested(cls) for cls in owners)})")
 
 
 def _owned_elsewhere(name: str) -> str:

@@ -120,7 +120,7 @@ class Context:
     different blocks); ``targets`` are the absolute columns whose logits are returned, [R, block].
     The model calls ``enter`` with the input of each layer and ``leave`` with the last layer's output
     (level n_layers): they keep the cache's hidden states (unless ``keeps_hidden`` is off); a mode that
-    drops positions at some layers (models/modes/es.py) subclasses them.
+    drops positions at some layers subclasses them (in its own module of models/modes/).
     """
 
     lo: int  # index None: the computed positions are [lo, L), shared by every row
@@ -147,7 +147,7 @@ class Context:
     attention_block: int | None = None
     positions: torch.Tensor | None = None
     # [R] long: each row's keys from this column on are hidden from every query (None: none are), as if
-    # the canvas ended there (SlowFast's official fast phase, policies/slowfast.py).
+    # the canvas ended there (a policy whose forwards may end early: PolicySettings.horizon).
     key_end: torch.Tensor | None = None
 
     def __post_init__(self):

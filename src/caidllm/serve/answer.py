@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from caidllm.decode.request import CommitEvent
+from caidllm.serve.stops import StopStrings
 
 
 @dataclass
@@ -39,6 +40,10 @@ class Answer:
     logprobs: dict[int, tuple] = field(default_factory=dict)  # position -> logprob entry, when asked for
     logprobs_sent: int = 0  # answer tokens whose entries a stream has sent
     _decoded_prefix: int = -1
+    _stops: StopStrings | None = None
+
+    def __post_init__(self):
+        self._stops = StopStrings(self.stop)
 
     def update(self, event: CommitEvent) -> str:
         """Take one step's event; the new text to send (possibly empty)."""
@@ -60,7 +65,7 @@ class Answer:
         text = self.lm.decode(ids)
         eos = set(self.lm.config.eos_ids)
         ended = prefix < self.gen_length and self.tokens.get(prefix) in eos
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=None)
+        cut = self._stops.first(text)
         if cut is not None:
             return self._finish(text[:cut], "stop", ids)
         if ended and (event.finished or not self.run_to_end):
@@ -76,8 +81,7 @@ class Answer:
     def _settled(self, text: str) -> str:
         """The part of the text that no later token can change."""
         text = text.rstrip("\ufffd")
-        hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        return text[:len(text) - hold]
+        return text[:len(text) - self._stops.held(text)]
 
     def _emit(self, visible: str) -> str:
         if len(visible) <= len(self.sent) or not visible.startswith(self.sent):
@@ -120,7 +124,16 @@ class Answer:
 
 
 def _tokens_covering(lm, ids: list[int], length: int) -> int:
-    """How many of the answer's tokens the returned text uses (all of them unless a stop string cut it)."""
+    """How many of the answer's tokens the returned text uses (all of them unless a stop string cut it):
+    the fewest whose text is as long, by bisection (a text grows with its tokens), so a cut costs
+    log2(tokens) decodes, not one per token."""
     if len(lm.decode(ids)) <= length:
         return len(ids)
-    return next(n for n in range(len(ids) + 1) if len(lm.decode(ids[:n])) >= length)
+    low, high = 0, len(ids)  # decode(ids[:high]) reaches `length`; decode(ids[:low]) may not
+    while low < high:
+        middle = (low + high) // 2
+        if len(lm.decode(ids[:middle])) >= length:
+            high = middle
+        else:
+            low = middle + 1
+    return high

@@ -64,6 +64,9 @@ class Guard:
                 message["headers"] = [*message.get("headers", []), (b"x-caidllm-replica", replica)]
             await send(message)
 
+        if len(scope["path"]) > 1 and scope["path"].endswith("/"):
+            # `/v1/completions/` is `/v1/completions` (Starlette would answer a 307 with an empty body)
+            scope = {**scope, "path": scope["path"].rstrip("/") or "/"}
         refusal = self._refusal(scope)
         if refusal is not None:
             return await error_response(refusal)(scope, receive, named)

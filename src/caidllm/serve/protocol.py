@@ -24,6 +24,7 @@ from caidllm.decode.setting_names import ALL_NAMES
 from caidllm.errors import InputError
 from caidllm.serve import logprobs, structured, tools
 from caidllm.serve.openai_fields import NEUTRAL
+from caidllm.serve.stops import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
 
 class RequestError(Exception):
@@ -311,8 +312,14 @@ def _prompts(prompt, lm, defaults: ServerDefaults) -> list[list[int]]:
 def _stop(body) -> list[str]:
     stop = body.get("stop", [])
     stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError("stop must be a non-empty string or a list of at most 16 of them", "stop")
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError(f"stop must be a non-empty string or a list of at most {MAX_STOP_SEQUENCES} of them",
+                           "stop")
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise RequestError(f"stop holds {len(stop)} sequences; at most {MAX_STOP_SEQUENCES}", "stop")
+    longest = max(stop, key=len, default="")
+    if len(longest) > MAX_STOP_CHARS:
+        raise RequestError(f"a stop sequence has {len(longest)} characters; at most {MAX_STOP_CHARS}", "stop")
     return stop
 
 

@@ -23,6 +23,7 @@ from caidllm.decode.policies import (block_quota, cai, eb, margin, random_order,
                                      wino)
 from caidllm.decode.policies.base import NoSettings, PolicyConfig, PolicySettings, StepView
 from caidllm.errors import InputError
+from caidllm.setting_rules import BLOCK_CAUSAL
 
 Policy = Callable[[StepView], torch.Tensor]
 
@@ -49,25 +50,33 @@ class PolicySpec:
     # new_state(config, prompt): the request's own memory beyond the state tensors (request.policy_state; may
     # offer start_block(request), commit_only(request) and a `generator` replayed on the other --tp ranks).
     new_state: Callable[[PolicyConfig, list[int]], object] | None = None
+    # The only kind of model it decodes (setting_rules.BLOCK_CAUSAL: a block-diffusion model's own decoder);
+    # None: any (on a block-causal model, over its exact block cache).
+    models: str | None = None
+    # The preset that runs this rule on a block-causal model's exact block cache: the advice where the chosen
+    # method's cache needs bidirectional attention (ES-dLLM's, Elastic-Cache's, dKV-Cache's).
+    block_causal_method: str = "fastdllm"
 
 
 POLICIES: dict[str, PolicySpec] = {
-    "vanilla": PolicySpec(vanilla.select, state_names=("n_masked",)),
+    "vanilla": PolicySpec(vanilla.select, state_names=("n_masked",), block_causal_method="vanilla"),
     "margin": PolicySpec(margin.select, state_names=("n_masked",), needs_distribution=True),  # top-2 margin
     "threshold": PolicySpec(threshold.select, threshold.ThresholdSettings),
-    "cai": PolicySpec(cai.select, cai.CAISettings, state_names=("low_yield_steps",)),
+    "cai": PolicySpec(cai.select, cai.CAISettings, state_names=("low_yield_steps",),
+                      block_causal_method="cai"),
     "eb": PolicySpec(eb.select, eb.EBSettings, needs_distribution=True),
     "slowfast": PolicySpec(slowfast.select, slowfast.SlowFastSettings),
     "wino": PolicySpec(wino.select, wino.WinoSettings, state_names=wino.STATE, revises=True, forward="verify"),
     # The request draws a decoding order at each block start and the policy is offered only the step's share.
-    "random": PolicySpec(random_order.select, new_state=random_order.new_state),
+    "random": PolicySpec(random_order.select, new_state=random_order.new_state,
+                         block_causal_method="vanilla"),
     # The block-diffusion models' own (policies/block_quota.py): LLaDA2.x threshold decoding and SDAR's
     # low_confidence_dynamic are "dynamic" (LLaDA2.1: a fixed quota, num_to_transfer); SDAR's _static.
-    "dynamic": PolicySpec(block_quota.select_dynamic, block_quota.DynamicSettings),
-    "static": PolicySpec(block_quota.select_static, block_quota.StaticSettings),
+    "dynamic": PolicySpec(block_quota.select_dynamic, block_quota.DynamicSettings, models=BLOCK_CAUSAL),
+    "static": PolicySpec(block_quota.select_static, block_quota.StaticSettings, models=BLOCK_CAUSAL),
     # Fast-dLLM v2's (policies/subblock.py): threshold decoding one sub-block at a time, each block opened
     # by its autoregressive first token.
-    "subblock": PolicySpec(subblock.select, subblock.SubblockSettings),
+    "subblock": PolicySpec(subblock.select, subblock.SubblockSettings, models=BLOCK_CAUSAL),
 }
 
 

@@ -36,4 +36,11 @@ class Full(ForwardMode):
         return canvas_forward(lm, call, self, 0, mask_r, positions_r)[0]
 
     def computed_positions(self, call: Call, starts, extra: int) -> dict:
-        return dict(lo=0, reads_cache=False)  # every position, every K/V fresh (written to a given cache)
+        # Every position, every K/V fresh (written to a given cache). Without a cache to fill, the columns
+        # left of every row's first real one (and of its first target) are padding no one reads: they are
+        # not computed (a short row in a frame widened by a long one paid the long one's width at each
+        # forward: issue 49).
+        lo = 0
+        if call.cache is None and call.real_from is not None and call.starts:
+            lo = min(*call.real_from, *call.starts)
+        return dict(lo=lo, reads_cache=False)
