@@ -130,8 +130,9 @@ def run_generate(args) -> int:
 
     check_method(decoded, args.tp)  # before any rank starts
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
-        method = recommended_method(lm.checkpoint, given_method)
-        note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
+        method = recommended_method(lm.checkpoint, given_method or uniform_default(lm))
+        if not uniform_default(lm):  # a uniform-state model's defaults are its generation_config.json's
+            note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                               chat=chat, prefix_cache_mb=budget, **structured, **options)
@@ -147,6 +148,13 @@ def run_generate(args) -> int:
             print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
                   f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
     return 0
+
+
+def uniform_default(lm) -> str | None:
+    """A uniform-state model's (DiffusionGemma's) own decoder when none is given; None for the others."""
+    from caidllm.models.families import get_family
+
+    return "diffusiongemma" if get_family(lm.config.family).uniform else None
 
 
 def cli_constraint(args):

@@ -99,6 +99,12 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
     from caidllm.models.checkpoints import recommended_method
 
     config, checkpoint = model_config_of(model_name)
+    from caidllm.models.families import get_family
+
+    if get_family(config.family).uniform:  # DiffusionGemma: its own decoders, checked as generate checks them
+        from caidllm.decode.uniform_api import check_uniform
+
+        return check_uniform(config, method, settings=settings, **options)
     method = recommended_method(checkpoint if settings is None else None, method)
     return config_for_model(config, checkpoint, method, settings, strict, **options)[0]
 
