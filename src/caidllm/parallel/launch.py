@@ -228,7 +228,7 @@ def check_parallel(args, tp: int) -> float:
 
 def check_method(decode_config, tp: int) -> None:
     """A decoder the ranks cannot run, refused before they start (the engine refuses it too, later)."""
-    if tp > 1 and decode_config is not None and decode_config.cache == "elastic":
+    if tp > 1 and getattr(decode_config, "cache", None) == "elastic":  # (a uniform family: its own config)
         raise InputError(f"cache mode 'elastic' reads each layer's attention over every head, which --tp {tp} "
                          "divides among the ranks; run it without --tp")
 
