@@ -135,11 +135,12 @@ def run_generate(args) -> int:
                    early_stop=not args.no_early_stop, **set_values(args.set_values))
     # A bad method or setting (or one the decoder that runs does not read: with no method given, a known
     # checkpoint's own, read from its config.json) fails before the model loads.
-    check_before_load(args.model, given_method, settings, strict=True, **options)
+    decoded = check_before_load(args.model, given_method, settings, strict=True, **options)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
     structured = {"constraint": cli_constraint(args)}
-    from caidllm.parallel.launch import parallel_model
+    from caidllm.parallel.launch import check_method, parallel_model
 
+    check_method(decoded, args.tp)  # before any rank starts
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
         method = recommended_method(lm.checkpoint, given_method or uniform_default(lm))
         if not uniform_default(lm):  # a uniform-state model's defaults are its generation_config.json's
