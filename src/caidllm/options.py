@@ -44,8 +44,10 @@ def add_tp_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, metavar="N",
                         help="tensor parallelism: divide the model among N ranks this command spawns (attention heads, "
                              "feed-forward widths and experts; gloo on a CPU, nccl with one GPU per rank)")
-    parser.add_argument("--tp-timeout", type=float, default=120.0, metavar="S",
-                        help="with --tp: seconds a forward's collective waits for a rank before the group stops")
+    parser.add_argument("--tp-timeout", type=float, default=None, metavar="S",
+                        help="with --tp: seconds any wait on a rank may last (joining, a forward's sum, an idle "
+                             "server's keep-alive) and a stopped rank counts as hung; then the group stops "
+                             "(default 120)")
 
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:

@@ -115,9 +115,10 @@ def run(args) -> int:
     settings = settings_from_args(args)
     if args.lengths is not None:
         return run_length_table(args, settings)
-    if args.tp > 1:  # this process is rank 0 of the ranks it spawns; it runs the benchmark on their model
-        from caidllm.parallel.launch import parallel_model
+    from caidllm.parallel.launch import check_parallel, parallel_model
 
+    check_parallel(args, args.tp)  # --tp-timeout without --tp, before anything runs
+    if args.tp > 1:  # this process is rank 0 of the ranks it spawns; it runs the benchmark on their model
         settings.check()
         with parallel_model(args, args.tp) as lm:
             report = run_bench(settings, lm=lm)
