@@ -85,7 +85,9 @@ def ray_server():
     args = _args("--replicas", "2", "--port", str(base), "--replica-metrics-port", str(base + 1))
     try:
         with _deadline(240):  # Ray, its proxy and two replicas up
-            ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False,
+            # "local": a Ray instance of this test's own; by default ray.init joins any Ray session
+            # running on the machine (another test's, or one left over), whose shutdown kills our proxy.
+            ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False,
                      _node_ip_address="127.0.0.1")
             ray_deployment.start(args)
         yield f"http://127.0.0.1:{base}", [base + 1, base + 2]

@@ -17,7 +17,7 @@ ASK = [{"role": "user", "content": "What is 3 + 4?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny):  # noqa: F811 - the fixture imported above
+def server(tiny):
     with start(tiny, max_batch=8, max_queue=64) as s:
         yield s
 

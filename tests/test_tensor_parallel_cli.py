@@ -68,6 +68,7 @@ def test_generate_tp_2_prints_the_tokens_of_one_process(capsys):
     alone = json.loads(capsys.readouterr().out)
     done, _ = run_cli("--tp", "2")
     assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr  # no semaphore left to the resource tracker (issue 48)
     assert json.loads(done.stdout)["token_ids"] == alone["token_ids"]
 
 
@@ -76,12 +77,16 @@ def test_generate_tp_2_prints_the_tokens_of_one_process(capsys):
     # a reported error (here before the rank joins the group: the watchdog ends rank 0's wait)
     ("1:0:raise", "tensor-parallel rank 1 failed: RuntimeError: injected fault"),
     ("1:3:hang", "tensor-parallel rank 0/2: a peer rank failed or hung during a forward's all-reduce"),
+    # a rank that announced itself but never joins: joining is bounded by --tp-timeout (issue 48; was 300 s)
+    ("1:0:hang", "tensor-parallel rank 0/2: the group did not form within 5 s"),
 ])
 def test_a_rank_that_fails_stops_the_group(fault, needle):
     done, seconds = run_cli("--tp", "2", "--tp-timeout", "5", fault=fault)
     lines = [line for line in done.stderr.splitlines() if line.startswith("caidllm:")]
     assert done.returncode == 2 and lines == [f"caidllm: error: {needle}" + lines[0].split(needle, 1)[1]]
     assert "Traceback" not in done.stderr and seconds < 120
+    if fault == "1:0:hang":
+        assert lines[0].endswith("; rank 1 did not join while forming the group")
 
 
 BENCH = ["bench", "--model", "tiny", "--task", "synthetic:arithmetic", "--methods", "fastdllm,cai", "--limit", "3",

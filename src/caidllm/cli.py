@@ -49,6 +49,28 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
 
 
+def add_prompt_and_output_arguments(gen: argparse.ArgumentParser) -> None:
+    """generate's chat template choice and what it prints."""
+    chat = gen.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
+                      help="put the prompt through the chat template (default for instruct models)")
+    chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
+                      help="use the prompt as raw text, without the chat template (default for base models)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    gen.add_argument("--verbose", action="store_true",
+                     help="print the whole steps-per-block list under each answer (--json always has it)")
+
+
+def add_constraint_arguments(gen: argparse.ArgumentParser) -> None:
+    """generate's structured-output flags (docs/structured-output.md): one at most."""
+    structured = gen.add_mutually_exclusive_group()  # docs/structured-output.md
+    structured.add_argument("--json-schema", default=None, metavar="FILE",
+                            help="hold every answer to this JSON schema (a file), in any commit order")
+    structured.add_argument("--regex", default=None, help="hold every answer to this regular expression")
+    structured.add_argument("--choice", nargs="+", default=None, metavar="TEXT", help="the answer is one of these")
+    structured.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="caidllm", description="Fast decoding for masked diffusion language models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,33 +93,13 @@ def register_generate(sub, name: str) -> None:
     add_decoding_arguments(gen)
     gen.add_argument("--settings", default=None, metavar="FILE",
                      help="settings file (from caidllm calibrate, or a method's settings by hand) applied over the method's preset")
-    _add_prompt_and_output_arguments(gen)
-    _add_structured_arguments(gen)
-    add_tp_argument(gen)
-    gen.set_defaults(handler=run_generate)
-
-
-def _add_prompt_and_output_arguments(gen: argparse.ArgumentParser) -> None:
-    """How a prompt is read (chat template or raw, prefix store) and how answers are printed."""
-    chat = gen.add_mutually_exclusive_group()
-    chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
-                      help="put the prompt through the chat template (default for instruct models)")
-    chat.add_argument("--no-chat", dest="chat", action="store_const", const=False,
-                      help="use the prompt as raw text, without the chat template (default for base models)")
-    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_prompt_and_output_arguments(gen)
     gen.add_argument("--prefix-cache-mb", default=None, metavar="MB",
                      help="block-causal models: the prefix store's budget, prompts' blocks computed once across "
                           "requests (0 = off; default: 1024 MB or an eighth of the device's memory)")
-
-
-def _add_structured_arguments(gen: argparse.ArgumentParser) -> None:
-    """At most one structured-output constraint on every answer."""
-    structured = gen.add_mutually_exclusive_group()  # docs/structured-output.md
-    structured.add_argument("--json-schema", default=None, metavar="FILE",
-                            help="hold every answer to this JSON schema (a file), in any commit order")
-    structured.add_argument("--regex", default=None, help="hold every answer to this regular expression")
-    structured.add_argument("--choice", nargs="+", default=None, metavar="TEXT", help="the answer is one of these")
-    structured.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    add_constraint_arguments(gen)
+    add_tp_argument(gen)
+    gen.set_defaults(handler=run_generate)
 
 
 def set_values(items: list[str]) -> dict:
@@ -127,17 +129,24 @@ def run_generate(args) -> int:
 
         settings = load_settings(args.settings)  # a bad file fails before the model loads
     given_method = args.method or (settings.method if settings else None)
-    options = generate_options(args)
+    method = given_method or "cai"
+    options = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
+                   threshold=args.threshold, temperature=args.temperature, seed=args.seed,
+                   editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
+                   minimal_topk=args.minimal_topk, sub_block=args.sub_block,
+                   early_stop=not args.no_early_stop, **set_values(args.set_values))
     # A bad method or setting (or one the decoder that runs does not read: with no method given, a known
     # checkpoint's own, read from its config.json) fails before the model loads.
-    check_before_load(args.model, given_method, settings, strict=True, **options)
+    decoded = check_before_load(args.model, given_method, settings, strict=True, **options)
     budget = check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
     structured = {"constraint": cli_constraint(args)}
-    from caidllm.parallel.launch import parallel_model
+    from caidllm.parallel.launch import check_method, parallel_model
 
+    check_method(decoded, args.tp)  # before any rank starts
     with parallel_model(args, args.tp) as lm:  # --tp N: this process is rank 0 of N it spawns
-        method = recommended_method(lm.checkpoint, given_method)
-        note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
+        method = recommended_method(lm.checkpoint, given_method or uniform_default(lm))
+        if not uniform_default(lm):  # a uniform-state model's defaults are its generation_config.json's
+            note_recommendation(lm, options, method)  # generate takes the same, as the caller's defaults
         chat = lm.chat_default if args.chat is None else args.chat
         results = lm.generate(args.prompts, method=method, settings=settings, batch_size=args.batch_size,
                               chat=chat, prefix_cache_mb=budget, **structured, **options)
@@ -145,28 +154,28 @@ def run_generate(args) -> int:
     return 0
 
 
-def generate_options(args) -> dict:
-    """The decoding keywords of the command line (--set values included), as generate takes them."""
-    return dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps, cache=args.cache,
-                threshold=args.threshold, temperature=args.temperature, seed=args.seed,
-                editing_threshold=args.editing_threshold, max_post_steps=args.max_post_steps,
-                minimal_topk=args.minimal_topk, sub_block=args.sub_block,
-                early_stop=not args.no_early_stop, **set_values(args.set_values))
-
-
 def print_results(args, results, settings) -> None:
-    """One answer per prompt: a JSON object each (--json), else the text and a summary line."""
+    """Each answer and its one-line summary (or, with --json, one JSON object per prompt)."""
     ran = {"settings": settings.summary()} if settings else {}
     label = f" with settings {args.settings}" if settings else ""
     for prompt, result in zip(args.prompts, results):
         if args.json:
             print(json.dumps({"prompt": prompt, **result.to_dict(), **ran}))
-        else:
-            print(result.text.strip())
-            reused = f", {result.reused_positions} prompt positions from the prefix cache" \
-                if result.reused_positions else ""
-            print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
-                  f"{result.elapsed_s:.2f} s, steps per block {result.steps_per_block}{reused}]")
+            continue
+        print(result.text.strip())
+        reused = f", {result.reused_positions} prompt positions from the prefix cache" \
+            if result.reused_positions else ""
+        print(f"[{result.method}{label}: {result.nfe} forward passes, {result.answer_length} answer tokens, "
+              f"{result.elapsed_s:.2f} s, {steps_summary(result.steps_per_block)}{reused}]")
+        if args.verbose:
+            print(f"[steps per block: {result.steps_per_block}]")
+
+
+def uniform_default(lm) -> str | None:
+    """A uniform-state model's (DiffusionGemma's) own decoder when none is given; None for the others."""
+    from caidllm.models.families import get_family
+
+    return "diffusiongemma" if get_family(lm.config.family).uniform else None
 
 
 def cli_constraint(args):
@@ -210,6 +219,16 @@ def note_recommendation(lm, options: dict, method: str = "cai") -> None:
           f"confidence gating {'on' if lm.config.confidence_gating else 'off'}, f {lm.config.cache_refresh_every}; "
           f"{'chat template' if checkpoint.instruct else 'base model: raw text'} by default (source: {r.source})",
           file=sys.stderr)
+
+
+def steps_summary(steps_per_block: list[int]) -> str:
+    """The summary line's steps: the blocks that ran (early stop leaves the rest at 0 steps) and their
+    mean and largest step counts; the whole list (64 entries for 256 tokens in blocks of 4) is too long."""
+    used = [steps for steps in steps_per_block if steps > 0]
+    if not used:
+        return f"0 of {len(steps_per_block)} blocks decoded"
+    return (f"{len(used)} of {len(steps_per_block)} blocks decoded, steps per block mean "
+            f"{sum(used) / len(used):.1f}, max {max(used)}")
 
 
 def main(argv: list[str] | None = None) -> int:

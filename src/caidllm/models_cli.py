@@ -108,8 +108,9 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
                      f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "
                      f"{'on' if r['confidence_gating'] else 'off'}, f {r['refresh_every']}")
     lines.append("")
-    for kind, block_causal in (("full-sequence", False), ("block-diffusion", True)):
-        rows = [f for f in families if f["block_causal"] is block_causal]
+    for kind, block_causal, uniform in (("full-sequence", False, False), ("block-diffusion", True, False),
+                                        ("uniform-state", True, True)):
+        rows = [f for f in families if f["block_causal"] is block_causal and f.get("uniform", False) is uniform]
         if rows:
             lines += [f"Decoders (--method) of {kind} models: {', '.join(rows[0]['decoders'])}",
                       f"Cache modes (--cache) of {kind} models: {', '.join(rows[0]['cache_modes'])}"]
@@ -126,7 +127,7 @@ def quantized(m: dict) -> str:
     return f", {m['quantization']} linear layers and " + ("head" if head == m["quantization"] else f"{head} head")
 
 
-CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "none")
+CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "none")
 
 
 def memory_lines(m: dict) -> list[str]:

@@ -44,8 +44,10 @@ def add_tp_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, metavar="N",
                         help="tensor parallelism: divide the model among N ranks this command spawns (attention heads, "
                              "feed-forward widths and experts; gloo on a CPU, nccl with one GPU per rank)")
-    parser.add_argument("--tp-timeout", type=float, default=120.0, metavar="S",
-                        help="with --tp: seconds a forward's collective waits for a rank before the group stops")
+    parser.add_argument("--tp-timeout", type=float, default=None, metavar="S",
+                        help="with --tp: seconds any wait on a rank may last (joining, a forward's sum, an idle "
+                             "server's keep-alive) and a stopped rank counts as hung; then the group stops "
+                             "(default 120)")
 
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +99,12 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
     from caidllm.models.checkpoints import recommended_method
 
     config, checkpoint = model_config_of(model_name)
+    from caidllm.models.families import get_family
+
+    if get_family(config.family).uniform:  # DiffusionGemma: its own decoders, checked as generate checks them
+        from caidllm.decode.uniform_api import check_uniform
+
+        return check_uniform(config, method, settings=settings, **options)
     method = recommended_method(checkpoint if settings is None else None, method)
     return config_for_model(config, checkpoint, method, settings, strict, **options)[0]
 

@@ -63,6 +63,10 @@ def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
                    help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/, mathqa/, longbench/); "
                         "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "
                         "root; with none, the Hugging Face hub copies (datasets)")
+    p.add_argument("--lengths", default=None, metavar="N[,N...]",
+                   help="the length table: every method at each generation length (multiples of --block-length, "
+                        "default 32), tokens/s and speedup per length in results.md, lengths.png beside it; the run "
+                        "says how long it expects before it starts (--limit caps the examples)")
 
 
 def _add_machine_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,9 +130,12 @@ def settings_from_args(args) -> BenchConfig:
 
 def run(args) -> int:
     settings = settings_from_args(args)
-    if args.tp > 1:  # this process is rank 0 of the ranks it spawns; it runs the benchmark on their model
-        from caidllm.parallel.launch import parallel_model
+    if args.lengths is not None:
+        return run_length_table(args, settings)
+    from caidllm.parallel.launch import check_parallel, parallel_model
 
+    check_parallel(args, args.tp)  # --tp-timeout without --tp, before anything runs
+    if args.tp > 1:  # this process is rank 0 of the ranks it spawns; it runs the benchmark on their model
         settings.check()
         with parallel_model(args, args.tp) as lm:
             report = run_bench(settings, lm=lm)
@@ -145,4 +152,29 @@ def run(args) -> int:
         print(markdown(report))
     if settings.out:
         print(f"wrote {settings.out}/results.json, results.md and plots", file=sys.stderr)
+    return 0
+
+
+def run_length_table(args, settings: BenchConfig) -> int:
+    """`--lengths`: one bench run per generation length on one loaded model (bench/lengths.py)."""
+    import dataclasses
+
+    from caidllm.bench.lengths import DEFAULT_BLOCK, parse_lengths, run_lengths
+    from caidllm.errors import InputError
+
+    if args.tp > 1:
+        raise InputError("--lengths runs on one process (no --tp)", field="lengths")
+    block = args.block_length or DEFAULT_BLOCK
+    lengths = parse_lengths(args.lengths, block)  # refused before the model loads
+    settings = dataclasses.replace(settings, block_length=block)
+    report = run_lengths(settings, lengths, lambda message: print(message, file=sys.stderr))
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, ensure_ascii=False, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        from caidllm.bench.lengths import markdown
+
+        print(markdown(report["rows"], lengths, settings.methods, "## Length table"))
+    if settings.out:
+        print(f"wrote {settings.out}/results.json, results.md and lengths.png", file=sys.stderr)
     return 0

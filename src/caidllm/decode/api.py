@@ -14,8 +14,10 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.prefix_reuse import shared_store
 from caidllm.decode.presets import build_config, options_for_model
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
+from caidllm.decode.uniform_api import generate_uniform
 from caidllm.errors import InputError
 from caidllm.models.checkpoints import recommended_method
+from caidllm.models.families import get_family
 from caidllm.models.lm import DiffusionLM
 
 
@@ -26,26 +28,26 @@ def generate(lm, prompts, method: str | None = None, gen_length: int | None = No
              prefix_cache_mb: float | None = None, json_schema=None, regex: str | None = None,
              choice: list[str] | None = None, json_object: bool = False, logprobs: bool = False,
              top_logprobs: int = 0, constraint=None, **overrides) -> list[GenerationResult]:
-    """Decode `prompts` (strings, or lists of token ids used as given) with a
-    method preset; any keyword given overrides the preset's value.
+    """Decode `prompts` (strings, or lists of token ids used as given) with a method preset; any keyword given
+    overrides the preset's value (a uniform-state model, DiffusionGemma, runs its own: decode/uniform_api.py).
 
-    gen_length / block_length / steps / temperature left None: the recommendation of a known
-    checkpoint (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0; a
-    block-diffusion model decodes with its own block length unless one is given
-    (presets.options_for_model, the rule of every command). method None: a known block-diffusion
-    checkpoint's own decoder (and its threshold, when threshold is None too), else "cai".
-    chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
+    gen_length / block_length / steps / temperature left None: the recommendation of a known checkpoint
+    (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0; a block-diffusion model decodes
+    with its own block length unless one is given (presets.options_for_model, the rule of every command).
+    method None: a known block-diffusion checkpoint's own decoder (and its threshold, when threshold is None
+    too), else "cai". chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
 
-    A client of the step-level engine: every prompt is submitted, at most
-    `batch_size` decode together, and a finished one's slot goes to the next
-    at once. compile=True: the model runs its norms and MLPs through torch.compile from
-    then on (models/compiled.py). `settings`: a settings file (path or loaded, see
+    A client of the step-level engine: every prompt is submitted, at most `batch_size` decode together, and
+    a finished one's slot goes to the next at once. compile=True: the model runs its norms and MLPs through
+    torch.compile from then on (models/compiled.py). `settings`: a settings file (path or loaded, see
     decode/settings_file.py) whose method settings apply under the keywords. prefix_cache_mb: the budget of
     the prefix store kept with the model across calls (decode/prefix_reuse.py; None: the default on a
     block-causal model, 0: off; exact: the same tokens either way). Each result's elapsed_s,
     policy_s and forward_s are those of the whole run.
     json_schema, regex, choice, json_object, constraint: structured output (docs/structured-output.md). logprobs:
     each result's `logprobs`, with top_logprobs alternatives, taken at the step that committed each token."""
+    if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine (uniform_api.py)
+        return _generate_uniform(**locals())
     method = recommended_method(getattr(lm, "checkpoint", None) if settings is None else None, method)
     lengths = dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature)
     options = dict(cache=cache, seed=seed, early_stop=early_stop, **overrides)
@@ -96,6 +98,17 @@ def _run(lm, token_prompts, config, constraints, batch_size: int, prefix_cache_m
     forward = engine.runner.forward_timer.total()
     return [dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward)
             for i in ids]
+
+
+def _generate_uniform(lm, prompts, method, batch_size, chat, overrides, early_stop, compile, json_object, logprobs,
+                      top_logprobs, **options):
+    """generate() on a uniform-state model: its settings checked (a mask-based decoder's refused by name)."""
+    if not is_int(batch_size) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
+    flags = {"compile": compile, "json_object": json_object, "logprobs": logprobs, "top_logprobs": top_logprobs}
+    options.update({name: value or None for name, value in flags.items()}, early_stop=early_stop)
+    return generate_uniform(lm, token_prompts, method, batch_size, **options, **overrides)
 
 
 def _sync(lm) -> None:

@@ -19,7 +19,7 @@ import threading
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.engine import Engine
 from caidllm.decode.request import CommitEvent
-from caidllm.errors import EngineFullError, InputError
+from caidllm.errors import EngineFullError, InputError, RankFailure
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,9 @@ class BackgroundEngine:
                 events = self.engine.step()
             except Exception as error:  # noqa: BLE001 - a bug or a device error: fail the rows in flight, go on
                 self.failed_steps += 1
-                logger.exception("engine step failed; failing the requests in flight")
+                # a rank's failure is reported in one line (parallel/launch.py); anything else with its traceback
+                logger.error("engine step failed; failing the requests in flight: %s", error,
+                             exc_info=not isinstance(error, RankFailure))
                 for request_id in self.engine.drop_running():  # queued requests stay and run next
                     self._end(request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}"))
                 continue

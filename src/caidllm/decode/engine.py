@@ -53,7 +53,9 @@ from caidllm.decode.runner import RowStep, Runner
 from caidllm.decode.sampling import request_generator
 from caidllm.decode.scheduler import Scheduler
 from caidllm.decode.step_policies import DEFAULT_STEP_POLICY
+from caidllm.decode.uniform_api import mask_decoder_refusal
 from caidllm.errors import InputError
+from caidllm.models.families import get_family
 from caidllm.models.modes import FORWARD_MODES
 
 
@@ -63,6 +65,8 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
     bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
     that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
     c = lm.config
+    if get_family(c.family).uniform:  # DiffusionGemma has no mask token: its decoders run in uniform_engine.py
+        return mask_decoder_refusal(c.family, config.method)
     own_refusal = CACHE_MODES[config.cache].refusal(config, lm)  # the cache mode's own rules first
     if own_refusal is not None:
         return own_refusal
@@ -241,6 +245,8 @@ class Engine:
             self.prefix.after_forward(self.scheduler.frame, request)
             event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
                                    self.lm.config.eos_id, self.lm.device, row.edits)
+            if row.fill is not None and not event.finished:
+                request.finish_with(row.fill, event, self._eos_ids, self.lm.config.eos_id)
             if first and self.prefix.applies(request):
                 event.reused_positions, event.prompt_length = request.reused, len(request.prompt)
             if event.finished:

@@ -69,6 +69,13 @@ PRESETS: dict[str, dict] = {
     "dkv-greedy": dict(policy="random", cache="dkv-greedy", refresh_every=8, dkv=dict(window=2)),
     # WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM) at its official defaults: draft 0.6, verify 0.9.
     "wino": dict(policy="wino", cache="none", wino=dict(draft=0.6, verify=0.9)),
+    # KLASS (arXiv 2511.05664, shkim0116/KLASS) at its official defaults: confidence above 0.9 and a KL below
+    # 0.01 at each of the last 2 steps, else LLaDA's schedule; no cache, as its official LLaDA loop.
+    "klass": dict(policy="klass", cache="none", klass=dict(conf_threshold=0.9, kl_threshold=0.01, history=2)),
+    # Prophet (pixeli99/Prophet) at its official thresholds 7.5 / 5.0 / 2.5, no cache; the answer watched from
+    # 28 positions before the generation's end (the official example's 100 of 128; its evaluation places it
+    # after the prompt's constraints, which caidllm does not have).
+    "prophet": dict(policy="prophet", cache="none", prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
     # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length given

@@ -211,6 +211,22 @@ class Request:
                 self.start_block(device)
         event.prefix_length = min(self.prefix, self.config.gen_length)
 
+    def finish_with(self, fill: dict[int, int], event: CommitEvent, eos_ids: set[int], eos_id: int) -> None:
+        """The policy ended the request at this step (Prophet's early exit): every position still masked takes
+        the fill's token, committed at this step; the event reports them and finishes the request."""
+        step = self.nfe - 1  # this step's global index (one forward per step)
+        filled = [p for p, token in enumerate(self.generated) if token is None]
+        for p in filled:
+            self.generated[p], self.commit_step[p] = fill[p], step
+        shown = [p for p in filled if p < self.config.gen_length]
+        event.positions += shown
+        event.token_ids += [self.generated[p] for p in shown]
+        event.first_confidence += [self.first_confidence[p] for p in shown]
+        self.advance_prefix(eos_ids)
+        if self.config.early_stop and self.answer_end is not None:
+            self.fill_after_end(eos_id)
+        event.finished, event.prefix_length = True, min(self.prefix, self.config.gen_length)
+
     def result(self, lm, policy_seconds_now: float) -> GenerationResult:
         """The GenerationResult of this finished request (policy time: the engine's since admission)."""
         return result_of(lm, self, policy_seconds_now - self.policy_seconds_at_admission)

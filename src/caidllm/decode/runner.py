@@ -19,7 +19,7 @@ from caidllm.decode.block_diffusion import edits
 from caidllm.decode.constraints import guide
 from caidllm.decode.frame import Frame
 from caidllm.decode.policies import StepView
-from caidllm.decode.policies.base import distribution_stats
+from caidllm.decode.policies.base import distribution_stats, probabilities
 from caidllm.decode.request import Request
 from caidllm.decode.sampling import predict, token_probability
 from caidllm.decode.scheduler import ForwardGroup
@@ -41,6 +41,7 @@ class RowStep:
     confidences: list[float]
     computed_pairs: int
     edits: list[bool] | None = None  # token editing (LLaDA2.1): committed positions rewritten
+    fill: dict[int, int] | None = None  # the policy ended the request: generated position -> token (Prophet)
 
 
 class Runner:
@@ -51,6 +52,7 @@ class Runner:
         self.policy_timer = DeviceTimer(lm.device)
         self.forward_timer = DeviceTimer(lm.device)  # time inside the model forwards
         self.forwards = 0  # forward passes run (one per group per step)
+        self._finishing = None  # [R] bool: the rows of the group in hand a policy ended (view.finish)
         self.faults: dict[str, Exception] = {}  # request id -> why its policy raised (Engine.take_faults)
 
     def run(self, frame: Frame, groups: list[ForwardGroup]) -> list[RowStep]:
@@ -76,12 +78,17 @@ class Runner:
             logits = lm.forward(frame.canvas, frame.attention, frame.cache, mode)
         self.forwards += 1
         mode.after(members)
-        support = None
+        support, generation = None, None
+        if members[0].config.policy_spec.sees_generation:  # the whole generation's logits, then the block's
+            generation, offset = logits.float().clone(), members[0].block_bounds[0]  # a copy: prediction consumes
+            generation[..., lm.config.mask_id] = float("-inf")  # the mask token is never predicted
+            logits = logits[:, offset:offset + block_length]
         if mode.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token
             logits, shadow = logits.split(block_length, dim=1)
             support = token_probability(shadow, block, lm.config.mask_id)
         new_block, commit, predicted, confidence, edit = self._decide(frame, members, logits, block, masked, columns,
-                                                                      support)
+                                                                      support, generation)
+        fills = self._finish(frame, members, generation, slot_ids)
         frame.canvas[slot_ids[:, None], columns] = new_block
         for i, r in enumerate(members):  # a cache mode whose next forward reads them keeps them
             r.cache_mode.after_step(r, confidence[i], commit[i])
@@ -92,15 +99,32 @@ class Runner:
             torch.stack([commit.double(), predicted.double(), confidence.double(),
                          (commit if edit is None else edit).double()]))
         return [RowStep(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs,
-                        None if edit is None else [bool(x) for x in edited[i]])
+                        None if edit is None else [bool(x) for x in edited[i]], fills[i])
                 for i, r in enumerate(members)]
+
+    def _finish(self, frame: Frame, members: list[Request], generation, slot_ids) -> list:
+        """Rows whose policy ended them (view.finish): every mask left in the generation takes this step's
+        prediction, on the canvas and in the row's fill (generated position -> token); None for the others."""
+        finish, self._finishing = self._finishing, None
+        if generation is None or finish is None or not finish.any():
+            return [None] * len(members)
+        span = generation.shape[1]
+        columns = frame.width - span + torch.arange(span, device=generation.device)
+        canvas = frame.canvas[slot_ids[:, None], columns]
+        filled = torch.where((canvas == self.lm.config.mask_id) & finish[:, None], generation.argmax(dim=-1), canvas)
+        frame.canvas[slot_ids[:, None], columns] = filled
+        rows, done = transfer.to_host(filled), finish.tolist()
+        return [{p: int(t) for p, t in enumerate(rows[i])} if done[i] else None for i in range(len(members))]
 
     def _mode(self, frame: Frame, name: str, members: list[Request], masked, starts: list[int], slot_ids):
         """The forward-mode object of this group (models/modes/). Every request was checked at submit
         and the Frame knows each row's first real column: the forward is vouched for (no host sync)."""
         block_length = members[0].config.block_length
         slots = [r.slot for r in members]
-        common = dict(start=starts, end=[s + block_length for s in starts], rows=frame.row_selector(slots, slot_ids),
+        ends = [s + block_length for s in starts]
+        if members[0].config.policy_spec.sees_generation:  # the forward returns the whole generation's logits
+            starts, ends = [frame.width - r.layout.span for r in members], [frame.width] * len(members)
+        common = dict(start=starts, end=ends, rows=frame.row_selector(slots, slot_ids),
                       real_from=[frame.first_real(s) for s in slots],
                       key_end=self._key_ends(members, masked, starts, frame.canvas.shape[1]),
                       # a block-causal model's attention blocks are the decoding blocks
@@ -117,7 +141,7 @@ class Runner:
         allowed = [[positions is None or b in positions for b in range(block_length)] for positions in only]
         return masked & to_device(allowed, masked.device).bool()
 
-    def _decide(self, frame: Frame, members: list[Request], logits, block, masked, columns, support):
+    def _decide(self, frame: Frame, members: list[Request], logits, block, masked, columns, support, generation=None):
         """Each position's prediction and confidence, the policies' commits (and re-masks), token edits:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
@@ -129,11 +153,13 @@ class Runner:
         stats = None
         if any(spec.needs_distribution for spec in specs):
             stats = distribution_stats(logits, mask_id)  # before prediction consumes the logits
+        if any(spec.needs_probabilities for spec in specs):
+            stats = (stats or (None, None)) + (probabilities(logits, mask_id),)
         predicted, confidence = self._predict(logits, members)
         for i, r in enumerate(members):
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
-        commit, remask = self._select(members, predicted, confidence, masked, stats, support)
+        commit, remask = self._select(members, predicted, confidence, masked, stats, support, generation)
         if saved:  # commits of one step checked against each other
             guide.settle(members, commit, predicted, confidence, saved)
         for i, row_scores in lp_scores.items():
@@ -179,7 +205,7 @@ class Runner:
             predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, generators, consume=True)
         return predicted, confidence
 
-    def _select(self, members: list[Request], predicted, confidence, masked, stats=None, support=None):
+    def _select(self, members: list[Request], predicted, confidence, masked, stats=None, support=None, generation=None):
         """Each group of rows with the same policy settings, step and block runs its policy once.
         Returns what to commit and what to send back to the mask (None: nothing anywhere)."""
         groups: dict[tuple, list[int]] = {}
@@ -197,8 +223,14 @@ class Runner:
                             first_confidence=first[at], step=lead.step, total_steps=total_steps,
                             block_index=lead.block, rows=torch.arange(len(indices), device=masked.device),
                             state=state)
-            if stats is not None:
+            if stats is not None and stats[0] is not None:
                 view.entropy, view.second = stats[0][at], stats[1][at]
+            if stats is not None and len(stats) > 2:
+                view.probabilities = stats[2][at]
+            if lead.policy_state is not None:
+                view.policy_states = [members[i].policy_state for i in indices]
+            if generation is not None:
+                view.generation_logits = generation[at]
             if support is not None:
                 view.verify_confidence = support[at]
             try:
@@ -209,6 +241,9 @@ class Runner:
                 chosen, view.remask = torch.zeros_like(view.masked), None
             if lead.step == lead.step_limit - 1:  # the last step commits whatever is left: no mask leaves the engine
                 chosen, view.remask = view.masked, None
+            if view.finish is not None:
+                self._finishing = torch.zeros(len(members), dtype=torch.bool, device=masked.device)
+                self._finishing[at] = view.finish
             if view.remask is not None:
                 remask = torch.zeros_like(masked) if remask is None else remask
                 remask[at] = view.remask

@@ -159,8 +159,10 @@ class Scheduler:
             mode = r.config.policy_spec.forward or r.cache_mode.forward_mode(r)
             # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
             shortens = r.config.policy_settings.horizon() is not None
+            # Rows that see the whole generation share a forward with rows of the same span and block only.
+            sees = (r.layout.span, r.block) if r.config.policy_spec.sees_generation else None
             key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.cache_mode.fold(r), shortens,
-                   width_class(r))
+                   width_class(r), sees)
             groups.setdefault(key, []).append(r)
         return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
 

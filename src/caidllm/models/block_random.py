@@ -107,6 +107,11 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
+    "else message['role'] %}<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 SEED_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ message['role'] }}\n{{ message['content'] }}"
     "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}assistant\n{% endif %}"
@@ -119,6 +124,9 @@ TOKENIZERS = {
     # Qwen2.5-Instruct's specials, the end of a turn its eos; the mask token Fast-dLLM v2 added.
     "fastdllm_v2": dict(specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "|<MASK>|"],
                         template=CHATML_TEMPLATE, eos="<|im_end|>", mask="|<MASK>|", bos=None),
+    # Gemma's ids for pad / eos / bos (0 / 1 / 2); no mask token (uniform-state diffusion); Gemma's turn markers.
+    "diffusion_gemma": dict(specials=["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+                            template=GEMMA_TEMPLATE, eos="<eos>", mask=None, bos="<bos>", pad="<pad>"),
     # Seed-Coder's bos / pad / eos / sep spellings (its special_tokens_map.json), at its ids 0 and 2; the
     # spelling of the mask token (id 5) and the chat template are not in the stored copies: stand-ins. RND1
     # is a base model on Qwen3's tokenizer (eos <|im_end|>, pad <|endoftext|>).
@@ -136,13 +144,16 @@ def tokenizer_files(family: str, max_length: int) -> tuple[dict, dict]:
     tokenizer, whose special tokens take ids 0, 1, ... in the order of TOKENIZERS."""
     spec = TOKENIZERS[family]
     ids = {t: i for i, t in enumerate(spec["specials"])}
+    pad = spec.get("pad", spec["eos"])
     tok_config = {
-        "bos_token": spec["bos"], "eos_token": spec["eos"], "pad_token": spec["eos"], "mask_token": spec["mask"],
-        "additional_special_tokens": [t for t in spec["specials"] if t not in (spec["eos"], spec["mask"])],
+        "bos_token": spec["bos"], "eos_token": spec["eos"], "pad_token": pad, "mask_token": spec["mask"],
+        "additional_special_tokens": [t for t in spec["specials"] if t not in (spec["eos"], spec["mask"], pad)],
         "chat_template": spec["template"], "clean_up_tokenization_spaces": False, "model_max_length": max_length,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
-    fields = {"mask_token_id": ids[spec["mask"]], "eos_token_id": ids[spec["eos"]], "pad_token_id": ids[spec["eos"]]}
+    fields = {"eos_token_id": ids[spec["eos"]], "pad_token_id": ids[pad]}
+    if spec["mask"] is not None:  # a uniform-state family has none
+        fields["mask_token_id"] = ids[spec["mask"]]
     if spec["bos"] is not None:
         fields["bos_token_id"] = ids[spec["bos"]]
     return tok_config, fields

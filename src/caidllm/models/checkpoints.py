@@ -130,6 +130,14 @@ FASTDLLM_V2_CARD = Recommendation(
            "generate()'s temperature 0 (greedy); steps: at most one step per position (512); "
            f"{BLOCK_FAMILY_CAI}")
 
+DIFFUSION_GEMMA_CARD = Recommendation(
+    gen_length=256, block_length=256, steps=48, temperature=0.8, confidence_gating=False, refresh_every=0,
+    decoder="diffusiongemma",
+    source="google/diffusiongemma-26B-A4B-it generation_config.json, its model card's generate() defaults "
+           "(canvas_length 256, max_denoising_steps 48, "
+           "entropy_bound 0.1, t_max 0.8 -> t_min 0.4, stability_threshold 1, confidence_threshold 0.005); "
+           "block_length is the canvas, steps the denoising steps per canvas, temperature the schedule's start")
+
 KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("GSAI-ML/LLaDA-8B-Instruct", "llada", "llada-8b", True, LLADA_CARD),
     Checkpoint("GSAI-ML/LLaDA-8B-Base", "llada", "llada-8b", False, LLADA_CARD),
@@ -153,12 +161,36 @@ KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("JetLM/SDAR-30B-A3B-Chat", "sdar", "sdar-30b-a3b", True, SDAR_SCRIPT),
     Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_1.5B", "fastdllm_v2", "fastdllm-v2-1.5b", True, FASTDLLM_V2_CARD),
     Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_7B", "fastdllm_v2", "fastdllm-v2-7b", True, FASTDLLM_V2_CARD),
+    Checkpoint("google/diffusiongemma-26B-A4B-it", "diffusion_gemma", "diffusiongemma-26b-a4b", True,
+               DIFFUSION_GEMMA_CARD),
 )
-
 # The 2026 checkpoints that reuse these architectures (or need a small family of their own): their rows and
 # sources live in checkpoints_derived.py.
 KNOWN += tuple(Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
                for hub_id, family, shape, instruct, settings in DERIVED_ROWS)
+
+# Quantized variants caidllm does not load (their weights need compressed-tensors / ModelOpt kernels it
+# has not), each refused by name with the checkpoint to use instead.
+REFUSED_VARIANTS = {
+    "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic": ("FP8 (compressed-tensors)", "google/diffusiongemma-26B-A4B-it"),
+    "RedHatAI/diffusiongemma-26B-A4B-it-NVFP4": ("NVFP4 (compressed-tensors)", "google/diffusiongemma-26B-A4B-it"),
+    "nvidia/diffusiongemma-26B-A4B-it-NVFP4": ("NVFP4 (ModelOpt)", "google/diffusiongemma-26B-A4B-it"),
+}
+
+
+def refused_variant(name) -> str | None:
+    """The one-line refusal of a quantized variant named by hub id (exactly, first) or by its folder / bare name."""
+    text = str(name).split("@", 1)[0].rstrip("/\\").lower()
+    exact = [h for h in REFUSED_VARIANTS if h.lower() == text]
+    by_name = [h for h in REFUSED_VARIANTS
+               if re.split(r"[/\\]|--", text)[-1] == h.split("/")[1].lower()]
+    for hub_id in exact or by_name[:1]:
+        kind, instead = REFUSED_VARIANTS[hub_id]
+        return (f"{hub_id}: its {kind} weights are not loaded by caidllm; load {instead} (bf16), with "
+                "--quantize for quantized weights")
+    return None
+
+
 BY_HUB_ID = {c.hub_id.lower(): c for c in KNOWN}
 BY_NAME = {c.name.lower(): c for c in KNOWN}
 

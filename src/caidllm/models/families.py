@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import ModelLoadError
 from .config import ConfigFields, Family, ModelConfig, block_diffusion_fields, check_heads
+from .diffusion_gemma import DIFFUSION_GEMMA
 from .dream import DREAM
 from .fastdllm_v2 import FASTDLLM_V2
 from .llada import LLADA
@@ -20,7 +21,8 @@ from .rnd1 import RND1
 from .sdar import SDAR
 from .stable_diffcoder import STABLE_DIFFCODER
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2,
+                                                                   DIFFUSION_GEMMA)}
 
 FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1)})  # the 2026 derivatives (issue 46)
 

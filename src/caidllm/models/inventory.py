@@ -39,6 +39,9 @@ def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
     hidden states the early-skip mode keeps (es, default schedule); none keeps nothing. A block-causal
     model's block cache holds every layer's keys and values once."""
     size = DTYPE_BYTES[dtype]
+    if get_family(config.family).uniform:  # DiffusionGemma: its per-request canvas cache (layers of two shapes)
+        with torch.device("meta"):
+            return {"canvas": get_family(config.family).model_class(config).cache_bytes(length, size)}
     kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * length * size
     if config.block_causal:  # the exact block cache (and Fast-dLLM v2's within-block cache in it)
         return {"block": kv, "subblock": kv, "none": 0}
@@ -51,7 +54,7 @@ def family_rows() -> list[dict]:
     whether it is block-causal (the decode layer says which decoders and cache modes apply)."""
     return [{"family": f.name, "architectures": list(f.architectures), "model_types": list(f.model_types),
              "confidence_gating": f.confidence_gating, "cache_refresh_every": f.cache_refresh_every,
-             "description": f.description, "block_causal": f.block_causal, "block_lengths": []}
+             "description": f.description, "block_causal": f.block_causal, "block_lengths": [], "uniform": f.uniform}
             for f in FAMILIES.values()]
 
 

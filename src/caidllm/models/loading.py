@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: F401 - tests patch loading.F
 
 from ..errors import ModelLoadError
-from .checkpoints import identify
+from .checkpoints import identify, refused_variant
 from .config import ModelConfig
 from .families import get_family, load_config
 from .hub import download, is_hub_id
@@ -104,6 +104,9 @@ def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None, pack
 
 def resolve_folder(path_or_name) -> tuple[Path, str | None]:
     """The local folder of `path_or_name` and, when it was a hub id, that id (models/hub.py)."""
+    refusal = refused_variant(path_or_name)  # a quantized variant caidllm cannot load: before any download
+    if refusal:
+        raise ModelLoadError(refusal)
     if isinstance(path_or_name, str) and path_or_name in EMBEDDED:
         folder = EMBEDDED[path_or_name]
         if not (folder / "config.json").is_file():
@@ -142,8 +145,9 @@ def load_tokenizer(folder: Path, config: ModelConfig):
     if n > config.vocab_size:
         raise ModelLoadError(f"{tok_file} has {n} tokens but the model's vocabulary has only {config.vocab_size}")
     generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
-    mask_id = checkpoint_mask_id(tokenizer, config, generation, folder)
-    if tokenizer.mask_token is None:
+    # a uniform-state family (DiffusionGemma) has no mask token: its canvases start as random tokens
+    mask_id = None if get_family(config.family).uniform else checkpoint_mask_id(tokenizer, config, generation, folder)
+    if tokenizer.mask_token is None and mask_id is not None:
         tokenizer.mask_token = tokenizer.convert_ids_to_tokens(mask_id)
     for name in ("eos_id", "pad_id"):
         value = getattr(config, name)
@@ -235,6 +239,9 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
         plan.check(model)
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
+    if shard is not None and get_family(config.family).uniform:
+        raise ModelLoadError(f"--tp: tensor parallelism is not implemented for the {config.family} family; "
+                             "load it on one device")
     if shard is not None:  # a tensor-parallel rank: its part of each tensor only (parallel/loading.py)
         return shard(model, config, where, found, device, dtype).eval()
 
@@ -324,7 +331,8 @@ def _check_weights(where: dict[str, Path], expected: dict[str, tuple], config: M
 
     # Rotary tables are recomputed, and a tied head duplicated in the file is the embedding.
     tied_heads = {"model.transformer.ff_out.weight", "lm_head.weight"} if config.tie_embeddings else set()
-    names = [n for n in where if not n.endswith("rotary_emb.inv_freq") and n not in tied_heads]
+    ignores = get_family(config.family).ignores_weight or (lambda name: False)  # a vision tower, tied copies
+    names = [n for n in where if not n.endswith("rotary_emb.inv_freq") and n not in tied_heads and not ignores(n)]
     missing = sorted(set(expected) - set(names))
     unexpected = sorted(set(names) - set(expected))
     if unexpected:

@@ -205,7 +205,8 @@ def set_moe_kernel(model: nn.Module, kernel: str) -> None:
     """Run every MoE layer of `model` with `kernel` (moe_kernels.py: auto, loop, grouped, sized, padded,
     native); InputError for an unknown one, a stacked-only kernel on quantized experts, or native
     where it cannot run (no compiler, not a CPU, the CPU lacks its instructions)."""
-    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    # MoEFeedForward, and any family's layer that runs routed experts itself (runs_experts: DiffusionGemma's)
+    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward) or getattr(m, "runs_experts", False)]
     quantized = any(not isinstance(m.experts, StackedExperts) for m in layers)
     check_kernel(kernel, quantized, [m.experts for m in layers])
     for layer in layers:

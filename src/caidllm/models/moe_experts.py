@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .layers import swiglu, swiglu_weights
@@ -55,7 +56,10 @@ class ExpertMLP(nn.Module):
 
 class StackedExperts(nn.Module):
     """num_experts SwiGLU experts, each projection's weights one [experts, out, in] tensor
-    (left uninitialised: loaded or drawn afterwards)."""
+    (left uninitialised: loaded or drawn afterwards). ``activation`` is the gate's (silu; a
+    family with another gated activation, DiffusionGemma's tanh GELU, subclasses it)."""
+
+    activation = staticmethod(F.silu)
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
@@ -66,7 +70,8 @@ class StackedExperts(nn.Module):
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e's SwiGLU of x [n, hidden] (the loop kernel's step)."""
-        return swiglu_weights(x, self.gate_proj[e], self.up_proj[e], self.down_proj[e])
+        return F.linear(self.activation(F.linear(x, self.gate_proj[e])) * F.linear(x, self.up_proj[e]),
+                        self.down_proj[e])
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for name in PROJECTIONS:

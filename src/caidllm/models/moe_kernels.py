@@ -116,7 +116,7 @@ def grouped_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     def project(inputs, stacked):
         return torch._grouped_mm(inputs, stacked.transpose(1, 2), offs=pairs.ends)
 
-    hidden = F.silu(project(routed, experts.gate_proj)) * project(routed, experts.up_proj)
+    hidden = experts.activation(project(routed, experts.gate_proj)) * project(routed, experts.up_proj)
     return combine(x, pairs, project(hidden, experts.down_proj), weights)
 
 
@@ -128,7 +128,7 @@ def padded_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     slot = torch.arange(pairs.token.shape[0], device=x.device) - starts[pairs.expert]
     buffer = x.new_zeros(experts.num_experts, tokens, x.shape[-1])
     buffer[pairs.expert, slot] = x[pairs.token]
-    hidden = F.silu(torch.bmm(buffer, experts.gate_proj.transpose(1, 2))) \
+    hidden = experts.activation(torch.bmm(buffer, experts.gate_proj.transpose(1, 2))) \
         * torch.bmm(buffer, experts.up_proj.transpose(1, 2))
     out = torch.bmm(hidden, experts.down_proj.transpose(1, 2))
     return combine(x, pairs, out[pairs.expert, slot], weights)
@@ -155,14 +155,15 @@ def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(rows, weight)
 
 
-def _sized_expert(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return _sized_linear(F.silu(_sized_linear(rows, gate)) * _sized_linear(rows, up), down)
+def _sized_expert(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                  activation: Callable = F.silu) -> torch.Tensor:
+    return _sized_linear(activation(_sized_linear(rows, gate)) * _sized_linear(rows, up), down)
 
 
 def sized_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     """The loop's order and host counts (free on a CPU); each projection through _sized_linear."""
     def expert_on_rows(e: int, rows: torch.Tensor) -> torch.Tensor:
-        return _sized_expert(rows, experts.gate_proj[e], experts.up_proj[e], experts.down_proj[e])
+        return _sized_expert(rows, experts.gate_proj[e], experts.up_proj[e], experts.down_proj[e], experts.activation)
 
     return _each_expert(experts, x, chosen, weights, expert_on_rows)
 
@@ -171,6 +172,8 @@ def native_unavailable(experts, x: torch.Tensor | None = None) -> str | None:
     """None where the native kernel runs these experts (on x, when given); else why not, in words."""
     if not isinstance(experts, StackedExperts):
         return "it runs stacked full-precision experts, not quantized ones"
+    if experts.activation is not F.silu:
+        return "it computes SwiGLU experts (silu gates) only"
     stacks = [experts.gate_proj, experts.up_proj, experts.down_proj]
     if stacks[0].device.type != "cpu":
         return f"it runs on a CPU, not {stacks[0].device.type}"

@@ -64,7 +64,8 @@ def split_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(sharded, replicated) parameter counts: every weight matrix inside a decoder layer but the
     routers' is sharded; embeddings, head, norms, routers and vectors are replicated."""
     _, layers = decoder_layers(model)
-    routers = {id(p) for m in model.modules() if isinstance(m, Router) for p in m.parameters()}
+    routers = {id(p) for m in model.modules() if isinstance(m, Router) or getattr(m, "is_router", False)
+               for p in m.parameters()}
     in_layers = {id(p) for layer in layers for p in layer.parameters() if p.dim() >= 2 and id(p) not in routers}
     sharded = replicated = 0
     seen = set()
@@ -92,7 +93,8 @@ def memory_plan(described, tp: int, dtype: torch.dtype, gpu_memory_gib: float, c
     sharded, replicated = split_parameters(described.model)
     weights = (sharded // tp + replicated) * size
     # every layer's keys and values once: the dual cache, or a block-causal model's exact block cache
-    kv = cache_bytes(config, context, dtype)["block" if config.block_causal else "dual"] // tp
+    modes = cache_bytes(config, context, dtype)
+    kv = modes.get("canvas", modes.get("block" if config.block_causal else "dual")) // tp
     budget = int(USABLE * gpu_memory_gib * GIB) - weights
     return MemoryPlan(model=described.name, tp=tp, dtype=str(dtype).removeprefix("torch."),
                       gpu_memory_gib=gpu_memory_gib, context=context, sharded_parameters=sharded,

@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from . import block_random
 from .device import check_device_dtype, resolve_dtype
+from .diffusion_gemma_config import RELEASED_26B_A4B, with_overrides
 from .families import get_family, parse_config
 from .generated_tokenizer import generated_tokenizer
 from .layers import RMSNorm
@@ -81,6 +82,8 @@ GENERATED_TOKENIZER = {"llada-8b": "llada", "mmada-8b": "llada", "llada-moe-7b":
                        "dream-7b": "dream", "dream-coder-7b": "dream", "diffucoder-7b": "dream"}
 OFFICIAL.update(block_random.OFFICIAL)  # llada2-mini, llada2-flash, sdar-1.7b, sdar-8b, sdar-30b-a3b
 GENERATED_TOKENIZER.update(block_random.FAMILY)
+OFFICIAL["diffusiongemma-26b-a4b"] = RELEASED_26B_A4B  # its text config nested (diffusion_gemma_config.py)
+GENERATED_TOKENIZER["diffusiongemma-26b-a4b"] = "diffusion_gemma"
 TOKEN_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id", "bos_token_id")
 
 
@@ -103,10 +106,14 @@ def random_raw_config(name: str) -> tuple[str, dict]:
     for key, text in pairs:
         if key in TOKEN_FIELDS:
             raise ModelLoadError(f"{name!r}: {key} is set by the generated tokenizer and cannot be overridden")
-        if key not in raw:
+        fields = {**raw, **raw.get("text_config", {})}  # a nested text config's fields too (DiffusionGemma)
+        if key not in fields or isinstance(fields[key], (dict, list)):
             raise ModelLoadError(f"{name!r}: {key!r} is not a config.json field of {shape}; fields: "
-                                 + ", ".join(sorted(raw)))
-        raw[key] = _typed(name, key, text, raw[key])
+                                 + ", ".join(sorted(k for k, v in fields.items() if not isinstance(v, (dict, list)))))
+        if "text_config" in raw:
+            with_overrides(raw, {key: _typed(name, key, text, fields[key])})
+        else:
+            raw[key] = _typed(name, key, text, raw[key])
     given = dict(pairs)
     if "embedding_size" in raw and "embedding_size" not in given and "vocab_size" in given:
         raw["embedding_size"] = raw["vocab_size"]  # the weights are sized by embedding_size
@@ -168,7 +175,8 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
 
 
 def _max_length(raw: dict) -> int:
-    return int(raw.get("max_sequence_length") or raw.get("max_position_embeddings"))
+    fields = {**raw, **raw.get("text_config", {})}
+    return int(fields.get("max_sequence_length") or fields.get("max_position_embeddings"))
 
 
 def materialise(model: nn.Module, device: torch.device, generator: torch.Generator, plan=None) -> None:
@@ -217,6 +225,8 @@ def _initialise_one(module: nn.Module, generator: torch.Generator) -> None:
         module.weight.normal_(0.0, module.weight.shape[1] ** -0.5, generator=generator)
         if module.expert_bias is not None:
             module.expert_bias.normal_(0.0, 0.01, generator=generator)
+    elif hasattr(module, "draw_random"):  # a family's own parameters and buffers (DiffusionGemma's norms, router)
+        module.draw_random(generator)
     elif isinstance(module, StackedExperts):  # expert by expert, as separate Linear layers drew them
         for e in range(module.num_experts):
             for name in PROJECTIONS:

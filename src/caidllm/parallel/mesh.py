@@ -17,9 +17,8 @@ import torch.distributed as dist
 from ..errors import InputError, RankFailure
 from ..models.plan import check_tp_divides
 
-# How long a collective of the forward may wait for a peer before the group gives up.
+# How long any wait on a peer may last (--tp-timeout): joining, a forward's sum, a control message.
 DEFAULT_TIMEOUT_S = 120.0
-JOIN_TIMEOUT_S = 300.0  # forming the group (a rank that died meanwhile is caught sooner by launch.py's watchdog)
 
 
 @dataclass
@@ -81,11 +80,19 @@ def backend_for(device: torch.device | str) -> str:
 CPU_RANKS_AT_LEAST = 8
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity: a container's share, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def available_ranks(device: torch.device | str) -> int:
     """How many ranks --tp may use here: one per GPU on CUDA; on a CPU, the cores (at least 8)."""
     if torch.device(device).type == "cuda":
         return torch.cuda.device_count()
-    return max(os.cpu_count() or 1, CPU_RANKS_AT_LEAST)
+    return max(cpu_cores(), CPU_RANKS_AT_LEAST)
 
 
 def check_tp(tp, config, device) -> None:
@@ -94,39 +101,37 @@ def check_tp(tp, config, device) -> None:
         raise InputError(f"--tp must be a positive integer, got {tp!r}")
     if tp == 1:
         return
+    from ..models.families import get_family
+
+    if get_family(config.family).uniform:
+        raise InputError(f"--tp {tp}: tensor parallelism is not implemented for the {config.family} family "
+                         "(its own engine and layers); run it without --tp")
     backend_for(device)
     have = available_ranks(device)
     if tp > have:
-        unit = "GPUs" if torch.device(device).type == "cuda" else "CPU ranks (cores, at least 8)"
-        raise InputError(f"--tp {tp} needs {tp} ranks, but this machine has {have} {unit}")
+        if torch.device(device).type == "cuda":
+            raise InputError(f"--tp {tp} needs {tp} ranks, one GPU each, but this machine has {have} GPUs")
+        raise InputError(f"--tp {tp} needs {tp} ranks, but this machine has {cpu_cores()} CPU cores: at most "
+                         f"{have} CPU ranks (the cores, or {CPU_RANKS_AT_LEAST} on a smaller machine)")
     check_tp_divides(tp, config)  # each rank an equal share of heads, KV heads, widths and experts (as --plan)
 
 
 def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TPGroup:
     """Join the group of `size` ranks at 127.0.0.1:port (this process's default group) and
-    make the host-side control group the engine's inputs travel on."""
+    make the host-side control group the engine's inputs travel on. Every rank has announced
+    itself before (launch.py), so joining takes a moment: `timeout_s` bounds it as any other wait."""
     backend = backend_for(device)
-    join_s = max(timeout_s, JOIN_TIMEOUT_S)  # ranks start (spawn, import torch) at their own pace
+    wait = timedelta(seconds=timeout_s)
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                                timeout=timedelta(seconds=join_s))
-        forward = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-        # The control group waits as long as a server idles between requests (or a rank loads its
-        # share); a dead peer still ends its wait at once (its connection closes).
-        control = dist.new_group(backend="gloo", timeout=timedelta(days=1))
+                                timeout=wait)
+        forward = dist.new_group(backend=backend, timeout=wait)
+        # The control group's waits are bounded too: rank 0 sends a keep-alive while idle (mirror.py).
+        control = dist.new_group(backend="gloo", timeout=wait)
     except Exception as error:  # noqa: BLE001 - the store's and the backends' errors have many types
-        raise RankFailure(f"tensor-parallel rank {rank}/{size}: the group did not form within {join_s:g} s "
+        raise RankFailure(f"tensor-parallel rank {rank}/{size}: the group did not form within {timeout_s:g} s "
                           f"({first_line(error)})") from None
     return TPGroup(rank, size, group=forward, control=control, device=device)
-
-
-def ready(tp: TPGroup) -> None:
-    """Wait until every rank has loaded its share (loading may take longer than a forward's timeout)."""
-    try:
-        dist.barrier(group=tp.control)
-    except Exception as error:  # noqa: BLE001
-        raise RankFailure(f"tensor-parallel rank {tp.rank}/{tp.size}: a peer rank failed while loading "
-                          f"({first_line(error)})") from None
 
 
 def free_port() -> int:

@@ -8,7 +8,10 @@ After each step rank 0 sends a digest of what it committed; a rank that committe
 stops the group with a RankFailure (a safety net: it would mean the ranks' logits differ).
 
 The messages travel on the group's host-side gloo group (mesh.TPGroup.control), pickled
-(torch.distributed.broadcast_object_list); a dead peer ends the wait with a RankFailure."""
+(torch.distributed.broadcast_object_list); a dead peer ends the wait with a RankFailure. That
+group's waits are bounded by --tp-timeout: while rank 0 has nothing to send (an idle server, a
+command between steps) a keep-alive thread sends an empty message every quarter of it, so a rank
+that hears nothing for --tp-timeout knows rank 0 is gone or stopped and leaves."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import torch.distributed as dist
 from ..decode.engine import Engine
 from ..errors import RankFailure
 from .mesh import TPGroup, first_line
+from .watchdog import trace
 
 
 class RanksDiverged(RuntimeError):
@@ -36,8 +40,8 @@ def broadcast(tp: TPGroup, ops: list | None) -> list:
     try:
         dist.broadcast_object_list(box, group=tp.control, group_src=0)
     except Exception as error:  # noqa: BLE001 - gloo raises RuntimeError / DistBackendError
-        raise RankFailure(f"tensor-parallel rank {tp.rank}/{tp.size}: a peer rank is gone "
-                          f"({first_line(error)})") from None
+        peer = "a peer rank is gone" if tp.rank == 0 else "rank 0 is gone, or sent nothing within --tp-timeout"
+        raise RankFailure(f"tensor-parallel rank {tp.rank}/{tp.size}: {peer} ({first_line(error)})") from None
     return box[0]
 
 
@@ -45,13 +49,32 @@ class Mirror:
     """Rank 0's side, attached as ``lm.mirror``: every Engine made over the sharded model
     reports to it (decode/engine.py), and it sends the other ranks their inputs each step."""
 
-    def __init__(self, tp: TPGroup):
+    def __init__(self, tp: TPGroup, timeout_s: float = 120.0):
         self.tp = tp
         self._pending: list[tuple] = []
         self._lock = threading.Lock()  # a freed engine reports from whichever thread collects it
+        self._send = threading.Lock()  # the engine's and the keep-alive's messages, one at a time, in order
         self._serials = itertools.count()
         self._sent: dict[int, set[str]] = {}
         self.stopped = False
+        self.last_step, self.last_sent = 0.0, time.monotonic()  # no step yet: idle
+        self.in_step = False
+        self.keep_alive_s = min(timeout_s / 4, 2.0)
+        if tp.control is not tp.group:  # on one shared group its messages would cross the forward's sums
+            threading.Thread(target=self._keep_alive, name="caidllm-tp-keepalive", daemon=True).start()
+
+    def activity(self) -> str:
+        """What rank 0 is doing, as a failure names it."""
+        return "decoding" if self.in_step or time.monotonic() - self.last_step < 1.0 else "idle"
+
+    def _keep_alive(self) -> None:
+        while not self.stopped:
+            time.sleep(self.keep_alive_s / 2)
+            if time.monotonic() - self.last_sent >= self.keep_alive_s:
+                try:
+                    self.flush()
+                except RankFailure:
+                    return  # the watchdog or the engine's next step reports it
 
     def attach(self, engine) -> None:
         serial = next(self._serials)
@@ -72,6 +95,7 @@ class Mirror:
     def after_step(self, engine, events) -> None:
         """Remember what the step committed: the next message carries it for the others to compare."""
         self.record(engine, "check", digest(events))
+        self.in_step, self.last_step = False, time.monotonic()
 
     def before_step(self, engine) -> None:
         """Send the other ranks what changed, then the step itself."""
@@ -83,20 +107,26 @@ class Mirror:
         if new:
             self.record(engine, "requests", new)
         self.record(engine, "step")
+        if self.activity() == "idle":
+            trace("decoding")
+        self.in_step = True
         self.flush()
 
-    def flush(self) -> None:
-        with self._lock:
-            ops, self._pending = self._pending, []
-        broadcast(self.tp, ops)
+    def flush(self, last: bool = False) -> None:
+        with self._send:
+            if self.stopped:
+                return  # "stop" went: nobody listens any more
+            with self._lock:
+                ops, self._pending = self._pending, []
+            self.stopped = last
+            self.last_sent = time.monotonic()
+            broadcast(self.tp, ops)
 
     def stop(self) -> None:
         """Tell the other ranks to leave (their follow() returns)."""
-        if not self.stopped:
-            self.stopped = True
-            with self._lock:
-                self._pending.append(("stop", -1))
-            self.flush()
+        with self._lock:
+            self._pending.append(("stop", -1))
+        self.flush(last=True)
 
 
 def digest(events) -> int:
@@ -111,8 +141,8 @@ def _state(generator):
 
 def injected_fault(rank: int):
     """The failure tests' hook: CAIDLLM_TP_FAULT=RANK:STEP:die|raise|hang makes that rank exit at once
-    (a dead process), raise (a reported error) or hang at that step of its own (0: before it joins the
-    group, launch.py); (step, kind) or None."""
+    (a dead process), raise (a reported error) or hang at that step of its own (0: announced, before it
+    joins the group, launch.py); (step, kind) or None."""
     spec = os.environ.get("CAIDLLM_TP_FAULT", "")
     parts = spec.split(":")
     if len(parts) != 3 or parts[0] != str(rank):

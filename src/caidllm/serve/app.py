@@ -149,8 +149,9 @@ def _add_status_routes(app: FastAPI, server: _Server) -> None:
     @app.get("/health")
     async def health():
         alive = server.background.alive
-        status = "draining" if server.shutdown.draining else "ok" if alive else "stopped"
-        return JSONResponse({"status": status, "replica": settings.replica},
+        failure = server.shutdown.failure
+        status = "failed" if failure else "draining" if server.shutdown.draining else "ok" if alive else "stopped"
+        return JSONResponse({"status": status, "replica": settings.replica, **({"error": failure} if failure else {})},
                             status_code=200 if status == "ok" else 503)
 
     @app.get("/", include_in_schema=False)
@@ -195,7 +196,7 @@ async def _serve(server: _Server, request: Request, kind: str):
     lm, settings = server.lm, server.settings
     check_json_content_type(request)
     if server.shutdown.draining:
-        raise RequestError("the server is shutting down", None, 503, "server_error", "shutting_down")
+        raise RequestError(server.shutdown.refusal(), None, 503, "server_error", "shutting_down")
     raw = await read_body(request, settings.max_body_bytes, settings.body_timeout)
     if raw is None:  # the client left while sending
         return Response(status_code=CLIENT_CLOSED)

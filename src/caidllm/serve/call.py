@@ -79,7 +79,8 @@ class Call:
             if gathered in done:
                 return gathered.result()
             if expired in done:
-                raise ShuttingDown("the server is shutting down and its grace period ended before this request")
+                raise ShuttingDown(f"the server stopped: {self.shutdown.failure}" if self.shutdown.failure else
+                                   "the server is shutting down and its grace period ended before this request")
             raise asyncio.TimeoutError
         finally:
             expired.cancel()

@@ -89,17 +89,17 @@ def run(args) -> int:
     settings = settings_file_of(args)
     check_api_key(args)
     method = args.method or ("cai" if settings is not None else None)  # as settings_from takes it
-    check_before_load(args.model, method, gen_length=args.gen_length, block_length=args.block_length)
-    if args.tp > 1:  # a step policy the ranks cannot run alike, before they start
+    decoded = check_before_load(args.model, method, gen_length=args.gen_length, block_length=args.block_length)
+    from caidllm.parallel.launch import check_method, check_parallel
+
+    check_parallel(args, args.tp)  # --tp and --tp-timeout, before any rank starts
+    if args.tp > 1:  # a step policy or method the ranks cannot run alike, before they start
         from caidllm.decode.engine import step_policy_for
 
         step_policy_for(args.step_policy, tensor_parallel=True)
+        check_method(decoded, args.tp)
     if args.tp > 1:  # this process is rank 0 (the HTTP server, the engine) of the ranks it spawns
-        from caidllm.parallel.launch import parallel_model
-
-        with parallel_model(args, args.tp) as lm:
-            serve_model(args, lm)
-            lm.tp_ranks.raise_failure()  # a rank died: its requests got a 5xx, the server stopped; exit 2
+        serve_parallel(args)
     else:
         serve_model(args, load_model(args))
     # All has stopped cleanly. The interpreter's teardown of torch and the model would take seconds
@@ -108,6 +108,23 @@ def run(args) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def serve_parallel(args) -> None:
+    """Serve with --tp: a rank that failed stopped the server (its requests got a 5xx); exit 2 with one
+    line naming it, without the interpreter's teardown (as a clean stop)."""
+    from caidllm.errors import RankFailure
+    from caidllm.parallel.launch import parallel_model
+
+    try:
+        with parallel_model(args, args.tp) as lm:
+            serve_model(args, lm)
+            lm.tp_ranks.raise_failure()
+    except RankFailure as error:
+        logging.shutdown()
+        print(f"caidllm: error: {error}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
 
 
 def serve_model(args, lm) -> None:
@@ -132,7 +149,12 @@ def serve_model(args, lm) -> None:
     app.state.shutdown.on_expired = stop_http
 
     def on_signal(signum=None, frame=None):
+        if getattr(lm, "tp_ranks", None) is not None:
+            lm.tp_ranks.phase = "draining"  # what a rank failing from now on is said to interrupt
         app.state.shutdown.begin_from_thread()
+
+    def on_rank_failure(verdict: str):  # nothing can decode any more: refuse, fail what is in flight, stop
+        app.state.shutdown.fail_from_thread(verdict)
 
     def stop_engine_after_http():
         http.join()
@@ -141,7 +163,7 @@ def serve_model(args, lm) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     if getattr(lm, "tp_ranks", None) is not None:
-        lm.tp_ranks.on_failure = on_signal  # a rank died: drain and stop, as on SIGTERM
+        lm.tp_ranks.on_failure = on_rank_failure
     # What is loaded now lives as long as the process: the collector skips it from here on (at exit
     # too, where scanning the imports' and the model's objects once took seconds past the grace period).
     gc.freeze()

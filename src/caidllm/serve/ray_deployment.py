@@ -13,6 +13,12 @@ import socket
 import threading
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report leaves the machine
+# Serve's controller gives a new proxy actor 5 s to be ready and kills it past that ("killed by ray.kill ...
+# cancelled before it started running"): a loaded machine takes longer to start its worker process and
+# import the proxy. A Ray instance started here (its processes inherit this environment) waits longer.
+for _name, _seconds in (("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "120"),
+                        ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")):
+    os.environ.setdefault(_name, _seconds)
 
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
@@ -60,9 +66,11 @@ def start(args) -> bool:
     replicas.check(args)  # before any replica
     started_here = False
     if not ray.is_initialized():
-        address = args.ray_address or os.environ.get("RAY_ADDRESS")
+        # No address given: a Ray instance of our own ("local"), never another session's left running on
+        # this machine (ray.init's default would join any it finds).
+        address = args.ray_address or os.environ.get("RAY_ADDRESS") or "local"
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
-        started_here = address is None
+        started_here = address == "local"
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build(args), name=APP_NAME, route_prefix="/")
     return started_here

@@ -59,6 +59,12 @@ def deployment_options(args, gpus_in_cluster: bool) -> dict:
 def check(args) -> None:
     """What can be checked before Ray starts (a replica that fails to start makes Ray retry it)."""
     deployment_options(args, gpus_in_cluster=False)
+    if getattr(args, "tp", 1) > 1:
+        raise InputError(f"--tp {args.tp} with --replicas is not supported yet (each replica would have to spawn "
+                         "and own its ranks inside Ray); run one `caidllm serve --tp N` per machine, or --replicas "
+                         "without --tp")
+    if getattr(args, "tp_timeout", None) is not None:
+        raise InputError("--tp-timeout applies to --tp N (N > 1) only; drop it or add --tp")
     if args.replica_metrics_port is not None and not 0 < args.replica_metrics_port < 65536:
         raise InputError(f"--replica-metrics-port must be a port number, got {args.replica_metrics_port}")
     for name in ("gen_length", "block_length", "max_batch", "max_queue"):

@@ -23,6 +23,7 @@ logger = logging.getLogger("caidllm.serve")
 
 # uvicorn cuts what is still open this long after the grace period: only a backstop, the calls end first.
 BACKSTOP_S = 1.0
+FAILED_GRACE_S = 1.0  # after a rank failure: the engine's own error reaches the requests in flight first
 
 
 class Shutdown:
@@ -35,6 +36,7 @@ class Shutdown:
         self.expired = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's loop, set at startup
         self.on_expired: Callable[[], None] | None = None
+        self.failure: str | None = None  # why the server cannot serve any more (a tensor-parallel rank failed)
 
     def begin(self) -> None:
         """On the server's loop: start draining; a second call (a second signal) ends the drain now."""
@@ -50,6 +52,27 @@ class Shutdown:
             self.expired.set()
             if self.on_expired is not None:
                 self.on_expired()
+
+    def fail(self, failure: str) -> None:
+        """On the server's loop: the server cannot decode any more (`failure` says why: /health and every
+        refusal name it). The requests in flight get a moment for the engine's own error, then end."""
+        self.failure = failure
+        logger.error("stopping: %s", failure)
+        if not self.draining:
+            self.draining = True
+        asyncio.get_running_loop().call_later(min(self.grace, FAILED_GRACE_S), self.expire)
+
+    def fail_from_thread(self, failure: str) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.fail, failure)
+        else:  # before the server started: nothing to fail
+            self.failure = failure
+            if self.on_expired is not None:
+                self.on_expired()
+
+    def refusal(self) -> str:
+        """What a request refused while draining is told."""
+        return "the server is shutting down" + (f": {self.failure}" if self.failure else "")
 
     def begin_from_thread(self) -> None:
         """From a signal handler or another thread."""

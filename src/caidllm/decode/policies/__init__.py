@@ -19,8 +19,8 @@ from typing import Callable
 
 import torch
 
-from caidllm.decode.policies import (block_quota, cai, eb, margin, random_order, slowfast, subblock, threshold, vanilla,
-                                     wino)
+from caidllm.decode.policies import (block_quota, cai, eb, klass, margin, prophet, random_order, slowfast, subblock,
+                                     threshold, vanilla, wino)
 from caidllm.decode.policies.base import NoSettings, PolicyConfig, PolicySettings, StepView
 from caidllm.errors import InputError
 from caidllm.setting_rules import BLOCK_CAUSAL
@@ -45,6 +45,10 @@ class PolicySpec:
     settings_type: type[PolicySettings] = NoSettings
     state_names: tuple[str, ...] = ()
     needs_distribution: bool = False  # the view carries each position's entropy and second probability
+    needs_probabilities: bool = False  # the view carries each position's whole distribution (float64)
+    # The forward returns the whole generation's logits (view.generation_logits) and the policy may end a
+    # request at once (view.finish: every mask left takes its prediction), as Prophet's early exit.
+    sees_generation: bool = False
     revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
     forward: str | None = None  # a forward mode of its own, at every step (a name in models/modes: FORWARD_MODES)
     # new_state(config, prompt): the request's own memory beyond the state tensors (request.policy_state; may
@@ -67,6 +71,11 @@ POLICIES: dict[str, PolicySpec] = {
     "eb": PolicySpec(eb.select, eb.EBSettings, needs_distribution=True),
     "slowfast": PolicySpec(slowfast.select, slowfast.SlowFastSettings),
     "wino": PolicySpec(wino.select, wino.WinoSettings, state_names=wino.STATE, revises=True, forward="verify"),
+    # KLASS: every confident position whose distribution has stayed put for `history` steps, else the schedule.
+    "klass": PolicySpec(klass.select, klass.KlassSettings, state_names=("n_masked",), needs_probabilities=True,
+                        new_state=klass.new_state),
+    # Prophet: LLaDA's schedule until the answer's top-2 logit gap says it has converged, then everything at once.
+    "prophet": PolicySpec(prophet.select, prophet.ProphetSettings, state_names=("n_masked",), sees_generation=True),
     # The request draws a decoding order at each block start and the policy is offered only the step's share.
     "random": PolicySpec(random_order.select, new_state=random_order.new_state,
                          block_causal_method="vanilla"),

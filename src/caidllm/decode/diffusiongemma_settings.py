@@ -1,0 +1,132 @@
+"""Settings of the uniform-state decoders (DiffusionGemma's entropy-bound sampler), owned by the method.
+
+Defaults are the released checkpoint's generation_config.json (models/diffusion_gemma_config.py's
+GENERATION_DEFAULTS); a checkpoint folder's own generation_config.json overrides them
+(``from_generation_config``); each keyword the caller gives overrides both. Every knob is checked in
+``validate`` with an InputError naming the field.
+
+Methods: ``diffusiongemma`` (sample each position from the temperature-scaled logits, the official
+sampler) and ``greedy`` (the argmax instead of a sample; canvas initialisation and renoising still
+draw from the request's generator, seeded: reproducible).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from caidllm.checks import is_int, is_number
+from caidllm.errors import InputError
+from caidllm.models.diffusion_gemma_config import GENERATION_DEFAULTS
+
+UNIFORM_METHODS = ("diffusiongemma", "greedy")
+
+
+@dataclass
+class DiffusionGemmaSettings:
+    method: str = "diffusiongemma"
+    gen_length: int = 256  # new tokens wanted: ceil(gen_length / canvas_length) canvases at most
+    canvas_length: int | None = None  # None: the checkpoint's; any other value is refused (trained length)
+    max_denoising_steps: int = GENERATION_DEFAULTS["max_denoising_steps"]
+    entropy_bound: float = GENERATION_DEFAULTS["entropy_bound"]
+    t_min: float = GENERATION_DEFAULTS["t_min"]
+    t_max: float = GENERATION_DEFAULTS["t_max"]
+    # stable-and-confident stop: argmax unchanged over stability_threshold steps and mean entropy under
+    # confidence_threshold; adaptive_stop False runs every step (the official generate without them)
+    stability_threshold: int = GENERATION_DEFAULTS["stability_threshold"]
+    confidence_threshold: float = GENERATION_DEFAULTS["confidence_threshold"]
+    adaptive_stop: bool = True
+    seed: int | None = None  # None: a fresh seed (diffusiongemma), 0 (greedy)
+    # exact_seed: the request's generator is seeded with `seed` itself (transformers' torch.manual_seed(seed)
+    # at batch 1); else with a hash of seed and prompt (decode/sampling.py), as every caidllm decoder
+    exact_seed: bool = False
+    sample_chunk: int = 64  # canvas positions whose float32 probabilities exist at once (peak memory)
+    given: set = field(default_factory=set, repr=False, compare=False)
+
+    @property
+    def sample(self) -> bool:
+        return self.method == "diffusiongemma"
+
+    def validate(self, canvas_length: int | None = None) -> DiffusionGemmaSettings:
+        if self.method not in UNIFORM_METHODS:
+            raise InputError(
+                f"method {self.method!r}: the uniform-state decoders are {', '.join(UNIFORM_METHODS)}"
+            )
+        for name in ("gen_length", "max_denoising_steps", "sample_chunk"):
+            _positive_int(name, getattr(self, name))
+        if not is_int(self.stability_threshold) or self.stability_threshold < 0:
+            raise InputError(f"stability_threshold must be an integer >= 0, got {self.stability_threshold!r}")
+        for name in ("entropy_bound", "confidence_threshold"):
+            value = getattr(self, name)
+            if not is_number(value) or not value > 0:
+                raise InputError(f"{name} must be a number > 0, got {value!r}")
+        for name in ("t_min", "t_max"):
+            if not is_number(getattr(self, name)) or getattr(self, name) < 0:
+                raise InputError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
+        if not self.t_max > self.t_min:
+            raise InputError(f"t_max ({self.t_max}) must be greater than t_min ({self.t_min})")
+        if self.seed is not None and not is_int(self.seed):
+            raise InputError(f"seed must be an integer, got {self.seed!r}")
+        for name in ("adaptive_stop", "exact_seed"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if canvas_length is not None:
+            if self.canvas_length is not None and self.canvas_length != canvas_length:
+                raise InputError(
+                    f"canvas_length {self.canvas_length!r}: this checkpoint decodes canvases of "
+                    f"{canvas_length} tokens (its trained length) only"
+                )
+            self.canvas_length = canvas_length
+        return self
+
+
+def _positive_int(name: str, value) -> None:
+    if not is_int(value) or value < 1:
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
+
+
+FIELDS = {f.name for f in dataclasses.fields(DiffusionGemmaSettings)} - {"given"}
+# generation_config.json's names -> the settings' (the entropy bound may sit in a sampler_config object)
+GENERATION_KEYS = (
+    "max_denoising_steps",
+    "entropy_bound",
+    "t_min",
+    "t_max",
+    "stability_threshold",
+    "confidence_threshold",
+)
+
+
+def checkpoint_defaults(folder) -> dict:
+    """The sampler knobs a checkpoint folder's generation_config.json sets (none when absent)."""
+    path = Path(folder) / "generation_config.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    sampler = raw.get("sampler_config") if isinstance(raw.get("sampler_config"), dict) else {}
+    found = {k: raw[k] for k in GENERATION_KEYS if raw.get(k) is not None}
+    if sampler.get("entropy_bound") is not None:
+        found["entropy_bound"] = sampler["entropy_bound"]
+    return found
+
+
+def build_settings(method: str, folder=None, **options) -> DiffusionGemmaSettings:
+    """Settings of `method`: its defaults, the checkpoint's generation_config.json, then `options`
+    (None values left out); an unknown option is refused naming it (a mask-based decoder's setting)."""
+    unknown = sorted(k for k, v in options.items() if k not in FIELDS and v is not None)
+    if unknown:
+        raise InputError(
+            f"setting {unknown[0]!r} does not apply to the uniform-state decoder {method!r} "
+            f"(its settings: {', '.join(sorted(FIELDS - {'method'}))})"
+        )
+    given = {k for k, v in options.items() if v is not None}
+    values = {**checkpoint_defaults(folder), **{k: v for k, v in options.items() if v is not None}}
+    settings = DiffusionGemmaSettings(method=method, given=given, **values)
+    if settings.seed is None and not settings.sample:
+        settings.seed = 0  # greedy is reproducible without a seed
+    return settings

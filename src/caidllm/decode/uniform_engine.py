@@ -1,0 +1,195 @@
+"""The step-level engine of the uniform-state family (DiffusionGemma): submit, step, run, cancel, with
+continuous batching. A request is admitted at the next step into a free slot (its prompt encoded into
+its own cache then), every running canvas advances one denoising step per `step()` in one batched
+decoder forward, a canvas that ends is appended to its request's answer, encoded into its cache, and the
+next canvas starts at the next step. A request leaves as soon as it is done (an end token in a canvas, or
+its canvases all decoded). Each request draws from its own generator: its tokens do not depend on who
+shares its forwards (alone, batched, or joining mid-flight).
+
+Events are the mask engine's CommitEvent: one per request and step; a step that ends a canvas carries
+that canvas's positions and tokens (the stream of finished canvases), the last one the result.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+
+import torch
+
+from caidllm.checks import is_id_list
+from caidllm.decode.diffusiongemma_sampler import denoise_step
+from caidllm.decode.diffusiongemma_settings import DiffusionGemmaSettings
+from caidllm.decode.diffusiongemma_state import CanvasRequest
+from caidllm.decode.request import CommitEvent
+from caidllm.decode.results import GenerationResult, Trace
+from caidllm.decode.sampling import request_generator
+from caidllm.errors import EngineFullError, InputError
+from caidllm.models.diffusion_gemma_cache import DGCache
+
+
+class UniformEngine:
+    def __init__(self, lm, max_batch: int = 8, max_queue: int = 256):
+        self.lm, self.max_batch, self.max_queue = lm, max_batch, max_queue
+        self.queue: deque[CanvasRequest] = deque()
+        self.running: dict[str, CanvasRequest] = {}
+        self.forwards = 0
+        self.steps = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.queue or self.running)
+
+    @property
+    def canvas_length(self) -> int:
+        return self.lm.model.shape.canvas_length
+
+    def submit(
+        self, prompt_ids: list[int], settings: DiffusionGemmaSettings, request_id: str | None = None
+    ) -> str:
+        request = self.prepare(prompt_ids, settings, request_id)
+        if len(self.queue) >= self.max_queue:
+            raise EngineFullError(f"the queue is full ({self.max_queue} requests waiting)")
+        self.queue.append(request)
+        return request.id
+
+    def prepare(self, prompt_ids, settings: DiffusionGemmaSettings, request_id=None) -> CanvasRequest:
+        if not isinstance(settings, DiffusionGemmaSettings):
+            raise InputError(f"settings must be DiffusionGemmaSettings, got {type(settings).__name__}")
+        c, L = self.lm.config, self.canvas_length
+        settings.validate(L)
+        if not is_id_list(prompt_ids):
+            raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
+        bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
+        if bad:
+            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+        image = self.lm.model.shape.image_token_id
+        if image is not None and image in prompt_ids:
+            raise InputError(
+                "the prompt holds image tokens: DiffusionGemma's vision tower is not loaded "
+                "(caidllm runs its text path only)"
+            )
+        canvases = math.ceil(settings.gen_length / L)
+        if len(prompt_ids) + canvases * L > c.max_length:
+            raise InputError(
+                f"prompt ({len(prompt_ids)} tokens) + {canvases} canvases of {L} exceeds the "
+                f"model's context of {c.max_length} tokens (gen_length {settings.gen_length})"
+            )
+        if settings.exact_seed and settings.seed is not None:
+            generator = torch.Generator(device=self.lm.device).manual_seed(settings.seed)
+        else:
+            generator = request_generator(settings.seed, list(prompt_ids), self.lm.device)
+        return CanvasRequest(
+            id=uuid.uuid4().hex if request_id is None else str(request_id),
+            prompt=list(prompt_ids),
+            settings=settings,
+            generator=generator,
+            cache=DGCache.empty(c.n_layers),
+            vocab_size=c.vocab_size,
+            canvas_length=L,
+            canvases_wanted=canvases,
+        )
+
+    def cancel(self, request_id: str) -> None:
+        self.running.pop(request_id, None)
+        self.queue = deque(r for r in self.queue if r.id != request_id)
+
+    def cancel_all(self) -> list[str]:
+        ids = [*self.running, *(r.id for r in self.queue)]
+        self.running.clear()
+        self.queue.clear()
+        return ids
+
+    def run(self) -> Iterator[CommitEvent]:
+        while self.has_work:
+            yield from self.step()
+
+    @torch.no_grad()
+    def step(self) -> list[CommitEvent]:
+        """Admit waiting requests, advance every running canvas by one step; the step's events."""
+        while self.queue and len(self.running) < self.max_batch:
+            self._admit(self.queue.popleft())
+        if not self.running:
+            return []
+        requests = list(self.running.values())
+        ended = denoise_step(self.lm.model, requests)
+        self.forwards += 1
+        self.steps += 1
+        return [self._after_step(r, done) for r, done in zip(requests, ended)]
+
+    @torch.no_grad()
+    def _admit(self, r: CanvasRequest) -> None:
+        device = self.lm.device
+        self.lm.model.encode(torch.tensor([r.prompt], device=device), r.cache)
+        r.encoder_forwards += 1
+        r.new_canvas(device)
+        self.running[r.id] = r
+
+    @torch.no_grad()
+    def _after_step(self, r: CanvasRequest, canvas_ended: bool) -> CommitEvent:
+        index = len(r.steps_per_canvas)
+        event = CommitEvent(
+            request_id=r.id,
+            block=index,
+            step=r.step - 1,
+            positions=[],
+            token_ids=[],
+            first_confidence=[],
+            block_start=index * r.canvas_length,
+        )
+        if not canvas_ended:
+            return event
+        tokens = r.argmax.tolist()
+        eos = set(self.lm.config.eos_ids)
+        end = next((i for i, t in enumerate(tokens) if t in eos), None)
+        if end is not None:  # the reference's padding after the end token
+            tokens = tokens[: end + 1] + [self.lm.config.pad_id] * (len(tokens) - end - 1)
+        event.positions = list(range(index * r.canvas_length, (index + 1) * r.canvas_length))
+        event.token_ids = tokens
+        r.generated += tokens
+        r.steps_per_canvas.append(r.step)
+        r.finished = end is not None or len(r.steps_per_canvas) >= r.canvases_wanted
+        r.ended_by_eos = end is not None
+        if r.finished:
+            event.finished, event.result = True, self._result(r)
+            del self.running[r.id]
+        else:
+            self.lm.model.encode(r.argmax[None], r.cache)
+            r.encoder_forwards += 1
+            r.new_canvas(self.lm.device)
+        event.prefix_length = _answer_length(r.generated, eos)
+        return event
+
+    def _result(self, r: CanvasRequest) -> GenerationResult:
+        ids = r.generated[: r.settings.gen_length]
+        answer = _answer_length(ids, set(self.lm.config.eos_ids))
+        ends, steps = [], 0
+        for n in r.steps_per_canvas:
+            steps += n
+            ends += [steps - 1] * r.canvas_length
+        trace = Trace(
+            commit_step=ends[: len(ids)],
+            commit_step_in_block=[-1] * len(ids),
+            first_confidence=[None] * len(ids),
+        )
+        return GenerationResult(
+            text=self.lm.decode(ids[:answer]),
+            token_ids=ids,
+            answer_length=answer,
+            nfe=r.nfe,
+            steps_per_block=list(r.steps_per_canvas),
+            elapsed_s=time.perf_counter() - r.admitted_at,
+            policy_s=0.0,
+            early_stopped=r.ended_by_eos,
+            method=r.settings.method,
+            prompt_length=len(r.prompt),
+            trace=trace,
+            prefill_positions=len(r.prompt),
+        )
+
+
+def _answer_length(ids: list[int], eos: set) -> int:
+    return next((i for i, t in enumerate(ids) if t in eos), len(ids))

@@ -1,0 +1,89 @@
+"""transformers' DiffusionGemma (the oracle, installed with caidllm's test dependencies) on small random
+configs, and caidllm's model built from the same config and weights."""
+
+from __future__ import annotations
+
+import torch
+
+from caidllm.models.diffusion_gemma import DiffusionGemmaModel
+from caidllm.models.families import parse_config
+
+
+def text_config(**overrides) -> dict:
+    """Four layers (sliding, full, sliding, full), a window of 4 (prompts longer than it exercise it),
+    full layers with their own head size and one key/value head, a soft-cap small enough to bite."""
+    config = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        global_head_dim=16,
+        num_global_key_value_heads=1,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        num_experts=6,
+        top_k_experts=2,
+        moe_intermediate_size=12,
+        max_position_embeddings=512,
+        final_logit_softcapping=3.0,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+    config.update(overrides)
+    return config
+
+
+def reference(
+    seed: int = 0, canvas_length: int = 8, scale: float = 0.7, image_token_id: int = 258_880, **overrides
+):
+    """transformers' DiffusionGemmaForBlockDiffusion (fp32, eager attention), every weight redrawn
+    (scale / sqrt(fan-in)) large enough that the outputs are far from uniform, small enough that the
+    float rounding differences between two implementations do not grow through the self-conditioning
+    loop into different samples within a test's steps (a random model with large weights is chaotic)."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    vision = dict(
+        model_type="gemma4_vision",
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    config = DiffusionGemmaConfig(
+        text_config=text_config(**overrides),
+        vision_config=vision,
+        canvas_length=canvas_length,
+        image_token_id=image_token_id,
+    )
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = DiffusionGemmaForBlockDiffusion(config).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "vision" in name:
+                continue
+            if p.ndim == 1:  # norms, scales: around one
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=generator))
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * (scale / p.shape[-1] ** 0.5))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=generator))
+    return model
+
+
+def ours_from(model) -> DiffusionGemmaModel:
+    """caidllm's model from the reference's config.json and state dict."""
+    raw = model.config.to_dict()
+    raw["architectures"] = ["DiffusionGemmaForBlockDiffusion"]
+    config = parse_config(raw)
+    ours = DiffusionGemmaModel(config)
+    ours.load_state_dict(model.state_dict())
+    return ours.eval()

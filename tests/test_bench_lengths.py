@@ -1,0 +1,66 @@
+"""`caidllm bench --lengths`: the length table in one command on `tiny` (tiny lengths, --limit 2): the table,
+the plot and the JSON in the output folder, the expected time said before the run; refusals (a length not a
+multiple of the block, a decoder setting out of range) exit 2 before anything runs; a run that fails midway
+leaves nothing in the output folder."""
+
+import json
+
+import pytest
+
+from caidllm.bench import lengths as lengths_module
+from caidllm.bench.lengths import parse_lengths
+from caidllm.cli import main
+from caidllm.errors import InputError
+
+SMALL = ["--model", "tiny", "--task", "synthetic:boolean_expressions", "--limit", "2", "--batch-size", "2",
+         "--methods", "vanilla,cai", "--block-length", "8", "--no-progress"]
+
+
+def test_the_length_table_in_one_command(tmp_path, capsys):
+    out = tmp_path / "lengths"
+    assert main(["bench", *SMALL, "--lengths", "16,8", "--out", str(out)]) == 0
+    assert "expected at most ~" in capsys.readouterr().err  # said before the run starts
+    assert sorted(p.name for p in out.iterdir()) == ["lengths.png", "results.json", "results.md"]
+    report = json.loads((out / "results.json").read_text())
+    assert report["lengths"] == [8, 16] and report["block_length"] == 8
+    cells = {(r["method"], r["gen_length"]): r for r in report["rows"]}
+    assert set(cells) == {(m, n) for m in ("vanilla", "cai") for n in (8, 16)}
+    assert cells[("vanilla", 16)]["speedup"] == 1.0 and cells[("vanilla", 16)]["nfe"] == 16
+    table = (out / "results.md").read_text()
+    assert "| method | 8 tokens | 16 tokens |" in table and "| cai |" in table
+
+
+@pytest.mark.parametrize("text, words", [("16,12", "12 is not a positive multiple of the block length 8"),
+                                         ("0", "0 is not a positive multiple"),
+                                         ("16,x", "comma-separated integers"),
+                                         (",", "names no length")])
+def test_a_bad_length_list_is_refused_by_name(text, words):
+    with pytest.raises(InputError, match=words) as error:
+        parse_lengths(text, 8)
+    assert error.value.field == "lengths"
+
+
+def test_refusals_exit_2_and_write_nothing(tmp_path, capsys):
+    out = tmp_path / "lengths"
+    assert main(["bench", *SMALL, "--lengths", "8,12", "--out", str(out)]) == 2
+    settings = tmp_path / "bad.json"
+    settings.write_text(json.dumps({"caidllm_settings": 1, "method": "cai", "cai": {"theta_end": 1.5}}))
+    assert main(["bench", *SMALL, "--lengths", "8", "--settings", str(settings), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--lengths: 12 is not a positive multiple" in err and "cai.theta_end must be in (0, 1]" in err
+    assert "expected at most" not in err  # refused before the model loads and the run starts
+    assert not out.exists()
+
+
+def test_a_run_that_fails_midway_leaves_nothing_half_written(tmp_path, monkeypatch):
+    out = tmp_path / "lengths"
+    calls = []
+
+    def failing_plot(*args):
+        calls.append(args)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(lengths_module, "plot", failing_plot)  # the last file written fails
+    with pytest.raises(RuntimeError):
+        main(["bench", *SMALL, "--lengths", "8", "--out", str(out)])
+    assert calls and not out.exists() and list(tmp_path.iterdir()) == []
