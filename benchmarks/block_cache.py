@@ -19,11 +19,23 @@ from caidllm.bench.tasks import load_task
 
 
 def run(lm, prompts, method, block_length, cache, gen_length, batch_size):
-    lm.generate(prompts[:batch_size], method=method, block_length=block_length, cache=cache, gen_length=gen_length,
-                batch_size=batch_size)  # warm-up
+    lm.generate(
+        prompts[:batch_size],
+        method=method,
+        block_length=block_length,
+        cache=cache,
+        gen_length=gen_length,
+        batch_size=batch_size,
+    )  # warm-up
     started = time.perf_counter()
-    results = lm.generate(prompts, method=method, block_length=block_length, cache=cache, gen_length=gen_length,
-                          batch_size=batch_size)
+    results = lm.generate(
+        prompts,
+        method=method,
+        block_length=block_length,
+        cache=cache,
+        gen_length=gen_length,
+        batch_size=batch_size,
+    )
     return results, time.perf_counter() - started
 
 
@@ -40,19 +52,33 @@ def main() -> None:
     args = p.parse_args()
     lm = caidllm.load(args.model, device="cpu", dtype="float32")
     data_dir = Path(args.data_dir) if args.data_dir else None
-    prompts = [lm.encode_chat(s.prompt) for t in args.tasks
-               for s in load_task(t, limit=args.limit, data_dir=data_dir).samples]
-    print(f"{len(prompts)} prompts of {', '.join(args.tasks)}; gen_length {args.gen_length}, batch {args.batch_size}")
-    print("| method | block | same tokens | NFE (mean) | wall, block cache (s) | wall, whole window (s) | ratio |")
+    prompts = [
+        lm.encode_chat(s.prompt)
+        for t in args.tasks
+        for s in load_task(t, limit=args.limit, data_dir=data_dir).samples
+    ]
+    print(
+        f"{len(prompts)} prompts of {', '.join(args.tasks)}; gen_length {args.gen_length}, batch {args.batch_size}"
+    )
+    print(
+        "| method | block | same tokens | NFE (mean) | wall, block cache (s) | wall, whole window (s) | ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for block_length in (int(b) for b in args.block_lengths.split(",")):
         for method in args.methods.split(","):
-            cached, wall_cached = run(lm, prompts, method, block_length, "block", args.gen_length, args.batch_size)
-            whole, wall_whole = run(lm, prompts, method, block_length, "none", args.gen_length, args.batch_size)
+            cached, wall_cached = run(
+                lm, prompts, method, block_length, "block", args.gen_length, args.batch_size
+            )
+            whole, wall_whole = run(
+                lm, prompts, method, block_length, "none", args.gen_length, args.batch_size
+            )
             same = all(a.token_ids == b.token_ids for a, b in zip(cached, whole))
             nfe = sum(r.nfe for r in cached) / len(cached)
-            print(f"| {method} | {block_length} | {'yes' if same else 'NO'} | {nfe:.1f} | {wall_cached:.1f} | "
-                  f"{wall_whole:.1f} | {wall_whole / wall_cached:.2f}x |", flush=True)
+            print(
+                f"| {method} | {block_length} | {'yes' if same else 'NO'} | {nfe:.1f} | {wall_cached:.1f} | "
+                f"{wall_whole:.1f} | {wall_whole / wall_cached:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ def xgrammar_run(tokenizer, schema: dict, answer: list[int]) -> tuple[float, flo
     import xgrammar
 
     info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=640)
-    compile_s = _median(lambda: xgrammar.GrammarCompiler(info, cache_enabled=False).compile_json_schema(
-        json.dumps(schema)))
+    compile_s = _median(
+        lambda: xgrammar.GrammarCompiler(info, cache_enabled=False).compile_json_schema(json.dumps(schema))
+    )
     matcher = xgrammar.GrammarMatcher(xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(schema)))
     bitmask = xgrammar.allocate_token_bitmask(1, info.vocab_size)
     started = time.perf_counter()
@@ -78,8 +79,11 @@ def main() -> None:
     print("|---|---|---:|---:|")
     for name, (schema, example) in SCHEMAS.items():
         answer = tokenizer.encode(json.dumps(example, separators=(",", ":")))
-        for library, run in (("outlines-core", outlines_core_run), ("llguidance", llguidance_run),
-                             ("xgrammar", xgrammar_run)):
+        for library, run in (
+            ("outlines-core", outlines_core_run),
+            ("llguidance", llguidance_run),
+            ("xgrammar", xgrammar_run),
+        ):
             try:
                 compile_s, step_s = run(tokenizer, schema, answer)
                 print(f"| {library} | {name} | {compile_s * 1e3:.2f} | {step_s * 1e6:.1f} |")

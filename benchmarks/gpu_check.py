@@ -38,21 +38,40 @@ from caidllm.bench.syncs import syncs_per_step
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_check_moe, however this file is loaded
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent)
+)  # its sibling gpu_check_moe, however this file is loaded
 import gpu_check_moe  # noqa: E402
 
 METHODS = ("vanilla", "fastdllm", "cai", "es-dllm")
-FULL = dict(models=("random:llada-8b", "random:dream-7b", "random:llada2-mini"), batches=(1, 8), gen=256, block=64,
-            prompt=64, dtype="bfloat16", gemm=8192, quantize=(None, "int8", "int8-dynamic", "int4", "fp8"))
-TINY = dict(models=("random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=4&mlp_hidden_size=128"
-                    "&embedding_size=512&vocab_size=512",
-                    "random:dream-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
-                    "&num_key_value_heads=2&intermediate_size=128&vocab_size=512",
-                    "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
-                    "&num_key_value_heads=2&head_dim=16&rotary_dim=8&intermediate_size=128"
-                    "&moe_intermediate_size=16&num_experts=16&vocab_size=512"),
-            batches=(1, 2), gen=16, block=8, prompt=8, dtype="float32", gemm=256,
-            quantize=(None, "int8", "int8-dynamic"))
+FULL = dict(
+    models=("random:llada-8b", "random:dream-7b", "random:llada2-mini"),
+    batches=(1, 8),
+    gen=256,
+    block=64,
+    prompt=64,
+    dtype="bfloat16",
+    gemm=8192,
+    quantize=(None, "int8", "int8-dynamic", "int4", "fp8"),
+)
+TINY = dict(
+    models=(
+        "random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=4&mlp_hidden_size=128"
+        "&embedding_size=512&vocab_size=512",
+        "random:dream-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
+        "&num_key_value_heads=2&intermediate_size=128&vocab_size=512",
+        "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
+        "&num_key_value_heads=2&head_dim=16&rotary_dim=8&intermediate_size=128"
+        "&moe_intermediate_size=16&num_experts=16&vocab_size=512",
+    ),
+    batches=(1, 2),
+    gen=16,
+    block=8,
+    prompt=8,
+    dtype="float32",
+    gemm=256,
+    quantize=(None, "int8", "int8-dynamic"),
+)
 
 
 def main(argv=None) -> int:
@@ -64,7 +83,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-quantize", action="store_true", help="leave out the quantized runs")
     p.add_argument("--no-moe", action="store_true", help="leave out the MoE kernel rows")
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--models", help="comma-separated subset of the shape's models, by prefix (e.g. random:llada2-mini)")
+    p.add_argument(
+        "--models", help="comma-separated subset of the shape's models, by prefix (e.g. random:llada2-mini)"
+    )
     args = p.parse_args(argv)
     shape = TINY if args.tiny else FULL
     if args.models:
@@ -94,23 +115,43 @@ def main(argv=None) -> int:
             for batch in shape["batches"]:
                 for method in args.methods.split(","):
                     if time.perf_counter() - started > args.budget_s:
-                        rows.append(dict(model=name, compile=compiled, batch=batch, method=method,
-                                         skipped="time budget"))
+                        rows.append(
+                            dict(
+                                model=name,
+                                compile=compiled,
+                                batch=batch,
+                                method=method,
+                                skipped="time budget",
+                            )
+                        )
                         continue
                     try:
                         rows.append(run_one(lm, name, method, batch, shape, compiled, peak))
                     except Exception as e:  # noqa: BLE001 - one failed run (e.g. out of memory) must not end the check
-                        rows.append(dict(model=name, compile=compiled, batch=batch, method=method,
-                                         skipped=f"failed: {type(e).__name__}: {str(e)[:200]}"))
+                        rows.append(
+                            dict(
+                                model=name,
+                                compile=compiled,
+                                batch=batch,
+                                method=method,
+                                skipped=f"failed: {type(e).__name__}: {str(e)[:200]}",
+                            )
+                        )
                     print(json.dumps(rows[-1]), file=sys.stderr)
             del lm
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if args.no_compile and not args.no_moe:
         moe = gpu_check_moe.moe_kernel_runs(shape, device, args, started, peak, run_one)
-    report = dict(moe_kernels=moe, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                  torch=torch.__version__, matmul_peak_tflops=peak / 1e12, tiny=args.tiny,
-                  wall_s=time.perf_counter() - started, runs=rows)
+    report = dict(
+        moe_kernels=moe,
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        torch=torch.__version__,
+        matmul_peak_tflops=peak / 1e12,
+        tiny=args.tiny,
+        wall_s=time.perf_counter() - started,
+        runs=rows,
+    )
     if args.no_compile and not args.no_quantize:
         quantized = quantized_runs(shape, device, args, started, peak)
     report["quantized"] = quantized
@@ -130,8 +171,15 @@ def tensor_parallel_rows(device, tiny: bool):
     sys.path.insert(0, str(Path(__file__).parent))
     from tensor_parallel import table
 
-    args = argparse.Namespace(model="random:llada2-mini", device="cuda", dtype="bfloat16", tp=[1, 2], method="cai",
-                              gen_length=64, block_length=32)
+    args = argparse.Namespace(
+        model="random:llada2-mini",
+        device="cuda",
+        dtype="bfloat16",
+        tp=[1, 2],
+        method="cai",
+        gen_length=64,
+        block_length=32,
+    )
     try:
         return table(args)
     except Exception as e:  # noqa: BLE001 - the rest of the check stands without it
@@ -204,7 +252,9 @@ class FlopCount:
         c = lm.config
         d, q, kv = c.hidden_size, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         # Per layer, the weights each token multiplies: MoE layers count the experts a token runs.
-        self.layer_weights = [2 * d * q + 2 * d * kv + self.mlp_weights(c, layer) for layer in range(c.n_layers)]
+        self.layer_weights = [
+            2 * d * q + 2 * d * kv + self.mlp_weights(c, layer) for layer in range(c.n_layers)
+        ]
         self.width, self.head, self.n_layers = q, d * c.vocab_size, c.n_layers
         self.model = lm.model
         self._forward = lm.model.forward
@@ -229,7 +279,10 @@ class FlopCount:
         moe = c.moe
         if moe is None or layer < c.dense_layers:
             return 3 * c.hidden_size * c.intermediate_size
-        return 3 * c.hidden_size * moe.moe_intermediate_size * moe.active_experts + moe.num_experts * c.hidden_size
+        return (
+            3 * c.hidden_size * moe.moe_intermediate_size * moe.active_experts
+            + moe.num_experts * c.hidden_size
+        )
 
 
 def run_one(lm, name, method, batch, shape, compiled, peak) -> dict:
@@ -241,7 +294,9 @@ def run_one(lm, name, method, batch, shape, compiled, peak) -> dict:
     gen = -(-shape["gen"] // block) * block
     config = build_config(method, gen_length=gen, block_length=block, early_stop=False)
     prompts = [[7 + (i * 13 + j) % 200 for j in range(shape["prompt"] + i)] for i in range(batch)]
-    warm = Engine(lm, max_batch=batch)  # warm-up (and, compiled, the compile itself): one prompt's whole decode
+    warm = Engine(
+        lm, max_batch=batch
+    )  # warm-up (and, compiled, the compile itself): one prompt's whole decode
     warm.submit(prompts[0], config)
     for _ in warm.run():
         pass
@@ -271,44 +326,71 @@ def run_one(lm, name, method, batch, shape, compiled, peak) -> dict:
     forward_s = engine.runner.forward_timer.total()
     policy_s = engine.runner.policy_timer.total()
     tflops = counter.flops / forward_s / 1e12 if forward_s > 0 else None
-    return dict(model=name.split("?")[0] + ("?..." if "?" in name else ""), method=method, batch=batch,
-                compile=compiled, wall_s=round(wall, 4), steps=engine.steps, forwards=engine.runner.forwards,
-                block=block, tokens_per_s=round(batch * gen / wall, 2), forward_share=round(forward_s / wall, 4),
-                engine_overhead_share=round((wall - forward_s - policy_s) / wall, 4),
-                forward_tflops=None if tflops is None else float(f"{tflops:.4g}"),
-                peak_share=None if tflops is None else float(f"{tflops * 1e12 / peak:.4g}"),
-                peak_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
-                syncs_per_forward=round(syncs, 3), new_graphs=(recompiles() - graphs_before) if compiled else None)
+    return dict(
+        model=name.split("?")[0] + ("?..." if "?" in name else ""),
+        method=method,
+        batch=batch,
+        compile=compiled,
+        wall_s=round(wall, 4),
+        steps=engine.steps,
+        forwards=engine.runner.forwards,
+        block=block,
+        tokens_per_s=round(batch * gen / wall, 2),
+        forward_share=round(forward_s / wall, 4),
+        engine_overhead_share=round((wall - forward_s - policy_s) / wall, 4),
+        forward_tflops=None if tflops is None else float(f"{tflops:.4g}"),
+        peak_share=None if tflops is None else float(f"{tflops * 1e12 / peak:.4g}"),
+        peak_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+        syncs_per_forward=round(syncs, 3),
+        new_graphs=(recompiles() - graphs_before) if compiled else None,
+    )
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# GPU check: {report['device']}, torch {report['torch']}", "",
-             f"bf16 matmul peak (measured): {report['matmul_peak_tflops']:.1f} TFLOP/s. Random weights: "
-             "only speed and memory mean anything. Tokens/s = generated positions per second.", "",
-             "| Model | Compile | Batch | Method | Block | Tokens/s | Fwd TFLOP/s | % of peak | Fwd share | Overhead | "
-             "Peak mem (GB) | Syncs/forward | New graphs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# GPU check: {report['device']}, torch {report['torch']}",
+        "",
+        f"bf16 matmul peak (measured): {report['matmul_peak_tflops']:.1f} TFLOP/s. Random weights: "
+        "only speed and memory mean anything. Tokens/s = generated positions per second.",
+        "",
+        "| Model | Compile | Batch | Method | Block | Tokens/s | Fwd TFLOP/s | % of peak | Fwd share | Overhead | "
+        "Peak mem (GB) | Syncs/forward | New graphs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["runs"]:
         if "skipped" in r:
-            lines.append(f"| {r['model']} | {r['compile']} | {r.get('batch', '-')} | {r.get('method', 'all')} | "
-                         f"| skipped: {r['skipped']} | | | | | | | |")
+            lines.append(
+                f"| {r['model']} | {r['compile']} | {r.get('batch', '-')} | {r.get('method', 'all')} | "
+                f"| skipped: {r['skipped']} | | | | | | | |"
+            )
             continue
         pct = "n/a" if r["peak_share"] is None else f"{100 * r['peak_share']:.1f}%"
-        lines.append(f"| {r['model']} | {r['compile']} | {r['batch']} | {r['method']} | {r['block']} | {r['tokens_per_s']} | "
-                     f"{r['forward_tflops']} | {pct} | {100 * r['forward_share']:.1f}% | "
-                     f"{100 * r['engine_overhead_share']:.1f}% | {r['peak_mem_gb']} | {r['syncs_per_forward']} | "
-                     f"{r['new_graphs']} |")
+        lines.append(
+            f"| {r['model']} | {r['compile']} | {r['batch']} | {r['method']} | {r['block']} | {r['tokens_per_s']} | "
+            f"{r['forward_tflops']} | {pct} | {100 * r['forward_share']:.1f}% | "
+            f"{100 * r['engine_overhead_share']:.1f}% | {r['peak_mem_gb']} | {r['syncs_per_forward']} | "
+            f"{r['new_graphs']} |"
+        )
     if report.get("quantized"):
-        lines += ["", "Quantized weights (torchao; cai, not compiled; Fwd TFLOP/s counts the full-precision FLOPs):",
-                  "", "| Model | Weights | Batch | Tokens/s | Fwd TFLOP/s | Weights (GB) | Load peak (GB) | "
-                  "Decode peak (GB) |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Quantized weights (torchao; cai, not compiled; Fwd TFLOP/s counts the full-precision FLOPs):",
+            "",
+            "| Model | Weights | Batch | Tokens/s | Fwd TFLOP/s | Weights (GB) | Load peak (GB) | "
+            "Decode peak (GB) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in report["quantized"]:
             if "skipped" in r:
-                lines.append(f"| {r['model']} | {r['quantize']} | {r.get('batch', '-')} | skipped: {r['skipped']} "
-                             "| | | | |")
+                lines.append(
+                    f"| {r['model']} | {r['quantize']} | {r.get('batch', '-')} | skipped: {r['skipped']} "
+                    "| | | | |"
+                )
                 continue
-            lines.append(f"| {r['model']} | {r['quantize']} | {r['batch']} | {r['tokens_per_s']} | "
-                         f"{r['forward_tflops']} | {r['weights_gb']} | {r['load_peak_gb']} | {r['peak_mem_gb']} |")
+            lines.append(
+                f"| {r['model']} | {r['quantize']} | {r['batch']} | {r['tokens_per_s']} | "
+                f"{r['forward_tflops']} | {r['weights_gb']} | {r['load_peak_gb']} | {r['peak_mem_gb']} |"
+            )
     return "\n".join(lines) + "\n" + gpu_check_moe.markdown(report)
 
 

@@ -23,8 +23,10 @@ from caidllm.models.moe import set_moe_kernel
 
 KERNELS = ("loop", "grouped")
 FULL_MODEL = "random:llada2-mini"
-TINY_MODEL = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
-              "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=16&num_experts=16&vocab_size=512")
+TINY_MODEL = (
+    "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+    "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=16&num_experts=16&vocab_size=512"
+)
 
 
 def moe_kernel_runs(shape, device, args, started, peak, run_one) -> list[dict]:
@@ -44,8 +46,14 @@ def moe_kernel_runs(shape, device, args, started, peak, run_one) -> list[dict]:
             try:
                 rows.append(dict(run_one(lm, name, "fastdllm", batch, shape, False, peak), moe_kernel=kernel))
             except Exception as e:  # noqa: BLE001 - one failed run must not end the check
-                rows.append(dict(model=name, moe_kernel=kernel, batch=batch,
-                                 skipped=f"failed: {type(e).__name__}: {str(e)[:200]}"))
+                rows.append(
+                    dict(
+                        model=name,
+                        moe_kernel=kernel,
+                        batch=batch,
+                        skipped=f"failed: {type(e).__name__}: {str(e)[:200]}",
+                    )
+                )
             print(json.dumps(rows[-1]), file=sys.stderr)
     del lm
     if device.type == "cuda":
@@ -54,10 +62,13 @@ def moe_kernel_runs(shape, device, args, started, peak, run_one) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    lines = _table("Mixture-of-experts kernels (LLaDA2.0-mini shape, every layer, fastdllm)",
-                   ("Kernel", "Batch", "Tokens/s", "Forward TFLOP/s", "Syncs / forward", "Peak GB"),
-                   report.get("moe_kernels"), ("moe_kernel", "batch"),
-                   ("tokens_per_s", "forward_tflops", "syncs_per_forward", "peak_mem_gb"))
+    lines = _table(
+        "Mixture-of-experts kernels (LLaDA2.0-mini shape, every layer, fastdllm)",
+        ("Kernel", "Batch", "Tokens/s", "Forward TFLOP/s", "Syncs / forward", "Peak GB"),
+        report.get("moe_kernels"),
+        ("moe_kernel", "batch"),
+        ("tokens_per_s", "forward_tflops", "syncs_per_forward", "peak_mem_gb"),
+    )
     return "\n".join(lines) + ("\n" if lines else "")
 
 

@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quant_forward  # noqa: E402 - the settings and the loader of the forward benchmark
 
+
 def llama_forwards(timer: str, gguf: str, repeats: int) -> list[float]:
     """CPU ms of each of `repeats` llama.cpp forwards (one process; the load and a warm-up not counted)."""
     done = subprocess.run([timer, "time", gguf, "128", str(repeats)], capture_output=True, text=True)
@@ -73,9 +74,14 @@ def compared(engine: str, setting: str, logits: torch.Tensor, reference: torch.T
     logits, reference = logits.float(), reference.float()
     scale = reference.std().item()
     diff = logits - reference
-    return dict(engine=engine, setting=setting, same_top_token=int((logits.argmax(-1) == reference.argmax(-1)).sum()),
-                positions=reference.shape[0], max_diff_over_std=round(diff.abs().max().item() / scale, 5),
-                rms_diff_over_std=round(diff.pow(2).mean().sqrt().item() / scale, 5))
+    return dict(
+        engine=engine,
+        setting=setting,
+        same_top_token=int((logits.argmax(-1) == reference.argmax(-1)).sum()),
+        positions=reference.shape[0],
+        max_diff_over_std=round(diff.abs().max().item() / scale, 5),
+        rms_diff_over_std=round(diff.pow(2).mean().sqrt().item() / scale, 5),
+    )
 
 
 def agreement(args, ggufs: dict) -> list[dict]:
@@ -97,9 +103,11 @@ def agreement(args, ggufs: dict) -> list[dict]:
         for name, path in ggufs.items():
             logits = llama_logits(args.timer, path, Path(tmp) / "logits.bin")
             if logits.shape != reference.shape:  # its canvas is drawn from its own vocabulary size
-                raise SystemExit(f"{name}: llama.cpp's logits are {list(logits.shape)}, caidllm's "
-                                 f"{list(reference.shape)}: the GGUF's vocabulary is not config.json's "
-                                 "vocab_size, so the two engines ran different canvases")
+                raise SystemExit(
+                    f"{name}: llama.cpp's logits are {list(logits.shape)}, caidllm's "
+                    f"{list(reference.shape)}: the GGUF's vocabulary is not config.json's "
+                    "vocab_size, so the two engines ran different canvases"
+                )
             rows.append(compared("llama.cpp", name, logits, reference))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return [dict(row, reference=f"caidllm {first}") for row in rows]
@@ -120,10 +128,24 @@ def timed(args, ggufs: dict) -> list[dict]:
         for name, path in ggufs.items():
             theirs[name] += llama_forwards(args.timer, path, args.per_round)
         print(f"{time.strftime('%H:%M:%S')} round {round_ + 1}/{args.rounds}", file=sys.stderr, flush=True)
-    rows = [dict(engine="caidllm", setting=name, forward_cpu_ms=round(statistics.median(t), 1),
-                 weights_mb=round(quant_forward.weights_mb(models[name]), 1)) for name, t in ours.items()]
-    rows += [dict(engine="llama.cpp", setting=name, forward_cpu_ms=round(statistics.median(t), 1),
-                  file_mb=round(os.path.getsize(ggufs[name]) / 2**20, 1)) for name, t in theirs.items()]
+    rows = [
+        dict(
+            engine="caidllm",
+            setting=name,
+            forward_cpu_ms=round(statistics.median(t), 1),
+            weights_mb=round(quant_forward.weights_mb(models[name]), 1),
+        )
+        for name, t in ours.items()
+    ]
+    rows += [
+        dict(
+            engine="llama.cpp",
+            setting=name,
+            forward_cpu_ms=round(statistics.median(t), 1),
+            file_mb=round(os.path.getsize(ggufs[name]) / 2**20, 1),
+        )
+        for name, t in theirs.items()
+    ]
     for row in rows:
         print(json.dumps(row), file=sys.stderr)
     return rows
@@ -137,8 +159,11 @@ def main(argv=None) -> int:
     p.add_argument("--settings", default="fp32,bf16,int8-dynamic+head,int4")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=2, help="llama.cpp forwards per GGUF per round")
-    p.add_argument("--agreement", action="store_true",
-                   help="instead of timing: each setting's and GGUF's logits against the first setting's")
+    p.add_argument(
+        "--agreement",
+        action="store_true",
+        help="instead of timing: each setting's and GGUF's logits against the first setting's",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -146,8 +171,19 @@ def main(argv=None) -> int:
     quant_forward.MODEL = args.checkpoint
     rows = agreement(args, ggufs) if args.agreement else timed(args, ggufs)
     with open(args.out, "w") as f:
-        json.dump(dict(checkpoint=args.checkpoint, torch=torch.__version__, rounds=args.rounds, canvas=POSITIONS,
-                       threads=1, agreement=args.agreement, rows=rows), f, indent=2)
+        json.dump(
+            dict(
+                checkpoint=args.checkpoint,
+                torch=torch.__version__,
+                rounds=args.rounds,
+                canvas=POSITIONS,
+                threads=1,
+                agreement=args.agreement,
+                rows=rows,
+            ),
+            f,
+            indent=2,
+        )
         f.write("\n")
     return 0
 

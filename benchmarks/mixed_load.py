@@ -57,14 +57,22 @@ def light_once(background, prompt, config) -> dict:
     for event in handle:
         if first_text is None and event.prefix_length > 0:
             first_text = event.at - started
-    return dict(id=handle.id, start=started, latency=time.perf_counter() - started,
-                first_text=first_text, nfe=handle.result.nfe, tokens=handle.result.token_ids)
+    return dict(
+        id=handle.id,
+        start=started,
+        latency=time.perf_counter() - started,
+        first_text=first_text,
+        nfe=handle.result.nfe,
+        tokens=handle.result.token_ids,
+    )
 
 
 def heavy_rate(recorder: Recorder, heavy_ids: set[str], since: float, until: float) -> float:
     """Heavy rows advanced per second, from the end of the first heavy step in the window to the end
     of the last (whole steps only)."""
-    ends = [(at, len(ids & heavy_ids)) for at, ids in recorder.steps if since <= at <= until and ids & heavy_ids]
+    ends = [
+        (at, len(ids & heavy_ids)) for at, ids in recorder.steps if since <= at <= until and ids & heavy_ids
+    ]
     if len(ends) < 2:
         return float("nan")
     return sum(rows for _, rows in ends[1:]) / (ends[-1][0] - ends[0][0])
@@ -78,7 +86,9 @@ def one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng, light_me
     if variant == "shared-width":
         scheduler.width_class = lambda request: 0
     try:
-        return _one_policy(lm, step_policy, args, light_prompt, heavy_prompts, rng, light_method) | {"policy": policy}
+        return _one_policy(lm, step_policy, args, light_prompt, heavy_prompts, rng, light_method) | {
+            "policy": policy
+        }
     finally:
         scheduler.width_class = saved
 
@@ -105,7 +115,9 @@ def _one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng, light_m
         lights_from = time.perf_counter()
         for i in range(args.lights):
             time.sleep(max(0.0, lights_from + i * interval + rng.uniform(0, 1.0) - time.perf_counter()))
-            thread = threading.Thread(target=lambda: beside.append(light_once(background, light_prompt, light)))
+            thread = threading.Thread(
+                target=lambda: beside.append(light_once(background, light_prompt, light))
+            )
             thread.start()
             threads.append(thread)
         for thread in threads:
@@ -117,12 +129,19 @@ def _one_policy(lm, policy: str, args, light_prompt, heavy_prompts, rng, light_m
         background.stop(timeout=30)
     assert all(b["tokens"] == alone[0]["tokens"] for b in alone + beside), "a light request's tokens changed"
     alone_s = statistics.median(a["latency"] for a in alone)
-    return dict(policy=policy, light_method=light_method or LIGHT["method"], light_nfe=alone[0]["nfe"], light_alone_s=alone_s,
-                light_beside_s=statistics.median(b["latency"] for b in beside),
-                light_beside_max_s=max(b["latency"] for b in beside),
-                first_text_alone_s=statistics.median(a["first_text"] for a in alone),
-                first_text_beside_s=statistics.median(b["first_text"] for b in beside),
-                heavy_rows_per_s_alone=rate_alone, heavy_rows_per_s_beside=rate_beside, **shares)
+    return dict(
+        policy=policy,
+        light_method=light_method or LIGHT["method"],
+        light_nfe=alone[0]["nfe"],
+        light_alone_s=alone_s,
+        light_beside_s=statistics.median(b["latency"] for b in beside),
+        light_beside_max_s=max(b["latency"] for b in beside),
+        first_text_alone_s=statistics.median(a["first_text"] for a in alone),
+        first_text_beside_s=statistics.median(b["first_text"] for b in beside),
+        heavy_rows_per_s_alone=rate_alone,
+        heavy_rows_per_s_beside=rate_beside,
+        **shares,
+    )
 
 
 def step_shares(recorder: Recorder, lights: list[dict], heavy_ids: set[str]) -> dict:
@@ -137,22 +156,32 @@ def step_shares(recorder: Recorder, lights: list[dict], heavy_ids: set[str]) -> 
         ends = [at for at, ids in recorder.steps]
         first = next(i for i, (at, ids) in enumerate(recorder.steps) if b["id"] in ids)
         waits.append(max(0.0, ends[first - 1] - b["start"]) if first else 0.0)
-    return dict(light_step_share=statistics.mean(light_share), heavy_step_share=statistics.mean(heavy_share),
-                light_wait_for_running_forward_s=statistics.median(waits))
+    return dict(
+        light_step_share=statistics.mean(light_share),
+        heavy_step_share=statistics.mean(heavy_share),
+        light_wait_for_running_forward_s=statistics.median(waits),
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="A/B rounds (policies alternate within each)")
     parser.add_argument("--lights", type=int, default=6, help="light requests per round and policy")
-    parser.add_argument("--interval", type=float, default=2.0,
-                        help="seconds between light arrivals (at least 3x a light request's time alone)")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        help="seconds between light arrivals (at least 3x a light request's time alone)",
+    )
     parser.add_argument("--heavy-window", type=float, default=8.0, help="seconds the heavy rows run alone")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default="all,fair", help="step policies, alternating within each round")
-    parser.add_argument("--light-methods", default=None,
-                        help="comma-separated methods of the light request (64 tokens, block 64), one after another "
-                             "in each round; default: cai with 32 tokens in one block")
+    parser.add_argument(
+        "--light-methods",
+        default=None,
+        help="comma-separated methods of the light request (64 tokens, block 64), one after another "
+        "in each round; default: cai with 32 tokens in one block",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     lm = caidllm.load("tiny", device="cpu", dtype="float32")
@@ -163,9 +192,11 @@ def main(argv=None) -> int:
     methods = args.light_methods.split(",") if args.light_methods else [None]
     runs = []
     for r in range(args.rounds):
-        for policy in (policies if r % 2 == 0 else policies[::-1]):
-            for method in (methods if r % 2 == 0 else methods[::-1]):
-                runs.append(dict(round=r, **one_policy(lm, policy, args, light_prompt, heavy_prompts, rng, method)))
+        for policy in policies if r % 2 == 0 else policies[::-1]:
+            for method in methods if r % 2 == 0 else methods[::-1]:
+                runs.append(
+                    dict(round=r, **one_policy(lm, policy, args, light_prompt, heavy_prompts, rng, method))
+                )
                 print(json.dumps(runs[-1]), file=sys.stderr)
     summary = {}
     for key in sorted({(x["policy"], x["light_method"]) for x in runs}):

@@ -112,8 +112,10 @@ def ratios(t: dict, kernels) -> str:
 
 def layer_table(device, dtypes, token_counts, kernels, repeats, probe: ReadProbe) -> None:
     after = kernels[-1]
-    print(f"\n| dtype | Tokens | {' | '.join(f'{k} ms' for k in kernels)} | Dense ms | GB/s | Read bound ms | "
-          f"{ratios_header(kernels)} | {after} / max(dense, bound) | MoE / dense tokens/s ({after}) |")
+    print(
+        f"\n| dtype | Tokens | {' | '.join(f'{k} ms' for k in kernels)} | Dense ms | GB/s | Read bound ms | "
+        f"{ratios_header(kernels)} | {after} / max(dense, bound) | MoE / dense tokens/s ({after}) |"
+    )
     print("|---|---|" + "---|" * (2 * len(kernels) + 4))
     for dtype in dtypes:
         moe, dense = build_layers(device, dtype)
@@ -125,9 +127,12 @@ def layer_table(device, dtypes, token_counts, kernels, repeats, probe: ReadProbe
                 bandwidth = probe.bandwidth(t["read"])
                 bound = read_bound(moe, x, bandwidth)
                 cells = " | ".join(f"{1e3 * t[k]:.1f}" for k in kernels)
-                print(f"| {str(dtype).removeprefix('torch.')} | {n} | {cells} | {1e3 * t['dense']:.1f} | "
-                      f"{bandwidth / 1e9:.1f} | {1e3 * bound:.1f} | {ratios(t, kernels)} | "
-                      f"{t[after] / max(t['dense'], bound):.2f}x | {t['dense'] / t[after]:.2f}x |", flush=True)
+                print(
+                    f"| {str(dtype).removeprefix('torch.')} | {n} | {cells} | {1e3 * t['dense']:.1f} | "
+                    f"{bandwidth / 1e9:.1f} | {1e3 * bound:.1f} | {ratios(t, kernels)} | "
+                    f"{t[after] / max(t['dense'], bound):.2f}x | {t['dense'] / t[after]:.2f}x |",
+                    flush=True,
+                )
         del moe, dense
         gc.collect()
 
@@ -160,8 +165,10 @@ def available_bytes(device) -> int:
 
 
 def model_table(device, dtypes, models, tokens, kernels, repeats) -> None:
-    print(f"\n| Model (4 layers) | dtype | Tokens | {' | '.join(f'{k} ms' for k in kernels)} | "
-          f"{ratios_header(kernels)} |")
+    print(
+        f"\n| Model (4 layers) | dtype | Tokens | {' | '.join(f'{k} ms' for k in kernels)} | "
+        f"{ratios_header(kernels)} |"
+    )
     print("|---|---|---|" + "---|" * (2 * len(kernels) - 1))
     for name in models:
         for dtype in dtypes:
@@ -169,8 +176,11 @@ def model_table(device, dtypes, models, tokens, kernels, repeats) -> None:
             need = sum(p.numel() for p in meta.model.parameters()) * dtype.itemsize
             label = f"| {name.removeprefix('random:')} | {str(dtype).removeprefix('torch.')} | {tokens} |"
             if need * 1.15 > available_bytes(device):
-                print(f"{label} skipped: its weights need {need / 2**30:.1f} GiB, "
-                      f"{available_bytes(device) / 2**30:.1f} GiB available |", flush=True)
+                print(
+                    f"{label} skipped: its weights need {need / 2**30:.1f} GiB, "
+                    f"{available_bytes(device) / 2**30:.1f} GiB available |",
+                    flush=True,
+                )
                 continue
             lm = caidllm.load(name, device=device, dtype=dtype)
             ids = torch.randint(0, 1000, (1, tokens), device=device)
@@ -186,11 +196,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--tokens", default="4,32,128,512", help="tokens per forward (a block, several rows' blocks)")
-    p.add_argument("--kernels", default="loop,grouped,auto",
-                   help="the last is 'after', set against each of the others (loop: the reference)")
-    p.add_argument("--clock", choices=list(CLOCKS), default="thread",
-                   help="thread: this thread's CPU time (default: fair on a shared machine, one thread); wall")
+    p.add_argument(
+        "--tokens", default="4,32,128,512", help="tokens per forward (a block, several rows' blocks)"
+    )
+    p.add_argument(
+        "--kernels",
+        default="loop,grouped,auto",
+        help="the last is 'after', set against each of the others (loop: the reference)",
+    )
+    p.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="thread",
+        help="thread: this thread's CPU time (default: fair on a shared machine, one thread); wall",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--models", default=",".join(MODELS), help="whole forwards to time ('' for none)")
     p.add_argument("--model-tokens", type=int, default=128, help="positions per whole forward")
@@ -200,10 +219,14 @@ def main(argv=None) -> int:
     kernels = args.kernels.split(",")
     global clock
     clock = CLOCKS["wall" if device.type == "cuda" else args.clock]
-    print(f"{device}, torch threads {torch.get_num_threads()}, clock {clock.__name__}; read bandwidth: a matrix-vector "
-          "product over 0.5 GiB, timed among the kernels in each round (GB/s column); "
-          "MoE: LLaDA2.0-mini's layer (256 experts, top-8 + 1 shared, width 512); dense: width 4608")
-    layer_table(device, dtypes, [int(t) for t in args.tokens.split(",")], kernels, args.repeats, ReadProbe(device))
+    print(
+        f"{device}, torch threads {torch.get_num_threads()}, clock {clock.__name__}; read bandwidth: a matrix-vector "
+        "product over 0.5 GiB, timed among the kernels in each round (GB/s column); "
+        "MoE: LLaDA2.0-mini's layer (256 experts, top-8 + 1 shared, width 512); dense: width 4608"
+    )
+    layer_table(
+        device, dtypes, [int(t) for t in args.tokens.split(",")], kernels, args.repeats, ReadProbe(device)
+    )
     models = [m for m in args.models.split(",") if m]
     if models:
         model_table(device, dtypes, models, args.model_tokens, kernels, max(2, args.repeats // 2))

@@ -4,6 +4,7 @@ Prints each run and the median per tree and method (BENCHMARKS.md, "Engine overh
 
     python benchmarks/overhead_ab.py OLD_TREE NEW_TREE --rounds 3 --methods vanilla,fastdllm,cai --steps 32
 """
+
 import argparse
 import json
 import os
@@ -21,11 +22,17 @@ ap.add_argument("new")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--methods", default="vanilla,fastdllm,fastdllm-prefix,es-dllm,cai,cai-es")
 ap.add_argument("--steps", type=int, default=32)
-ap.add_argument("--shape", default="hidden_size=256,n_layers=4,n_heads=4,n_kv_heads=4,intermediate_size=512,"
-                                   "vocab_size=4096,max_length=1024")
+ap.add_argument(
+    "--shape",
+    default="hidden_size=256,n_layers=4,n_heads=4,n_kv_heads=4,intermediate_size=512,"
+    "vocab_size=4096,max_length=1024",
+)
 args = ap.parse_args()
 
-sys.path[:0] = [str(HERE.parent / "tests"), str(Path(args.new).resolve() / "src")]  # the writer needs the new tree
+sys.path[:0] = [
+    str(HERE.parent / "tests"),
+    str(Path(args.new).resolve() / "src"),
+]  # the writer needs the new tree
 from helpers.checkpoints import write_random_checkpoint  # noqa: E402
 
 sizes = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}
@@ -35,8 +42,13 @@ for round_ in range(args.rounds):
     for name in ("old", "new"):
         tree = Path(getattr(args, name)).resolve()
         env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
-        out = subprocess.run([sys.executable, str(HERE / "overhead.py"), str(folder), args.methods, str(args.steps)],
-                             env=env, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, str(HERE / "overhead.py"), str(folder), args.methods, str(args.steps)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         runs[name].append(rows)
         print(json.dumps({"round": round_, "tree": name, "rows": rows}), flush=True)

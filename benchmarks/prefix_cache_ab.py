@@ -22,9 +22,16 @@ from caidllm.decode.prefix_reuse import forget_store
 def run(lm, prompts, budget, args):
     forget_store(lm)
     started = time.perf_counter()
-    results = lm.generate(prompts, method=args.method, gen_length=args.gen_length, block_length=args.block_length,
-                          early_stop=not args.no_early_stop, batch_size=args.batch_size, chat=False,
-                          prefix_cache_mb=budget)
+    results = lm.generate(
+        prompts,
+        method=args.method,
+        gen_length=args.gen_length,
+        block_length=args.block_length,
+        early_stop=not args.no_early_stop,
+        batch_size=args.batch_size,
+        chat=False,
+        prefix_cache_mb=budget,
+    )
     return results, time.perf_counter() - started
 
 
@@ -49,7 +56,7 @@ def main() -> None:
     for spec in args.task:
         task = load_task(spec, data_dir=args.data_dir, limit=args.limit, fewshot=args.fewshot)
         prompts = [lm.encode_chat(s.prompt) for s in task.samples]
-        run(lm, prompts[:args.batch_size], 0, args)  # warm-up
+        run(lm, prompts[: args.batch_size], 0, args)  # warm-up
         reference = None
         for r in range(args.rounds):
             for budget in (0, args.prefix_cache_mb):
@@ -57,9 +64,12 @@ def main() -> None:
                 tokens = [x.token_ids for x in results]
                 reference = reference or tokens
                 n = len(results)
-                print(f"| {spec} | {r + 1} | {'off' if budget == 0 else f'{budget:g} MB'} | {wall:.1f} | "
-                      f"{results[0].forward_s:.1f} | {sum(x.nfe for x in results) / n:.1f} | "
-                      f"{sum(x.reused_positions for x in results) / n:.1f} | {tokens == reference} |", flush=True)
+                print(
+                    f"| {spec} | {r + 1} | {'off' if budget == 0 else f'{budget:g} MB'} | {wall:.1f} | "
+                    f"{results[0].forward_s:.1f} | {sum(x.nfe for x in results) / n:.1f} | "
+                    f"{sum(x.reused_positions for x in results) / n:.1f} | {tokens == reference} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -25,23 +25,38 @@ from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
 
-QUESTIONS = ["True and not False is", "not ( True or False ) is", "False or True and True is",
-             "not not ( False ) is", "( True and False ) or True is", "not True or not False is"]
+QUESTIONS = [
+    "True and not False is",
+    "not ( True or False ) is",
+    "False or True and True is",
+    "not not ( False ) is",
+    "( True and False ) or True is",
+    "not True or not False is",
+]
 
 
 def server(lm, args, budget: float) -> LocalServer:
-    defaults = ServerDefaults(model_name="m", method=args.method, gen_length=args.gen_length,
-                              block_length=args.block_length, max_gen_length=args.gen_length)
-    return LocalServer(create_app(lm, ServerConfig(defaults=defaults, max_batch=args.batch, max_queue=256,
-                                                   prefix_cache_mb=budget)))
+    defaults = ServerDefaults(
+        model_name="m",
+        method=args.method,
+        gen_length=args.gen_length,
+        block_length=args.block_length,
+        max_gen_length=args.gen_length,
+    )
+    return LocalServer(
+        create_app(
+            lm, ServerConfig(defaults=defaults, max_batch=args.batch, max_queue=256, prefix_cache_mb=budget)
+        )
+    )
 
 
 async def ask(client, messages, args) -> tuple[str, float | None, float]:
     """(answer, seconds to its first text, seconds to its end) of one streamed chat request. An empty
     answer's first text is its end (tiny-bd, trained on single questions, often ends a later turn at once)."""
     started, first, text = time.perf_counter(), None, ""
-    stream = await client.chat.completions.create(model="m", messages=messages, stream=True,
-                                                  max_tokens=args.gen_length)
+    stream = await client.chat.completions.create(
+        model="m", messages=messages, stream=True, max_tokens=args.gen_length
+    )
     async for chunk in stream:
         delta = chunk.choices[0].delta.content if chunk.choices else None
         ended = bool(chunk.choices and chunk.choices[0].finish_reason)
@@ -74,8 +89,10 @@ async def chat(clients, lm, args) -> list[tuple]:
 
 
 async def concurrent(client, system: str, args) -> tuple[float, list[str]]:
-    messages = [[{"role": "system", "content": system}, {"role": "user", "content": f"{QUESTIONS[i % 6]} ({i})"}]
-                for i in range(args.concurrent)]
+    messages = [
+        [{"role": "system", "content": system}, {"role": "user", "content": f"{QUESTIONS[i % 6]} ({i})"}]
+        for i in range(args.concurrent)
+    ]
     started = time.perf_counter()
     answers = await asyncio.gather(*(ask(client, m, args) for m in messages))
     return time.perf_counter() - started, [a[0] for a in answers]
@@ -83,17 +100,27 @@ async def concurrent(client, system: str, args) -> tuple[float, list[str]]:
 
 async def main_async(lm, args) -> None:
     with server(lm, args, 0) as off, server(lm, args, args.prefix_cache_mb) as on:
-        clients = {name: openai.AsyncOpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=3600)
-                   for name, s in (("off", off), ("on", on))}
-        for client in clients.values():  # one unrelated request each first: nothing warms up inside the timings
+        clients = {
+            name: openai.AsyncOpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=3600)
+            for name, s in (("off", off), ("on", on))
+        }
+        for (
+            client
+        ) in clients.values():  # one unrelated request each first: nothing warms up inside the timings
             await ask(client, [{"role": "user", "content": "Warm up: False is"}], args)
-        print(f"## {args.turns}-turn chat (method {args.method}, gen_length {args.gen_length}, block {args.block_length})")
-        print("| Turn | Prompt tokens | TTFT off (s) | TTFT on (s) | off / on | same answer |\n|---|---|---|---|---|---|")
+        print(
+            f"## {args.turns}-turn chat (method {args.method}, gen_length {args.gen_length}, block {args.block_length})"
+        )
+        print(
+            "| Turn | Prompt tokens | TTFT off (s) | TTFT on (s) | off / on | same answer |\n|---|---|---|---|---|---|"
+        )
         for turn, tokens, a, b, same in await chat(clients, lm, args):
             print(f"| {turn} | {tokens} | {a:.3f} | {b:.3f} | {a / b:.2f}x | {same} |")
         system = system_prompt(lm, args.system_tokens)
         n = len(lm.tokenizer.encode(system, add_special_tokens=False))
-        print(f"\n## {args.concurrent} concurrent chats, a shared system prompt of about {n} tokens, batch {args.batch}")
+        print(
+            f"\n## {args.concurrent} concurrent chats, a shared system prompt of about {n} tokens, batch {args.batch}"
+        )
         print("| Round | Store | Wall (s) | Requests/s |\n|---|---|---|---|")
         walls, outputs = {"off": [], "on": []}, {}
         for r in range(args.rounds):
@@ -103,8 +130,10 @@ async def main_async(lm, args) -> None:
                 outputs.setdefault(name, answers)
                 print(f"| {r + 1} | {name} | {wall:.2f} | {args.concurrent / wall:.2f} |")
         off_s, on_s = statistics.median(walls["off"]), statistics.median(walls["on"])
-        print(f"\nmedian wall off {off_s:.2f} s, on {on_s:.2f} s: {off_s / on_s:.2f}x; "
-              f"same answers: {outputs['off'] == outputs['on']}")
+        print(
+            f"\nmedian wall off {off_s:.2f} s, on {on_s:.2f} s: {off_s / on_s:.2f}x; "
+            f"same answers: {outputs['off'] == outputs['on']}"
+        )
 
 
 def main() -> None:

@@ -35,28 +35,45 @@ from caidllm.models.quantize import QUANTIZATIONS, weights_mb
 
 MODEL = "random:llada-8b?n_layers=4&d_model=1024&n_heads=8&n_kv_heads=8&mlp_hidden_size=2816"
 # setting -> (model dtype, quantization, quantize the output head too)
-SETTINGS = {"fp32": ("float32", None, False), "bf16": ("bfloat16", None, False), "int8": ("float32", "int8", False),
-            "int8-dynamic": ("float32", "int8-dynamic", False), "int4": ("bfloat16", "int4", False),
-            "int8+head": ("float32", "int8", True), "int8-dynamic+head": ("float32", "int8-dynamic", True),
-            "int4+head": ("bfloat16", "int4", True)}
+SETTINGS = {
+    "fp32": ("float32", None, False),
+    "bf16": ("bfloat16", None, False),
+    "int8": ("float32", "int8", False),
+    "int8-dynamic": ("float32", "int8-dynamic", False),
+    "int4": ("bfloat16", "int4", False),
+    "int8+head": ("float32", "int8", True),
+    "int8-dynamic+head": ("float32", "int8-dynamic", True),
+    "int4+head": ("bfloat16", "int4", True),
+}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
-    p.add_argument("--settings", default=",".join(SETTINGS),
-                   help="from: " + ", ".join(SETTINGS) + " (each may end in @torchao or @per-expert)")
-    p.add_argument("--alternate", action="store_true", help="load every setting, then alternate their forwards")
+    p.add_argument(
+        "--settings",
+        default=",".join(SETTINGS),
+        help="from: " + ", ".join(SETTINGS) + " (each may end in @torchao or @per-expert)",
+    )
+    p.add_argument(
+        "--alternate", action="store_true", help="load every setting, then alternate their forwards"
+    )
     p.add_argument("--batches", default="1,8")
     p.add_argument("--threads", default="1")
     p.add_argument("--prompt", type=int, default=0)
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--block", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--dtype", default=None, help="the model dtype of every setting (default: each setting's own)")
-    p.add_argument("--load-peak", default=None, metavar="MODEL",
-                   help="instead: the resident memory while loading MODEL in each setting and after one forward, "
-                        "each in a fresh process")
+    p.add_argument(
+        "--dtype", default=None, help="the model dtype of every setting (default: each setting's own)"
+    )
+    p.add_argument(
+        "--load-peak",
+        default=None,
+        metavar="MODEL",
+        help="instead: the resident memory while loading MODEL in each setting and after one forward, "
+        "each in a fresh process",
+    )
     p.add_argument("--peak-of", default=None, help=argparse.SUPPRESS)  # one such process
     args = p.parse_args(argv)
     if args.peak_of:
@@ -64,8 +81,15 @@ def main(argv=None) -> int:
     if args.load_peak:
         return load_peaks(args)
     rows = alternate(args) if args.alternate else one_after_another(args)
-    report = dict(model=MODEL, torch=torch.__version__, canvas=args.prompt + args.gen, block=args.block,
-                  repeats=args.repeats, alternate=args.alternate, rows=rows)
+    report = dict(
+        model=MODEL,
+        torch=torch.__version__,
+        canvas=args.prompt + args.gen,
+        block=args.block,
+        repeats=args.repeats,
+        alternate=args.alternate,
+        rows=rows,
+    )
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
@@ -83,7 +107,9 @@ def load_setting(name: str, dtype: str | None):
         packings = dict(QUANTIZATIONS[quantize].packings)
         QUANTIZATIONS[quantize].packings.clear()
     try:
-        lm = caidllm.load(MODEL, device="cpu", dtype=dtype or own_dtype, quantize=quantize, quantize_head=head)
+        lm = caidllm.load(
+            MODEL, device="cpu", dtype=dtype or own_dtype, quantize=quantize, quantize_head=head
+        )
     finally:
         if packings:
             QUANTIZATIONS[quantize].packings.update(packings)
@@ -105,17 +131,29 @@ def _check_setting(name: str, base: str, kernel: str) -> None:
     if base not in SETTINGS:
         raise SystemExit(f"{name!r}: unknown setting {base!r}; expected one of {', '.join(SETTINGS)}")
     if kernel and kernel not in KERNELS:
-        raise SystemExit(f"{name!r}: unknown kernel {kernel!r}; expected {' or '.join('@' + k for k in KERNELS)}")
+        raise SystemExit(
+            f"{name!r}: unknown kernel {kernel!r}; expected {' or '.join('@' + k for k in KERNELS)}"
+        )
     if kernel == "per-expert" and SETTINGS[base][1] != "int8-dynamic":
-        raise SystemExit(f"{name!r}: @per-expert runs int8-dynamic's packed experts one linear at a time; "
-                         f"{base!r} is not int8-dynamic")
+        raise SystemExit(
+            f"{name!r}: @per-expert runs int8-dynamic's packed experts one linear at a time; "
+            f"{base!r} is not int8-dynamic"
+        )
 
 
 def row_of(name, lm, threads, batch, cpu_ms, wall_ms) -> dict:
     quantize = lm.quantization
-    return dict(setting=name, dtype=str(lm.dtype).removeprefix("torch."), quantize=quantize, head=lm.quantized_head,
-                threads=threads, batch=batch, cpu_ms=round(cpu_ms, 1), wall_ms=round(wall_ms, 1),
-                weights_mb=round(weights_mb(lm), 1))
+    return dict(
+        setting=name,
+        dtype=str(lm.dtype).removeprefix("torch."),
+        quantize=quantize,
+        head=lm.quantized_head,
+        threads=threads,
+        batch=batch,
+        cpu_ms=round(cpu_ms, 1),
+        wall_ms=round(wall_ms, 1),
+        weights_mb=round(weights_mb(lm), 1),
+    )
 
 
 def alternate(args) -> list[dict]:
@@ -135,8 +173,16 @@ def alternate(args) -> list[dict]:
                 times[name][0].append(cpu)
                 times[name][1].append(wall)
         for name, (cpu, wall) in times.items():
-            rows.append(row_of(name, models[name], threads, batch, 1000 * statistics.median(cpu),
-                               1000 * statistics.median(wall)))
+            rows.append(
+                row_of(
+                    name,
+                    models[name],
+                    threads,
+                    batch,
+                    1000 * statistics.median(cpu),
+                    1000 * statistics.median(wall),
+                )
+            )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -161,8 +207,22 @@ def load_peaks(args) -> int:
     rows = []
     for name in args.settings.split(","):
         dtype = ["--dtype", args.dtype] if args.dtype else []
-        done = subprocess.run([sys.executable, __file__, "--out", "-", "--load-peak", args.load_peak,
-                               "--peak-of", name, *dtype], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--out",
+                "-",
+                "--load-peak",
+                args.load_peak,
+                "--peak-of",
+                name,
+                *dtype,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     with open(args.out, "w") as f:
@@ -194,14 +254,25 @@ def print_load_peak(model: str, name: str, dtype: str | None = None) -> int:
     sampler.join()
     peak[0] = max(peak[0], rss())
     lm.forward(torch.arange(3, 19)[None])
-    print(json.dumps(dict(setting=name, weights_mb=round(weights_mb(lm), 1), rss_before_mb=round(before, 1),
-                          load_peak_rss_mb=round(peak[0], 1), rss_after_forward_mb=round(rss(), 1))))
+    print(
+        json.dumps(
+            dict(
+                setting=name,
+                weights_mb=round(weights_mb(lm), 1),
+                rss_before_mb=round(before, 1),
+                load_peak_rss_mb=round(peak[0], 1),
+                rss_after_forward_mb=round(rss(), 1),
+            )
+        )
+    )
     return 0
 
 
 def canvas(lm, batch: int, args) -> torch.Tensor:
     vocab = len(lm.tokenizer)
-    return torch.randint(3, vocab, (batch, args.prompt + args.gen), generator=torch.Generator().manual_seed(0))
+    return torch.randint(
+        3, vocab, (batch, args.prompt + args.gen), generator=torch.Generator().manual_seed(0)
+    )
 
 
 def timed_forward(lm, ids, args) -> tuple[float, float]:

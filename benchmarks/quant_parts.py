@@ -60,12 +60,19 @@ def linear_rows(out_features: int, in_features: int, rows: int, repeats: int) ->
     quantize_module(int8, QUANTIZATIONS["int8-dynamic"], cpu)
     w8, xf = int8[0].weight, x.float()
     values, _ = quantize_per_token(xf)
-    kinds = {"bf16 F.linear": lambda: F.linear(x, w_bf16), "bf16 weight @ rows.T": lambda: torch.mm(w_bf16, x.t()),
-             "int4 F.linear": lambda: F.linear(x, int4[0].weight)}
+    kinds = {
+        "bf16 F.linear": lambda: F.linear(x, w_bf16),
+        "bf16 weight @ rows.T": lambda: torch.mm(w_bf16, x.t()),
+        "int4 F.linear": lambda: F.linear(x, int4[0].weight),
+    }
     if hasattr(w8, "packed"):  # oneDNN's packing (cpu_int8.py) where this torch has it
-        kinds.update({"int8-dynamic F.linear": lambda: F.linear(xf, w8),
-                      "int8 matmul alone": lambda: _matmul(values, w8.packed, w8.scale, torch.float32),
-                      "int8 per-token quantization alone": lambda: quantize_per_token(xf)})
+        kinds.update(
+            {
+                "int8-dynamic F.linear": lambda: F.linear(xf, w8),
+                "int8 matmul alone": lambda: _matmul(values, w8.packed, w8.scale, torch.float32),
+                "int8 per-token quantization alone": lambda: quantize_per_token(xf),
+            }
+        )
     with torch.no_grad():
         ms = {name: round(cpu_ms(fn, repeats), 3) for name, fn in kinds.items()}
     return dict(out_features=out_features, in_features=in_features, rows=rows, cpu_ms=ms)
@@ -75,8 +82,12 @@ def shapes_of(checkpoint: str) -> list[tuple[int, int]]:
     config = json.loads((Path(checkpoint) / "config.json").read_text())
     hidden = config.get("hidden_size") or config["d_model"]
     # an expert's width (LLaDA-MoE's field, LLaDA2's and SDAR-MoE's), else the dense MLP's
-    inter = (config.get("expert_intermediate_size") or config.get("moe_intermediate_size")
-             or config.get("intermediate_size") or config["mlp_hidden_size"])
+    inter = (
+        config.get("expert_intermediate_size")
+        or config.get("moe_intermediate_size")
+        or config.get("intermediate_size")
+        or config["mlp_hidden_size"]
+    )
     return [(inter, hidden), (hidden, inter), (hidden, hidden)]
 
 
@@ -93,9 +104,16 @@ def profile(setting: str, repeats: int, top: int) -> dict:
         quant_forward.forward(lm, ids, timing)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     print(f"== {setting}: forward {forward_ms:.1f} ms", file=sys.stderr)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top), file=sys.stderr, flush=True)
-    return dict(setting=setting, forward_cpu_ms=round(forward_ms, 1),
-                top=[dict(op=e.key, calls=e.count, self_cpu_ms=round(e.self_cpu_time_total / 1000, 1)) for e in events])
+    print(
+        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top), file=sys.stderr, flush=True
+    )
+    return dict(
+        setting=setting,
+        forward_cpu_ms=round(forward_ms, 1),
+        top=[
+            dict(op=e.key, calls=e.count, self_cpu_ms=round(e.self_cpu_time_total / 1000, 1)) for e in events
+        ],
+    )
 
 
 def main(argv=None) -> int:
@@ -103,7 +121,9 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--linears", action="store_true", help="time one projection of each shape alone")
     p.add_argument("--rows", default="16,128")
-    p.add_argument("--profile", default="", help="settings of benchmarks/quant_forward.py to profile a forward of")
+    p.add_argument(
+        "--profile", default="", help="settings of benchmarks/quant_forward.py to profile a forward of"
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--out", default=None)

@@ -41,8 +41,11 @@ def load_runs(folders: list[str]) -> dict:
 
 
 def table(runs: dict) -> str:
-    lines = ["| Task | Method | Weights | n | Score ± stderr (%) | NFE | Wall (s) | weights_mb | "
-             "Same answer as fp32 | Same text as fp32 | s_i > 0.9 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| Task | Method | Weights | n | Score ± stderr (%) | NFE | Wall (s) | weights_mb | "
+        "Same answer as fp32 | Same text as fp32 | s_i > 0.9 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     keys = sorted({(task, method) for task, method, _ in runs})
     for task, method in keys:
         reference = runs.get((task, method, "fp32"))
@@ -52,10 +55,12 @@ def table(runs: dict) -> str:
             row, answers = runs[(task, method, setting)]
             same = [agreement(answers, reference[1] if reference else {}, part) for part in (0, 1)]
             share = row.get("high_first_confidence_share")
-            lines.append(f"| {task} | {method} | {setting} | {row['n']} | {100 * row['accuracy']:.2f} ± "
-                         f"{100 * row['stderr']:.2f} | {row['nfe_mean']:.2f} | {row['wall_s']:.1f} | "
-                         f"{row['weights_mb']:.2f} | {same[0]} | {same[1]} | "
-                         f"{'n/a' if share is None else f'{100 * share:.1f}%'} |")
+            lines.append(
+                f"| {task} | {method} | {setting} | {row['n']} | {100 * row['accuracy']:.2f} ± "
+                f"{100 * row['stderr']:.2f} | {row['nfe_mean']:.2f} | {row['wall_s']:.1f} | "
+                f"{row['weights_mb']:.2f} | {same[0]} | {same[1]} | "
+                f"{'n/a' if share is None else f'{100 * share:.1f}%'} |"
+            )
     return "\n".join(lines)
 
 

@@ -44,7 +44,7 @@ def _valid(text: str, case) -> bool:
 def validity(lm, count: int) -> dict:
     rows = {True: [0, 0, 0.0], False: [0, 0, 0.0]}  # constrained -> valid, nfe, seconds
     for i, (prompt, constraint, case) in enumerate(_cases(count)):
-        for constrained in ((True, False) if i % 2 else (False, True)):  # alternating order
+        for constrained in (True, False) if i % 2 else (False, True):  # alternating order
             options = {"method": "cai", "gen_length": 64, "block_length": 32, "temperature": 0.7, "seed": i}
             started = time.perf_counter()
             (r,) = lm.generate([prompt], **options, **(constraint if constrained else {}))
@@ -52,8 +52,14 @@ def validity(lm, count: int) -> dict:
             row[0] += _valid(r.text, case)
             row[1] += r.nfe
             row[2] += time.perf_counter() - started
-    return {("constrained" if k else "unconstrained"): {"valid": v[0] / count, "nfe": v[1] / count,
-                                                        "seconds": v[2] / count} for k, v in rows.items()}
+    return {
+        ("constrained" if k else "unconstrained"): {
+            "valid": v[0] / count,
+            "nfe": v[1] / count,
+            "seconds": v[2] / count,
+        }
+        for k, v in rows.items()
+    }
 
 
 def automaton_share(lm, repeats: int = 4) -> dict:
@@ -67,6 +73,7 @@ def automaton_share(lm, repeats: int = 4) -> dict:
                 return function(*args, **kwargs)
             finally:
                 spent[0] += time.perf_counter() - started
+
         return run
 
     mask, settle = guide.mask_logits, guide.settle
@@ -75,14 +82,25 @@ def automaton_share(lm, repeats: int = 4) -> dict:
         total, steps = 0.0, 0
         for i in range(repeats):
             started = time.perf_counter()
-            (r,) = lm.generate([schema_prompt("numbers")], method="cai", gen_length=256, block_length=32,
-                               json_schema=SCHEMAS["numbers"][0], early_stop=False, seed=i)
+            (r,) = lm.generate(
+                [schema_prompt("numbers")],
+                method="cai",
+                gen_length=256,
+                block_length=32,
+                json_schema=SCHEMAS["numbers"][0],
+                early_stop=False,
+                seed=i,
+            )
             total += time.perf_counter() - started
             steps += r.nfe
     finally:
         guide.mask_logits, guide.settle = mask, settle
-    return {"steps": steps, "step_ms": 1e3 * total / steps, "automaton_ms": 1e3 * spent[0] / steps,
-            "share": spent[0] / total}
+    return {
+        "steps": steps,
+        "step_ms": 1e3 * total / steps,
+        "automaton_ms": 1e3 * spent[0] / steps,
+        "share": spent[0] / total,
+    }
 
 
 def main() -> None:

@@ -31,8 +31,11 @@ def main(commands: list[str]) -> int:
         ok = cell.returncode in expected_returncode(cell) and not cell.left and cell.seconds < LIMIT_S
         bad += not ok
         line = cell.last_line.replace("|", "/").removeprefix("caidllm: error: ")
-        print(f"| {cell.command} | {cell.phase} | {cell.signal} | {cell.rank} | {cell.returncode}{'' if ok else ' !'} "
-              f"| {cell.seconds:.1f} | {len(cell.left)} | {cell.answer or '-'} | {line} |", flush=True)
+        print(
+            f"| {cell.command} | {cell.phase} | {cell.signal} | {cell.rank} | {cell.returncode}{'' if ok else ' !'} "
+            f"| {cell.seconds:.1f} | {len(cell.left)} | {cell.answer or '-'} | {line} |",
+            flush=True,
+        )
     return 1 if bad else 0
 
 

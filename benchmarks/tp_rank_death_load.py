@@ -25,8 +25,13 @@ from helpers.serve import free_port
 from helpers.tp_faults import _alive, _children, _healthy, _wait
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-BODY = {"model": "tiny", "prompt": "Question: 17 + 25 = ? Answer:", "max_tokens": 64, "block_length": 8,
-        "method": "fastdllm"}
+BODY = {
+    "model": "tiny",
+    "prompt": "Question: 17 + 25 = ? Answer:",
+    "max_tokens": 64,
+    "block_length": 8,
+    "method": "fastdllm",
+}
 
 
 def client(url: str, outcomes: list, stop: threading.Event) -> None:
@@ -47,15 +52,40 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "caidllm", "serve", "--model", "tiny", "--device", "cpu", "--tp",
-                             "2", "--tp-timeout", "5", "--port", str(port), "--max-batch", "8", "--log-level",
-                             "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "caidllm",
+            "serve",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--tp",
+            "2",
+            "--tp-timeout",
+            "5",
+            "--port",
+            str(port),
+            "--max-batch",
+            "8",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if not _wait(lambda: _healthy(url), 180):
         proc.kill()
         raise SystemExit("the server did not start")
     outcomes: list = []
     stop = threading.Event()
-    threads = [threading.Thread(target=client, args=(url, outcomes, stop), daemon=True) for _ in range(opts.clients)]
+    threads = [
+        threading.Thread(target=client, args=(url, outcomes, stop), daemon=True) for _ in range(opts.clients)
+    ]
     for t in threads:
         t.start()
     _wait(lambda: sum(s == "200" for _, s in outcomes) >= opts.answered_before, 300)
@@ -69,10 +99,12 @@ def main() -> int:
     before = collections.Counter(s for t, s in outcomes if t < killed)
     after = collections.Counter(s for t, s in outcomes if t >= killed and s != "ConnectError")
     refused = sum(1 for t, s in outcomes if t >= killed and s == "ConnectError")
-    print(f"{opts.clients} clients, rank 1 {opts.signal}: before it {dict(before)}; from it to the server's end "
-          f"{dict(after)} (then {refused} connections refused: the server had gone); server exit {proc.returncode} "
-          f"{ended:.1f} s after the kill; rank processes left: {sum(_alive(p) for p in [rank1])}; last line: "
-          f"{out.strip().splitlines()[-1]}")
+    print(
+        f"{opts.clients} clients, rank 1 {opts.signal}: before it {dict(before)}; from it to the server's end "
+        f"{dict(after)} (then {refused} connections refused: the server had gone); server exit {proc.returncode} "
+        f"{ended:.1f} s after the kill; rank processes left: {sum(_alive(p) for p in [rank1])}; last line: "
+        f"{out.strip().splitlines()[-1]}"
+    )
     return 0
 
 

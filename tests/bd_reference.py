@@ -67,15 +67,25 @@ def _canvas(prompt, gen_length, block_length, mask_id):
 
 
 def _answer(x, prompt_length, gen_length, stop_ids):
-    out = x[prompt_length:prompt_length + gen_length].tolist()
+    out = x[prompt_length : prompt_length + gen_length].tolist()
     for i, t in enumerate(out):
         if t in stop_ids:
-            return out[:i + 1]
+            return out[: i + 1]
     return out
 
 
-def llada2_generate(lm, prompt, *, gen_length, block_length, steps, threshold, minimal_topk=1,
-                    eos_early_stop=True, stop_ids=()):
+def llada2_generate(
+    lm,
+    prompt,
+    *,
+    gen_length,
+    block_length,
+    steps,
+    threshold,
+    minimal_topk=1,
+    eos_early_stop=True,
+    stop_ids=(),
+):
     mask_id = lm.config.mask_id
     steps = min(steps, gen_length // minimal_topk)
     P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
@@ -83,7 +93,7 @@ def llada2_generate(lm, prompt, *, gen_length, block_length, steps, threshold, m
     for block in range(P // block_length, num_blocks):
         end = (block + 1) * block_length
         for step in range(steps):
-            active = x[end - block_length:end] == mask_id
+            active = x[end - block_length : end] == mask_id
             if not active.any():
                 break
             x0, p = _greedy(lm, x, end, block_length)
@@ -94,7 +104,7 @@ def llada2_generate(lm, prompt, *, gen_length, block_length, steps, threshold, m
             else:
                 transfer = torch.zeros_like(active)
                 transfer[torch.topk(confidence, min(schedule[step], int(active.sum()))).indices] = True
-            x[end - block_length:end][transfer] = x0[transfer]
+            x[end - block_length : end][transfer] = x0[transfer]
             if eos_early_stop and any(int(t) in stop_ids for t in x0[transfer]):
                 generated = x[P:end].tolist()
                 first = next((i for i, t in enumerate(generated) if t in stop_ids), None)
@@ -105,8 +115,19 @@ def llada2_generate(lm, prompt, *, gen_length, block_length, steps, threshold, m
     return _answer(x, P, gen_length, stop_ids)
 
 
-def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, strategy, threshold=0.9,
-                  stop_ids=(), capped_topk=True, top_k_one=False):
+def sdar_generate(
+    lm,
+    prompt,
+    *,
+    gen_length,
+    block_length,
+    denoising_steps,
+    strategy,
+    threshold=0.9,
+    stop_ids=(),
+    capped_topk=True,
+    top_k_one=False,
+):
     """Official SDAR loop (switches: the module docstring)."""
     mask_id = lm.config.mask_id
     P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
@@ -114,7 +135,7 @@ def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, stra
     for block in range(P // block_length, num_blocks):
         end = (block + 1) * block_length
         for step in range(denoising_steps):
-            masked = x[end - block_length:end] == mask_id
+            masked = x[end - block_length : end] == mask_id
             if not masked.any():
                 break
             x0, p = _greedy(lm, x, end, block_length, top_k_one=top_k_one)
@@ -125,14 +146,26 @@ def sdar_generate(lm, prompt, *, gen_length, block_length, denoising_steps, stra
                 transfer = confidence > threshold
             else:
                 transfer[torch.topk(confidence, k).indices] = True
-            x[end - block_length:end][transfer] = x0[transfer]
+            x[end - block_length : end][transfer] = x0[transfer]
         if any(int(t) in stop_ids for t in x[P:end]):
             break
     return _answer(x, P, gen_length, stop_ids)
 
 
-def llada21_generate(lm, prompt, *, gen_length, block_length, threshold, editing_threshold, max_post_steps,
-                     num_to_transfer=1, eos_early_stop=True, stop_ids=(), shipped_01_mask=False):
+def llada21_generate(
+    lm,
+    prompt,
+    *,
+    gen_length,
+    block_length,
+    threshold,
+    editing_threshold,
+    max_post_steps,
+    num_to_transfer=1,
+    eos_early_stop=True,
+    stop_ids=(),
+    shipped_01_mask=False,
+):
     """inclusionAI's LLaDA2.1 `generate`: threshold decoding with a fixed quota (num_to_transfer) and
     token editing of the current block's committed, non-prompt positions; up to max_post_steps
     editing steps once the block has no mask; stop after a block when the answer has an end token."""
@@ -185,7 +218,7 @@ def stable_diffcoder_generate(lm, prompt, *, gen_length, block_length, steps, st
         for quota in transfer_schedule(int((x[start:end] == mask_id).sum()), per_block):
             if quota:
                 x0, p = _greedy(lm, x, end, block_length)
-                x0, p = x0[-(end - start):], p[-(end - start):]
+                x0, p = x0[-(end - start) :], p[-(end - start) :]
                 masked = x[start:end] == mask_id
                 confidence = torch.where(masked, p, torch.tensor(-torch.inf, dtype=p.dtype))
                 pick = torch.topk(confidence, quota).indices

@@ -21,34 +21,97 @@ from caidllm.models.block_random import OFFICIAL, TOKENIZERS, tokenizer_files
 from caidllm.models.generated_tokenizer import build_tokenizer
 
 SMALL = {
-    "llada2": {**OFFICIAL["llada2-mini"], "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "head_dim": 8, "rotary_dim": 4, "intermediate_size": 48,
-               "moe_intermediate_size": 8, "num_experts": 8, "num_experts_per_tok": 2, "n_group": 4,
-               "topk_group": 2, "max_position_embeddings": 256, "torch_dtype": "float32"},
-    "sdar": {**OFFICIAL["sdar-1.7b"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48, "max_position_embeddings": 256,
-             "torch_dtype": "float32"},
-    "sdar-moe": {**OFFICIAL["sdar-30b-a3b"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-                 "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48, "moe_intermediate_size": 8,
-                 "num_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 256,
-                 "torch_dtype": "float32"},
-    "fastdllm_v2": {**OFFICIAL["fastdllm-v2-1.5b"], "hidden_size": 32, "num_hidden_layers": 2,
-                    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
-                    "max_position_embeddings": 256, "tie_word_embeddings": False, "torch_dtype": "float32"},
+    "llada2": {
+        **OFFICIAL["llada2-mini"],
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "rotary_dim": 4,
+        "intermediate_size": 48,
+        "moe_intermediate_size": 8,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 4,
+        "topk_group": 2,
+        "max_position_embeddings": 256,
+        "torch_dtype": "float32",
+    },
+    "sdar": {
+        **OFFICIAL["sdar-1.7b"],
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "intermediate_size": 48,
+        "max_position_embeddings": 256,
+        "torch_dtype": "float32",
+    },
+    "sdar-moe": {
+        **OFFICIAL["sdar-30b-a3b"],
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "intermediate_size": 48,
+        "moe_intermediate_size": 8,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 256,
+        "torch_dtype": "float32",
+    },
+    "fastdllm_v2": {
+        **OFFICIAL["fastdllm-v2-1.5b"],
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 48,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    },
     # Llama layout (Stable-DiffCoder) and Qwen3-MoE layout (RND1, full-sequence): the 2026 families.
-    "stable_diffcoder": {**OFFICIAL["stable-diffcoder-8b"], "hidden_size": 32, "num_hidden_layers": 2,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
-                         "max_position_embeddings": 256, "torch_dtype": "float32"},
-    "rnd1": {**OFFICIAL["rnd1-30b-a3b"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "head_dim": 8, "moe_intermediate_size": 8, "num_experts": 8,
-             "num_experts_per_tok": 2, "max_position_embeddings": 256, "torch_dtype": "float32"},
+    "stable_diffcoder": {
+        **OFFICIAL["stable-diffcoder-8b"],
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 48,
+        "max_position_embeddings": 256,
+        "torch_dtype": "float32",
+    },
+    "rnd1": {
+        **OFFICIAL["rnd1-30b-a3b"],
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "moe_intermediate_size": 8,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 256,
+        "torch_dtype": "float32",
+    },
 }
-FAMILIES = {"llada2": "llada2", "sdar": "sdar", "sdar-moe": "sdar", "fastdllm_v2": "fastdllm_v2",
-            "stable_diffcoder": "stable_diffcoder", "rnd1": "rnd1"}
+FAMILIES = {
+    "llada2": "llada2",
+    "sdar": "sdar",
+    "sdar-moe": "sdar",
+    "fastdllm_v2": "fastdllm_v2",
+    "stable_diffcoder": "stable_diffcoder",
+    "rnd1": "rnd1",
+}
 
 
-def write_block_checkpoint(path, kind: str = "llada2", *, seed: int = 0, config_overrides=None,
-                           head_scale: float = 1.0) -> Path:
+def write_block_checkpoint(
+    path, kind: str = "llada2", *, seed: int = 0, config_overrides=None, head_scale: float = 1.0
+) -> Path:
     """Write a tiny random checkpoint of `kind` ("llada2", "sdar", "sdar-moe", "fastdllm_v2") into `path`;
     head_scale multiplies the LM head (sharper predictions: confidences spread over (0, 1))."""
     family = FAMILIES[kind]
@@ -128,7 +191,13 @@ def _llada2_feed_forward(t, g, p, c, layer):
         return
     _experts(t, g, p + "mlp.", c)
     t[p + "mlp.gate.expert_bias"] = 0.05 * torch.randn(c["num_experts"], generator=g)
-    _swiglu(t, g, p + "mlp.shared_experts.", c["hidden_size"], c["moe_intermediate_size"] * c["num_shared_experts"])
+    _swiglu(
+        t,
+        g,
+        p + "mlp.shared_experts.",
+        c["hidden_size"],
+        c["moe_intermediate_size"] * c["num_shared_experts"],
+    )
 
 
 def _sdar_attention(t, g, p, c):
@@ -169,14 +238,16 @@ def _sdar_feed_forward(t, g, p, c, layer):
 def _write_shards(path: Path, tensors: dict):
     """Two shards and model.safetensors.index.json, as the official checkpoints ship."""
     names = list(tensors)
-    shards = [names[: len(names) // 2], names[len(names) // 2:]]
+    shards = [names[: len(names) // 2], names[len(names) // 2 :]]
     weight_map = {}
     for k, shard in enumerate(shards, 1):
         file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
         save_file({n: tensors[n].contiguous() for n in shard}, str(path / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in shard})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    _write_json(path / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    _write_json(
+        path / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map}
+    )
 
 
 def _write_json(path: Path, obj):

@@ -63,7 +63,9 @@ def block_family(tmp_path_factory):
     def get(kind):
         if kind not in made:
             overrides = {"llada2": {"caidllm_block_lengths": [4, 8]}, "fastdllm_v2": {"bd_size": 4}}.get(kind)
-            folder = write_block_checkpoint(tmp_path_factory.mktemp(kind), kind, seed=11, config_overrides=overrides)
+            folder = write_block_checkpoint(
+                tmp_path_factory.mktemp(kind), kind, seed=11, config_overrides=overrides
+            )
             made[kind] = caidllm.load(folder, device="cpu", dtype="float32")
         return made[kind]
 

@@ -64,8 +64,8 @@ def _layer(block, i, cache, x, rope, positions, state):
     if i >= start_reset:
         masked_weight = weight[:, :, query_masked_position]
     else:
-        masked_weight = weight[:, :, -len(query_masked_position):]
-        now = weight[:, :, :len(track_position)]
+        masked_weight = weight[:, :, -len(query_masked_position) :]
+        now = weight[:, :, : len(track_position)]
         before = _attention(past_q, past_k)
         if float(F.cosine_similarity(before, now, dim=1).mean()) < gamma and i >= state["test_from"]:
             state["start_reset"] = i + 1
@@ -79,8 +79,11 @@ def _layer(block, i, cache, x, rope, positions, state):
 def _model(lm, caches, ids, positions, state, length):
     t = lm.model.model.transformer
     all_positions = torch.arange(length)[None]
-    rope = {"length": length, "all": rope_cos_sin(all_positions, lm.config.rotary_dim, lm.config.rope_theta),
-            "query": rope_cos_sin(positions[0][None], lm.config.rotary_dim, lm.config.rope_theta)}
+    rope = {
+        "length": length,
+        "all": rope_cos_sin(all_positions, lm.config.rotary_dim, lm.config.rope_theta),
+        "query": rope_cos_sin(positions[0][None], lm.config.rotary_dim, lm.config.rope_theta),
+    }
     x = t.wte(ids)
     for i, block in enumerate(t.blocks):
         x = _layer(block, i, caches[i], x, rope, positions, state)
@@ -99,8 +102,18 @@ def _decode_confident(logits, query_masked_position, x, threshold, end_tokens):
 
 
 @torch.no_grad()
-def official_elastic(lm, prompt, gen_length, window_length=16, threshold=0.9, gamma=0.9, track_num=1,
-                     end_tokens=None, scope_block=None, test_from=0):
+def official_elastic(
+    lm,
+    prompt,
+    gen_length,
+    window_length=16,
+    threshold=0.9,
+    gamma=0.9,
+    track_num=1,
+    end_tokens=None,
+    scope_block=None,
+    test_from=0,
+):
     """Returns (generated tokens with masks where nothing was decoded, forwards run, refresh layers per step)."""
     end_tokens = {lm.config.eos_id} if end_tokens is None else set(end_tokens)
     n_layers = lm.config.n_layers
@@ -133,10 +146,12 @@ def official_elastic(lm, prompt, gen_length, window_length=16, threshold=0.9, ga
         if logits.shape[1] == L:
             logits = logits[:, query_masked_position]
         else:
-            logits = logits[:, -len(query_masked_position):]
+            logits = logits[:, -len(query_masked_position) :]
         refreshes.append(state["start_reset"])
         track_position = torch.cat([c.track for c in caches]).unique(sorted=False)
-        new_decoded_position, eos_pos = _decode_confident(logits, query_masked_position, x, threshold, end_tokens)
+        new_decoded_position, eos_pos = _decode_confident(
+            logits, query_masked_position, x, threshold, end_tokens
+        )
         masked_position = masked_position[~torch.isin(masked_position, new_decoded_position)]
         nfe += 1
         if not decoded_eos and len(eos_pos) and not scope_block:
@@ -151,5 +166,5 @@ def answer(tokens, end_tokens):
     """The tokens up to and including the first end token (the engine shows the rest as end tokens)."""
     for i, token in enumerate(tokens):
         if token in end_tokens:
-            return tokens[:i + 1]
+            return tokens[: i + 1]
     return tokens

@@ -31,21 +31,40 @@ TINY_PROMPTS = ["not ( True ) and ( True ) is", "True and not False or ( False )
 # a request in any batch (tests/test_engine_batching.py checks that).
 CASES = [
     ("llada", "llada", RANDOM_PROMPTS, dict(gen_length=16, block_length=8, early_stop=False, batch_size=1)),
-    ("llada-low-threshold", "llada", RANDOM_PROMPTS, dict(gen_length=16, block_length=8, early_stop=False,
-                                                            threshold=0.2, batch_size=1)),
+    (
+        "llada-low-threshold",
+        "llada",
+        RANDOM_PROMPTS,
+        dict(gen_length=16, block_length=8, early_stop=False, threshold=0.2, batch_size=1),
+    ),
     ("dream", "dream", RANDOM_PROMPTS, dict(gen_length=16, block_length=8, early_stop=False, batch_size=1)),
     ("tiny", "tiny", TINY_PROMPTS, dict(gen_length=64, block_length=16, batch_size=1)),
 ]
-SAMPLING_CASE = ("llada-sampled", "llada", RANDOM_PROMPTS,
-                 dict(method="fastdllm", gen_length=16, block_length=8, early_stop=False, temperature=1.0, seed=7,
-                      batch_size=1))
+SAMPLING_CASE = (
+    "llada-sampled",
+    "llada",
+    RANDOM_PROMPTS,
+    dict(
+        method="fastdllm",
+        gen_length=16,
+        block_length=8,
+        early_stop=False,
+        temperature=1.0,
+        seed=7,
+        batch_size=1,
+    ),
+)
 
 
 def load_models(folder: Path) -> dict:
     return {
         "tiny": caidllm.load("tiny", device="cpu", dtype="float32"),
-        "llada": caidllm.load(write_random_checkpoint(folder / "llada", "llada"), device="cpu", dtype="float32"),
-        "dream": caidllm.load(write_random_checkpoint(folder / "dream", "dream"), device="cpu", dtype="float32"),
+        "llada": caidllm.load(
+            write_random_checkpoint(folder / "llada", "llada"), device="cpu", dtype="float32"
+        ),
+        "dream": caidllm.load(
+            write_random_checkpoint(folder / "dream", "dream"), device="cpu", dtype="float32"
+        ),
     }
 
 
@@ -54,15 +73,25 @@ def load_models(folder: Path) -> dict:
 # CPU and batch shape), so they are compared to FLOAT_RELATIVE_TOLERANCE: 1e-4, as 1e-5 is not enough (the
 # 2-core AMD EPYC of 2026-12-01 gives tiny/vanilla prompt 2 position 25 a confidence of 0.3137059 where the
 # record has 0.3137019, 1.3e-5 apart, with every token the same).
-EXACT_FIELDS = ("token_ids", "text", "answer_length", "nfe", "steps_per_block", "early_stopped", "commit_step",
-                "commit_step_in_block")
+EXACT_FIELDS = (
+    "token_ids",
+    "text",
+    "answer_length",
+    "nfe",
+    "steps_per_block",
+    "early_stopped",
+    "commit_step",
+    "commit_step_in_block",
+)
 FLOAT_FIELDS = ("first_confidence", "computed_fraction")
 FLOAT_RELATIVE_TOLERANCE = 1e-4
 
 
 def differences(want: dict, got: dict) -> list[str]:
     """The fields of one recorded output that `got` does not match (exact or to the tolerance)."""
-    assert set(want) == set(EXACT_FIELDS + FLOAT_FIELDS), "the record's fields changed: update the lists above"
+    assert set(want) == set(EXACT_FIELDS + FLOAT_FIELDS), (
+        "the record's fields changed: update the lists above"
+    )
     wrong = [key for key in EXACT_FIELDS if got[key] != want[key]]
     return wrong + [key for key in FLOAT_FIELDS if not floats_match(want[key], got[key])]
 
@@ -79,10 +108,18 @@ def floats_match(want, got) -> bool:
 
 
 def record_of(result) -> dict:
-    return dict(token_ids=result.token_ids, text=result.text, answer_length=result.answer_length, nfe=result.nfe,
-                steps_per_block=result.steps_per_block, early_stopped=result.early_stopped,
-                commit_step=result.trace.commit_step, commit_step_in_block=result.trace.commit_step_in_block,
-                first_confidence=result.trace.first_confidence, computed_fraction=result.computed_fraction)
+    return dict(
+        token_ids=result.token_ids,
+        text=result.text,
+        answer_length=result.answer_length,
+        nfe=result.nfe,
+        steps_per_block=result.steps_per_block,
+        early_stopped=result.early_stopped,
+        commit_step=result.trace.commit_step,
+        commit_step_in_block=result.trace.commit_step_in_block,
+        first_confidence=result.trace.first_confidence,
+        computed_fraction=result.computed_fraction,
+    )
 
 
 def compute(models: dict) -> dict:
@@ -93,7 +130,9 @@ def compute(models: dict) -> dict:
                 continue  # a preset this family refuses (its forward needs what the family lacks)
             # Elastic-Cache's official loop lays one block of gen_length: the case's block length is not its own.
             own = kw if lays_blocks(method) else dict(kw, block_length=None)
-            out[f"{name}/{method}"] = [record_of(r) for r in models[model].generate(prompts, method=method, **own)]
+            out[f"{name}/{method}"] = [
+                record_of(r) for r in models[model].generate(prompts, method=method, **own)
+            ]
     name, model, prompts, kw = SAMPLING_CASE
     out[name] = [record_of(r) for r in models[model].generate(prompts, **kw)]
     return out

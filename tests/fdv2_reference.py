@@ -52,10 +52,12 @@ class OfficialFastDLLMv2:
         inv = 1.0 / (self.c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
         freqs = positions.float()[:, None] * inv[None]
         emb = torch.cat([freqs, freqs], -1)
-        half = torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+        half = torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], -1)
         return x * emb.cos() + half * emb.sin()
 
-    def forward(self, ids, past=None, update_past=False, block_cache=None, replace_position=None, block_size=32):
+    def forward(
+        self, ids, past=None, update_past=False, block_cache=None, replace_position=None, block_size=32
+    ):
         """ids [n]; past: list of (k, v) per layer ([kv_heads, L, hd]) or None; block_cache: None (not
         used), [] (make one) or the block's list. Returns raw logits [n, V]."""
         n, past_len = len(ids), (past[0][0].shape[1] if past else 0)
@@ -71,8 +73,10 @@ class OfficialFastDLLMv2:
         for i in range(self.c["num_hidden_layers"]):
             p = f"model.layers.{i}."
             h = self._norm(x, p + "input_layernorm.weight")
-            q, k, v = (F.linear(h, self.w[p + f"self_attn.{m}_proj.weight"], self.w[p + f"self_attn.{m}_proj.bias"])
-                       for m in "qkv")
+            q, k, v = (
+                F.linear(h, self.w[p + f"self_attn.{m}_proj.weight"], self.w[p + f"self_attn.{m}_proj.bias"])
+                for m in "qkv"
+            )
             q = self._rope(q.view(n, self.heads, -1).transpose(0, 1), positions)
             k = self._rope(k.view(n, self.kv_heads, -1).transpose(0, 1), positions)
             v = v.view(n, self.kv_heads, -1).transpose(0, 1)
@@ -81,7 +85,10 @@ class OfficialFastDLLMv2:
                     block_cache.append((k, v))
                 else:
                     bk, bv = block_cache[i]
-                    bk[:, replace_position:replace_position + n], bv[:, replace_position:replace_position + n] = k, v
+                    (
+                        bk[:, replace_position : replace_position + n],
+                        bv[:, replace_position : replace_position + n],
+                    ) = k, v
                     k, v = bk, bv
             if past is not None:
                 if update_past:
@@ -112,14 +119,17 @@ class OfficialFastDLLMv2:
         x = p.argmax(-1)
         return x, p.gather(-1, x[:, None])[:, 0]
 
-    def generate(self, prompt, max_new_tokens, *, threshold, small_block_size, block_size, stop_ids,
-                 use_block_cache):
+    def generate(
+        self, prompt, max_new_tokens, *, threshold, small_block_size, block_size, stop_ids, use_block_cache
+    ):
         """The generated tokens (after the prompt), cut after the first stop id."""
         x = torch.tensor(prompt)
         P, past = len(prompt), None
         if P > block_size:
             past = []
-            logits = self.forward(x[:P // block_size * block_size], past, update_past=True, block_size=block_size)
+            logits = self.forward(
+                x[: P // block_size * block_size], past, update_past=True, block_size=block_size
+            )
             if P % block_size == 0:
                 x = torch.cat([x, logits[-1:].argmax(-1)])
         for _ in range(max_new_tokens // block_size):
@@ -138,15 +148,19 @@ class OfficialFastDLLMv2:
                     x = torch.cat([x, logits[-1:].argmax(-1)])
                     break
                 for s in range(0, block_size, small_block_size):
-                    while (x[lo + s:lo + s + small_block_size] == self.mask_id).any():
+                    while (x[lo + s : lo + s + small_block_size] == self.mask_id).any():
                         if self._stopped(x, start_new, stop_ids):
                             break
-                        logits = self._step_logits(x, lo, s, small_block_size, past, use_block_cache, block_cache)
+                        logits = self._step_logits(
+                            x, lo, s, small_block_size, past, use_block_cache, block_cache
+                        )
                         if use_block_cache and isinstance(logits, tuple):
                             logits, block_cache = logits
-                        sub = x[lo + s:lo + s + small_block_size]
+                        sub = x[lo + s : lo + s + small_block_size]
                         pred, prob = self._greedy(logits)
-                        prob = torch.where(sub == self.mask_id, prob, torch.tensor(-math.inf, dtype=prob.dtype))
+                        prob = torch.where(
+                            sub == self.mask_id, prob, torch.tensor(-math.inf, dtype=prob.dtype)
+                        )
                         take = prob > threshold
                         take[prob.argmax()] = True
                         take &= sub == self.mask_id
@@ -154,17 +168,19 @@ class OfficialFastDLLMv2:
         out = x[P:].tolist()
         for i, t in enumerate(out):
             if t in stop_ids:
-                return out[:i + 1]
+                return out[: i + 1]
         return out
 
     def _step_logits(self, x, lo, s, size, past, use_block_cache, block_cache):
         """The sub-block's shifted logits [size, V] (with the within-block cache: and the cache)."""
         if use_block_cache and block_cache is not None and x[lo + s] != self.mask_id:
-            logits = self.forward(x[lo + s:lo + s + size], past, block_cache=block_cache, replace_position=s)
+            logits = self.forward(
+                x[lo + s : lo + s + size], past, block_cache=block_cache, replace_position=s
+            )
             return torch.cat([logits[:1], logits[:-1]])
         fresh = [] if use_block_cache else None
         logits = self.forward(x[lo:], past, block_cache=fresh)
-        logits = torch.cat([logits[:1], logits[:-1]])[s:s + size]
+        logits = torch.cat([logits[:1], logits[:-1]])[s : s + size]
         return (logits, fresh) if use_block_cache else logits
 
     def _stopped(self, x, start_new, stop_ids):

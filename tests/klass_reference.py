@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 
 
-def klass_reference(lm, prompt, gen, block, steps, conf_threshold, kl_threshold, history,
-                    first_step_kl="official"):
+def klass_reference(
+    lm, prompt, gen, block, steps, conf_threshold, kl_threshold, history, first_step_kl="official"
+):
     mask = lm.config.mask_id
     x = torch.tensor([prompt + [mask] * gen])
     p, steps_per_block = len(prompt), steps // (gen // block)
@@ -45,8 +46,9 @@ def klass_reference(lm, prompt, gen, block, steps, conf_threshold, kl_threshold,
             if t < history - 1:  # too few steps in the block
                 stable = torch.zeros_like(stable)
             confidence, tokens = probs.max(-1)
-            ready = [i for i in range(lo, hi)
-                     if masked[i - lo] and stable[i] and confidence[i] > conf_threshold]
+            ready = [
+                i for i in range(lo, hi) if masked[i - lo] and stable[i] and confidence[i] > conf_threshold
+            ]
             if not ready:
                 k = n // steps_per_block + (t < n % steps_per_block)
                 candidates = [i for i in range(lo, hi) if masked[i - lo]]

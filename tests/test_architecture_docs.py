@@ -12,7 +12,9 @@ PAGES = ["add-a-decoder.md", "add-a-cache-mode.md", "add-a-model-family.md"]
 
 
 def python_blocks(page: str) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", (ROOT / "docs" / "architecture" / page).read_text(), re.S | re.M)
+    return re.findall(
+        r"^```python\n(.*?)^```", (ROOT / "docs" / "architecture" / page).read_text(), re.S | re.M
+    )
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -23,7 +25,9 @@ def test_the_page_shows_the_code_as_it_is_and_its_examples_run(page):
     for block in blocks:
         first, _, body = block.partition("\n")
         if first.startswith("# in "):
-            assert body.strip("\n") in (ROOT / first[len("# in "):]).read_text(), f"{page}: {first} shows another line"
+            assert body.strip("\n") in (ROOT / first[len("# in ") :]).read_text(), (
+                f"{page}: {first} shows another line"
+            )
         elif first.startswith("# src/"):
             assert body == (ROOT / first[2:]).read_text(), f"{page}: {first[2:]} changed; update the page"
         else:

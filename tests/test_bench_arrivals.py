@@ -7,8 +7,27 @@ from caidllm.bench.arrivals import main, percentile, poisson_arrivals
 
 def test_arrivals_benchmark_runs(tmp_path, capsys):
     out = tmp_path / "arrivals.json"
-    assert main(["--requests", "6", "--methods", "fastdllm", "--max-batch", "2", "--gen-length", "32",
-                 "--block-length", "16", "--rate", "40", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--requests",
+                "6",
+                "--methods",
+                "fastdllm",
+                "--max-batch",
+                "2",
+                "--gen-length",
+                "32",
+                "--block-length",
+                "16",
+                "--rate",
+                "40",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     assert "| fastdllm | continuous |" in table and "| fastdllm | static |" in table
     rows = json.loads(out.read_text())["rows"]

@@ -12,8 +12,21 @@ from caidllm.bench.lengths import parse_lengths
 from caidllm.cli import main
 from caidllm.errors import InputError
 
-SMALL = ["--model", "tiny", "--task", "synthetic:boolean_expressions", "--limit", "2", "--batch-size", "2",
-         "--methods", "vanilla,cai", "--block-length", "8", "--no-progress"]
+SMALL = [
+    "--model",
+    "tiny",
+    "--task",
+    "synthetic:boolean_expressions",
+    "--limit",
+    "2",
+    "--batch-size",
+    "2",
+    "--methods",
+    "vanilla,cai",
+    "--block-length",
+    "8",
+    "--no-progress",
+]
 
 
 def test_the_length_table_in_one_command(tmp_path, capsys):
@@ -30,10 +43,15 @@ def test_the_length_table_in_one_command(tmp_path, capsys):
     assert "| method | 8 tokens | 16 tokens |" in table and "| cai |" in table
 
 
-@pytest.mark.parametrize("text, words", [("16,12", "12 is not a positive multiple of the block length 8"),
-                                         ("0", "0 is not a positive multiple"),
-                                         ("16,x", "comma-separated integers"),
-                                         (",", "names no length")])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("16,12", "12 is not a positive multiple of the block length 8"),
+        ("0", "0 is not a positive multiple"),
+        ("16,x", "comma-separated integers"),
+        (",", "names no length"),
+    ],
+)
 def test_a_bad_length_list_is_refused_by_name(text, words):
     with pytest.raises(InputError, match=words) as error:
         parse_lengths(text, 8)

@@ -85,9 +85,11 @@ def test_memory_hog_is_stopped():
 
 
 def test_no_network():
-    program = ("import socket\n"
-               "try:\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\n"
-               "except Exception as e:\n    print('blocked', type(e).__name__)\nelse:\n    raise SystemExit(3)\n")
+    program = (
+        "import socket\n"
+        "try:\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\n"
+        "except Exception as e:\n    print('blocked', type(e).__name__)\nelse:\n    raise SystemExit(3)\n"
+    )
     result = run_program(program, FAST)
     assert result.status == "passed", result.stderr_tail
 

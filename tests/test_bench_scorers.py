@@ -80,8 +80,14 @@ def test_bbh_loader_reads_the_fixture_and_names_missing_files(tmp_path):
 
 def test_choice_scoring_by_number_or_text():
     options = ["Stuff them with newspaper.", "Put them in the freezer."]
-    for text in ("1", "The answer is 1.", "Solution 1", "(1)", "1. Stuff them with newspaper.",
-                 "stuff them with newspaper"):
+    for text in (
+        "1",
+        "The answer is 1.",
+        "Solution 1",
+        "(1)",
+        "1. Stuff them with newspaper.",
+        "stuff them with newspaper",
+    ):
         assert choice.score_choice(text, options, 0).score == 1.0, text
     for text in ("2", "The answer is 2.", "Put them in the freezer.", "I do not know"):
         assert choice.score_choice(text, options, 0).score == 0.0, text
@@ -127,7 +133,9 @@ def test_mathqa_options_and_letters():
 
 def test_mathqa_bad_records_name_the_line(tmp_path):
     f = tmp_path / "m.jsonl"
-    f.write_text('{"Problem": "p", "options": "a ) 1 , b ) 2", "correct": "a"}\n{"Problem": "q", "options": "a ) 1"}\n')
+    f.write_text(
+        '{"Problem": "p", "options": "a ) 1 , b ) 2", "correct": "a"}\n{"Problem": "q", "options": "a ) 1"}\n'
+    )
     with pytest.raises(InputError, match=r"m.jsonl line 2 lacks field\(s\) 'correct'"):
         load_task(f"mathqa:{f}")
     f.write_text('{"Problem": "p", "options": "a ) 1 , b ) 2", "correct": "z"}\n')
@@ -174,7 +182,11 @@ def test_mbpp_pass_at_1_right_and_wrong():
     # test_setup_code runs first (defines X)
     assert task.score("def rev(s):\n    return s[::-1]", second).score == 1.0
     broken = task.score("```python\ndef rev(s) return s\n```", second)
-    assert broken.score == 0.0 and broken.details["status"] == "error" and "SyntaxError" in broken.details["reason"]
+    assert (
+        broken.score == 0.0
+        and broken.details["status"] == "error"
+        and "SyntaxError" in broken.details["reason"]
+    )
 
 
 def test_humaneval_pass_at_1_right_and_wrong():
@@ -183,12 +195,18 @@ def test_humaneval_pass_at_1_right_and_wrong():
     sample = task.samples[0]
     assert sample.id == "HumanEval/0"
     entry = sample.reference["entry_point"]
-    solution = (f"```python\ndef {entry}(numbers, threshold):\n"
-                "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```")
+    solution = (
+        f"```python\ndef {entry}(numbers, threshold):\n"
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```"
+    )
     assert task.score(solution, sample).score == 1.0
-    body_only = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+    body_only = (
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+    )
     assert task.score(body_only, sample).score == 1.0
-    assert task.score(f"```python\ndef {entry}(numbers, threshold):\n    return False\n```", sample).score == 0.0
+    assert (
+        task.score(f"```python\ndef {entry}(numbers, threshold):\n    return False\n```", sample).score == 0.0
+    )
     # the same scorer from a JSON round trip of the reference (the lm-eval configs use it)
     import json
 

@@ -23,12 +23,15 @@ def test_parser_reads_block_fields(bd_lm, llada_lm):
     assert not llada_lm.config.block_causal and llada_lm.config.block_lengths == ()
 
 
-@pytest.mark.parametrize("extra, needle", [
-    ({"caidllm_block_causal": "yes"}, "caidllm_block_causal"),
-    ({"caidllm_block_causal": True, "caidllm_block_lengths": [4, 0]}, "caidllm_block_lengths"),
-    ({"caidllm_block_causal": True, "caidllm_block_lengths": 4}, "caidllm_block_lengths"),
-    ({"caidllm_block_lengths": [4]}, "caidllm_block_causal"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        ({"caidllm_block_causal": "yes"}, "caidllm_block_causal"),
+        ({"caidllm_block_causal": True, "caidllm_block_lengths": [4, 0]}, "caidllm_block_lengths"),
+        ({"caidllm_block_causal": True, "caidllm_block_lengths": 4}, "caidllm_block_lengths"),
+        ({"caidllm_block_lengths": [4]}, "caidllm_block_causal"),
+    ],
+)
 def test_parser_rejects_bad_block_fields(bd_lm, extra, needle):
     raw = {k: v for k, v in bd_lm.config.raw.items() if not k.startswith("caidllm_block")}
     with pytest.raises(ModelLoadError, match=needle):

@@ -26,8 +26,13 @@ def expected_count(c: dict) -> tuple[int, int]:
     routed = swiglu * c.get("moe_intermediate_size", 0)
     shared = routed * c.get("num_shared_experts", 0)
     moe_layers = L - dense_layers
-    total = (2 * c["vocab_size"] * d + d + L * attention + dense_layers * swiglu * c["intermediate_size"]
-             + moe_layers * (router + experts * routed + shared))
+    total = (
+        2 * c["vocab_size"] * d
+        + d
+        + L * attention
+        + dense_layers * swiglu * c["intermediate_size"]
+        + moe_layers * (router + experts * routed + shared)
+    )
     active = total - moe_layers * (experts - c.get("num_experts_per_tok", 0)) * routed
     return total, active
 
@@ -53,7 +58,9 @@ def test_official_shapes_have_the_published_parameter_counts(name):
     layers = {"llada2-flash": 32, "sdar-30b-a3b": 48}.get(name)
     lm = caidllm.load(f"random:{name}" + ("?num_hidden_layers=3" if layers else ""), device="meta")
     assert parameter_count(lm.model) == expected_count(lm.config.raw)[0]  # exact, from the fields
-    total, active = expected_count({**lm.config.raw, "num_hidden_layers": layers} if layers else lm.config.raw)
+    total, active = expected_count(
+        {**lm.config.raw, "num_hidden_layers": layers} if layers else lm.config.raw
+    )
     ours_total, ours_active, published_total, published_active = PUBLISHED[name]
     assert round(total / 1e9, 2) == ours_total and round(active / 1e9, 2) == ours_active
     assert abs(total / 1e9 - published_total) / published_total < 0.04
@@ -63,9 +70,13 @@ def test_official_shapes_have_the_published_parameter_counts(name):
 
 
 def test_small_shapes_on_the_cpu():
-    lm = caidllm.load("random:llada2-mini?num_hidden_layers=3&hidden_size=64&num_attention_heads=4"
-                      "&num_key_value_heads=2&head_dim=16&rotary_dim=8&intermediate_size=96"
-                      "&moe_intermediate_size=16&num_experts=16&vocab_size=512", device="cpu", dtype="float32")
+    lm = caidllm.load(
+        "random:llada2-mini?num_hidden_layers=3&hidden_size=64&num_attention_heads=4"
+        "&num_key_value_heads=2&head_dim=16&rotary_dim=8&intermediate_size=96"
+        "&moe_intermediate_size=16&num_experts=16&vocab_size=512",
+        device="cpu",
+        dtype="float32",
+    )
     assert lm.forward([[5, 6, 7, 8]]).shape == (1, 4, 512) and lm.config.moe.num_experts == 16
 
 
@@ -75,28 +86,33 @@ def raw(kind, **changes):
     return config
 
 
-@pytest.mark.parametrize("kind, changes, needle", [
-    ("llada2", {"score_function": "softplus"}, "unknown score_function='softplus'"),
-    ("llada2", {"score_function": "softmax"}, "score_function='softmax' contradicts LLaDA2"),
-    ("llada2", {"norm_topk_prob": False}, "norm_topk_prob=false contradicts LLaDA2"),
-    ("llada2", {"use_bias": True}, "use_bias"),
-    ("llada2", {"rotary_dim": 6}, "rotary_dim=6 contradicts partial_rotary_factor"),
-    ("llada2", {"partial_rotary_factor": 0.0}, "partial_rotary_factor"),
-    ("llada2", {"n_group": 3}, "n_group=3"),
-    ("llada2", {"topk_group": 5}, "topk_group=5"),
-    ("llada2", {"first_k_dense_replace": 9}, "first_k_dense_replace=9"),
-    ("llada2", {"rope_scaling": {"type": "yarn"}}, "rope_scaling"),
-    ("llada2", {"num_key_value_heads": 3}, "key/value heads"),
-    ("llada2", {"block_size": 0}, "block lengths"),
-    ("sdar", {"num_experts": 8}, "num_experts=8 contradicts"),
-    ("sdar-moe", {"num_experts": None}, "num_experts=None contradicts"),
-    ("sdar-moe", {"mlp_only_layers": [0]}, "mlp_only_layers"),
-    ("sdar-moe", {"num_experts_per_tok": 9}, "num_experts_per_tok=9"),
-    ("sdar", {"hidden_act": "gelu"}, "hidden_act"),
-    ("sdar", {"intermediate_size": None}, "missing required field 'intermediate_size'"),
-])
+@pytest.mark.parametrize(
+    "kind, changes, needle",
+    [
+        ("llada2", {"score_function": "softplus"}, "unknown score_function='softplus'"),
+        ("llada2", {"score_function": "softmax"}, "score_function='softmax' contradicts LLaDA2"),
+        ("llada2", {"norm_topk_prob": False}, "norm_topk_prob=false contradicts LLaDA2"),
+        ("llada2", {"use_bias": True}, "use_bias"),
+        ("llada2", {"rotary_dim": 6}, "rotary_dim=6 contradicts partial_rotary_factor"),
+        ("llada2", {"partial_rotary_factor": 0.0}, "partial_rotary_factor"),
+        ("llada2", {"n_group": 3}, "n_group=3"),
+        ("llada2", {"topk_group": 5}, "topk_group=5"),
+        ("llada2", {"first_k_dense_replace": 9}, "first_k_dense_replace=9"),
+        ("llada2", {"rope_scaling": {"type": "yarn"}}, "rope_scaling"),
+        ("llada2", {"num_key_value_heads": 3}, "key/value heads"),
+        ("llada2", {"block_size": 0}, "block lengths"),
+        ("sdar", {"num_experts": 8}, "num_experts=8 contradicts"),
+        ("sdar-moe", {"num_experts": None}, "num_experts=None contradicts"),
+        ("sdar-moe", {"mlp_only_layers": [0]}, "mlp_only_layers"),
+        ("sdar-moe", {"num_experts_per_tok": 9}, "num_experts_per_tok=9"),
+        ("sdar", {"hidden_act": "gelu"}, "hidden_act"),
+        ("sdar", {"intermediate_size": None}, "missing required field 'intermediate_size'"),
+    ],
+)
 def test_bad_fields_are_clear_errors(kind, changes, needle):
-    with pytest.raises(ModelLoadError, match="config.json: .*" + needle.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(
+        ModelLoadError, match="config.json: .*" + needle.replace("(", r"\(").replace("[", r"\[")
+    ):
         parse_config(raw(kind, **changes), source="config.json")
 
 

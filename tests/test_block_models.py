@@ -57,7 +57,9 @@ def block_causal_mask(length, block):
 
 def swiglu(x, sd, prefix):
     gate = x @ sd[prefix + "gate_proj.weight"].T
-    return (torch.nn.functional.silu(gate) * (x @ sd[prefix + "up_proj.weight"].T)) @ sd[prefix + "down_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * (x @ sd[prefix + "up_proj.weight"].T)) @ sd[
+        prefix + "down_proj.weight"
+    ].T
 
 
 def llada2_experts(x, sd, prefix, c):
@@ -71,8 +73,11 @@ def llada2_experts(x, sd, prefix, c):
         groups = group_scores.topk(c["topk_group"]).indices
         allowed = torch.zeros(c["n_group"], dtype=torch.bool)
         allowed[groups] = True
-        chosen = biased.masked_fill(~allowed.repeat_interleave(per_group), float("-inf")).topk(
-            c["num_experts_per_tok"]).indices
+        chosen = (
+            biased.masked_fill(~allowed.repeat_interleave(per_group), float("-inf"))
+            .topk(c["num_experts_per_tok"])
+            .indices
+        )
         weights = scores[chosen] / (scores[chosen].sum() + 1e-20) * c["routed_scaling_factor"]
         y = sum(w * swiglu(token, sd, f"{prefix}experts.{int(e)}.") for e, w in zip(chosen, weights))
         out.append(y + swiglu(token, sd, prefix + "shared_experts."))
@@ -86,7 +91,9 @@ def qwen3_experts(x, sd, prefix, c):
         probs = torch.softmax(sd[prefix + "gate.weight"] @ token, dim=0)
         top = probs.topk(c["num_experts_per_tok"])
         weights = top.values / top.values.sum() if c["norm_topk_prob"] else top.values
-        out.append(sum(w * swiglu(token, sd, f"{prefix}experts.{int(e)}.") for e, w in zip(top.indices, weights)))
+        out.append(
+            sum(w * swiglu(token, sd, f"{prefix}experts.{int(e)}.") for e, w in zip(top.indices, weights))
+        )
     return torch.stack(out).view_as(x)
 
 
@@ -103,10 +110,18 @@ def official_logits(lm, ids, additive_mask):
         if llada2:
             qkv = (y @ sd[p + "attention.query_key_value.weight"].T).view(B, L, h + 2 * kv, hd)
             q, k, v = (t.transpose(1, 2) for t in qkv.split([h, kv, kv], dim=2))
-            q, k = rms(q, sd[p + "attention.query_layernorm.weight"], eps), rms(k, sd[p + "attention.key_layernorm.weight"], eps)
+            q, k = (
+                rms(q, sd[p + "attention.query_layernorm.weight"], eps),
+                rms(k, sd[p + "attention.key_layernorm.weight"], eps),
+            )
         else:
-            q, k, v = ((y @ sd[p + f"self_attn.{n}_proj.weight"].T).view(B, L, -1, hd).transpose(1, 2) for n in "qkv")
-            q, k = rms(q, sd[p + "self_attn.q_norm.weight"], eps), rms(k, sd[p + "self_attn.k_norm.weight"], eps)
+            q, k, v = (
+                (y @ sd[p + f"self_attn.{n}_proj.weight"].T).view(B, L, -1, hd).transpose(1, 2) for n in "qkv"
+            )
+            q, k = (
+                rms(q, sd[p + "self_attn.q_norm.weight"], eps),
+                rms(k, sd[p + "self_attn.k_norm.weight"], eps),
+            )
         q, k = rope(q, rotary, c["rope_theta"]), rope(k, rotary, c["rope_theta"])
         o = attention(q, k, v, additive_mask).transpose(1, 2).reshape(B, L, h * hd)
         x = x + o @ sd[p + ("attention.dense.weight" if llada2 else "self_attn.o_proj.weight")].T
@@ -134,8 +149,9 @@ def test_logits_equal_the_official_forward(models, kind):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         # A full attention mask: the same module with bidirectional attention.
         ctx = Context.whole_canvas(ids, lm.config.rotary_dim, lm.config.rope_theta, attention_block=None)
-        torch.testing.assert_close(lm.model(ids, ctx), official_logits(lm, ids, torch.zeros(length, length)),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            lm.model(ids, ctx), official_logits(lm, ids, torch.zeros(length, length)), atol=1e-5, rtol=1e-5
+        )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -149,16 +165,29 @@ def test_a_cached_block_equals_the_whole_forward(models, kind):
     full = lm.forward(ids, cache=cache)
     for mode in ("prefix", "dual"):
         part = lm.forward(ids, cache=cache, mode=FORWARD_MODES[mode](start=block, end=2 * block))
-        torch.testing.assert_close(part, full[:, block:2 * block], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(part, full[:, block : 2 * block], atol=1e-5, rtol=1e-5)
 
 
 def test_the_families_read_their_official_fields(models):
     llada2, sdar, sdar_moe = (models[k].config for k in KINDS)
-    assert (llada2.family, llada2.block_causal, llada2.block_lengths, llada2.rotary_dim) == ("llada2", True, (32,), 4)
+    assert (llada2.family, llada2.block_causal, llada2.block_lengths, llada2.rotary_dim) == (
+        "llada2",
+        True,
+        (32,),
+        4,
+    )
     assert llada2.qk_norm and llada2.dense_layers == 1 and llada2.moe.score_function == "sigmoid"
-    assert llada2.moe.expert_bias and llada2.moe.num_shared_experts == 1 and llada2.moe.routed_scaling_factor == 2.5
+    assert (
+        llada2.moe.expert_bias
+        and llada2.moe.num_shared_experts == 1
+        and llada2.moe.routed_scaling_factor == 2.5
+    )
     assert (sdar.family, sdar.block_lengths, sdar.rotary_dim, sdar.moe) == ("sdar", (4,), 8, None)
-    assert sdar_moe.moe.score_function == "softmax" and sdar_moe.moe.norm_topk_prob and not sdar_moe.moe.expert_bias
+    assert (
+        sdar_moe.moe.score_function == "softmax"
+        and sdar_moe.moe.norm_topk_prob
+        and not sdar_moe.moe.expert_bias
+    )
 
 
 @pytest.mark.parametrize("kind, turn_end", [("llada2", "<|role_end|>"), ("sdar", "<|im_end|>")])
@@ -166,7 +195,9 @@ def test_chat_template_and_special_ids(models, kind, turn_end):
     lm = models[kind]
     tok = lm.tokenizer
     assert tok.convert_ids_to_tokens(lm.config.mask_id) == TOKENS[kind]
-    assert tok.convert_tokens_to_ids(turn_end) in lm.config.eos_ids  # an answer also ends at the end of its turn
+    assert (
+        tok.convert_tokens_to_ids(turn_end) in lm.config.eos_ids
+    )  # an answer also ends at the end of its turn
     text = tok.decode(lm.encode_chat("is the answer yes"))
     assert text == PROMPTS[kind]
 

@@ -1,7 +1,6 @@
 """caidllm calibrate: the selection rule on made-up numbers, the search's bounds and determinism, and one
 tiny run end to end (a few samples, a budget of a few settings)."""
 
-
 import pytest
 
 from caidllm.bench.calibrate import SEARCH_SPACE, Trial, better, choose, coordinate_search, floor_of
@@ -24,18 +23,26 @@ def test_selection_rule_on_made_up_numbers():
     assert not better(slower, start, floor, "nfe")  # more accurate but slower: speed is the objective
     assert not better(trial("tie", 0.95, 10), start, floor, "nfe")  # a tie keeps the earlier
     assert better(trial("w", 0.80, 20, wall=0.5), start, floor, "wall")  # the wall objective reads wall_s
-    assert better(trial("any", 0.70, 50), trial("worse", 0.60, 1), floor, "nfe")  # both under: more accurate wins
-    assert choose([start, faster_bad, faster_ok, slower, trial("late tie", 0.85, 6)], floor, "nfe") is faster_ok
-    assert choose([faster_bad, trial("d", 0.5, 1)], floor, "nfe") is faster_bad  # none feasible: the most accurate
+    assert better(
+        trial("any", 0.70, 50), trial("worse", 0.60, 1), floor, "nfe"
+    )  # both under: more accurate wins
+    assert (
+        choose([start, faster_bad, faster_ok, slower, trial("late tie", 0.85, 6)], floor, "nfe") is faster_ok
+    )
+    assert (
+        choose([faster_bad, trial("d", 0.5, 1)], floor, "nfe") is faster_bad
+    )  # none feasible: the most accurate
 
 
 def fake_evaluate(calls):
     """A made-up landscape: lower theta_end is faster; accuracy falls below theta_end 0.6."""
+
     def evaluate(label, values):
         calls.append(label)
         nfe = 10 * values["theta_end"] + (2 if values["gating"] else 0) + values["warmup"]
         accuracy = 0.8 if values["theta_end"] >= 0.6 else 0.7
         return Trial(label, dict(values), accuracy=accuracy, nfe=nfe, wall_s=0.0)
+
     return evaluate
 
 
@@ -67,8 +74,15 @@ def test_tiny_calibration_end_to_end_is_deterministic(tmp_path):
     lm = caidllm.load("tiny", device="cpu", dtype="float32")
     runs = []
     for i in range(2):
-        options = CalibrateOptions(tasks=["synthetic:boolean_expressions"], out=str(tmp_path / f"s{i}.json"),
-                                   limit=2, budget=3, gen_length=32, block_length=16, progress=False)
+        options = CalibrateOptions(
+            tasks=["synthetic:boolean_expressions"],
+            out=str(tmp_path / f"s{i}.json"),
+            limit=2,
+            budget=3,
+            gen_length=32,
+            block_length=16,
+            progress=False,
+        )
         runs.append(run_calibrate(options, lm=lm, log=lambda m: None))
     a, b = ([(t.label, t.accuracy, t.nfe) for t in r["trials"]] for r in runs)
     assert a == b and len(a) == 3 and a[0][0] == "start"
@@ -76,20 +90,28 @@ def test_tiny_calibration_end_to_end_is_deterministic(tmp_path):
     assert set(settings.values["cai"]) == set(SEARCH_SPACE) and settings.method == "cai"
     calibration = settings.calibration
     assert calibration["held_out"]["synthetic:boolean_expressions"]["ids"] == [
-        "synthetic:boolean_expressions/validation/0", "synthetic:boolean_expressions/validation/1"]
+        "synthetic:boolean_expressions/validation/0",
+        "synthetic:boolean_expressions/validation/1",
+    ]
     assert len(calibration["search"]) == 3 and calibration["vanilla"]["label"] == "vanilla"
     assert "| 0 | vanilla |" in (tmp_path / "s0.md").read_text()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--task", "bbh:web_of_lies", "--data-dir", "/work/none"], "need --holdout START:END"),
-    (["--task", "bbh:web_of_lies", "--holdout", "9:3", "--data-dir", "/work/none"], "--holdout must be START:END"),
-    (["--task", "synthetic:arithmetic", "--method", "vanilla"], "does not run the CAI controller"),
-    (["--task", "synthetic:arithmetic", "--budget", "0"], "budget must be a positive integer"),
-    (["--task", "synthetic:arithmetic", "--max-loss", "-1"], "max-loss must be a number"),
-    (["--task", "nope"], "unknown task 'nope'"),
-    ([], "no task given"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task", "bbh:web_of_lies", "--data-dir", "/work/none"], "need --holdout START:END"),
+        (
+            ["--task", "bbh:web_of_lies", "--holdout", "9:3", "--data-dir", "/work/none"],
+            "--holdout must be START:END",
+        ),
+        (["--task", "synthetic:arithmetic", "--method", "vanilla"], "does not run the CAI controller"),
+        (["--task", "synthetic:arithmetic", "--budget", "0"], "budget must be a positive integer"),
+        (["--task", "synthetic:arithmetic", "--max-loss", "-1"], "max-loss must be a number"),
+        (["--task", "nope"], "unknown task 'nope'"),
+        ([], "no task given"),
+    ],
+)
 def test_bad_input_exits_2(args, message, tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "s.json"), *args]) == 2
     assert message in capsys.readouterr().err

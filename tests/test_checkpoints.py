@@ -48,7 +48,10 @@ def test_llada_moe_counts_match_its_card():
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
-    return {c.hub_id: write_checkpoint(root, c.hub_id, sharded=c.hub_id.endswith("Instruct")) for c in FULL_SEQUENCE}
+    return {
+        c.hub_id: write_checkpoint(root, c.hub_id, sharded=c.hub_id.endswith("Instruct"))
+        for c in FULL_SEQUENCE
+    }
 
 
 @pytest.mark.parametrize("hub_id", [c.hub_id for c in FULL_SEQUENCE])
@@ -72,8 +75,9 @@ def test_every_known_checkpoint_loads_from_its_own_layout(folders, hub_id):
     assert lm.logits(ids).shape == (1, 5, lm.config.vocab_size)
 
 
-@pytest.mark.parametrize("hub_id", ["GSAI-ML/LLaDA-8B-Base", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct",
-                                    "apple/DiffuCoder-7B-cpGRPO"])
+@pytest.mark.parametrize(
+    "hub_id", ["GSAI-ML/LLaDA-8B-Base", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct", "apple/DiffuCoder-7B-cpGRPO"]
+)
 def test_known_checkpoint_decodes_with_its_recommended_settings(folders, hub_id):
     lm = caidllm.load(folders[hub_id], device="cpu", dtype="float32")
     result = lm.generate(["what is 2 + 3 ?"], gen_length=32)  # block_length from the recommendation (32)
@@ -93,7 +97,9 @@ def test_base_model_decodes_raw_text_and_a_chat_call_says_why_not(folders):
 def test_recommendation_fills_only_what_is_unset():
     llada = find_checkpoint("GSAI-ML/LLaDA-8B-Instruct")
     options, taken = recommended_options(llada, gen_length=64, block_length=None, steps=None, temperature=0.5)
-    assert options == dict(gen_length=64, block_length=32, steps=None, temperature=0.5) and taken == ["block_length"]
+    assert options == dict(gen_length=64, block_length=32, steps=None, temperature=0.5) and taken == [
+        "block_length"
+    ]
     options, taken = recommended_options(llada, gen_length=48, block_length=None)  # 32 does not divide 48
     assert options["block_length"] is None and taken == ["temperature"]
     assert recommended_options(None, gen_length=None) == ({"gen_length": None}, [])

@@ -27,8 +27,10 @@ def tiny_bd():
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading the model fails the test: the refusal must come first."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the setting was refused")
+
     monkeypatch.setattr(caidllm.models, "load", refuse)
     monkeypatch.setattr(caidllm.options, "load_model", refuse)
 
@@ -51,7 +53,11 @@ def test_generate_takes_a_gen_length_alone(capsys):
 def test_serve_runs_tiny_bd_with_no_block_length(tiny_bd):
     args = build_parser().parse_args(["serve", "--model", "tiny-bd", "--step-policy", "all"])
     settings = settings_from(args, tiny_bd)
-    assert (settings.defaults.block_length, settings.defaults.gen_length, settings.step_policy) == (4, 256, "all")
+    assert (settings.defaults.block_length, settings.defaults.gen_length, settings.step_policy) == (
+        4,
+        256,
+        "all",
+    )
     with LocalServer(create_app(tiny_bd, settings)) as server:
         body = {"messages": [{"role": "user", "content": "7 + 5 ="}], "max_tokens": 8}
         answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
@@ -66,15 +72,23 @@ def test_serve_applies_a_known_checkpoints_recommendation(random_checkpoint):
     lm = caidllm.load(folder, device="cpu", dtype="float32")
     defaults = settings_from(build_parser().parse_args(["serve", "--model", str(folder)]), lm).defaults
     assert (defaults.gen_length, defaults.block_length) == (128, 32)  # the card's, as generate takes them
-    given = build_parser().parse_args(["serve", "--model", str(folder), "--gen-length", "64", "--block-length", "16"])
-    assert (settings_from(given, lm).defaults.gen_length, settings_from(given, lm).defaults.block_length) == (64, 16)
+    given = build_parser().parse_args(
+        ["serve", "--model", str(folder), "--gen-length", "64", "--block-length", "16"]
+    )
+    assert (settings_from(given, lm).defaults.gen_length, settings_from(given, lm).defaults.block_length) == (
+        64,
+        16,
+    )
 
 
 def test_serve_takes_a_known_block_diffusion_checkpoints_own_decoder(tmp_path):
     from block_checkpoints import write_block_checkpoint
 
-    folder = write_block_checkpoint(tmp_path / "LLaDA2.0-mini", "llada2",
-                                    config_overrides={"caidllm_checkpoint": "inclusionAI/LLaDA2.0-mini"})
+    folder = write_block_checkpoint(
+        tmp_path / "LLaDA2.0-mini",
+        "llada2",
+        config_overrides={"caidllm_checkpoint": "inclusionAI/LLaDA2.0-mini"},
+    )
     lm = caidllm.load(folder, device="cpu", dtype="float32")
     defaults = settings_from(build_parser().parse_args(["serve", "--model", str(folder)]), lm).defaults
     assert (defaults.method, defaults.gen_length, defaults.block_length) == ("llada2", 512, 32)  # as generate
@@ -87,8 +101,11 @@ def test_serve_with_a_settings_file_keeps_its_method_on_a_known_block_diffusion_
     otherwise default to it and silently leave the file unused: it applies to its own method only)."""
     from block_checkpoints import write_block_checkpoint
 
-    folder = write_block_checkpoint(tmp_path / "LLaDA2.0-mini", "llada2",
-                                    config_overrides={"caidllm_checkpoint": "inclusionAI/LLaDA2.0-mini"})
+    folder = write_block_checkpoint(
+        tmp_path / "LLaDA2.0-mini",
+        "llada2",
+        config_overrides={"caidllm_checkpoint": "inclusionAI/LLaDA2.0-mini"},
+    )
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"caidllm_settings": 1, "method": "cai", "cai": {"theta_end": 0.5}}))
     lm = caidllm.load(folder, device="cpu", dtype="float32")
@@ -102,22 +119,50 @@ def test_serve_refuses_fair_under_tp_before_the_ranks_start(capsys, no_loading, 
 
     def refuse(*args, **kwargs):
         raise AssertionError("the ranks were started before the setting was refused")
+
     monkeypatch.setattr(caidllm.parallel.launch, "parallel_model", refuse)
     assert main(["serve", "--model", "tiny", "--tp", "2", "--step-policy", "fair"]) == 2
     err = capsys.readouterr().err.strip()
     assert "tensor-parallel" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["serve", "--model", "tiny-bd", "--block-length", "64"], "block_length 64 is not one"),
-    (["serve", "--model", "tiny", "--method", "llada2"], "block-diffusion decoder"),
-    (["bench", "--model", "tiny-bd", "--task", "synthetic:boolean_expressions", "--block-length", "64"],
-     "block_length 64 is not one"),
-    (["bench", "--model", "tiny", "--task", "synthetic:boolean_expressions", "--methods", "llada2"],
-     "block-diffusion decoder"),
-    (["calibrate", "--model", "tiny-bd", "--task", "synthetic:boolean_expressions", "--out", "/tmp/x.json",
-      "--block-length", "64"], "block_length 64 is not one"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["serve", "--model", "tiny-bd", "--block-length", "64"], "block_length 64 is not one"),
+        (["serve", "--model", "tiny", "--method", "llada2"], "block-diffusion decoder"),
+        (
+            [
+                "bench",
+                "--model",
+                "tiny-bd",
+                "--task",
+                "synthetic:boolean_expressions",
+                "--block-length",
+                "64",
+            ],
+            "block_length 64 is not one",
+        ),
+        (
+            ["bench", "--model", "tiny", "--task", "synthetic:boolean_expressions", "--methods", "llada2"],
+            "block-diffusion decoder",
+        ),
+        (
+            [
+                "calibrate",
+                "--model",
+                "tiny-bd",
+                "--task",
+                "synthetic:boolean_expressions",
+                "--out",
+                "/tmp/x.json",
+                "--block-length",
+                "64",
+            ],
+            "block_length 64 is not one",
+        ),
+    ],
+)
 def test_bad_settings_are_refused_before_the_model_loads(argv, words, capsys, no_loading):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -132,8 +177,28 @@ def test_serve_refuses_an_unknown_step_policy(capsys, no_loading):
 
 def test_bench_runs_tiny_bd_with_no_block_length(tmp_path):
     out = tmp_path / "run"
-    assert main(["bench", "--model", "tiny-bd", "--task", "synthetic:boolean_expressions", "--methods", "vanilla,cai",
-                 "--limit", "2", "--gen-length", "12", "--no-progress", "--no-warmup", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                "tiny-bd",
+                "--task",
+                "synthetic:boolean_expressions",
+                "--methods",
+                "vanilla,cai",
+                "--limit",
+                "2",
+                "--gen-length",
+                "12",
+                "--no-progress",
+                "--no-warmup",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "results.json").read_text())
     assert (report["settings"]["block_length"], report["settings"]["gen_length"]) == (4, 12)
     assert all(r["n"] == 2 and r["errors"] == 0 for r in report["results"])
@@ -141,8 +206,27 @@ def test_bench_runs_tiny_bd_with_no_block_length(tmp_path):
 
 def test_calibrate_runs_tiny_bd_with_no_block_length(tmp_path):
     out = tmp_path / "settings.json"
-    assert main(["calibrate", "--model", "tiny-bd", "--task", "synthetic:boolean_expressions", "--out", str(out),
-                 "--limit", "2", "--budget", "2", "--gen-length", "12", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--model",
+                "tiny-bd",
+                "--task",
+                "synthetic:boolean_expressions",
+                "--out",
+                str(out),
+                "--limit",
+                "2",
+                "--budget",
+                "2",
+                "--gen-length",
+                "12",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "block_length 4" in out.with_suffix(".md").read_text()
 
 
@@ -154,8 +238,10 @@ def test_lm_eval_adapter_runs_tiny_bd_with_no_block_length(monkeypatch):
 
     adapter = CaidllmLM(pretrained="tiny-bd", gen_length=12, batch_size=2, device="cpu")
     assert (adapter.block_length, adapter.gen_length) == (4, 12)
-    requests = [Instance(request_type="generate_until", doc={}, arguments=(q, {"until": []}), idx=i)
-                for i, q in enumerate(["7 + 5 =", "True and False is"])]
+    requests = [
+        Instance(request_type="generate_until", doc={}, arguments=(q, {"until": []}), idx=i)
+        for i, q in enumerate(["7 + 5 =", "True and False is"])
+    ]
     assert all(isinstance(a, str) for a in adapter.generate_until(requests))
     monkeypatch.setattr(caidllm.models, "load", lambda *a, **k: pytest.fail("loaded before refusing"))
     with pytest.raises(InputError, match="block_length 64 is not one"):

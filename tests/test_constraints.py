@@ -22,10 +22,15 @@ from caidllm.decode.policies import POLICIES, PolicySpec
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
-                                            "age": {"type": "integer"},
-                                            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
-          "required": ["name", "age", "tags"]}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+    },
+    "required": ["name", "age", "tags"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +44,9 @@ def tiny_bd():
 
 
 def _automaton(lm, regex):
-    return compile_regex(lm.tokenizer, regex, tuple(lm.config.eos_ids), lm.config.mask_id, "regex",
-                         lm.config.vocab_size)
+    return compile_regex(
+        lm.tokenizer, regex, tuple(lm.config.eos_ids), lm.config.mask_id, "regex", lm.config.vocab_size
+    )
 
 
 def _fill_in_random_order(lm, state: CanvasConstraint, rng: random.Random) -> list[int]:
@@ -70,34 +76,47 @@ def test_any_order_commits_of_allowed_tokens_always_match_the_regex(tiny, seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_any_order_commits_give_schema_valid_json(tiny, seed):
     lm = tiny
-    state = canvas_constraint(lm, Constraint("json_schema", PERSON), build_config("vanilla", gen_length=48, block_length=48))
+    state = canvas_constraint(
+        lm, Constraint("json_schema", PERSON), build_config("vanilla", gen_length=48, block_length=48)
+    )
     value = json.loads(_answer(lm, _fill_in_random_order(lm, state, random.Random(seed))))
     jsonschema.validate(value, PERSON)
 
 
 def test_an_answer_that_cannot_fit_is_refused_with_its_length(tiny):
-    with pytest.raises(InputError, match=r"json_schema: its shortest answer takes \d+ tokens, more than the 8"):
-        canvas_constraint(tiny, Constraint("json_schema", PERSON), build_config("vanilla", gen_length=8, block_length=8))
+    with pytest.raises(
+        InputError, match=r"json_schema: its shortest answer takes \d+ tokens, more than the 8"
+    ):
+        canvas_constraint(
+            tiny, Constraint("json_schema", PERSON), build_config("vanilla", gen_length=8, block_length=8)
+        )
 
 
-@pytest.mark.parametrize("constraint, message", [
-    (Constraint("regex", "a["), "regex: cannot be compiled"),
-    (Constraint("regex", "x[a&&b]"), "regex: cannot be compiled"),  # matches nothing
-    (Constraint("regex", ""), "regex: a regex must be a non-empty string"),
-    (Constraint("json_schema", {"type": "objec"}), "json_schema: the schema cannot be compiled"),
-    (Constraint("json_schema", "{not json"), "json_schema: not valid JSON"),
-    (Constraint("choice", []), "choice: a choice must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "constraint, message",
+    [
+        (Constraint("regex", "a["), "regex: cannot be compiled"),
+        (Constraint("regex", "x[a&&b]"), "regex: cannot be compiled"),  # matches nothing
+        (Constraint("regex", ""), "regex: a regex must be a non-empty string"),
+        (Constraint("json_schema", {"type": "objec"}), "json_schema: the schema cannot be compiled"),
+        (Constraint("json_schema", "{not json"), "json_schema: not valid JSON"),
+        (Constraint("choice", []), "choice: a choice must be a non-empty list"),
+    ],
+)
 def test_bad_constraints_are_refused_naming_the_field(tiny, constraint, message):
     with pytest.raises(InputError, match=re.escape(message)):
-        Engine(tiny).submit([3, 4], build_config("vanilla", gen_length=16, block_length=16),
-                              constraint=constraint)
+        Engine(tiny).submit(
+            [3, 4], build_config("vanilla", gen_length=16, block_length=16), constraint=constraint
+        )
 
 
 def test_decoders_that_revise_committed_tokens_are_refused(tiny):
     with pytest.raises(InputError, match="policy 'wino' revises committed tokens"):
-        Engine(tiny).submit([7, 8], build_config("wino", gen_length=32, block_length=32),
-                            constraint=Constraint("regex", "[0-9]+"))
+        Engine(tiny).submit(
+            [7, 8],
+            build_config("wino", gen_length=32, block_length=32),
+            constraint=Constraint("regex", "[0-9]+"),
+        )
 
 
 def _run(lm, config, constraint=None, others=(), prompt="Give a person as JSON."):
@@ -116,7 +135,9 @@ def test_every_committing_decoder_yields_schema_valid_json(tiny, method):
     jsonschema.validate(json.loads(result.text), PERSON)
 
 
-@pytest.mark.parametrize("model, method", [("tiny-bd", "llada2"), ("tiny-bd", "sdar"), ("tiny-moe", "llada2")])
+@pytest.mark.parametrize(
+    "model, method", [("tiny-bd", "llada2"), ("tiny-bd", "sdar"), ("tiny-moe", "llada2")]
+)
 def test_block_diffusion_decoders_yield_schema_valid_json(model, method):
     lm = caidllm.load(model)
     config = build_config(method, gen_length=64, block_length=lm.config.block_lengths[0])
@@ -142,7 +163,9 @@ def test_a_decoder_that_commits_the_last_position_first_still_yields_valid_json(
 def test_random_order_and_sampling_hold_a_regex(tiny):
     regex = r"(yes|no), because [a-z ]{3,20}\."
     for seed in range(3):
-        config = build_config("vanilla", gen_length=32, block_length=32, policy="random", temperature=1.0, seed=seed)
+        config = build_config(
+            "vanilla", gen_length=32, block_length=32, policy="random", temperature=1.0, seed=seed
+        )
         assert re.fullmatch(regex, _run(tiny, config, Constraint("regex", regex)).text)
 
 
@@ -157,15 +180,25 @@ def test_constrained_and_unconstrained_requests_get_in_a_batch_what_they_get_alo
     alone_plain = _run(tiny, config, None, prompt="What is 3 + 4?")
     alone_json = _run(tiny, config, Constraint("json_schema", PERSON))
     together_json = _run(tiny, config, Constraint("json_schema", PERSON), others=[("What is 3 + 4?", None)])
-    together_plain = _run(tiny, config, None, prompt="What is 3 + 4?",
-                          others=[("Give a person as JSON.", Constraint("json_schema", PERSON))])
+    together_plain = _run(
+        tiny,
+        config,
+        None,
+        prompt="What is 3 + 4?",
+        others=[("Give a person as JSON.", Constraint("json_schema", PERSON))],
+    )
     assert together_json.token_ids == alone_json.token_ids
     assert together_plain.token_ids == alone_plain.token_ids
 
 
 def test_generate_takes_a_schema_a_regex_or_a_choice_and_refuses_two(tiny):
-    (result,) = tiny.generate(["Give a person as JSON."], method="cai", gen_length=64, block_length=32,
-                              json_schema=json.dumps(PERSON))
+    (result,) = tiny.generate(
+        ["Give a person as JSON."],
+        method="cai",
+        gen_length=64,
+        block_length=32,
+        json_schema=json.dumps(PERSON),
+    )
     jsonschema.validate(json.loads(result.text), PERSON)
     (result,) = tiny.generate(["3 + 4 is"], gen_length=16, block_length=16, regex="[0-9]{2}")
     assert re.fullmatch("[0-9]{2}", result.text)
@@ -178,24 +211,58 @@ def test_cli_json_schema_and_its_refusals(tmp_path, capsys):
 
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(PERSON))
-    assert main(["generate", "Give a person as JSON.", "--model", "tiny", "--json-schema", str(schema),
-                 "--gen-length", "64", "--block-length", "32", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "Give a person as JSON.",
+                "--model",
+                "tiny",
+                "--json-schema",
+                str(schema),
+                "--gen-length",
+                "64",
+                "--block-length",
+                "32",
+                "--json",
+            ]
+        )
+        == 0
+    )
     jsonschema.validate(json.loads(json.loads(capsys.readouterr().out)["text"]), PERSON)
     assert main(["generate", "x", "--model", "tiny", "--json-schema", str(tmp_path / "missing.json")]) == 2
     assert "--json-schema" in capsys.readouterr().err
-    assert main(["generate", "x", "--model", "tiny", "--regex", "x[a&&b]", "--gen-length", "16",
-                 "--block-length", "16"]) == 2
+    assert (
+        main(
+            [
+                "generate",
+                "x",
+                "--model",
+                "tiny",
+                "--regex",
+                "x[a&&b]",
+                "--gen-length",
+                "16",
+                "--block-length",
+                "16",
+            ]
+        )
+        == 2
+    )
     assert "--regex: cannot be compiled" in capsys.readouterr().err
 
 
 def test_schema_keywords_the_library_leaves_out_of_its_regex_are_refused(tiny):
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}, "required": ["n"]}
     with pytest.raises(InputError, match="json_schema: 'minimum' at properties.n cannot be held"):
-        canvas_constraint(tiny, Constraint("json_schema", schema), build_config("vanilla", gen_length=32,
-                                                                                 block_length=32))
+        canvas_constraint(
+            tiny, Constraint("json_schema", schema), build_config("vanilla", gen_length=32, block_length=32)
+        )
     # a property that is merely named like a keyword is fine
     named = {"type": "object", "properties": {"minimum": {"type": "integer"}}, "required": ["minimum"]}
-    canvas_constraint(tiny, Constraint("json_schema", named), build_config("vanilla", gen_length=32, block_length=32))
+    canvas_constraint(
+        tiny, Constraint("json_schema", named), build_config("vanilla", gen_length=32, block_length=32)
+    )
 
 
 def test_the_json_extraction_task_scores_validity_and_holds_each_sample_to_its_constraint(tiny):
@@ -209,10 +276,17 @@ def test_the_json_extraction_task_scores_validity_and_holds_each_sample_to_its_c
         assert score_text(example, ("regex", name)).score == 1.0
     task = load_task("json-extraction", limit=35)
     free = load_task("json-extraction:free", limit=35)
-    assert free.constraint_for is None and [s.prompt for s in free.samples] == [s.prompt for s in task.samples]
+    assert free.constraint_for is None and [s.prompt for s in free.samples] == [
+        s.prompt for s in task.samples
+    ]
     picked = [task.samples[0], task.samples[30], task.samples[34]]  # a schema and two regexes
-    results = tiny.generate([s.prompt for s in picked], method="cai", gen_length=64, block_length=32,
-                            constraint=[task.constraint_for(s) for s in picked])
+    results = tiny.generate(
+        [s.prompt for s in picked],
+        method="cai",
+        gen_length=64,
+        block_length=32,
+        constraint=[task.constraint_for(s) for s in picked],
+    )
     assert all(task.score(r.text, s).score == 1.0 for r, s in zip(results, picked))
     with pytest.raises(InputError, match="constraint: 1 constraints for 2 prompts"):
         tiny.generate(["a", "b"], gen_length=16, block_length=16, constraint=[None])

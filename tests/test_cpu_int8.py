@@ -41,12 +41,16 @@ def packed_int8_linear(in_features: int, out_features: int, bias: bool, seed: in
 @pytest.fixture(scope="module")
 def tiny():
     cpu_int8()
-    models = {"fp32": caidllm.load("tiny", device="cpu", dtype="float32"),
-              "packed": caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic",
-                                     quantize_head=True)}
+    models = {
+        "fp32": caidllm.load("tiny", device="cpu", dtype="float32"),
+        "packed": caidllm.load(
+            "tiny", device="cpu", dtype="float32", quantize="int8-dynamic", quantize_head=True
+        ),
+    }
     with without_packing():
-        models["torchao"] = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic",
-                                         quantize_head=True)
+        models["torchao"] = caidllm.load(
+            "tiny", device="cpu", dtype="float32", quantize="int8-dynamic", quantize_head=True
+        )
     return models
 
 
@@ -103,8 +107,9 @@ def test_loading_packs_the_layers_and_the_head_on_a_cpu(tiny):
     info = quant.quantization_info(tiny["packed"])
     assert info["quantization_kernel"].startswith("onednn") and info["quantized_head"]
     assert quant.quantization_info(tiny["torchao"])["quantization_kernel"] == "torchao"
-    assert quant.expected_weights_bytes(tiny["packed"].model, torch.float32, "int8-dynamic", head=True) \
-        == quant.weights_bytes(tiny["packed"].model)
+    assert quant.expected_weights_bytes(
+        tiny["packed"].model, torch.float32, "int8-dynamic", head=True
+    ) == quant.weights_bytes(tiny["packed"].model)
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
@@ -115,7 +120,9 @@ def test_packed_tiny_stays_as_close_to_float32_as_torchaos_kernel(tiny):
     """Both kernels quantize to the same integers; a one-ulp difference in a layer's input can round
     one activation to its other int8 neighbour, so their tokens may differ where fp32's were a near
     tie: measured on the real BBH questions (BENCHMARKS.md), here on three prompts and the logits."""
-    tokens = {k: [r.token_ids for r in lm.generate(PROMPTS, batch_size=3, **DECODE)] for k, lm in tiny.items()}
+    tokens = {
+        k: [r.token_ids for r in lm.generate(PROMPTS, batch_size=3, **DECODE)] for k, lm in tiny.items()
+    }
     assert agreement(tokens["packed"], tokens["fp32"]) >= 0.9
     assert agreement(tokens["packed"], tokens["fp32"]) >= agreement(tokens["torchao"], tokens["fp32"]) - 0.05
     ids = torch.tensor([tiny["fp32"].tokenizer.encode(p, add_special_tokens=False)[:5] for p in PROMPTS])
@@ -137,12 +144,16 @@ def test_without_onednn_torchaos_kernel_runs(monkeypatch):
     lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic")
     assert isinstance(lm.model.model.transformer.blocks[0].q_proj.weight, Int8Tensor)
     assert quant.quantization_info(lm)["quantization_kernel"] == "torchao"
-    assert quant.expected_weights_bytes(lm.model, torch.float32, "int8-dynamic") == quant.weights_bytes(lm.model)
+    assert quant.expected_weights_bytes(lm.model, torch.float32, "int8-dynamic") == quant.weights_bytes(
+        lm.model
+    )
 
 
 def test_cuda_sizes_keep_torchaos_layout():
-    meta = caidllm.load("random:llada-8b?n_layers=2&d_model=128&n_heads=2&n_kv_heads=2&mlp_hidden_size=256"
-                        "&vocab_size=1024", device="meta").model
+    meta = caidllm.load(
+        "random:llada-8b?n_layers=2&d_model=128&n_heads=2&n_kv_heads=2&mlp_hidden_size=256&vocab_size=1024",
+        device="meta",
+    ).model
     cpu = quant.expected_weights_bytes(meta, torch.float32, "int8-dynamic", device_type="cpu")
     cuda = quant.expected_weights_bytes(meta, torch.float32, "int8-dynamic", device_type="cuda")
     assert cuda > cpu or not cpu_int8().available()  # torchao's zero point per row on CUDA
@@ -168,7 +179,9 @@ def test_mixture_of_experts_packs_each_expert_and_predicts_its_bytes(family):
     experts = [m.weight for n, m in lm.model.named_modules() if ".experts." in n and isinstance(m, nn.Linear)]
     assert experts and all(isinstance(w, kernels.OnednnInt8Weight) for w in experts)
     meta = caidllm.load(RANDOM[family], device="meta")
-    assert quant.expected_weights_bytes(meta.model, torch.float32, "int8-dynamic") == quant.weights_bytes(lm.model)
+    assert quant.expected_weights_bytes(meta.model, torch.float32, "int8-dynamic") == quant.weights_bytes(
+        lm.model
+    )
     with without_packing():
         reference = caidllm.load(RANDOM[family], device="cpu", dtype="float32", quantize="int8-dynamic")
     ids = torch.arange(3, 19)[None]
@@ -186,7 +199,9 @@ def test_int4_with_its_head_on_a_cpu_quantizes_the_head_int8_dynamic():
     assert not isinstance(t.blocks[0].q_proj.weight, kernels.OnednnInt8Weight)  # the layers stay int4
     info = quant.quantization_info(lm)
     assert info["quantization"] == "int4" and info["head_quantization"] == "int8-dynamic"
-    assert quant.expected_weights_bytes(lm.model, torch.bfloat16, "int4", head=True) == quant.weights_bytes(lm.model)
+    assert quant.expected_weights_bytes(lm.model, torch.bfloat16, "int4", head=True) == quant.weights_bytes(
+        lm.model
+    )
     assert quant.QUANTIZATIONS["int4"].for_head("cuda").name == "int4"  # tinygemm's head on CUDA
     bf16 = caidllm.load("tiny", device="cpu", dtype="bfloat16")
     ids = torch.tensor([bf16.tokenizer.encode(p, add_special_tokens=False)[:5] for p in PROMPTS])
@@ -201,13 +216,17 @@ def test_caidllm_models_names_the_heads_scheme_and_its_bytes(capsys, monkeypatch
     from caidllm.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # load's default device: this CPU
-    small = "random:llada-8b?n_layers=2&d_model=128&n_heads=2&n_kv_heads=2&mlp_hidden_size=256&vocab_size=1024"
+    small = (
+        "random:llada-8b?n_layers=2&d_model=128&n_heads=2&n_kv_heads=2&mlp_hidden_size=256&vocab_size=1024"
+    )
     assert main(["models", "--model", small, "--quantize", "int4", "--quantize-head"]) == 0
     assert "int4 linear layers and int8-dynamic head" in capsys.readouterr().out
     assert main(["models", "--model", small, "--quantize", "int4", "--quantize-head", "--json"]) == 0
     memory = json.loads(capsys.readouterr().out)
     loaded = caidllm.load(small, device="cpu", dtype="bfloat16", quantize="int4", quantize_head=True)
-    assert memory["head_quantization"] == "int8-dynamic" and memory["weights_bytes"] == quant.weights_bytes(loaded.model)
+    assert memory["head_quantization"] == "int8-dynamic" and memory["weights_bytes"] == quant.weights_bytes(
+        loaded.model
+    )
 
 
 def test_weights_this_kernel_does_not_compute_the_same_way_stay_torchaos():
@@ -225,7 +244,9 @@ def test_a_load_with_compile_keeps_torchaos_tensors(monkeypatch):
     from torchao.quantization import Int8Tensor
 
     cpu_int8()
-    monkeypatch.setattr("caidllm.models.compiled.check_quantized_compile", lambda *a: None)  # no compiling here:
+    monkeypatch.setattr(
+        "caidllm.models.compiled.check_quantized_compile", lambda *a: None
+    )  # no compiling here:
     monkeypatch.setattr("caidllm.models.compiled.enable_compile", lambda lm: None)  # only what load() packs
     lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic", compile=True)
     assert isinstance(lm.model.model.transformer.blocks[0].q_proj.weight, Int8Tensor)
@@ -239,7 +260,9 @@ def test_compile_later_on_a_packed_model_is_refused_with_one_line(monkeypatch):
     from caidllm.errors import InputError
 
     cpu_int8()
-    monkeypatch.setattr("caidllm.models.compiled.check_quantized_compile", lambda *a: None)  # no compiling here
+    monkeypatch.setattr(
+        "caidllm.models.compiled.check_quantized_compile", lambda *a: None
+    )  # no compiling here
     lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic")
     with pytest.raises(InputError, match=r"packed.*load\(\.\.\., compile=True\)"):
         lm.generate(PROMPTS[:1], compile=True, **DECODE)
@@ -298,7 +321,10 @@ def test_packed_experts_run_together_with_the_per_expert_loops_numbers(family, d
     layers = [m for m in lm.model.modules() if isinstance(m, MoEFeedForward)]
     assert layers and all(isinstance(m.experts, kernels.OnednnInt8Experts) for m in layers)
     assert "model.layers.1.mlp.experts.3.up_proj.weight" in lm.model.state_dict()
-    canvases = [torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(0)), torch.tensor([[7]])]
+    canvases = [
+        torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(0)),
+        torch.tensor([[7]]),
+    ]
     together = [lm.logits(ids) for ids in canvases]
     block = {"sdar-moe": 4}.get(family, 32)  # LLaDA2 decodes in blocks of 32, SDAR in blocks of 4
     options = dict(gen_length=32, block_length=block, steps=8)
@@ -328,8 +354,12 @@ def test_tensor_parallel_refuses_packed_experts_before_touching_them():
     lm = caidllm.load(RANDOM["sdar-moe"], device="cpu", dtype="float32", quantize="int8-dynamic")
     ids = torch.arange(3, 19)[None]
     before = lm.logits(ids)
-    with pytest.raises(InputError, match="--tp with --quantize int8-dynamic: sharding quantized weights is not supported"):
+    with pytest.raises(
+        InputError, match="--tp with --quantize int8-dynamic: sharding quantized weights is not supported"
+    ):
         shard_model(lm, TPGroup(rank=0, size=2))
     layers = [m for m in lm.model.modules() if isinstance(m, MoEFeedForward)]
-    assert all(isinstance(m.experts, kernels.OnednnInt8Experts) and m.experts.num_experts == 16 for m in layers)
+    assert all(
+        isinstance(m.experts, kernels.OnednnInt8Experts) and m.experts.num_experts == 16 for m in layers
+    )
     assert torch.equal(lm.logits(ids), before)

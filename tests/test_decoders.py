@@ -33,6 +33,7 @@ def step_predictions(lm, x):
 
 # ---- plain re-statements of each decoder's loop (one prompt, whole canvas, no cache) --------------------
 
+
 def eb_reference(lm, prompt, gamma, proxy="entropy", gen=GEN, block=BLOCK):
     """Algorithm 1 of the EB-Sampler paper: the masked positions in the proxy's order, the largest
     prefix whose entropies' sum minus their max is at most gamma."""
@@ -48,7 +49,9 @@ def eb_reference(lm, prompt, gamma, proxy="entropy", gen=GEN, block=BLOCK):
             probs = torch.softmax(logits, -1)
             entropy = -(probs * torch.log(probs.clamp_min(1e-45))).sum(-1)
             second = probs.topk(2, dim=-1).values[:, 1]
-            error = {"entropy": entropy, "confidence": 1 - confidence, "margin": 1 - (confidence - second)}[proxy]
+            error = {"entropy": entropy, "confidence": 1 - confidence, "margin": 1 - (confidence - second)}[
+                proxy
+            ]
             masked = [i for i in range(lo, hi) if x[0, i] == mask]
             order = sorted(masked, key=lambda i: (float(error[i]), i))
             chosen = []
@@ -62,8 +65,9 @@ def eb_reference(lm, prompt, gamma, proxy="entropy", gen=GEN, block=BLOCK):
     return x[0, p:].tolist()
 
 
-def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=2, std=1.0, high=0.9,
-                       shortened=True):
+def slowfast_reference(
+    lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=2, std=1.0, high=0.9, shortened=True
+):
     """The official generate_slow_fast_sampling at batch size 1. Switch: `shortened` (as shipped) runs the
     fast phase's forwards after its first on the canvas up to the span's end; off, on the whole canvas
     (the `slowfast-whole` preset)."""
@@ -81,11 +85,13 @@ def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=
     for b in range(gen // block):
         start, end = b * block, (b + 1) * block
         cur, last = block, 0
-        while (x[0, p + start:p + end] == mask).any():
+        while (x[0, p + start : p + end] == mask).any():
             history, fixed = [], False
             for k in range(K):
                 tokens, confidence, _ = step_predictions(lm, x)
-                conf = {i: float(confidence[p + i]) if x[0, p + i] == mask else float("-inf") for i in range(gen)}
+                conf = {
+                    i: float(confidence[p + i]) if x[0, p + i] == mask else float("-inf") for i in range(gen)
+                }
                 if not fixed:
                     lo = start + last
                     if lo < end:
@@ -108,8 +114,10 @@ def slowfast_reference(lm, prompt, gen=GEN, block=BLOCK, K=6, cycle=0.3, window=
                 upto = p + start + cur if shortened and fast_calls else x.shape[1]
                 tokens, confidence, _ = step_predictions(lm, x[:, :upto])
                 fast_calls += 1
-                conf = {i: float(confidence[p + i]) if p + i < upto and x[0, p + i] == mask else float("-inf")
-                        for i in range(gen)}
+                conf = {
+                    i: float(confidence[p + i]) if p + i < upto and x[0, p + i] == mask else float("-inf")
+                    for i in range(gen)
+                }
                 for i in fill(conf, start + last, start + cur):
                     x[0, p + i] = tokens[p + i]
             last = cur
@@ -125,11 +133,11 @@ def wino_reference(lm, prompt, gen=GEN, block=BLOCK, draft=0.6, verify=0.9):
         lo = p + b * block
         ids, positions, attention, targets = shadow_inputs(x, lo, block, mask)
         last_accept = 30
-        while (x[lo:lo + block] == mask).any():
-            ids[0, :len(x)] = x
+        while (x[lo : lo + block] == mask).any():
+            ids[0, : len(x)] = x
             logits = lm.forward_with_attention(ids, positions, attention, targets)[0]
             tokens, confidence = predict(logits[:block].clone(), mask, 0.0, None)
-            current = x[lo:lo + block]
+            current = x[lo : lo + block]
             support = token_probability(logits[block:], current, mask)
             masked = current == mask
             n_masked = int(masked.sum())
@@ -150,12 +158,13 @@ def wino_reference(lm, prompt, gen=GEN, block=BLOCK, draft=0.6, verify=0.9):
                     remask[torch.topk(back, last_accept - 1, largest=False).indices] = True
             new = torch.where(transfer, tokens, current)
             new[remask] = mask
-            x[lo:lo + block] = new
+            x[lo : lo + block] = new
             last_accept = int(transfer.sum())
     return x[p:].tolist()
 
 
 # ---- parity ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("proxy", ["entropy", "confidence", "margin"])
 @pytest.mark.parametrize("gamma", [0.0, 0.01, 20.0])
@@ -181,10 +190,13 @@ def test_slowfast_on_tiny_both_readings_match_and_differ(tiny_lm):
     outputs = {}
     for method, shortened in (("slowfast", True), ("slowfast-whole", False)):
         # One exploratory step, a window of one: short sub-cycles, so fast phases with several forwards.
-        results = run(tiny_lm, prompts, method, gen_length=64, block_length=32, sf_explore_steps=1, sf_window=1)
+        results = run(
+            tiny_lm, prompts, method, gen_length=64, block_length=32, sf_explore_steps=1, sf_window=1
+        )
         for prompt, r in zip(prompts, results):
-            assert r.token_ids == slowfast_reference(tiny_lm, prompt, gen=64, block=32, K=1, window=1,
-                                                     shortened=shortened)
+            assert r.token_ids == slowfast_reference(
+                tiny_lm, prompt, gen=64, block=32, K=1, window=1, shortened=shortened
+            )
         outputs[method] = [(r.token_ids, r.nfe) for r in results]
     assert outputs["slowfast"] != outputs["slowfast-whole"]  # the shortened forwards change the decoding here
 
@@ -198,6 +210,7 @@ def test_wino_matches_the_official_loop(llada_lm, draft, verify):
 
 
 # ---- engine behaviour ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("method", ["eb", "eb-dual", "slowfast", "slowfast-whole"])
 def test_batch_invariance(lm, method):
@@ -279,17 +292,29 @@ def test_wino_revises(llada_lm, monkeypatch):
 
 # ---- bad input -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method, kwargs, message", [
-    ("eb", dict(eb_gamma=-1.0), "eb_gamma must be a number >= 0 (0: one position per step), got -1.0"),
-    ("eb", dict(eb_gamma=float("nan")), "eb_gamma must be a number >= 0"),
-    ("eb", dict(eb_proxy="perplexity"), "eb_proxy must be one of entropy, confidence, margin, got 'perplexity'"),
-    ("wino", dict(wino_draft=0.95, wino_verify=0.9), "WINO thresholds out of order"),
-    ("wino", dict(wino_verify=1.5), "wino_verify must be in (0, 1]"),
-    ("wino", dict(cache="dual"), "policy 'wino' with cache='dual' is not meaningful"),
-    ("slowfast", dict(sf_window=BLOCK + 1), f"sf_window ({BLOCK + 1}) is longer than the block ({BLOCK})"),
-    ("slowfast", dict(sf_explore_steps=0), "sf_explore_steps must be a positive integer"),
-    ("slowfast", dict(sf_std=0), "sf_std must be a positive number"),
-])
+
+@pytest.mark.parametrize(
+    "method, kwargs, message",
+    [
+        ("eb", dict(eb_gamma=-1.0), "eb_gamma must be a number >= 0 (0: one position per step), got -1.0"),
+        ("eb", dict(eb_gamma=float("nan")), "eb_gamma must be a number >= 0"),
+        (
+            "eb",
+            dict(eb_proxy="perplexity"),
+            "eb_proxy must be one of entropy, confidence, margin, got 'perplexity'",
+        ),
+        ("wino", dict(wino_draft=0.95, wino_verify=0.9), "WINO thresholds out of order"),
+        ("wino", dict(wino_verify=1.5), "wino_verify must be in (0, 1]"),
+        ("wino", dict(cache="dual"), "policy 'wino' with cache='dual' is not meaningful"),
+        (
+            "slowfast",
+            dict(sf_window=BLOCK + 1),
+            f"sf_window ({BLOCK + 1}) is longer than the block ({BLOCK})",
+        ),
+        ("slowfast", dict(sf_explore_steps=0), "sf_explore_steps must be a positive integer"),
+        ("slowfast", dict(sf_std=0), "sf_std must be a positive number"),
+    ],
+)
 def test_bad_settings(llada_lm, method, kwargs, message):
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         run(llada_lm, PROMPTS[:1], method, **kwargs)

@@ -108,7 +108,10 @@ def test_the_server_refuses_mask_based_requests_with_a_400():
     defaults = ServerDefaults(model_name="dg", gen_length=16, max_gen_length=64)
     with LocalServer(create_app(lm, ServerConfig(defaults=defaults, max_batch=2, max_queue=4))) as server:
         for _ in range(2):
-            r = httpx.post(f"{server.url}/v1/completions", timeout=60,
-                           json={"model": "dg", "prompt": "hi", "max_tokens": 8, "method": "cai"})
+            r = httpx.post(
+                f"{server.url}/v1/completions",
+                timeout=60,
+                json={"model": "dg", "prompt": "hi", "max_tokens": 8, "method": "cai"},
+            )
             error = r.json()["error"]
             assert r.status_code == 400 and error["param"] == "method" and "uniform-state" in error["message"]

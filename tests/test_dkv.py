@@ -106,6 +106,7 @@ def test_block_causal_family_is_refused_naming_both(tmp_path, method, needs):
 
 # ---- dKV-Cache-Greedy (cache "dkv-greedy" with policy "random") -------------------------------------------
 
+
 def greedy_reference(lm, prompt, refresh, window, seed, gen=GEN, block=BLOCK):
     """The official dKV-Cache-Greedy generate at batch size 1 (random remasking): each block's positions
     are decoded in a random order drawn at its start, the linear schedule's share per step; full forwards
@@ -135,10 +136,10 @@ def greedy_reference(lm, prompt, refresh, window, seed, gen=GEN, block=BLOCK):
             else:
                 logits = lm.forward(x, cache=cache)
             tokens, _ = predict(logits.clone(), mask, 0.0, None)
-            now = order[starts[i]:starts[i + 1]]
+            now = order[starts[i] : starts[i + 1]]
             x[0, now] = tokens[0, now]
             if i < steps - 1:
-                upcoming = order[starts[i + 1]:starts[i + 2]]
+                upcoming = order[starts[i + 1] : starts[i + 2]]
                 planned = set(upcoming) | set(now)
                 for c in upcoming:
                     left, right, found, go_left = c - 1, c + 1, 0, True
@@ -173,11 +174,14 @@ def test_greedy_batch_invariance(llada_lm):
         assert alone.token_ids == joint.token_ids and alone.trace.commit_step == joint.trace.commit_step
 
 
-@pytest.mark.parametrize("options, error", [
-    (dict(policy="vanilla"), "cache 'dkv-greedy' with policy 'vanilla' is not meaningful"),
-    (dict(dkv_window=-1), "dkv_window must be an integer >= 0"),
-    (dict(dkv_window=BLOCK + 1), f"dkv_window \\({BLOCK + 1}\\) is longer than the block \\({BLOCK}\\)"),
-])
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        (dict(policy="vanilla"), "cache 'dkv-greedy' with policy 'vanilla' is not meaningful"),
+        (dict(dkv_window=-1), "dkv_window must be an integer >= 0"),
+        (dict(dkv_window=BLOCK + 1), f"dkv_window \\({BLOCK + 1}\\) is longer than the block \\({BLOCK}\\)"),
+    ],
+)
 def test_greedy_bad_settings(llada_lm, options, error):
     with pytest.raises(InputError, match=error):
         run(llada_lm, PROMPTS[:1], "dkv-greedy", **options)

@@ -42,10 +42,27 @@ def tiny():
 def _compare(lm, prompt, method, window, gamma, threshold=0.9, gen=GEN, **options):
     ends = set(lm.config.eos_ids)
     scope = options.get("block_length", BLOCK) if method == "elastic-block" else None
-    tokens, nfe, refreshes = official_elastic(lm, prompt, gen, window_length=window, gamma=gamma,
-                                              threshold=threshold, end_tokens=ends, scope_block=scope)
-    result = run(lm, [prompt], method, gen_length=gen, elastic_window=window, elastic_gamma=gamma,
-                 threshold=threshold, early_stop=True, **options)[0]
+    tokens, nfe, refreshes = official_elastic(
+        lm,
+        prompt,
+        gen,
+        window_length=window,
+        gamma=gamma,
+        threshold=threshold,
+        end_tokens=ends,
+        scope_block=scope,
+    )
+    result = run(
+        lm,
+        [prompt],
+        method,
+        gen_length=gen,
+        elastic_window=window,
+        elastic_gamma=gamma,
+        threshold=threshold,
+        early_stop=True,
+        **options,
+    )[0]
     assert answer(result.token_ids, ends) == answer(tokens, ends)
     assert result.nfe == nfe
     return refreshes
@@ -81,8 +98,14 @@ def test_the_block_wise_reading_differs_from_the_official(tiny):
 @pytest.mark.parametrize("method", ["elastic", "elastic-block", "cai-elastic"])
 def test_commits_stay_inside_the_window_at_every_step(sharp_lm, method):
     engine = Engine(sharp_lm, max_batch=1)
-    config = build_config(method, gen_length=GEN, block_length=block_of(method), early_stop=False, elastic_window=2,
-                          threshold=0.05)
+    config = build_config(
+        method,
+        gen_length=GEN,
+        block_length=block_of(method),
+        early_stop=False,
+        elastic_window=2,
+        threshold=0.05,
+    )
     engine.submit(PROMPTS[0], config)
     generated = [None] * GEN
     while True:
@@ -102,18 +125,30 @@ def test_the_first_forward_computes_every_column_and_tracks_no_mask(sharp_lm):
     ids = torch.tensor([[5, 6, 7] + [mask] * 8])
     cache = lm.new_cache(1, ids.shape[1], every_layer=True)
     n = lm.config.n_layers
-    first = ElasticInputs(torch.arange(11)[None], torch.tensor([[3, 4]]), n, profiled=torch.tensor([[3, 4]]),
-                          untrackable=[list(range(3, 11))], whole=True)
+    first = ElasticInputs(
+        torch.arange(11)[None],
+        torch.tensor([[3, 4]]),
+        n,
+        profiled=torch.tensor([[3, 4]]),
+        untrackable=[list(range(3, 11))],
+        whole=True,
+    )
     logits = lm.forward(ids, cache=cache, mode=Elastic(inputs=first))
     assert torch.allclose(logits, lm.forward(ids)[:, [3, 4]], rtol=1e-4, atol=1e-4)
     assert first.refresh_from == n and first.tracked[0] and all(c < 3 for c in first.tracked[0])
     changed = ids.clone()
     changed[0, 8] = 9  # a column it does not compute: stale without a refresh, fresh with one from layer 0
     stale = ElasticInputs(torch.tensor([[3, 4]]), torch.tensor([[3, 4]]), n, gamma=1e-9)
-    assert torch.allclose(lm.forward(changed, cache=cache, mode=Elastic(inputs=stale)), logits, rtol=1e-4, atol=1e-4)
+    assert torch.allclose(
+        lm.forward(changed, cache=cache, mode=Elastic(inputs=stale)), logits, rtol=1e-4, atol=1e-4
+    )
     fresh = ElasticInputs(torch.tensor([[3, 4, 8]]), torch.tensor([[3, 4]]), 0)
-    assert torch.allclose(lm.forward(changed, cache=cache, mode=Elastic(inputs=fresh)), lm.forward(changed)[:, [3, 4]],
-                          rtol=1e-4, atol=1e-4)
+    assert torch.allclose(
+        lm.forward(changed, cache=cache, mode=Elastic(inputs=fresh)),
+        lm.forward(changed)[:, [3, 4]],
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("method", ["elastic", "elastic-block", "cai-elastic"])
@@ -147,20 +182,33 @@ def test_cai_elastic_runs_with_fewer_computed_pairs(sharp_lm):
     assert all(r.computed_fraction < 1 for r in cai)  # the window, not the whole block, at most steps
 
 
-@pytest.mark.parametrize("method, options, error", [
-    ("elastic", dict(elastic_gamma=0), "elastic_gamma must be in \\(0, 1\\]"),
-    ("elastic", dict(elastic_gamma=1.5), "elastic_gamma must be in \\(0, 1\\]"),
-    ("elastic", dict(elastic_window=0), "elastic_window must be a positive integer"),
-    ("elastic", dict(elastic_window=GEN + 1),
-     f"elastic_window \\({GEN + 1}\\) is longer than the generation \\(gen_length {GEN}\\)"),
-    ("elastic-block", dict(elastic_window=BLOCK + 1),
-     f"elastic_window \\({BLOCK + 1}\\) is longer than the block \\({BLOCK}\\)"),
-    ("elastic", dict(elastic_scope="blocks"), "elastic_scope must be one of generation, block, got 'blocks'"),
-    ("elastic", dict(elastic_track=0), "elastic_track must be a positive integer"),
-    ("elastic", dict(elastic_layer=-1), "elastic_layer must be an integer >= 0"),
-    ("elastic", dict(elastic_layer=2), "elastic_layer \\(2\\) is beyond the model's layers .*has 2"),
-    ("elastic", dict(refresh_every=4), "cache 'elastic' with refresh_every=4 is not meaningful"),
-])
+@pytest.mark.parametrize(
+    "method, options, error",
+    [
+        ("elastic", dict(elastic_gamma=0), "elastic_gamma must be in \\(0, 1\\]"),
+        ("elastic", dict(elastic_gamma=1.5), "elastic_gamma must be in \\(0, 1\\]"),
+        ("elastic", dict(elastic_window=0), "elastic_window must be a positive integer"),
+        (
+            "elastic",
+            dict(elastic_window=GEN + 1),
+            f"elastic_window \\({GEN + 1}\\) is longer than the generation \\(gen_length {GEN}\\)",
+        ),
+        (
+            "elastic-block",
+            dict(elastic_window=BLOCK + 1),
+            f"elastic_window \\({BLOCK + 1}\\) is longer than the block \\({BLOCK}\\)",
+        ),
+        (
+            "elastic",
+            dict(elastic_scope="blocks"),
+            "elastic_scope must be one of generation, block, got 'blocks'",
+        ),
+        ("elastic", dict(elastic_track=0), "elastic_track must be a positive integer"),
+        ("elastic", dict(elastic_layer=-1), "elastic_layer must be an integer >= 0"),
+        ("elastic", dict(elastic_layer=2), "elastic_layer \\(2\\) is beyond the model's layers .*has 2"),
+        ("elastic", dict(refresh_every=4), "cache 'elastic' with refresh_every=4 is not meaningful"),
+    ],
+)
 def test_bad_settings_name_the_field(llada_lm, method, options, error):
     with pytest.raises(InputError, match=error):
         run(llada_lm, PROMPTS[:1], method, **options)

@@ -20,9 +20,11 @@ from caidllm.errors import InputError
 from caidllm.serve.launch import settings_from
 from helpers.serve import PROMPT, start
 
-REFUSAL = ("block_length 8 does not apply to method '{method}': Elastic-Cache's official loop (cache 'elastic', "
-           "elastic_scope 'generation') decodes the whole generation (gen_length 16) as one block with its own "
-           "sliding window; drop block_length, or use method 'elastic-block' (elastic_scope='block') for blocks of 8")
+REFUSAL = (
+    "block_length 8 does not apply to method '{method}': Elastic-Cache's official loop (cache 'elastic', "
+    "elastic_scope 'generation') decodes the whole generation (gen_length 16) as one block with its own "
+    "sliding window; drop block_length, or use method 'elastic-block' (elastic_scope='block') for blocks of 8"
+)
 DATA = Path(__file__).parent / "data" / "bench"
 BENCH = ["--task", "bbh:boolean_expressions", "--limit", "1", "--batch-size", "1", "--no-progress"]
 
@@ -66,8 +68,13 @@ def test_a_filled_default_is_not_given():
     assert not lays_blocks("elastic") and lays_blocks("elastic-block") and lays_blocks("fastdllm")
     assert not lays_blocks("fastdllm", cache="elastic") and lays_blocks("elastic", elastic_scope="block")
     methods = [("fastdllm", {}), ("elastic", {})]
-    assert run_lengths(methods, 16, 8) == [dict(gen_length=16, block_length=8), dict(gen_length=16, block_length=None)]
-    assert run_lengths([("elastic", {})], 16, 8) == [dict(gen_length=16, block_length=8)]  # refused by the decoder
+    assert run_lengths(methods, 16, 8) == [
+        dict(gen_length=16, block_length=8),
+        dict(gen_length=16, block_length=None),
+    ]
+    assert run_lengths([("elastic", {})], 16, 8) == [
+        dict(gen_length=16, block_length=8)
+    ]  # refused by the decoder
 
 
 def test_a_known_checkpoints_recommended_block_is_not_the_callers(random_checkpoint, capsys):
@@ -84,12 +91,29 @@ def test_a_known_checkpoints_recommended_block_is_not_the_callers(random_checkpo
 def test_the_cli_exits_2_with_one_line_before_loading(monkeypatch, capsys):
     import caidllm.options
 
-    monkeypatch.setattr(caidllm.options, "load_model", lambda *a, **k: pytest.fail("loaded before the refusal"))
-    code = main(["generate", "hi", "--model", "tiny", "--method", "elastic", "--gen-length", "16",
-                 "--block-length", "8"])
+    monkeypatch.setattr(
+        caidllm.options, "load_model", lambda *a, **k: pytest.fail("loaded before the refusal")
+    )
+    code = main(
+        [
+            "generate",
+            "hi",
+            "--model",
+            "tiny",
+            "--method",
+            "elastic",
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err == f"caidllm: error: {REFUSAL.format(method='elastic')}\n"
-    assert main(["serve", "--model", "tiny", "--method", "elastic", "--gen-length", "16", "--block-length", "8"]) == 2
+    assert (
+        main(["serve", "--model", "tiny", "--method", "elastic", "--gen-length", "16", "--block-length", "8"])
+        == 2
+    )
     assert capsys.readouterr().err == f"caidllm: error: {REFUSAL.format(method='elastic')}\n"
 
 
@@ -99,15 +123,25 @@ def test_serve_refuses_a_clients_block_length_and_keeps_its_own_default(tiny):
         body = {"prompt": PROMPT, "max_tokens": 16, "gen_length": 16, "method": "elastic"}
         refused = httpx.post(url, json={**body, "block_length": 8}, timeout=60)
         assert refused.status_code == 400
-        assert refused.json() == {"error": {"message": REFUSAL.format(method="elastic"), "type":
-                                            "invalid_request_error", "param": "block_length", "code": None}}
-        answer = httpx.post(url, json={**body, "gen_length": 32}, timeout=60)  # the server's block 16: not given
+        assert refused.json() == {
+            "error": {
+                "message": REFUSAL.format(method="elastic"),
+                "type": "invalid_request_error",
+                "param": "block_length",
+                "code": None,
+            }
+        }
+        answer = httpx.post(
+            url, json={**body, "gen_length": 32}, timeout=60
+        )  # the server's block 16: not given
         assert answer.status_code == 200, answer.text
         assert answer.json()["caidllm"]["block_length"] == 32 and answer.json()["caidllm"]["gen_length"] == 32
         blocks = httpx.post(url, json={**body, "method": "elastic-block", "block_length": 8}, timeout=60)
         assert blocks.status_code == 200 and blocks.json()["caidllm"]["block_length"] == 8
         # max_tokens alone: elastic's canvas is exactly max_tokens (one block), its alone answer.
-        exact = httpx.post(url, json={"prompt": PROMPT, "max_tokens": 10, "method": "elastic"}, timeout=60).json()
+        exact = httpx.post(
+            url, json={"prompt": PROMPT, "max_tokens": 10, "method": "elastic"}, timeout=60
+        ).json()
         assert (exact["caidllm"]["gen_length"], exact["caidllm"]["block_length"]) == (10, 10)
         (alone,) = tiny.generate([tiny.tokenizer.encode(PROMPT)], method="elastic", gen_length=10)
         assert exact["choices"][0]["text"] == alone.text
@@ -119,26 +153,37 @@ def test_a_one_block_methods_canvas_is_max_tokens_not_whole_server_blocks(tiny):
     from caidllm.serve.protocol import ServerDefaults, parse
 
     defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16)
-    for body, canvas in (({"method": "elastic"}, 10), ({"method": "fastdllm"}, 16), ({"method": "elastic-block"}, 16),
-                         ({"method": "fastdllm", "cache": "elastic", "refresh_every": 0}, 10),
-                         ({"method": "elastic", "gen_length": 12}, 12)):
+    for body, canvas in (
+        ({"method": "elastic"}, 10),
+        ({"method": "fastdllm"}, 16),
+        ({"method": "elastic-block"}, 16),
+        ({"method": "fastdllm", "cache": "elastic", "refresh_every": 0}, 10),
+        ({"method": "elastic", "gen_length": 12}, 12),
+    ):
         config = parse({"prompt": PROMPT, "max_tokens": 10, **body}, "completion", tiny, defaults).config
         assert config.gen_length == canvas, (body, config.gen_length)
-    assert parse({"prompt": PROMPT, "method": "elastic"}, "completion", tiny, defaults).config.gen_length == 64
+    assert (
+        parse({"prompt": PROMPT, "method": "elastic"}, "completion", tiny, defaults).config.gen_length == 64
+    )
     for tokens in (1, 2):  # the smallest canvases: one block of 1 or 2 positions, decoded alone = batched
         body = {"prompt": PROMPT, "max_tokens": tokens, "method": "elastic"}
         config = parse(body, "completion", tiny, defaults).config
         assert (config.gen_length, config.block_length) == (tokens, tokens)
         prompts = [tiny.tokenizer.encode(PROMPT), tiny.tokenizer.encode("True or False is")]
-        batched = [r.token_ids for r in tiny.generate(prompts, method="elastic", gen_length=tokens, batch_size=2)]
-        assert batched == [tiny.generate([p], method="elastic", gen_length=tokens)[0].token_ids for p in prompts]
+        batched = [
+            r.token_ids for r in tiny.generate(prompts, method="elastic", gen_length=tokens, batch_size=2)
+        ]
+        assert batched == [
+            tiny.generate([p], method="elastic", gen_length=tokens)[0].token_ids for p in prompts
+        ]
         assert all(len(ids) == tokens for ids in batched)
 
 
 def test_a_server_whose_default_method_is_elastic_keeps_a_block_default_for_the_others(tiny):
-    settings = settings_from(build_parser().parse_args(["serve", "--model", "tiny", "--method", "elastic"]), tiny)
+    settings = settings_from(
+        build_parser().parse_args(["serve", "--model", "tiny", "--method", "elastic"]), tiny
+    )
     assert (settings.defaults.gen_length, settings.defaults.block_length) == (256, 64)
-
 
 
 def test_an_elastic_servers_gen_length_stays_its_default(tiny):
@@ -147,7 +192,9 @@ def test_an_elastic_servers_gen_length_stays_its_default(tiny):
     from caidllm.serve.protocol import parse
 
     for gen in (16, 100, 256):
-        args = build_parser().parse_args(["serve", "--model", "tiny", "--method", "elastic", "--gen-length", str(gen)])
+        args = build_parser().parse_args(
+            ["serve", "--model", "tiny", "--method", "elastic", "--gen-length", str(gen)]
+        )
         defaults = settings_from(args, tiny).defaults
         assert defaults.gen_length == gen and gen % defaults.block_length == 0
         for body in ({}, {"method": "fastdllm"}):
@@ -158,10 +205,12 @@ def test_an_elastic_servers_gen_length_stays_its_default(tiny):
 def test_an_elastic_servers_given_block_length_stays_the_others_default(tiny):
     """--method elastic --block-length G (G = gen_length, so elastic takes it): the block-wise methods' default
     is the block the user gave, not another."""
-    args = build_parser().parse_args(["serve", "--model", "tiny", "--method", "elastic", "--gen-length", "128",
-                                      "--block-length", "128"])
+    args = build_parser().parse_args(
+        ["serve", "--model", "tiny", "--method", "elastic", "--gen-length", "128", "--block-length", "128"]
+    )
     defaults = settings_from(args, tiny).defaults
     assert (defaults.gen_length, defaults.block_length) == (128, 128)
+
 
 def test_the_lm_eval_adapter_refuses_it():
     from caidllm.evaluation.lm_eval_adapter import CaidllmLM
@@ -171,24 +220,65 @@ def test_the_lm_eval_adapter_refuses_it():
 
 
 def test_a_one_method_bench_refuses_it(capsys):
-    assert main(["bench", "--model", "tiny", "--methods", "elastic", "--gen-length", "16", "--block-length", "8",
-                 *BENCH]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                "tiny",
+                "--methods",
+                "elastic",
+                "--gen-length",
+                "16",
+                "--block-length",
+                "8",
+                *BENCH,
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err == f"caidllm: error: {REFUSAL.format(method='elastic')}\n"
 
 
 def test_a_bench_row_says_elastic_ran_one_block_beside_block_wise_methods(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["bench", "--model", "tiny", "--methods", "elastic,fastdllm,elastic-block", "--gen-length", "16",
-                 "--block-length", "8", "--data-dir", str(DATA), "--out", str(out), *BENCH])
+    code = main(
+        [
+            "bench",
+            "--model",
+            "tiny",
+            "--methods",
+            "elastic,fastdllm,elastic-block",
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+            "--data-dir",
+            str(DATA),
+            "--out",
+            str(out),
+            *BENCH,
+        ]
+    )
     assert code == 0
     report = json.loads((out / "results.json").read_text())
-    assert report["settings"]["block_length"] == 8  # the block-wise methods' block, though elastic is listed first
+    assert (
+        report["settings"]["block_length"] == 8
+    )  # the block-wise methods' block, though elastic is listed first
     rows = {r["method"]: r for r in report["results"]}
-    assert {m: r["block_length"] for m, r in rows.items()} == {"elastic": 16, "fastdllm": 8, "elastic-block": 8}
+    assert {m: r["block_length"] for m, r in rows.items()} == {
+        "elastic": 16,
+        "fastdllm": 8,
+        "elastic-block": 8,
+    }
     assert [len(r["steps_per_block"]) for r in rows.values()] == [2, 2, 2]
-    assert "Block: `elastic` decodes the whole generation as one block of 16" in (out / "results.md").read_text()
-    assert "elastic: Elastic-Cache's official loop decodes the whole generation as one block of 16" in \
-        capsys.readouterr().err
+    assert (
+        "Block: `elastic` decodes the whole generation as one block of 16" in (out / "results.md").read_text()
+    )
+    assert (
+        "elastic: Elastic-Cache's official loop decodes the whole generation as one block of 16"
+        in capsys.readouterr().err
+    )
 
 
 def test_the_soak_sends_its_block_length_only_to_methods_that_lay_blocks():
@@ -207,15 +297,38 @@ def test_the_soak_sends_its_block_length_only_to_methods_that_lay_blocks():
 def test_the_arrivals_bench_runs_elastic_beside_a_block_wise_method(capsys):
     from caidllm.bench.arrivals import main as arrivals
 
-    assert arrivals(["--requests", "2", "--methods", "elastic,fastdllm", "--max-batch", "2", "--gen-length", "16",
-                     "--block-length", "8", "--rate", "40"]) == 0
+    assert (
+        arrivals(
+            [
+                "--requests",
+                "2",
+                "--methods",
+                "elastic,fastdllm",
+                "--max-batch",
+                "2",
+                "--gen-length",
+                "16",
+                "--block-length",
+                "8",
+                "--rate",
+                "40",
+            ]
+        )
+        == 0
+    )
     assert "| elastic | continuous |" in capsys.readouterr().out
     with pytest.raises(InputError, match="block_length 8 does not apply to method 'elastic'"):
         arrivals(["--requests", "2", "--methods", "elastic", "--gen-length", "16", "--block-length", "8"])
-    with pytest.raises(InputError, match="block_length must be a positive integer, got 0"):  # not the default's 32
+    with pytest.raises(
+        InputError, match="block_length must be a positive integer, got 0"
+    ):  # not the default's 32
         arrivals(["--requests", "2", "--methods", "fastdllm", "--gen-length", "16", "--block-length", "0"])
 
 
 def test_whether_a_method_lays_blocks_reads_only_its_cache_and_scope():
-    assert lays_blocks("vanilla", steps=6, gen_length=12, block_length=4, temperature=0.5)  # steps fit only these
-    assert not lays_blocks("cai", cache="elastic") and lays_blocks("cai", cache="elastic", elastic_scope="block")
+    assert lays_blocks(
+        "vanilla", steps=6, gen_length=12, block_length=4, temperature=0.5
+    )  # steps fit only these
+    assert not lays_blocks("cai", cache="elastic") and lays_blocks(
+        "cai", cache="elastic", elastic_scope="block"
+    )

@@ -20,7 +20,9 @@ def test_every_preset_runs_and_never_leaves_a_mask(lm, method):
     for r in results:
         assert len(r.token_ids) == GEN
         assert lm.config.mask_id not in r.token_ids
-        block = build_config(method, gen_length=GEN, block_length=block_of(method)).block_length  # elastic: GEN
+        block = build_config(
+            method, gen_length=GEN, block_length=block_of(method)
+        ).block_length  # elastic: GEN
         assert all(0 <= s < block for s in r.trace.commit_step_in_block)
         assert len(r.steps_per_block) == GEN // block
         assert r.nfe == sum(r.steps_per_block)
@@ -31,7 +33,7 @@ def test_vanilla_commits_one_token_per_step(lm):
     (r,) = run(lm, PROMPTS[:1], "vanilla")
     assert r.nfe == GEN and r.steps_per_block == [BLOCK] * (GEN // BLOCK)
     for b in range(GEN // BLOCK):
-        local = r.trace.commit_step_in_block[b * BLOCK:(b + 1) * BLOCK]
+        local = r.trace.commit_step_in_block[b * BLOCK : (b + 1) * BLOCK]
         assert sorted(local) == list(range(BLOCK))
     assert sorted(r.trace.commit_step) == list(range(GEN))
 
@@ -51,14 +53,21 @@ def test_threshold_one_is_one_token_per_step(lm):
 
 def test_cache_modes_agree_right_after_a_refresh(lm):
     # Refreshing at every step makes every step "the first after a refresh": all modes agree.
-    outputs = [run(lm, PROMPTS, "fastdllm", cache=c, refresh_every=1, threshold=0.3) for c in ("none", "prefix", "dual")]
+    outputs = [
+        run(lm, PROMPTS, "fastdllm", cache=c, refresh_every=1, threshold=0.3)
+        for c in ("none", "prefix", "dual")
+    ]
     for none, prefix, dual in zip(*outputs):
         assert none.token_ids == prefix.token_ids == dual.token_ids
     # With the default cadence only the block's first step is a refresh: first-block s_i agree.
     outputs = [run(lm, PROMPTS, "cai", cache=c) for c in ("none", "prefix", "dual")]
     for none, prefix, dual in zip(*outputs):
-        assert none.trace.first_confidence[:BLOCK] == pytest.approx(prefix.trace.first_confidence[:BLOCK], abs=1e-5)
-        assert none.trace.first_confidence[:BLOCK] == pytest.approx(dual.trace.first_confidence[:BLOCK], abs=1e-5)
+        assert none.trace.first_confidence[:BLOCK] == pytest.approx(
+            prefix.trace.first_confidence[:BLOCK], abs=1e-5
+        )
+        assert none.trace.first_confidence[:BLOCK] == pytest.approx(
+            dual.trace.first_confidence[:BLOCK], abs=1e-5
+        )
 
 
 @pytest.mark.parametrize("method", ["vanilla", "fastdllm", "fastdllm-prefix", "cai", "cai-gate-on"])
@@ -128,20 +137,23 @@ def test_string_prompts_use_the_chat_template(llada_lm):
     assert raw.prompt_length < r.prompt_length
 
 
-@pytest.mark.parametrize("prompts, kwargs, message", [
-    (["a", [1, 2]], {}, "must not mix strings and token-id lists"),
-    ([""], {}, "prompt 0 is empty"),
-    ([], {}, "non-empty list"),
-    ([[1, 2, 100000]], {}, "token id 100000 outside the vocabulary"),
-    ([[1, 2]], dict(gen_length=4096), "exceeds the model's context"),
-    ([[1, 2]], dict(batch_size=0), "batch_size must be a positive integer"),
-    ([[1, 2]], dict(method="turbo"), "unknown method 'turbo'"),
-    ([[1, 2]], dict(cache="triple"), "unknown cache mode"),
-    ([[1, 2]], dict(gen_length=12, block_length=8), "multiple of block_length"),
-    ([[1, 2]], dict(threshold=1.2), r"threshold must be in \(0, 1\]"),
-    ([[1, 2]], dict(steps=0), "steps must be a positive integer"),
-    ([[1, 2], 3], {}, "each prompt must be a string or a list of token ids"),
-])
+@pytest.mark.parametrize(
+    "prompts, kwargs, message",
+    [
+        (["a", [1, 2]], {}, "must not mix strings and token-id lists"),
+        ([""], {}, "prompt 0 is empty"),
+        ([], {}, "non-empty list"),
+        ([[1, 2, 100000]], {}, "token id 100000 outside the vocabulary"),
+        ([[1, 2]], dict(gen_length=4096), "exceeds the model's context"),
+        ([[1, 2]], dict(batch_size=0), "batch_size must be a positive integer"),
+        ([[1, 2]], dict(method="turbo"), "unknown method 'turbo'"),
+        ([[1, 2]], dict(cache="triple"), "unknown cache mode"),
+        ([[1, 2]], dict(gen_length=12, block_length=8), "multiple of block_length"),
+        ([[1, 2]], dict(threshold=1.2), r"threshold must be in \(0, 1\]"),
+        ([[1, 2]], dict(steps=0), "steps must be a positive integer"),
+        ([[1, 2], 3], {}, "each prompt must be a string or a list of token ids"),
+    ],
+)
 def test_bad_input(llada_lm, prompts, kwargs, message):
     kwargs = {"gen_length": GEN, "block_length": BLOCK, **kwargs}
     with pytest.raises(InputError, match=message):
@@ -149,8 +161,26 @@ def test_bad_input(llada_lm, prompts, kwargs, message):
 
 
 def test_cli_generate_json(llada_dir, capsys):
-    code = cli_main(["generate", "hello", "two words", "--model", str(llada_dir), "--method", "fastdllm",
-                     "--gen-length", "16", "--block-length", "8", "--json", "--device", "cpu", "--dtype", "float32"])
+    code = cli_main(
+        [
+            "generate",
+            "hello",
+            "two words",
+            "--model",
+            str(llada_dir),
+            "--method",
+            "fastdllm",
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+            "--json",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        ]
+    )
     assert code == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2
@@ -161,8 +191,23 @@ def test_cli_generate_json(llada_dir, capsys):
 
 
 def test_cli_generate_text_and_errors(llada_dir, capsys):
-    assert cli_main(["generate", "hello", "--model", str(llada_dir), "--gen-length", "16", "--block-length", "8",
-                     "--device", "cpu"]) == 0
+    assert (
+        cli_main(
+            [
+                "generate",
+                "hello",
+                "--model",
+                str(llada_dir),
+                "--gen-length",
+                "16",
+                "--block-length",
+                "8",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert "forward passes" in capsys.readouterr().out
     assert cli_main(["generate", "hello", "--model", str(llada_dir), "--method", "turbo"]) == 2
     assert "unknown method 'turbo'" in capsys.readouterr().err
@@ -177,7 +222,9 @@ def test_early_stop_trace_marks_filled_positions_as_never_committed(llada_lm):
     full = run(lm, [prompt], "vanilla", gen_length=32, early_stop=False)[0]
     steps = short.trace.commit_step
     # Blocks after the end were filled, never committed.
-    assert steps[BLOCK:] == [-1] * (32 - BLOCK) and short.trace.commit_step_in_block[BLOCK:] == [-1] * (32 - BLOCK)
+    assert steps[BLOCK:] == [-1] * (32 - BLOCK) and short.trace.commit_step_in_block[BLOCK:] == [-1] * (
+        32 - BLOCK
+    )
     # The end token's block ran to its end here (vanilla commits the confident EOS positions first):
     # those committed positions keep the step they were committed at, as without early stop.
     assert steps[:BLOCK] == full.trace.commit_step[:BLOCK] and all(s >= 0 for s in steps[:BLOCK])
@@ -218,13 +265,17 @@ def test_predict_matches_torch_logsumexp_and_consuming_changes_nothing_else():
     reference = logits.clone()
     reference[..., 2] = float("-inf")
     want_tokens = reference.argmax(-1)
-    want = torch.exp(reference.gather(-1, want_tokens[..., None]).squeeze(-1) - torch.logsumexp(reference, -1))
+    want = torch.exp(
+        reference.gather(-1, want_tokens[..., None]).squeeze(-1) - torch.logsumexp(reference, -1)
+    )
     for consume in (False, True):
         tokens, confidence = predict(logits.clone(), 2, 0.0, None, consume=consume)
         assert torch.equal(tokens, want_tokens) and torch.equal(confidence, want)  # to the last bit
     gens = lambda: [torch.Generator().manual_seed(i) for i in range(3)]  # noqa: E731
     sampled = predict(logits.clone(), 2, 0.8, gens())
-    assert all(torch.equal(a, b) for a, b in zip(sampled, predict(logits.clone(), 2, 0.8, gens(), consume=True)))
+    assert all(
+        torch.equal(a, b) for a, b in zip(sampled, predict(logits.clone(), 2, 0.8, gens(), consume=True))
+    )
 
 
 def test_empty_token_id_prompt_is_named(llada_lm):

@@ -40,7 +40,12 @@ def same(a, b, exact_confidence=True):
     """Same tokens, NFE, steps and commit steps (and, on the small random models, where no BLAS
     kernel changes with the row count, the same first-step confidences to the last bit)."""
     keys = (a.token_ids, a.nfe, a.steps_per_block, a.trace.commit_step, a.early_stopped) == (
-        b.token_ids, b.nfe, b.steps_per_block, b.trace.commit_step, b.early_stopped)
+        b.token_ids,
+        b.nfe,
+        b.steps_per_block,
+        b.trace.commit_step,
+        b.early_stopped,
+    )
     return keys and (not exact_confidence or a.trace.first_confidence == b.trace.first_confidence)
 
 
@@ -66,13 +71,22 @@ def test_mid_flight_joins_match_alone_and_static_batches(lm):
                 ids.append(engine.submit(prompt, config(method, **kw)))
         results.update({e.request_id: e.result for e in engine.step() if e.finished})
         step += 1
-    assert engine.scheduler.frame.free_slots() == [0, 1, 2, 3, 4] and engine.scheduler.frame.width == 1  # all freed, frame narrowed
+    assert (
+        engine.scheduler.frame.free_slots() == [0, 1, 2, 3, 4] and engine.scheduler.frame.width == 1
+    )  # all freed, frame narrowed
     for rid, (_, prompt, method, kw) in zip(ids, plan):
         assert same(results[rid], alone(lm, prompt, method, **kw)), method
     # The same requests as one static batch through generate().
     for method in ("cai", "fastdllm-prefix", "es-dllm"):
-        batch = lm.generate(PROMPTS, method=method, gen_length=GEN, block_length=BLOCK, early_stop=False,
-                            threshold=0.2, batch_size=4)
+        batch = lm.generate(
+            PROMPTS,
+            method=method,
+            gen_length=GEN,
+            block_length=BLOCK,
+            early_stop=False,
+            threshold=0.2,
+            batch_size=4,
+        )
         for prompt, joint in zip(PROMPTS, batch):
             assert same(joint, alone(lm, prompt, method))
 
@@ -80,8 +94,10 @@ def test_mid_flight_joins_match_alone_and_static_batches(lm):
 def test_tiny_model_mid_flight_matches_alone():
     """The shipped model, where padding used to move confidences in the last bits."""
     lm = caidllm.load("tiny", device="cpu", dtype="float32")
-    prompts = [lm.encode_chat(p) for p in ("7 + 5 * 3 =", "True and not False or ( False ) is",
-                                           "not ( True ) and ( True ) is")]
+    prompts = [
+        lm.encode_chat(p)
+        for p in ("7 + 5 * 3 =", "True and not False or ( False ) is", "not ( True ) and ( True ) is")
+    ]
     settings = dict(gen_length=32, block_length=8, early_stop=True)
     engine = Engine(lm, max_batch=3)
     first = engine.submit(prompts[0], build_config("cai", **settings))
@@ -90,8 +106,11 @@ def test_tiny_model_mid_flight_matches_alone():
     engine.step()
     third = engine.submit(prompts[2], build_config("fastdllm", **settings))
     results = {e.request_id: e.result for e in engine.run() if e.finished}
-    for rid, prompt, method in ((first, prompts[0], "cai"), (second, prompts[1], "vanilla"),
-                                (third, prompts[2], "fastdllm")):
+    for rid, prompt, method in (
+        (first, prompts[0], "cai"),
+        (second, prompts[1], "vanilla"),
+        (third, prompts[2], "fastdllm"),
+    ):
         (single,) = lm.generate([prompt], method=method, **settings)
         assert same(results[rid], single, exact_confidence=False)
         # Same keys and columns as alone; only MKL's choice of GEMM kernel by row count can move the
@@ -174,13 +193,16 @@ def test_limits(llada_lm):
         Engine(llada_lm, max_batch=0)
 
 
-@pytest.mark.parametrize("prompt, message", [
-    ([1, 2, 100000], "token id 100000 is outside the vocabulary"),
-    ([], "non-empty list of token ids"),
-    ([1, True], "non-empty list of token ids"),
-    ("hello", "non-empty list of token ids"),
-    ("too long", "exceeds the model's context"),
-])
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ([1, 2, 100000], "token id 100000 is outside the vocabulary"),
+        ([], "non-empty list of token ids"),
+        ([1, True], "non-empty list of token ids"),
+        ("hello", "non-empty list of token ids"),
+        ("too long", "exceeds the model's context"),
+    ],
+)
 def test_bad_requests_are_refused_alone(llada_lm, prompt, message):
     if prompt == "too long":
         prompt = [5] * llada_lm.config.max_length
@@ -279,9 +301,11 @@ def test_background_failing_step_spares_the_queue_and_stop_cancels(llada_lm):
 def test_background_async_cancel(llada_lm):
     background = BackgroundEngine(Engine(llada_lm, max_batch=2)).start()
     try:
+
         async def cancel_mid_stream():
-            handle = background.submit(PROMPTS[0], config("vanilla", gen_length=128),
-                                       loop=asyncio.get_running_loop())
+            handle = background.submit(
+                PROMPTS[0], config("vanilla", gen_length=128), loop=asyncio.get_running_loop()
+            )
             with pytest.raises(InputError, match="use `async for"):
                 iter(handle).__next__()
             seen = 0

@@ -19,10 +19,16 @@ def test_the_registries_define_the_valid_values():
     assert config.POLICIES == tuple(policies.POLICIES)
     assert MODES == tuple(FORWARD_MODES) and all(cls.name == name for name, cls in FORWARD_MODES.items())
     assert all(issubclass(cls, ForwardMode) for cls in FORWARD_MODES.values())
-    assert all(FORWARD_MODES[mode.between_refreshes.name] is mode.between_refreshes
-               for mode in forward_modes.CACHE_MODES.values())
-    assert {spec.forward for spec in policies.POLICIES.values()} - {None} <= set(MODES)  # a decoder's own forward
-    with pytest.raises(InputError, match="unknown cache mode 'fast'; choose one of " + ", ".join(forward_modes.CACHE_MODES)):
+    assert all(
+        FORWARD_MODES[mode.between_refreshes.name] is mode.between_refreshes
+        for mode in forward_modes.CACHE_MODES.values()
+    )
+    assert {spec.forward for spec in policies.POLICIES.values()} - {None} <= set(
+        MODES
+    )  # a decoder's own forward
+    with pytest.raises(
+        InputError, match="unknown cache mode 'fast'; choose one of " + ", ".join(forward_modes.CACHE_MODES)
+    ):
         small("fastdllm", cache="fast")
 
 

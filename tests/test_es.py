@@ -16,8 +16,15 @@ from caidllm.errors import InputError
 from caidllm.models import EarlySkip
 from caidllm.models.layers import Context, positions_from_mask
 from caidllm.models.modes import Dual, EarlySkipping
-from caidllm.models.skip import (DEFAULT_SCHEDULE, choose, forced_keeps, group_start_layers, hidden_levels,
-                                 importance, keep_counts)
+from caidllm.models.skip import (
+    DEFAULT_SCHEDULE,
+    choose,
+    forced_keeps,
+    group_start_layers,
+    hidden_levels,
+    importance,
+    keep_counts,
+)
 
 LAYERS = 8
 KEEP_ALL = ((1.0, 0.0), (1.0, 0.125), (1.0, 0.25))
@@ -46,10 +53,10 @@ def canvas(lm, prompt_lengths, gen=24, seed=0):
     ids = torch.full((B, P + gen), lm.config.pad_id)
     mask = torch.zeros(B, P + gen, dtype=torch.bool)
     for b, n in enumerate(prompt_lengths):
-        ids[b, P - n:P] = torch.randint(10, 300, (n,), generator=g)
-        mask[b, P - n:] = True
+        ids[b, P - n : P] = torch.randint(10, 300, (n,), generator=g)
+        mask[b, P - n :] = True
     ids[:, P:] = lm.config.mask_id
-    ids[:, P:P + 6] = torch.randint(10, 300, (B, 6), generator=g)
+    ids[:, P : P + 6] = torch.randint(10, 300, (B, 6), generator=g)
     return ids, mask, P + 8, P + 16
 
 
@@ -58,8 +65,12 @@ def skip_for(ids, start, end, schedule=DEFAULT_SCHEDULE, seed=1, mask_id=None):
     R, n = ids.shape[0], end - start
     committed = torch.zeros(R, n, dtype=torch.bool)
     committed[:, 1] = True
-    return EarlySkip(prev_confidence=torch.rand(R, n, generator=g), just_committed=committed,
-                     masked=ids[:, start:end] == mask_id, schedule=schedule)
+    return EarlySkip(
+        prev_confidence=torch.rand(R, n, generator=g),
+        just_committed=committed,
+        masked=ids[:, start:end] == mask_id,
+        schedule=schedule,
+    )
 
 
 def advance(ids, start):
@@ -95,15 +106,11 @@ def test_schedule_maps_to_layers():
 
 
 def test_forced_keeps():
-    conf = torch.tensor([[0.9, 0.1, 0.8, 0.95, 0.2, 0.3],
-                         [0.9, 0.1, 0.8, 0.95, 0.2, 0.3],
-                         [0.9, 0.1, 0.8, 0.95, 0.2, 0.3]])
-    masked = torch.tensor([[0, 1, 1, 0, 1, 1],
-                           [0, 0, 0, 0, 1, 0],
-                           [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
-    committed = torch.tensor([[1, 0, 0, 0, 0, 0],
-                              [0, 0, 0, 1, 0, 0],
-                              [0, 0, 1, 0, 0, 0]], dtype=torch.bool)
+    conf = torch.tensor(
+        [[0.9, 0.1, 0.8, 0.95, 0.2, 0.3], [0.9, 0.1, 0.8, 0.95, 0.2, 0.3], [0.9, 0.1, 0.8, 0.95, 0.2, 0.3]]
+    )
+    masked = torch.tensor([[0, 1, 1, 0, 1, 1], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    committed = torch.tensor([[1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 1, 0, 0, 0]], dtype=torch.bool)
     forced = forced_keeps(conf, masked, committed)
     # Row 0: just committed 0, leftmost masked 1, two most confident masked 2 (0.8) and 5 (0.3).
     assert forced[0].tolist() == [True, True, True, False, False, True]
@@ -136,7 +143,9 @@ def test_each_row_ranks_its_own_positions():
     none = torch.zeros(2, 4, dtype=torch.bool)
     both = choose(importance(conf, drift, none, 0.5), 2)
     for r in range(2):
-        assert torch.equal(both[r], choose(importance(conf[r:r + 1], drift[r:r + 1], none[r:r + 1], 0.5), 2)[0])
+        assert torch.equal(
+            both[r], choose(importance(conf[r : r + 1], drift[r : r + 1], none[r : r + 1], 0.5), 2)[0]
+        )
     assert both.tolist() == [[1, 3], [0, 3]]
 
 
@@ -156,7 +165,9 @@ def test_keep_all_equals_dual(lm, rows):
     for _ in range(2):  # two steps in a row: the second reads what the first wrote
         dual = lm.forward(ids2, mask, cache=dual_cache, mode=Dual(start=start, end=end, rows=rows_t))
         skip = skip_for(ids2[sel], start, end, KEEP_ALL, mask_id=lm.config.mask_id)
-        es = lm.forward(ids2, mask, cache=es_cache, mode=EarlySkipping(start=start, end=end, rows=rows_t, skip=skip))
+        es = lm.forward(
+            ids2, mask, cache=es_cache, mode=EarlySkipping(start=start, end=end, rows=rows_t, skip=skip)
+        )
         assert torch.allclose(es, dual, atol=1e-6, rtol=0)
         assert skip.computed_pairs == skip.full_pairs == LAYERS * (end - start)
         assert skip.kept.tolist() == [list(range(end - start))] * len(es)
@@ -221,7 +232,11 @@ def test_skipped_positions_keep_their_cached_state(lm):
             else:
                 assert not torch.equal(final_new, final_old) and not torch.equal(k_new, k_old)
         # Half the block ran layer 1 (its K/V there are new), a superset of those that ran the last layer.
-        ran_1 = {p for p in range(n) if not torch.equal(cache.keys[1][b, :, start + p], keys_before[1][b, :, start + p])}
+        ran_1 = {
+            p
+            for p in range(n)
+            if not torch.equal(cache.keys[1][b, :, start + p], keys_before[1][b, :, start + p])
+        }
         assert len(ran_1) == n // 2 and kept <= ran_1
         # A skipped position's hidden state feeds the head as cached (Dream: it predicts the next position).
         for p in skipped:
@@ -243,9 +258,12 @@ def test_es_forward_is_row_independent(lm):
     for b in range(B):
         c1 = lm.new_cache(B, L, skip_schedule=DEFAULT_SCHEDULE)
         lm.forward(ids, mask, cache=c1)
-        one = EarlySkip(skip.prev_confidence[b:b + 1], skip.just_committed[b:b + 1], skip.masked[b:b + 1])
-        alone = lm.forward(ids2, mask, cache=c1,
-                           mode=EarlySkipping(start=start, end=end, rows=torch.tensor([b]), skip=one))
+        one = EarlySkip(
+            skip.prev_confidence[b : b + 1], skip.just_committed[b : b + 1], skip.masked[b : b + 1]
+        )
+        alone = lm.forward(
+            ids2, mask, cache=c1, mode=EarlySkipping(start=start, end=end, rows=torch.tensor([b]), skip=one)
+        )
         assert torch.equal(one.kept[0], skip.kept[b])
         assert torch.allclose(alone[0], together[b], atol=1e-5, rtol=0)
 
@@ -320,8 +338,16 @@ class Recorder:
 def test_refresh_cadence(lm, refresh_every):
     rec = Recorder(lm)
     # threshold 1.0: one token per step, so every block takes all 16 of its steps.
-    (r,) = generate(rec, [PROMPTS[0]], method="es-dllm", gen_length=32, block_length=16, threshold=1.0,
-                    early_stop=False, refresh_every=refresh_every)
+    (r,) = generate(
+        rec,
+        [PROMPTS[0]],
+        method="es-dllm",
+        gen_length=32,
+        block_length=16,
+        threshold=1.0,
+        early_stop=False,
+        refresh_every=refresh_every,
+    )
     assert r.steps_per_block == [16, 16]
     f = refresh_every
     if f is None:  # the model default: the paper's f
@@ -336,16 +362,31 @@ def test_refresh_cadence(lm, refresh_every):
     assert r.computed_fraction == pytest.approx((refreshes + (32 - refreshes) * 48 / 128) / 32)
 
 
-@pytest.mark.parametrize("method, cached, refreshes_inside", [
-    ("fastdllm", "dual", False), ("fastdllm-prefix", "prefix", False),  # the official code: block starts only
-    ("cai", "dual", True), ("es-dllm", "es", True), ("cai-es", "es", True),  # the paper's f
-])
+@pytest.mark.parametrize(
+    "method, cached, refreshes_inside",
+    [
+        ("fastdllm", "dual", False),
+        ("fastdllm-prefix", "prefix", False),  # the official code: block starts only
+        ("cai", "dual", True),
+        ("es-dllm", "es", True),
+        ("cai-es", "es", True),  # the paper's f
+    ],
+)
 def test_which_presets_refresh_inside_a_block(lm, method, cached, refreshes_inside):
     rec = Recorder(lm)
     # threshold 1.0 (CAI: as a fixed threshold, gating off): one token per step, all 32 steps of each block,
     # so the model's f (16 LLaDA, 8 Dream) falls inside the block.
-    (r,) = generate(rec, [PROMPTS[0]], method=method, gen_length=64, block_length=32, threshold=1.0,
-                    adaptive=False, gating=False, early_stop=False)
+    (r,) = generate(
+        rec,
+        [PROMPTS[0]],
+        method=method,
+        gen_length=64,
+        block_length=32,
+        threshold=1.0,
+        adaptive=False,
+        gating=False,
+        early_stop=False,
+    )
     assert r.steps_per_block == [32, 32]
     f = lm.config.cache_refresh_every
     for block in range(2):
@@ -371,7 +412,12 @@ def test_presets():
     es = build_config("es-dllm")
     own = es.cache_settings
     assert (es.policy, es.cache, es.policy_settings.threshold, own.schedule, own.alpha) == (
-        "threshold", "es", 0.9, DEFAULT_SCHEDULE, 0.5)
+        "threshold",
+        "es",
+        0.9,
+        DEFAULT_SCHEDULE,
+        0.5,
+    )
     cai_es = build_config("cai-es")
     assert (cai_es.policy, cai_es.cache) == ("cai", "es")
     assert build_config("cai").cache == "dual"  # the default backend is chosen after measuring
@@ -381,18 +427,24 @@ def test_presets():
     assert nested.cache_settings == custom.cache_settings
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(es_alpha=1.5), r"es_alpha must be in \[0, 1\], got 1.5"),
-    (dict(es_alpha="high"), r"es_alpha must be in \[0, 1\]"),
-    (dict(es_schedule=[]), "es_schedule must have at least one"),
-    (dict(es_schedule=5), "es_schedule must be a sequence of"),
-    (dict(es_schedule=[(1.0, 0.0), (0.5,)]), r"es_schedule\[1\] must be a pair of numbers"),
-    (dict(es_schedule=[(0.5, 0.0)]), r"es_schedule\[0\] must be \(1.0, 0.0\)"),
-    (dict(es_schedule=[(1.0, 0.0), (0.0, 0.5)]), r"es_schedule\[1\] keep fraction must be in \(0, 1\], got 0.0"),
-    (dict(es_schedule=[(1.0, 0.0), (0.5, 1.0)]), r"es_schedule\[1\] start must be in \[0, 1\)"),
-    (dict(es_schedule=[(1.0, 0.0), (0.5, 0.5), (0.25, 0.25)]), "es_schedule starts must increase"),
-    (dict(es_schedule=[(1.0, 0.0), (0.25, 0.25), (0.5, 0.5)]), "keep fractions must not increase"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(es_alpha=1.5), r"es_alpha must be in \[0, 1\], got 1.5"),
+        (dict(es_alpha="high"), r"es_alpha must be in \[0, 1\]"),
+        (dict(es_schedule=[]), "es_schedule must have at least one"),
+        (dict(es_schedule=5), "es_schedule must be a sequence of"),
+        (dict(es_schedule=[(1.0, 0.0), (0.5,)]), r"es_schedule\[1\] must be a pair of numbers"),
+        (dict(es_schedule=[(0.5, 0.0)]), r"es_schedule\[0\] must be \(1.0, 0.0\)"),
+        (
+            dict(es_schedule=[(1.0, 0.0), (0.0, 0.5)]),
+            r"es_schedule\[1\] keep fraction must be in \(0, 1\], got 0.0",
+        ),
+        (dict(es_schedule=[(1.0, 0.0), (0.5, 1.0)]), r"es_schedule\[1\] start must be in \[0, 1\)"),
+        (dict(es_schedule=[(1.0, 0.0), (0.5, 0.5), (0.25, 0.25)]), "es_schedule starts must increase"),
+        (dict(es_schedule=[(1.0, 0.0), (0.25, 0.25), (0.5, 0.5)]), "keep fractions must not increase"),
+    ],
+)
 def test_bad_es_config(kwargs, message):
     with pytest.raises(InputError, match=message):
         build_config("es-dllm", **kwargs)
@@ -401,19 +453,55 @@ def test_bad_es_config(kwargs, message):
 @pytest.mark.parametrize("method", ["es-dllm", "cai-es"])
 def test_api(deep_lms, method):
     for lm in deep_lms.values():
-        results = lm.generate(["hello there", "what is the answer"], method=method, gen_length=16, block_length=8)
+        results = lm.generate(
+            ["hello there", "what is the answer"], method=method, gen_length=16, block_length=8
+        )
         for r in results:
             assert r.method == method and len(r.token_ids) == 16 and lm.config.mask_id not in r.token_ids
             assert r.to_dict()["computed_fraction"] == r.computed_fraction
 
 
-@pytest.mark.parametrize("args", [["--method", "es-dllm"], ["--method", "cai-es"], ["--method", "fastdllm", "--cache", "es"]])
+@pytest.mark.parametrize(
+    "args", [["--method", "es-dllm"], ["--method", "cai-es"], ["--method", "fastdllm", "--cache", "es"]]
+)
 def test_cli(deep_dirs, capsys, args):
-    code = cli_main(["generate", "hello", "--model", str(deep_dirs["llada"]), *args, "--gen-length", "16",
-                     "--block-length", "8", "--json", "--device", "cpu", "--dtype", "float32"])
+    code = cli_main(
+        [
+            "generate",
+            "hello",
+            "--model",
+            str(deep_dirs["llada"]),
+            *args,
+            "--gen-length",
+            "16",
+            "--block-length",
+            "8",
+            "--json",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+        ]
+    )
     assert code == 0
     record = json.loads(capsys.readouterr().out.strip())
     assert len(record["token_ids"]) == 16 and record["computed_fraction"] <= 1.0
-    assert cli_main(["generate", "hello", "--model", str(deep_dirs["dream"]), *args, "--gen-length", "16",
-                     "--block-length", "8", "--device", "cpu"]) == 0
+    assert (
+        cli_main(
+            [
+                "generate",
+                "hello",
+                "--model",
+                str(deep_dirs["dream"]),
+                *args,
+                "--gen-length",
+                "16",
+                "--block-length",
+                "8",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert "forward passes" in capsys.readouterr().out

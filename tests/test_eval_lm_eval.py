@@ -21,15 +21,26 @@ BENCH = Path(__file__).parent / "data" / "bench"
 
 
 def _request(context, until=(), i=0, **gen_kwargs):
-    return Instance(request_type="generate_until", doc={}, arguments=(context, {"until": list(until), **gen_kwargs}),
-                    idx=i)
+    return Instance(
+        request_type="generate_until",
+        doc={},
+        arguments=(context, {"until": list(until), **gen_kwargs}),
+        idx=i,
+    )
 
 
 @pytest.fixture(scope="module")
 def adapter(llada_dir, tmp_path_factory):
     stats = tmp_path_factory.mktemp("stats") / "stats.json"
-    return CaidllmLM(pretrained=str(llada_dir), method="cai", gen_length=16, block_length=8, batch_size=2,
-                     device="cpu", stats_path=str(stats))
+    return CaidllmLM(
+        pretrained=str(llada_dir),
+        method="cai",
+        gen_length=16,
+        block_length=8,
+        batch_size=2,
+        device="cpu",
+        stats_path=str(stats),
+    )
 
 
 def test_registered_with_lm_eval():
@@ -53,7 +64,7 @@ def test_stop_strings_cut_the_answer(adapter):
     plain = adapter.generate_until([_request("Hello there")])[0]
     if len(plain) > 2:
         stop = plain[1:3]
-        assert adapter.generate_until([_request("Hello there", until=[stop])])[0] == plain[:plain.find(stop)]
+        assert adapter.generate_until([_request("Hello there", until=[stop])])[0] == plain[: plain.find(stop)]
 
 
 def test_chat_template_applied_to_plain_text_only(adapter):
@@ -91,23 +102,55 @@ def test_few_shot_requests_share_their_examples_through_the_prefix_store(tmp_pat
     answers = {}
     for budget in ("0", "16"):
         stats = tmp_path / f"stats{budget}.json"
-        adapter = CaidllmLM(pretrained="tiny-bd", method="llada2", gen_length=16, block_length=8, batch_size=1,
-                            device="cpu", dtype="float32", chat="false", prefix_cache_mb=budget, stats_path=str(stats))
+        adapter = CaidllmLM(
+            pretrained="tiny-bd",
+            method="llada2",
+            gen_length=16,
+            block_length=8,
+            batch_size=1,
+            device="cpu",
+            dtype="float32",
+            chat="false",
+            prefix_cache_mb=budget,
+            stats_path=str(stats),
+        )
         answers[budget] = adapter.generate_until(requests)
         answers[budget + " saved"] = json.loads(stats.read_text())["prefill_saved_share"]
     assert answers["0"] == answers["16"] and answers["0 saved"] == 0 and answers["16 saved"] > 0
 
 
 def test_lm_eval_end_to_end_offline(llada_dir, tmp_path):
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     env.pop("CAIDLLM_LM_EVAL_STATS", None)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "caidllm.evaluation", "--model", "caidllm",
-               "--model_args", f"pretrained={llada_dir},method=vanilla,gen_length=16,block_length=8",
-               "--tasks", "caidllm_gsm8k,caidllm_bbh_boolean_expressions",
-               "--metadata", json.dumps({"data_dir": str(BENCH)}),
-               "--limit", "2", "--batch_size", "2", "--device", "cpu", "--output_path", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "caidllm.evaluation",
+        "--model",
+        "caidllm",
+        "--model_args",
+        f"pretrained={llada_dir},method=vanilla,gen_length=16,block_length=8",
+        "--tasks",
+        "caidllm_gsm8k,caidllm_bbh_boolean_expressions",
+        "--metadata",
+        json.dumps({"data_dir": str(BENCH)}),
+        "--limit",
+        "2",
+        "--batch_size",
+        "2",
+        "--device",
+        "cpu",
+        "--output_path",
+        str(out),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     (results_file,) = out.rglob("results_*.json")
@@ -121,15 +164,24 @@ def test_lm_eval_end_to_end_offline(llada_dir, tmp_path):
 
 def test_task_configs_cover_the_data_folder():
     names = {p.stem for p in TASKS_DIR.rglob("caidllm_*.yaml")}
-    assert {"caidllm_gsm8k", "caidllm_mbpp", "caidllm_humaneval", "caidllm_piqa", "caidllm_winogrande",
-            "caidllm_bbh_boolean_expressions", "caidllm_synthetic_arithmetic"} <= names
+    assert {
+        "caidllm_gsm8k",
+        "caidllm_mbpp",
+        "caidllm_humaneval",
+        "caidllm_piqa",
+        "caidllm_winogrande",
+        "caidllm_bbh_boolean_expressions",
+        "caidllm_synthetic_arithmetic",
+    } <= names
 
 
 def test_dataset_loader_of_the_task_configs():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("caidllm_task_utils", TASKS_DIR / "utils.py")
-    utils = importlib.util.module_from_spec(spec)  # the task configs' helper module, loaded by path as lm-eval does
+    utils = importlib.util.module_from_spec(
+        spec
+    )  # the task configs' helper module, loaded by path as lm-eval does
     spec.loader.exec_module(utils)
     data = utils.dataset("bbh:boolean_expressions", data_dir=str(BENCH), version=1.0, pretrained="x")
     doc = data["test"][0]
@@ -151,24 +203,55 @@ def _per_request_outputs(out: Path) -> dict:
 
 
 def test_lm_eval_data_parallel_two_ranks_same_answers(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                            "CAIDLLM_LM_EVAL_STATS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CAIDLLM_LM_EVAL_STATS")
+    }
     src = str(Path(__file__).parents[1] / "src")
-    env.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-                "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "TOKENIZERS_PARALLELISM": "false",
-                "PYTHONPATH": os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))})
-    args = ["-m", "caidllm.evaluation", "--model", "caidllm",
-            "--model_args", "pretrained=tiny,method=cai,gen_length=16,block_length=8",
-            "--tasks", "caidllm_gsm8k,caidllm_bbh_boolean_expressions",
-            "--metadata", json.dumps({"data_dir": str(BENCH)}),
-            "--limit", "3", "--batch_size", "2", "--device", "cpu", "--log_samples"]
-    launchers = {"one": [sys.executable], "two": [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                   "--nproc-per-node", "2"]}
+    env.update(
+        {
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"),
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")])),
+        }
+    )
+    args = [
+        "-m",
+        "caidllm.evaluation",
+        "--model",
+        "caidllm",
+        "--model_args",
+        "pretrained=tiny,method=cai,gen_length=16,block_length=8",
+        "--tasks",
+        "caidllm_gsm8k,caidllm_bbh_boolean_expressions",
+        "--metadata",
+        json.dumps({"data_dir": str(BENCH)}),
+        "--limit",
+        "3",
+        "--batch_size",
+        "2",
+        "--device",
+        "cpu",
+        "--log_samples",
+    ]
+    launchers = {
+        "one": [sys.executable],
+        "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],
+    }
     outputs, results, stats = {}, {}, {}
     for name, launcher in launchers.items():
         out = tmp_path / name
-        done = subprocess.run([*launcher, *args, "--output_path", str(out)], env=env, capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(
+            [*launcher, *args, "--output_path", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         outputs[name] = _per_request_outputs(out)
         (results_file,) = out.rglob("results_*.json")

@@ -24,8 +24,11 @@ def test_llada_moe_official_config_says_model_type_llada():
 
 
 def test_architectures_contradicting_model_type_are_refused():
-    with pytest.raises(ModelLoadError, match="architectures \\['DreamModel'\\] name the dream family but "
-                                             "model_type 'llada' names llada; the fields contradict"):
+    with pytest.raises(
+        ModelLoadError,
+        match="architectures \\['DreamModel'\\] name the dream family but "
+        "model_type 'llada' names llada; the fields contradict",
+    ):
         family_of({"architectures": ["DreamModel"], "model_type": "llada"})
 
 
@@ -47,11 +50,18 @@ def test_llada_moe_dense_layers_first_then_moe():
     from caidllm.models.families import parse_config
     from caidllm.models.random_init import OFFICIAL
 
-    raw = {**OFFICIAL["llada-moe-7b"], "num_hidden_layers": 3, "moe_layer_freq": [0, 1, 1], "mask_token_id": 5,
-           "eos_token_id": 1}
+    raw = {
+        **OFFICIAL["llada-moe-7b"],
+        "num_hidden_layers": 3,
+        "moe_layer_freq": [0, 1, 1],
+        "mask_token_id": 5,
+        "eos_token_id": 1,
+    }
     config = parse_config(raw)
     assert config.dense_layers == 1 and config.intermediate_size == 8192 and config.moe.num_experts == 64
     with pytest.raises(ModelLoadError, match="a dense layer after an MoE one is not supported"):
         parse_config({**raw, "moe_layer_freq": [1, 0, 1]})
-    with pytest.raises(ModelLoadError, match="must list 0 \\(dense\\) or 1 \\(MoE\\) for each of the 3 layers"):
+    with pytest.raises(
+        ModelLoadError, match="must list 0 \\(dense\\) or 1 \\(MoE\\) for each of the 3 layers"
+    ):
         parse_config({**raw, "moe_layer_freq": [1, 1]})

@@ -20,8 +20,13 @@ GEN, BLOCK, SUB = 32, 16, 4
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return write_block_checkpoint(tmp_path_factory.mktemp("fdv2"), "fastdllm_v2", seed=3, head_scale=6.0,
-                                  config_overrides={"bd_size": BLOCK})
+    return write_block_checkpoint(
+        tmp_path_factory.mktemp("fdv2"),
+        "fastdllm_v2",
+        seed=3,
+        head_scale=6.0,
+        config_overrides={"bd_size": BLOCK},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +40,11 @@ def official(folder):
 
 
 def answer(result):
-    return result.token_ids[:result.answer_length + 1] if result.answer_length < len(result.token_ids) \
+    return (
+        result.token_ids[: result.answer_length + 1]
+        if result.answer_length < len(result.token_ids)
         else result.token_ids
+    )
 
 
 def test_logits_match_the_official_forward(lm, official):
@@ -55,20 +63,48 @@ def test_logits_match_the_official_forward(lm, official):
 @pytest.mark.parametrize("threshold", [0.9, 0.3])
 def test_official_generator_parity(lm, official, cache, use_block_cache, threshold):
     stop = set(lm.config.eos_ids)
-    results = lm.generate(PROMPTS, method="fastdllm-v2", gen_length=GEN, block_length=BLOCK, sub_block=SUB,
-                          threshold=threshold, cache=cache)
+    results = lm.generate(
+        PROMPTS,
+        method="fastdllm-v2",
+        gen_length=GEN,
+        block_length=BLOCK,
+        sub_block=SUB,
+        threshold=threshold,
+        cache=cache,
+    )
     for prompt, result in zip(PROMPTS, results):
-        ref = official.generate(prompt, GEN, threshold=threshold, small_block_size=SUB, block_size=BLOCK,
-                                stop_ids=stop, use_block_cache=use_block_cache)
-        ours, n = answer(result), min(len(answer(result)), len(ref))  # the official runs one token past a block
+        ref = official.generate(
+            prompt,
+            GEN,
+            threshold=threshold,
+            small_block_size=SUB,
+            block_size=BLOCK,
+            stop_ids=stop,
+            use_block_cache=use_block_cache,
+        )
+        ours, n = (
+            answer(result),
+            min(len(answer(result)), len(ref)),
+        )  # the official runs one token past a block
         assert ours[:n] == ref[:n]
         if ref[-1] in stop and len(ref) <= GEN:
             assert ours == ref
 
 
 def test_the_within_block_cache_saves_work(lm):
-    runs = {cache: lm.generate(PROMPTS, method="fastdllm-v2", gen_length=GEN, block_length=BLOCK, sub_block=SUB,
-                               threshold=0.9, cache=cache, early_stop=False) for cache in ("subblock", "block")}
+    runs = {
+        cache: lm.generate(
+            PROMPTS,
+            method="fastdllm-v2",
+            gen_length=GEN,
+            block_length=BLOCK,
+            sub_block=SUB,
+            threshold=0.9,
+            cache=cache,
+            early_stop=False,
+        )
+        for cache in ("subblock", "block")
+    }
     assert all(r.computed_fraction < 1.0 for r in runs["subblock"])
     assert all(r.computed_fraction == 1.0 for r in runs["block"])
 
@@ -87,13 +123,16 @@ def test_official_defaults():
     assert (config.block_length, own.sub_block, own.threshold, config.cache) == (32, 8, 0.9, "subblock")
 
 
-@pytest.mark.parametrize("options, needle", [
-    (dict(sub_block=5), r"sub_block \(5\) must divide block_length \(16\)"),
-    (dict(sub_block=0), "sub_block must be a positive integer"),
-    (dict(cache="dual"), "cache='dual' does not apply to the block-causal"),
-    (dict(method="cai", cache="subblock"), "cache 'subblock' with policy 'cai'"),
-    (dict(block_length=8), "block_length 8 is not one the fastdllm_v2 model decodes with"),
-])
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        (dict(sub_block=5), r"sub_block \(5\) must divide block_length \(16\)"),
+        (dict(sub_block=0), "sub_block must be a positive integer"),
+        (dict(cache="dual"), "cache='dual' does not apply to the block-causal"),
+        (dict(method="cai", cache="subblock"), "cache 'subblock' with policy 'cai'"),
+        (dict(block_length=8), "block_length 8 is not one the fastdllm_v2 model decodes with"),
+    ],
+)
 def test_refusals(lm, options, needle):
     options = {"method": "fastdllm-v2", "block_length": BLOCK, **options}
     with pytest.raises(InputError, match=needle):
@@ -113,8 +152,9 @@ def test_random_shapes_and_tokenizer():
     assert sum(p.numel() for p in lm.model.parameters()) == 1_543_714_304  # Qwen2.5-1.5B's
     lm7 = caidllm.load("random:fastdllm-v2-7b", device="meta")
     assert sum(p.numel() for p in lm7.model.parameters()) == 7_615_616_512  # Qwen2.5-7B's
-    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                            add_generation_prompt=True)
+    text = lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert lm.tokenizer.convert_ids_to_tokens(lm.config.mask_id) == "|<MASK>|"
     assert lm.tokenizer.convert_tokens_to_ids("<|im_end|>") in lm.config.eos_ids
@@ -128,8 +168,9 @@ def test_official_defaults_parity(tmp_path):
     prompts = [[40, 41, 42], list(range(60, 100)), list(range(100, 164))]
     stop = set(lm.config.eos_ids)
     for prompt, result in zip(prompts, lm.generate(prompts, method="fastdllm-v2", gen_length=64)):
-        ref = official.generate(prompt, 64, threshold=0.9, small_block_size=8, block_size=32, stop_ids=stop,
-                                use_block_cache=True)
+        ref = official.generate(
+            prompt, 64, threshold=0.9, small_block_size=8, block_size=32, stop_ids=stop, use_block_cache=True
+        )
         ours = answer(result)
         n = min(len(ours), len(ref))
         assert n > 0 and ours[:n] == ref[:n]

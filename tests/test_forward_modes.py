@@ -34,7 +34,17 @@ def canvas(lm):
 
 
 def test_one_registry_names_every_mode_and_the_cache_modes_use_it():
-    assert list(FORWARD_MODES) == ["full", "prefix", "dual", "es", "dkv", "elastic", "verify", "block", "subblock"]
+    assert list(FORWARD_MODES) == [
+        "full",
+        "prefix",
+        "dual",
+        "es",
+        "dkv",
+        "elastic",
+        "verify",
+        "block",
+        "subblock",
+    ]
     assert all(FORWARD_MODES[m.between_refreshes.name] is m.between_refreshes for m in CACHE_MODES.values())
 
 
@@ -46,7 +56,9 @@ def test_an_added_mode_runs_through_the_model_unchanged(llada_lm, monkeypatch):
     lm.forward(ids, mask, cache)
     dual = lm.forward(ids, mask, cache, Dual(start=12, end=20))
     window = lm.forward(ids, mask, cache, FORWARD_MODES["window"](start=12, end=20, left=4))
-    torch.testing.assert_close(window, dual, atol=1e-5, rtol=1e-5)  # the window's K/V are what the cache holds
+    torch.testing.assert_close(
+        window, dual, atol=1e-5, rtol=1e-5
+    )  # the window's K/V are what the cache holds
     changed = ids.clone()
     changed[:, 10] = 7  # inside the window, left of the block: dual reads its stale K/V, the window its fresh
     stale = lm.forward(changed, mask, cache, Dual(start=12, end=20))
@@ -75,7 +87,9 @@ def test_a_mode_given_another_modes_inputs_or_the_wrong_model_is_named(llada_lm,
         Full(columns=torch.tensor([[1]]))
     with pytest.raises(InputError, match=r"mode must be a forward-mode object .*got 'dual'"):
         llada_lm.forward(ids, mask, cache, "dual")
-    with pytest.raises(InputError, match="mode 'block' .* needs a block-causal model; the llada model's attention"):
+    with pytest.raises(
+        InputError, match="mode 'block' .* needs a block-causal model; the llada model's attention"
+    ):
         llada_lm.forward(ids, mask, cache, Block(start=12, end=20))
     with pytest.raises(InputError, match="subblock forward needs a block-causal model"):
         llada_lm.forward(ids, mask, cache, SubBlock(columns=torch.tensor([[12, 13], [12, 13]])))
@@ -98,7 +112,9 @@ def test_dkv_over_the_block_equals_dual(llada_lm):
     llada_lm.forward(ids, mask, cache)
     columns = torch.arange(12, 20).expand(2, -1)
     dkv = llada_lm.forward(ids, mask, cache, DKV(columns=columns))
-    torch.testing.assert_close(dkv, llada_lm.forward(ids, mask, cache, Dual(start=12, end=20)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        dkv, llada_lm.forward(ids, mask, cache, Dual(start=12, end=20)), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_elastic_and_verify_refuse_a_block_causal_model(block_family):
@@ -111,9 +127,13 @@ def test_elastic_and_verify_refuse_a_block_causal_model(block_family):
     ids = torch.randint(5, 100, (1, 16), generator=torch.Generator().manual_seed(2))
     cache = bd.new_cache(1, 16, every_layer=True)
     whole = ElasticInputs(torch.arange(16)[None], torch.arange(8, 16)[None], bd.config.n_layers, whole=True)
-    with pytest.raises(InputError, match="the elastic forward needs bidirectional attention; the llada2 model"):
+    with pytest.raises(
+        InputError, match="the elastic forward needs bidirectional attention; the llada2 model"
+    ):
         bd.forward(ids, None, cache, Elastic(inputs=whole))
-    with pytest.raises(InputError, match="the verify forward needs bidirectional attention; the llada2 model"):
+    with pytest.raises(
+        InputError, match="the verify forward needs bidirectional attention; the llada2 model"
+    ):
         bd.forward(ids, None, None, Verify(start=8, end=16))
 
 
@@ -147,13 +167,16 @@ def test_verify_refuses_a_key_end(llada_lm):
         llada_lm.forward(ids, None, None, Verify(start=8, end=16, key_end=torch.tensor([12, 12])))
 
 
-@pytest.mark.parametrize("columns, block_at, message", [
-    ([[12, 13]], None, r"columns has 1 rows for 2 selected rows"),
-    ([[12, 30], [12, 13]], None, r"columns must lie in \[0, 24\), got 30"),
-    ([[13, 12], [12, 13]], None, r"columns must be ascending in each row"),
-    ([[12.0, 13.0], [12.0, 13.0]], None, r"columns=\[R, n\] long tensor"),
-    ([[12, 13], [12, 13]], [[0, 2], [0, 1]], r"block_at must index the 2 columns \(0 \.\. 1\), got 2"),
-])
+@pytest.mark.parametrize(
+    "columns, block_at, message",
+    [
+        ([[12, 13]], None, r"columns has 1 rows for 2 selected rows"),
+        ([[12, 30], [12, 13]], None, r"columns must lie in \[0, 24\), got 30"),
+        ([[13, 12], [12, 13]], None, r"columns must be ascending in each row"),
+        ([[12.0, 13.0], [12.0, 13.0]], None, r"columns=\[R, n\] long tensor"),
+        ([[12, 13], [12, 13]], [[0, 2], [0, 1]], r"block_at must index the 2 columns \(0 \.\. 1\), got 2"),
+    ],
+)
 def test_dkv_columns_out_of_shape_are_named(llada_lm, columns, block_at, message):
     """The column modes are public now: bad columns are an InputError naming them, not an indexing crash."""
     ids, mask = canvas(llada_lm)
@@ -167,7 +190,9 @@ def test_dkv_columns_out_of_shape_are_named(llada_lm, columns, block_at, message
 @pytest.mark.parametrize("key_end", [torch.tensor([20]), torch.tensor([20.0, 24.0]), [20, 24]])
 def test_a_key_end_out_of_shape_is_named(llada_lm, key_end):
     ids, mask = canvas(llada_lm)
-    with pytest.raises(InputError, match=r"key_end must be a \[2\] integer tensor \(one column per selected row\)"):
+    with pytest.raises(
+        InputError, match=r"key_end must be a \[2\] integer tensor \(one column per selected row\)"
+    ):
         llada_lm.forward(ids, mask, None, Full(key_end=key_end))
 
 

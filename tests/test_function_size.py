@@ -44,7 +44,9 @@ def test_no_function_is_over_the_limit():
     found = long_functions(PACKAGE)
     over = {key: lines for key, lines in found.items() if key not in ALLOWED}
     assert not over, "split these by responsibility (at most %d lines each): %s" % (
-        MAX_LINES, ", ".join(f"{path}:{name} ({lines})" for (path, name), lines in sorted(over.items())))
+        MAX_LINES,
+        ", ".join(f"{path}:{name} ({lines})" for (path, name), lines in sorted(over.items())),
+    )
 
 
 def test_the_allowlist_holds_only_functions_still_over():
@@ -60,5 +62,8 @@ def test_the_walker_finds_methods_nested_and_async_functions(tmp_path):
         f"if True:\n    def outer():\n        def inner():\n{body.replace('    ', '            ')}\n        return inner\n"
     )
     found = long_functions(tmp_path)
-    assert found == {("m.py", "A.long"): MAX_LINES + 1, ("m.py", "outer"): MAX_LINES + 3,
-                     ("m.py", "outer.inner"): MAX_LINES + 1}
+    assert found == {
+        ("m.py", "A.long"): MAX_LINES + 1,
+        ("m.py", "outer"): MAX_LINES + 3,
+        ("m.py", "outer.inner"): MAX_LINES + 1,
+    }

@@ -19,10 +19,14 @@ from caidllm.errors import CaidllmError, InputError
 from caidllm.models.random_init import parameter_count
 from caidllm.models.modes import FORWARD_MODES, Prefix
 
-SMALL_LLADA = ("random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=4&mlp_hidden_size=128"
-               "&embedding_size=512&vocab_size=512")
-SMALL_DREAM = ("random:dream-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
-               "&intermediate_size=128&vocab_size=512")
+SMALL_LLADA = (
+    "random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=4&mlp_hidden_size=128"
+    "&embedding_size=512&vocab_size=512"
+)
+SMALL_DREAM = (
+    "random:dream-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+    "&intermediate_size=128&vocab_size=512"
+)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -39,7 +43,9 @@ def small_dream():
 # ---- random-weight models ------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, count", [("random:llada-8b", 8_015_581_184), ("random:dream-7b", 7_615_616_512)])
+@pytest.mark.parametrize(
+    "name, count", [("random:llada-8b", 8_015_581_184), ("random:dream-7b", 7_615_616_512)]
+)
 def test_official_random_shapes_count_the_official_parameters(name, count):
     lm = caidllm.load(name, device="meta")
     assert parameter_count(lm.model) == count
@@ -66,25 +72,47 @@ def test_every_method_decodes_a_random_model(which, method, request):
     assert len(r.token_ids) == 16 and r.nfe >= 2
 
 
-@pytest.mark.parametrize("name, message", [
-    ("random:gpt-9", "unknown random model shape 'gpt-9'"),
-    ("random:llada-8b?n_layrs=4", "'n_layrs' is not a config.json field of llada-8b"),
-    ("random:llada-8b?n_layers=four", "n_layers='four' is not a valid int"),
-    ("random:dream-7b?rope_theta=fast", "rope_theta='fast' is not a valid float"),
-    ("random:llada-8b?weight_tying=maybe", "weight_tying='maybe' is not a valid bool"),
-    ("random:llada-8b?mask_token_id=3", "mask_token_id is set by the generated tokenizer"),
-    ("random:llada-8b?architectures=x", "cannot be overridden"),
-    ("random:llada-8b?n_layers", "overrides must read field=value"),
-    ("random:llada-8b?n_heads=7", "not divisible into 7 heads"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("random:gpt-9", "unknown random model shape 'gpt-9'"),
+        ("random:llada-8b?n_layrs=4", "'n_layrs' is not a config.json field of llada-8b"),
+        ("random:llada-8b?n_layers=four", "n_layers='four' is not a valid int"),
+        ("random:dream-7b?rope_theta=fast", "rope_theta='fast' is not a valid float"),
+        ("random:llada-8b?weight_tying=maybe", "weight_tying='maybe' is not a valid bool"),
+        ("random:llada-8b?mask_token_id=3", "mask_token_id is set by the generated tokenizer"),
+        ("random:llada-8b?architectures=x", "cannot be overridden"),
+        ("random:llada-8b?n_layers", "overrides must read field=value"),
+        ("random:llada-8b?n_heads=7", "not divisible into 7 heads"),
+    ],
+)
 def test_bad_random_names_are_clear_errors(name, message):
     with pytest.raises(CaidllmError, match=message.replace("(", r"\(").replace("?", r"\?")):
         caidllm.load(name, device="meta")
 
 
 def test_cli_generate_accepts_a_random_model_and_says_so(capsys):
-    assert main(["generate", "hello", "--model", SMALL_LLADA, "--device", "cpu", "--dtype", "float32",
-                 "--gen-length", "16", "--block-length", "8", "--method", "fastdllm"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "hello",
+                "--model",
+                SMALL_LLADA,
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--gen-length",
+                "16",
+                "--block-length",
+                "8",
+                "--method",
+                "fastdllm",
+            ]
+        )
+        == 0
+    )
     assert "weights are random" in capsys.readouterr().err
     assert main(["generate", "hi", "--model", "random:llada-9b", "--device", "cpu"]) == 2
     assert "unknown random model shape 'llada-9b'" in capsys.readouterr().err
@@ -96,17 +124,26 @@ def test_cli_generate_accepts_a_random_model_and_says_so(capsys):
 def _engine_with(lm, methods, slots=4):
     engine = Engine(lm, max_batch=slots)
     for i, method in enumerate(methods):
-        engine.submit([5 + i, 6, 7, 8][: 2 + i % 3], build_config(method, gen_length=32, block_length=8,
-                                                                 early_stop=False))
+        engine.submit(
+            [5 + i, 6, 7, 8][: 2 + i % 3],
+            build_config(method, gen_length=32, block_length=8, early_stop=False),
+        )
     engine.step()  # admission (copies each prompt in once) and every request's first refresh
     return engine
 
 
-@pytest.mark.parametrize("methods", [
-    ["vanilla"] * 3, ["fastdllm"] * 3, ["fastdllm-prefix"] * 3, ["cai"] * 3, ["es-dllm"] * 3,
-    ["fastdllm", "vanilla", "fastdllm", "es-dllm"],  # slots 0 and 2 share a forward: rows not contiguous
-    ["fastdllm-prefix", "fastdllm-prefix", "vanilla"],
-])
+@pytest.mark.parametrize(
+    "methods",
+    [
+        ["vanilla"] * 3,
+        ["fastdllm"] * 3,
+        ["fastdllm-prefix"] * 3,
+        ["cai"] * 3,
+        ["es-dllm"] * 3,
+        ["fastdllm", "vanilla", "fastdllm", "es-dllm"],  # slots 0 and 2 share a forward: rows not contiguous
+        ["fastdllm-prefix", "fastdllm-prefix", "vanilla"],
+    ],
+)
 @pytest.mark.parametrize("which", ["small_llada", "small_dream"])
 def test_one_host_sync_per_forward_group(which, methods, request):
     """Counted on the CPU by patching every call that would synchronise on a GPU (bench/syncs.py):
@@ -124,7 +161,9 @@ def test_one_host_sync_per_forward_group(which, methods, request):
 def test_the_counter_sees_the_syncs_of_a_checked_forward(small_llada):
     ids = torch.tensor([[5, 6, 7, 8]])
     with SyncCounter("cpu") as counter:
-        small_llada.forward(ids, torch.ones_like(ids))  # the public forward checks its inputs: that reads values
+        small_llada.forward(
+            ids, torch.ones_like(ids)
+        )  # the public forward checks its inputs: that reads values
     assert counter.count >= 3 and "torch.equal" in counter.sites
     with SyncCounter("cpu") as counter:
         torch.tensor([1, 2], device="cpu").sum().item()
@@ -195,8 +234,10 @@ def test_compile_where_torch_cannot_is_a_clear_error(monkeypatch, capsys):
     compiled.compiled_kernels.cache_clear()
 
 
-@pytest.mark.skipif(os.environ.get("CAIDLLM_COMPILE_TESTS") != "1",
-                    reason="compiling takes ~45 s on a small CPU; set CAIDLLM_COMPILE_TESTS=1")
+@pytest.mark.skipif(
+    os.environ.get("CAIDLLM_COMPILE_TESTS") != "1",
+    reason="compiling takes ~45 s on a small CPU; set CAIDLLM_COMPILE_TESTS=1",
+)
 def test_compiled_decode_gives_the_same_tokens_without_recompiling_per_step(small_llada):
     from caidllm.models.compiled import recompiles
 
@@ -216,7 +257,10 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
-    assert gpu_check.main(["--tiny", "--no-compile", "--methods", "vanilla,es-dllm", "--out", str(tmp_path)]) == 0
+    assert (
+        gpu_check.main(["--tiny", "--no-compile", "--methods", "vanilla,es-dllm", "--out", str(tmp_path)])
+        == 0
+    )
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     runs = report["runs"]
     assert len(runs) == 3 * 2 * 2 and report["matmul_peak_tflops"] > 0
@@ -224,7 +268,9 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
         # LLaDA2.0-mini's shape (2 layers here: a dense one, then an MoE one, decoded in its own
         # blocks of 32): its grouped experts read nothing on the host, no sync more than a dense model.
         moe = run["model"].startswith("random:llada2-mini")
-        if moe and run["method"] == "es-dllm":  # early skipping needs bidirectional attention: refused, said so
+        if (
+            moe and run["method"] == "es-dllm"
+        ):  # early skipping needs bidirectional attention: refused, said so
             assert "does not apply to the block-causal llada2 model" in run["skipped"]
             continue
         # On a CPU, auto runs `sized` or `native` (by threads and rows per expert; this tiny shape has
@@ -239,10 +285,17 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
     # The MoE rows: the per-expert loop reads the counts on the host (one sync more), grouped reads none.
     kernels = {(r["moe_kernel"], r["batch"]): r for r in report["moe_kernels"]}
     assert set(kernels) == {(k, b) for k in ("loop", "grouped") for b in (1, 2)}
-    assert all(kernels["loop", b]["syncs_per_forward"] == 2.0 and kernels["grouped", b]["syncs_per_forward"] == 1.0
-               for b in (1, 2))
+    assert all(
+        kernels["loop", b]["syncs_per_forward"] == 2.0 and kernels["grouped", b]["syncs_per_forward"] == 1.0
+        for b in (1, 2)
+    )
     assert "### Mixture-of-experts kernels" in (tmp_path / "gpu_check.md").read_text()
-    quantized = {r["quantize"]: r for r in report["quantized"] if r.get("batch", 1) == 1}  # a failed load has none
+    quantized = {
+        r["quantize"]: r for r in report["quantized"] if r.get("batch", 1) == 1
+    }  # a failed load has none
     if quantized["int8"].get("skipped") is None:  # torchao installed
         assert quantized["int8"]["weights_gb"] < quantized["float32"]["weights_gb"]
-        assert quantized["int8"]["tokens_per_s"] > 0 and "Quantized weights" in (tmp_path / "gpu_check.md").read_text()
+        assert (
+            quantized["int8"]["tokens_per_s"] > 0
+            and "Quantized weights" in (tmp_path / "gpu_check.md").read_text()
+        )

@@ -32,8 +32,9 @@ def hub_cache(tmp_path, monkeypatch):
     return cache
 
 
-@pytest.mark.parametrize("name", ["GSAI-ML/LLaDA-8B-Base", "GSAI-ML/LLaDA-8B-Base@v1",
-                                  f"GSAI-ML/LLaDA-8B-Base@{COMMIT}"])
+@pytest.mark.parametrize(
+    "name", ["GSAI-ML/LLaDA-8B-Base", "GSAI-ML/LLaDA-8B-Base@v1", f"GSAI-ML/LLaDA-8B-Base@{COMMIT}"]
+)
 def test_hub_id_loads_from_the_cache_offline(hub_cache, name):
     lm = caidllm.load(name, device="cpu", dtype="float32")
     assert lm.path == hub_cache / "models--GSAI-ML--LLaDA-8B-Base" / "snapshots" / COMMIT
@@ -42,8 +43,11 @@ def test_hub_id_loads_from_the_cache_offline(hub_cache, name):
 
 
 def test_bad_revision_names_it(hub_cache, capsys):
-    with pytest.raises(ModelLoadError, match="GSAI-ML/LLaDA-8B-Base@nope: no local folder of that name, not in the "
-                                             "Hugging Face cache at revision 'nope', and the hub cannot be reached"):
+    with pytest.raises(
+        ModelLoadError,
+        match="GSAI-ML/LLaDA-8B-Base@nope: no local folder of that name, not in the "
+        "Hugging Face cache at revision 'nope', and the hub cannot be reached",
+    ):
         caidllm.load("GSAI-ML/LLaDA-8B-Base@nope")
     assert main(["generate", "hi", "--model", "GSAI-ML/LLaDA-8B-Base@nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -69,8 +73,9 @@ def test_nothing_cached_offline_is_one_line_naming_the_id_and_the_folder_alterna
     with pytest.raises(ModelLoadError) as error:
         caidllm.load("Dream-org/Dream-v0-Base-7B")
     line = str(error.value)
-    assert "\n" not in line and line.startswith("Dream-org/Dream-v0-Base-7B: no local folder of that name, not in "
-                                                 "the Hugging Face cache")
+    assert "\n" not in line and line.startswith(
+        "Dream-org/Dream-v0-Base-7B: no local folder of that name, not in the Hugging Face cache"
+    )
     assert "--local-dir DIR" in line and "--model DIR" in line
     assert main(["generate", "hi", "--model", "Dream-org/Dream-v0-Base-7B"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -91,8 +96,16 @@ def test_only_the_files_the_loader_reads_are_fetched(monkeypatch, tmp_path):
 
     fetched = lambda name: any(fnmatch.fnmatch(name, p) for p in seen["patterns"])  # noqa: E731
     assert not fetched("pytorch_model.bin") and not fetched("pytorch_model-00001-of-00002.bin")
-    assert all(fetched(f) for f in ("config.json", "tokenizer.json", "tokenizer_config.json",
-                                    "model-00001-of-00004.safetensors", "model.safetensors.index.json"))
+    assert all(
+        fetched(f)
+        for f in (
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "model-00001-of-00004.safetensors",
+            "model.safetensors.index.json",
+        )
+    )
     assert lm.checkpoint.hub_id == "apple/DiffuCoder-7B-Instruct"
 
 
@@ -103,8 +116,17 @@ def test_a_bin_only_folder_is_refused_with_the_reason(tmp_path):
         caidllm.load(path)
 
 
-@pytest.mark.parametrize("name, is_id", [("GSAI-ML/LLaDA-8B-Base", True), ("org/name@v1.0", True),
-                                         ("./org/name", False), ("/abs/path", False), ("tiny", False),
-                                         ("a/b/c", False), ("random:llada-8b", False)])
+@pytest.mark.parametrize(
+    "name, is_id",
+    [
+        ("GSAI-ML/LLaDA-8B-Base", True),
+        ("org/name@v1.0", True),
+        ("./org/name", False),
+        ("/abs/path", False),
+        ("tiny", False),
+        ("a/b/c", False),
+        ("random:llada-8b", False),
+    ],
+)
 def test_what_reads_as_a_hub_id(name, is_id):
     assert hub.is_hub_id(name) is is_id

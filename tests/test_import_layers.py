@@ -72,7 +72,9 @@ def imports_of(module: str, path: Path, known: dict) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -89,8 +91,12 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_no_module_imports_a_higher_layer():
-    upward = sorted(f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
-                    for a, targets in graph().items() for b in targets if layer_of(b) > layer_of(a))
+    upward = sorted(
+        f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
+        for a, targets in graph().items()
+        for b in targets
+        if layer_of(b) > layer_of(a)
+    )
     assert not upward, "imports up the layers:\n" + "\n".join(upward)
 
 
@@ -102,7 +108,7 @@ def cycles_of(edges: dict[str, set[str]]) -> list[str]:
         stack.append(node)
         for target in sorted(edges[node]):
             if state.get(target) == "open":
-                cycles.append(" -> ".join(stack[stack.index(target):] + [target]))
+                cycles.append(" -> ".join(stack[stack.index(target) :] + [target]))
             elif target not in state:
                 visit(target, stack)
         stack.pop()
@@ -138,6 +144,9 @@ def test_a_type_only_import_counts_and_closes_a_circle(tmp_path):
 
 def test_the_package_map_names_every_module():
     mapped = (Path(__file__).parent.parent / "docs" / "PACKAGE_MAP.md").read_text()
-    missing = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
-                     if path.name != "__init__.py" and f"`{path.relative_to(PACKAGE).as_posix()}`" not in mapped)
+    missing = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py" and f"`{path.relative_to(PACKAGE).as_posix()}`" not in mapped
+    )
     assert not missing, "add these modules to docs/PACKAGE_MAP.md: " + ", ".join(missing)

@@ -10,8 +10,17 @@ from caidllm.models.modes import Full
 def _logits(lm, ids, start, end, key_end=None, attention_block=None):
     mask = torch.ones_like(ids, dtype=torch.bool)
     rows = ids.shape[0]
-    return lm.forward(ids, mask, mode=Full(start=[start] * rows, end=[end] * rows, real_from=[0] * rows,
-                                           key_end=key_end, attention_block=attention_block))
+    return lm.forward(
+        ids,
+        mask,
+        mode=Full(
+            start=[start] * rows,
+            end=[end] * rows,
+            real_from=[0] * rows,
+            key_end=key_end,
+            attention_block=attention_block,
+        ),
+    )
 
 
 @pytest.mark.parametrize("kind", ["bidirectional", "llada2"])
@@ -25,6 +34,6 @@ def test_key_end_is_a_cut_canvas_and_stays_in_its_row(kind, llada_lm, block_fami
     got = _logits(lm, ids, 16, 24, key_end=torch.tensor([cut, 24]), attention_block=block)
     short = _logits(lm, ids[:1, :cut], 16, cut, attention_block=block)
     whole = _logits(lm, ids, 16, 24, attention_block=block)
-    assert torch.allclose(got[0, :cut - 16], short[0], atol=1e-4, rtol=1e-4)
-    assert not torch.allclose(whole[0, :cut - 16], short[0], atol=1e-4, rtol=1e-4)  # the cut matters here
+    assert torch.allclose(got[0, : cut - 16], short[0], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(whole[0, : cut - 16], short[0], atol=1e-4, rtol=1e-4)  # the cut matters here
     assert torch.allclose(got[1], whole[1], atol=1e-4, rtol=1e-4)  # the other row sees its whole canvas

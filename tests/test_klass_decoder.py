@@ -23,9 +23,16 @@ def lm(llada_lm):
 def test_klass_matches_the_official_loop(lm, settings):
     for prompt in PROMPTS:
         (r,) = run(lm, [prompt], "vanilla", policy="klass", klass=settings)
-        assert r.token_ids == klass_reference(lm, prompt, 16, 8, 16, history=settings.get("history", 2),
-                                              conf_threshold=settings["conf_threshold"],
-                                              kl_threshold=settings["kl_threshold"])
+        assert r.token_ids == klass_reference(
+            lm,
+            prompt,
+            16,
+            8,
+            16,
+            history=settings.get("history", 2),
+            conf_threshold=settings["conf_threshold"],
+            kl_threshold=settings["kl_threshold"],
+        )
 
 
 def test_the_first_step_reading_agrees_with_the_official_here(lm):
@@ -48,14 +55,23 @@ def test_the_rule_commits_several_positions_a_step(lm):
 def test_klass_is_batch_invariant(lm):
     from caidllm.decode.presets import build_config
 
-    config = build_config("vanilla", policy="klass", gen_length=16, block_length=8, early_stop=False,
-                          klass=RULE_AT_WORK[0])
+    config = build_config(
+        "vanilla", policy="klass", gen_length=16, block_length=8, early_stop=False, klass=RULE_AT_WORK[0]
+    )
     alone, static, joined = alone_static_joined(lm, config, PROMPTS)
     assert alone == static == joined
 
 
-@pytest.mark.parametrize("field, value", [("conf_threshold", 1.0), ("conf_threshold", -0.1),
-                                          ("kl_threshold", 0), ("history", 0), ("history", 1.5)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("conf_threshold", 1.0),
+        ("conf_threshold", -0.1),
+        ("kl_threshold", 0),
+        ("history", 0),
+        ("history", 1.5),
+    ],
+)
 def test_a_setting_out_of_range_is_refused_by_name(lm, field, value):
     with pytest.raises(InputError) as error:
         run(lm, PROMPTS[:1], "vanilla", policy="klass", klass={field: value})

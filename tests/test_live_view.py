@@ -21,8 +21,10 @@ ARTIFACTS = Path(os.environ.get("CAIDLLM_TEST_ARTIFACTS", Path(__file__).parent.
 if not (CHROMIUM and DRIVER):
     if os.environ.get("CI"):
         raise RuntimeError("CI must have Debian's chromium and chromium-driver (.ci/run installs them)")
-    pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
-                allow_module_level=True)
+    pytest.skip(
+        "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
+        allow_module_level=True,
+    )
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -42,8 +44,13 @@ def server():
 def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1280,800"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,800",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
     yield driver
@@ -52,19 +59,28 @@ def browser():
 
 def lanes_settled(driver):
     lanes = driver.find_elements(By.CSS_SELECTOR, "section.lane")
-    return lanes if lanes and all(lane.get_attribute("data-state") in ("done", "error") for lane in lanes) else False
+    return (
+        lanes
+        if lanes and all(lane.get_attribute("data-state") in ("done", "error") for lane in lanes)
+        else False
+    )
 
 
 def api_answer(url, method, gen_length, block_length):
-    body = {"messages": [{"role": "user", "content": PROMPT}], "method": method, "gen_length": gen_length,
-            **({"block_length": block_length} if block_length else {})}
+    body = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "method": method,
+        "gen_length": gen_length,
+        **({"block_length": block_length} if block_length else {}),
+    }
     r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
     return r["choices"][0]["message"]["content"], r["caidllm"]["nfe"]
 
 
 def test_a_two_lane_race_finishes_like_the_api(server, browser):
-    query = urlencode({"prompt": PROMPT, "methods": "vanilla,cai", "gen_length": 64, "block_length": 16,
-                       "autorun": 1})
+    query = urlencode(
+        {"prompt": PROMPT, "methods": "vanilla,cai", "gen_length": 64, "block_length": 16, "autorun": 1}
+    )
     browser.get(f"{server.url}/?{query}")
     lanes = WebDriverWait(browser, 120).until(lanes_settled)
     assert [lane.get_attribute("data-method") for lane in lanes] == ["vanilla", "cai"]
@@ -75,18 +91,20 @@ def test_a_two_lane_race_finishes_like_the_api(server, browser):
         assert lane.find_element(By.CSS_SELECTOR, '[data-role="answer"]').get_attribute("textContent") == text
         assert lane.find_element(By.CSS_SELECTOR, '[data-role="nfe"]').text == str(nfe)
         cells = lane.find_elements(By.CSS_SELECTOR, ".cell")
-        assert len(cells) == 64 and not lane.find_elements(By.CSS_SELECTOR, ".cell.masked")  # none left masked
+        assert len(cells) == 64 and not lane.find_elements(
+            By.CSS_SELECTOR, ".cell.masked"
+        )  # none left masked
         assert lane.find_elements(By.CSS_SELECTOR, "svg circle")  # the commit-step chart is drawn
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "live-view-race.png"))
 
 
-
 def test_elastic_races_a_block_wise_method_at_the_pages_block_length(server, browser):
     """The page's block_length is the block-wise lanes': Elastic-Cache's official loop (one block of gen_length)
     is sent none, so the server does not refuse it, and its canvas is one block."""
-    query = urlencode({"prompt": PROMPT, "methods": "fastdllm,elastic", "gen_length": 32, "block_length": 16,
-                       "autorun": 1})
+    query = urlencode(
+        {"prompt": PROMPT, "methods": "fastdllm,elastic", "gen_length": 32, "block_length": 16, "autorun": 1}
+    )
     browser.get(f"{server.url}/?{query}")
     lanes = WebDriverWait(browser, 120).until(lanes_settled)
     for lane, block, blocks in zip(lanes, (16, None), (2, 1)):
@@ -96,9 +114,11 @@ def test_elastic_races_a_block_wise_method_at_the_pages_block_length(server, bro
         assert lane.find_element(By.CSS_SELECTOR, '[data-role="answer"]').get_attribute("textContent") == text
         assert len(lane.find_elements(By.CSS_SELECTOR, ".block")) == blocks
 
+
 def test_a_bad_parameter_shows_the_server_error_in_the_lane(server, browser):
-    query = urlencode({"prompt": PROMPT, "methods": "turbo,cai", "gen_length": 40, "block_length": 16,
-                       "autorun": 1})
+    query = urlencode(
+        {"prompt": PROMPT, "methods": "turbo,cai", "gen_length": 40, "block_length": 16, "autorun": 1}
+    )
     browser.get(f"{server.url}/?{query}")
     lanes = WebDriverWait(browser, 60).until(lanes_settled)
     for lane in lanes:
@@ -113,7 +133,9 @@ def test_a_bad_parameter_shows_the_server_error_in_the_lane(server, browser):
 def test_the_page_is_readable_on_a_narrow_window(server, browser):
     browser.set_window_size(420, 900)
     try:
-        browser.get(f"{server.url}/?{urlencode({'prompt': PROMPT, 'methods': 'fastdllm', 'gen_length': 32, 'block_length': 16, 'autorun': 1})}")
+        browser.get(
+            f"{server.url}/?{urlencode({'prompt': PROMPT, 'methods': 'fastdllm', 'gen_length': 32, 'block_length': 16, 'autorun': 1})}"
+        )
         (lane,) = WebDriverWait(browser, 60).until(lanes_settled)
         assert lane.get_attribute("data-state") == "done"
         width = browser.execute_script("return document.documentElement.scrollWidth")
@@ -126,24 +148,31 @@ def test_the_page_is_readable_on_a_narrow_window(server, browser):
 def bd_server():
     """tiny-bd with the prefix store on: a prompt's second run takes its blocks from the store."""
     lm = caidllm.load("tiny-bd", device="cpu", dtype="float32")
-    defaults = ServerDefaults(model_name="tiny-bd", method="llada2", gen_length=32, block_length=8,
-                              max_gen_length=128)
+    defaults = ServerDefaults(
+        model_name="tiny-bd", method="llada2", gen_length=32, block_length=8, max_gen_length=128
+    )
     with LocalServer(create_app(lm, ServerConfig(defaults=defaults, prefix_cache_mb=16))) as s:
         yield s
 
 
 def test_the_prompts_blocks_from_the_prefix_cache_are_drawn_as_such(bd_server, browser):
     prompt = "Q: True and not False or ( False and True ) is"
-    query = urlencode({"prompt": prompt, "methods": "llada2", "gen_length": 32, "block_length": 8, "autorun": 1})
+    query = urlencode(
+        {"prompt": prompt, "methods": "llada2", "gen_length": 32, "block_length": 8, "autorun": 1}
+    )
     drawn = []
     for _ in range(2):  # the first run fills the store, the second takes from it
         browser.get(f"{bd_server.url}/?{query}")
         (lane,) = WebDriverWait(browser, 120).until(lanes_settled)
         assert lane.get_attribute("data-state") == "done", lane.text
         strip = lane.find_element(By.CSS_SELECTOR, '[data-role="prompt-blocks"]')
-        drawn.append((len(strip.find_elements(By.CSS_SELECTOR, ".tile.reused")),
-                      len(strip.find_elements(By.CSS_SELECTOR, ".tile.prefilled")),
-                      strip.find_element(By.CSS_SELECTOR, '[data-role="prompt-caption"]').text))
+        drawn.append(
+            (
+                len(strip.find_elements(By.CSS_SELECTOR, ".tile.reused")),
+                len(strip.find_elements(By.CSS_SELECTOR, ".tile.prefilled")),
+                strip.find_element(By.CSS_SELECTOR, '[data-role="prompt-caption"]').text,
+            )
+        )
     (first_reused, first_prefilled, _), (reused, prefilled, caption) = drawn
     assert first_reused == 0 and reused > 0 and reused + prefilled == first_prefilled
     assert f"{8 * reused} of" in caption and "from the prefix cache" in caption

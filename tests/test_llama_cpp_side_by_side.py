@@ -17,8 +17,10 @@ from helpers.random_model import write_random_model
 import caidllm
 
 ROOT = Path(__file__).resolve().parent.parent
-MOE = ("random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
-       "&expert_intermediate_size=32&num_experts=8&num_experts_per_tok=2&vocab_size=512&max_position_embeddings=256")
+MOE = (
+    "random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
+    "&expert_intermediate_size=32&num_experts=8&num_experts_per_tok=2&vocab_size=512&max_position_embeddings=256"
+)
 # forward_timer's two answers: `time` prints "cpu_ms wall_ms checksum" per forward; `logits` writes
 # float32 [positions, vocab] (here: LOGITS_FILE's array plus OFFSET) and prints "positions vocab".
 STAND_IN = """#!{python}
@@ -36,8 +38,9 @@ else:
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("llama_cpp_side_by_side",
-                                                  ROOT / "benchmarks" / "llama_cpp_side_by_side.py")
+    spec = importlib.util.spec_from_file_location(
+        "llama_cpp_side_by_side", ROOT / "benchmarks" / "llama_cpp_side_by_side.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -70,12 +73,35 @@ def test_the_canvas_is_the_timers():
 def test_agreement_compares_every_engines_logits_with_the_first_setting(setup, tmp_path):
     script, folder, timer, tmp = setup
     out = tmp_path / "agree.json"
-    assert script.main(["--agreement", "--checkpoint", str(folder), "--timer", str(timer), "--settings", "fp32,bf16",
-                        "--gguf", f"F32={tmp / 'same.gguf'},SHIFTED={tmp / 'shifted.gguf'}", "--out", str(out)]) == 0
+    assert (
+        script.main(
+            [
+                "--agreement",
+                "--checkpoint",
+                str(folder),
+                "--timer",
+                str(timer),
+                "--settings",
+                "fp32,bf16",
+                "--gguf",
+                f"F32={tmp / 'same.gguf'},SHIFTED={tmp / 'shifted.gguf'}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = {(r["engine"], r["setting"]): r for r in json.loads(out.read_text())["rows"]}
-    assert rows["caidllm", "fp32"]["same_top_token"] == 128 and rows["caidllm", "fp32"]["max_diff_over_std"] == 0
-    assert rows["llama.cpp", "F32"]["same_top_token"] == 128 and rows["llama.cpp", "F32"]["max_diff_over_std"] == 0
-    shifted = rows["llama.cpp", "SHIFTED"]  # every logit 0.5 higher: the same top tokens, a constant difference
+    assert (
+        rows["caidllm", "fp32"]["same_top_token"] == 128 and rows["caidllm", "fp32"]["max_diff_over_std"] == 0
+    )
+    assert (
+        rows["llama.cpp", "F32"]["same_top_token"] == 128
+        and rows["llama.cpp", "F32"]["max_diff_over_std"] == 0
+    )
+    shifted = rows[
+        "llama.cpp", "SHIFTED"
+    ]  # every logit 0.5 higher: the same top tokens, a constant difference
     assert shifted["same_top_token"] == 128
     assert shifted["max_diff_over_std"] == pytest.approx(shifted["rms_diff_over_std"], rel=1e-4)
     assert 0 < rows["caidllm", "bf16"]["rms_diff_over_std"] < 0.1
@@ -85,8 +111,27 @@ def test_agreement_compares_every_engines_logits_with_the_first_setting(setup, t
 def test_timing_alternates_and_reports_medians(setup, tmp_path):
     script, folder, timer, tmp = setup
     out = tmp_path / "time.json"
-    assert script.main(["--checkpoint", str(folder), "--timer", str(timer), "--settings", "fp32", "--rounds", "2",
-                        "--per-round", "3", "--gguf", f"F32={tmp / 'same.gguf'}", "--out", str(out)]) == 0
+    assert (
+        script.main(
+            [
+                "--checkpoint",
+                str(folder),
+                "--timer",
+                str(timer),
+                "--settings",
+                "fp32",
+                "--rounds",
+                "2",
+                "--per-round",
+                "3",
+                "--gguf",
+                f"F32={tmp / 'same.gguf'}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["canvas"] == 128 and report["rounds"] == 2 and not report["agreement"]
     ours, theirs = report["rows"]
@@ -114,9 +159,13 @@ def test_per_expert_is_the_before_of_the_packed_experts(setup):
     script.quant_forward.MODEL = str(folder)
     after = script.quant_forward.load_setting("int8-dynamic", None)
     before = script.quant_forward.load_setting("int8-dynamic@per-expert", None)
-    experts = [m.experts for m in after.model.modules() if isinstance(getattr(m, "experts", None), ExpertList)]
+    experts = [
+        m.experts for m in after.model.modules() if isinstance(getattr(m, "experts", None), ExpertList)
+    ]
     assert experts and all(type(e) is OnednnInt8Experts for e in experts)
-    experts = [m.experts for m in before.model.modules() if isinstance(getattr(m, "experts", None), ExpertList)]
+    experts = [
+        m.experts for m in before.model.modules() if isinstance(getattr(m, "experts", None), ExpertList)
+    ]
     assert experts and all(type(e) is ExpertList for e in experts)
     ids = script.timer_canvas(after.config.vocab_size)
     assert torch.equal(after.logits(ids), before.logits(ids))
@@ -134,8 +183,26 @@ def test_quant_parts_times_each_projection_and_profiles_a_forward(setup, tmp_pat
     parts = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(parts)
     out = tmp_path / "parts.json"
-    assert parts.main(["--checkpoint", str(folder), "--linears", "--rows", "4,16", "--profile", "bf16,int4",
-                       "--repeats", "1", "--top", "3", "--out", str(out)]) == 0
+    assert (
+        parts.main(
+            [
+                "--checkpoint",
+                str(folder),
+                "--linears",
+                "--rows",
+                "4,16",
+                "--profile",
+                "bf16,int4",
+                "--repeats",
+                "1",
+                "--top",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     shapes = {(r["out_features"], r["in_features"], r["rows"]) for r in report["linears"]}
     assert shapes == {(o, i, rows) for o, i in [(32, 64), (64, 32), (64, 64)] for rows in (4, 16)}
@@ -145,11 +212,17 @@ def test_quant_parts_times_each_projection_and_profiles_a_forward(setup, tmp_pat
     assert all(f["forward_cpu_ms"] > 0 and len(f["top"]) == 3 for f in report["forwards"])
 
 
-@pytest.mark.parametrize("setting, problem", [
-    ("int8-dynamic@torchaoo", "'int8-dynamic@torchaoo': unknown kernel 'torchaoo'; expected @torchao or @per-expert"),
-    ("int9", "'int9': unknown setting 'int9'; expected one of fp32, bf16"),
-    ("int4@per-expert", "'int4@per-expert': @per-expert runs int8-dynamic's packed experts"),
-])
+@pytest.mark.parametrize(
+    "setting, problem",
+    [
+        (
+            "int8-dynamic@torchaoo",
+            "'int8-dynamic@torchaoo': unknown kernel 'torchaoo'; expected @torchao or @per-expert",
+        ),
+        ("int9", "'int9': unknown setting 'int9'; expected one of fp32, bf16"),
+        ("int4@per-expert", "'int4@per-expert': @per-expert runs int8-dynamic's packed experts"),
+    ],
+)
 def test_a_setting_that_names_nothing_is_refused_before_loading(setup, setting, problem):
     """quant_forward's settings: a misspelt kernel would otherwise time the packed model under the
     name asked for (and @per-expert on another scheme would time that scheme unchanged)."""
@@ -159,11 +232,17 @@ def test_a_setting_that_names_nothing_is_refused_before_loading(setup, setting, 
         script.quant_forward.load_setting(setting, None)
 
 
-@pytest.mark.parametrize("config, expert", [
-    ({"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32}, 32),  # LLaDA2, SDAR-MoE
-    ({"hidden_size": 64, "dense_intermediate_size": 128, "expert_intermediate_size": 32}, 32),  # LLaDA-MoE
-    ({"d_model": 64, "mlp_hidden_size": 96}, 96),  # LLaDA (dense)
-])
+@pytest.mark.parametrize(
+    "config, expert",
+    [
+        ({"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32}, 32),  # LLaDA2, SDAR-MoE
+        (
+            {"hidden_size": 64, "dense_intermediate_size": 128, "expert_intermediate_size": 32},
+            32,
+        ),  # LLaDA-MoE
+        ({"d_model": 64, "mlp_hidden_size": 96}, 96),  # LLaDA (dense)
+    ],
+)
 def test_quant_parts_times_the_experts_width_of_every_moe_family(tmp_path, config, expert):
     spec = importlib.util.spec_from_file_location("quant_parts", ROOT / "benchmarks" / "quant_parts.py")
     parts = importlib.util.module_from_spec(spec)
@@ -177,9 +256,26 @@ def test_a_gguf_of_another_vocabulary_is_named_not_broadcast(setup, tmp_path):
     is not config.json's vocab_size ran another canvas, so its logits are not comparable."""
     script, folder, _, tmp = setup
     timer = tmp_path / "timer"
-    timer.write_text(f"#!{sys.executable}\nimport sys, numpy as np\n"
-                     "np.zeros((128, 500), np.float32).tofile(sys.argv[4]); print(128, 500)\n")
+    timer.write_text(
+        f"#!{sys.executable}\nimport sys, numpy as np\n"
+        "np.zeros((128, 500), np.float32).tofile(sys.argv[4]); print(128, 500)\n"
+    )
     timer.chmod(timer.stat().st_mode | stat.S_IEXEC)
-    with pytest.raises(SystemExit, match=re.escape("OTHER: llama.cpp's logits are [128, 500], caidllm's [128, 512]")):
-        script.main(["--agreement", "--checkpoint", str(folder), "--timer", str(timer), "--settings", "fp32",
-                     "--gguf", f"OTHER={tmp / 'same.gguf'}", "--out", str(tmp_path / "a.json")])
+    with pytest.raises(
+        SystemExit, match=re.escape("OTHER: llama.cpp's logits are [128, 500], caidllm's [128, 512]")
+    ):
+        script.main(
+            [
+                "--agreement",
+                "--checkpoint",
+                str(folder),
+                "--timer",
+                str(timer),
+                "--settings",
+                "fp32",
+                "--gguf",
+                f"OTHER={tmp / 'same.gguf'}",
+                "--out",
+                str(tmp_path / "a.json"),
+            ]
+        )

@@ -15,10 +15,18 @@ PROMPTS = PROMPTS[:3]
 
 def view(confidence, second, masked, step=0, total_steps=2):
     confidence = torch.tensor([confidence])
-    return StepView(confidence=confidence, predicted=torch.zeros_like(confidence, dtype=torch.long),
-                    masked=torch.tensor([masked]), first_confidence=confidence, step=step, total_steps=total_steps,
-                    block_index=0, rows=torch.tensor([0]), state={"n_masked": torch.zeros(1, dtype=torch.long)},
-                    second=torch.tensor([second]))
+    return StepView(
+        confidence=confidence,
+        predicted=torch.zeros_like(confidence, dtype=torch.long),
+        masked=torch.tensor([masked]),
+        first_confidence=confidence,
+        step=step,
+        total_steps=total_steps,
+        block_index=0,
+        rows=torch.tensor([0]),
+        state={"n_masked": torch.zeros(1, dtype=torch.long)},
+        second=torch.tensor([second]),
+    )
 
 
 def test_the_widest_margin_wins_not_the_highest_probability():

@@ -87,8 +87,12 @@ def test_special_ids(llada_lm, dream_lm):
 def test_config_overrides_and_model_type_detection(random_checkpoint):
     path = random_checkpoint(
         "dream",
-        config_overrides={"architectures": None, "model_type": "dream",
-                          "caidllm_confidence_gating": True, "caidllm_cache_refresh_every": 4},
+        config_overrides={
+            "architectures": None,
+            "model_type": "dream",
+            "caidllm_confidence_gating": True,
+            "caidllm_cache_refresh_every": 4,
+        },
     )
     c = caidllm.load(path).config
     assert c.family == "dream" and c.confidence_gating is True and c.cache_refresh_every == 4
@@ -195,8 +199,12 @@ def test_cache_modes_match_full_after_refresh(lm, rows):
     # Also right at the start of the generation region and for a single row.
     first = L - 24
     for mode in ("prefix", "dual"):
-        out = lm.forward(ids, mask, cache=cache,
-                         mode=FORWARD_MODES[mode](start=first, end=first + 8, rows=torch.tensor([0])))
+        out = lm.forward(
+            ids,
+            mask,
+            cache=cache,
+            mode=FORWARD_MODES[mode](start=first, end=first + 8, rows=torch.tensor([0])),
+        )
         assert close(out, full[:1, first : first + 8])
 
 

@@ -39,11 +39,22 @@ def test_models_json_has_the_sources_and_figures(capsys):
 
 
 def test_models_memory_of_a_known_checkpoint_needs_no_download(capsys):
-    status, out, _ = run(capsys, "models", "--model", "GSAI-ML/LLaDA-8B-Instruct", "--dtype", "bfloat16",
-                         "--length", "1024", "--json")
+    status, out, _ = run(
+        capsys,
+        "models",
+        "--model",
+        "GSAI-ML/LLaDA-8B-Instruct",
+        "--dtype",
+        "bfloat16",
+        "--length",
+        "1024",
+        "--json",
+    )
     m = json.loads(out)
     assert status == 0 and m["weights_bytes"] == 8_015_581_184 * 2
-    assert m["cache_bytes_per_request"]["dual"] == 2 * 32 * 32 * 128 * 1024 * 2  # K and V, 32 layers, 32 heads
+    assert (
+        m["cache_bytes_per_request"]["dual"] == 2 * 32 * 32 * 128 * 1024 * 2
+    )  # K and V, 32 layers, 32 heads
     assert m["cache_bytes_per_request"]["prefix"] == 2 * m["cache_bytes_per_request"]["dual"]
     assert "gen_length 128" in m["recommended"]
 
@@ -55,11 +66,14 @@ def test_models_memory_of_a_folder_reads_its_config(capsys, tmp_path):
     assert "cache per request at 64 positions" in out and "recommended: gen_length 768" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "tiny", "--dtype", "int3"], "unknown dtype 'int3'"),
-    (["--model", "tiny", "--length", "0"], "--length must be a positive number"),
-    (["--model", "not a model"], "not a model folder, a hub id"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "tiny", "--dtype", "int3"], "unknown dtype 'int3'"),
+        (["--model", "tiny", "--length", "0"], "--length must be a positive number"),
+        (["--model", "not a model"], "not a model folder, a hub id"),
+    ],
+)
 def test_models_bad_input_exits_2(capsys, argv, message):
     status, _, err = run(capsys, "models", *argv)
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1
@@ -103,13 +117,16 @@ def _moe_setting_not_modelled(folder):
     return "unsupported LLaDA-MoE setting norm_topk_prob=True"
 
 
-@pytest.mark.parametrize("hub_id, breaks", [
-    ("Dream-org/Dream-v0-Instruct-7B", _break_shard),
-    ("Dream-org/Dream-v0-Base-7B", _drop_mask_token),
-    ("Dream-org/Dream-v0-Base-7B", _contradict_family),
-    ("GSAI-ML/LLaDA-8B-Base", _unknown_architecture),
-    ("inclusionAI/LLaDA-MoE-7B-A1B-Base", _moe_setting_not_modelled),
-])
+@pytest.mark.parametrize(
+    "hub_id, breaks",
+    [
+        ("Dream-org/Dream-v0-Instruct-7B", _break_shard),
+        ("Dream-org/Dream-v0-Base-7B", _drop_mask_token),
+        ("Dream-org/Dream-v0-Base-7B", _contradict_family),
+        ("GSAI-ML/LLaDA-8B-Base", _unknown_architecture),
+        ("inclusionAI/LLaDA-MoE-7B-A1B-Base", _moe_setting_not_modelled),
+    ],
+)
 def test_bad_folder_is_one_line_and_exit_2(capsys, tmp_path, hub_id, breaks):
     import re
 
@@ -122,12 +139,26 @@ def test_bad_folder_is_one_line_and_exit_2(capsys, tmp_path, hub_id, breaks):
 
 def test_generate_on_a_known_checkpoint_applies_and_names_its_recommendation(capsys, tmp_path):
     folder = write_checkpoint(tmp_path, "apple/DiffuCoder-7B-cpGRPO")
-    status, out, err = run(capsys, "generate", "what is 2 + 3 ?", "--model", str(folder), "--device", "cpu",
-                           "--dtype", "float32", "--gen-length", "32", "--json")
+    status, out, err = run(
+        capsys,
+        "generate",
+        "what is 2 + 3 ?",
+        "--model",
+        str(folder),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--gen-length",
+        "32",
+        "--json",
+    )
     assert status == 0
-    assert ("apple/DiffuCoder-7B-cpGRPO: recommended settings applied: block_length 32, temperature 0; "
-            "confidence gating off, f 8; chat template by default (source: apple/DiffuCoder-7B-Instruct "
-            "model card") in err
+    assert (
+        "apple/DiffuCoder-7B-cpGRPO: recommended settings applied: block_length 32, temperature 0; "
+        "confidence gating off, f 8; chat template by default (source: apple/DiffuCoder-7B-Instruct "
+        "model card"
+    ) in err
     result = json.loads(out)
     assert result["answer_length"] <= 32
 

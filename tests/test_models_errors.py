@@ -102,8 +102,10 @@ def test_mask_id_from_the_tokenizer_when_config_has_none(copy_of, dream_dir, lla
 def test_mask_ids_that_disagree_are_refused(copy_of, dream_dir):
     path = copy_of(dream_dir)
     edit_json(path / "tokenizer_config.json", mask_token="<|im_end|>")
-    with pytest.raises(ModelLoadError, match="mask token ids disagree: config.json mask_token_id = 3, "
-                                             "tokenizer_config.json mask_token = 2"):
+    with pytest.raises(
+        ModelLoadError,
+        match="mask token ids disagree: config.json mask_token_id = 3, tokenizer_config.json mask_token = 2",
+    ):
         caidllm.load(path)
 
 
@@ -134,14 +136,18 @@ def test_unexpected_tensor(copy_of, llada_dir):
 def test_missing_tensor(copy_of, dream_dir):
     path = copy_of(dream_dir)
     _rewrite_weights(path, lambda t: t.pop("model.layers.1.self_attn.k_proj.bias"))
-    with pytest.raises(ModelLoadError, match="missing from the checkpoint: model.layers.1.self_attn.k_proj.bias"):
+    with pytest.raises(
+        ModelLoadError, match="missing from the checkpoint: model.layers.1.self_attn.k_proj.bias"
+    ):
         caidllm.load(path)
 
 
 def test_shape_mismatch(copy_of, llada_dir):
     path = copy_of(llada_dir)
     edit_json(path / "config.json", mlp_hidden_size=48)
-    with pytest.raises(ModelLoadError, match=r"blocks.0.ff_out.weight.*shape \[32, 64\], expected \[32, 48\]"):
+    with pytest.raises(
+        ModelLoadError, match=r"blocks.0.ff_out.weight.*shape \[32, 64\], expected \[32, 48\]"
+    ):
         caidllm.load(path)
 
 
@@ -232,7 +238,9 @@ def test_bad_input_ids(llada_lm):
 
 def test_bad_attention_mask(llada_lm, canvas):
     ids, mask = canvas
-    with pytest.raises(InputError, match=r"attention_mask shape \(2, 11\) does not match input_ids shape \(2, 12\)"):
+    with pytest.raises(
+        InputError, match=r"attention_mask shape \(2, 11\) does not match input_ids shape \(2, 12\)"
+    ):
         llada_lm.logits(ids, mask[:, 1:])
     mask[1] = 0
     with pytest.raises(InputError, match="row 1 has no real token"):
@@ -241,8 +249,11 @@ def test_bad_attention_mask(llada_lm, canvas):
 
 def test_bad_mode_and_cache(llada_lm, canvas):
     ids, mask = canvas
-    with pytest.raises(InputError, match=r"mode must be a forward-mode object from caidllm.models.modes \(Full \('full'\), "
-                                         r"Prefix \('prefix'\), .*got 'half'"):
+    with pytest.raises(
+        InputError,
+        match=r"mode must be a forward-mode object from caidllm.models.modes \(Full \('full'\), "
+        r"Prefix \('prefix'\), .*got 'half'",
+    ):
         llada_lm.forward(ids, mask, mode="half")
     with pytest.raises(TypeError, match="Prefix.__init__.. got an unexpected keyword argument 'columns'"):
         Prefix(start=4, end=8, columns=torch.tensor([[4]]))

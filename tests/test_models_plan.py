@@ -9,8 +9,10 @@ from caidllm.cli import main
 from caidllm.models.inventory import describe
 from caidllm.models.plan import GIB, USABLE, memory_plan, split_parameters
 
-SMALL = ("random:llada2-mini?num_hidden_layers=3&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
-         "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512")
+SMALL = (
+    "random:llada2-mini?num_hidden_layers=3&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+    "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512"
+)
 
 
 def by_hand(tp, gpu_gib, context):
@@ -58,14 +60,17 @@ def test_the_command_prints_the_plan_and_its_json(capsys):
     assert "does not fit" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--tp", "3"], "--tp 3 does not divide the model's 16 attention heads"),
-    (["--tp", "8"], "--tp 8 does not divide the model's 4 key/value heads"),
-    (["--tp", "0"], "--tp must be a positive integer, got 0"),
-    (["--gpu-memory", "0"], "--gpu-memory must be a positive number of GiB, got 0.0"),
-    (["--context", "0"], "--context must be a positive number of positions, got 0"),
-    (["--model", "tiny"], "--plan MODEL takes its model itself"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tp", "3"], "--tp 3 does not divide the model's 16 attention heads"),
+        (["--tp", "8"], "--tp 8 does not divide the model's 4 key/value heads"),
+        (["--tp", "0"], "--tp must be a positive integer, got 0"),
+        (["--gpu-memory", "0"], "--gpu-memory must be a positive number of GiB, got 0.0"),
+        (["--context", "0"], "--context must be a positive number of positions, got 0"),
+        (["--model", "tiny"], "--plan MODEL takes its model itself"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert main(["models", "--plan", "random:llada2-mini", *argv]) == 2
     err = capsys.readouterr().err.strip()

@@ -38,14 +38,23 @@ def _llama_name(name):
 def _reference_model(lm):
     c = lm.config
     common = dict(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
-        rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_length,
-        tie_word_embeddings=False, attn_implementation="eager",
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads,
+        rope_theta=c.rope_theta,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_length,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
     )
     state = lm.model.state_dict()
     if c.family == "llada":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **common))
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **common)
+        )
         state = {_llama_name(k): v for k, v in state.items()}
     else:
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))

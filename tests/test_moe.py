@@ -11,15 +11,32 @@ import torch
 from caidllm.errors import ModelLoadError
 from caidllm.models.moe import MoEConfig, MoEFeedForward, expert_parameter_counts, route
 
-LLADA2_LIKE = dict(hidden_size=16, moe_intermediate_size=8, num_experts=16, num_experts_per_tok=4,
-                   score_function="sigmoid", n_group=4, topk_group=2, norm_topk_prob=True,
-                   routed_scaling_factor=2.5, expert_bias=True, num_shared_experts=1)
+LLADA2_LIKE = dict(
+    hidden_size=16,
+    moe_intermediate_size=8,
+    num_experts=16,
+    num_experts_per_tok=4,
+    score_function="sigmoid",
+    n_group=4,
+    topk_group=2,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    expert_bias=True,
+    num_shared_experts=1,
+)
 # LLaDA-MoE-7B-A1B's routing (softmax top-8 of 64, weights not normalised, no shared expert), small.
-LLADA_MOE_LIKE = dict(hidden_size=16, moe_intermediate_size=8, num_experts=64, num_experts_per_tok=8,
-                      score_function="softmax")
+LLADA_MOE_LIKE = dict(
+    hidden_size=16, moe_intermediate_size=8, num_experts=64, num_experts_per_tok=8, score_function="softmax"
+)
 # SDAR-30B-A3B / Qwen3-MoE: softmax, top-k weights normalised.
-QWEN3_MOE_LIKE = dict(hidden_size=16, moe_intermediate_size=8, num_experts=16, num_experts_per_tok=4,
-                      score_function="softmax", norm_topk_prob=True)
+QWEN3_MOE_LIKE = dict(
+    hidden_size=16,
+    moe_intermediate_size=8,
+    num_experts=16,
+    num_experts_per_tok=4,
+    score_function="softmax",
+    norm_topk_prob=True,
+)
 
 
 def random_moe(seed=0, **fields) -> MoEFeedForward:
@@ -42,7 +59,9 @@ def official_gate(x, moe):
         scores = torch.sigmoid(logits) if cfg.score_function == "sigmoid" else torch.softmax(logits, dim=0)
         biased = scores + (gate.expert_bias if gate.expert_bias is not None else 0)
         size = cfg.num_experts // cfg.n_group
-        group_score = [sorted(biased[g * size:(g + 1) * size].tolist(), reverse=True)[:2] for g in range(cfg.n_group)]
+        group_score = [
+            sorted(biased[g * size : (g + 1) * size].tolist(), reverse=True)[:2] for g in range(cfg.n_group)
+        ]
         group_score = torch.tensor([sum(s) for s in group_score])
         groups = set(group_score.topk(cfg.topk_group).indices.tolist()) if cfg.n_group > 1 else {0}
         allowed = torch.tensor([e // size in groups for e in range(cfg.num_experts)])
@@ -73,8 +92,9 @@ def expert_swiglu(state, prefix, token):
     return state[prefix + "down_proj.weight"] @ (gate * (state[prefix + "up_proj.weight"] @ token))
 
 
-@pytest.mark.parametrize("fields", [LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE],
-                         ids=["llada2", "llada-moe", "qwen3-moe"])
+@pytest.mark.parametrize(
+    "fields", [LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE], ids=["llada2", "llada-moe", "qwen3-moe"]
+)
 def test_output_equals_the_official_forward_restated(fields):
     moe = random_moe(**fields)
     x = torch.randn(2, 7, fields["hidden_size"])
@@ -99,8 +119,15 @@ def test_routing_chooses_the_official_experts(fields):
 
 
 def test_expert_bias_steers_the_choice_not_the_weights():
-    cfg = MoEConfig(**{**LLADA2_LIKE, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
-                       "norm_topk_prob": False})
+    cfg = MoEConfig(
+        **{
+            **LLADA2_LIKE,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 1.0,
+            "norm_topk_prob": False,
+        }
+    )
     logits = torch.randn(5, cfg.num_experts)
     bias = torch.zeros(cfg.num_experts)
     bias[3] = 10.0  # expert 3 always wins with the bias...
@@ -124,7 +151,7 @@ def test_a_token_does_not_depend_on_its_batch():
     x = torch.randn(9, 16)
     with torch.no_grad():
         together = moe(x)
-        alone = torch.stack([moe(x[i:i + 1])[0] for i in range(len(x))])
+        alone = torch.stack([moe(x[i : i + 1])[0] for i in range(len(x))])
     torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-6)
 
 
@@ -137,8 +164,13 @@ def test_bfloat16_in_bfloat16_out():
 
 def test_parameter_names_are_the_official_ones():
     names = set(random_moe(**LLADA2_LIKE).state_dict())
-    assert {"gate.weight", "gate.expert_bias", "experts.0.gate_proj.weight", "experts.15.down_proj.weight",
-            "shared_experts.up_proj.weight"} <= names
+    assert {
+        "gate.weight",
+        "gate.expert_bias",
+        "experts.0.gate_proj.weight",
+        "experts.15.down_proj.weight",
+        "shared_experts.up_proj.weight",
+    } <= names
     assert len(names) == 2 + 16 * 3 + 3
     plain = set(random_moe(**LLADA_MOE_LIKE).state_dict())
     assert "gate.expert_bias" not in plain and not any(n.startswith("shared_experts") for n in plain)
@@ -153,15 +185,18 @@ def test_parameter_counts():
     assert cfg.active_experts == 5
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"score_function": "softplus"}, "score_function"),
-    ({"num_experts": 15}, "n_group"),
-    ({"topk_group": 5}, "topk_group"),
-    ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
-    ({"num_experts_per_tok": 0}, "num_experts_per_tok"),
-    ({"routed_scaling_factor": float("nan")}, "routed_scaling_factor"),
-    ({"num_shared_experts": -1}, "num_shared_experts"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"score_function": "softplus"}, "score_function"),
+        ({"num_experts": 15}, "n_group"),
+        ({"topk_group": 5}, "topk_group"),
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
+        ({"num_experts_per_tok": 0}, "num_experts_per_tok"),
+        ({"routed_scaling_factor": float("nan")}, "routed_scaling_factor"),
+        ({"num_shared_experts": -1}, "num_shared_experts"),
+    ],
+)
 def test_bad_routing_is_a_clear_error(change, field):
     with pytest.raises(ModelLoadError, match=field):
         MoEConfig(**{**LLADA2_LIKE, **change})
@@ -175,10 +210,13 @@ def tiny_moe_layers():
     lm = caidllm.load("tiny-moe", device="cpu")
     layers = [layer for layer in lm.model.model.layers if hasattr(layer.mlp, "experts")]
     seen = []
-    hooks = [layer.post_attention_layernorm.register_forward_hook(lambda m, a, out: seen.append(out[0]))
-             for layer in layers]
+    hooks = [
+        layer.post_attention_layernorm.register_forward_hook(lambda m, a, out: seen.append(out[0]))
+        for layer in layers
+    ]
     ids = lm.encode_chat("not ( True ) and ( True ) is") + lm.tokenizer.encode(
-        "not True and True\n= False and True\n= False\nSo the answer is False.", add_special_tokens=False)
+        "not True and True\n= False and True\n= False\nSo the answer is False.", add_special_tokens=False
+    )
     with torch.no_grad():
         lm.model(torch.tensor([ids]))
     for hook in hooks:
@@ -196,8 +234,15 @@ def test_trained_routing_equals_the_official_forward_on_tiny_moe(tiny_moe_layers
             logits = torch.nn.functional.linear(x.float(), moe.gate.weight.float())
             chosen = route(logits, moe.config, moe.gate.expert_bias)[0].sort(dim=1).values
             unbiased = route(logits, moe.config)[0].sort(dim=1).values
-            ungrouped = route(logits, MoEConfig(**{**moe.config.__dict__, "n_group": 1, "topk_group": 1}),
-                              moe.gate.expert_bias)[0].sort(dim=1).values
+            ungrouped = (
+                route(
+                    logits,
+                    MoEConfig(**{**moe.config.__dict__, "n_group": 1, "topk_group": 1}),
+                    moe.gate.expert_bias,
+                )[0]
+                .sort(dim=1)
+                .values
+            )
         bias_changes += int((chosen != unbiased).any(dim=1).sum())
         group_changes += int((chosen != ungrouped).any(dim=1).sum())
     assert bias_changes > 0 and group_changes > 0

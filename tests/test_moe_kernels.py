@@ -16,20 +16,32 @@ from caidllm.errors import InputError, ModelLoadError
 from caidllm.models import moe_kernels, moe_native
 from caidllm.models.moe import MoEFeedForward, set_moe_kernel
 from caidllm.models.moe_experts import ExpertList, StackedExperts
-from caidllm.models.moe_kernels import MOE_KERNELS, READS_COUNTS, combine, pick_kernel, run_experts, sort_pairs
+from caidllm.models.moe_kernels import (
+    MOE_KERNELS,
+    READS_COUNTS,
+    combine,
+    pick_kernel,
+    run_experts,
+    sort_pairs,
+)
 
 FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
 # The native kernel needs a C++ compiler and AVX-512 (models/moe_native.py): skipped, with the reason, without them.
 NATIVE_MISSING = moe_native.why_unavailable(torch.float32)
-FAST = [pytest.param(k, marks=pytest.mark.skipif(bool(NATIVE_MISSING), reason=f"native: {NATIVE_MISSING}"))
-        if k == "native" else k for k in MOE_KERNELS if k != "loop"]
+FAST = [
+    pytest.param(k, marks=pytest.mark.skipif(bool(NATIVE_MISSING), reason=f"native: {NATIVE_MISSING}"))
+    if k == "native"
+    else k
+    for k in MOE_KERNELS
+    if k != "loop"
+]
 RANDOM = {  # small random shapes of the three MoE families
     "llada2": "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
-              "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
+    "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
     "llada-moe": "random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
-                 "&expert_intermediate_size=32&dense_intermediate_size=128&num_experts=16&vocab_size=512",
+    "&expert_intermediate_size=32&dense_intermediate_size=128&num_experts=16&vocab_size=512",
     "sdar-moe": "random:sdar-30b-a3b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
-                "&head_dim=16&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
+    "&head_dim=16&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
 }
 
 
@@ -68,7 +80,7 @@ def test_a_token_does_not_depend_on_its_batch(kernel):
     x = torch.randn(9, 16)
     with torch.no_grad():
         together = moe(x)
-        alone = torch.stack([moe(x[i:i + 1])[0] for i in range(len(x))])
+        alone = torch.stack([moe(x[i : i + 1])[0] for i in range(len(x))])
     torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-6)
 
 
@@ -88,7 +100,9 @@ def test_no_value_is_read_on_the_host(kernel):
     """On meta tensors a .item() / .tolist() / .cpu() of the counts would raise: the kernels never read one."""
     cfg = LLADA2_LIKE
     with torch.device("meta"):  # bfloat16: grouped_mm's meta kernel checks dtypes as the CUDA one does
-        experts = StackedExperts(cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]).bfloat16()
+        experts = StackedExperts(
+            cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+        ).bfloat16()
         x = torch.empty(7, cfg["hidden_size"], dtype=torch.bfloat16)
         chosen = torch.empty(7, cfg["num_experts_per_tok"], dtype=torch.long)
         weights = torch.empty(7, cfg["num_experts_per_tok"])
@@ -138,9 +152,13 @@ def test_sized_runs_fp32_experts_of_3_rows_or_more_through_onednn(monkeypatch):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype, widths, kernel", [
-    (torch.float32, dict(hidden_size=16, moe_intermediate_size=5), "loop"),
-    (torch.bfloat16, dict(hidden_size=12, moe_intermediate_size=8), "sized")])
+@pytest.mark.parametrize(
+    "dtype, widths, kernel",
+    [
+        (torch.float32, dict(hidden_size=16, moe_intermediate_size=5), "loop"),
+        (torch.bfloat16, dict(hidden_size=12, moe_intermediate_size=8), "sized"),
+    ],
+)
 def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel, without_native):
     """grouped_mm needs each width a whole multiple of 16 bytes: auto runs another kernel on the others
     (it raised): the loop in fp32 below 8 rows per expert, sized in bf16 (no rule on widths)."""
@@ -150,7 +168,9 @@ def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel, without_nativ
     with torch.no_grad():
         got = moe(x)
         moe.kernel = "loop"
-        tolerance = 0 if kernel == "loop" else 2e-2  # sized's bf16 matmuls round as torch.mm does, not F.linear
+        tolerance = (
+            0 if kernel == "loop" else 2e-2
+        )  # sized's bf16 matmuls round as torch.mm does, not F.linear
         torch.testing.assert_close(got, moe(x), atol=tolerance, rtol=tolerance)
 
 
@@ -237,7 +257,9 @@ def test_experts_scattered_over_shards_in_any_order_load_the_same(moe_folder, tm
         file = f"model-{i + 1:05d}-of-00003.safetensors"
         save_file({n: tensors[n] for n in names[i::3]}, str(scattered / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in reversed(names[i::3])})
-    (scattered / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (scattered / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     ids = torch.randint(0, 30, (1, 12), generator=torch.Generator().manual_seed(0))
     for quantize in (None, "int8") if _has_torchao() else (None,):
         with torch.no_grad():
@@ -268,7 +290,9 @@ def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
     name = "model.layers.1.mlp.experts.2.up_proj.weight"
     broken = shutil.copytree(moe_folder, tmp_path / moe_folder.name)
     _edit_shard(broken, name, lambda t: t.update({name: t[name][:, :-1].contiguous()}))
-    with pytest.raises(ModelLoadError, match=rf"tensor {name} in .* has shape \[16, 31\], expected \[16, 32\]"):
+    with pytest.raises(
+        ModelLoadError, match=rf"tensor {name} in .* has shape \[16, 31\], expected \[16, 32\]"
+    ):
         caidllm.load(broken, device="cpu")
     _edit_shard(broken, name, lambda t: t.pop(name))
     index = json.loads((broken / "model.safetensors.index.json").read_text())
@@ -279,8 +303,10 @@ def test_a_missing_or_misshaped_expert_tensor_is_named(moe_folder, tmp_path):
 
 
 def test_an_unknown_kernel_or_a_stacked_kernel_on_quantized_experts_is_refused():
-    with pytest.raises(InputError,
-                       match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, sized, padded, native"):
+    with pytest.raises(
+        InputError,
+        match="unknown moe_kernel 'fast'; expected one of auto, loop, grouped, sized, padded, native",
+    ):
         caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="fast")
     with pytest.raises(InputError, match="moe_kernel 'grouped' runs stacked full-precision experts"):
         caidllm.load(RANDOM["llada2"], device="cpu", quantize="int8", moe_kernel="grouped")
@@ -291,7 +317,10 @@ def test_quantized_experts_run_one_at_a_time():
     lm = caidllm.load(RANDOM["sdar-moe"], device="cpu", dtype="float32", quantize="int8")
     layer = next(m for m in lm.model.modules() if isinstance(m, MoEFeedForward))
     assert isinstance(layer.experts, ExpertList) and len(layer.experts) == 16
-    assert {n for n, _ in layer.named_parameters()} >= {"experts.15.gate_proj.weight", "experts.0.down_proj.weight"}
+    assert {n for n, _ in layer.named_parameters()} >= {
+        "experts.15.gate_proj.weight",
+        "experts.0.down_proj.weight",
+    }
     with pytest.raises(InputError, match="moe_kernel 'padded' runs stacked full-precision experts"):
         set_moe_kernel(lm.model, "padded")
     assert lm.generate(["hello"], method="fastdllm", gen_length=8, block_length=4)[0].nfe > 0
@@ -322,8 +351,21 @@ def test_a_checkpoint_loads_quantized_layer_by_layer(moe_folder):
 def test_the_command_line_flag(capsys):
     from caidllm.cli import main
 
-    argv = ["generate", "hi", "--model", RANDOM["llada2"], "--device", "cpu", "--dtype", "float32",
-            "--gen-length", "32", "--block-length", "32", "--json"]
+    argv = [
+        "generate",
+        "hi",
+        "--model",
+        RANDOM["llada2"],
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--gen-length",
+        "32",
+        "--block-length",
+        "32",
+        "--json",
+    ]
     outputs = []
     for kernel in ("loop", "grouped"):
         assert main([*argv, "--moe-kernel", kernel]) == 0
@@ -332,7 +374,9 @@ def test_the_command_line_flag(capsys):
     pytest.importorskip("torchao")
     assert main([*argv, "--moe-kernel", "grouped", "--quantize", "int8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("caidllm: error: moe_kernel 'grouped' runs stacked full-precision")
+    assert len(err) == 1 and err[0].startswith(
+        "caidllm: error: moe_kernel 'grouped' runs stacked full-precision"
+    )
 
 
 def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel(without_native):
@@ -341,11 +385,20 @@ def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel(without_
     their largest magnitude (a trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the last bits, 2e-5
     measured) and the llada2 decoder's exact tokens."""
     lm = caidllm.load("tiny-moe", device="cpu", moe_kernel="loop")
-    ids = torch.tensor([lm.encode_chat("Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. "
-                                       "Alexis says Vernell lies. Michaela says Alexis tells the truth. "
-                                       "Does Michaela tell the truth?")[:40]])
+    ids = torch.tensor(
+        [
+            lm.encode_chat(
+                "Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. "
+                "Alexis says Vernell lies. Michaela says Alexis tells the truth. "
+                "Does Michaela tell the truth?"
+            )[:40]
+        ]
+    )
     experts = lm.model.model.layers[1].mlp.experts
-    assert ids.shape[1] == 40 and pick_kernel(experts, torch.zeros(40, lm.config.hidden_size), choices=2) == "sized"
+    assert (
+        ids.shape[1] == 40
+        and pick_kernel(experts, torch.zeros(40, lm.config.hidden_size), choices=2) == "sized"
+    )
     options = dict(method="llada2", gen_length=16, block_length=8)
     with torch.no_grad():
         expected = lm.logits(ids)

@@ -69,7 +69,8 @@ def test_without_a_compiler_auto_runs_another_kernel_and_native_is_refused(no_co
         assert pick_kernel(moe.experts, x.bfloat16(), choices=4) != "native"
         moe(x)
     assert [r.getMessage() for r in caplog.records] == [
-        "moe_kernel 'native' unavailable: no C++ compiler found (g++, c++, clang++, or $CXX)"]
+        "moe_kernel 'native' unavailable: no C++ compiler found (g++, c++, clang++, or $CXX)"
+    ]
     with pytest.raises(InputError, match=r"moe_kernel 'native' cannot run here: no C\+\+ compiler found"):
         caidllm.load(RANDOM["llada2"], device="cpu", moe_kernel="native")
 
@@ -80,22 +81,28 @@ def test_the_command_line_names_why_native_cannot_run(no_compiler, capsys):
     argv = ["generate", "hi", "--model", RANDOM["llada2"], "--device", "cpu", "--gen-length", "32", "--json"]
     assert main([*argv, "--moe-kernel", "native"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["caidllm: error: moe_kernel 'native' cannot run here: no C++ compiler found "
-                   "(g++, c++, clang++, or $CXX)"]
+    assert err == [
+        "caidllm: error: moe_kernel 'native' cannot run here: no C++ compiler found "
+        "(g++, c++, clang++, or $CXX)"
+    ]
 
 
 def test_a_compiler_that_fails_is_named(monkeypatch, tmp_path):
     monkeypatch.setattr(moe_native, "_LIBRARY", moe_native._Library())
     monkeypatch.setenv("CAIDLLM_NATIVE_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "false")
-    assert moe_native.why_unavailable(torch.float32).startswith("building moe_native.cpp failed: false failed")
+    assert moe_native.why_unavailable(torch.float32).startswith(
+        "building moe_native.cpp failed: false failed"
+    )
     assert list(tmp_path.iterdir()) == []  # nothing half-written left in the cache
 
 
 def test_native_is_refused_where_it_cannot_run():
     moe = random_moe(**LLADA2_LIKE)
     moe.kernel = "native"
-    with pytest.raises(InputError, match="moe_kernel 'native' cannot run here: it runs float32 and bfloat16, not"):
+    with pytest.raises(
+        InputError, match="moe_kernel 'native' cannot run here: it runs float32 and bfloat16, not"
+    ):
         with torch.no_grad():
             moe.half()(torch.randn(3, 16).half())
     with pytest.raises(InputError, match="moe_kernel 'native' cannot run here: it runs on a CPU, not meta"):
@@ -111,7 +118,9 @@ def test_native_computes_no_gradient_and_auto_trains_without_it():
         moe(x)
     assert pick_kernel(moe.experts, x, choices=4) != "native"
     with torch.no_grad():
-        assert pick_kernel(moe.experts, x, choices=4) == ("native" if torch.get_num_threads() <= 2 else "sized")
+        assert pick_kernel(moe.experts, x, choices=4) == (
+            "native" if torch.get_num_threads() <= 2 else "sized"
+        )
 
 
 def test_quantized_experts_refuse_native():
@@ -164,7 +173,9 @@ def test_bf16_layers_by_amx_or_dot_products_give_the_loops_outputs(tokens):
     for hidden, inter in ((64, 32), (48, 24)):
         moe = _bf16_layer(hidden, inter)
         x = torch.randn(tokens, hidden).bfloat16()
-        torch.testing.assert_close(_by(moe, "native", x).float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(
+            _by(moe, "native", x).float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2
+        )
 
 
 @needs_native
@@ -179,7 +190,9 @@ def test_long_inputs_summed_a_block_at_a_time_give_the_loops_outputs(dtype):
     expected = _by(moe, "loop", x).float()
     scale = expected.abs().max().item()  # about 1200: fp32's rounding of the loop itself is 5e-4 from float64
     tolerance = 1e-6 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(_by(moe, "native", x).float(), expected, atol=tolerance * scale, rtol=tolerance)
+    torch.testing.assert_close(
+        _by(moe, "native", x).float(), expected, atol=tolerance * scale, rtol=tolerance
+    )
 
 
 @needs_native
@@ -193,14 +206,18 @@ def test_a_bf16_row_does_not_depend_on_its_batch(hidden, inter):
     with torch.no_grad():
         chosen, weights = moe.gate(x)
         together = moe_kernels.native_kernel(moe.experts, x, chosen, weights)
-        alone = [moe_kernels.native_kernel(moe.experts, x[i:i + 1], chosen[i:i + 1], weights[i:i + 1])[0]
-                 for i in range(len(x))]
+        alone = [
+            moe_kernels.native_kernel(moe.experts, x[i : i + 1], chosen[i : i + 1], weights[i : i + 1])[0]
+            for i in range(len(x))
+        ]
     assert [i for i in range(len(x)) if not torch.equal(alone[i], together[i])] == []
 
 
 @needs_native
 @pytest.mark.parametrize("hidden, inter, amx", [(64, 32, True), (64, 32, False), (48, 24, True)])
-def test_auto_runs_bf16_natively_only_on_amx_and_native_runs_every_expert_itself(hidden, inter, amx, monkeypatch):
+def test_auto_runs_bf16_natively_only_on_amx_and_native_runs_every_expert_itself(
+    hidden, inter, amx, monkeypatch
+):
     """bf16 without AMX (no AMX, or widths not multiples of 32): the dot products compute slower than
     sized's matmul from about 6 rows an expert, and handing such experts to sized would make a row's
     sums depend on its batch: auto runs sized there; native, when asked, runs every expert itself."""
@@ -212,14 +229,24 @@ def test_auto_runs_bf16_natively_only_on_amx_and_native_runs_every_expert_itself
     on_amx = moe_native.bf16_on_amx() and hidden % 32 == 0 and inter % 32 == 0
     with torch.no_grad():
         assert pick_kernel(moe.experts, x, choices=4) == ("native" if on_amx else "sized")
-    torch.testing.assert_close(_by(moe, "native", x).float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        _by(moe, "native", x).float(), _by(moe, "loop", x).float(), atol=2e-2, rtol=2e-2
+    )
 
 
 def test_experts_are_divided_among_threads_in_runs_of_about_equal_work():
     runs = moe_native.expert_runs
     assert runs([0, 3, 0, -5, 2, 1, 0, 4], 1) == [(0, 8, slice(0, 15))]
-    assert runs([0, 3, 0, -5, 2, 1, 0, 4], 2) == [(0, 5, slice(0, 10)), (5, 8, slice(10, 15))]  # -5: rows, no work
-    assert runs([1] * 10, 4) == [(0, 3, slice(0, 3)), (3, 5, slice(3, 5)), (5, 8, slice(5, 8)), (8, 10, slice(8, 10))]
+    assert runs([0, 3, 0, -5, 2, 1, 0, 4], 2) == [
+        (0, 5, slice(0, 10)),
+        (5, 8, slice(10, 15)),
+    ]  # -5: rows, no work
+    assert runs([1] * 10, 4) == [
+        (0, 3, slice(0, 3)),
+        (3, 5, slice(3, 5)),
+        (5, 8, slice(5, 8)),
+        (8, 10, slice(8, 10)),
+    ]
     assert runs([5], 4) == [(0, 1, slice(0, 5))] and runs([0, 0, 0], 2) == []
 
 
@@ -265,7 +292,13 @@ def test_operands_the_library_would_overrun_are_refused_before_the_call():
     counts, routed = torch.tensor([2, 1]), torch.zeros(3, 16)
     cases = {
         "routed .3, 16. is not .4, 16.": (torch.zeros(3, 16), torch.tensor([3, 1]), gate, gate, down),
-        "down is not a contiguous": (routed, counts, gate, gate, down.transpose(1, 2).contiguous().transpose(1, 2)),
+        "down is not a contiguous": (
+            routed,
+            counts,
+            gate,
+            gate,
+            down.transpose(1, 2).contiguous().transpose(1, 2),
+        ),
         "shapes gate .2, 8, 16., up .2, 8, 16., down .2, 8, 16. disagree": (routed, counts, gate, gate, gate),
         "counts must be 2 contiguous int64": (routed, counts.int(), gate, gate, down),
         "up is not a contiguous CPU torch.float32": (routed, counts, gate, gate.bfloat16(), down),
@@ -277,9 +310,15 @@ def test_operands_the_library_would_overrun_are_refused_before_the_call():
 
 
 ODD_SHAPES = [  # experts, hidden, inter, choices, tokens: widths off the vector and tile sizes, one
-    (1, 16, 20, 1, 5), (3, 20, 33, 3, 7),  # expert, every expert chosen, inputs over the block of
-    (4, 48, 1000, 2, 9), (2, 17, 31, 2, 40),  # 1024, experts of 40-70 rows (AMX: passes of 32)
-    (5, 64, 32, 5, 70), (3, 1030, 24, 2, 11), (7, 15, 1, 3, 13), (3, 32, 64, 3, 50)]
+    (1, 16, 20, 1, 5),
+    (3, 20, 33, 3, 7),  # expert, every expert chosen, inputs over the block of
+    (4, 48, 1000, 2, 9),
+    (2, 17, 31, 2, 40),  # 1024, experts of 40-70 rows (AMX: passes of 32)
+    (5, 64, 32, 5, 70),
+    (3, 1030, 24, 2, 11),
+    (7, 15, 1, 3, 13),
+    (3, 32, 64, 3, 50),
+]
 
 
 @needs_native
@@ -292,7 +331,7 @@ def test_odd_shapes_give_the_loops_outputs_whatever_the_batch_and_threads(dtype,
         stacked = StackedExperts(experts, hidden, inter)
         with torch.no_grad():
             for p in stacked.parameters():
-                p.copy_(torch.randn(p.shape, generator=generator) * hidden ** -0.5)
+                p.copy_(torch.randn(p.shape, generator=generator) * hidden**-0.5)
         stacked = stacked.to(dtype)
         x = torch.randn(tokens, hidden, generator=generator).to(dtype)
         chosen = torch.stack([torch.randperm(experts, generator=generator)[:k] for _ in range(tokens)])
@@ -304,8 +343,12 @@ def test_odd_shapes_give_the_loops_outputs_whatever_the_batch_and_threads(dtype,
             scale = expected.abs().max().item()
             torch.testing.assert_close(got.float(), expected, atol=tolerance * scale, rtol=tolerance)
             for i in (0, tokens - 1):
-                assert torch.equal(moe_kernels.native_kernel(stacked, x[i:i + 1], chosen[i:i + 1],
-                                                             weights[i:i + 1])[0], got[i])
+                assert torch.equal(
+                    moe_kernels.native_kernel(stacked, x[i : i + 1], chosen[i : i + 1], weights[i : i + 1])[
+                        0
+                    ],
+                    got[i],
+                )
             monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
             assert torch.equal(moe_kernels.native_kernel(stacked, x, chosen, weights), got)
             monkeypatch.undo()

@@ -15,9 +15,19 @@ from torch.overrides import TorchFunctionMode
 import caidllm
 from caidllm.models.moe import MoEConfig, MoEFeedForward, Router
 
-LLADA2_LIKE = dict(hidden_size=16, moe_intermediate_size=8, num_experts=16, num_experts_per_tok=4,
-                   score_function="sigmoid", n_group=4, topk_group=2, norm_topk_prob=True,
-                   routed_scaling_factor=2.5, expert_bias=True, num_shared_experts=1)
+LLADA2_LIKE = dict(
+    hidden_size=16,
+    moe_intermediate_size=8,
+    num_experts=16,
+    num_experts_per_tok=4,
+    score_function="sigmoid",
+    n_group=4,
+    topk_group=2,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    expert_bias=True,
+    num_shared_experts=1,
+)
 
 
 def bf16_router(seed: int = 0) -> Router:
@@ -49,7 +59,9 @@ class TensorsFrom(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
-        if isinstance(result, torch.Tensor) and any(a is self.tensor for a in (*args, *(kwargs or {}).values())):
+        if isinstance(result, torch.Tensor) and any(
+            a is self.tensor for a in (*args, *(kwargs or {}).values())
+        ):
             self.calls.append(func)
         return result
 

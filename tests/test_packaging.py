@@ -23,19 +23,24 @@ def test_embedded_models_are_small_and_complete(model):
 
 def test_load_tiny_from_an_installed_wheel(tmp_path):
     dist, site = tmp_path / "dist", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                    "-w", str(dist), str(ROOT)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], check=True
+    )
     (wheel,) = dist.glob("caidllm-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for model in ("tiny", "tiny-bd", "tiny-moe"):
         for name in TINY_FILES:
             assert f"caidllm/assets/{model}/{name}" in names
     assert "caidllm/models/moe_native.cpp" in names  # the native MoE kernel's source, compiled on first use
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True)
-    code = ("import caidllm; lm = caidllm.load('tiny', device='cpu'); "
-            "print(lm.path); r = lm.generate(['not ( True ) is'], method='cai', gen_length=64, block_length=32)[0]; "
-            "print(r.nfe)")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+    )
+    code = (
+        "import caidllm; lm = caidllm.load('tiny', device='cpu'); "
+        "print(lm.path); r = lm.generate(['not ( True ) is'], method='cai', gen_length=64, block_length=32)[0]; "
+        "print(r.nfe)"
+    )
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]

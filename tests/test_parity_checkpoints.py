@@ -22,7 +22,7 @@ def rotary(x, positions, theta):
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
     freqs = positions[:, None].float() * inv_freq[None]
     emb = torch.cat([freqs, freqs], dim=-1)
-    half = torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], dim=-1)
+    half = torch.cat([-x[..., hd // 2 :], x[..., : hd // 2]], dim=-1)
     return x * emb.cos() + half * emb.sin()
 
 
@@ -36,8 +36,12 @@ def attention(x, w, p, cfg, heads, kv_heads, qk_norm, bias):
 
     q, k, v = proj("q"), proj("k"), proj("v")
     if qk_norm:  # LLaDA-MoE: RMSNorm over each head's head_dim, one weight for all heads
-        q = rms_norm(q.reshape(-1, hd), w[p + "self_attn.q_norm.weight"], cfg["rms_norm_eps"]).reshape(B, L, -1)
-        k = rms_norm(k.reshape(-1, hd), w[p + "self_attn.k_norm.weight"], cfg["rms_norm_eps"]).reshape(B, L, -1)
+        q = rms_norm(q.reshape(-1, hd), w[p + "self_attn.q_norm.weight"], cfg["rms_norm_eps"]).reshape(
+            B, L, -1
+        )
+        k = rms_norm(k.reshape(-1, hd), w[p + "self_attn.k_norm.weight"], cfg["rms_norm_eps"]).reshape(
+            B, L, -1
+        )
     q = q.view(B, L, heads, hd).transpose(1, 2)
     k = k.view(B, L, kv_heads, hd).transpose(1, 2)
     v = v.view(B, L, kv_heads, hd).transpose(1, 2)
@@ -45,13 +49,15 @@ def attention(x, w, p, cfg, heads, kv_heads, qk_norm, bias):
     q, k = rotary(q, positions, cfg["rope_theta"]), rotary(k, positions, cfg["rope_theta"])
     k = k.repeat_interleave(heads // kv_heads, dim=1)
     v = v.repeat_interleave(heads // kv_heads, dim=1)
-    scores = (q @ k.transpose(2, 3)) / hd ** 0.5  # bidirectional: no mask at all
+    scores = (q @ k.transpose(2, 3)) / hd**0.5  # bidirectional: no mask at all
     out = scores.softmax(-1) @ v
     return out.transpose(1, 2).reshape(B, L, -1) @ w[p + "self_attn.o_proj.weight"].T
 
 
 def swiglu(x, w, p):
-    return (F.silu(x @ w[p + "gate_proj.weight"].T) * (x @ w[p + "up_proj.weight"].T)) @ w[p + "down_proj.weight"].T
+    return (F.silu(x @ w[p + "gate_proj.weight"].T) * (x @ w[p + "up_proj.weight"].T)) @ w[
+        p + "down_proj.weight"
+    ].T
 
 
 def sparse_moe(x, w, p, cfg):
@@ -72,8 +78,16 @@ def official_forward(weights, cfg, ids, moe):
     h = weights["model.embed_tokens.weight"][ids]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        h = h + attention(rms_norm(h, weights[p + "input_layernorm.weight"], cfg["rms_norm_eps"]), weights, p, cfg,
-                          heads, kv_heads, qk_norm=moe, bias=not moe)
+        h = h + attention(
+            rms_norm(h, weights[p + "input_layernorm.weight"], cfg["rms_norm_eps"]),
+            weights,
+            p,
+            cfg,
+            heads,
+            kv_heads,
+            qk_norm=moe,
+            bias=not moe,
+        )
         x = rms_norm(h, weights[p + "post_attention_layernorm.weight"], cfg["rms_norm_eps"])
         h = h + (sparse_moe(x, weights, p, cfg) if moe else swiglu(x, weights, p + "mlp."))
     return rms_norm(h, weights["model.norm.weight"], cfg["rms_norm_eps"]) @ weights["lm_head.weight"].T
@@ -86,8 +100,14 @@ def _weights(folder):
     return out
 
 
-@pytest.mark.parametrize("hub_id", ["inclusionAI/LLaDA-MoE-7B-A1B-Instruct", "apple/DiffuCoder-7B-Instruct",
-                                    "Dream-org/Dream-Coder-v0-Instruct-7B"])
+@pytest.mark.parametrize(
+    "hub_id",
+    [
+        "inclusionAI/LLaDA-MoE-7B-A1B-Instruct",
+        "apple/DiffuCoder-7B-Instruct",
+        "Dream-org/Dream-Coder-v0-Instruct-7B",
+    ],
+)
 def test_logits_equal_the_official_forward(tmp_path, hub_id):
     import json
 

@@ -15,14 +15,27 @@ def make_view(confidence, masked=None, first=None, step=0, total_steps=64, block
     if confidence.dim() == 1:
         confidence = confidence[None]
     masked = torch.ones_like(confidence, dtype=torch.bool) if masked is None else torch.as_tensor(masked)
-    first = confidence.clone() if first is None else torch.as_tensor(first, dtype=torch.float32).reshape(confidence.shape)
+    first = (
+        confidence.clone()
+        if first is None
+        else torch.as_tensor(first, dtype=torch.float32).reshape(confidence.shape)
+    )
     rows = torch.arange(confidence.shape[0])
-    return StepView(confidence=confidence, predicted=torch.zeros_like(confidence, dtype=torch.long), masked=masked,
-                    first_confidence=first, step=step, total_steps=total_steps, block_index=block_index,
-                    rows=rows, state=state if state is not None else {})
+    return StepView(
+        confidence=confidence,
+        predicted=torch.zeros_like(confidence, dtype=torch.long),
+        masked=masked,
+        first_confidence=first,
+        step=step,
+        total_steps=total_steps,
+        block_index=block_index,
+        rows=rows,
+        state=state if state is not None else {},
+    )
 
 
 # --- Box 3 / Box 4: thresholds -------------------------------------------------------------
+
 
 def box3(t, T, theta_s=0.90, theta_e=0.70, w=0.15):
     if t < w * T:
@@ -67,16 +80,21 @@ def test_position_factors_and_clipping():
     s = CAISettings()
     factors = cai.position_factors(64, s)
     assert factors.tolist() == pytest.approx([0.80] * 16 + [0.90] * 16 + [1.05] * 16 + [1.10] * 16)
-    assert cai.position_factors(8, s).tolist() == pytest.approx([0.80] * 2 + [0.90] * 2 + [1.05] * 2 + [1.10] * 2)
+    assert cai.position_factors(8, s).tolist() == pytest.approx(
+        [0.80] * 2 + [0.90] * 2 + [1.05] * 2 + [1.10] * 2
+    )
     high = cai.token_thresholds(0.90, 64, s)
     assert high[0] == pytest.approx(0.72) and high[20] == pytest.approx(0.81)
     assert high[40] == pytest.approx(0.945) and high[63] == pytest.approx(0.98)  # 0.99 clipped
     low = cai.token_thresholds(0.22, 64, s)
     assert low[0] == pytest.approx(0.20)  # 0.176 clipped up
-    assert cai.token_thresholds(0.9, 64, CAISettings(position_factors=False)).tolist() == pytest.approx([0.9] * 64)
+    assert cai.token_thresholds(0.9, 64, CAISettings(position_factors=False)).tolist() == pytest.approx(
+        [0.9] * 64
+    )
 
 
 # --- Box 5: budgets ----------------------------------------------------------------------
+
 
 def test_budget_levels_by_confidence_and_position():
     s = CAISettings()
@@ -94,8 +112,15 @@ def _run_cai(conf_per_step, first, steps, gating=True, total_steps=64, block_ind
     committed_at = torch.full((n,), -1)
     state = {"low_yield_steps": torch.zeros(1, dtype=torch.long)}
     for t in range(steps):
-        view = make_view(conf_per_step(t), masked=masked.clone(), first=first, step=t,
-                         total_steps=total_steps, block_index=block_index, state=state)
+        view = make_view(
+            conf_per_step(t),
+            masked=masked.clone(),
+            first=first,
+            step=t,
+            total_steps=total_steps,
+            block_index=block_index,
+            state=state,
+        )
         commit = cai.select(view, CAISettings(), gating=gating, fixed_threshold=0.9) & masked
         assert commit.any() or not masked.any(), "at least one commit per step"
         committed_at[commit[0]] = t
@@ -109,11 +134,13 @@ def test_budget_forces_commit_at_exactly_B_i():
     n = 64
     first = torch.full((1, n), 0.3)
     first[0, 0] = 0.9
+
     def conf(t):
         c = torch.linspace(0.39, 0.30, n)  # decoys, below every threshold and the fallback
         c[0] = 0.01
         c[1] = 0.01
         return c
+
     committed_at = _run_cai(conf, first, steps=40)
     assert committed_at[0] == 8
     assert committed_at[1] == 32
@@ -155,12 +182,20 @@ def test_grinding_exit_commits_every_masked_position_at_the_Kth_low_yield_step()
     state = {"low_yield_steps": torch.zeros(1, dtype=torch.long)}
     masked = torch.ones(1, n, dtype=torch.bool)
     for t in range(3):
-        commit = cai.select(make_view(conf, masked=masked.clone(), first=first, step=t, state=state), s,
-                            gating=True, fixed_threshold=0.9)
+        commit = cai.select(
+            make_view(conf, masked=masked.clone(), first=first, step=t, state=state),
+            s,
+            gating=True,
+            fixed_threshold=0.9,
+        )
         assert commit.sum() == 1  # low-yield: no exit yet
         masked &= ~commit
-    commit = cai.select(make_view(conf, masked=masked.clone(), first=first, step=3, state=state), s,
-                        gating=True, fixed_threshold=0.9)
+    commit = cai.select(
+        make_view(conf, masked=masked.clone(), first=first, step=3, state=state),
+        s,
+        gating=True,
+        fixed_threshold=0.9,
+    )
     assert commit[0].equal(masked[0])  # every position still masked, nothing already committed
     assert int(commit.sum()) == n - 3
 
@@ -169,8 +204,12 @@ def test_grinding_exit_only_for_rows_that_grind():
     # Row 0 has been low-yield 3 steps (one more triggers), row 1 none: only row 0 exits.
     conf = torch.full((2, 8), 0.05)
     state = {"low_yield_steps": torch.tensor([3, 0])}
-    commit = cai.select(make_view(conf, first=torch.full((2, 8), 0.3), step=5, state=state),
-                        CAISettings(grinding_action="exit"), gating=True, fixed_threshold=0.9)
+    commit = cai.select(
+        make_view(conf, first=torch.full((2, 8), 0.3), step=5, state=state),
+        CAISettings(grinding_action="exit"),
+        gating=True,
+        fixed_threshold=0.9,
+    )
     assert commit[0].all() and int(commit[1].sum()) == 1
     assert state["low_yield_steps"].tolist() == [0, 1]
 
@@ -178,7 +217,9 @@ def test_grinding_exit_only_for_rows_that_grind():
 def test_cai_commits_above_position_threshold():
     # Step 0 of block 1: theta_b = 0.90; first quarter threshold 0.72, last quarter 0.98.
     conf = torch.full((64,), 0.80)
-    view = make_view(conf, first=torch.full((1, 64), 0.8), state={"low_yield_steps": torch.zeros(1, dtype=torch.long)})
+    view = make_view(
+        conf, first=torch.full((1, 64), 0.8), state={"low_yield_steps": torch.zeros(1, dtype=torch.long)}
+    )
     commit = cai.select(view, CAISettings(), gating=False, fixed_threshold=0.9)[0]
     assert commit[:16].all() and not commit[16:].any()
 
@@ -191,6 +232,7 @@ def test_cai_fixed_threshold_when_not_adaptive():
 
 
 # --- baselines ----------------------------------------------------------------------------
+
 
 def test_vanilla_linear_schedule():
     assert [int(vanilla.tokens_at_step(torch.tensor(10), t, 4)) for t in range(4)] == [3, 3, 2, 2]
@@ -223,34 +265,43 @@ def test_factor_rule():
     commit = threshold.select(make_view(conf), threshold=0.9, factor=1.0)
     # sorted: 0.95 >= .5, 0.9 >= .667, then 0.7 < .75 stops the prefix
     assert commit[0].tolist() == [True, False, False, True]
-    assert threshold.select(make_view(conf), threshold=0.9, factor=2.0)[0].tolist() == [True, True, True, True]
+    assert threshold.select(make_view(conf), threshold=0.9, factor=2.0)[0].tolist() == [
+        True,
+        True,
+        True,
+        True,
+    ]
 
 
 # --- configuration -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(gen_length=100, block_length=64), "multiple of block_length"),
-    (dict(gen_length=0), "gen_length must be a positive integer"),
-    (dict(block_length=-4), "block_length must be a positive integer"),
-    (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
-    (dict(threshold=1.5), r"threshold must be in \(0, 1\]"),
-    (dict(steps=0), "steps must be a positive integer"),
-    (dict(gen_length=128, block_length=64, steps=3), "multiple of the number of blocks"),
-    (dict(cache="triple"), "unknown cache mode 'triple'"),
-    (dict(temperature=-1.0), "temperature must be"),
-    (dict(theta_start=2.0), r"cai.theta_start must be in \(0, 1\]"),
-    (dict(nonsense=1), "unknown decoding option 'nonsense'"),
-    (dict(temperature=float("inf")), "temperature must be a finite number"),
-    (dict(refresh_every=True), "refresh_every must be an integer"),
-    (dict(factors=0.8), "cai.factors must be four positive numbers"),
-    (dict(factors=(0.8, 0.9, "x", 1.1)), "cai.factors must be four positive numbers"),
-    (dict(grinding_patience="4"), "cai.grinding_patience must be an integer"),
-    (dict(grinding_yield="1.5"), "cai.grinding_yield must be a number"),
-    (dict(block_end_decay=-0.1), "cai.block_end_decay must be a number >= 0"),
-    (dict(warmup="0.1"), r"cai.warmup must be in \[0, 1\)"),
-    (dict(gating="yes"), "cai.gating must be True, False or None"),
-    (dict(grinding_action="stop"), "cai.grinding_action must be one of continue, exit, got 'stop'"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(gen_length=100, block_length=64), "multiple of block_length"),
+        (dict(gen_length=0), "gen_length must be a positive integer"),
+        (dict(block_length=-4), "block_length must be a positive integer"),
+        (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
+        (dict(threshold=1.5), r"threshold must be in \(0, 1\]"),
+        (dict(steps=0), "steps must be a positive integer"),
+        (dict(gen_length=128, block_length=64, steps=3), "multiple of the number of blocks"),
+        (dict(cache="triple"), "unknown cache mode 'triple'"),
+        (dict(temperature=-1.0), "temperature must be"),
+        (dict(theta_start=2.0), r"cai.theta_start must be in \(0, 1\]"),
+        (dict(nonsense=1), "unknown decoding option 'nonsense'"),
+        (dict(temperature=float("inf")), "temperature must be a finite number"),
+        (dict(refresh_every=True), "refresh_every must be an integer"),
+        (dict(factors=0.8), "cai.factors must be four positive numbers"),
+        (dict(factors=(0.8, 0.9, "x", 1.1)), "cai.factors must be four positive numbers"),
+        (dict(grinding_patience="4"), "cai.grinding_patience must be an integer"),
+        (dict(grinding_yield="1.5"), "cai.grinding_yield must be a number"),
+        (dict(block_end_decay=-0.1), "cai.block_end_decay must be a number >= 0"),
+        (dict(warmup="0.1"), r"cai.warmup must be in \[0, 1\)"),
+        (dict(gating="yes"), "cai.gating must be True, False or None"),
+        (dict(grinding_action="stop"), "cai.grinding_action must be one of continue, exit, got 'stop'"),
+    ],
+)
 def test_bad_config_values(kwargs, message):
     with pytest.raises(InputError, match=message):
         build_config("cai", **kwargs)
@@ -285,4 +336,6 @@ def test_every_policy_name_has_a_builder_and_unknown_names_are_refused():
     policy, state = make_policy(build_config("vanilla"), gating=True)
     assert policy is vanilla.select and state == ("n_masked",)
     with pytest.raises(InputError, match="unknown policy 'turbo'"):
-        make_policy(replace(build_config("cai"), policy="turbo"), gating=True)  # past validate(): no CAI fallback
+        make_policy(
+            replace(build_config("cai"), policy="turbo"), gating=True
+        )  # past validate(): no CAI fallback

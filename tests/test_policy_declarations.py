@@ -21,17 +21,28 @@ BLOCK_MODEL = ModelTraits("tiny-bd", True, (4,))
 def new_decoders(monkeypatch):
     """Two decoders added by their registry lines only: a block-diffusion model's own, and a rule whose
     block-causal preset is 'vanilla'; and a preset of the first."""
-    monkeypatch.setitem(POLICIES, "own-block", PolicySpec(vanilla.select, state_names=("n_masked",),
-                                                          models=BLOCK_CAUSAL))
-    monkeypatch.setitem(POLICIES, "any-model", PolicySpec(vanilla.select, state_names=("n_masked",),
-                                                          block_causal_method="vanilla"))
-    monkeypatch.setitem(methods.PRESETS, "own-block-preset",
-                        {"policy": "own-block", "cache": "block", "block_length": 4})
+    monkeypatch.setitem(
+        POLICIES, "own-block", PolicySpec(vanilla.select, state_names=("n_masked",), models=BLOCK_CAUSAL)
+    )
+    monkeypatch.setitem(
+        POLICIES,
+        "any-model",
+        PolicySpec(vanilla.select, state_names=("n_masked",), block_causal_method="vanilla"),
+    )
+    monkeypatch.setitem(
+        methods.PRESETS, "own-block-preset", {"policy": "own-block", "cache": "block", "block_length": 4}
+    )
 
 
 def test_a_block_diffusion_decoder_is_refused_on_a_full_sequence_model(new_decoders):
-    config = DecodeConfig(method="own-block-preset", policy="own-block", cache="none", block_length=4,
-                          gen_length=16, given=("policy",)).validate()
+    config = DecodeConfig(
+        method="own-block-preset",
+        policy="own-block",
+        cache="none",
+        block_length=4,
+        gen_length=16,
+        given=("policy",),
+    ).validate()
     with pytest.raises(InputError, match="is a block-diffusion decoder") as info:
         fit_to_model(config, FULL)
     assert info.value.field == "policy"
@@ -46,26 +57,36 @@ def test_its_preset_is_listed_for_block_causal_models_only(new_decoders):
 
 
 def test_a_method_cache_on_a_block_causal_model_advises_the_policys_own_preset(new_decoders):
-    config = DecodeConfig(method="x", policy="any-model", cache="es", block_length=4, gen_length=16,
-                          given=("policy",)).validate()
+    config = DecodeConfig(
+        method="x", policy="any-model", cache="es", block_length=4, gen_length=16, given=("policy",)
+    ).validate()
     with pytest.raises(InputError, match="use method 'vanilla'") as info:
         fit_to_model(config, BLOCK_MODEL)
     assert info.value.field == "method"
 
 
-@pytest.mark.parametrize("policy, advised", [
-    ("threshold", "fastdllm"), ("cai", "cai"), ("vanilla", "vanilla"), ("random", "vanilla"),
-    ("eb", "fastdllm")])
+@pytest.mark.parametrize(
+    "policy, advised",
+    [
+        ("threshold", "fastdllm"),
+        ("cai", "cai"),
+        ("vanilla", "vanilla"),
+        ("random", "vanilla"),
+        ("eb", "fastdllm"),
+    ],
+)
 def test_the_registered_policies_advice_is_unchanged(policy, advised):
-    config = DecodeConfig(method="x", policy=policy, cache="es", block_length=4, gen_length=16,
-                          given=("policy",)).validate()
+    config = DecodeConfig(
+        method="x", policy=policy, cache="es", block_length=4, gen_length=16, given=("policy",)
+    ).validate()
     with pytest.raises(InputError, match=f"use method '{advised}'"):
         fit_to_model(config, BLOCK_MODEL)
 
 
 def test_the_advice_lists_the_block_diffusion_presets_from_the_registry(new_decoders):
-    config = DecodeConfig(method="wino", policy="wino", cache="none", block_length=4, gen_length=16,
-                          given=()).validate()
+    config = DecodeConfig(
+        method="wino", policy="wino", cache="none", block_length=4, gen_length=16, given=()
+    ).validate()
     with pytest.raises(InputError, match="needs bidirectional attention") as info:
         fit_to_model(config, BLOCK_MODEL)
     assert "own-block-preset" in str(info.value) and "llada2" in str(info.value)
@@ -75,7 +96,6 @@ def test_a_cache_refusal_lists_the_caches_the_model_takes():
     with pytest.raises(InputError) as info:
         fit_to_model(DecodeConfig(cache="dual", block_length=4, gen_length=16, given=("cache",)), BLOCK_MODEL)
     assert info.value.field == "cache" and str(info.value).endswith("none, block, subblock")
-
 
 
 # A decoder with settings: its one file (policies/top.py) and its registry line, added to a copy of the
@@ -149,6 +169,12 @@ def test_a_decoder_with_settings_is_its_file_and_its_registry_line(tmp_path):
     (copy / "decode" / "policies" / "top.py").write_text(TOP_FILE)
     with open(copy / "decode" / "policies" / "__init__.py", "a") as registry:
         registry.write(REGISTRY_LINE)
-    run = subprocess.run([sys.executable, "-c", CHECKS], check=False, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path / "src")})
+    run = subprocess.run(
+        [sys.executable, "-c", CHECKS],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "src")},
+    )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]

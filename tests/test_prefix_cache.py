@@ -14,8 +14,13 @@ from caidllm.errors import InputError
 
 # A shared beginning of 10 tokens: with blocks of 4 it ends inside the third block.
 SHARED = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]
-PROMPTS = [SHARED + [60, 61, 62], SHARED + [70, 71, 72, 73, 74, 75], SHARED + [60, 61, 62], SHARED,
-           SHARED + [60, 61, 62, 63, 64, 65, 66, 67, 68]]
+PROMPTS = [
+    SHARED + [60, 61, 62],
+    SHARED + [70, 71, 72, 73, 74, 75],
+    SHARED + [60, 61, 62],
+    SHARED,
+    SHARED + [60, 61, 62, 63, 64, 65, 66, 67, 68],
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +53,17 @@ def tokens(results):
     return [r.token_ids for r in results]
 
 
-CASES = [("tiny-bd", "llada2", 4), ("tiny-bd", "vanilla", 8), ("llada2", "llada2", 4), ("llada2", "llada2.1", 8),
-         ("sdar", "sdar", 4), ("sdar-moe", "sdar-static", 4), ("fastdllm_v2", "fastdllm-v2", 4),
-         ("fastdllm_v2", "cai", 4), ("fastdllm_v2", "fastdllm-v2-subblock", 4)]
+CASES = [
+    ("tiny-bd", "llada2", 4),
+    ("tiny-bd", "vanilla", 8),
+    ("llada2", "llada2", 4),
+    ("llada2", "llada2.1", 8),
+    ("sdar", "sdar", 4),
+    ("sdar-moe", "sdar-static", 4),
+    ("fastdllm_v2", "fastdllm-v2", 4),
+    ("fastdllm_v2", "cai", 4),
+    ("fastdllm_v2", "fastdllm-v2-subblock", 4),
+]
 # Fast-dLLM v2: the token shift, and its within-block cache (its preset's default, 'subblock')
 
 
@@ -79,9 +92,9 @@ def test_reused_blocks_are_the_prompts_complete_blocks(tiny_bd):
     """A prompt takes only complete blocks before the block holding its end; a repeat takes all of them."""
     config = build_config("llada2", gen_length=8, block_length=4, early_stop=False)
     store = PrefixStore(64 << 20)
-    first, = decode(tiny_bd, [SHARED + [60, 61]], config, store=store)  # 12 tokens: 3 prompt blocks
-    again, = decode(tiny_bd, [SHARED + [60, 61]], config, store=store)
-    other, = decode(tiny_bd, [SHARED + [90, 91, 92]], config, store=store)  # shares 2 whole blocks
+    (first,) = decode(tiny_bd, [SHARED + [60, 61]], config, store=store)  # 12 tokens: 3 prompt blocks
+    (again,) = decode(tiny_bd, [SHARED + [60, 61]], config, store=store)
+    (other,) = decode(tiny_bd, [SHARED + [90, 91, 92]], config, store=store)  # shares 2 whole blocks
     assert (first.reused_positions, again.reused_positions, other.reused_positions) == (0, 12, 8)
     assert (first.prefill_positions, again.prefill_positions, other.prefill_positions) == (12, 0, 5)
     stats = store.stats()
@@ -95,9 +108,9 @@ def test_a_finished_answer_is_found_by_the_next_turn(tiny_bd):
     config = build_config("llada2", gen_length=12, block_length=4, early_stop=False)
     store = PrefixStore(64 << 20)
     prompt = SHARED + [60, 61]
-    first, = decode(tiny_bd, [prompt], config, store=store)
+    (first,) = decode(tiny_bd, [prompt], config, store=store)
     history = prompt + first.token_ids[:8] + [77, 78]
-    turn, = decode(tiny_bd, [history], config, store=store)
+    (turn,) = decode(tiny_bd, [history], config, store=store)
     assert turn.reused_positions == 20
     assert tokens([turn]) == tokens(decode(tiny_bd, [history], config))
 
@@ -130,7 +143,12 @@ def test_cancel_leaves_nothing_held_and_nothing_half_written(tiny_bd):
     prompt_chain = chain_digests(SHARED + [60, 61, 62, 63, 64], 4, 3)
     assert set(store.blocks) == set(held) | set(prompt_chain)  # no generated block of the cancelled request
     for block in store.blocks.values():
-        assert block.keys.shape == (tiny_bd.config.n_layers, tiny_bd.config.n_kv_heads, 4, tiny_bd.config.head_dim)
+        assert block.keys.shape == (
+            tiny_bd.config.n_layers,
+            tiny_bd.config.n_kv_heads,
+            4,
+            tiny_bd.config.head_dim,
+        )
 
 
 def test_the_first_event_says_what_was_reused(tiny_bd):
@@ -144,7 +162,9 @@ def test_the_first_event_says_what_was_reused(tiny_bd):
     assert events[0].reused_positions == 12
     off = Engine(tiny_bd, max_batch=2, prefix_cache_mb=0)
     off.submit(SHARED + [60, 61], config)
-    assert next(iter(off.run())).reused_positions is None  # no store: nothing to say (the live view draws nothing)
+    assert (
+        next(iter(off.run())).reused_positions is None
+    )  # no store: nothing to say (the live view draws nothing)
 
 
 def test_lru_evicts_unheld_blocks_first_and_never_held_ones():
@@ -171,9 +191,16 @@ def test_chain_digests_name_a_block_and_everything_before_it():
     assert chain_digests([1, 2, 3, 4, 5, 6, 7, 8], 8, 1) != chain_digests([1, 2, 3, 4, 5, 6, 7, 8], 4, 2)[1:]
 
 
-@pytest.mark.parametrize("value, words", [(-1, "number of MB >= 0"), ("lots", "number of MB >= 0"),
-                                          (float("nan"), "number of MB >= 0"), (True, "number of MB >= 0"),
-                                          (1e12, "more than the memory")])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (-1, "number of MB >= 0"),
+        ("lots", "number of MB >= 0"),
+        (float("nan"), "number of MB >= 0"),
+        (True, "number of MB >= 0"),
+        (1e12, "more than the memory"),
+    ],
+)
 def test_bad_budgets_are_refused(tiny_bd, value, words):
     with pytest.raises(InputError, match=words):
         Engine(tiny_bd, prefix_cache_mb=value)
@@ -191,7 +218,7 @@ def test_off_means_no_store(tiny_bd):
     assert Engine(tiny_bd, prefix_cache_mb=0).prefix.store is None
     assert Engine(tiny_bd).prefix.store is not None  # on by default for a block-causal model
     config = build_config("llada2", gen_length=8, block_length=4, cache="none")
-    result, = decode(tiny_bd, [SHARED, SHARED], config, store=PrefixStore(1 << 20))[:1]
+    (result,) = decode(tiny_bd, [SHARED, SHARED], config, store=PrefixStore(1 << 20))[:1]
     assert result.reused_positions == 0  # the whole window every step: no cache to take blocks into
 
 
@@ -224,8 +251,14 @@ def test_a_generate_call_that_raises_leaves_no_block_held(tiny_bd, monkeypatch):
 
     monkeypatch.setattr(Runner, "run", failing)
     with pytest.raises(RuntimeError, match="a forward failed"):
-        tiny_bd.generate([SHARED + [60, 61]], method="llada2", gen_length=16, block_length=4, early_stop=False,
-                         prefix_cache_mb=16)
+        tiny_bd.generate(
+            [SHARED + [60, 61]],
+            method="llada2",
+            gen_length=16,
+            block_length=4,
+            early_stop=False,
+            prefix_cache_mb=16,
+        )
     store = tiny_bd.prefix_store
     assert len(store) > 0 and all(b.refs == 0 for b in store.blocks.values())
     forget_store(tiny_bd)

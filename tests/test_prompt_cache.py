@@ -67,5 +67,7 @@ def test_prompt_cache_is_refused_where_it_cannot_run(dream_lm, tmp_path):
     with pytest.raises(InputError, match="cache mode 'prompt'.*family 'dream'"):
         run(dream_lm, PROMPTS[:1], "vanilla", cache="prompt")
     lm = caidllm.load(write_block_checkpoint(tmp_path / "sdar", "sdar"), device="cpu", dtype="float32")
-    with pytest.raises(InputError, match="cache mode 'prompt' needs the dkv forward .*family 'sdar'.*block-causal"):
+    with pytest.raises(
+        InputError, match="cache mode 'prompt' needs the dkv forward .*family 'sdar'.*block-causal"
+    ):
         run(lm, PROMPTS[:1], "vanilla", cache="prompt")

@@ -11,8 +11,14 @@ from helpers.decoding import PROMPTS, alone_static_joined, run
 from prophet_reference import prophet_reference
 
 PROMPTS = PROMPTS[:3]
-CASES = [((7.5, 5.0, 2.5), -5), ((0.3, 0.2, 0.1), -5), ((0.3, 0.2, 0.1), 10), ((0.15, 0.1, 0.05), 3),
-         ((1.0, 0.5, 0.1), 10), ((1.0, 0.5, 0.1), 30)]
+CASES = [
+    ((7.5, 5.0, 2.5), -5),
+    ((0.3, 0.2, 0.1), -5),
+    ((0.3, 0.2, 0.1), 10),
+    ((0.15, 0.1, 0.05), 3),
+    ((1.0, 0.5, 0.1), 10),
+    ((1.0, 0.5, 0.1), 30),
+]
 
 
 @pytest.fixture
@@ -43,8 +49,14 @@ def test_prophet_is_batch_invariant(lm):
     from caidllm.decode.presets import build_config
 
     for thresholds in [(0.3, 0.2, 0.1), (1.0, 0.5, 0.1)]:
-        config = build_config("vanilla", policy="prophet", gen_length=16, block_length=8, early_stop=False,
-                              prophet=settings(thresholds, -5))
+        config = build_config(
+            "vanilla",
+            policy="prophet",
+            gen_length=16,
+            block_length=8,
+            early_stop=False,
+            prophet=settings(thresholds, -5),
+        )
         alone, static, joined = alone_static_joined(lm, config, PROMPTS)
         assert alone == static == joined
 
@@ -62,10 +74,14 @@ def test_prophet_refuses_a_cache(lm):
     assert error.value.field == "cache"
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--method", "klass", "--set", "klass.kl_threshold=0"], "klass.kl_threshold must be a number > 0"),
-    (["--method", "prophet", "--set", "prophet.early=-1"], "prophet.early must be a number >= 0"),
-    (["--method", "prophet", "--cache", "dual"], "policy 'prophet' runs without a cache")])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--method", "klass", "--set", "klass.kl_threshold=0"], "klass.kl_threshold must be a number > 0"),
+        (["--method", "prophet", "--set", "prophet.early=-1"], "prophet.early must be a number >= 0"),
+        (["--method", "prophet", "--cache", "dual"], "policy 'prophet' runs without a cache"),
+    ],
+)
 def test_the_command_line_refuses_with_exit_2(argv, words, capsys):
     from caidllm.cli import main
 

@@ -21,7 +21,9 @@ PROMPTS = ["not ( True ) and ( True ) is", "True or False and not True is", "( F
 DECODE = dict(method="fastdllm", gen_length=32, block_length=16)
 # The CPU settings: int8 and int8-dynamic in the checkpoint's float32, int4 in bfloat16.
 SETTINGS = {"int8": "float32", "int8-dynamic": "float32", "int4": "bfloat16"}
-SMALL_RANDOM = "random:llada-8b?n_layers=2&d_model=128&n_heads=2&n_kv_heads=2&mlp_hidden_size=256&vocab_size=1024"
+SMALL_RANDOM = (
+    "random:llada-8b?n_layers=2&d_model=128&n_heads=2&n_kv_heads=2&mlp_hidden_size=256&vocab_size=1024"
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def test_quantized_tiny_decodes_text(quantized, kind):
     lm = quantized[kind]
     result = lm.generate(PROMPTS[:1], **DECODE)[0]
     assert lm.quantization == kind and result.nfe > 0
-    assert result.text.strip() and result.text == lm.decode(result.token_ids[:result.answer_length])
+    assert result.text.strip() and result.text == lm.decode(result.token_ids[: result.answer_length])
 
 
 @needs_torchao
@@ -65,8 +67,9 @@ def test_expected_weights_equal_the_loaded_ones_without_loading(quantized):
     from caidllm.models.quantize import expected_weights_bytes, weights_bytes
 
     meta = caidllm.load(SMALL_RANDOM, device="meta").model
-    assert expected_weights_bytes(meta, torch.float32) == weights_bytes(caidllm.load(SMALL_RANDOM, device="cpu",
-                                                                                     dtype="float32").model)
+    assert expected_weights_bytes(meta, torch.float32) == weights_bytes(
+        caidllm.load(SMALL_RANDOM, device="cpu", dtype="float32").model
+    )
     for kind, lm in quantized.items():
         assert expected_weights_bytes(lm.model, lm.dtype, kind) == weights_bytes(lm.model), kind
     head = caidllm.load("tiny", device="cpu", quantize="int8", quantize_head=True)
@@ -117,8 +120,10 @@ def test_random_model_quantized_as_it_is_drawn_equals_quantizing_it_afterwards()
     assert after.quantization == "int8" and weights_mb(after) < full_mb
     for a, b in zip(drawn.model.state_dict().values(), after.model.state_dict().values()):
         assert tensor_bytes(a) == tensor_bytes(b)
-        assert torch.equal(a.dequantize() if hasattr(a, "dequantize") else a,
-                           b.dequantize() if hasattr(b, "dequantize") else b)
+        assert torch.equal(
+            a.dequantize() if hasattr(a, "dequantize") else a,
+            b.dequantize() if hasattr(b, "dequantize") else b,
+        )
     ids = torch.tensor([drawn.tokenizer.encode("hello there", add_special_tokens=False)])
     assert torch.equal(drawn.logits(ids), after.logits(ids))
 
@@ -127,9 +132,22 @@ def test_random_model_quantized_as_it_is_drawn_equals_quantizing_it_afterwards()
 def test_bench_states_the_quantization_and_weights(tmp_path):
     from caidllm.bench import BenchConfig, run_bench
 
-    report = run_bench(BenchConfig(model="tiny", tasks=["synthetic:arithmetic"], methods=["fastdllm"], limit=2,
-                                     gen_length=32, block_length=16, batch_size=2, quantize="int8", device="cpu",
-                                     out=str(tmp_path), progress=False), log=lambda m: None)
+    report = run_bench(
+        BenchConfig(
+            model="tiny",
+            tasks=["synthetic:arithmetic"],
+            methods=["fastdllm"],
+            limit=2,
+            gen_length=32,
+            block_length=16,
+            batch_size=2,
+            quantize="int8",
+            device="cpu",
+            out=str(tmp_path),
+            progress=False,
+        ),
+        log=lambda m: None,
+    )
     s, row = report["settings"], report["results"][0]
     assert (s["quantization"], s["quantized_head"]) == ("int8", False) and s["torchao"]
     assert row["weights_mb"] == pytest.approx(s["weights_mb"], abs=1e-3) and row["weights_mb"] < 10
@@ -145,15 +163,35 @@ def test_server_reports_the_quantization(quantized):
     from caidllm.serve.app import ServerConfig, create_app
     from caidllm.serve.protocol import ServerDefaults
 
-    app = create_app(quantized["int8"], ServerConfig(defaults=ServerDefaults(model_name="tiny")), engine_thread=False)
+    app = create_app(
+        quantized["int8"], ServerConfig(defaults=ServerDefaults(model_name="tiny")), engine_thread=False
+    )
     model = TestClient(app).get("/v1/models").json()["data"][0]
     assert (model["quantization"], model["dtype"]) == ("int8", "float32") and model["weights_mb"] < 10
 
 
 @needs_torchao
 def test_cli_generate_with_quantize(capsys):
-    assert main(["generate", PROMPTS[0], "--device", "cpu", "--quantize", "int8", "--gen-length", "32",
-                 "--block-length", "16", "--method", "fastdllm", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                PROMPTS[0],
+                "--device",
+                "cpu",
+                "--quantize",
+                "int8",
+                "--gen-length",
+                "32",
+                "--block-length",
+                "16",
+                "--method",
+                "fastdllm",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out.splitlines()[0])["text"].strip()
 
 
@@ -168,12 +206,21 @@ def _no_model_load(monkeypatch):
     monkeypatch.setattr("caidllm.models.random_init.materialise", fail)
 
 
-@pytest.mark.parametrize("kind, dtype, match", [
-    ("int3", None, "unknown quantization 'int3'; expected one of int8, int8-dynamic, int4, fp8"),
-    ("fp8", "bfloat16", "quantization 'fp8' cannot run on cpu: caidllm runs it on cuda devices only"),
-    ("int4", "float32", "quantization 'int4' runs its kernels in bfloat16; the model would load as float32"),
-])
-def test_a_quantization_the_device_cannot_run_fails_before_the_model_loads(monkeypatch, capsys, kind, dtype, match):
+@pytest.mark.parametrize(
+    "kind, dtype, match",
+    [
+        ("int3", None, "unknown quantization 'int3'; expected one of int8, int8-dynamic, int4, fp8"),
+        ("fp8", "bfloat16", "quantization 'fp8' cannot run on cpu: caidllm runs it on cuda devices only"),
+        (
+            "int4",
+            "float32",
+            "quantization 'int4' runs its kernels in bfloat16; the model would load as float32",
+        ),
+    ],
+)
+def test_a_quantization_the_device_cannot_run_fails_before_the_model_loads(
+    monkeypatch, capsys, kind, dtype, match
+):
     _no_model_load(monkeypatch)
     with pytest.raises(InputError, match=match):
         caidllm.load("tiny", device="cpu", dtype=dtype, quantize=kind)
@@ -213,7 +260,9 @@ def test_quantizing_an_already_quantized_model_is_an_error(quantized, tmp_path, 
     folder = tmp_path / "gptq"
     shutil.copytree(caidllm.models.loading.EMBEDDED["tiny"], folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq"}}))
+    (folder / "config.json").write_text(
+        json.dumps({**config, "quantization_config": {"quant_method": "gptq"}})
+    )
     with pytest.raises(CaidllmError, match="already quantized checkpoint .*gptq"):
         caidllm.load(str(folder), device="cpu", quantize="int8")
     assert main(["generate", "hi", "--model", str(folder), "--device", "cpu", "--quantize", "int8"]) == 2
@@ -229,13 +278,16 @@ def test_compile_with_a_quantization_torch_cannot_compile_fails_before_the_model
             if any(hasattr(a, "__tensor_flatten__") for a in args):
                 raise RuntimeError("cannot trace this tensor subclass")
             return fn(*args)
+
         return run
 
     compiled.compiled_kernels.cache_clear()
     compiled.check_quantized_compile.cache_clear()
     monkeypatch.setattr(torch, "compile", no_subclasses)
     _no_model_load(monkeypatch)
-    with pytest.raises(InputError, match="--compile with --quantize int8: torch .* cannot compile torchao's int8"):
+    with pytest.raises(
+        InputError, match="--compile with --quantize int8: torch .* cannot compile torchao's int8"
+    ):
         caidllm.load("tiny", device="cpu", quantize="int8", compile=True)
     assert main(["generate", "hi", "--device", "cpu", "--quantize", "int8", "--compile"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
@@ -243,18 +295,23 @@ def test_compile_with_a_quantization_torch_cannot_compile_fails_before_the_model
     compiled.check_quantized_compile.cache_clear()
 
 
-@pytest.mark.parametrize("argv", [
-    ["generate", "hi"],
-    ["bench", "--task", "synthetic:arithmetic", "--limit", "2"],
-    ["calibrate", "--task", "synthetic:arithmetic", "--limit", "2", "--out", "{tmp}/settings.json"],
-    ["serve", "--port", "0"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "hi"],
+        ["bench", "--task", "synthetic:arithmetic", "--limit", "2"],
+        ["calibrate", "--task", "synthetic:arithmetic", "--limit", "2", "--out", "{tmp}/settings.json"],
+        ["serve", "--port", "0"],
+    ],
+)
 def test_every_command_takes_quantize_and_names_a_bad_value(monkeypatch, capsys, tmp_path, argv):
     _no_model_load(monkeypatch)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert main(argv + ["--device", "cpu", "--quantize", "int3"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert errors == ["caidllm: error: unknown quantization 'int3'; expected one of int8, int8-dynamic, int4, fp8"]
+    assert errors == [
+        "caidllm: error: unknown quantization 'int3'; expected one of int8, int8-dynamic, int4, fp8"
+    ]
 
 
 @needs_torchao
@@ -282,8 +339,10 @@ def test_a_torchao_without_the_config_is_a_clear_error(monkeypatch):
 def test_mixture_of_experts_quantizes_its_experts_and_keeps_its_router():
     from caidllm.models.moe import Router
 
-    name = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
-            "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512")
+    name = (
+        "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+        "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512"
+    )
     lm = caidllm.load(name, device="cpu", dtype="float32", quantize="int8")
     layers = list(lm.model.model.layers)
     linears = [m for layer in layers for m in layer.modules() if isinstance(m, nn.Linear)]
@@ -297,7 +356,9 @@ def test_mixture_of_experts_quantizes_its_experts_and_keeps_its_router():
 def test_caidllm_models_gives_the_quantized_weights_a_load_would_hold(capsys):
     from caidllm.models.quantize import weights_bytes
 
-    assert main(["models", "--model", SMALL_RANDOM, "--dtype", "float32", "--quantize", "int8", "--json"]) == 0
+    assert (
+        main(["models", "--model", SMALL_RANDOM, "--dtype", "float32", "--quantize", "int8", "--json"]) == 0
+    )
     memory = json.loads(capsys.readouterr().out)
     loaded = caidllm.load(SMALL_RANDOM, device="cpu", dtype="float32", quantize="int8")
     assert memory["quantization"] == "int8" and memory["weights_bytes"] == weights_bytes(loaded.model)

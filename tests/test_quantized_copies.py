@@ -27,8 +27,10 @@ LOADED = {  # (name, dtype, quantize, quantize_head)
     "moe-int4": ("tiny-moe", "bfloat16", "int4", False),
 }
 DENSE = "random:llada-8b?n_layers=2&d_model=64&n_heads=2&n_kv_heads=2&mlp_hidden_size=128&vocab_size=512"
-MOE = ("random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
-       "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512")
+MOE = (
+    "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+    "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512"
+)
 RANDOM = {  # (shape, dtype, quantize, quantize_head, block length): one draw's state loads into another's
     "int8-dynamic": (DENSE, torch.float32, "int8-dynamic", True, 8),
     "int4": (DENSE, torch.bfloat16, "int4", True, 8),
@@ -85,7 +87,9 @@ def test_a_packed_weight_saves_its_int8_values_and_scales_and_repacks():
     expected = linear(x)
     for twin in (copy.deepcopy(linear), saved_and_loaded(linear, weights_only=False)):
         w = twin.weight
-        assert isinstance(w, kernels().OnednnInt8Weight) and isinstance(w, nn.Parameter) and not w.requires_grad
+        assert (
+            isinstance(w, kernels().OnednnInt8Weight) and isinstance(w, nn.Parameter) and not w.requires_grad
+        )
         assert torch.equal(w.int8_data(), qdata) and torch.equal(w.scale, scale.reshape(-1).float())
         assert w.packed is not linear.weight.packed and torch.equal(twin(x), expected)
         assert w.scale.data_ptr() != linear.weight.scale.data_ptr()  # the copy's own scales
@@ -96,7 +100,9 @@ def test_deepcopy_gives_the_same_logits_and_tokens(loaded):
     twin = copy.deepcopy(loaded)
     assert twin.model is not loaded.model and quant.is_quantized(twin.model)
     assert len(packed_weights(twin.model)) == len(packed_weights(loaded.model))
-    assert not {id(w.packed) for w in packed_weights(twin.model)} & {id(w.packed) for w in packed_weights(loaded.model)}
+    assert not {id(w.packed) for w in packed_weights(twin.model)} & {
+        id(w.packed) for w in packed_weights(loaded.model)
+    }
     ids = ids_of(loaded)
     assert torch.equal(twin.logits(ids), loaded.logits(ids))
     alone = [twin.generate([p], **DECODE)[0].token_ids for p in PROMPTS]
@@ -106,7 +112,9 @@ def test_deepcopy_gives_the_same_logits_and_tokens(loaded):
 
 def test_torch_save_of_the_module_gives_the_same_logits(loaded):
     twin = with_model(loaded, saved_and_loaded(loaded.model, weights_only=False))
-    assert quant.is_quantized(twin.model) and len(packed_weights(twin.model)) == len(packed_weights(loaded.model))
+    assert quant.is_quantized(twin.model) and len(packed_weights(twin.model)) == len(
+        packed_weights(loaded.model)
+    )
     ids = ids_of(loaded)
     assert torch.equal(twin.logits(ids), loaded.logits(ids))
     assert quant.weights_bytes(twin.model) == quant.weights_bytes(loaded.model)
@@ -116,8 +124,10 @@ def test_torch_save_of_the_module_gives_the_same_logits(loaded):
 def test_a_state_dict_loads_into_a_freshly_quantized_model(kind):
     kernels()
     shape, dtype, quantize, head, block = RANDOM[kind]
-    source, target = (build_random(shape, torch.device("cpu"), dtype, seed=seed, quantize=quantize,
-                                   quantize_head=head) for seed in (0, 1))
+    source, target = (
+        build_random(shape, torch.device("cpu"), dtype, seed=seed, quantize=quantize, quantize_head=head)
+        for seed in (0, 1)
+    )
     ids = torch.arange(3, 19).reshape(2, 8)
     assert not torch.equal(target.logits(ids), source.logits(ids))
     state = saved_and_loaded(source.model.state_dict())  # torch.load's default: weights_only=True
@@ -136,8 +146,12 @@ def test_the_model_holds_one_form_of_each_weight(loaded):
     for w in packed_weights(loaded.model):
         names, _ = w.__tensor_flatten__()
         assert names == ["packed", "scale"] and quant.tensor_bytes(w) == w.numel() + 4 * w.shape[0]
-    assert not any(isinstance(v, torch.Tensor) for w in packed_weights(loaded.model) for v in w.__dict__.values()
-                   if v is not w.packed and v is not w.scale)
+    assert not any(
+        isinstance(v, torch.Tensor)
+        for w in packed_weights(loaded.model)
+        for v in w.__dict__.values()
+        if v is not w.packed and v is not w.scale
+    )
 
 
 def test_torchaos_int8_dynamic_state_loads_into_a_packed_model_and_other_forms_are_refused():
@@ -154,8 +168,11 @@ def test_torchaos_int8_dynamic_state_loads_into_a_packed_model_and_other_forms_a
     packed.model.load_state_dict(torchao.model.state_dict())
     assert len(packed_weights(packed.model)) > 0 and torch.equal(packed.logits(ids), expected)
     full = build_random(shape, cpu, dtype, seed=0)
-    with pytest.raises(RuntimeError, match=r"cannot copy a packed int8-dynamic weight \[64, 64\] into a "
-                                           r"Parameter of torch.float32 \[64, 64\]"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"cannot copy a packed int8-dynamic weight \[64, 64\] into a "
+        r"Parameter of torch.float32 \[64, 64\]",
+    ):
         full.model.load_state_dict(packed.model.state_dict())
     with pytest.raises(RuntimeError, match=r"cannot copy a Tensor of torch.float32 \[64, 64\] into a packed"):
         packed.model.load_state_dict(build_random(shape, cpu, dtype, seed=2).model.state_dict())
@@ -171,16 +188,24 @@ class Crafted:
         return kernels().repacked, self.args
 
 
-
 QDATA = torch.randint(-128, 128, (40, 96), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
 CRAFTED = {  # what a file gives repacked -> the refusal naming its problem
-    "short scales": ((QDATA, torch.ones(3), torch.float32, {}),
-                     r"its scales are a Tensor of torch.float32 \[3\], not 40 floats"),
-    "integer dtype": ((QDATA, torch.ones(40), torch.int64, {}), "its activation dtype torch.int64 is not a floating"),
-    "a tensor over its packing": ((QDATA, torch.ones(40), torch.float32, {"packed": torch.zeros(2, 2)}),
-                                  r"its other attributes \['packed'\] are not plain marks"),
-    "float weight": ((QDATA.float(), torch.ones(40), torch.float32, {}),
-                     r"its weight is a Tensor of torch.float32 \[40, 96\], not a 2-D int8 tensor"),
+    "short scales": (
+        (QDATA, torch.ones(3), torch.float32, {}),
+        r"its scales are a Tensor of torch.float32 \[3\], not 40 floats",
+    ),
+    "integer dtype": (
+        (QDATA, torch.ones(40), torch.int64, {}),
+        "its activation dtype torch.int64 is not a floating",
+    ),
+    "a tensor over its packing": (
+        (QDATA, torch.ones(40), torch.float32, {"packed": torch.zeros(2, 2)}),
+        r"its other attributes \['packed'\] are not plain marks",
+    ),
+    "float weight": (
+        (QDATA.float(), torch.ones(40), torch.float32, {}),
+        r"its weight is a Tensor of torch.float32 \[40, 96\], not a 2-D int8 tensor",
+    ),
 }
 
 
@@ -191,7 +216,9 @@ def test_a_file_loaded_with_weights_only_builds_only_a_well_formed_packed_weight
     args, problem = CRAFTED[kind]
     with pytest.raises(ValueError, match="cannot rebuild a saved packed int8-dynamic weight: " + problem):
         saved_and_loaded({"w": Crafted(*args)})
-    good = saved_and_loaded({"w": Crafted(QDATA, torch.rand(40) + 0.1, torch.float32, {"_is_param": True})})["w"]
+    good = saved_and_loaded({"w": Crafted(QDATA, torch.rand(40) + 0.1, torch.float32, {"_is_param": True})})[
+        "w"
+    ]
     assert isinstance(good, nn.Parameter) and torch.equal(good.int8_data(), QDATA)
 
 
@@ -211,9 +238,15 @@ def test_a_packed_state_loads_into_torchaos_tensors(kind):
     before = quant.weights_bytes(target.model)
     result = target.model.load_state_dict(saved_and_loaded(source.model.state_dict()))
     assert not result.missing_keys and not result.unexpected_keys and not packed_weights(target.model)
-    unpacked_source = build_random(shape, cpu, dtype, seed=0, quantize=quantize, quantize_head=head, pack=False)
-    assert torch.equal(target.logits(ids), unpacked_source.logits(ids))  # torchao's kernel, the source's weights
+    unpacked_source = build_random(
+        shape, cpu, dtype, seed=0, quantize=quantize, quantize_head=head, pack=False
+    )
+    assert torch.equal(
+        target.logits(ids), unpacked_source.logits(ids)
+    )  # torchao's kernel, the source's weights
     assert quant.weights_bytes(target.model) == before
     weight_only = build_random(shape, cpu, dtype, seed=1, quantize="int8", quantize_head=head)
-    with pytest.raises(RuntimeError, match=r"cannot copy a packed int8-dynamic weight \[\d+, \d+\] into a Int8Tensor"):
+    with pytest.raises(
+        RuntimeError, match=r"cannot copy a packed int8-dynamic weight \[\d+, \d+\] into a Int8Tensor"
+    ):
         weight_only.model.load_state_dict(source.model.state_dict())

@@ -29,9 +29,14 @@ def run_chunks(tmp_path, chunks):
     fake.write_text(FAKE_CAIDLLM)
     fake.chmod(0o755)
     (tmp_path / "chunks.txt").write_text("\n".join(chunks) + "\n")
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CHUNKS": str(tmp_path / "chunks.txt")}
-    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "run")], env=env, capture_output=True, text=True,
-                          timeout=30)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "CHUNKS": str(tmp_path / "chunks.txt"),
+    }
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=30
+    )
     return done.returncode, int((tmp_path / "run" / "chunks").read_text()), done.stderr
 
 
@@ -40,14 +45,19 @@ def test_it_resumes_until_the_log_ends_on_the_final_validation(tmp_path):
 
 
 def test_it_resumes_a_run_that_still_has_steps_after_each_time_limit(tmp_path):
-    chunks = [STOPPED_20, '{"event": "resumed", "step": 20}|{"event": "time limit reached", "step": 21}',
-              '{"event": "resumed", "step": 21}|{"step": 40, "facts": 0.0, "validation": {}}']
+    chunks = [
+        STOPPED_20,
+        '{"event": "resumed", "step": 20}|{"event": "time limit reached", "step": 21}',
+        '{"event": "resumed", "step": 21}|{"step": 40, "facts": 0.0, "validation": {}}',
+    ]
     assert run_chunks(tmp_path, chunks)[:2] == (0, 3)
 
 
 def test_it_stops_when_a_chunk_trains_no_step(tmp_path):
     """The old trainer logged the time limit after a finished run's validation: the next chunk only resumed."""
-    finished_then_limit = '{"step": 40, "facts": 0.0, "validation": {}}|{"event": "time limit reached", "step": 40}'
+    finished_then_limit = (
+        '{"step": 40, "facts": 0.0, "validation": {}}|{"event": "time limit reached", "step": 40}'
+    )
     code, chunks, stderr = run_chunks(tmp_path, [finished_then_limit, '{"event": "resumed", "step": 40}'])
     assert (code, chunks) == (1, 2) and "trained no step" in stderr
 

@@ -26,14 +26,21 @@ def client(server):
 
 def test_chat_matches_generate_and_stream_matches_whole(client, tiny):
     (want,) = tiny.generate([PROMPT], method="cai", **SETTINGS)
-    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
-                                       extra_body={"method": "cai", **SETTINGS})
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPT}], extra_body={"method": "cai", **SETTINGS}
+    )
     assert r.choices[0].message.content == want.text and r.choices[0].finish_reason == "stop"
     assert r.usage.completion_tokens == want.answer_length
     assert r.model_extra["caidllm"]["nfe"] == want.nfe and r.model_extra["caidllm"]["method"] == "cai"
-    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}],
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"method": "cai", **SETTINGS}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": PROMPT}],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"method": "cai", **SETTINGS},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == want.text
     assert chunks[-1].usage.completion_tokens == want.answer_length and not chunks[-1].choices
@@ -43,19 +50,26 @@ def test_completion_raw_prompt_streamed_and_not(client, tiny):
     (want,) = tiny.generate([PROMPT], method="vanilla", chat=False, **SETTINGS)
     r = client.completions.create(model="tiny", prompt=PROMPT, extra_body={"method": "vanilla", **SETTINGS})
     assert r.choices[0].text == want.text
-    stream = client.completions.create(model="tiny", prompt=PROMPT, stream=True,
-                                       extra_body={"method": "vanilla", **SETTINGS})
+    stream = client.completions.create(
+        model="tiny", prompt=PROMPT, stream=True, extra_body={"method": "vanilla", **SETTINGS}
+    )
     assert "".join(c.choices[0].text for c in stream if c.choices) == want.text
 
 
 def test_extension_fields_change_the_method(client):
     messages = [{"role": "user", "content": PROMPT}]
     fast = client.chat.completions.create(model="tiny", messages=messages, extra_body={"method": "fastdllm"})
-    slow = client.chat.completions.create(model="tiny", messages=messages, max_tokens=64,
-                                          extra_body={"method": "vanilla", "block_length": 32})
-    assert fast.model_extra["caidllm"]["method"] == "fastdllm" and slow.model_extra["caidllm"]["method"] == "vanilla"
+    slow = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=64, extra_body={"method": "vanilla", "block_length": 32}
+    )
+    assert (
+        fast.model_extra["caidllm"]["method"] == "fastdllm"
+        and slow.model_extra["caidllm"]["method"] == "vanilla"
+    )
     assert slow.model_extra["caidllm"]["nfe"] > fast.model_extra["caidllm"]["nfe"]
-    assert slow.model_extra["caidllm"]["gen_length"] == 64 and slow.model_extra["caidllm"]["block_length"] == 32
+    assert (
+        slow.model_extra["caidllm"]["gen_length"] == 64 and slow.model_extra["caidllm"]["block_length"] == 32
+    )
 
 
 def test_models_and_health(client, server):
@@ -66,21 +80,31 @@ def test_models_and_health(client, server):
 def test_stop_strings_and_max_tokens(client, tiny):
     (want,) = tiny.generate([PROMPT], method="cai", **SETTINGS)
     messages = [{"role": "user", "content": PROMPT}]
-    cut = client.chat.completions.create(model="tiny", messages=messages, stop=["\n"],
-                                         extra_body={"method": "cai", **SETTINGS})
-    assert cut.choices[0].message.content == want.text.split("\n")[0] and cut.choices[0].finish_reason == "stop"
-    streamed = client.chat.completions.create(model="tiny", messages=messages, stop="= False", stream=True,
-                                              extra_body={"method": "cai", **SETTINGS})
+    cut = client.chat.completions.create(
+        model="tiny", messages=messages, stop=["\n"], extra_body={"method": "cai", **SETTINGS}
+    )
+    assert (
+        cut.choices[0].message.content == want.text.split("\n")[0] and cut.choices[0].finish_reason == "stop"
+    )
+    streamed = client.chat.completions.create(
+        model="tiny", messages=messages, stop="= False", stream=True, extra_body={"method": "cai", **SETTINGS}
+    )
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == want.text.split("= False")[0]
-    short = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5,
-                                           extra_body={"method": "cai", **SETTINGS})
+    short = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, extra_body={"method": "cai", **SETTINGS}
+    )
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 5
     assert short.choices[0].message.content == tiny.decode(want.token_ids[:5])
 
 
 def test_commit_events_on_request(server):
-    body = {"messages": [{"role": "user", "content": PROMPT}], "stream": True, "commit_events": True,
-            "method": "vanilla", **SETTINGS}
+    body = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream": True,
+        "commit_events": True,
+        "method": "vanilla",
+        **SETTINGS,
+    }
     events = []
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
@@ -91,22 +115,35 @@ def test_commit_events_on_request(server):
     assert all(0 <= e["s_i"] <= 1 and 0 <= e["step"] < 16 for e in events)
 
 
-@pytest.mark.parametrize("body, status, param, words", [
-    ({"method": "turbo"}, 400, "method", "unknown method 'turbo'"),
-    ({"gen_length": 40, "block_length": 16}, 400, "gen_length", "multiple of block_length"),
-    ({"n": 2}, 400, "n", "n=2 is not supported"),
-    ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "integer in [0, 20]"),  # answered since #44
-    ({"top_p": 0.5}, 400, "top_p", "not supported"),
-    ({"tools": [{"type": "function"}]}, 400, "tools", "tools[0] must be"),  # tools are answered since #44
-    ({"messages": []}, 400, "messages", "non-empty list"),
-    ({"messages": [{"role": "user", "content": "x " * 2000}]}, 400, "messages", "exceeds the model's context"),
-    ({"max_tokens": "ten"}, 400, "max_tokens", "positive integer"),
-    ({"temperature": "hot"}, 400, "temperature", "number"),
-    ({"stream": "yes"}, 400, "stream", "true or false"),
-    ({"max_tokens": 100, "gen_length": 64}, 400, "max_tokens", "exceeds gen_length"),
-    ({"frobnicate": 1}, 400, "frobnicate", "unknown field"),
-    ({"model": "gpt-4"}, 404, "model", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "body, status, param, words",
+    [
+        ({"method": "turbo"}, 400, "method", "unknown method 'turbo'"),
+        ({"gen_length": 40, "block_length": 16}, 400, "gen_length", "multiple of block_length"),
+        ({"n": 2}, 400, "n", "n=2 is not supported"),
+        (
+            {"logprobs": True, "top_logprobs": 21},
+            400,
+            "top_logprobs",
+            "integer in [0, 20]",
+        ),  # answered since #44
+        ({"top_p": 0.5}, 400, "top_p", "not supported"),
+        ({"tools": [{"type": "function"}]}, 400, "tools", "tools[0] must be"),  # tools are answered since #44
+        ({"messages": []}, 400, "messages", "non-empty list"),
+        (
+            {"messages": [{"role": "user", "content": "x " * 2000}]},
+            400,
+            "messages",
+            "exceeds the model's context",
+        ),
+        ({"max_tokens": "ten"}, 400, "max_tokens", "positive integer"),
+        ({"temperature": "hot"}, 400, "temperature", "number"),
+        ({"stream": "yes"}, 400, "stream", "true or false"),
+        ({"max_tokens": 100, "gen_length": 64}, 400, "max_tokens", "exceeds gen_length"),
+        ({"frobnicate": 1}, 400, "frobnicate", "unknown field"),
+        ({"model": "gpt-4"}, 404, "model", "does not exist"),
+    ],
+)
 def test_bad_requests(server, body, status, param, words):
     payload = {"messages": [{"role": "user", "content": PROMPT}], **body}
     r = httpx.post(f"{server.url}/v1/chat/completions", json=payload, timeout=30)
@@ -116,7 +153,9 @@ def test_bad_requests(server, body, status, param, words):
 
 
 def test_malformed_json_and_unknown_route(server):
-    r = httpx.post(f"{server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.post(f"{server.url}/v1/completions", json={"prompt": ""})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
@@ -126,26 +165,33 @@ def test_malformed_json_and_unknown_route(server):
 def test_several_prompts_are_several_choices(client, tiny):
     prompts = [PROMPT, "7 + 5 * 3 ="]
     want = tiny.generate(prompts, method="cai", chat=False, **SETTINGS)
-    r = client.completions.create(model="tiny", prompt=prompts, user="someone", extra_body={"method": "cai", **SETTINGS})
+    r = client.completions.create(
+        model="tiny", prompt=prompts, user="someone", extra_body={"method": "cai", **SETTINGS}
+    )
     assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == [w.text for w in want]
     assert r.usage.completion_tokens == sum(w.answer_length for w in want)
     texts = ["", ""]
-    for chunk in client.completions.create(model="tiny", prompt=prompts, stream=True,
-                                           extra_body={"method": "cai", **SETTINGS}):
+    for chunk in client.completions.create(
+        model="tiny", prompt=prompts, stream=True, extra_body={"method": "cai", **SETTINGS}
+    ):
         for c in chunk.choices:
             texts[c.index] += c.text
     assert texts == [w.text for w in want]
 
 
 def test_stream_options_need_stream(server):
-    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, "stream_options": {"include_usage": True}})
+    r = httpx.post(
+        f"{server.url}/v1/completions", json={"prompt": PROMPT, "stream_options": {"include_usage": True}}
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
 
 
 def test_api_key(tiny):
     with start(tiny, api_key="sekret") as s:
         assert httpx.get(f"{s.url}/health").status_code == 200  # open
-        assert httpx.get(f"{s.url}/").status_code == 200  # the live view's page is open too (no secrets in it)
+        assert (
+            httpx.get(f"{s.url}/").status_code == 200
+        )  # the live view's page is open too (no secrets in it)
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = httpx.get(f"{s.url}/v1/models", headers=headers)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
@@ -172,7 +218,9 @@ def test_overload_gets_429_and_the_server_recovers(tiny):
 
         async def burst():
             async with httpx.AsyncClient(timeout=120) as h:
-                return await asyncio.gather(*(h.post(f"{s.url}/v1/completions", json=body) for _ in range(12)))
+                return await asyncio.gather(
+                    *(h.post(f"{s.url}/v1/completions", json=body) for _ in range(12))
+                )
 
         responses = asyncio.run(burst())
         statuses = sorted(r.status_code for r in responses)
@@ -204,8 +252,10 @@ def test_disconnect_cancels_the_request(server):
         next(r.iter_lines())  # the first chunk came: the request is decoding; drop the connection
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if (metric(server.url, 'caidllm_requests_total{outcome="cancelled"}') == before + 1
-                and metric(server.url, "caidllm_rows_in_flight") == 0):
+        if (
+            metric(server.url, 'caidllm_requests_total{outcome="cancelled"}') == before + 1
+            and metric(server.url, "caidllm_rows_in_flight") == 0
+        ):
             break
         time.sleep(0.1)
     assert metric(server.url, 'caidllm_requests_total{outcome="cancelled"}') == before + 1

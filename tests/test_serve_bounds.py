@@ -41,8 +41,9 @@ def server(tiny):
 def health_beside(url: str, *actions):
     """Run the actions in threads while /health is polled; (their results, the slowest /health in s)."""
     results, worst = [None] * len(actions), 0.0
-    threads = [threading.Thread(target=lambda i=i, a=a: results.__setitem__(i, a()))
-               for i, a in enumerate(actions)]
+    threads = [
+        threading.Thread(target=lambda i=i, a=a: results.__setitem__(i, a())) for i, a in enumerate(actions)
+    ]
     with httpx.Client(timeout=30) as client:
         client.get(f"{url}/health")  # the connection is open before the timing starts
         for t in threads:
@@ -66,7 +67,9 @@ def post(url: str, body) -> httpx.Response:
 def test_stop_strings_hold_back_what_brute_force_holds_back():
     rng = random.Random(0)
     for _ in range(3000):
-        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 4))]
+        stops = [
+            "".join(rng.choice("ab") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 4))
+        ]
         text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 12)))
         matcher = StopStrings(stops)
         want_cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
@@ -92,14 +95,19 @@ def test_tokens_covering_a_cut_are_found_by_bisection(tiny):
         assert _tokens_covering(tiny, ids, length) == (len(ids) if len(text) <= length else linear)
 
 
-@pytest.mark.parametrize("stop, words", [
-    (["x" * 300_000], "characters"),  # the issue's 300 KB case: once 13 s of a frozen server
-    (["x" * (MAX_STOP_CHARS + 1)], f"at most {MAX_STOP_CHARS}"),
-    (["a"] * (MAX_STOP_SEQUENCES + 1), f"at most {MAX_STOP_SEQUENCES}"),
-])
+@pytest.mark.parametrize(
+    "stop, words",
+    [
+        (["x" * 300_000], "characters"),  # the issue's 300 KB case: once 13 s of a frozen server
+        (["x" * (MAX_STOP_CHARS + 1)], f"at most {MAX_STOP_CHARS}"),
+        (["a"] * (MAX_STOP_SEQUENCES + 1), f"at most {MAX_STOP_SEQUENCES}"),
+    ],
+)
 def test_stop_strings_past_the_limits_are_refused(server, stop, words):
-    (r,), worst = health_beside(server.url, lambda: post(server.url, {"prompt": "2 + 2 =", "max_tokens": 64,
-                                                                       "block_length": 8, "stop": stop}))
+    (r,), worst = health_beside(
+        server.url,
+        lambda: post(server.url, {"prompt": "2 + 2 =", "max_tokens": 64, "block_length": 8, "stop": stop}),
+    )
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "stop" and words in error["message"], error
     assert worst < HEALTH_LIMIT_S, worst
@@ -124,8 +132,9 @@ def test_sixteen_255_kb_stop_strings_leave_the_server_answering(server):
     # The 16 clients in a process of their own: in this one their threads would share the interpreter
     # with the server's event loop and time the clients' turns, not the server's.
     def senders():
-        done = subprocess.run([sys.executable, "-c", SIXTEEN_SENDERS, server.url], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", SIXTEEN_SENDERS, server.url], capture_output=True, text=True, timeout=120
+        )
         return json.loads(done.stdout)
 
     (results,), worst = health_beside(server.url, senders)
@@ -140,7 +149,9 @@ def test_sixteen_requests_at_the_stop_limit_decode_beside_a_fast_health(server):
     alone = post(server.url, {k: v for k, v in body.items() if k != "stop"}).json()["choices"][0]["text"]
     results, worst = health_beside(server.url, *[lambda: post(server.url, body)] * 16)
     assert all(r.status_code == 200 and r.json()["choices"][0]["text"] == alone for r in results)
-    print(f"16 requests, 4 stop strings of {MAX_STOP_CHARS} characters: slowest /health {worst * 1000:.0f} ms")
+    print(
+        f"16 requests, 4 stop strings of {MAX_STOP_CHARS} characters: slowest /health {worst * 1000:.0f} ms"
+    )
     assert worst < HEALTH_LIMIT_S, worst
 
 
@@ -151,16 +162,31 @@ def _messages(n: int) -> list[dict]:
 # Each field at (or just past) its limit in a body over INLINE_PARSE_BYTES (measured from its bytes):
 # the status, the param.
 AT_LIMIT = {
-    "unknown field, a 4 MB list": ('{"prompt": "hi", "numbers": [' + "7," * 1_900_000 + "7]}", 400, "numbers"),
-    "logit_bias past 256 entries": ({"prompt": "hi", "logit_bias": {str(i): 1 for i in range(300_000)}}, 400,
-                                    "logit_bias"),
+    "unknown field, a 4 MB list": (
+        '{"prompt": "hi", "numbers": [' + "7," * 1_900_000 + "7]}",
+        400,
+        "numbers",
+    ),
+    "logit_bias past 256 entries": (
+        {"prompt": "hi", "logit_bias": {str(i): 1 for i in range(300_000)}},
+        400,
+        "logit_bias",
+    ),
     "messages past 8 x context values": ({"messages": _messages(100_000)}, 400, "messages"),
     "a setting past 16 KB": ({"prompt": "hi", "user": "u" * 100_000}, 400, "user"),
-    "tools past 16,384 values": ({"messages": [{"role": "user", "content": "hi"}],
-                                  "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(9000)]},
-                                 400, "tools"),
-    "token-id lists at the context": (json.dumps({"prompt": [[600] * 1000] * 6, "max_tokens": 4, **FAST}, indent=12),
-                                      200, None),
+    "tools past 16,384 values": (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(9000)],
+        },
+        400,
+        "tools",
+    ),
+    "token-id lists at the context": (
+        json.dumps({"prompt": [[600] * 1000] * 6, "max_tokens": 4, **FAST}, indent=12),
+        200,
+        None,
+    ),
     "a prompt text at its limit": ({"prompt": "a " * 38_000, "max_tokens": 4, **FAST}, 400, "prompt"),
 }
 
@@ -170,12 +196,16 @@ def test_each_field_at_its_limit_leaves_health_fast(server, case):
     body, status, param = AT_LIMIT[case]
     content = body if isinstance(body, str) else json.dumps(body)
     assert len(content) > INLINE_PARSE_BYTES  # measured from the bytes before parsing
-    (r,), worst = health_beside(server.url, lambda: post(server.url, body if not isinstance(body, str) else content))
+    (r,), worst = health_beside(
+        server.url, lambda: post(server.url, body if not isinstance(body, str) else content)
+    )
     assert r.status_code == status, r.text
     if param is not None:
         assert r.json()["error"]["param"] == param, r.text
-    print(f"{case}: {len(content) / 1e6:.2f} MB, answered in {r.elapsed.total_seconds() * 1000:.0f} ms, "
-          f"slowest /health {worst * 1000:.0f} ms")
+    print(
+        f"{case}: {len(content) / 1e6:.2f} MB, answered in {r.elapsed.total_seconds() * 1000:.0f} ms, "
+        f"slowest /health {worst * 1000:.0f} ms"
+    )
     assert worst < HEALTH_LIMIT_S, worst
 
 
@@ -203,31 +233,40 @@ def test_a_half_closed_client_is_taken_as_gone(server):
     host, port = server.url.removeprefix("http://").split(":")
     body = json.dumps({"prompt": PROMPT, **FAST}).encode()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         sock.shutdown(socket.SHUT_WR)
         assert sock.recv(65536) == b""  # closed without an answer
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert post(server.url, {"prompt": PROMPT, **FAST}).status_code == 200
 
 
-@pytest.mark.parametrize("text, counts", [
-    ('{"a": "x,y]\\"}", "b": [1, [2, 3], {"c": "d,e"}], "n": -1.5e3, "t": true, "z": null, "o": {}}',
-     {"a": 1, "b": 6, "n": 1, "t": 1, "z": 1, "o": 1}),
-    (' { } ', {}),
-    ('{"a": 1, "a": [1, 2]}', {"a": 2}),  # repeated: json.loads keeps the last
-])
+@pytest.mark.parametrize(
+    "text, counts",
+    [
+        (
+            '{"a": "x,y]\\"}", "b": [1, [2, 3], {"c": "d,e"}], "n": -1.5e3, "t": true, "z": null, "o": {}}',
+            {"a": 1, "b": 6, "n": 1, "t": 1, "z": 1, "o": 1},
+        ),
+        (" { } ", {}),
+        ('{"a": 1, "a": [1, 2]}', {"a": 2}),  # repeated: json.loads keeps the last
+    ],
+)
 def test_top_level_fields_are_counted_from_the_text(text, counts):
     from caidllm.serve.body_fields import top_level_fields
 
     found = {}
     for key, span in top_level_fields(text):
         found[key] = span.values
-        assert json.loads(text[span.start:span.end]) is not ...  # each span is one whole JSON value
+        assert json.loads(text[span.start : span.end]) is not ...  # each span is one whole JSON value
     assert found == counts
 
 
-@pytest.mark.parametrize("text", ['[1, 2]', '{"a": 1} x', '{"a": [1, 2}', '{"a" 1}', '{"a": "open}', '{a: 1}'])
+@pytest.mark.parametrize(
+    "text", ["[1, 2]", '{"a": 1} x', '{"a": [1, 2}', '{"a" 1}', '{"a": "open}', "{a: 1}"]
+)
 def test_a_body_that_is_not_a_json_object_is_refused_by_the_scan(text):
     from caidllm.serve.body_fields import check_fields
     from caidllm.serve.protocol import RequestError

@@ -114,21 +114,31 @@ def _raw(url: str, request: bytes, skip: int = 0) -> tuple[int, dict]:
     return int(head.split()[1]), json.loads(body)
 
 
-@pytest.mark.parametrize("request_bytes", [
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}",
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
-    b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
-], ids=["bad-content-length", "bad-chunk-size", "bad-header-line"])
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    ],
+    ids=["bad-content-length", "bad-chunk-size", "bad-header-line"],
+)
 def test_malformed_http_gets_the_openai_body(server, request_bytes):
     status, body = _raw(server.url, request_bytes)
-    assert status == 400 and body["error"]["type"] == "invalid_request_error" and body["error"]["message"], body
+    assert status == 400 and body["error"]["type"] == "invalid_request_error" and body["error"]["message"], (
+        body
+    )
 
 
 def test_malformed_http_on_a_kept_alive_connection_gets_the_openai_body(server):
     """The second request on a connection (the first one answered) is malformed: it gets the 400 body too."""
-    status, body = _raw(server.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n", skip=1)
+    status, body = _raw(
+        server.url,
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n",
+        skip=1,
+    )
     assert status == 400 and body["error"]["code"] == "bad_http_request", body
 
 
@@ -137,34 +147,52 @@ def test_a_huge_token_id_list_is_refused_from_its_bytes_while_others_answer(serv
     results = {}
 
     def small():
-        results["small"] = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, **FAST}, timeout=60)
+        results["small"] = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": PROMPT, **FAST}, timeout=60
+        )
 
     thread = threading.Thread(target=small)
     thread.start()
     for _ in range(3):
-        r = httpx.post(f"{server.url}/v1/completions", content=huge, headers={"content-type": "application/json"},
-                       timeout=60)
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            content=huge,
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
         error = r.json()["error"]
         # Refused by the byte count ("about N token ids"), not after parsing 2 million ints.
-        assert r.status_code == 400 and error["param"] == "prompt" and "about 2000001 token ids" in error["message"]
+        assert (
+            r.status_code == 400
+            and error["param"] == "prompt"
+            and "about 2000001 token ids" in error["message"]
+        )
     thread.join(60)
     assert results["small"].status_code == 200 and results["small"].json()["choices"][0]["text"]
-    nested = '{"prompt": [[1, 2], [' + "7," * 100_000 + '7]]}'
-    r = httpx.post(f"{server.url}/v1/completions", content=nested, headers={"content-type": "application/json"})
+    nested = '{"prompt": [[1, 2], [' + "7," * 100_000 + "7]]}"
+    r = httpx.post(
+        f"{server.url}/v1/completions", content=nested, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and "about 100001 token ids" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("body, bounds", [
-    (b'{"prompt": [1, 2, 3], "max_tokens": 4}', (3, 0)),
-    (b'{"prompt": [[1, 2], [3]]}', (2, 2)),
-    (b'{"prompt": ["a, b, c [1, 2, 3, 4]", "d"], "stop": ["[1,1,1,1,1]"]}', (1, 0)),  # text: not an id list
-    (b'{"prompt": [1], "prompt": [' + b"7," * 9 + b'7]}', (10, 0)),  # JSON takes the last of two keys
-    (b'{"prompt": [null, ' + b"7," * 9 + b'7]}', (11, 0)),  # an entry that is not an id hides nothing
-    (b'{"prompt": [1.5, 1e3, true, ' + b"7," * 9 + b'7]}', (13, 0)),
-    (b'{"prompt": [' + b"[7]," * 99 + b'[7]]}', (1, 100)),  # many prompts of one id each
-    (b'{"prompt": [' + b"[7]," * 4999 + b'[7]]}', (0, 5000)),  # past _SPLIT_LISTS: only counted
-    (b'{"prompt": "text"}', (0, 0)),
-])
+@pytest.mark.parametrize(
+    "body, bounds",
+    [
+        (b'{"prompt": [1, 2, 3], "max_tokens": 4}', (3, 0)),
+        (b'{"prompt": [[1, 2], [3]]}', (2, 2)),
+        (
+            b'{"prompt": ["a, b, c [1, 2, 3, 4]", "d"], "stop": ["[1,1,1,1,1]"]}',
+            (1, 0),
+        ),  # text: not an id list
+        (b'{"prompt": [1], "prompt": [' + b"7," * 9 + b"7]}", (10, 0)),  # JSON takes the last of two keys
+        (b'{"prompt": [null, ' + b"7," * 9 + b"7]}", (11, 0)),  # an entry that is not an id hides nothing
+        (b'{"prompt": [1.5, 1e3, true, ' + b"7," * 9 + b"7]}", (13, 0)),
+        (b'{"prompt": [' + b"[7]," * 99 + b"[7]]}", (1, 100)),  # many prompts of one id each
+        (b'{"prompt": [' + b"[7]," * 4999 + b"[7]]}", (0, 5000)),  # past _SPLIT_LISTS: only counted
+        (b'{"prompt": "text"}', (0, 0)),
+    ],
+)
 def test_id_list_bounds_are_counted_from_the_bytes(body, bounds):
     assert id_list_bounds(body) == bounds
     assert json.loads(body)  # each is valid JSON
@@ -172,11 +200,14 @@ def test_id_list_bounds_are_counted_from_the_bytes(body, bounds):
 
 def test_many_short_id_lists_are_refused_from_their_bytes(server):
     """A million one-id prompts: refused by their count before json.loads builds a list for each."""
-    many = '{"prompt": [' + "[7]," * 1_000_000 + '[7]]}'
-    r = httpx.post(f"{server.url}/v1/completions", content=many, headers={"content-type": "application/json"},
-                   timeout=60)
+    many = '{"prompt": [' + "[7]," * 1_000_000 + "[7]]}"
+    r = httpx.post(
+        f"{server.url}/v1/completions", content=many, headers={"content-type": "application/json"}, timeout=60
+    )
     error = r.json()["error"]
-    assert r.status_code == 400 and error["param"] == "prompt" and "about 1000001 prompts" in error["message"], error
+    assert (
+        r.status_code == 400 and error["param"] == "prompt" and "about 1000001 prompts" in error["message"]
+    ), error
 
 
 def test_the_collector_is_paused_while_a_body_is_parsed_and_back_after(monkeypatch):
@@ -191,16 +222,25 @@ def test_the_collector_is_paused_while_a_body_is_parsed_and_back_after(monkeypat
 
 @pytest.mark.parametrize("key", ["", "  "])
 def test_an_empty_api_key_is_refused(key):
-    proc = subprocess.run([sys.executable, "-m", "caidllm.cli", "serve", "--api-key", key, "--port", "1"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "caidllm.cli", "serve", "--api-key", key, "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "--api-key is empty" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("flag, env, refusal", [
-    (None, "", "CAIDLLM_API_KEY is empty"), (None, " ", "CAIDLLM_API_KEY is empty"),
-    (" k3y", None, "--api-key has spaces at its ends"), (None, "k3y\n", "CAIDLLM_API_KEY has spaces at its ends"),
-])
+@pytest.mark.parametrize(
+    "flag, env, refusal",
+    [
+        (None, "", "CAIDLLM_API_KEY is empty"),
+        (None, " ", "CAIDLLM_API_KEY is empty"),
+        (" k3y", None, "--api-key has spaces at its ends"),
+        (None, "k3y\n", "CAIDLLM_API_KEY has spaces at its ends"),
+    ],
+)
 def test_an_api_key_that_would_open_the_server_or_match_no_one_is_refused(monkeypatch, flag, env, refusal):
     monkeypatch.delenv("CAIDLLM_API_KEY", raising=False)
     if env is not None:
@@ -227,7 +267,9 @@ def test_a_401_names_its_scheme(tiny):
         assert openai.OpenAI(base_url=f"{s.url}/v1", api_key="k3y").models.list().data[0].id == "tiny"
 
 
-@pytest.mark.parametrize("path", ["/health", "/v1/models", "/caidllm/info", "/metrics", "/", "/static/live.js"])
+@pytest.mark.parametrize(
+    "path", ["/health", "/v1/models", "/caidllm/info", "/metrics", "/", "/static/live.js"]
+)
 def test_head_works_where_get_does(server, path):
     got, head = httpx.get(server.url + path), httpx.head(server.url + path)
     assert got.status_code == 200 and head.status_code == 200, (head.status_code, head.text)

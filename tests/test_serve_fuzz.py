@@ -18,31 +18,89 @@ from hypothesis import strategies as st
 from caidllm.serve.protocol import NEUTRAL, OPENAI_FIELDS
 from helpers.serve import PROMPT, start
 
-settings.register_profile("ci", max_examples=60, derandomize=True, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-settings.register_profile("explore", max_examples=2000, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "explore",
+    max_examples=2000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FAST = {"method": "fastdllm", "gen_length": 16, "block_length": 16}
-CAIDLLM_FIELDS = ["method", "gen_length", "block_length", "steps", "cache", "threshold", "early_stop",
-                  "refresh_every", "factor", "policy", "es_alpha", "es_schedule", "theta_start", "gating", "factors",
-                  "grinding_action", "cai", "commit_events"]
+CAIDLLM_FIELDS = [
+    "method",
+    "gen_length",
+    "block_length",
+    "steps",
+    "cache",
+    "threshold",
+    "early_stop",
+    "refresh_every",
+    "factor",
+    "policy",
+    "es_alpha",
+    "es_schedule",
+    "theta_start",
+    "gating",
+    "factors",
+    "grinding_action",
+    "cai",
+    "commit_events",
+]
 FIELDS = sorted(OPENAI_FIELDS | set(NEUTRAL)) + CAIDLLM_FIELDS
 
 odd_text = st.one_of(
     st.text(max_size=20),  # any code point, surrogates included
-    st.sampled_from(["", " ", "\x00", "\ud800", "a\udfffb", "\u202e", "\ufeff", "e\u0301", "\U0001f600" * 3,
-                     "x" * 100_000, "tiny", "cai", "vanilla", "dual", "none"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\x00",
+            "\ud800",
+            "a\udfffb",
+            "\u202e",
+            "\ufeff",
+            "e\u0301",
+            "\U0001f600" * 3,
+            "x" * 100_000,
+            "tiny",
+            "cai",
+            "vanilla",
+            "dual",
+            "none",
+        ]
+    ),
 )
-numbers = st.one_of(st.integers(-3, 300), st.integers(), st.sampled_from([0, 1, 16, 2 ** 63, -(2 ** 63), 10 ** 30]),
-                    st.floats(allow_nan=True, allow_infinity=True))
+numbers = st.one_of(
+    st.integers(-3, 300),
+    st.integers(),
+    st.sampled_from([0, 1, 16, 2**63, -(2**63), 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
 scalars = st.one_of(st.none(), st.booleans(), numbers, odd_text)
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(odd_text, inner, max_size=3)), max_leaves=8)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(odd_text, inner, max_size=3)),
+    max_leaves=8,
+)
 messages = st.one_of(
-    st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", ""]),
-                                    "content": st.one_of(odd_text, values)}), max_size=3),
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "role": st.sampled_from(["user", "system", "assistant", "tool", ""]),
+                "content": st.one_of(odd_text, values),
+            }
+        ),
+        max_size=3,
+    ),
     values,
 )
 

@@ -13,8 +13,7 @@ import pytest
 
 from caidllm.decode import policies
 from caidllm.serve.guard import OPEN_PATHS, OPEN_PREFIXES
-from helpers.serve import (LONG, PROMPT, free_port, metric, spawn_serve, start,
-                           wait_until)
+from helpers.serve import LONG, PROMPT, free_port, metric, spawn_serve, start, wait_until
 
 JSON = {"content-type": "application/json"}
 FAST = {"method": "fastdllm", "gen_length": 16, "block_length": 16}
@@ -33,27 +32,39 @@ def refused(r, status=400, param=None):
     return error
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", '{"prompt": "hi \\ud800 there", "max_tokens": 8}', "prompt"),
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a \\udfff"}]}', "messages"),
-    ("/v1/completions", '{"prompt": "hi", "stop": ["\\ud800"]}', "stop"),
-    ("/v1/completions", '{"prompt": "hi", "\\ud800": 1}', "\\ud800"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", '{"prompt": "hi \\ud800 there", "max_tokens": 8}', "prompt"),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a \\udfff"}]}', "messages"),
+        ("/v1/completions", '{"prompt": "hi", "stop": ["\\ud800"]}', "stop"),
+        ("/v1/completions", '{"prompt": "hi", "\\ud800": 1}', "\\ud800"),
+    ],
+)
 def test_lone_surrogates_are_refused_not_crashed(server, path, body, param):
     refused(httpx.post(server.url + path, content=body, headers=JSON), param=param)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("early_stop", "no"), ("user", 5), ("model", ["tiny"]), ("method", ["cai"]), ("cache", {}),
-    ("cai", {"adaptive": "yes"}), ("cai", "fast"), ("grinding_action", 1),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("early_stop", "no"),
+        ("user", 5),
+        ("model", ["tiny"]),
+        ("method", ["cai"]),
+        ("cache", {}),
+        ("cai", {"adaptive": "yes"}),
+        ("cai", "fast"),
+        ("grinding_action", 1),
+    ],
+)
 def test_every_field_has_a_strict_type(server, field, value):
     r = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, field: value})
     refused(r, param=field)
 
 
 def test_huge_numbers_are_refused_not_crashed(server):
-    for body in ({"max_tokens": 10 ** 400}, {"block_length": 10 ** 400}, {"steps": 10 ** 9, "gen_length": 16}):
+    for body in ({"max_tokens": 10**400}, {"block_length": 10**400}, {"steps": 10**9, "gen_length": 16}):
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT, **body})
         assert r.status_code == 400 and r.json()["error"]["param"], r.text
 
@@ -65,8 +76,10 @@ def test_the_body_must_be_sent_as_json(server, content_type):
     assert refused(r, 415)["code"] == "unsupported_media_type"
 
 
-@pytest.mark.parametrize("method, path", [("BREW", "/health"), ("DELETE", "/v1/models"), ("PUT", "/v1/completions"),
-                                          ("BREW", "/static/live.js")])
+@pytest.mark.parametrize(
+    "method, path",
+    [("BREW", "/health"), ("DELETE", "/v1/models"), ("PUT", "/v1/completions"), ("BREW", "/static/live.js")],
+)
 def test_unknown_methods_get_an_openai_405(server, method, path):
     r = httpx.request(method, server.url + path)
     refused(r, 405)
@@ -95,8 +108,11 @@ def test_a_5mb_body_in_flight_delays_nothing(server):
     _, small_alone = _timed("POST", f"{server.url}/v1/completions", json=small)
     big = json.dumps({"prompt": PROMPT * (5_000_000 // len(PROMPT)), "max_tokens": 4}).encode()
     outcome = {}
-    sender = threading.Thread(target=lambda: outcome.update(r=_timed("POST", f"{server.url}/v1/completions",
-                                                                     content=big, headers=JSON)))
+    sender = threading.Thread(
+        target=lambda: outcome.update(
+            r=_timed("POST", f"{server.url}/v1/completions", content=big, headers=JSON)
+        )
+    )
     sender.start()
     time.sleep(0.05)
     health, health_s = _timed("GET", f"{server.url}/health")
@@ -104,16 +120,20 @@ def test_a_5mb_body_in_flight_delays_nothing(server):
     sender.join()
     assert health.status_code == 200 and answer.status_code == 200
     refused(outcome["r"][0], param="prompt")  # far past the model's context: refused untokenised
-    print(f"5 MB body: /health {health_s * 1000:.0f} ms, small request {small_s * 1000:.0f} ms "
-          f"(alone {small_alone * 1000:.0f} ms), the big request {outcome['r'][1] * 1000:.0f} ms")
+    print(
+        f"5 MB body: /health {health_s * 1000:.0f} ms, small request {small_s * 1000:.0f} ms "
+        f"(alone {small_alone * 1000:.0f} ms), the big request {outcome['r'][1] * 1000:.0f} ms"
+    )
     assert health_s < 2.0 and small_s < small_alone + 2.0  # generous: the machine may be shared
 
 
 def test_a_body_shorter_than_its_length_times_out_with_408(server):
     port = int(server.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"prompt\":")
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"prompt":'
+        )
         assert _timed("GET", f"{server.url}/health")[1] < 2.0  # the stalled body holds nothing up
         sock.settimeout(10)
         reply = b""
@@ -158,13 +178,16 @@ def test_a_decode_that_raises_fails_alone(tiny, monkeypatch):
     prompts = [PROMPT, "7 + 5 * 3 =", "( 1 + 2 ) * 3 ="]
     want = tiny.generate(prompts, method="fastdllm", chat=False, batch_size=1, gen_length=32, block_length=16)
     with start(tiny) as s:
+
         def post(prompt, **extra):
             body = {"prompt": prompt, "method": "fastdllm", "gen_length": 32, "block_length": 16, **extra}
             return httpx.post(f"{s.url}/v1/completions", json=body, timeout=60)
 
         results = [None] * 4
-        threads = [threading.Thread(target=lambda i=i, p=p: results.__setitem__(i, post(p)))
-                   for i, p in enumerate(prompts)]
+        threads = [
+            threading.Thread(target=lambda i=i, p=p: results.__setitem__(i, post(p)))
+            for i, p in enumerate(prompts)
+        ]
         threads.append(threading.Thread(target=lambda: results.__setitem__(3, post(PROMPT, threshold=0.5))))
         for t in threads:
             t.start()
@@ -195,8 +218,11 @@ def test_sigterm_with_requests_in_flight_ends_each_cleanly():
         results[name] = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
 
     try:
-        threads = [threading.Thread(target=streamed), threading.Thread(target=call, args=("long", LONG)),
-                   threading.Thread(target=call, args=("short", {"prompt": PROMPT, **FAST}))]
+        threads = [
+            threading.Thread(target=streamed),
+            threading.Thread(target=call, args=("long", LONG)),
+            threading.Thread(target=call, args=("short", {"prompt": PROMPT, **FAST})),
+        ]
         for t in threads:
             t.start()
         assert first_chunk.wait(60)
@@ -218,4 +244,6 @@ def test_sigterm_with_requests_in_flight_ends_each_cleanly():
     assert results["long"].status_code == 503 and results["long"].json()["error"]["code"] == "shutting_down"
     assert results["streamed"][-1] == "data: [DONE]"
     assert json.loads(results["streamed"][-2][6:])["error"]["code"] == "shutting_down"
-    assert "Traceback" not in log and "CancelledError" not in log and "Application shutdown complete" in log, log
+    assert (
+        "Traceback" not in log and "CancelledError" not in log and "Application shutdown complete" in log
+    ), log

@@ -20,8 +20,16 @@ from caidllm.cli import build_parser  # noqa: E402
 from caidllm.errors import InputError  # noqa: E402
 from caidllm.serve import replicas  # noqa: E402
 
-PROMPTS = ["not ( True ) and ( True ) is", "True and not not ( not False ) is", "not True or ( False and True ) is",
-           "False or not ( True ) and True is", "( 3 + 4 ) * 2 =", "7 - 2 * 3 =", "not not True is", "2 + 2 * 2 ="]
+PROMPTS = [
+    "not ( True ) and ( True ) is",
+    "True and not not ( not False ) is",
+    "not True or ( False and True ) is",
+    "False or not ( True ) and True is",
+    "( 3 + 4 ) * 2 =",
+    "7 - 2 * 3 =",
+    "not not True is",
+    "2 + 2 * 2 =",
+]
 
 
 def _free_ports(n: int) -> int:
@@ -50,6 +58,7 @@ def _free_ports(n: int) -> int:
 @contextmanager
 def _deadline(seconds: int):
     """Fail (instead of hanging) if the block takes longer than `seconds`."""
+
     def expired(signum, frame):
         raise TimeoutError(f"took longer than {seconds} s")
 
@@ -63,8 +72,20 @@ def _deadline(seconds: int):
 
 
 def _args(*extra):
-    return build_parser().parse_args(["serve", "--model", "tiny", "--host", "127.0.0.1", "--gen-length", "32",
-                                      "--block-length", "16", *extra])
+    return build_parser().parse_args(
+        [
+            "serve",
+            "--model",
+            "tiny",
+            "--host",
+            "127.0.0.1",
+            "--gen-length",
+            "32",
+            "--block-length",
+            "16",
+            *extra,
+        ]
+    )
 
 
 def test_bad_replica_flags_exit_2_before_ray_starts(capsys):
@@ -87,8 +108,14 @@ def ray_server():
         with _deadline(240):  # Ray, its proxy and two replicas up
             # "local": a Ray instance of this test's own; by default ray.init joins any Ray session
             # running on the machine (another test's, or one left over), whose shutdown kills our proxy.
-            ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False,
-                     _node_ip_address="127.0.0.1")
+            ray.init(
+                address="local",
+                num_cpus=2,
+                num_gpus=0,
+                include_dashboard=False,
+                log_to_driver=False,
+                _node_ip_address="127.0.0.1",
+            )
             ray_deployment.start(args)
         yield f"http://127.0.0.1:{base}", [base + 1, base + 2]
     finally:
@@ -112,7 +139,8 @@ def _ask(url: str, prompt: str, stream: bool) -> tuple[str, str]:
     """(answer text, replica) of one chat completion."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=32, stream=stream)
+        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=32, stream=stream
+    )
     replica = raw.headers.get("x-caidllm-replica")
     body = raw.parse()
     if stream:
@@ -152,15 +180,22 @@ def test_two_replicas_answer_as_the_single_server(ray_server, single_server):
 def test_deployment_options_pass_ray_serve_settings_through():
     args = _args("--replicas", "3", "--ray-options", '{"max_ongoing_requests": 4}')
     assert replicas.deployment_options(args, gpus_in_cluster=True) == {
-        "num_replicas": 3, "ray_actor_options": {"num_gpus": 1}, "max_ongoing_requests": 4}
-    auto = _args("--replicas", "1", "--ray-options", '{"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}')
+        "num_replicas": 3,
+        "ray_actor_options": {"num_gpus": 1},
+        "max_ongoing_requests": 4,
+    }
+    auto = _args(
+        "--replicas", "1", "--ray-options", '{"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}'
+    )
     options = replicas.deployment_options(auto, gpus_in_cluster=False)
     assert "num_replicas" not in options and options["autoscaling_config"]["max_replicas"] == 4
     assert options["ray_actor_options"] == {"num_cpus": 1}
-    for bad, message in ((["--replicas", "0"], "at least 1"), (["--replicas", "2", "--ray-options", "{"], "JSON"),
-                         (["--replicas", "2", "--ray-options", "[1]"], "JSON object"),
-                         (["--replicas", "2", "--max-batch", "0"], "max-batch"),
-                         (["--replicas", "2", "--method", "warp"], "unknown method")):
+    for bad, message in (
+        (["--replicas", "0"], "at least 1"),
+        (["--replicas", "2", "--ray-options", "{"], "JSON"),
+        (["--replicas", "2", "--ray-options", "[1]"], "JSON object"),
+        (["--replicas", "2", "--max-batch", "0"], "max-batch"),
+        (["--replicas", "2", "--method", "warp"], "unknown method"),
+    ):
         with pytest.raises(InputError, match=message):
             replicas.check(_args(*bad))  # before Ray starts
-

@@ -15,9 +15,22 @@ def test_a_short_soak_loses_nothing(tiny):
     prompts = ["not ( True ) and ( True ) is", "7 + 5 * 3 =", "( 1 + 2 ) * 3 ="]
     methods = ["cai", "fastdllm", "vanilla", "es-dllm"]
     with start(tiny, max_batch=2, max_queue=2) as s:
-        report = asyncio.run(run_soak(s.url, prompts, methods, duration=12, requests=24, concurrency=3, burst=8,
-                                      pool_size=6, body={"gen_length": 16, "block_length": 16},
-                                      burst_rate=0.1, disconnect_rate=0.3, seed=3))
+        report = asyncio.run(
+            run_soak(
+                s.url,
+                prompts,
+                methods,
+                duration=12,
+                requests=24,
+                concurrency=3,
+                burst=8,
+                pool_size=6,
+                body={"gen_length": 16, "block_length": 16},
+                burst_rate=0.1,
+                disconnect_rate=0.3,
+                seed=3,
+            )
+        )
     summary = report.summary()
     print(summary)
     assert report.ok(max_rss_growth_mb=1e9), summary  # RSS is reported; a 12 s run is too short to judge it
@@ -29,5 +42,8 @@ def test_a_short_soak_loses_nothing(tiny):
 
 def test_the_soak_refuses_a_remote_server():
     with pytest.raises(InputError, match="loopback only"):
-        asyncio.run(run_soak("http://example.com:8000", ["x"], ["cai"], duration=1, requests=1, concurrency=1,
-                             burst=1))
+        asyncio.run(
+            run_soak(
+                "http://example.com:8000", ["x"], ["cai"], duration=1, requests=1, concurrency=1, burst=1
+            )
+        )

@@ -18,8 +18,9 @@ HEAVY = dict(method="vanilla", gen_length=48, block_length=16, early_stop=False)
 
 
 def group(*ids, mode="full"):
-    return SimpleNamespace(mode=mode, members=[SimpleNamespace(id=i, slot=k) for k, i in enumerate(ids)],
-                           seconds=0.0)
+    return SimpleNamespace(
+        mode=mode, members=[SimpleNamespace(id=i, slot=k) for k, i in enumerate(ids)], seconds=0.0
+    )
 
 
 def alone(lm, prompt, **settings):
@@ -30,8 +31,10 @@ def alone(lm, prompt, **settings):
 
 def charge_by_columns(policy: FairShare):
     """Deterministic costs for the engine tests: a forward costs its rows' canvas columns."""
+
     def ran(group, seconds):
         FairShare.ran(policy, group, sum(len(r.prompt) + r.layout.span for r in group.members) / 100)
+
     policy.ran = ran
 
 
@@ -65,7 +68,9 @@ def test_fair_slices_a_long_forward_into_the_most_owed_rows_that_fit():
     assert [r.id for r in part.members] == ["h1"]
     part.members[0].nfe = 1  # the engine counts each request's forwards
     policy.ran(part, 0.3)
-    assert [policy.virtual[f"h{i}"] for i in range(1, 5)] == [1.3] * 4  # a slice is charged to its whole group
+    assert [policy.virtual[f"h{i}"] for i in range(1, 5)] == [
+        1.3
+    ] * 4  # a slice is charged to its whole group
     (part,) = policy.choose([heavy])  # alone in flight too: a newcomer may arrive during it
     assert [r.id for r in part.members] == ["h2"]  # among equals, the rows that ran least
     policy = FairShare(slice_seconds=0.25)
@@ -173,10 +178,18 @@ def test_tokens_do_not_depend_on_the_policy(llada_lm, policy):
     late = engine.submit(PROMPTS[2], build_config(**LIGHT))
     results = {e.request_id: e.result for e in engine.run() if e.finished}
     assert set(results) == {heavy, light, late}
-    for rid, prompt, settings in ((heavy, PROMPTS[0], HEAVY), (light, PROMPTS[1], LIGHT), (late, PROMPTS[2], LIGHT)):
+    for rid, prompt, settings in (
+        (heavy, PROMPTS[0], HEAVY),
+        (light, PROMPTS[1], LIGHT),
+        (late, PROMPTS[2], LIGHT),
+    ):
         want = alone(llada_lm, prompt, **settings)
         got = results[rid]
-        assert (got.token_ids, got.nfe, got.trace.commit_step) == (want.token_ids, want.nfe, want.trace.commit_step)
+        assert (got.token_ids, got.nfe, got.trace.commit_step) == (
+            want.token_ids,
+            want.nfe,
+            want.trace.commit_step,
+        )
     engine.scheduler.schedule()  # nothing in flight: the policy forgets who left
     assert not getattr(engine.scheduler.step_policy, "virtual", {})
 
@@ -184,6 +197,7 @@ def test_tokens_do_not_depend_on_the_policy(llada_lm, policy):
 def test_fair_steps_a_light_request_more_often_than_all(llada_lm):
     """The light request's steps are not paced by the heavy one's under "fair": it finishes within
     fewer engine steps that ran the heavy forward; the heavy one still advances (no starvation)."""
+
     def heavy_runs_during_light(policy):
         engine = Engine(llada_lm, max_batch=4, step_policy=policy)
         if policy == "fair":

@@ -64,9 +64,16 @@ def all_examples(task: str):
 
 # --- API and bad input ---------------------------------------------------------------------
 
+
 def test_task_names():
-    assert TASK_NAMES == ("boolean_expressions", "web_of_lies", "navigate", "dyck_languages",
-                          "multistep_arithmetic_two", "arithmetic")
+    assert TASK_NAMES == (
+        "boolean_expressions",
+        "web_of_lies",
+        "navigate",
+        "dyck_languages",
+        "multistep_arithmetic_two",
+        "arithmetic",
+    )
 
 
 def test_bad_input_names_value_and_choices():
@@ -82,6 +89,7 @@ def test_bad_input_names_value_and_choices():
 
 
 # --- determinism and splits ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_deterministic(task):
@@ -118,6 +126,7 @@ def test_exclude_redraws():
 
 
 # --- answers and scoring -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_answers_end_with_final_line_and_score(task):
@@ -159,6 +168,7 @@ def test_scorers_reject_near_misses():
 
 
 # --- independent solvers -------------------------------------------------------------------
+
 
 def test_boolean_space_and_values():
     exprs = all_expressions()
@@ -205,7 +215,8 @@ def _navigate_returns(prompt: str) -> bool:
         elif words[0] == "Take":
             n = int(words[1])
             dir_x, dir_y = {"forward": (0, 1), "backward": (0, -1), "left": (-1, 0), "right": (1, 0)}.get(
-                words[-1], (dx, dy))
+                words[-1], (dx, dy)
+            )
             x, y = x + n * dir_x, y + n * dir_y
     return x == 0 and y == 0
 
@@ -330,7 +341,9 @@ def test_navigate_trace_and_axis_lines():
             assert halves, line
             for direction, chain in ((a, halves[1]), (b, halves[2])):
                 numbers = [int(x) for x in re.findall(r"\d+", chain)]
-                assert numbers[:1] + numbers[1::2] == (moves.get(direction) or [0]), line  # its steps, in order
+                assert numbers[:1] + numbers[1::2] == (moves.get(direction) or [0]), (
+                    line
+                )  # its steps, in order
                 total = numbers[0]
                 for step, result in zip(numbers[1::2], numbers[2::2]):
                     assert f"{total} + {step}" in drilled and result == total + step, chain
@@ -376,10 +389,17 @@ def test_arithmetic_facts_drill():
         assert ex.target == lines[-1].split()[-1]
     assert set(operators) == {"+", "-", "*", "/"}
     assert len(arithmetic_facts.fact_space()) == 1116  # 100 + 100 + 100 + 45 + 81 + 81 + 690, less 81 shared
-    assert [arithmetic_facts.value_of(lhs) for lhs in ("7 + 5", "4 + 3 + 1", "12 - 7", "4 - 1 - 1", "6 * 7", "42 / 6")] \
-        == [12, 8, 5, 2, 42, 7]
-    kinds_seen = {kind for ex in examples for line in ex.answer.split("\n")
-                  for kind, facts in arithmetic_facts.KINDS.items() if line.split(" = ")[0] in facts}
+    assert [
+        arithmetic_facts.value_of(lhs)
+        for lhs in ("7 + 5", "4 + 3 + 1", "12 - 7", "4 - 1 - 1", "6 * 7", "42 / 6")
+    ] == [12, 8, 5, 2, 42, 7]
+    kinds_seen = {
+        kind
+        for ex in examples
+        for line in ex.answer.split("\n")
+        for kind, facts in arithmetic_facts.KINDS.items()
+        if line.split(" = ")[0] in facts
+    }
     assert kinds_seen == set(arithmetic_facts.KINDS)
     assert DRILL_NAMES == ("arithmetic_facts",) and "arithmetic_facts" not in TASK_NAMES
     with pytest.raises(InputError, match="'arithmetic_facts'"):
@@ -396,6 +416,7 @@ def test_corpus_texts():
 
 
 # --- the real BBH files: formats only (never used by the generators) -----------------------
+
 
 def _bbh(name: str):
     path = BBH_DIR / f"{name}.json"

@@ -88,10 +88,14 @@ def test_transformers_chat_template(built):
     fast.bos_token = "<|startoftext|>"
     prompt = "not ( True ) and ( True ) is"
     for t in (auto, fast):
-        text = t.apply_chat_template([{"role": "user", "content": " " + prompt + "\n"}],
-                                     add_generation_prompt=True, tokenize=False)
-        assert text == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n" + prompt
-                        + "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+        text = t.apply_chat_template(
+            [{"role": "user", "content": " " + prompt + "\n"}], add_generation_prompt=True, tokenize=False
+        )
+        assert text == (
+            "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n"
+            + prompt
+            + "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
     ids_list = auto(text, add_special_tokens=False)["input_ids"]
     assert ids_list[0] == ids["bos_token_id"] and ids_list[1] == ids["start_header_id"]
     assert ids["eot_id"] in ids_list and ids_list.count(ids["end_header_id"]) == 2

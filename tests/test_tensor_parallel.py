@@ -19,7 +19,9 @@ from caidllm.parallel.mesh import free_port
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
     folders = {name: str(write_block_checkpoint(out / name, kind)) for name, (_, kind) in FOLDERS.items()}
-    mp.start_processes(run_rank, args=(4, free_port(), str(out), folders), nprocs=4, join=True, start_method="spawn")
+    mp.start_processes(
+        run_rank, args=(4, free_port(), str(out), folders), nprocs=4, join=True, start_method="spawn"
+    )
     merged = {}
     for rank in (0, 2):  # each tp-2 pair's rank 0 (rank 0 also holds tp 1 and tp 4)
         merged.update({(k, rank): v for k, v in torch.load(out / f"rank{rank}.pt").items()})

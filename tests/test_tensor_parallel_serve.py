@@ -10,8 +10,13 @@ import httpx
 from helpers.serve import free_port, spawn_serve, start, wait_until
 
 FLAGS = ("--tp", "2", "--method", "fastdllm", "--gen-length", "16", "--block-length", "8")
-BODY = {"model": "tiny", "prompt": "Question: 17 + 25 = ? Answer:", "max_tokens": 16, "method": "fastdllm",
-        "block_length": 8}
+BODY = {
+    "model": "tiny",
+    "prompt": "Question: 17 + 25 = ? Answer:",
+    "max_tokens": 16,
+    "method": "fastdllm",
+    "block_length": 8,
+}
 
 
 def completion(port_or_url) -> httpx.Response:
@@ -46,7 +51,10 @@ def test_a_rank_dying_mid_request_gives_5xx_then_the_server_exits(monkeypatch):
     assert answer.status_code >= 500 and "peer rank failed or hung" in answer.json()["error"]["message"]
     assert proc.returncode == 2
     # the line names the phase too (issue 48): which of forming, loading, idle, decoding, draining it interrupted
-    assert out.strip().splitlines()[-1] == "caidllm: error: tensor-parallel rank 1 died (exit status 9) while decoding"
+    assert (
+        out.strip().splitlines()[-1]
+        == "caidllm: error: tensor-parallel rank 1 died (exit status 9) while decoding"
+    )
 
 
 def test_a_failed_rank_is_named_by_health_and_every_refusal(tiny):
@@ -60,5 +68,7 @@ def test_a_failed_rank_is_named_by_health_and_every_refusal(tiny):
         assert httpx.get(f"{server.url}/health").json()["status"] == "failed"
         assert httpx.get(f"{server.url}/health").json()["error"] == verdict
         refused = completion(server.url)
-        assert refused.status_code == 503 and refused.json()["error"]["message"] == \
-            f"the server is shutting down: {verdict}"
+        assert (
+            refused.status_code == 503
+            and refused.json()["error"]["message"] == f"the server is shutting down: {verdict}"
+        )

@@ -8,8 +8,10 @@ from caidllm.tasks import score
 from caidllm.train.bd_decode import block_diffusion_generate
 
 BOOLEAN = "not ( True ) and ( True ) is"
-WEB = ("Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. Alexis says Vernell lies. "
-       "Michaela says Alexis tells the truth. Elanor says Michaela tells the truth. Does Elanor tell the truth?")
+WEB = (
+    "Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. Alexis says Vernell lies. "
+    "Michaela says Alexis tells the truth. Elanor says Michaela tells the truth. Does Elanor tell the truth?"
+)
 
 
 @pytest.fixture(scope="module")

@@ -30,9 +30,14 @@ def test_main_job_prints_a_correct_worked_answer(capsys):
 
 @pytest.mark.parametrize("method", ["vanilla", "cai"])  # the reference decoder and the default
 def test_tiny_answers_the_issue_examples(tiny, method):
-    prompts = [MAIN_JOB, "Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. Alexis says "
-               "Vernell lies. Michaela says Alexis tells the truth. Elanor says Michaela tells the truth. "
-               "Does Elanor tell the truth?"]
+    prompts = [
+        MAIN_JOB,
+        "Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. Alexis says "
+        "Vernell lies. Michaela says Alexis tells the truth. Elanor says Michaela tells the truth. "
+        "Does Elanor tell the truth?",
+    ]
     boolean, web = tiny.generate(prompts, method=method)
-    assert score("boolean_expressions", boolean.text, "False") and not score("boolean_expressions", boolean.text, "True")
+    assert score("boolean_expressions", boolean.text, "False") and not score(
+        "boolean_expressions", boolean.text, "True"
+    )
     assert score("web_of_lies", web.text, "No") and not score("web_of_lies", web.text, "Yes")

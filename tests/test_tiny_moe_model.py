@@ -17,8 +17,10 @@ from caidllm.train.bd_decode import block_diffusion_generate
 from caidllm.train.moe_balance import ExpertCounter
 
 BOOLEAN = "not ( True ) and ( True ) is"
-WEB = ("Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. Alexis says Vernell lies. "
-       "Michaela says Alexis tells the truth. Elanor says Michaela tells the truth. Does Elanor tell the truth?")
+WEB = (
+    "Question: Sherrie tells the truth. Vernell says Sherrie tells the truth. Alexis says Vernell lies. "
+    "Michaela says Alexis tells the truth. Elanor says Michaela tells the truth. Does Elanor tell the truth?"
+)
 MORE = ["True and not not ( not False ) is", "not True or ( False and True ) is"]
 
 
@@ -29,12 +31,19 @@ def tiny_moe():
 
 def test_tiny_moe_loads_through_the_llada2_family(tiny_moe):
     c = tiny_moe.config
-    assert c.family == "llada2" and isinstance(tiny_moe.model, LLaDA2Model) and tiny_moe.path.name == "tiny-moe"
+    assert (
+        c.family == "llada2" and isinstance(tiny_moe.model, LLaDA2Model) and tiny_moe.path.name == "tiny-moe"
+    )
     assert c.block_causal and c.block_lengths == (4, 8, 16, 32)
     assert c.qk_norm and c.head_dim == 128 and c.rotary_dim == 64 and c.dense_layers == 1
     moe = c.moe
-    assert (moe.score_function, moe.num_experts, moe.num_experts_per_tok, moe.n_group, moe.topk_group) == \
-        ("sigmoid", 8, 2, 4, 2)
+    assert (moe.score_function, moe.num_experts, moe.num_experts_per_tok, moe.n_group, moe.topk_group) == (
+        "sigmoid",
+        8,
+        2,
+        4,
+        2,
+    )
     assert moe.expert_bias and moe.num_shared_experts == 3 and moe.routed_scaling_factor == 2.5
     layers = tiny_moe.model.model.layers
     assert not hasattr(layers[0].mlp, "gate") and all(hasattr(layer.mlp, "experts") for layer in layers[1:])
@@ -53,15 +62,47 @@ def test_tiny_moe_generates_these_tokens(tiny_moe):
     """The engine's llada2 decoder (threshold 0.95) on the block cache: exact tokens, recorded
     from the shipped weights, fewer forwards than tokens (the threshold fires)."""
     (result,) = tiny_moe.generate([BOOLEAN], method="llada2", gen_length=32, block_length=8)
-    assert result.token_ids[:result.answer_length] == EXPECTED_TOKENS
+    assert result.token_ids[: result.answer_length] == EXPECTED_TOKENS
     assert result.text.startswith(BOOLEAN.removesuffix(" is") + "\n= ")
     assert result.nfe == 7 and result.answer_length == 32
 
 
 # `not ( True ) and ( True )\n= not True and ( True )\n= not True and True\n= False and True\n= False\nSo`
 # in 10 forwards (recorded from the shipped weights)
-EXPECTED_TOKENS = [596, 262, 361, 263, 376, 262, 361, 263, 204, 34, 455, 361, 376, 262, 361, 263, 204, 34, 455, 361,
-                   376, 361, 204, 34, 298, 376, 361, 204, 34, 298, 204, 553]
+EXPECTED_TOKENS = [
+    596,
+    262,
+    361,
+    263,
+    376,
+    262,
+    361,
+    263,
+    204,
+    34,
+    455,
+    361,
+    376,
+    262,
+    361,
+    263,
+    204,
+    34,
+    455,
+    361,
+    376,
+    361,
+    204,
+    34,
+    298,
+    376,
+    361,
+    204,
+    34,
+    298,
+    204,
+    553,
+]
 
 
 def test_the_experts_are_all_used_and_unevenly(tiny_moe):
@@ -117,11 +158,16 @@ def test_batch_invariance_with_thresholds_that_fire(tiny_moe, method):
     assert [joined[i].token_ids for i in late + [first]] == alone
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--cache", "dual"], "cache='dual' does not apply to the block-causal"),
-    (["--block-length", "64", "--gen-length", "64"], "block_length 64 is not one"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--cache", "dual"], "cache='dual' does not apply to the block-causal"),
+        (["--block-length", "64", "--gen-length", "64"], "block_length 64 is not one"),
+    ],
+)
 def test_bad_settings_are_one_line(capsys, args, words):
-    code = main(["generate", BOOLEAN, "--model", "tiny-moe", "--gen-length", "16", "--block-length", "8", *args])
+    code = main(
+        ["generate", BOOLEAN, "--model", "tiny-moe", "--gen-length", "16", "--block-length", "8", *args]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and words in err and len(err.splitlines()) == 1

@@ -14,14 +14,30 @@ from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                            "unit": {"enum": ["c", "f"]}},
-           "required": ["city", "unit"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "add", "parameters": {
-             "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-             "required": ["a", "b"], "additionalProperties": False}}}]
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "the weather in a city", "parameters": WEATHER},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -40,8 +56,9 @@ def _client(server):
 
 def _ask(served, **kw):
     name, server = served
-    return _client(server).chat.completions.create(model=name, messages=kw.pop("messages", ASK), tools=TOOLS,
-                                                   max_tokens=64, **kw)
+    return _client(server).chat.completions.create(
+        model=name, messages=kw.pop("messages", ASK), tools=TOOLS, max_tokens=64, **kw
+    )
 
 
 def test_a_named_forced_call_has_valid_arguments_streamed_and_not(served):
@@ -59,7 +76,9 @@ def test_a_named_forced_call_has_valid_arguments_streamed_and_not(served):
 def test_required_calls_one_of_the_tools_and_auto_answers_text_or_a_call(served):
     r = _ask(served, tool_choice="required")
     (call,) = r.choices[0].message.tool_calls
-    assert call.function.name in ("get_weather", "add") and isinstance(json.loads(call.function.arguments), dict)
+    assert call.function.name in ("get_weather", "add") and isinstance(
+        json.loads(call.function.arguments), dict
+    )
     auto = _ask(served, tool_choice="auto")
     message = auto.choices[0].message
     assert (message.tool_calls is None) == (auto.choices[0].finish_reason != "tool_calls")
@@ -68,25 +87,47 @@ def test_required_calls_one_of_the_tools_and_auto_answers_text_or_a_call(served)
 
 
 def test_a_tool_result_is_fed_back(served):
-    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
-                                                          "arguments": '{"city": "Paris", "unit": "c"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}]
+    history = ASK + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"},
+    ]
     r = _ask(served, messages=history, tool_choice="none")
     assert r.choices[0].message.content is not None and r.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"tools": [{"type": "function"}]}, "tools", "tools[0] must be"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objec"}}}]}, "tools",
-     "cannot be compiled"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice",
-     "not in tools"),
-    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
-    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
-     "cannot be combined"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"tools": [{"type": "function"}]}, "tools", "tools[0] must be"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objec"}}}]},
+            "tools",
+            "cannot be compiled",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}},
+            "tool_choice",
+            "not in tools",
+        ),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+            "cannot be combined",
+        ),
+    ],
+)
 def test_malformed_tools_are_400_naming_the_field(served, body, param, words):
     _, server = served
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": ASK, **body}, timeout=60)
@@ -100,7 +141,8 @@ TAGGED_TEMPLATE = (
     "{% for tool in tools %}{{ tool.function.name }} {% endfor %}{{ 'Call one inside <tool_call></tool_call>.' }}"
     "{{ '<|eot_id|>' }}{% endif %}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
     "'<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}{% endfor %}"
-    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}")
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+)
 
 
 def test_a_template_that_speaks_of_tool_call_tags_gets_that_format_and_renders_the_tools():
@@ -112,8 +154,13 @@ def test_a_template_that_speaks_of_tool_call_tags_gets_that_format_and_renders_t
     assert request.format == TOOL_FORMATS["tool_call_tags"] and request.format.renders_tools
     prompt = lm.tokenizer.decode(lm.encode_messages(ASK, tools=TOOLS))
     assert "Tools: get_weather add" in prompt
-    (result,) = lm.generate([lm.encode_messages(ASK, tools=TOOLS)], method="cai", gen_length=96, block_length=32,
-                            constraint=request.constraint(None))
+    (result,) = lm.generate(
+        [lm.encode_messages(ASK, tools=TOOLS)],
+        method="cai",
+        gen_length=96,
+        block_length=32,
+        constraint=request.constraint(None),
+    )
     assert result.text.startswith("<tool_call>\n") and result.text.endswith("\n</tool_call>")
     (call,) = request.calls_in(result.text)
     assert call["function"]["name"] in ("get_weather", "add")

@@ -13,8 +13,19 @@ from caidllm.errors import InputError
 from caidllm.train.data import LENGTH_QUANTUM, encode_pair, mask_answers, result_flags
 from caidllm.train.trainer import TrainConfig, Trainer
 
-MICRO = dict(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, batch_size=8, threads=1,
-             bf16_autocast=False, eval_every=10_000, save_every=5, warmup_steps=5, lr=3e-3)
+MICRO = dict(
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    mlp_hidden_size=64,
+    batch_size=8,
+    threads=1,
+    bf16_autocast=False,
+    eval_every=10_000,
+    save_every=5,
+    warmup_steps=5,
+    lr=3e-3,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +77,16 @@ def test_batches_are_seeded_and_answers_only_are_masked(run_dir):
     trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, **MICRO))
     a, b = trainer.stream.batch(3), trainer.stream.batch(3)
     assert torch.equal(a.input_ids, b.input_ids)
-    noisy, masked, p_mask, in_answer = mask_answers(a, trainer.special["mask"], torch.Generator().manual_seed(0))
+    noisy, masked, p_mask, in_answer = mask_answers(
+        a, trainer.special["mask"], torch.Generator().manual_seed(0)
+    )
     assert not masked[~in_answer].any()
     assert torch.equal(noisy[~masked], a.input_ids[~masked])
     assert (noisy[masked] == trainer.special["mask"]).all()
     for row, start in zip(a.input_ids, a.answer_start):  # every answer ends with end-of-turn, then EOS
         answer = row[start:].tolist()
         end = answer.index(trainer.special["eot"])
-        assert set(answer[end + 1:]) <= {trainer.special["eos"]}
+        assert set(answer[end + 1 :]) <= {trainer.special["eos"]}
 
 
 def test_export_loads_like_a_llada_checkpoint_and_generates(run_dir):
@@ -92,8 +105,27 @@ def test_export_loads_like_a_llada_checkpoint_and_generates(run_dir):
 
 def test_train_cli(run_dir, capsys):
     out = str(run_dir / "cli")
-    args = ["train", "--out", out, "--steps", "3", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
-            "--mlp-hidden-size", "32", "--batch-size", "4", "--threads", "1", "--bf16-autocast", "false"]
+    args = [
+        "train",
+        "--out",
+        out,
+        "--steps",
+        "3",
+        "--d-model",
+        "32",
+        "--n-layers",
+        "1",
+        "--n-heads",
+        "2",
+        "--mlp-hidden-size",
+        "32",
+        "--batch-size",
+        "4",
+        "--threads",
+        "1",
+        "--bf16-autocast",
+        "false",
+    ]
     assert cli_main(args) == 0
     assert (run_dir / "cli" / "checkpoint.pt").exists()
     final = json.loads((run_dir / "cli" / "train.log").read_text().splitlines()[-1])
@@ -107,9 +139,29 @@ def test_train_cli(run_dir, capsys):
 
 def test_train_cli_task_mix(run_dir, capsys, monkeypatch):
     out = str(run_dir / "cli-mix")
-    args = ["train", "--out", out, "--steps", "2", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
-            "--mlp-hidden-size", "32", "--batch-size", "4", "--threads", "1", "--bf16-autocast", "false",
-            "--eval-every", "100"]
+    args = [
+        "train",
+        "--out",
+        out,
+        "--steps",
+        "2",
+        "--d-model",
+        "32",
+        "--n-layers",
+        "1",
+        "--n-heads",
+        "2",
+        "--mlp-hidden-size",
+        "32",
+        "--batch-size",
+        "4",
+        "--threads",
+        "1",
+        "--bf16-autocast",
+        "false",
+        "--eval-every",
+        "100",
+    ]
     tasks = []
     real = mask_answers
 
@@ -120,24 +172,31 @@ def test_train_cli_task_mix(run_dir, capsys, monkeypatch):
     monkeypatch.setattr("caidllm.train.trainer.mask_answers", spy)
     assert cli_main(args + ["--task-mix", "dyck_languages=1"]) == 0
     assert tasks == ["dyck_languages", "dyck_languages"]
-    for bad, message in [("dyck_languages", "expected NAME=WEIGHT"), ("dyck_languages=x", "expected NAME=WEIGHT"),
-                         ("=1", "expected NAME=WEIGHT"), ("dyck=1", "unknown task(s) ['dyck']"),
-                         ("navigate=0", "weights at step 0 must be >= 0 with a positive sum")]:
+    for bad, message in [
+        ("dyck_languages", "expected NAME=WEIGHT"),
+        ("dyck_languages=x", "expected NAME=WEIGHT"),
+        ("=1", "expected NAME=WEIGHT"),
+        ("dyck=1", "unknown task(s) ['dyck']"),
+        ("navigate=0", "weights at step 0 must be >= 0 with a positive sum"),
+    ]:
         assert cli_main(["train", "--out", str(run_dir / "cli-mix-bad"), "--task-mix", bad]) == 2
         assert message in capsys.readouterr().err, bad
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(steps=0), "steps must be an integer >= 1"),
-    (dict(batch_size=2.5), "batch_size must be an integer >= 1"),
-    (dict(block_length=0), "block_length must be an integer >= 1"),
-    (dict(block_share=-0.1), "block_share must be a number in [0, 1]"),
-    (dict(cut_share=2), "cut_share must be a number in [0, 1]"),
-    (dict(results_from=-1), "results_from must be an integer step >= 0"),
-    (dict(results_from=1.5), "results_from must be an integer step >= 0"),
-    (dict(tight_canvas_share=float("nan")), "tight_canvas_share must be a number in [0, 1]"),
-    (dict(d_model=30, n_heads=4), "d_model (30) must be divisible by n_heads (4)"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(steps=0), "steps must be an integer >= 1"),
+        (dict(batch_size=2.5), "batch_size must be an integer >= 1"),
+        (dict(block_length=0), "block_length must be an integer >= 1"),
+        (dict(block_share=-0.1), "block_share must be a number in [0, 1]"),
+        (dict(cut_share=2), "cut_share must be a number in [0, 1]"),
+        (dict(results_from=-1), "results_from must be an integer step >= 0"),
+        (dict(results_from=1.5), "results_from must be an integer step >= 0"),
+        (dict(tight_canvas_share=float("nan")), "tight_canvas_share must be a number in [0, 1]"),
+        (dict(d_model=30, n_heads=4), "d_model (30) must be divisible by n_heads (4)"),
+    ],
+)
 def test_config_rejects_bad_values(bad, message):
     with pytest.raises(InputError, match=re.escape(message)):
         TrainConfig(**bad)
@@ -149,8 +208,9 @@ def test_block_rows_look_like_a_block_decoders_input(run_dir):
     for step in range(6):
         batch = trainer.stream.batch(step)
         generator = torch.Generator().manual_seed(step)
-        noisy, masked, p_mask, in_answer = mask_answers(batch, mask_id, generator, block_share=1.0,
-                                                        block_length=block)
+        noisy, masked, p_mask, in_answer = mask_answers(
+            batch, mask_id, generator, block_share=1.0, block_length=block
+        )
         assert not masked[~in_answer].any()
         for row in range(masked.shape[0]):
             hits = masked[row].nonzero().flatten()
@@ -162,16 +222,22 @@ def test_block_rows_look_like_a_block_decoders_input(run_dir):
             assert batch.answer_start[row] <= first
             tail = first + block
             assert masked[row, tail:].all() and (p_mask[row, tail:] == 1).all()
-            assert masked[row, batch.answer_end[row] - 1 + block:].all()
+            assert masked[row, batch.answer_end[row] - 1 + block :].all()
         plain = mask_answers(batch, mask_id, generator, block_share=0.0)
         assert (plain[2] == plain[2][:, :1]).all()  # LLaDA rows: one masking probability per row
 
 
 def test_batches_hold_one_task_and_few_shapes(run_dir):
     trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, **MICRO))
-    marker = {"boolean_expressions": " is<|eot_id|>", "web_of_lies": "Does", "navigate": "starting point",
-              "dyck_languages": "parentheses", "multistep_arithmetic_two": ") =", "arithmetic": "How",
-              "arithmetic_facts": " + "}
+    marker = {
+        "boolean_expressions": " is<|eot_id|>",
+        "web_of_lies": "Does",
+        "navigate": "starting point",
+        "dyck_languages": "parentheses",
+        "multistep_arithmetic_two": ") =",
+        "arithmetic": "How",
+        "arithmetic_facts": " + ",
+    }
     seen = set()
     for step in range(24):
         batch = trainer.stream.batch(step)
@@ -187,8 +253,9 @@ def test_the_task_mix_follows_its_phases(run_dir):
     phases = ((0, {"boolean_expressions": 1.0}), (4, {"web_of_lies": 1.0}), (6, {"navigate": 1.0}))
     cfg = TrainConfig(out_dir=str(run_dir / "mix"), steps=12, task_phases=phases, **MICRO)
     stream = Trainer(cfg).stream
-    assert [stream.batch(step).task for step in range(8)] == (["boolean_expressions"] * 4 + ["web_of_lies"] * 2
-                                                             + ["navigate"] * 2)
+    assert [stream.batch(step).task for step in range(8)] == (
+        ["boolean_expressions"] * 4 + ["web_of_lies"] * 2 + ["navigate"] * 2
+    )
 
 
 def test_a_new_phase_leaves_earlier_batches_unchanged(run_dir):
@@ -204,15 +271,18 @@ def test_a_new_phase_leaves_earlier_batches_unchanged(run_dir):
     assert after.batch(9).task == "arithmetic_facts"
 
 
-@pytest.mark.parametrize("phases, message", [
-    (((1, {"navigate": 1.0}),), "task_phases must start at step 0"),
-    (((0, {"navigate": 1.0}), (5, {"navigate": 1.0}), (5, {"web_of_lies": 1.0})), "in increasing order"),
-    (((0, {"navgate": 1.0}),), "unknown task(s) ['navgate'] at step 0"),
-    (((0, {"navigate": -1.0}),), "weights at step 0 must be >= 0 with a positive sum"),
-    (((0, {"navigate": 0.0}),), "weights at step 0 must be >= 0 with a positive sum"),
-    (((0, {"navigate": float("nan")}),), "weights at step 0 must be >= 0 with a positive sum"),
-    (((0.0, {"navigate": 1.0}),), "task_phases must start at step 0"),
-])
+@pytest.mark.parametrize(
+    "phases, message",
+    [
+        (((1, {"navigate": 1.0}),), "task_phases must start at step 0"),
+        (((0, {"navigate": 1.0}), (5, {"navigate": 1.0}), (5, {"web_of_lies": 1.0})), "in increasing order"),
+        (((0, {"navgate": 1.0}),), "unknown task(s) ['navgate'] at step 0"),
+        (((0, {"navigate": -1.0}),), "weights at step 0 must be >= 0 with a positive sum"),
+        (((0, {"navigate": 0.0}),), "weights at step 0 must be >= 0 with a positive sum"),
+        (((0, {"navigate": float("nan")}),), "weights at step 0 must be >= 0 with a positive sum"),
+        (((0.0, {"navigate": 1.0}),), "task_phases must start at step 0"),
+    ],
+)
 def test_bad_task_phases_are_refused(phases, message):
     with pytest.raises(InputError, match=re.escape(message)):
         TrainConfig(task_phases=phases)
@@ -231,7 +301,9 @@ def test_learning_rate_restarts_keep_the_trained_steps_schedule():
     short = TrainConfig(steps=200, lr_restarts=(300,))  # a restart past the end never happens
     assert short.lr_at(199) == pytest.approx(1e-4, rel=1e-2)
     for restarts in ((300, 300), (0,), (100,), (400, 300)):  # 100: inside the default warm-up
-        with pytest.raises(InputError, match=re.escape("lr_restarts must be increasing integer steps after the warm-up")):
+        with pytest.raises(
+            InputError, match=re.escape("lr_restarts must be increasing integer steps after the warm-up")
+        ):
             TrainConfig(lr_restarts=restarts)
 
 
@@ -256,12 +328,49 @@ def test_a_fresh_model_memorises_one_batch(run_dir):
 
 
 def test_result_flags_mark_the_right_hand_sides_of_equations():
-    tokens = ["1", "8", " -", " ", "7", ":", " ", "8", " -", " ", "7", " =", " ", "1", ",", " ", "1", "1", "\n",
-              "=", " not", " True", "\n", "So", " is", " 1", "1", "."]
+    tokens = [
+        "1",
+        "8",
+        " -",
+        " ",
+        "7",
+        ":",
+        " ",
+        "8",
+        " -",
+        " ",
+        "7",
+        " =",
+        " ",
+        "1",
+        ",",
+        " ",
+        "1",
+        "1",
+        "\n",
+        "=",
+        " not",
+        " True",
+        "\n",
+        "So",
+        " is",
+        " 1",
+        "1",
+        ".",
+    ]
     flagged = [t for t, f in zip(tokens, result_flags(tokens)) if f]
-    assert flagged == ["1", " not", " True"]  # spaces, the chain's final "11" and the last line are not results
-    assert result_flags(["7", " +", " ", "5", " =", " ", "1", "2", " =", " ", "3"]) == [False] * 6 + [True, True,
-                                                                                              False, False, True]
+    assert flagged == [
+        "1",
+        " not",
+        " True",
+    ]  # spaces, the chain's final "11" and the last line are not results
+    assert result_flags(["7", " +", " ", "5", " =", " ", "1", "2", " =", " ", "3"]) == [False] * 6 + [
+        True,
+        True,
+        False,
+        False,
+        True,
+    ]
 
 
 def test_result_rows_mask_only_the_results(run_dir):
@@ -269,13 +378,19 @@ def test_result_rows_mask_only_the_results(run_dir):
     mask_id, checked = trainer.special["mask"], set()
     for step in range(24):
         batch = trainer.stream.batch(step)
-        text = trainer.tokenizer.decode(batch.input_ids[0, batch.answer_start[0]:batch.answer_end[0]].tolist())
+        text = trainer.tokenizer.decode(
+            batch.input_ids[0, batch.answer_start[0] : batch.answer_end[0]].tolist()
+        )
         flagged = trainer.tokenizer.decode(batch.input_ids[0][batch.results[0]].tolist())
         if batch.task == "arithmetic_facts":  # "4 * 8 = 32\n7 + 5 = 12 ..." -> "3212..."
-            assert flagged == "".join(line.split(" = ")[1] for line in text.replace("<|eot_id|>", "").splitlines())
+            assert flagged == "".join(
+                line.split(" = ")[1] for line in text.replace("<|eot_id|>", "").splitlines()
+            )
         if batch.task == "web_of_lies":
             assert not batch.results.any()  # no equations: its rows are masked as usual
-        assert not batch.results[~(torch.arange(batch.input_ids.shape[1]) >= batch.answer_start[:, None])].any()
+        assert not batch.results[
+            ~(torch.arange(batch.input_ids.shape[1]) >= batch.answer_start[:, None])
+        ].any()
         generator = torch.Generator().manual_seed(step)
         noisy, masked, _, _ = mask_answers(batch, mask_id, generator, block_share=0.5, result_share=1.0)
         has_results = batch.results.any(dim=1)
@@ -335,7 +450,9 @@ def _masks_seen(trainer, steps, monkeypatch):
 
 
 def test_drill_rows_mask_only_results_and_chain_rows_are_cut(run_dir, monkeypatch):
-    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, cut_share=1.0, results_from=0, **MICRO))
+    trainer = Trainer(
+        TrainConfig(out_dir=str(run_dir / "b"), steps=12, cut_share=1.0, results_from=0, **MICRO)
+    )
     seen = _masks_seen(trainer, range(24), monkeypatch)
     batch, masked = seen["arithmetic_facts"]
     assert not (masked & ~batch.results).any()
@@ -344,16 +461,22 @@ def test_drill_rows_mask_only_results_and_chain_rows_are_cut(run_dir, monkeypatc
 
 
 def test_no_result_or_cut_rows_before_results_from(run_dir, monkeypatch):
-    trainer = Trainer(TrainConfig(out_dir=str(run_dir / "b"), steps=12, cut_share=1.0, block_share=0.0,
-                                  results_from=1000, **MICRO))
+    trainer = Trainer(
+        TrainConfig(
+            out_dir=str(run_dir / "b"), steps=12, cut_share=1.0, block_share=0.0, results_from=1000, **MICRO
+        )
+    )
     seen = _masks_seen(trainer, range(24), monkeypatch)
     batch, masked = seen["arithmetic_facts"]
     assert (masked & ~batch.results).any()  # plain rows: operands are masked too
     batch, masked = seen["arithmetic"]
     # a cut row masks everything from its first masked position to the end
     # of the answer; plain rows at rate t leave gaps
-    gaps = [not masked[row, masked[row].nonzero()[0].item():batch.answer_end[row]].all()
-            for row in range(masked.shape[0]) if masked[row].any()]
+    gaps = [
+        not masked[row, masked[row].nonzero()[0].item() : batch.answer_end[row]].all()
+        for row in range(masked.shape[0])
+        if masked[row].any()
+    ]
     assert sum(gaps) > len(gaps) // 2
 
 
@@ -362,11 +485,15 @@ def test_fact_accuracy_scores_the_drill_results(run_dir):
     vocab, mask_id = trainer.raw_config["vocab_size"], trainer.special["mask"]
     clean = []  # the validation drill examples the accuracy is measured on
     for example in caidllm.tasks.get_training_task("arithmetic_facts").examples("validation", 4, seed=0):
-        prompt, answer = encode_pair(trainer.tokenizer, example.prompt, example.answer, trainer.special["eot"])
+        prompt, answer = encode_pair(
+            trainer.tokenizer, example.prompt, example.answer, trainer.special["eot"]
+        )
         clean.append(torch.tensor(prompt + answer))
 
     def oracle(ids):  # the clean example that agrees with every unmasked token
-        (match,) = [c for c in clean if len(c) == ids.shape[1] and ((ids[0] == c) | (ids[0] == mask_id)).all()]
+        (match,) = [
+            c for c in clean if len(c) == ids.shape[1] and ((ids[0] == c) | (ids[0] == mask_id)).all()
+        ]
         return F.one_hot(match, vocab)[None].float()
 
     def first_result_wrong(ids):  # the first masked token of each example is predicted as itself

@@ -19,10 +19,37 @@ from caidllm.train.bd_decode import block_diffusion_generate
 from caidllm.train.block_diffusion import block_diffusion_logits, noise_blocks, training_mask
 from caidllm.train.trainer import TrainConfig, Trainer
 
-MICRO = dict(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, batch_size=4, threads=1,
-             bf16_autocast=False, eval_every=10_000, save_every=5, warmup_steps=5, objective="block_diffusion")
-MICRO_FLAGS = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--mlp-hidden-size", "32",
-               "--batch-size", "2", "--threads", "1", "--bf16-autocast", "false", "--eval-every", "100"]
+MICRO = dict(
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    mlp_hidden_size=64,
+    batch_size=4,
+    threads=1,
+    bf16_autocast=False,
+    eval_every=10_000,
+    save_every=5,
+    warmup_steps=5,
+    objective="block_diffusion",
+)
+MICRO_FLAGS = [
+    "--d-model",
+    "32",
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--mlp-hidden-size",
+    "32",
+    "--batch-size",
+    "2",
+    "--threads",
+    "1",
+    "--bf16-autocast",
+    "false",
+    "--eval-every",
+    "100",
+]
 
 
 def _run_folder(folder):
@@ -75,8 +102,11 @@ def test_a_noisy_block_sees_only_itself_and_the_clean_earlier_blocks(trainer):
         return changed
 
     later, earlier = slice(4 * block + 4, None), slice(0, 4 * block)
-    for noisy_in, clean_in in [(other(noisy, later), clean), (noisy, other(clean, later)),
-                               (other(noisy, earlier), clean)]:
+    for noisy_in, clean_in in [
+        (other(noisy, later), clean),
+        (noisy, other(clean, later)),
+        (other(noisy, earlier), clean),
+    ]:
         assert torch.allclose(_logits(trainer, noisy_in, clean_in)[0, here], reference, atol=1e-5)
     # The clean copy of the earlier blocks is what it reads.
     assert not torch.allclose(_logits(trainer, noisy, other(clean, earlier))[0, here], reference, atol=1e-3)
@@ -91,19 +121,23 @@ def test_the_training_copy_computes_what_the_block_causal_model_computes(trainer
     noisy = noise_blocks(batch, 4, trainer.special["mask"], torch.Generator().manual_seed(2))[0][:1]
     block = int(batch.answer_start[0]) // 4 + 1
     end = 4 * block + 4
-    canvas = torch.cat([clean[:, :4 * block], noisy[:, 4 * block:end]], dim=1)
-    block_causal = LLaDAModel(dataclasses.replace(trainer.model_config, block_causal=True, block_lengths=(4,)))
+    canvas = torch.cat([clean[:, : 4 * block], noisy[:, 4 * block : end]], dim=1)
+    block_causal = LLaDAModel(
+        dataclasses.replace(trainer.model_config, block_causal=True, block_lengths=(4,))
+    )
     block_causal.load_state_dict(trainer.model.state_dict())
     with torch.no_grad():
-        inference = block_causal(canvas)[0, 4 * block:]
-    assert torch.allclose(_logits(trainer, noisy, clean)[0, 4 * block:end], inference, atol=1e-5)
+        inference = block_causal(canvas)[0, 4 * block :]
+    assert torch.allclose(_logits(trainer, noisy, clean)[0, 4 * block : end], inference, atol=1e-5)
     with torch.no_grad():  # and not what the bidirectional model computes
-        assert not torch.allclose(trainer.model(canvas)[0, 4 * block:], inference, atol=1e-3)
+        assert not torch.allclose(trainer.model(canvas)[0, 4 * block :], inference, atol=1e-3)
 
 
 def test_each_block_has_its_own_mask_ratio_and_only_answers_are_masked(trainer):
     batch = trainer.stream.batch(1)
-    noisy, masked, p_mask, in_answer = noise_blocks(batch, 8, trainer.special["mask"], torch.Generator().manual_seed(0))
+    noisy, masked, p_mask, in_answer = noise_blocks(
+        batch, 8, trainer.special["mask"], torch.Generator().manual_seed(0)
+    )
     assert not masked[~in_answer].any()
     assert torch.equal(noisy[masked], torch.full_like(noisy[masked], trainer.special["mask"]))
     per_block = p_mask.view(p_mask.shape[0], -1, 8)
@@ -141,11 +175,11 @@ def _whole_window_decode(lm, prompt: str, block_length: int, gen_length: int) ->
             confidence[ids[0, columns] != c.mask_id] = -1
             best = int(confidence.argmax())
             ids[0, columns[best]] = predicted[best]
-        if any(t in c.eos_ids for t in ids[0, len(prompt_ids):columns[-1] + 1].tolist()):
+        if any(t in c.eos_ids for t in ids[0, len(prompt_ids) : columns[-1] + 1].tolist()):
             break
-    answer = ids[0, len(prompt_ids):].tolist()
+    answer = ids[0, len(prompt_ids) :].tolist()
     ends = [i for i, t in enumerate(answer) if t in c.eos_ids or t == c.mask_id]
-    return lm.decode(answer[:ends[0]] if ends else answer)
+    return lm.decode(answer[: ends[0]] if ends else answer)
 
 
 def test_the_block_decoder_gives_the_tokens_of_whole_window_recomputation(trainer):
@@ -163,11 +197,17 @@ def test_init_from_a_model_starts_from_its_weights(tmp_path):
     assert torch.equal(started.model.state_dict()[name], shipped.float())
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--objective", "block_diffusion", "--block-lengths", "4,x"], "--block-lengths: expected integers"),
-    (["--objective", "block_diffusion", "--block-lengths", "4,0"], "block_lengths must be a non-empty tuple"),
-    (["--init-from", "/nonexistent/model"], "model folder /nonexistent/model does not exist"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--objective", "block_diffusion", "--block-lengths", "4,x"], "--block-lengths: expected integers"),
+        (
+            ["--objective", "block_diffusion", "--block-lengths", "4,0"],
+            "block_lengths must be a non-empty tuple",
+        ),
+        (["--init-from", "/nonexistent/model"], "model folder /nonexistent/model does not exist"),
+    ],
+)
 def test_train_cli_refuses_bad_block_diffusion_options(tmp_path, capsys, flags, message):
     assert cli_main(["train", "--out", str(tmp_path / "run"), "--steps", "1"] + MICRO_FLAGS + flags) == 2
     assert message in capsys.readouterr().err
@@ -175,8 +215,11 @@ def test_train_cli_refuses_bad_block_diffusion_options(tmp_path, capsys, flags, 
 
 def test_init_from_a_model_of_another_shape_is_refused(tmp_path):
     with pytest.raises(InputError, match=re.escape("init_from 'tiny': its weights do not fit the model")):
-        Trainer(TrainConfig(out_dir=_run_folder(tmp_path), steps=1, threads=1, d_model=32,
-                            n_heads=2, init_from="tiny"))
+        Trainer(
+            TrainConfig(
+                out_dir=_run_folder(tmp_path), steps=1, threads=1, d_model=32, n_heads=2, init_from="tiny"
+            )
+        )
 
 
 def test_config_rejects_an_unknown_objective():

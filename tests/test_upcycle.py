@@ -24,8 +24,11 @@ PROMPT = "not ( True ) and ( True ) is"
 @pytest.fixture(scope="module")
 def exact(tmp_path_factory):
     """tiny-bd upcycled without noise: only QK-norm's approximation is left."""
-    folder = upcycle("tiny-bd", tmp_path_factory.mktemp("up") / "exact",
-                     UpcycleSpec(noise=0.0, new_dims_std=0.0, calibration_examples=2))
+    folder = upcycle(
+        "tiny-bd",
+        tmp_path_factory.mktemp("up") / "exact",
+        UpcycleSpec(noise=0.0, new_dims_std=0.0, calibration_examples=2),
+    )
     return caidllm.load(folder, device="cpu", dtype="float32")
 
 
@@ -38,7 +41,13 @@ def test_the_upcycled_model_is_llada2_moe(exact):
     raw = json.loads((exact.path / "config.json").read_text())
     assert raw["architectures"] == ["LLaDA2MoeModelLM"] and raw["model_type"] == "llada2_moe"
     c = exact.config
-    assert c.family == "llada2" and c.head_dim == 128 and c.rotary_dim == 64 and c.qk_norm and c.dense_layers == 1
+    assert (
+        c.family == "llada2"
+        and c.head_dim == 128
+        and c.rotary_dim == 64
+        and c.qk_norm
+        and c.dense_layers == 1
+    )
     assert c.moe.num_experts == 8 and c.moe.num_shared_experts == 3 and c.block_lengths == (4, 8, 16, 32)
 
 
@@ -54,8 +63,12 @@ def test_each_moe_layer_computes_the_source_ffn_whatever_the_routing(exact, sour
 
 
 def test_the_upcycled_model_predicts_what_the_source_predicts(exact, source):
-    ids = torch.tensor([source.encode_chat(PROMPT) + source.tokenizer.encode("not True and True\n= False and True",
-                                                                             add_special_tokens=False)])
+    ids = torch.tensor(
+        [
+            source.encode_chat(PROMPT)
+            + source.tokenizer.encode("not True and True\n= False and True", add_special_tokens=False)
+        ]
+    )
     with torch.no_grad():
         ours, theirs = exact.model(ids), source.model(ids)
     assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.95
@@ -70,8 +83,14 @@ def test_upcycling_refuses_a_model_that_is_not_dense_llada(tmp_path, exact):
 
 def test_the_balancer_raises_the_bias_of_idle_experts():
     torch.manual_seed(0)
-    cfg = MoEConfig(hidden_size=8, moe_intermediate_size=4, num_experts=4, num_experts_per_tok=1,
-                    score_function="sigmoid", expert_bias=True)
+    cfg = MoEConfig(
+        hidden_size=8,
+        moe_intermediate_size=4,
+        num_experts=4,
+        num_experts_per_tok=1,
+        score_function="sigmoid",
+        expert_bias=True,
+    )
     moe = MoEFeedForward(cfg)
     with torch.no_grad():
         for p in moe.parameters():
@@ -101,8 +120,18 @@ def test_the_trainer_trains_the_upcycled_model_and_exports_llada2(tmp_path):
         shutil.copy(ASSETS / "tiny" / name, run / "tokenizer" / name)
     start = upcycled_start("tiny-bd", run)
     assert upcycled_start("tiny-bd", run) == start  # written once: a resumed run keeps its start
-    trainer = Trainer(TrainConfig(out_dir=str(run), init_from=str(start), objective="block_diffusion",
-                                  batch_size=2, threads=1, bf16_autocast=False, warmup_steps=1, lr=1e-3))
+    trainer = Trainer(
+        TrainConfig(
+            out_dir=str(run),
+            init_from=str(start),
+            objective="block_diffusion",
+            batch_size=2,
+            threads=1,
+            bf16_autocast=False,
+            warmup_steps=1,
+            lr=1e-3,
+        )
+    )
     router = trainer.model.model.layers[1].mlp.gate
     before = router.weight.detach().clone()
     trainer.model.train()
@@ -118,6 +147,8 @@ def test_the_trainer_trains_the_upcycled_model_and_exports_llada2(tmp_path):
 
 
 def test_cli_refuses_two_starts(tmp_path, capsys):
-    code = cli_main(["train", "--out", str(tmp_path / "run"), "--upcycle-from", "tiny-bd", "--init-from", "tiny"])
+    code = cli_main(
+        ["train", "--out", str(tmp_path / "run"), "--upcycle-from", "tiny-bd", "--init-from", "tiny"]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "--upcycle-from and --init-from" in err and len(err.splitlines()) == 1

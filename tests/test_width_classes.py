@@ -35,10 +35,21 @@ def test_a_forward_without_a_cache_starts_at_its_first_real_column():
     full = Full()
     call = SimpleNamespace(cache=None, real_from=[6, 5], starts=[7, 6])
     assert full.computed_positions(call, None, 0)["lo"] == 5
-    assert full.computed_positions(SimpleNamespace(cache=None, real_from=None, starts=[7, 6]), None, 0)["lo"] == 0
-    assert full.computed_positions(SimpleNamespace(cache=object(), real_from=[6, 5], starts=[7, 6]), None, 0)["lo"] == 0
+    assert (
+        full.computed_positions(SimpleNamespace(cache=None, real_from=None, starts=[7, 6]), None, 0)["lo"]
+        == 0
+    )
+    assert (
+        full.computed_positions(SimpleNamespace(cache=object(), real_from=[6, 5], starts=[7, 6]), None, 0)[
+            "lo"
+        ]
+        == 0
+    )
     # logits of the padding asked for (the whole canvas): every column
-    assert full.computed_positions(SimpleNamespace(cache=None, real_from=[6, 5], starts=[0, 0]), None, 0)["lo"] == 0
+    assert (
+        full.computed_positions(SimpleNamespace(cache=None, real_from=[6, 5], starts=[0, 0]), None, 0)["lo"]
+        == 0
+    )
 
 
 def test_a_light_request_beside_long_ones_decodes_as_alone(tiny):

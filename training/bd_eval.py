@@ -34,7 +34,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--gen-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--expert-load", action="store_true", help="also report the load per expert (MoE models)")
+    parser.add_argument(
+        "--expert-load", action="store_true", help="also report the load per expert (MoE models)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     lm = caidllm.load(args.model)
@@ -45,15 +47,31 @@ def main() -> None:
             tick = time.time()
             counter = ExpertCounter(lm.model) if args.expert_load else None
             texts = block_diffusion_generate(lm, prompts, block_length, args.gen_length, args.batch_size)
-            expert_load = {} if counter is None else {"expert_load": [[round(s, 4) for s in layer] for layer in counter.shares()]}
+            expert_load = (
+                {}
+                if counter is None
+                else {"expert_load": [[round(s, 4) for s in layer] for layer in counter.shares()]}
+            )
             if counter is not None:
                 counter.detach()
             scores = [task.score(text, sample).score for text, sample in zip(texts, task.samples)]
             accuracy = sum(scores) / len(scores)
             stderr = math.sqrt(accuracy * (1 - accuracy) / max(1, len(scores) - 1))
-            print(json.dumps({"model": args.model, "task": name, "block_length": block_length, "n": len(scores),
-                              "accuracy": round(accuracy, 4), "stderr": round(stderr, 4),
-                              "seconds": round(time.time() - tick, 1), **expert_load}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "model": args.model,
+                        "task": name,
+                        "block_length": block_length,
+                        "n": len(scores),
+                        "accuracy": round(accuracy, 4),
+                        "stderr": round(stderr, 4),
+                        "seconds": round(time.time() - tick, 1),
+                        **expert_load,
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -24,4 +24,6 @@ def are_numbers(values, count: int) -> bool:
 
 def is_id_list(value, allow_empty: bool = False) -> bool:
     """A list (or tuple) of token ids: ints; empty only when allowed."""
-    return isinstance(value, (list, tuple)) and (allow_empty or len(value) > 0) and all(is_int(t) for t in value)
+    return (
+        isinstance(value, (list, tuple)) and (allow_empty or len(value) > 0) and all(is_int(t) for t in value)
+    )

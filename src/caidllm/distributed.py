@@ -28,9 +28,13 @@ class World:
     def from_env(cls, env=None) -> "World":
         env = os.environ if env is None else env
         try:
-            rank, size, local = (int(env.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
+            rank, size, local = (
+                int(env.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0))
+            )
         except ValueError:
-            raise InputError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (as torchrun sets them)") from None
+            raise InputError(
+                "RANK, WORLD_SIZE and LOCAL_RANK must be integers (as torchrun sets them)"
+            ) from None
         if size < 1 or not 0 <= rank < size:
             raise InputError(f"RANK={rank} is not within WORLD_SIZE={size}")
         return cls(rank, size, local)
@@ -51,8 +55,10 @@ class World:
         if text in ("", "cuda") and torch.cuda.is_available():
             return f"cuda:{self.local_rank}"
         if text.startswith("cuda:"):
-            raise InputError(f"--device {text} pins one GPU, but under torchrun each rank takes cuda:LOCAL_RANK; "
-                             "pass --device cuda (or nothing)")
+            raise InputError(
+                f"--device {text} pins one GPU, but under torchrun each rank takes cuda:LOCAL_RANK; "
+                "pass --device cuda (or nothing)"
+            )
         return text or "cpu"
 
     def init(self, device: str | None) -> "World":
@@ -62,7 +68,9 @@ class World:
         cuda = device is not None and str(device).startswith("cuda")
         if cuda:
             torch.cuda.set_device(torch.device(device))
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=self.rank, world_size=self.world_size)
+        torch.distributed.init_process_group(
+            "nccl" if cuda else "gloo", rank=self.rank, world_size=self.world_size
+        )
         return self
 
     def shard(self, n: int) -> list[int]:
@@ -100,7 +108,11 @@ class RankFailed(RuntimeError):
 
 def all_succeed(world: World, error: BaseException | None) -> None:
     """A collective check: raise on every rank if any rank had an error (InputError kept as such)."""
-    mine = None if error is None else (world.rank, type(error).__name__, str(error), isinstance(error, InputError))
+    mine = (
+        None
+        if error is None
+        else (world.rank, type(error).__name__, str(error), isinstance(error, InputError))
+    )
     failures = [f for f in world.all_gather(mine) if f is not None]
     if error is not None:
         raise error

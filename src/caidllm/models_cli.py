@@ -19,26 +19,49 @@ examples:
 
 
 def register(sub, name: str = "models") -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="list the model families and known checkpoints; a model's memory needs",
-                       description="The families caidllm runs and the public checkpoints it knows (hub id, "
-                                   "architecture, parameters total / active per token, context, decoders and cache "
-                                   "modes, recommended settings). With --model: the memory its weights need in "
-                                   "--dtype and the cache one request needs at --length positions (read from "
-                                   "config.json alone; a known checkpoint needs no download).",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        name,
+        help="list the model families and known checkpoints; a model's memory needs",
+        description="The families caidllm runs and the public checkpoints it knows (hub id, "
+        "architecture, parameters total / active per token, context, decoders and cache "
+        "modes, recommended settings). With --model: the memory its weights need in "
+        "--dtype and the cache one request needs at --length positions (read from "
+        "config.json alone; a known checkpoint needs no download).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default=None, help="a folder, a hub id ORG/NAME[@REVISION], or random:SHAPE")
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16 or float32")
-    p.add_argument("--length", type=int, default=None,
-                   help="positions of one request (prompt + answer) for the cache figure (default: the context)")
+    p.add_argument(
+        "--length",
+        type=int,
+        default=None,
+        help="positions of one request (prompt + answer) for the cache figure (default: the context)",
+    )
     add_quantize_arguments(p)
-    p.add_argument("--plan", default=None, metavar="MODEL",
-                   help="a memory plan for MODEL over --tp GPUs: weights per rank, KV cache per request at "
-                        "--context, how many requests fit in --gpu-memory (models/plan.py)")
-    p.add_argument("--tp", type=int, default=1, help="with --plan: GPUs the model is divided among (default 1)")
-    p.add_argument("--gpu-memory", type=float, default=80.0, metavar="GIB",
-                   help="with --plan: memory of one GPU in GiB (default 80)")
-    p.add_argument("--context", type=int, default=None,
-                   help="with --plan: positions of one request (default: the model's context)")
+    p.add_argument(
+        "--plan",
+        default=None,
+        metavar="MODEL",
+        help="a memory plan for MODEL over --tp GPUs: weights per rank, KV cache per request at "
+        "--context, how many requests fit in --gpu-memory (models/plan.py)",
+    )
+    p.add_argument(
+        "--tp", type=int, default=1, help="with --plan: GPUs the model is divided among (default 1)"
+    )
+    p.add_argument(
+        "--gpu-memory",
+        type=float,
+        default=80.0,
+        metavar="GIB",
+        help="with --plan: memory of one GPU in GiB (default 80)",
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        help="with --plan: positions of one request (default: the model's context)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
     p.set_defaults(handler=run)
     return p
@@ -79,8 +102,10 @@ def run_plan(args) -> int:
     from caidllm.models.plan import memory_plan, plan_lines
 
     if args.model is not None or args.quantize is not None or args.quantize_head:
-        raise InputError("--plan MODEL takes its model itself and plans unquantized weights: "
-                         "drop --model / --quantize / --quantize-head")
+        raise InputError(
+            "--plan MODEL takes its model itself and plans unquantized weights: "
+            "drop --model / --quantize / --quantize-head"
+        )
     dtype = resolve_dtype(args.dtype)
     described = describe(args.plan)
     context = described.config.max_length if args.context is None else args.context
@@ -93,28 +118,43 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     lines = ["Families (config.json architectures / model_type):"]
     for f in families:
         model_types = ", ".join(f["model_types"]) or "none of its own"  # Stable-DiffCoder says "llama"
-        lines.append(f"  {f['family']:<11} {', '.join(f['architectures'])} / {model_types}: {f['description']}")
+        lines.append(
+            f"  {f['family']:<11} {', '.join(f['architectures'])} / {model_types}: {f['description']}"
+        )
     lines += ["", "Known checkpoints (parameters: total / active per token; chat: instruct, else raw text):"]
-    header = f"  {'hub id':<39} {'family':<11} {'architecture':<25} {'params':>14} {'context':>7} {'chat':<5} " \
-             "recommended"
+    header = (
+        f"  {'hub id':<39} {'family':<11} {'architecture':<25} {'params':>14} {'context':>7} {'chat':<5} "
+        "recommended"
+    )
     lines.append(header)
     for c in checkpoints:
         r = c["recommended"]
         params = f"{c['parameters_total'] / 1e9:.2f}B/{c['parameters_active'] / 1e9:.2f}B"
         threshold = f" (threshold {r['threshold']:g})" if r.get("threshold") is not None else ""
         decoder = f"{r['decoder']}{threshold}, " if r.get("decoder") else ""  # sdar-static: no threshold
-        lines.append(f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
-                     f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
-                     f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "
-                     f"{'on' if r['confidence_gating'] else 'off'}, f {r['refresh_every']}")
+        lines.append(
+            f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
+            f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
+            f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "
+            f"{'on' if r['confidence_gating'] else 'off'}, f {r['refresh_every']}"
+        )
     lines.append("")
-    for kind, block_causal, uniform in (("full-sequence", False, False), ("block-diffusion", True, False),
-                                        ("uniform-state", True, True)):
-        rows = [f for f in families if f["block_causal"] is block_causal and f.get("uniform", False) is uniform]
+    for kind, block_causal, uniform in (
+        ("full-sequence", False, False),
+        ("block-diffusion", True, False),
+        ("uniform-state", True, True),
+    ):
+        rows = [
+            f for f in families if f["block_causal"] is block_causal and f.get("uniform", False) is uniform
+        ]
         if rows:
-            lines += [f"Decoders (--method) of {kind} models: {', '.join(rows[0]['decoders'])}",
-                      f"Cache modes (--cache) of {kind} models: {', '.join(rows[0]['cache_modes'])}"]
-    lines.append("Sources of the recommended settings: caidllm models --json (checkpoints[].recommended.source).")
+            lines += [
+                f"Decoders (--method) of {kind} models: {', '.join(rows[0]['decoders'])}",
+                f"Cache modes (--cache) of {kind} models: {', '.join(rows[0]['cache_modes'])}",
+            ]
+    lines.append(
+        "Sources of the recommended settings: caidllm models --json (checkpoints[].recommended.source)."
+    )
     return lines
 
 
@@ -124,20 +164,24 @@ def quantized(m: dict) -> str:
     head = m.get("head_quantization")
     if not m.get("quantized_head"):
         return f", {m['quantization']} linear layers"
-    return f", {m['quantization']} linear layers and " + ("head" if head == m["quantization"] else f"{head} head")
+    return f", {m['quantization']} linear layers and " + (
+        "head" if head == m["quantization"] else f"{head} head"
+    )
 
 
 CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "none")
 
 
 def memory_lines(m: dict) -> list[str]:
-    gib = 1024 ** 3
+    gib = 1024**3
     cache = m["cache_bytes_per_request"]
-    lines = [f"{m['model']} ({m['family']}): {m['parameters_total']:,} parameters, {m['parameters_active']:,} "
-             f"active per token; context {m['context']}",
-             f"weights in {m['dtype']}{quantized(m)}: {m['weights_bytes'] / gib:.2f} GiB",
-             f"cache per request at {m['length']} positions: "
-             + ", ".join(f"{mode} {cache[mode] / gib:.3f} GiB" for mode in sorted(cache, key=CACHE_ORDER.index))]
+    lines = [
+        f"{m['model']} ({m['family']}): {m['parameters_total']:,} parameters, {m['parameters_active']:,} "
+        f"active per token; context {m['context']}",
+        f"weights in {m['dtype']}{quantized(m)}: {m['weights_bytes'] / gib:.2f} GiB",
+        f"cache per request at {m['length']} positions: "
+        + ", ".join(f"{mode} {cache[mode] / gib:.3f} GiB" for mode in sorted(cache, key=CACHE_ORDER.index)),
+    ]
     if "recommended" in m:
         lines.append(f"recommended: {m['recommended']}")
     return lines

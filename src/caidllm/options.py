@@ -21,44 +21,71 @@ def json_object_option(text: str, flag: str, what: str = "object") -> dict:
     return value
 
 
-MODEL_HELP = ("model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
-              "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an official "
-              "shape: random:llada-8b, random:dream-7b, random:llada-moe-7b ..., with config.json overrides: "
-              "'random:llada-8b?n_layers=4'")
+MODEL_HELP = (
+    "model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
+    "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an official "
+    "shape: random:llada-8b, random:dream-7b, random:llada-moe-7b ..., with config.json overrides: "
+    "'random:llada-8b?n_layers=4'"
+)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help=MODEL_HELP)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
-    parser.add_argument("--compile", action="store_true", help="run the layers' dense parts through torch.compile")
-    parser.add_argument("--moe-kernel", default="auto", choices=["auto", "loop", "grouped", "sized", "padded", "native"],
-                        help="how a mixture-of-experts layer runs its experts (models/moe_kernels.py): auto (default: "
-                             "native on one or two CPU threads where it builds, else sized or grouped on a CPU; grouped "
-                             "matmuls where they run without a host sync), loop (the per-expert reference), grouped, "
-                             "sized, padded, native (a compiled CPU kernel, built on first use by the C++ compiler)")
+    parser.add_argument(
+        "--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="run the layers' dense parts through torch.compile"
+    )
+    parser.add_argument(
+        "--moe-kernel",
+        default="auto",
+        choices=["auto", "loop", "grouped", "sized", "padded", "native"],
+        help="how a mixture-of-experts layer runs its experts (models/moe_kernels.py): auto (default: "
+        "native on one or two CPU threads where it builds, else sized or grouped on a CPU; grouped "
+        "matmuls where they run without a host sync), loop (the per-expert reference), grouped, "
+        "sized, padded, native (a compiled CPU kernel, built on first use by the C++ compiler)",
+    )
     add_quantize_arguments(parser)
 
 
 def add_tp_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tp", type=int, default=1, metavar="N",
-                        help="tensor parallelism: divide the model among N ranks this command spawns (attention heads, "
-                             "feed-forward widths and experts; gloo on a CPU, nccl with one GPU per rank)")
-    parser.add_argument("--tp-timeout", type=float, default=None, metavar="S",
-                        help="with --tp: seconds any wait on a rank may last (joining, a forward's sum, an idle "
-                             "server's keep-alive) and a stopped rank counts as hung; then the group stops "
-                             "(default 120)")
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor parallelism: divide the model among N ranks this command spawns (attention heads, "
+        "feed-forward widths and experts; gloo on a CPU, nccl with one GPU per rank)",
+    )
+    parser.add_argument(
+        "--tp-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --tp: seconds any wait on a rank may last (joining, a forward's sum, an idle "
+        "server's keep-alive) and a stopped rank counts as hung; then the group stops "
+        "(default 120)",
+    )
 
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     from caidllm.models.quantize import quantization_names
 
-    parser.add_argument("--quantize", default=None, metavar="KIND",
-                        help="torchao quantized weights for the layers' linear layers: "
-                             f"{', '.join(quantization_names())} (int4 and fp8 with --dtype bfloat16; fp8 on CUDA compute capability 8.9+ only; "
-                             "pip install 'caidllm[quant]')")
-    parser.add_argument("--quantize-head", action="store_true",
-                        help="quantize the output head too (default: it stays in the model dtype, like the embeddings)")
+    parser.add_argument(
+        "--quantize",
+        default=None,
+        metavar="KIND",
+        help="torchao quantized weights for the layers' linear layers: "
+        f"{', '.join(quantization_names())} (int4 and fp8 with --dtype bfloat16; fp8 on CUDA compute capability 8.9+ only; "
+        "pip install 'caidllm[quant]')",
+    )
+    parser.add_argument(
+        "--quantize-head",
+        action="store_true",
+        help="quantize the output head too (default: it stays in the model dtype, like the embeddings)",
+    )
 
 
 def load_model(args, shard=None, quiet: bool = False):
@@ -66,12 +93,21 @@ def load_model(args, shard=None, quiet: bool = False):
     `quiet`: no note on stderr, for ranks other than 0)."""
     from caidllm.models import load
 
-    lm = load(args.model, device=args.device, dtype=args.dtype, compile=getattr(args, "compile", False),
-              quantize=getattr(args, "quantize", None), quantize_head=getattr(args, "quantize_head", False),
-              moe_kernel=getattr(args, "moe_kernel", "auto"), shard=shard)
+    lm = load(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        compile=getattr(args, "compile", False),
+        quantize=getattr(args, "quantize", None),
+        quantize_head=getattr(args, "quantize_head", False),
+        moe_kernel=getattr(args, "moe_kernel", "auto"),
+        shard=shard,
+    )
     if getattr(lm, "random_weights", False) and not quiet:
-        print(f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
-              file=sys.stderr)
+        print(
+            f"caidllm: {args.model}: the weights are random; the text and any accuracy mean nothing",
+            file=sys.stderr,
+        )
     return lm
 
 
@@ -109,8 +145,9 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
     return config_for_model(config, checkpoint, method, settings, strict, **options)[0]
 
 
-def lengths_for_run(model_name, lm, methods: list[tuple[str, dict]], gen_length=None, block_length=None,
-                    **common) -> dict:
+def lengths_for_run(
+    model_name, lm, methods: list[tuple[str, dict]], gen_length=None, block_length=None, **common
+) -> dict:
     """gen_length and block_length of a run of several methods at the same lengths (bench, calibrate):
     unset ones as generate takes them for the first method that lays blocks (decode/presets.py,
     config_for_model), every method then checked at them against the model: `lm`'s config, or when `lm`
@@ -118,7 +155,9 @@ def lengths_for_run(model_name, lm, methods: list[tuple[str, dict]], gen_length=
     pairs."""
     from caidllm.decode.presets import config_for_model, take_the_runs_block
 
-    config, checkpoint = (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)
+    config, checkpoint = (
+        (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)
+    )
     lengths = dict(gen_length=gen_length, block_length=block_length)
     takes = take_the_runs_block(methods)
     fixed = None

@@ -19,19 +19,43 @@ import torch
 from safetensors.torch import save_file
 
 from caidllm.errors import InputError
-from caidllm.models.generated_tokenizer import (SPECIAL_TOKENS, build_tokenizer, config_token_ids, special_ids,
-                                                tokenizer_config)
+from caidllm.models.generated_tokenizer import (
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    config_token_ids,
+    special_ids,
+    tokenizer_config,
+)
 
 SIZES = {  # tiny defaults; Dream uses grouped-query attention like the real one
-    "llada": dict(hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=4, intermediate_size=64,
-                  max_length=1024, rope_theta=500000.0, tie_embeddings=False, vocab_size=None),
-    "dream": dict(hidden_size=32, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=64,
-                  max_length=1024, rope_theta=1000000.0, tie_embeddings=False, vocab_size=None),
+    "llada": dict(
+        hidden_size=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=4,
+        intermediate_size=64,
+        max_length=1024,
+        rope_theta=500000.0,
+        tie_embeddings=False,
+        vocab_size=None,
+    ),
+    "dream": dict(
+        hidden_size=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        intermediate_size=64,
+        max_length=1024,
+        rope_theta=1000000.0,
+        tie_embeddings=False,
+        vocab_size=None,
+    ),
 }
 
 
-def write_random_checkpoint(path, family="llada", *, sharded=False, seed=0, dtype="float32",
-                            config_overrides=None, **sizes) -> Path:
+def write_random_checkpoint(
+    path, family="llada", *, sharded=False, seed=0, dtype="float32", config_overrides=None, **sizes
+) -> Path:
     """Write a tiny random `family` checkpoint into folder `path`; returns it.
 
     sizes: hidden_size, n_layers, n_heads, n_kv_heads, intermediate_size,
@@ -44,7 +68,9 @@ def write_random_checkpoint(path, family="llada", *, sharded=False, seed=0, dtyp
         raise InputError(f"unknown family {family!r}; expected 'llada' or 'dream'")
     unknown = set(sizes) - set(SIZES[family])
     if unknown:
-        raise InputError(f"unknown size overrides {sorted(unknown)}; expected some of {sorted(SIZES[family])}")
+        raise InputError(
+            f"unknown size overrides {sorted(unknown)}; expected some of {sorted(SIZES[family])}"
+        )
     s = {**SIZES[family], **sizes}
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -78,8 +104,17 @@ def write_tokenizer(path: Path, family: str, max_length: int) -> int:
 
 def added_tokens_decoder(ids: dict[str, int]) -> dict:
     """tokenizer_config.json's added_tokens_decoder of special tokens (token -> id)."""
-    return {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                     "special": True} for t, i in ids.items()}
+    return {
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for t, i in ids.items()
+    }
 
 
 def _llada_config(s, dtype, family="llada"):
@@ -203,7 +238,9 @@ def _write_weights(path: Path, tensors: dict, sharded: bool):
         save_file({n: tensors[n] for n in shard}, str(path / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in shard})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    _write_json(path / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    _write_json(
+        path / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map}
+    )
 
 
 def _write_json(path: Path, obj):

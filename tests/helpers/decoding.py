@@ -56,6 +56,8 @@ def lm_eval_generates(pretrained, **options) -> bool:
     from caidllm.evaluation.lm_eval_adapter import CaidllmLM
 
     adapter = CaidllmLM(pretrained=str(pretrained), batch_size=2, device="cpu", **options)
-    requests = [Instance(request_type="generate_until", doc={}, arguments=(q, {"until": []}), idx=i)
-                for i, q in enumerate(["What is 2 + 2?", "Say yes."])]
+    requests = [
+        Instance(request_type="generate_until", doc={}, arguments=(q, {"until": []}), idx=i)
+        for i, q in enumerate(["What is 2 + 2?", "Say yes."])
+    ]
     return all(isinstance(a, str) for a in adapter.generate_until(requests))

@@ -15,21 +15,27 @@ MOE = "&num_experts=16&moe_intermediate_size=32"
 MODELS = {
     "tiny": dict(method="fastdllm", gen_length=16, block_length=8),
     "tiny-bd": dict(method="fastdllm", gen_length=16, block_length=8),
-    f"random:llada2-mini?{SMALL}{MOE}&rotary_dim=8&intermediate_size=128": dict(gen_length=32, block_length=32),
+    f"random:llada2-mini?{SMALL}{MOE}&rotary_dim=8&intermediate_size=128": dict(
+        gen_length=32, block_length=32
+    ),
     f"random:sdar-30b-a3b?{SMALL}{MOE}&intermediate_size=128": dict(gen_length=8, block_length=4),
     "random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
-    "&vocab_size=512&num_experts=16&expert_intermediate_size=32": dict(method="fastdllm", gen_length=16,
-                                                                        block_length=8),
+    "&vocab_size=512&num_experts=16&expert_intermediate_size=32": dict(
+        method="fastdllm", gen_length=16, block_length=8
+    ),
     # The 2026 families: Stable-DiffCoder's Llama attention, RND1's shifted Qwen3-MoE.
     "random:stable-diffcoder-8b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
-    "&num_key_value_heads=4&vocab_size=512&intermediate_size=128": dict(method="sdar-static", gen_length=8,
-                                                                     block_length=4),
+    "&num_key_value_heads=4&vocab_size=512&intermediate_size=128": dict(
+        method="sdar-static", gen_length=8, block_length=4
+    ),
     f"random:rnd1-30b-a3b?{SMALL}{MOE}": dict(method="fastdllm", gen_length=16, block_length=8),
 }
 # Checkpoint folders the test writes (tests/block_checkpoints.py): read part by part on each rank
 # (parallel/loading.py); the embedded tiny models are folders too, the random: shapes are drawn whole.
-FOLDERS = {"llada2-folder": (dict(gen_length=32, block_length=32), "llada2"),
-           "sdar-moe-folder": (dict(gen_length=8, block_length=4), "sdar-moe")}
+FOLDERS = {
+    "llada2-folder": (dict(gen_length=32, block_length=32), "llada2"),
+    "sdar-moe-folder": (dict(gen_length=8, block_length=4), "sdar-moe"),
+}
 TP2_ONLY = set(FOLDERS)  # 2 key/value heads
 PROMPTS = ["What is 2 plus 3?", "not True and False is", "Tell me a story about a dog and a cat"]
 
@@ -79,11 +85,18 @@ def run_rank(rank: int, world: int, port: int, out: str, folders: dict) -> None:
     from caidllm.parallel.mirror import Mirror, follow
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=120),
+    )
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    groups = {2: TPGroup(rank % 2, 2, pairs[rank // 2], pairs[rank // 2]),
-              4: TPGroup(rank, 4, dist.group.WORLD, dist.group.WORLD)}
+    groups = {
+        2: TPGroup(rank % 2, 2, pairs[rank // 2], pairs[rank // 2]),
+        4: TPGroup(rank, 4, dist.group.WORLD, dist.group.WORLD),
+    }
     results = {}
     for name in [*MODELS, *FOLDERS]:
         for size in (1, 2, 4):
@@ -102,7 +115,9 @@ def run_rank(rank: int, world: int, port: int, out: str, folders: dict) -> None:
             if name == "tiny" and size in (1, 2):  # batch invariance: alone, batched, joining mid-flight
                 entry["alone"] = [decode(lm, name, batch_size=1)]
                 entry["joining"] = decode(lm, name, batch_size=2)
-                entry["sampled"] = decode(lm, name, temperature=0.8, seed=3)  # each request's generator on every rank
+                entry["sampled"] = decode(
+                    lm, name, temperature=0.8, seed=3
+                )  # each request's generator on every rank
                 entry["cancelled"] = cancel_midway(lm)
             if tp is not None:
                 entry["collectives"] = tp.collectives

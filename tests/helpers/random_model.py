@@ -28,10 +28,16 @@ from caidllm.models.random_init import build_random, random_raw_config
 
 from .checkpoints import _write_json, added_tokens_decoder, write_tokenizer
 
-DTYPES = ("float32", "bfloat16", "float16")  # config.json's torch_dtype spellings of the dtypes a model loads in
+DTYPES = (
+    "float32",
+    "bfloat16",
+    "float16",
+)  # config.json's torch_dtype spellings of the dtypes a model loads in
 
 
-def write_random_model(path, name: str, *, dtype: str = "float32", seed: int = 0, shard_mb: float = 2048) -> Path:
+def write_random_model(
+    path, name: str, *, dtype: str = "float32", seed: int = 0, shard_mb: float = 2048
+) -> Path:
     """Write the random model `name` (a "random:" name, overrides included: every shape, LLaDA2
     and SDAR included) drawn with `seed` in `dtype` into folder `path`; returns it."""
     kind, raw = random_raw_config(name)
@@ -72,11 +78,17 @@ def _write_shards(path: Path, state: dict, shard_bytes: float) -> None:
             size = 0
         shards[-1].append(name)
         size += nbytes
-    files = ["model.safetensors"] if len(shards) == 1 else \
-        [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
+    files = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
+    )
     for file, names in zip(files, shards):
         save_file({n: state[n].detach().clone() for n in names}, str(path / file), metadata={"format": "pt"})
     if len(files) > 1:
         total = sum(t.numel() * t.element_size() for t in state.values())
         weight_map = {n: file for file, names in zip(files, shards) for n in names}
-        _write_json(path / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+        _write_json(
+            path / "model.safetensors.index.json",
+            {"metadata": {"total_size": total}, "weight_map": weight_map},
+        )

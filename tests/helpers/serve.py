@@ -21,7 +21,9 @@ LONG = {"prompt": PROMPT, "method": "vanilla", "gen_length": 256, "block_length"
 
 
 def start(lm, max_gen_length=256, **kw):
-    defaults = ServerDefaults(model_name="tiny", gen_length=64, block_length=16, max_gen_length=max_gen_length)
+    defaults = ServerDefaults(
+        model_name="tiny", gen_length=64, block_length=16, max_gen_length=max_gen_length
+    )
     return LocalServer(create_app(lm, ServerConfig(defaults=defaults, **kw)))
 
 
@@ -49,8 +51,13 @@ def free_port() -> int:
 def spawn_serve(port: int, *flags: str) -> subprocess.Popen:
     """`caidllm serve --model tiny` on the CPU on `port`; returns once /health answers."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "caidllm.cli", "serve", "--port", str(port), "--device", "cpu",
-                             *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "caidllm.cli", "serve", "--port", str(port), "--device", "cpu", *flags],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     def healthy():
         try:
@@ -64,8 +71,11 @@ def spawn_serve(port: int, *flags: str) -> subprocess.Popen:
 
 def assert_refused(url: str, body: dict, param: str, words: str) -> None:
     """A chat completion with `body` is refused with HTTP 400 naming `param`, its message saying `words`."""
-    r = httpx.post(f"{url}/v1/chat/completions",
-                   json={"messages": [{"role": "user", "content": "two and two"}], **body}, timeout=60)
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "two and two"}], **body},
+        timeout=60,
+    )
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"]
@@ -76,8 +86,12 @@ def streamed_commit_events(url: str, messages: list[dict]) -> list[dict]:
     import json
 
     events = []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120,
-                      json={"messages": messages, "stream": True, "commit_events": True, "early_stop": False}) as r:
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        timeout=120,
+        json={"messages": messages, "stream": True, "commit_events": True, "early_stop": False},
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 events += json.loads(line[6:]).get("caidllm", {}).get("commit_events", [])

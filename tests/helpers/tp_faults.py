@@ -53,18 +53,59 @@ def _alive(pid: int) -> bool:
 
 
 def _env(trace: str) -> dict:
-    return {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "CAIDLLM_TP_TRACE": trace}
+    return {
+        **os.environ,
+        "PYTHONPATH": SRC,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "CAIDLLM_TP_TRACE": trace,
+    }
 
 
 def _command(cell: Cell, port: int) -> list[str]:
-    common = ["--model", "tiny", "--device", "cpu", "--tp", "2", "--tp-timeout", f"{TIMEOUT_S:g}",
-              "--method", "fastdllm"]
+    common = [
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--tp",
+        "2",
+        "--tp-timeout",
+        f"{TIMEOUT_S:g}",
+        "--method",
+        "fastdllm",
+    ]
     if cell.command == "generate":
-        return [sys.executable, "-m", "caidllm", "generate", "What is 17 + 25?", *common, "--gen-length", str(LONG),
-                "--block-length", "8", "--no-early-stop"]
-    return [sys.executable, "-m", "caidllm", "serve", *common, "--port", str(port), "--gen-length", "16",
-            "--block-length", "8", "--shutdown-grace", "5", "--log-level", "warning"]
+        return [
+            sys.executable,
+            "-m",
+            "caidllm",
+            "generate",
+            "What is 17 + 25?",
+            *common,
+            "--gen-length",
+            str(LONG),
+            "--block-length",
+            "8",
+            "--no-early-stop",
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "caidllm",
+        "serve",
+        *common,
+        "--port",
+        str(port),
+        "--gen-length",
+        "16",
+        "--block-length",
+        "8",
+        "--shutdown-grace",
+        "5",
+        "--log-level",
+        "warning",
+    ]
 
 
 def _wait(condition, limit: float, every: float = 0.05) -> bool:
@@ -84,8 +125,14 @@ def _phases(trace: str) -> list[str]:
 
 
 def _long_request(url: str, answers: list) -> None:
-    body = {"model": "tiny", "prompt": "What is 17 + 25?", "max_tokens": LONG, "block_length": 8,
-            "method": "fastdllm", "early_stop": False}
+    body = {
+        "model": "tiny",
+        "prompt": "What is 17 + 25?",
+        "max_tokens": LONG,
+        "block_length": 8,
+        "method": "fastdllm",
+        "early_stop": False,
+    }
     try:
         answers.append(str(httpx.post(f"{url}/v1/completions", json=body, timeout=LIMIT_S).status_code))
     except httpx.HTTPError as error:
@@ -128,13 +175,17 @@ def run_cell(cell: Cell) -> Cell:
     url = f"http://127.0.0.1:{port}"
     trace = tempfile.mktemp(prefix="caidllm-tp-trace-")  # rank 0 writes it (CAIDLLM_TP_TRACE)
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - the job writes it; read and closed in finally
-    proc = subprocess.Popen(_command(cell, port), env=_env(trace), stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _command(cell, port), env=_env(trace), stdout=log, stderr=subprocess.STDOUT, text=True
+    )
     answers: list = []
     family = [proc.pid]
     try:
         _reach_phase(cell, proc, trace, url, answers)
         family += _children(proc.pid)
-        ranks = [p for p in family[1:] if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+        ranks = [
+            p for p in family[1:] if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+        ]
         target = proc.pid if cell.rank == 0 else ranks[0]
         os.kill(target, getattr(signal, cell.signal))
         sent = time.monotonic()
@@ -162,8 +213,13 @@ def run_cell(cell: Cell) -> Cell:
 
 
 def cells():
-    return [Cell(command, phase, sig, rank) for command, phases in PHASES.items() for phase in phases
-            for sig in SIGNALS for rank in (0, 1)]
+    return [
+        Cell(command, phase, sig, rank)
+        for command, phases in PHASES.items()
+        for phase in phases
+        for sig in SIGNALS
+        for rank in (0, 1)
+    ]
 
 
 def expected_returncode(cell: Cell) -> tuple:

@@ -33,6 +33,7 @@ from caidllm.decode import build_config
 from caidllm.decode.presets import run_lengths
 from caidllm.decode.engine import Engine
 
+
 @dataclass
 class Served:
     arrival: float
@@ -99,15 +100,18 @@ def summary(served: list[Served]) -> dict:
     span = max(s.finish for s in served) - min(s.arrival for s in served)
     return {
         "throughput_tok_s": sum(s.answer_tokens for s in served) / span,
-        "latency_mean_s": sum(latency) / len(latency), "latency_p99_s": percentile(latency, 99),
-        "ttft_mean_s": sum(ttft) / len(ttft), "ttft_p99_s": percentile(ttft, 99),
+        "latency_mean_s": sum(latency) / len(latency),
+        "latency_p99_s": percentile(latency, 99),
+        "ttft_mean_s": sum(ttft) / len(ttft),
+        "ttft_p99_s": percentile(ttft, 99),
     }
 
 
 def capacity(lm, prompts, config, max_batch: int) -> float:
     """Requests per second of offline batches of max_batch (after one warm-up batch)."""
-    lm.generate(prompts[:max_batch], method=config.method, batch_size=max_batch, chat=False,
-                **_settings(config))
+    lm.generate(
+        prompts[:max_batch], method=config.method, batch_size=max_batch, chat=False, **_settings(config)
+    )
     sample = prompts[: 2 * max_batch]
     started = time.perf_counter()
     lm.generate(sample, method=config.method, batch_size=max_batch, chat=False, **_settings(config))
@@ -128,14 +132,20 @@ def main(argv=None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m caidllm.bench.arrivals", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m caidllm.bench.arrivals", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--methods", default="cai,vanilla")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--gen-length", type=int, default=128)
-    ap.add_argument("--block-length", type=int, default=None, help="the block-wise methods' block (default 32)")
-    ap.add_argument("--load", type=float, default=0.9, help="arrival rate as a share of the measured capacity")
+    ap.add_argument(
+        "--block-length", type=int, default=None, help="the block-wise methods' block (default 32)"
+    )
+    ap.add_argument(
+        "--load", type=float, default=0.9, help="arrival rate as a share of the measured capacity"
+    )
     ap.add_argument("--rate", type=float, default=None, help="arrivals per second (instead of --load)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
@@ -149,24 +159,53 @@ def measure(lm, args) -> list[dict]:
     rows = []
     methods = args.methods.split(",")
     # The block length goes to the methods that lay blocks (presets.run_lengths); the default is not given.
-    for method, lengths in zip(methods, run_lengths([(m, {}) for m in methods], args.gen_length, args.block_length)):
+    for method, lengths in zip(
+        methods, run_lengths([(m, {}) for m in methods], args.gen_length, args.block_length)
+    ):
         unset = lengths["block_length"] is None  # a --block-length 0 given is refused, not replaced
-        config = build_config(method, gen_length=args.gen_length, block_length=32 if unset else lengths["block_length"],
-                              filled=("block_length",) if unset else ())
+        config = build_config(
+            method,
+            gen_length=args.gen_length,
+            block_length=32 if unset else lengths["block_length"],
+            filled=("block_length",) if unset else (),
+        )
         rate = args.rate or args.load * capacity(lm, prompts, config, args.max_batch)
         arrivals = poisson_arrivals(args.requests, rate, args.seed)
         for name, serve in (("continuous", serve_continuous), ("static", serve_static)):
-            rows.append({"method": method, "serving": name, "rate_req_s": rate,
-                         **summary(serve(lm, prompts, arrivals, config, args.max_batch))})
+            rows.append(
+                {
+                    "method": method,
+                    "serving": name,
+                    "rate_req_s": rate,
+                    **summary(serve(lm, prompts, arrivals, config, args.max_batch)),
+                }
+            )
     return rows
 
 
 def rows_table(rows: list[dict]) -> str:
     return markdown_table(
-        ["method", "serving", "arrivals/s", "answer tok/s", "mean latency s", "p99 latency s", "mean TTFT s",
-         "p99 TTFT s"],
-        [[r["method"], r["serving"], f"{r['rate_req_s']:.2f}", f"{r['throughput_tok_s']:.1f}",
-          *(f"{r[k]:.2f}" for k in ("latency_mean_s", "latency_p99_s", "ttft_mean_s", "ttft_p99_s"))] for r in rows])
+        [
+            "method",
+            "serving",
+            "arrivals/s",
+            "answer tok/s",
+            "mean latency s",
+            "p99 latency s",
+            "mean TTFT s",
+            "p99 TTFT s",
+        ],
+        [
+            [
+                r["method"],
+                r["serving"],
+                f"{r['rate_req_s']:.2f}",
+                f"{r['throughput_tok_s']:.1f}",
+                *(f"{r[k]:.2f}" for k in ("latency_mean_s", "latency_p99_s", "ttft_mean_s", "ttft_p99_s")),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

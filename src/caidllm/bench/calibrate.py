@@ -81,9 +81,16 @@ def effective(values: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in values.items() if values.get("gating", True) or k not in GATED))
 
 
-def coordinate_search(start: dict, evaluate: Callable[[str, dict], Trial], budget: int, floor: float,
-                      objective: str = "nfe", seed: int = 0, on_trial: Callable[[Trial], None] | None = None,
-                      space: dict[str, tuple] = SEARCH_SPACE) -> list[Trial]:
+def coordinate_search(
+    start: dict,
+    evaluate: Callable[[str, dict], Trial],
+    budget: int,
+    floor: float,
+    objective: str = "nfe",
+    seed: int = 0,
+    on_trial: Callable[[Trial], None] | None = None,
+    space: dict[str, tuple] = SEARCH_SPACE,
+) -> list[Trial]:
     """The trials run, in order (the start first). `budget` counts decodes of the held-out set, start included;
     a candidate equivalent to one already run (`effective`) costs nothing and is skipped."""
     rng = random.Random(seed)

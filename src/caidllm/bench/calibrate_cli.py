@@ -11,40 +11,59 @@ from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
 from caidllm.options import add_quantize_arguments
 
 
-EPILOG = """\
+EPILOG = (
+    """\
 held-out samples: the validation split of synthetic:<name> tasks; for file-based tasks (bbh:<name>, ...) the
 slice --holdout START:END of the file (bench evaluates the first --limit examples: take a slice after them).
-searched: """ + ", ".join(SEARCH_SPACE) + """
+searched: """
+    + ", ".join(SEARCH_SPACE)
+    + """
 example:
   caidllm calibrate --model tiny --task synthetic:arithmetic --task synthetic:boolean_expressions \\
       --max-loss 1.0 --budget 20 --out runs/settings.json
   caidllm bench --model tiny --task synthetic:arithmetic --methods vanilla,cai --settings runs/settings.json
 """
+)
 
 
 def register(sub, name: str = "calibrate") -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="search the CAI settings that are fastest within an accuracy loss of vanilla",
-                       description="Seeded coordinate search over CAI settings on held-out samples: the fastest "
-                                   "(mean NFE, or wall time) whose accuracy is at least vanilla's minus --max-loss "
-                                   "points on the same samples. Writes a settings file (and a .md table beside it) "
-                                   "for generate / bench / serve --settings.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        name,
+        help="search the CAI settings that are fastest within an accuracy loss of vanilla",
+        description="Seeded coordinate search over CAI settings on held-out samples: the fastest "
+        "(mean NFE, or wall time) whose accuracy is at least vanilla's minus --max-loss "
+        "points on the same samples. Writes a settings file (and a .md table beside it) "
+        "for generate / bench / serve --settings.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="tiny", help="model folder (Hugging Face layout) or 'tiny' (default)")
     p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None, help="repeatable")
     p.add_argument("--out", required=True, metavar="FILE", help="the settings file to write (JSON)")
     p.add_argument("--method", default="cai", help="the CAI preset to start from (default cai)")
     p.add_argument("--name", default="cai-calibrated", help="the row name caidllm bench gives these settings")
-    p.add_argument("--max-loss", type=float, default=1.0, help="accuracy points below vanilla allowed (default 1)")
-    p.add_argument("--budget", type=int, default=20, help="CAI settings decoded, the start included (default 20)")
-    p.add_argument("--objective", choices=OBJECTIVES, default="nfe", help="minimise NFE (default) or wall time")
+    p.add_argument(
+        "--max-loss", type=float, default=1.0, help="accuracy points below vanilla allowed (default 1)"
+    )
+    p.add_argument(
+        "--budget", type=int, default=20, help="CAI settings decoded, the start included (default 20)"
+    )
+    p.add_argument(
+        "--objective", choices=OBJECTIVES, default="nfe", help="minimise NFE (default) or wall time"
+    )
     p.add_argument("--seed", type=int, default=0, help="orders the search and draws the synthetic samples")
     p.add_argument("--limit", type=int, default=32, help="held-out samples per synthetic task (default 32)")
     p.add_argument("--holdout", default=None, metavar="START:END", help="the slice of each file-based task")
-    p.add_argument("--gen-length", type=int, default=None,
-                   help="default: a known checkpoint's recommendation, else 256")
-    p.add_argument("--block-length", type=int, default=None,
-                   help="default: a known checkpoint's recommendation, else the method's (a block-diffusion "
-                        "model's own where the method's does not apply)")
+    p.add_argument(
+        "--gen-length", type=int, default=None, help="default: a known checkpoint's recommendation, else 256"
+    )
+    p.add_argument(
+        "--block-length",
+        type=int,
+        default=None,
+        help="default: a known checkpoint's recommendation, else the method's (a block-diffusion "
+        "model's own where the method's does not apply)",
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--data-dir", default=None, help="benchmark data folder (as caidllm bench)")
     p.add_argument("--device", default=None)
@@ -63,12 +82,28 @@ def run(args) -> int:
 
     tasks = args.tasks or []
     options = CalibrateOptions(
-        tasks=tasks, out=args.out, model=args.model, method=args.method, name=args.name, max_loss=args.max_loss,
-        budget=args.budget, objective=args.objective, seed=args.seed, limit=args.limit, holdout=args.holdout,
-        gen_length=args.gen_length, block_length=args.block_length, batch_size=args.batch_size,
+        tasks=tasks,
+        out=args.out,
+        model=args.model,
+        method=args.method,
+        name=args.name,
+        max_loss=args.max_loss,
+        budget=args.budget,
+        objective=args.objective,
+        seed=args.seed,
+        limit=args.limit,
+        holdout=args.holdout,
+        gen_length=args.gen_length,
+        block_length=args.block_length,
+        batch_size=args.batch_size,
         data_dir=resolve_data_dir(args.data_dir, tasks),
-        device=args.device, dtype=args.dtype, quantize=args.quantize, quantize_head=args.quantize_head,
-        chat=not args.no_chat, progress=args.progress)
+        device=args.device,
+        dtype=args.dtype,
+        quantize=args.quantize,
+        quantize_head=args.quantize_head,
+        chat=not args.no_chat,
+        progress=args.progress,
+    )
     result = run_calibrate(options)
     print(result["table"])
     print(f"wrote {args.out} and {Path(args.out).with_suffix('.md')}", file=sys.stderr)

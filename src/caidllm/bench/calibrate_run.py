@@ -62,7 +62,9 @@ class CalibrateOptions:
         if not self.out:
             raise InputError("--out FILE is required: where to write the settings")
         if not uses_cai(self.method):
-            raise InputError(f"method {self.method!r} does not run the CAI controller; calibrate a cai preset")
+            raise InputError(
+                f"method {self.method!r} does not run the CAI controller; calibrate a cai preset"
+            )
         if self.objective not in OBJECTIVES:
             raise InputError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
         for name in ("budget", "limit", "batch_size", "gen_length", "block_length"):
@@ -73,7 +75,9 @@ class CalibrateOptions:
                 raise InputError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
         loss = self.max_loss
         if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss <= 100:
-            raise InputError(f"max-loss must be a number of accuracy points in [0, 100], got {self.max_loss!r}")
+            raise InputError(
+                f"max-loss must be a number of accuracy points in [0, 100], got {self.max_loss!r}"
+            )
         if any(kind_of(t) != "synthetic" for t in self.tasks):
             parse_slice(self.holdout)
         lengths = dict(gen_length=self.gen_length, block_length=self.block_length)
@@ -83,8 +87,10 @@ class CalibrateOptions:
 def parse_slice(text: str | None) -> tuple[int, int]:
     """'200:250' -> (200, 250)."""
     if text is None:
-        raise InputError("file-based tasks need --holdout START:END, a slice of the file kept for calibration "
-                         "(the benchmark evaluates the first --limit examples: take one after them, e.g. 200:250)")
+        raise InputError(
+            "file-based tasks need --holdout START:END, a slice of the file kept for calibration "
+            "(the benchmark evaluates the first --limit examples: take one after them, e.g. 200:250)"
+        )
     start, sep, end = str(text).partition(":")
     if not (sep and start.strip().isdigit() and end.strip().isdigit() and int(start) < int(end)):
         raise InputError(f"--holdout must be START:END with 0 <= START < END, got {text!r}")
@@ -98,7 +104,9 @@ def held_out_tasks(options: CalibrateOptions) -> list[BenchTask]:
     tasks = []
     for spec in options.tasks:
         if kind_of(spec) == "synthetic":
-            tasks.append(synthetic.load(spec.partition(":")[2], options.limit, options.seed, split="validation"))
+            tasks.append(
+                synthetic.load(spec.partition(":")[2], options.limit, options.seed, split="validation")
+            )
             continue
         start, end = parse_slice(options.holdout)
         task = load_task(spec, data_dir=data_dir, limit=None, fewshot=0, seed=options.seed)
@@ -117,8 +125,16 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
     tasks = held_out_tasks(options)
     # Unset lengths as generate takes them; the method and vanilla checked against the model (its
     # config.json alone when it is not loaded yet: a bad setting fails before loading).
-    options = dataclasses.replace(options, **lengths_for_run(
-        options.model, lm, [(options.method, {}), ("vanilla", {})], options.gen_length, options.block_length))
+    options = dataclasses.replace(
+        options,
+        **lengths_for_run(
+            options.model,
+            lm,
+            [(options.method, {}), ("vanilla", {})],
+            options.gen_length,
+            options.block_length,
+        ),
+    )
     lm = lm if lm is not None else _load_model(options, log)
     encoded = {t.name: _encode(lm, t, options) for t in tasks}
     evaluate = _evaluator(lm, options, tasks, encoded)
@@ -132,12 +148,23 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
         progress.update(1)
         progress.set_postfix(acc=f"{100 * trial.accuracy:.1f}", nfe=f"{trial.nfe:.1f}")
 
-    trials = coordinate_search(start_values(lm, options.method), evaluate, options.budget, floor,
-                               options.objective, options.seed, on_trial)
+    trials = coordinate_search(
+        start_values(lm, options.method),
+        evaluate,
+        options.budget,
+        floor,
+        options.objective,
+        options.seed,
+        on_trial,
+    )
     progress.close()
     chosen = choose(trials, floor, options.objective)
-    settings = CalibratedSettings(method=options.method, name=options.name, values={"cai": dict(chosen.values)},
-                        calibration=_calibration(options, tasks, vanilla, trials, chosen, floor))
+    settings = CalibratedSettings(
+        method=options.method,
+        name=options.name,
+        values={"cai": dict(chosen.values)},
+        calibration=_calibration(options, tasks, vanilla, trials, chosen, floor),
+    )
     table = markdown_table(vanilla, trials, chosen, floor, options)
     _write(options.out, settings, table)
     return {"settings": settings, "trials": trials, "chosen": chosen, "vanilla": vanilla, "table": table}
@@ -147,8 +174,13 @@ def _load_model(options: CalibrateOptions, log):
     from caidllm.models import load
 
     log(f"loading model {options.model} ...")
-    return load(options.model, device=options.device, dtype=options.dtype, quantize=options.quantize,
-                quantize_head=options.quantize_head)
+    return load(
+        options.model,
+        device=options.device,
+        dtype=options.dtype,
+        quantize=options.quantize,
+        quantize_head=options.quantize_head,
+    )
 
 
 def _write(out: str, settings: CalibratedSettings, table: str) -> None:
@@ -173,8 +205,10 @@ def _encode(lm, task: BenchTask, options: CalibrateOptions) -> list[list[int]]:
     ids = tokenize_prompts(lm, [s.prompt for s in task.samples], chat)
     for sample, prompt in zip(task.samples, ids):
         if len(prompt) + options.gen_length > lm.config.max_length:
-            raise InputError(f"{sample.id}: prompt of {len(prompt)} tokens + gen_length {options.gen_length} "
-                             f"exceeds the model's context of {lm.config.max_length} tokens")
+            raise InputError(
+                f"{sample.id}: prompt of {len(prompt)} tokens + gen_length {options.gen_length} "
+                f"exceeds the model's context of {lm.config.max_length} tokens"
+            )
     return ids
 
 
@@ -183,14 +217,27 @@ def _evaluator(lm, options: CalibrateOptions, tasks: list[BenchTask], encoded: d
         per_task, nfes, wall = {}, [], 0.0
         for task in tasks:
             started = time.perf_counter()
-            results = lm.generate(encoded[task.name], method=method, gen_length=options.gen_length,
-                                  block_length=options.block_length, batch_size=options.batch_size, chat=False,
-                                  **values)
+            results = lm.generate(
+                encoded[task.name],
+                method=method,
+                gen_length=options.gen_length,
+                block_length=options.block_length,
+                batch_size=options.batch_size,
+                chat=False,
+                **values,
+            )
             wall += time.perf_counter() - started
             per_task[task.name] = mean(_score(task, r.text, s) for r, s in zip(results, task.samples))
             nfes += [r.nfe for r in results]
-        return Trial(label, dict(values), accuracy=mean(per_task.values()), nfe=mean(nfes), wall_s=wall,
-                     per_task=per_task)
+        return Trial(
+            label,
+            dict(values),
+            accuracy=mean(per_task.values()),
+            nfe=mean(nfes),
+            wall_s=wall,
+            per_task=per_task,
+        )
+
     return evaluate
 
 
@@ -202,46 +249,78 @@ def _score(task: BenchTask, text: str, sample) -> float:
 
 
 def _trial_dict(t: Trial) -> dict:
-    return {"label": t.label, "values": {k: list(v) if isinstance(v, tuple) else v for k, v in t.values.items()},
-            "accuracy": t.accuracy, "per_task": t.per_task, "nfe": t.nfe, "wall_s": t.wall_s,
-            "feasible": t.feasible, "kept": t.kept}
+    return {
+        "label": t.label,
+        "values": {k: list(v) if isinstance(v, tuple) else v for k, v in t.values.items()},
+        "accuracy": t.accuracy,
+        "per_task": t.per_task,
+        "nfe": t.nfe,
+        "wall_s": t.wall_s,
+        "feasible": t.feasible,
+        "kept": t.kept,
+    }
 
 
 def _calibration(options, tasks, vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float) -> dict:
     return {
-        "model": options.model, "quantization": options.quantize, "tasks": [t.name for t in tasks],
+        "model": options.model,
+        "quantization": options.quantize,
+        "tasks": [t.name for t in tasks],
         "objective": options.objective,
-        "max_loss_points": options.max_loss, "budget": options.budget, "seed": options.seed,
-        "gen_length": options.gen_length, "block_length": options.block_length, "batch_size": options.batch_size,
+        "max_loss_points": options.max_loss,
+        "budget": options.budget,
+        "seed": options.seed,
+        "gen_length": options.gen_length,
+        "block_length": options.block_length,
+        "batch_size": options.batch_size,
         "held_out": {t.name: {"source": t.source, "ids": [s.id for s in t.samples]} for t in tasks},
-        "accuracy_floor": floor, "meets_floor": chosen.feasible,
-        "vanilla": _trial_dict(vanilla), "start": _trial_dict(trials[0]), "chosen": _trial_dict(chosen),
+        "accuracy_floor": floor,
+        "meets_floor": chosen.feasible,
+        "vanilla": _trial_dict(vanilla),
+        "start": _trial_dict(trials[0]),
+        "chosen": _trial_dict(chosen),
         "search": [_trial_dict(t) for t in trials],
         "note": "accuracy: mean over tasks of each task's mean score; nfe: per request; wall_s is provisional "
-                "(it depends on the machine's load)",
+        "(it depends on the machine's load)",
     }
 
 
 def markdown_table(vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float, options) -> str:
     names = list(vanilla.per_task)
     header = ["#", "trial", "accuracy %", *names, "NFE", "wall s (provisional)", "meets floor", "kept"]
-    lines = [f"Calibration of `{options.method}` on {', '.join(names)}: objective {options.objective}, "
-             f"floor {100 * floor:.2f}% (vanilla {100 * vanilla.accuracy:.2f}% - {options.max_loss} points), "
-             f"budget {options.budget}, seed {options.seed}, gen_length {options.gen_length}, "
-             f"block_length {options.block_length}.", "",
-             "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines = [
+        f"Calibration of `{options.method}` on {', '.join(names)}: objective {options.objective}, "
+        f"floor {100 * floor:.2f}% (vanilla {100 * vanilla.accuracy:.2f}% - {options.max_loss} points), "
+        f"budget {options.budget}, seed {options.seed}, gen_length {options.gen_length}, "
+        f"block_length {options.block_length}.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
     for i, t in enumerate([vanilla, *trials]):
         mark = "**" if t is chosen else ""
-        cells = [str(i), f"{mark}{t.label}{mark}", f"{100 * t.accuracy:.2f}",
-                 *(f"{100 * t.per_task[n]:.1f}" for n in names), f"{t.nfe:.2f}", f"{t.wall_s:.2f}",
-                 "yes" if t.feasible else "no", "" if t is vanilla else ("yes" if t.kept else "")]
+        cells = [
+            str(i),
+            f"{mark}{t.label}{mark}",
+            f"{100 * t.accuracy:.2f}",
+            *(f"{100 * t.per_task[n]:.1f}" for n in names),
+            f"{t.nfe:.2f}",
+            f"{t.wall_s:.2f}",
+            "yes" if t.feasible else "no",
+            "" if t is vanilla else ("yes" if t.kept else ""),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     start = trials[0]
-    verdict = "meets the floor" if chosen.feasible else "does NOT meet the floor (the most accurate trial is kept)"
+    verdict = (
+        "meets the floor" if chosen.feasible else "does NOT meet the floor (the most accurate trial is kept)"
+    )
     changed = {k: v for k, v in chosen.values.items() if start.values.get(k) != v}
-    lines += ["", f"Chosen: {chosen.label} ({verdict}); NFE {chosen.nfe:.2f} against {start.nfe:.2f} at the start "
-                  f"and {vanilla.nfe:.2f} for vanilla; changed from the start: "
-                  f"{', '.join(f'{k}={v}' for k, v in changed.items()) or 'nothing'}."]
+    lines += [
+        "",
+        f"Chosen: {chosen.label} ({verdict}); NFE {chosen.nfe:.2f} against {start.nfe:.2f} at the start "
+        f"and {vanilla.nfe:.2f} for vanilla; changed from the start: "
+        f"{', '.join(f'{k}={v}' for k, v in changed.items()) or 'nothing'}.",
+    ]
     return "\n".join(lines)
 
 

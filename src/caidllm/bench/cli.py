@@ -25,12 +25,16 @@ example:
 
 
 def register(sub, name: str = "bench") -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help="benchmark decoding methods side by side on tasks",
-                       description="Run every method on the same examples in one process (after one warm-up batch "
-                                   "per method) and report score, NFE, steps per block, throughput, speedup, "
-                                   "memory and energy. Under torchrun (torchrun --nproc-per-node N -m caidllm "
-                                   "bench ...) each rank takes a share of every task and rank 0 writes the report.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        name,
+        help="benchmark decoding methods side by side on tasks",
+        description="Run every method on the same examples in one process (after one warm-up batch "
+        "per method) and report score, NFE, steps per block, throughput, speedup, "
+        "memory and energy. Under torchrun (torchrun --nproc-per-node N -m caidllm "
+        "bench ...) each rank takes a share of every task and rank 0 writes the report.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_workload_arguments(p)
     _add_machine_arguments(p)
     _add_decoding_arguments(p)
@@ -43,37 +47,67 @@ def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
     from caidllm.options import MODEL_HELP
 
     p.add_argument("--model", default="tiny", help=MODEL_HELP)
-    p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None,
-                   help="task to run (repeatable): " + ", ".join(TASK_KINDS))
-    p.add_argument("--methods", default="vanilla,fastdllm,cai",
-                   help="comma-separated presets, the first is the speedup baseline (default vanilla,fastdllm,cai); "
-                        f"known: {', '.join(method_names())}")
-    p.add_argument("--settings", default=None, metavar="FILE",
-                   help="a settings file from caidllm calibrate: its CAI values run as one more method row, named "
-                        "by the file (default cai-calibrated), beside the presets of --methods")
+    p.add_argument(
+        "--task",
+        action="append",
+        dest="tasks",
+        metavar="TASK",
+        default=None,
+        help="task to run (repeatable): " + ", ".join(TASK_KINDS),
+    )
+    p.add_argument(
+        "--methods",
+        default="vanilla,fastdllm,cai",
+        help="comma-separated presets, the first is the speedup baseline (default vanilla,fastdllm,cai); "
+        f"known: {', '.join(method_names())}",
+    )
+    p.add_argument(
+        "--settings",
+        default=None,
+        metavar="FILE",
+        help="a settings file from caidllm calibrate: its CAI values run as one more method row, named "
+        "by the file (default cai-calibrated), beside the presets of --methods",
+    )
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N examples of each task")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--gen-length", type=int, default=None,
-                   help="answer canvas (default: a known checkpoint's recommendation, else 256)")
-    p.add_argument("--block-length", type=int, default=None,
-                   help="default: a known checkpoint's recommendation, else the first block-wise method's (a "
-                        "block-diffusion model's own where the method's does not apply); every method that lays "
-                        "blocks runs at it (elastic: one block of gen-length, its row says so)")
-    p.add_argument("--data-dir", default=None,
-                   help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/, mathqa/, longbench/); "
-                        "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "
-                        "root; with none, the Hugging Face hub copies (datasets)")
-    p.add_argument("--lengths", default=None, metavar="N[,N...]",
-                   help="the length table: every method at each generation length (multiples of --block-length, "
-                        "default 32), tokens/s and speedup per length in results.md, lengths.png beside it; the run "
-                        "says how long it expects before it starts (--limit caps the examples)")
+    p.add_argument(
+        "--gen-length",
+        type=int,
+        default=None,
+        help="answer canvas (default: a known checkpoint's recommendation, else 256)",
+    )
+    p.add_argument(
+        "--block-length",
+        type=int,
+        default=None,
+        help="default: a known checkpoint's recommendation, else the first block-wise method's (a "
+        "block-diffusion model's own where the method's does not apply); every method that lays "
+        "blocks runs at it (elastic: one block of gen-length, its row says so)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="benchmark data folder (gsm8k/, bbh/, mbpp/, piqa/, winogrande/, mathqa/, longbench/); "
+        "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "
+        "root; with none, the Hugging Face hub copies (datasets)",
+    )
+    p.add_argument(
+        "--lengths",
+        default=None,
+        metavar="N[,N...]",
+        help="the length table: every method at each generation length (multiples of --block-length, "
+        "default 32), tokens/s and speedup per length in results.md, lengths.png beside it; the run "
+        "says how long it expects before it starts (--limit caps the examples)",
+    )
 
 
 def _add_machine_arguments(p: argparse.ArgumentParser) -> None:
     """Where the report goes and what the model runs on."""
     from caidllm.options import add_quantize_arguments, add_tp_argument
 
-    p.add_argument("--out", default=None, help="write results.json, results.md, plots and per-sample JSONL here")
+    p.add_argument(
+        "--out", default=None, help="write results.json, results.md, plots and per-sample JSONL here"
+    )
     p.add_argument("--json", action="store_true", help="print the results object as JSON on stdout")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: the checkpoint's)")
@@ -84,21 +118,42 @@ def _add_machine_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     """How each example is decoded and scored, and the progress display."""
-    p.add_argument("--no-early-stop", action="store_true", help="decode every block even after the answer ended")
+    p.add_argument(
+        "--no-early-stop", action="store_true", help="decode every block even after the answer ended"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--fewshot", type=int, default=0, metavar="K",
-                   help="gsm8k / bbh: show the first K examples of the file in each prompt (not evaluated); "
-                        "default 0 (zero-shot)")
+    p.add_argument(
+        "--fewshot",
+        type=int,
+        default=0,
+        metavar="K",
+        help="gsm8k / bbh: show the first K examples of the file in each prompt (not evaluated); "
+        "default 0 (zero-shot)",
+    )
     p.add_argument("--no-chat", action="store_true", help="raw prompts, without the chat template")
-    p.add_argument("--prefix-cache-mb", default=None, metavar="MB[,MB...]",
-                   help="block-causal models: the prefix store's budget (0 = off; default: 1024 MB or an eighth of "
-                        "the device's memory); a list (e.g. 0,256) runs each method once per budget, rows alternating")
-    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up batch (timings then include it)")
-    p.add_argument("--code-timeout", type=float, default=10.0, help="seconds per HumanEval/MBPP program (default 10)")
+    p.add_argument(
+        "--prefix-cache-mb",
+        default=None,
+        metavar="MB[,MB...]",
+        help="block-causal models: the prefix store's budget (0 = off; default: 1024 MB or an eighth of "
+        "the device's memory); a list (e.g. 0,256) runs each method once per budget, rows alternating",
+    )
+    p.add_argument(
+        "--no-warmup", action="store_true", help="skip the warm-up batch (timings then include it)"
+    )
+    p.add_argument(
+        "--code-timeout", type=float, default=10.0, help="seconds per HumanEval/MBPP program (default 10)"
+    )
     progress = p.add_mutually_exclusive_group()
-    progress.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
-                          help="always show progress bars on stderr (default: when stderr is a terminal)")
+    progress.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_const",
+        const=True,
+        default=None,
+        help="always show progress bars on stderr (default: when stderr is a terminal)",
+    )
     progress.add_argument("--no-progress", dest="progress", action="store_const", const=False)
 
 
@@ -119,12 +174,30 @@ def settings_from_args(args) -> BenchConfig:
     data_dir = resolve_data_dir(args.data_dir, tasks)
     budgets = parse_budgets(args.prefix_cache_mb)  # a bad budget fails before the model loads
     return BenchConfig(
-        model=args.model, tasks=tasks, methods=methods, limit=args.limit, batch_size=args.batch_size,
-        gen_length=args.gen_length, block_length=args.block_length, data_dir=data_dir, out=args.out,
-        device=args.device, dtype=args.dtype, early_stop=not args.no_early_stop, seed=args.seed,
-        temperature=args.temperature, fewshot=args.fewshot, chat=not args.no_chat, warmup=not args.no_warmup,
-        progress=args.progress, code_timeout=args.code_timeout, compile=args.compile, settings_file=args.settings,
-        quantize=args.quantize, quantize_head=args.quantize_head, prefix_cache_mb=budgets,
+        model=args.model,
+        tasks=tasks,
+        methods=methods,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        gen_length=args.gen_length,
+        block_length=args.block_length,
+        data_dir=data_dir,
+        out=args.out,
+        device=args.device,
+        dtype=args.dtype,
+        early_stop=not args.no_early_stop,
+        seed=args.seed,
+        temperature=args.temperature,
+        fewshot=args.fewshot,
+        chat=not args.no_chat,
+        warmup=not args.no_warmup,
+        progress=args.progress,
+        code_timeout=args.code_timeout,
+        compile=args.compile,
+        settings_file=args.settings,
+        quantize=args.quantize,
+        quantize_head=args.quantize_head,
+        prefix_cache_mb=budgets,
     )
 
 

@@ -17,7 +17,11 @@ def candidates(cwd: Path | None = None) -> list[Path]:
     found = []
     if os.environ.get(ENV):
         found.append(Path(os.environ[ENV]).expanduser())
-    found += [cwd.parent / "shared" / "data", cwd / "shared" / "data", PROJECT_ROOT.parent / "shared" / "data"]
+    found += [
+        cwd.parent / "shared" / "data",
+        cwd / "shared" / "data",
+        PROJECT_ROOT.parent / "shared" / "data",
+    ]
     unique = []
     for path in found:
         if path not in unique:

@@ -36,16 +36,20 @@ def parse_lengths(text: str, block_length: int) -> list[int]:
         raise InputError("--lengths names no length", field="lengths")
     for length in lengths:
         if length < 1 or length % block_length:
-            raise InputError(f"--lengths: {length} is not a positive multiple of the block length "
-                             f"{block_length} "
-                             "(set --block-length or pick multiples of it)", field="lengths")
+            raise InputError(
+                f"--lengths: {length} is not a positive multiple of the block length "
+                f"{block_length} "
+                "(set --block-length or pick multiples of it)",
+                field="lengths",
+            )
     return sorted(set(lengths))
 
 
 def seconds_per_forward(lm, batch_size: int, length: int) -> float:
     """One timed forward over a batch of canvases of `length` answer positions (after one untimed)."""
-    ids = torch.full((batch_size, PROMPT_ALLOWANCE + length), lm.config.mask_id, dtype=torch.long,
-                     device=lm.device)
+    ids = torch.full(
+        (batch_size, PROMPT_ALLOWANCE + length), lm.config.mask_id, dtype=torch.long, device=lm.device
+    )
     with torch.inference_mode():
         lm.logits(ids)
         started = time.perf_counter()
@@ -66,8 +70,18 @@ def table_rows(reports: dict[int, dict]) -> list[dict]:
     rows = []
     for length, report in reports.items():
         for r in report["results"]:
-            rows.append(dict(task=r["task"], method=r["method"], gen_length=length, tps=r["tps_answer"],
-                             speedup=r["speedup"], nfe=r["nfe_mean"], accuracy=r["accuracy"], n=r["n"]))
+            rows.append(
+                dict(
+                    task=r["task"],
+                    method=r["method"],
+                    gen_length=length,
+                    tps=r["tps_answer"],
+                    speedup=r["speedup"],
+                    nfe=r["nfe_mean"],
+                    accuracy=r["accuracy"],
+                    n=r["n"],
+                )
+            )
     return rows
 
 
@@ -75,13 +89,18 @@ def markdown(rows: list[dict], lengths: list[int], methods: list[str], header: s
     """The length table: per task, a line per method with tokens/s (speedup) at each length."""
     lines = [header, ""]
     for task in dict.fromkeys(r["task"] for r in rows):
-        lines += [f"### {task}", "", "| method | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
-                  "|---|" + "---|" * len(lengths)]
+        lines += [
+            f"### {task}",
+            "",
+            "| method | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
+            "|---|" + "---|" * len(lengths),
+        ]
         for method in methods:
             cells = []
             for n in lengths:
-                row = next(r for r in rows
-                           if r["task"] == task and r["method"] == method and r["gen_length"] == n)
+                row = next(
+                    r for r in rows if r["task"] == task and r["method"] == method and r["gen_length"] == n
+                )
                 cells.append(f"{row['tps']:.1f} tok/s ({row['speedup']:.2f}x, {row['nfe']:.1f} fwd)")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -98,8 +117,9 @@ def plot(path: Path, rows: list[dict], lengths: list[int], methods: list[str]) -
     for i, (key, label) in enumerate(panels):
         ax = fig.add_subplot(1, 2, i + 1)
         for method in methods:
-            points = sorted((r["gen_length"], r[key]) for r in rows
-                            if r["task"] == task and r["method"] == method)
+            points = sorted(
+                (r["gen_length"], r[key]) for r in rows if r["task"] == task and r["method"] == method
+            )
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
@@ -122,13 +142,22 @@ def run_lengths(settings, lengths: list[int], log) -> dict:
     examples = settings.limit if settings.limit is not None else 1
     bound = expected_seconds(lm, settings, lengths, examples)
     per = "" if settings.limit is not None else " per example of each task (no --limit: times its size)"
-    log(f"lengths {lengths}, block {settings.block_length}: expected at most ~{bound:.0f} s{per} "
-        "(every method as slow as vanilla); --limit caps the examples")
-    reports = {n: run_bench(dataclasses.replace(settings, gen_length=n, out=None), lm=lm, log=log)
-               for n in lengths}
+    log(
+        f"lengths {lengths}, block {settings.block_length}: expected at most ~{bound:.0f} s{per} "
+        "(every method as slow as vanilla); --limit caps the examples"
+    )
+    reports = {
+        n: run_bench(dataclasses.replace(settings, gen_length=n, out=None), lm=lm, log=log) for n in lengths
+    }
     rows = table_rows(reports)
-    report = dict(lengths=lengths, methods=settings.methods, block_length=settings.block_length, rows=rows,
-                  settings=reports[lengths[0]]["settings"], expected_upper_bound_s=bound)
+    report = dict(
+        lengths=lengths,
+        methods=settings.methods,
+        block_length=settings.block_length,
+        rows=rows,
+        settings=reports[lengths[0]]["settings"],
+        expected_upper_bound_s=bound,
+    )
     if settings.out:
         write(Path(settings.out), report)
     return report
@@ -140,12 +169,15 @@ def write(out: Path, report: dict) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         s = report["settings"]
-        header = (f"## Length table: {s['model']} ({s['device']}), block {report['block_length']}, batch "
-                  f"{s['batch_size']}, speedup over {report['methods'][0]}")
+        header = (
+            f"## Length table: {s['model']} ({s['device']}), block {report['block_length']}, batch "
+            f"{s['batch_size']}, speedup over {report['methods'][0]}"
+        )
         with open(staging / "results.json", "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2, ensure_ascii=False, allow_nan=False)
         (staging / "results.md").write_text(
-            markdown(report["rows"], report["lengths"], report["methods"], header) + "\n", encoding="utf-8")
+            markdown(report["rows"], report["lengths"], report["methods"], header) + "\n", encoding="utf-8"
+        )
         plot(staging / "lengths.png", report["rows"], report["lengths"], report["methods"])
         out.mkdir(exist_ok=True)
         for file in staging.iterdir():

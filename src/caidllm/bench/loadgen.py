@@ -42,10 +42,14 @@ class LoadResult:
     def summary(self) -> dict:
         lat, ttft = sorted(self.latencies), sorted(self.ttfts)
         return {
-            "requests_ok": len(lat), "errors": dict(self.errors), "wall_s": self.wall_s,
+            "requests_ok": len(lat),
+            "errors": dict(self.errors),
+            "wall_s": self.wall_s,
             "throughput_tok_s": self.tokens / self.wall_s if self.wall_s else 0.0,
-            "latency_p50_s": percentile(lat, 50) if lat else None, "latency_p99_s": percentile(lat, 99) if lat else None,
-            "ttft_p50_s": percentile(ttft, 50) if ttft else None, "ttft_p99_s": percentile(ttft, 99) if ttft else None,
+            "latency_p50_s": percentile(lat, 50) if lat else None,
+            "latency_p99_s": percentile(lat, 99) if lat else None,
+            "ttft_p50_s": percentile(ttft, 50) if ttft else None,
+            "ttft_p99_s": percentile(ttft, 99) if ttft else None,
         }
 
     def record(self, i: int, sent: float, answer: _Answer) -> None:
@@ -60,9 +64,18 @@ class LoadResult:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
 
-async def run_load(url: str, prompts: list[str], concurrency: int, requests: int, *, duration: float = 300.0,
-                   body: dict | None = None, api_key: str | None = None, stream: bool = True,
-                   timeout: float = 600.0) -> LoadResult:
+async def run_load(
+    url: str,
+    prompts: list[str],
+    concurrency: int,
+    requests: int,
+    *,
+    duration: float = 300.0,
+    body: dict | None = None,
+    api_key: str | None = None,
+    stream: bool = True,
+    timeout: float = 600.0,
+) -> LoadResult:
     """Send `requests` chat requests through `concurrency` workers; returns what came back."""
     import httpx
 

@@ -99,8 +99,12 @@ class RaplMeter:
                 after += span
             total_uj += after - before
         joules = total_uj / 1e6
-        return EnergyReading(joules, joules / elapsed if elapsed > 0 else None, "rapl-package",
-                             "CPU package energy (all processes on the package)")
+        return EnergyReading(
+            joules,
+            joules / elapsed if elapsed > 0 else None,
+            "rapl-package",
+            "CPU package energy (all processes on the package)",
+        )
 
 
 class NvmlMeter:
@@ -166,11 +170,17 @@ class NvmlMeter:
         elapsed = t1 - self._t0
         if self._counter0 is not None and counter1 is not None and counter1 >= self._counter0:
             joules = (counter1 - self._counter0) / 1000.0
-            return EnergyReading(joules, joules / elapsed if elapsed > 0 else None, "nvml-energy-counter",
-                                 "GPU board energy only")
+            return EnergyReading(
+                joules,
+                joules / elapsed if elapsed > 0 else None,
+                "nvml-energy-counter",
+                "GPU board energy only",
+            )
         samples = [(t, p) for t, p in self._samples if t <= t1]
         if len(samples) < 2:
-            return EnergyReading(None, None, None, "too few NVML power samples (run shorter than the 50 ms period)")
+            return EnergyReading(
+                None, None, None, "too few NVML power samples (run shorter than the 50 ms period)"
+            )
         joules = sum((t2 - ta) * (pa + p2) / 2 for (ta, pa), (t2, p2) in zip(samples, samples[1:]))
         span = samples[-1][0] - samples[0][0]
         avg = joules / span if span > 0 else None
@@ -195,8 +205,9 @@ class EnergyMeter:
     def __init__(self, device: torch.device):
         device = torch.device(device)
         self.meter = NvmlMeter(device) if device.type == "cuda" else RaplMeter()
-        self.note = getattr(self.meter, "note", "") or ("" if self.meter.available else
-                                                        "RAPL energy counters not readable on this machine")
+        self.note = getattr(self.meter, "note", "") or (
+            "" if self.meter.available else "RAPL energy counters not readable on this machine"
+        )
 
     @property
     def available(self) -> bool:

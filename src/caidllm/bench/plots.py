@@ -42,21 +42,34 @@ def accuracy_vs_speedup(path: Path, report: dict) -> None:
         if row["speedup"] is None or row["accuracy"] is None:
             continue
         marker = MARKERS[tasks.index(row["task"]) % len(MARKERS)]
-        ax.scatter(row["speedup"], 100 * row["accuracy"], color=colors[row["method"]], marker=marker, s=55,
-                   edgecolors="black", linewidths=0.4, zorder=3)
+        ax.scatter(
+            row["speedup"],
+            100 * row["accuracy"],
+            color=colors[row["method"]],
+            marker=marker,
+            s=55,
+            edgecolors="black",
+            linewidths=0.4,
+            zorder=3,
+        )
     ax.set_xlabel(f"wall-clock speedup vs {methods[0]} (x)")
     ax.set_ylabel("score (%)")
     ax.set_ylim(-3, 103)
     ax.set_title("Accuracy vs speedup, per method")
     ax.grid(alpha=0.3)
     handles = [ax.scatter([], [], color=colors[m], marker="o", label=m) for m in methods]
-    handles += [ax.scatter([], [], color="grey", marker=MARKERS[i % len(MARKERS)], label=t)
-                for i, t in enumerate(tasks)]
+    handles += [
+        ax.scatter([], [], color="grey", marker=MARKERS[i % len(MARKERS)], label=t)
+        for i, t in enumerate(tasks)
+    ]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7.5, frameon=False)
     s = report["settings"]
-    _caption(fig, f"{s['model']} ({s['family']}, {s['device']}), gen_length {s['gen_length']}, block "
-                  f"{s['block_length']}, batch {s['batch_size']}; speedup = wall time of {methods[0]} / wall time "
-                  "of the method on the same examples, after a warm-up.")
+    _caption(
+        fig,
+        f"{s['model']} ({s['family']}, {s['device']}), gen_length {s['gen_length']}, block "
+        f"{s['block_length']}, batch {s['batch_size']}; speedup = wall time of {methods[0]} / wall time "
+        "of the method on the same examples, after a warm-up.",
+    )
     fig.savefig(path)
 
 
@@ -72,17 +85,31 @@ def confidence_vs_stability(path: Path, report: dict, traces: dict) -> None:
         means = [statistics.fmean(buckets[b]) if buckets[b] else 0.0 for b in CONFIDENCE_BUCKETS]
         spread = [statistics.pstdev(buckets[b]) if len(buckets[b]) > 1 else 0.0 for b in CONFIDENCE_BUCKETS]
         xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(CONFIDENCE_BUCKETS))]
-        bars = ax.bar(xs, means, width=width, yerr=spread, capsize=2, color=f"C{k % 10}", label=method, alpha=0.85)
+        bars = ax.bar(
+            xs, means, width=width, yerr=spread, capsize=2, color=f"C{k % 10}", label=method, alpha=0.85
+        )
         for bar, b in zip(bars, CONFIDENCE_BUCKETS):
-            ax.annotate(f"n={len(buckets[b])}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=6, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                f"n={len(buckets[b])}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
     ax.set_xticks(range(len(CONFIDENCE_BUCKETS)))
     ax.set_xticklabels([f"s_i {b}" if b[0] in "<>" else f"s_i in {b}" for b in CONFIDENCE_BUCKETS])
     ax.set_ylabel("commit step within the block (mean ± std)")
-    _finish_bar_chart(fig, ax, path, "First-step confidence vs stabilisation step (cf. paper Fig. 1c)",
-                      "The commit step (local step t at which the token was committed) is used as the stabilisation "
-                      "step. s_i = c_i(0), the token's confidence at its block's first step. All tasks pooled; "
-                      "tokens filled by early stop are left out.")
+    _finish_bar_chart(
+        fig,
+        ax,
+        path,
+        "First-step confidence vs stabilisation step (cf. paper Fig. 1c)",
+        "The commit step (local step t at which the token was committed) is used as the stabilisation "
+        "step. s_i = c_i(0), the token's confidence at its block's first step. All tasks pooled; "
+        "tokens filled by early stop are left out.",
+    )
 
 
 def steps_saved_per_block(path: Path, report: dict, traces: dict, T: dict) -> None:
@@ -95,16 +122,23 @@ def steps_saved_per_block(path: Path, report: dict, traces: dict, T: dict) -> No
         steps = traces[method]["steps"]
         saved = []
         for b in range(n_blocks):
-            decoded = [s[b] for s in steps if b < len(s) and s[b] > 0]  # a method may lay fewer blocks (elastic)
+            decoded = [
+                s[b] for s in steps if b < len(s) and s[b] > 0
+            ]  # a method may lay fewer blocks (elastic)
             saved.append(T[method] - statistics.fmean(decoded) if decoded else 0.0)
         xs = [b + 1 + (k - (len(methods) - 1) / 2) * width for b in range(n_blocks)]
         ax.bar(xs, saved, width=width, color=f"C{k % 10}", label=f"{method} (T={T[method]})", alpha=0.85)
     ax.set_xticks(range(1, n_blocks + 1))
     ax.set_xlabel("block index")
     ax.set_ylabel("steps saved per block (T - mean steps)")
-    _finish_bar_chart(fig, ax, path, "Steps saved per output block (cf. paper Fig. 1b)",
-                      "T = the maximum denoising steps per block of the method. Mean over the requests that "
-                      "decoded the block (blocks skipped by early stop are left out); all tasks pooled.")
+    _finish_bar_chart(
+        fig,
+        ax,
+        path,
+        "Steps saved per output block (cf. paper Fig. 1b)",
+        "T = the maximum denoising steps per block of the method. Mean over the requests that "
+        "decoded the block (blocks skipped by early stop are left out); all tasks pooled.",
+    )
 
 
 def _finish_bar_chart(fig, ax, path: Path, title: str, caption: str) -> None:

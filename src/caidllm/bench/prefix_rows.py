@@ -14,7 +14,9 @@ def parse_budgets(text: str | None) -> tuple:
         return (None,)
     parts = [p.strip() for p in str(text).split(",")]
     if not all(parts):
-        raise InputError(f"--prefix-cache-mb must be a number of MB or a comma-separated list of them, got {text!r}")
+        raise InputError(
+            f"--prefix-cache-mb must be a number of MB or a comma-separated list of them, got {text!r}"
+        )
     budgets = tuple(check_budget(p, "--prefix-cache-mb") for p in parts)
     if len(set(budgets)) != len(budgets):
         raise InputError(f"--prefix-cache-mb lists a budget twice: {text!r}")
@@ -38,5 +40,7 @@ def prefill_figures(done) -> dict:
     """Prompt positions prefilled per request (mean) and the share of prompt positions taken from the store."""
     prompt = sum(r.prompt_length for r in done)
     reused = sum(getattr(r, "reused_positions", 0) for r in done)
-    return {"prefill_positions_mean": (prompt - reused) / len(done) if done else None,
-            "prefill_saved_share": reused / prompt if prompt else None}
+    return {
+        "prefill_positions_mean": (prompt - reused) / len(done) if done else None,
+        "prefill_saved_share": reused / prompt if prompt else None,
+    }

@@ -45,13 +45,25 @@ def markdown(report: dict) -> str:
 def _preamble(s: dict) -> list[str]:
     """The title, the run's settings in one paragraph, and what each column means."""
     gpu = f" ({s['gpu']})" if s["gpu"] else ""
-    memory = ("CUDA max allocated, reset per method" if s["device"].startswith("cuda")
-              else "peak RSS of the whole process so far (not per method)")
+    memory = (
+        "CUDA max allocated, reset per method"
+        if s["device"].startswith("cuda")
+        else "peak RSS of the whole process so far (not per method)"
+    )
     world = s.get("world_size", 1)
-    ranks = (f" x {world} ranks (torchrun; wall = the slowest rank's, throughput over all samples)"
-             if world > 1 else "")
-    quantized = (f"; {s['quantization']} linear layers ({s['quantization_summary']}) through torchao {s['torchao']}"
-                 + (", the output head too" if s.get("quantized_head") else "")) if s.get("quantization") else ""
+    ranks = (
+        f" x {world} ranks (torchrun; wall = the slowest rank's, throughput over all samples)"
+        if world > 1
+        else ""
+    )
+    quantized = (
+        (
+            f"; {s['quantization']} linear layers ({s['quantization_summary']}) through torchao {s['torchao']}"
+            + (", the output head too" if s.get("quantized_head") else "")
+        )
+        if s.get("quantization")
+        else ""
+    )
     lines = [
         "# caidllm bench results",
         "",
@@ -76,7 +88,10 @@ def _preamble(s: dict) -> list[str]:
     if ran:
         own = [fields for owner, fields in ran.items() if owner in OWNERS]  # the method's settings, by owner
         values = ", ".join(f"{k}={v}" for fields in own for k, v in fields.items()) or "none"
-        lines += [f"Settings file `{ran['source']}`: row `{ran['name']}` is `{ran['method']}` with {values}.", ""]
+        lines += [
+            f"Settings file `{ran['source']}`: row `{ran['name']}` is `{ran['method']}` with {values}.",
+            "",
+        ]
     return lines
 
 
@@ -84,12 +99,30 @@ def _task_section(task: str, rows: list[dict], s: dict) -> list[str]:
     """One task: its metric and source, a table with a row per method, then its notes."""
     first = rows[0]
     shots = f"{first['fewshot']}-shot" if first["fewshot"] else "zero-shot"
-    lines = [f"## {task}", "",
-             f"Metric: {first['metric']}, n = {first['n']}, {shots}. Source: `{s['task_sources'][task]}`.", ""]
+    lines = [
+        f"## {task}",
+        "",
+        f"Metric: {first['metric']}, n = {first['n']}, {shots}. Source: `{s['task_sources'][task]}`.",
+        "",
+    ]
     extra = [k for k in first if k.startswith("accuracy_")]
-    header = ["Method", "TPS", "Pos/s", "Speedup", "Score ± stderr"] + [k.removeprefix("accuracy_") for k in extra]
-    header += ["NFE", "NFE ratio", "Prefill/req", "Saved", "Steps/block", "Weights (MB)", "Peak mem (MB)",
-               "Energy (J)", "Ctrl", "Fwd", "Ovh", "Errors"]
+    header = ["Method", "TPS", "Pos/s", "Speedup", "Score ± stderr"] + [
+        k.removeprefix("accuracy_") for k in extra
+    ]
+    header += [
+        "NFE",
+        "NFE ratio",
+        "Prefill/req",
+        "Saved",
+        "Steps/block",
+        "Weights (MB)",
+        "Peak mem (MB)",
+        "Energy (J)",
+        "Ctrl",
+        "Fwd",
+        "Ovh",
+        "Errors",
+    ]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join("---" for _ in header) + "|")
     lines += ["| " + " | ".join(_cells(row, extra)) + " |" for row in rows]
@@ -108,24 +141,40 @@ def _task_section(task: str, rows: list[dict], s: dict) -> list[str]:
 
 def _block_notes(rows: list[dict], s: dict) -> list[str]:
     """A line for each row whose method decoded with another block length than the run's."""
-    return [f"Block: `{row['method']}` decodes the whole generation as one block of {row['block_length']} "
-            f"(Elastic-Cache's official loop, elastic_scope 'generation'); block_length {s['block_length']} "
-            "does not apply to it (`elastic-block` is the same rule in blocks)."
-            for row in rows if row.get("block_length", s["block_length"]) != s["block_length"]]
+    return [
+        f"Block: `{row['method']}` decodes the whole generation as one block of {row['block_length']} "
+        f"(Elastic-Cache's official loop, elastic_scope 'generation'); block_length {s['block_length']} "
+        "does not apply to it (`elastic-block` is the same rule in blocks)."
+        for row in rows
+        if row.get("block_length", s["block_length"]) != s["block_length"]
+    ]
 
 
 def _cells(row: dict, extra: list[str]) -> list[str]:
     """One method's row of the task table, in the header's order."""
-    cells = [row["method"], _num(row["tps_answer"], ".1f"), _num(row["tps_positions"], ".1f"),
-             _num(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""), _score(row)]
+    cells = [
+        row["method"],
+        _num(row["tps_answer"], ".1f"),
+        _num(row["tps_positions"], ".1f"),
+        _num(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""),
+        _score(row),
+    ]
     cells += [_num(None if row[k] is None else 100 * row[k], ".2f") for k in extra]
-    cells += [_num(row["nfe_mean"], ".1f"), _num(row["nfe_ratio"], ".2f"),
-              _num(row.get("prefill_positions_mean"), ".1f"), _share(row.get("prefill_saved_share")), _steps(row),
-              _num(row.get("weights_mb"), ".1f"), _num(row["peak_mem_mb"], ".0f"), _num(row["energy_j"], ".1f"),
-              _num(None if row["policy_share"] is None else 100 * row["policy_share"], ".1f", "n/a")
-              + ("%" if row["policy_share"] is not None else ""),
-              _share(row.get("forward_share")), _share(row.get("engine_overhead_share")),
-              str(row["errors"])]
+    cells += [
+        _num(row["nfe_mean"], ".1f"),
+        _num(row["nfe_ratio"], ".2f"),
+        _num(row.get("prefill_positions_mean"), ".1f"),
+        _share(row.get("prefill_saved_share")),
+        _steps(row),
+        _num(row.get("weights_mb"), ".1f"),
+        _num(row["peak_mem_mb"], ".0f"),
+        _num(row["energy_j"], ".1f"),
+        _num(None if row["policy_share"] is None else 100 * row["policy_share"], ".1f", "n/a")
+        + ("%" if row["policy_share"] is not None else ""),
+        _share(row.get("forward_share")),
+        _share(row.get("engine_overhead_share")),
+        str(row["errors"]),
+    ]
     return cells
 
 

@@ -117,8 +117,10 @@ class BenchConfig:
         loaded = self.loaded_settings()
         if loaded is not None:
             if loaded.name in known:
-                raise InputError(f"settings file {self.settings_file}: its name {loaded.name!r} is a preset's; "
-                                 "give it another \"name\"")
+                raise InputError(
+                    f"settings file {self.settings_file}: its name {loaded.name!r} is a preset's; "
+                    'give it another "name"'
+                )
             if loaded.name not in self.methods:
                 self.methods = [*self.methods, loaded.name]
             known = [*known, loaded.name]
@@ -143,10 +145,17 @@ class BenchConfig:
         both = None not in (self.gen_length, self.block_length)
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
             preset, extra = self.method_options(m)
-            build_config(preset, **extra, **(self.lengths_for(m) if both else {}), temperature=self.temperature,
-                         early_stop=self.early_stop)
+            build_config(
+                preset,
+                **extra,
+                **(self.lengths_for(m) if both else {}),
+                temperature=self.temperature,
+                early_stop=self.early_stop,
+            )
         if not isinstance(self.prefix_cache_mb, (tuple, list)) or not self.prefix_cache_mb:
-            raise InputError(f"prefix_cache_mb must be a tuple of budgets (MB, or None), got {self.prefix_cache_mb!r}")
+            raise InputError(
+                f"prefix_cache_mb must be a tuple of budgets (MB, or None), got {self.prefix_cache_mb!r}"
+            )
         self.prefix_cache_mb = tuple(check_budget(b, "prefix_cache_mb") for b in self.prefix_cache_mb)
         if self._rows is None and len(self.prefix_cache_mb) > 1:  # from here on a "method" is a row
             self._rows = expand_rows(self.methods, self.prefix_cache_mb)
@@ -159,8 +168,15 @@ def resolve_lengths(settings: BenchConfig, lm=None) -> BenchConfig:
     from caidllm.options import lengths_for_run
 
     methods = [settings.method_options(m) for m in settings.methods]
-    lengths = lengths_for_run(settings.model, lm, methods, settings.gen_length, settings.block_length,
-                              temperature=settings.temperature, early_stop=settings.early_stop)
+    lengths = lengths_for_run(
+        settings.model,
+        lm,
+        methods,
+        settings.gen_length,
+        settings.block_length,
+        temperature=settings.temperature,
+        early_stop=settings.early_stop,
+    )
     resolved = copy.copy(settings)  # a copy that keeps what check() derived (the method rows)
     resolved.gen_length, resolved.block_length = lengths["gen_length"], lengths["block_length"]
     return resolved
@@ -173,9 +189,11 @@ def _check_not_calibrated_on(settings: BenchConfig, tasks: list[BenchTask]) -> N
         seen = loaded.held_out_ids(task.name)
         overlap = [s.id for s in task.samples if s.id in seen]
         if overlap:
-            raise InputError(f"settings file {settings.settings_file} was calibrated on {len(overlap)} of the "
-                             f"samples of {task.name} evaluated here (first: {overlap[0]}); evaluate other samples "
-                             "(e.g. a smaller --limit) or calibrate on a disjoint slice")
+            raise InputError(
+                f"settings file {settings.settings_file} was calibrated on {len(overlap)} of the "
+                f"samples of {task.name} evaluated here (first: {overlap[0]}); evaluate other samples "
+                "(e.g. a smaller --limit) or calibrate on a disjoint slice"
+            )
 
 
 # ---- entry point -------------------------------------------------------------
@@ -204,8 +222,13 @@ def run_bench(settings: BenchConfig, lm=None, log=None) -> dict | None:
         return None
 
     report = {
-        "settings": {**run_settings(run.settings, run.lm, run.tasks, run.data_dir, run.chat, run.T),
-                     "method_settings": run.method_settings, "started": started, "world_size": world.world_size, "ranks": ranks},
+        "settings": {
+            **run_settings(run.settings, run.lm, run.tasks, run.data_dir, run.chat, run.T),
+            "method_settings": run.method_settings,
+            "started": started,
+            "world_size": world.world_size,
+            "ranks": ranks,
+        },
         "definitions": DEFINITIONS,
         "results": results,
     }
@@ -231,7 +254,9 @@ class _Prepared:
     chat: bool
     encoded: dict[str, list[Encoded]]
     T: dict[str, int]
-    method_settings: dict[str, dict]  # each row's policy and cache settings, by owner (methods.settings_summary)
+    method_settings: dict[
+        str, dict
+    ]  # each row's policy and cache settings, by owner (methods.settings_summary)
 
 
 def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
@@ -240,8 +265,17 @@ def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
     out = _prepare_out(settings.out) if world.is_main else None
     data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else None
     limits = Limits(timeout_s=float(settings.code_timeout))
-    tasks = [load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot,
-                       seed=settings.seed, code_limits=limits) for spec in settings.tasks]
+    tasks = [
+        load_task(
+            spec,
+            data_dir=data_dir,
+            limit=settings.limit,
+            fewshot=settings.fewshot,
+            seed=settings.seed,
+            code_limits=limits,
+        )
+        for spec in settings.tasks
+    ]
     _check_not_calibrated_on(settings, tasks)
     settings = resolve_lengths(settings, lm)  # from config.json alone: a bad setting fails before loading
     if lm is None:
@@ -254,10 +288,16 @@ def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
     encoded = {t.name: [_encode(lm, s, chat, settings.gen_length) for s in t.samples] for t in tasks}
     for m in settings.methods:
         if settings.lengths_for(m)["block_length"] is None:
-            log(f"{m}: Elastic-Cache's official loop decodes the whole generation as one block of "
-                f"{settings.gen_length}; block_length {settings.block_length} does not apply to it")
-    configs = {m: build_config(settings.method_options(m)[0], **settings.method_options(m)[1],
-                               **settings.lengths_for(m)) for m in settings.methods}
+            log(
+                f"{m}: Elastic-Cache's official loop decodes the whole generation as one block of "
+                f"{settings.gen_length}; block_length {settings.block_length} does not apply to it"
+            )
+    configs = {
+        m: build_config(
+            settings.method_options(m)[0], **settings.method_options(m)[1], **settings.lengths_for(m)
+        )
+        for m in settings.methods
+    }
     T = {m: config.steps_per_block for m, config in configs.items()}
     own = {m: settings_summary(config) for m, config in configs.items()}
     if settings.warmup:  # every rank warms up on its own share
@@ -269,9 +309,17 @@ def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
 def _load_model(settings: BenchConfig, world: World, device, log):
     from caidllm.models import load
 
-    log(f"loading model {settings.model} ..." + (f" on {world.world_size} ranks" if world.distributed else ""))
-    return load(settings.model, device=device, dtype=settings.dtype, compile=settings.compile,
-                quantize=settings.quantize, quantize_head=settings.quantize_head)
+    log(
+        f"loading model {settings.model} ..." + (f" on {world.world_size} ranks" if world.distributed else "")
+    )
+    return load(
+        settings.model,
+        device=device,
+        dtype=settings.dtype,
+        compile=settings.compile,
+        quantize=settings.quantize,
+        quantize_head=settings.quantize_head,
+    )
 
 
 def _run_every_method(run: _Prepared, world: World, traces: dict, log) -> list[dict]:
@@ -286,8 +334,20 @@ def _run_every_method(run: _Prepared, world: World, traces: dict, log) -> list[d
                 part = run_shard(run.lm, run.settings, task, method, encoded, world.shard(len(encoded)))
             parts: list[ShardRun] | None = world.gather(part)
             if world.is_main:
-                rows.append(build_row(run.settings, task, method, encoded, parts, run.out, traces[method],
-                                      run.T[method], log, weights_mb(run.lm)))
+                rows.append(
+                    build_row(
+                        run.settings,
+                        task,
+                        method,
+                        encoded,
+                        parts,
+                        run.out,
+                        traces[method],
+                        run.T[method],
+                        log,
+                        weights_mb(run.lm),
+                    )
+                )
         if world.is_main:
             relative(rows)
             results.extend(rows)
@@ -325,8 +385,12 @@ def _encode(lm, sample: Sample, chat: bool, gen_length: int) -> Encoded:
         if len(ids) > budget and sample.context is not None:
             ids, truncated = _truncate_context(lm, sample, chat, budget, ids)
         if len(ids) > budget:
-            return Encoded(sample, None, f"prompt of {len(ids)} tokens + gen_length {gen_length} exceeds the "
-                                          f"model's context of {lm.config.max_length} tokens")
+            return Encoded(
+                sample,
+                None,
+                f"prompt of {len(ids)} tokens + gen_length {gen_length} exceeds the "
+                f"model's context of {lm.config.max_length} tokens",
+            )
         return Encoded(sample, ids, None, truncated)
     except CaidllmError as e:
         return Encoded(sample, None, str(e))
@@ -345,22 +409,31 @@ def _truncate_context(lm, sample: Sample, chat: bool, budget: int, ids: list[int
         keep = len(context_ids) - excess - 16
         if keep <= 0:
             break
-        context_ids = context_ids[:keep // 2] + context_ids[len(context_ids) - (keep - keep // 2):]
+        context_ids = context_ids[: keep // 2] + context_ids[len(context_ids) - (keep - keep // 2) :]
         text = lm.tokenizer.decode(context_ids, skip_special_tokens=True)
         ids = tokenize_prompts(lm, [sample.render(text)], chat)[0]
     return ids, True
 
 
 def _warm_up(lm, settings: BenchConfig, encoded: list[Encoded], log) -> None:
-    batch = [e.ids for e in encoded if e.ids is not None][:settings.batch_size]
+    batch = [e.ids for e in encoded if e.ids is not None][: settings.batch_size]
     if not batch:
         return
     log(f"warm-up: one batch of {len(batch)} per method")
     for method in settings.methods:
         preset, extra = settings.method_options(method)
-        lm.generate(batch, method=preset, **extra, **settings.store_options(method), **settings.lengths_for(method),
-                    temperature=settings.temperature, seed=settings.seed, early_stop=settings.early_stop,
-                    batch_size=len(batch), chat=False)
+        lm.generate(
+            batch,
+            method=preset,
+            **extra,
+            **settings.store_options(method),
+            **settings.lengths_for(method),
+            temperature=settings.temperature,
+            seed=settings.seed,
+            early_stop=settings.early_stop,
+            batch_size=len(batch),
+            chat=False,
+        )
     sync(lm)
 
 

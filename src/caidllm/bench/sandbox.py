@@ -55,7 +55,7 @@ STDERR_TAIL = 2000
 
 # Runs inside the sandbox, before the program: drop root, block sockets, then
 # execute program.py as __main__. Written by us, so it is trusted code.
-_RUNNER = r'''
+_RUNNER = r"""
 import os, socket, sys
 uid, gid, preimport = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 class _NoNetwork(socket.socket):
@@ -79,7 +79,7 @@ with open(sys.argv[0], encoding="utf-8") as _f:
     _code = compile(_f.read(), sys.argv[0], "exec")
 del _f
 exec(_code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __builtins__})
-'''
+"""
 
 
 @dataclass
@@ -127,10 +127,44 @@ def _unshare_flags() -> tuple[str, ...] | None:
 # is not readable by other users (e.g. a Python installed under /root): the
 # modules HumanEval / MBPP solutions use. Anything else fails to import there.
 PREIMPORT = (
-    "abc", "array", "ast", "base64", "binascii", "bisect", "calendar", "cmath", "collections", "collections.abc",
-    "contextlib", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools", "hashlib",
-    "heapq", "io", "itertools", "json", "linecache", "math", "numbers", "operator", "queue", "random", "re",
-    "statistics", "string", "struct", "textwrap", "time", "traceback", "typing", "unicodedata",
+    "abc",
+    "array",
+    "ast",
+    "base64",
+    "binascii",
+    "bisect",
+    "calendar",
+    "cmath",
+    "collections",
+    "collections.abc",
+    "contextlib",
+    "copy",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "enum",
+    "fractions",
+    "functools",
+    "hashlib",
+    "heapq",
+    "io",
+    "itertools",
+    "json",
+    "linecache",
+    "math",
+    "numbers",
+    "operator",
+    "queue",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "struct",
+    "textwrap",
+    "time",
+    "traceback",
+    "typing",
+    "unicodedata",
 )
 
 
@@ -192,13 +226,21 @@ def run_program(source: str, limits: Limits = Limits()) -> SandboxResult:
     started = time.perf_counter()
     try:
         runner = _write_program(source, workdir, private, root)
-        returncode, timed_out = _run_to_end(_command(runner, root), workdir, private, preexec, limits.timeout_s)
+        returncode, timed_out = _run_to_end(
+            _command(runner, root), workdir, private, preexec, limits.timeout_s
+        )
         duration = time.perf_counter() - started
         stderr = _tail(private / "stderr")
         return _classify(returncode, timed_out, stderr, duration, limits)
     except OSError as error:  # could not even start it: record, never crash the run
-        return SandboxResult("error", None, time.perf_counter() - started,
-                             f"sandbox could not run the program: {error}", "", isolation_summary())
+        return SandboxResult(
+            "error",
+            None,
+            time.perf_counter() - started,
+            f"sandbox could not run the program: {error}",
+            "",
+            isolation_summary(),
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
@@ -250,14 +292,31 @@ def _command(runner: Path, root: bool) -> list[str]:
     return [*prefix, sys.executable, "-I", str(runner), "program.py", str(uid), str(gid), preimport]
 
 
-def _run_to_end(command: list[str], workdir: Path, private: Path, preexec, timeout_s: float) -> tuple[int, bool]:
+def _run_to_end(
+    command: list[str], workdir: Path, private: Path, preexec, timeout_s: float
+) -> tuple[int, bool]:
     """Run the program to its end or the wall-clock limit, then kill whatever it left behind;
     (return code, timed out). Its output goes to files, never to our memory."""
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "TMPDIR": str(workdir),
-           "http_proxy": "http://0.0.0.0:9", "https_proxy": "http://0.0.0.0:9", "no_proxy": ""}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "TMPDIR": str(workdir),
+        "http_proxy": "http://0.0.0.0:9",
+        "https_proxy": "http://0.0.0.0:9",
+        "no_proxy": "",
+    }
     with open(private / "stdout", "wb") as out, open(private / "stderr", "wb") as err:
-        proc = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=err, preexec_fn=preexec, close_fds=True)
+        proc = subprocess.Popen(
+            command,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            preexec_fn=preexec,
+            close_fds=True,
+        )
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
@@ -295,7 +354,7 @@ def _group_alive(pgid: int) -> bool:
                 stat = f.read().decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
             return True
     return False
@@ -318,26 +377,42 @@ def _last_error_line(stderr: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _classify(returncode: int, timed_out: bool, stderr: str, duration: float, limits: Limits) -> SandboxResult:
+def _classify(
+    returncode: int, timed_out: bool, stderr: str, duration: float, limits: Limits
+) -> SandboxResult:
     iso = isolation_summary()
     if timed_out:
-        return SandboxResult("timeout", returncode, duration, f"wall-clock timeout after {limits.timeout_s:g} s",
-                             stderr, iso)
+        return SandboxResult(
+            "timeout", returncode, duration, f"wall-clock timeout after {limits.timeout_s:g} s", stderr, iso
+        )
     # unshare re-raises the child's signal on itself, or exits 128+signal
     sig = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else None
     if returncode == 0:
         return SandboxResult("passed", 0, duration, "", stderr, iso)
     last = _last_error_line(stderr)
     if sig in (signal.SIGXCPU, signal.SIGKILL) and not last.startswith(("AssertionError", "Traceback")):
-        return SandboxResult("timeout", returncode, duration, f"CPU limit reached or killed (signal {sig})",
-                             stderr, iso)
+        return SandboxResult(
+            "timeout", returncode, duration, f"CPU limit reached or killed (signal {sig})", stderr, iso
+        )
     if sig == signal.SIGXFSZ or "File too large" in last:  # Python ignores SIGXFSZ: write() fails with EFBIG
-        return SandboxResult("error", returncode, duration,
-                             f"file size limit of {limits.file_size_mb} MiB exceeded (SIGXFSZ)", stderr, iso)
+        return SandboxResult(
+            "error",
+            returncode,
+            duration,
+            f"file size limit of {limits.file_size_mb} MiB exceeded (SIGXFSZ)",
+            stderr,
+            iso,
+        )
     if last.startswith("AssertionError"):
         return SandboxResult("failed", returncode, duration, last[:200], stderr, iso)
     if last.startswith("MemoryError") or "MemoryError" in last:
-        return SandboxResult("error", returncode, duration, f"memory limit of {limits.memory_mb} MiB: {last[:150]}",
-                             stderr, iso)
+        return SandboxResult(
+            "error",
+            returncode,
+            duration,
+            f"memory limit of {limits.memory_mb} MiB: {last[:150]}",
+            stderr,
+            iso,
+        )
     reason = last[:200] if last else (f"killed by signal {sig}" if sig else f"exit status {returncode}")
     return SandboxResult("error", returncode, duration, reason, stderr, iso)

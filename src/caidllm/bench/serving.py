@@ -35,20 +35,43 @@ def free_port() -> int:
 
 
 def offline(lm, prompts, args) -> dict:
-    settings = dict(method=args.method, gen_length=args.gen_length, block_length=args.block_length, batch_size=8)
+    settings = dict(
+        method=args.method, gen_length=args.gen_length, block_length=args.block_length, batch_size=8
+    )
     lm.generate(prompts[:8], **settings)  # warm-up
     started = time.perf_counter()
     results = lm.generate(prompts, **settings)
     wall = time.perf_counter() - started
-    return {"setting": "offline generate(batch_size=8)", "throughput_tok_s": sum(r.answer_length for r in results) / wall,
-            "wall_s": wall, "texts": [r.text for r in results]}
+    return {
+        "setting": "offline generate(batch_size=8)",
+        "throughput_tok_s": sum(r.answer_length for r in results) / wall,
+        "wall_s": wall,
+        "texts": [r.text for r in results],
+    }
 
 
 def start_server(args, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "caidllm.cli", "serve", "--model", args.model, "--port", str(port),
-           "--method", args.method, "--gen-length", str(args.gen_length),
-           *(["--block-length", str(args.block_length)] if args.block_length else []),
-           "--max-batch", "8", "--max-queue", "256", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "caidllm.cli",
+        "serve",
+        "--model",
+        args.model,
+        "--port",
+        str(port),
+        "--method",
+        args.method,
+        "--gen-length",
+        str(args.gen_length),
+        *(["--block-length", str(args.block_length)] if args.block_length else []),
+        "--max-batch",
+        "8",
+        "--max-queue",
+        "256",
+        "--log-level",
+        "warning",
+    ]
     if args.device:
         cmd += ["--device", args.device]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -85,8 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--gen-length", type=int, default=128)
-    ap.add_argument("--block-length", type=int, default=None,
-                    help="default 32, none to a method that lays no blocks (Elastic-Cache's official loop)")
+    ap.add_argument(
+        "--block-length",
+        type=int,
+        default=None,
+        help="default 32, none to a method that lays no blocks (Elastic-Cache's official loop)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", default=None)
@@ -100,7 +127,10 @@ def served_rows(args, prompts: list, want: list) -> list[dict]:
     port = free_port()
     proc = start_server(args, port)
     try:
-        body = {"gen_length": args.gen_length, **({"block_length": args.block_length} if args.block_length else {})}
+        body = {
+            "gen_length": args.gen_length,
+            **({"block_length": args.block_length} if args.block_length else {}),
+        }
         url = f"http://127.0.0.1:{port}"
         asyncio.run(run_load(url, prompts[:8], 8, 8, body=body))  # warm-up
         for c in (int(x) for x in args.concurrency.split(",")):
@@ -120,11 +150,29 @@ def rows_table(rows: list[dict], n_prompts: int) -> str:
         return "" if r.get(key) is None else f"{r[key]:.2f}"
 
     return markdown_table(
-        ["setting", "answer tok/s", "vs offline", "p50 latency s", "p99 latency s", "p50 TTFT s", "p99 TTFT s",
-         "errors", "same text"],
-        [[r["setting"], f"{r['throughput_tok_s']:.1f}", f"{r['throughput_tok_s'] / base:.2f}x",
-          *(f(r, k) for k in ("latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s")),
-          sum(r.get("errors", {}).values()), f"{r.get('same_text', n_prompts)}/{n_prompts}"] for r in rows])
+        [
+            "setting",
+            "answer tok/s",
+            "vs offline",
+            "p50 latency s",
+            "p99 latency s",
+            "p50 TTFT s",
+            "p99 TTFT s",
+            "errors",
+            "same text",
+        ],
+        [
+            [
+                r["setting"],
+                f"{r['throughput_tok_s']:.1f}",
+                f"{r['throughput_tok_s'] / base:.2f}x",
+                *(f(r, k) for k in ("latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s")),
+                sum(r.get("errors", {}).values()),
+                f"{r.get('same_text', n_prompts)}/{n_prompts}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 if __name__ == "__main__":

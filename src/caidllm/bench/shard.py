@@ -30,6 +30,7 @@ class Encoded:
 @dataclass
 class Outcome:
     """One sample: its generation (None if it failed or was never run), score and error."""
+
     result: object | None
     scored: Scored | None
     error: str | None
@@ -53,10 +54,12 @@ def sync(lm) -> None:
         torch.cuda.synchronize(lm.device)
 
 
-def run_shard(lm, settings, task: BenchTask, method: str, encoded: list[Encoded], indices: list[int]) -> ShardRun:
+def run_shard(
+    lm, settings, task: BenchTask, method: str, encoded: list[Encoded], indices: list[int]
+) -> ShardRun:
     """Decode and score the samples at `indices` of `encoded` with `method`."""
     todo = [i for i in indices if encoded[i].ids is not None]
-    batches = [todo[i:i + settings.batch_size] for i in range(0, len(todo), settings.batch_size)]
+    batches = [todo[i : i + settings.batch_size] for i in range(0, len(todo), settings.batch_size)]
     generations: dict[int, object] = {}
     errors: dict[int, str] = {i: encoded[i].error for i in indices if encoded[i].error}
     memory, energy = MemoryMeter(lm.device), EnergyMeter(lm.device)
@@ -100,13 +103,23 @@ def _generate(lm, settings, task: BenchTask, method: str, batch: list[Encoded]) 
     preset, extra = settings.method_options(method)
     if task.constraint_for is not None:  # each sample held to its own constraint
         extra = {**extra, "constraint": [task.constraint_for(item.sample) for item in batch]}
-    return lm.generate([item.ids for item in batch], method=preset, **extra, **settings.store_options(method),
-                       **settings.lengths_for(method), temperature=settings.temperature, seed=settings.seed,
-                       early_stop=settings.early_stop, batch_size=len(batch), chat=False)
+    return lm.generate(
+        [item.ids for item in batch],
+        method=preset,
+        **extra,
+        **settings.store_options(method),
+        **settings.lengths_for(method),
+        temperature=settings.temperature,
+        seed=settings.seed,
+        early_stop=settings.early_stop,
+        batch_size=len(batch),
+        chat=False,
+    )
 
 
-def _outcomes(task: BenchTask, encoded: list[Encoded], indices: list[int], generations: dict,
-              errors: dict) -> dict[int, Outcome]:
+def _outcomes(
+    task: BenchTask, encoded: list[Encoded], indices: list[int], generations: dict, errors: dict
+) -> dict[int, Outcome]:
     """Each sample's outcome: its result scored, or the error that left it without one."""
     outcomes = {}
     for i in indices:

@@ -28,8 +28,18 @@ def new_trace_store() -> dict:
     return {"buckets": {b: [] for b in CONFIDENCE_BUCKETS}, "steps": []}
 
 
-def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], parts: list[ShardRun],
-              out: Path | None, trace_store: dict, T: int, log, weights_mb: float | None = None) -> dict:
+def build_row(
+    settings,
+    task: BenchTask,
+    method: str,
+    encoded: list[Encoded],
+    parts: list[ShardRun],
+    out: Path | None,
+    trace_store: dict,
+    T: int,
+    log,
+    weights_mb: float | None = None,
+) -> dict:
     outcomes = _all_outcomes(task, method, encoded, parts)
     samples = _Samples.score(task, method, encoded, outcomes, trace_store)
     done, wall = samples.done, max(p.wall_s for p in parts)
@@ -71,7 +81,9 @@ def build_row(settings, task: BenchTask, method: str, encoded: list[Encoded], pa
     if out is not None:
         row["samples"] = _write_samples(out, task, method, samples.records)
     shown = "n/a" if accuracy is None else f"{accuracy:.3f}"
-    log(f"{task.name} {method}: score {shown}, NFE {row['nfe_mean']}, wall {wall:.2f} s, errors {row['errors']}")
+    log(
+        f"{task.name} {method}: score {shown}, NFE {row['nfe_mean']}, wall {wall:.2f} s, errors {row['errors']}"
+    )
     return row
 
 
@@ -79,7 +91,9 @@ def _all_outcomes(task: BenchTask, method: str, encoded: list[Encoded], parts: l
     """Every rank's outcomes by sample index; all of them, or an error (never a report of a subset)."""
     outcomes = {i: o for part in parts for i, o in part.outcomes.items()}
     if sorted(outcomes) != list(range(len(encoded))):
-        raise RuntimeError(f"{task.name} {method}: the ranks returned {len(outcomes)} of {len(encoded)} samples")
+        raise RuntimeError(
+            f"{task.name} {method}: the ranks returned {len(outcomes)} of {len(encoded)} samples"
+        )
     return outcomes
 
 
@@ -118,8 +132,12 @@ def _step_figures(settings, done: list, T: int) -> dict:
     steps = [list(r.steps_per_block) + [0] * (n_blocks - len(r.steps_per_block)) for r in done]
     spb = [mean(s[b] for s in steps) for b in range(n_blocks)] if steps else [None] * n_blocks
     decoded = [mean(s[b] for s in steps if s[b] > 0) for b in range(n_blocks)]
-    return {"steps_per_block": spb, "steps_per_block_decoded": decoded, "steps_per_block_max": T,
-            "steps_saved_per_block": [None if d is None else T - d for d in decoded]}
+    return {
+        "steps_per_block": spb,
+        "steps_per_block_decoded": decoded,
+        "steps_per_block_max": T,
+        "steps_saved_per_block": [None if d is None else T - d for d in decoded],
+    }
 
 
 def _cost_figures(parts: list[ShardRun], wall: float) -> dict:
@@ -147,8 +165,11 @@ def _work_figures(done: list) -> dict:
     """How much work the decoders skipped: computed share of layer-token work, prefill, early stops."""
     fractions = [getattr(r, "computed_fraction", None) for r in done]
     fractions = [f for f in fractions if f is not None]
-    return {"flops_share": mean(fractions) if fractions else None, **prefill_figures(done),
-            "early_stopped": mean(float(r.early_stopped) for r in done)}
+    return {
+        "flops_share": mean(fractions) if fractions else None,
+        **prefill_figures(done),
+        "early_stopped": mean(float(r.early_stopped) for r in done),
+    }
 
 
 def _write_samples(out: Path, task: BenchTask, method: str, records: list[dict]) -> str:
@@ -179,7 +200,9 @@ def combine_energy(readings: list[EnergyReading], hosts: list[str], wall: float)
     return EnergyReading(joules, joules / wall if wall > 0 else None, readings[0].source, note)
 
 
-def _record(task, method, enc: Encoded, result, scored: Scored | None, score: float, error: str | None) -> dict:
+def _record(
+    task, method, enc: Encoded, result, scored: Scored | None, score: float, error: str | None
+) -> dict:
     return {
         "id": enc.sample.id,
         "task": task.name,

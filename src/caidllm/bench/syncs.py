@@ -84,6 +84,7 @@ class SyncCounter:
         def wrapper(*args, **kwargs):
             self._hit(site)
             return original(*args, **kwargs)
+
         return wrapper
 
     def _copy_counted(self, original, site):
@@ -92,6 +93,7 @@ class SyncCounter:
             if kwargs.get("device") is not None:
                 self._hit(f"{site}(device=...)")
             return original(*args, **kwargs)
+
         return wrapper
 
     def _sanctioned(self, original, counted: bool):
@@ -104,6 +106,7 @@ class SyncCounter:
                 return original(*args, **kwargs)
             finally:
                 self._quiet -= 1
+
         return wrapper
 
 

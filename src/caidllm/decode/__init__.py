@@ -6,5 +6,13 @@ from caidllm.decode.methods import PRESETS, method_names
 from caidllm.decode.policies.cai import CAISettings
 from caidllm.decode.presets import build_config
 
-__all__ = ["generate", "GenerationResult", "Trace", "DecodeConfig", "CAISettings", "PRESETS", "build_config",
-           "method_names"]
+__all__ = [
+    "generate",
+    "GenerationResult",
+    "Trace",
+    "DecodeConfig",
+    "CAISettings",
+    "PRESETS",
+    "build_config",
+    "method_names",
+]

@@ -21,13 +21,32 @@ from caidllm.models.families import get_family
 from caidllm.models.lm import DiffusionLM
 
 
-def generate(lm, prompts, method: str | None = None, gen_length: int | None = None, block_length: int | None = None,
-             steps: int | None = None, cache: str | None = None, threshold: float | None = None,
-             temperature: float | None = None, seed: int | None = None, early_stop: bool = True,
-             batch_size: int = 8, chat: bool | None = None, compile: bool = False, settings=None,
-             prefix_cache_mb: float | None = None, json_schema=None, regex: str | None = None,
-             choice: list[str] | None = None, json_object: bool = False, logprobs: bool = False,
-             top_logprobs: int = 0, constraint=None, **overrides) -> list[GenerationResult]:
+def generate(
+    lm,
+    prompts,
+    method: str | None = None,
+    gen_length: int | None = None,
+    block_length: int | None = None,
+    steps: int | None = None,
+    cache: str | None = None,
+    threshold: float | None = None,
+    temperature: float | None = None,
+    seed: int | None = None,
+    early_stop: bool = True,
+    batch_size: int = 8,
+    chat: bool | None = None,
+    compile: bool = False,
+    settings=None,
+    prefix_cache_mb: float | None = None,
+    json_schema=None,
+    regex: str | None = None,
+    choice: list[str] | None = None,
+    json_object: bool = False,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    constraint=None,
+    **overrides,
+) -> list[GenerationResult]:
     """Decode `prompts` (strings, or lists of token ids used as given) with a method preset; any keyword given
     overrides the preset's value (a uniform-state model, DiffusionGemma, runs its own: decode/uniform_api.py).
 
@@ -76,8 +95,9 @@ def _config_for(lm, method: str, settings, lengths: dict, threshold, options: di
     a block-diffusion model's own block length), the settings file under the keywords given."""
     checkpoint = getattr(lm, "checkpoint", None)
     # Fitted to the model's family at submit, after the engine's check that the family runs the decoder.
-    lengths, taken = options_for_model(lm.config, checkpoint, method, settings=settings, threshold=threshold,
-                                       **lengths)
+    lengths, taken = options_for_model(
+        lm.config, checkpoint, method, settings=settings, threshold=threshold, **lengths
+    )
     return build_config(method, settings=settings, filled=taken, **options, **lengths)
 
 
@@ -85,9 +105,13 @@ def _run(lm, token_prompts, config, constraints, batch_size: int, prefix_cache_m
     """Every prompt submitted to one engine (at most batch_size decoding together); the results in the
     prompts' order, each with the whole run's times."""
     store = shared_store(lm, prefix_cache_mb)
-    engine = Engine(lm, max_batch=batch_size, max_queue=len(token_prompts), prefix_cache_mb=0, prefix_store=store)
+    engine = Engine(
+        lm, max_batch=batch_size, max_queue=len(token_prompts), prefix_cache_mb=0, prefix_store=store
+    )
     started = time.perf_counter()
-    ids = [engine.submit(p, config, constraint=c, logprobs=logprobs) for p, c in zip(token_prompts, constraints)]
+    ids = [
+        engine.submit(p, config, constraint=c, logprobs=logprobs) for p, c in zip(token_prompts, constraints)
+    ]
     try:
         results = {event.request_id: event.result for event in engine.run() if event.finished}
     except BaseException:  # the store outlives this call: its requests must let go of the blocks they hold
@@ -96,17 +120,35 @@ def _run(lm, token_prompts, config, constraints, batch_size: int, prefix_cache_m
     _sync(lm)
     elapsed, policy = time.perf_counter() - started, engine.runner.policy_timer.total()
     forward = engine.runner.forward_timer.total()
-    return [dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward)
-            for i in ids]
+    return [
+        dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward) for i in ids
+    ]
 
 
-def _generate_uniform(lm, prompts, method, batch_size, chat, overrides, early_stop, compile, json_object, logprobs,
-                      top_logprobs, **options):
+def _generate_uniform(
+    lm,
+    prompts,
+    method,
+    batch_size,
+    chat,
+    overrides,
+    early_stop,
+    compile,
+    json_object,
+    logprobs,
+    top_logprobs,
+    **options,
+):
     """generate() on a uniform-state model: its settings checked (a mask-based decoder's refused by name)."""
     if not is_int(batch_size) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
-    flags = {"compile": compile, "json_object": json_object, "logprobs": logprobs, "top_logprobs": top_logprobs}
+    flags = {
+        "compile": compile,
+        "json_object": json_object,
+        "logprobs": logprobs,
+        "top_logprobs": top_logprobs,
+    }
     options.update({name: value or None for name, value in flags.items()}, early_stop=early_stop)
     return generate_uniform(lm, token_prompts, method, batch_size, **options, **overrides)
 
@@ -122,11 +164,15 @@ def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise InputError("prompts must be a non-empty list of strings or of token-id lists")
     # An empty list counts as token ids here, so that it gets its own clear error below.
-    kinds = {"text" if isinstance(p, str) else "ids" if is_id_list(p, allow_empty=True) else "other"
-             for p in prompts}
+    kinds = {
+        "text" if isinstance(p, str) else "ids" if is_id_list(p, allow_empty=True) else "other"
+        for p in prompts
+    }
     if "other" in kinds:
         bad = next(p for p in prompts if not isinstance(p, str) and not is_id_list(p, allow_empty=True))
-        raise InputError(f"each prompt must be a string or a list of token ids, got {type(bad).__name__}: {bad!r:.80}")
+        raise InputError(
+            f"each prompt must be a string or a list of token ids, got {type(bad).__name__}: {bad!r:.80}"
+        )
     if len(kinds) > 1:
         raise InputError("a batch must not mix strings and token-id lists; pass one kind")
     token_prompts = []
@@ -141,7 +187,9 @@ def tokenize_prompts(lm, prompts, chat: bool) -> list[list[int]]:
                 raise InputError(f"prompt {i} is an empty list of token ids")
             bad = [t for t in ids if not 0 <= t < lm.config.vocab_size]
             if bad:
-                raise InputError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {lm.config.vocab_size})")
+                raise InputError(
+                    f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {lm.config.vocab_size})"
+                )
         token_prompts.append(ids)
     return token_prompts
 

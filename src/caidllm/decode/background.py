@@ -56,7 +56,9 @@ class RequestHandle:
     def __iter__(self):
         """Block on each event in turn (thread clients); raises if the request failed or was cancelled."""
         if self._loop is not None:
-            raise InputError("this handle was submitted with an event loop; use `async for ... in handle.stream()`")
+            raise InputError(
+                "this handle was submitted with an event loop; use `async for ... in handle.stream()`"
+            )
         while True:
             item = self._events.get()
             if isinstance(item, BaseException):
@@ -140,9 +142,15 @@ class BackgroundEngine:
         self._thread = threading.current_thread()
         self._run()
 
-    def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
-               loop: asyncio.AbstractEventLoop | None = None, constraint=None,
-               logprobs: int | None = None) -> RequestHandle:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        config: DecodeConfig,
+        request_id: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        constraint=None,
+        logprobs: int | None = None,
+    ) -> RequestHandle:
         """Check and hand over a request; raises InputError (bad request) or EngineFullError.
         constraint: structured output (decode/constraints/), compiled and checked here; logprobs: Engine.submit's."""
         request = self.engine.prepare(prompt_ids, config, request_id, constraint, logprobs)
@@ -228,10 +236,15 @@ class BackgroundEngine:
             except Exception as error:  # noqa: BLE001 - a bug or a device error: fail the rows in flight, go on
                 self.failed_steps += 1
                 # a rank's failure is reported in one line (parallel/launch.py); anything else with its traceback
-                logger.error("engine step failed; failing the requests in flight: %s", error,
-                             exc_info=not isinstance(error, RankFailure))
+                logger.error(
+                    "engine step failed; failing the requests in flight: %s",
+                    error,
+                    exc_info=not isinstance(error, RankFailure),
+                )
                 for request_id in self.engine.drop_running():  # queued requests stay and run next
-                    self._end(request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}"))
+                    self._end(
+                        request_id, RuntimeError(f"the engine step failed: {type(error).__name__}: {error}")
+                    )
                 continue
             for request_id, error in self.engine.take_faults().items():
                 logger.error("request %s failed in its decode; the others go on", request_id, exc_info=error)
@@ -239,8 +252,11 @@ class BackgroundEngine:
             pairs = []
             with self._lock:
                 for event in events:
-                    handle = self._handles.pop(event.request_id, None) if event.finished else \
-                        self._handles.get(event.request_id)
+                    handle = (
+                        self._handles.pop(event.request_id, None)
+                        if event.finished
+                        else self._handles.get(event.request_id)
+                    )
                     if handle is not None:
                         pairs.append((handle, event))
             _deliver(pairs)

@@ -64,8 +64,11 @@ def check_given_fit(given, model) -> None:
         if not rules or any(rule.models in (None, kind) for rule in rules):
             continue
         if kind == FULL_SEQUENCE:
-            raise InputError(f"{name} ({rules[0].about}) does not apply to the {model.family} model: it is a "
-                             "block-diffusion decoder's setting, and this model is full-sequence", field=name)
+            raise InputError(
+                f"{name} ({rules[0].about}) does not apply to the {model.family} model: it is a "
+                "block-diffusion decoder's setting, and this model is full-sequence",
+                field=name,
+            )
         raise InputError(f"{name} does not apply to a block-causal model: {rules[0].about}", field=name)
 
 
@@ -91,43 +94,58 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
     given = set(config.given)
     if not model.block_causal:
         if block_diffusion_preset(config.method) or config.policy_spec.models == BLOCK_CAUSAL:
-            raise InputError(f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
-                             f"the {model.family} model is full-sequence (bidirectional attention)",
-                             field="policy" if "policy" in given else "method")
+            raise InputError(
+                f"method {config.method!r} (policy {config.policy!r}) is a block-diffusion decoder; "
+                f"the {model.family} model is full-sequence (bidirectional attention)",
+                field="policy" if "policy" in given else "method",
+            )
         if config.editing_threshold is not None:  # a preset's (the caller's was refused above)
             check_given_fit(["editing_threshold"], model)
         if CACHE_MODES[config.cache].exact:
-            raise InputError(f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} "
-                             f"model: its attention is bidirectional; use one that is not exact "
-                             f"({', '.join(m for m, mode in CACHE_MODES.items() if not mode.exact)})",
-                             field="cache" if "cache" in given else "method")
+            raise InputError(
+                f"cache={config.cache!r} (the exact block cache) does not apply to the {model.family} "
+                f"model: its attention is bidirectional; use one that is not exact "
+                f"({', '.join(m for m, mode in CACHE_MODES.items() if not mode.exact)})",
+                field="cache" if "cache" in given else "method",
+            )
         return config
     changes = {}
     if "cache" not in given and config.cache in METHOD_CACHES:
-        raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
-                         f"cache {config.cache!r} is {METHOD_CACHES[config.cache]}, which needs bidirectional "
-                         f"attention; use method {config.policy_spec.block_causal_method!r} (its rule "
-                         "on the exact block cache)", field="method")
+        raise InputError(
+            f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
+            f"cache {config.cache!r} is {METHOD_CACHES[config.cache]}, which needs bidirectional "
+            f"attention; use method {config.policy_spec.block_causal_method!r} (its rule "
+            "on the exact block cache)",
+            field="method",
+        )
     own_forward = config.policy_spec.forward
     if own_forward is not None:  # refused here, with no advice about its cache that a second refusal undoes
-        raise InputError(f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
-                         f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
-                         "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder "
-                         f"({', '.join(m for m in PRESETS if block_diffusion_preset(m))})",
-                         field="policy" if "policy" in given else "method")
+        raise InputError(
+            f"method {config.method!r} does not apply to the block-causal {model.family} model: its "
+            f"policy {config.policy!r} runs the {own_forward} forward each step, which needs "
+            "bidirectional attention; use method 'fastdllm' or a block-diffusion decoder "
+            f"({', '.join(m for m in PRESETS if block_diffusion_preset(m))})",
+            field="policy" if "policy" in given else "method",
+        )
     if "cache" not in given and not CACHE_MODES[config.cache].exact:
         # The block cache is exact (the same tokens as no cache), so every preset runs on it, vanilla too
         # (Fast-dLLM v2's keeps its within-block cache over it).
         changes["cache"] = "block"
     elif config.cache not in BLOCK_CACHES:
-        raise InputError(f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
-                         f"its cache is an exact one or 'none' (the whole window every step): "
-                         f"{', '.join(BLOCK_CACHES)}", field="cache")
+        raise InputError(
+            f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
+            f"its cache is an exact one or 'none' (the whole window every step): "
+            f"{', '.join(BLOCK_CACHES)}",
+            field="cache",
+        )
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
         changes["block_length"] = own_block_length(config.block_length, model)
     elif model.block_lengths and config.block_length not in model.block_lengths:
-        raise InputError(f"block_length {config.block_length} is not one the {model.family} model decodes with "
-                         f"(allowed: {', '.join(map(str, model.block_lengths))})", field="block_length")
+        raise InputError(
+            f"block_length {config.block_length} is not one the {model.family} model decodes with "
+            f"(allowed: {', '.join(map(str, model.block_lengths))})",
+            field="block_length",
+        )
     if changes == {"cache": config.cache}:
         return config
     return dataclasses.replace(config, **changes).validate()
@@ -166,8 +184,9 @@ def applicable(model) -> tuple[list[str], list[str]]:
         except InputError:
             continue
         methods.append(name)
-    caches = [m for m, mode in CACHE_MODES.items()
-              if (m in BLOCK_CACHES if model.block_causal else not mode.exact)]
+    caches = [
+        m for m, mode in CACHE_MODES.items() if (m in BLOCK_CACHES if model.block_causal else not mode.exact)
+    ]
     return methods, caches
 
 
@@ -178,15 +197,25 @@ def applicable(model) -> tuple[list[str], list[str]]:
 # mask and edits nothing. Earlier blocks never change, so a block's text is final when it ends:
 # only then is it streamed (the team's rule for decoders that revise tokens).
 
-def edits(members, predicted: torch.Tensor, confidence: torch.Tensor, masked: torch.Tensor,
-          block: torch.Tensor, columns: torch.Tensor, answer_starts: list[int]) -> torch.Tensor | None:
+
+def edits(
+    members,
+    predicted: torch.Tensor,
+    confidence: torch.Tensor,
+    masked: torch.Tensor,
+    block: torch.Tensor,
+    columns: torch.Tensor,
+    answer_starts: list[int],
+) -> torch.Tensor | None:
     """[R, block] positions each editing request rewrites this step (None: no request edits)."""
     thresholds = [r.config.editing_threshold for r in members]
     if all(t is None for t in thresholds):
         return None
     device = masked.device
     limit = to_device([math.inf if t is None else t for t in thresholds], device, torch.float32)
-    answer = columns >= to_device(answer_starts, device)[:, None]  # the part-prompt block's prompt never changes
+    answer = (
+        columns >= to_device(answer_starts, device)[:, None]
+    )  # the part-prompt block's prompt never changes
     return ~masked & answer & (predicted != block) & (confidence > limit[:, None])
 
 

@@ -15,8 +15,17 @@ from dataclasses import dataclass, field
 from caidllm.checks import is_int, is_number
 from caidllm.decode import forward_modes, policies
 from caidllm.errors import InputError
-from caidllm.setting_rules import (BLOCK_CAUSAL, FULL_SEQUENCE, CacheSettings, MethodSettings, Rule, boolean,
-                                   non_negative, non_negative_int, positive_int)
+from caidllm.setting_rules import (
+    BLOCK_CAUSAL,
+    FULL_SEQUENCE,
+    CacheSettings,
+    MethodSettings,
+    Rule,
+    boolean,
+    non_negative,
+    non_negative_int,
+    positive_int,
+)
 
 # The valid values, read from their registries: cache modes (decode/forward_modes.py) and commit
 # policies (decode/policies/).
@@ -34,7 +43,9 @@ class DecodeConfig:
     # block gets steps // num_blocks, the T of the paper. None = gen_length.
     steps: int | None = None
     cache: str = "dual"  # a key of forward_modes.CACHE_MODES
-    refresh_every: int | None = None  # f: full refresh every f steps in a block; None = model default, 0 = block starts only
+    refresh_every: int | None = (
+        None  # f: full refresh every f steps in a block; None = model default, 0 = block starts only
+    )
     # Block-causal models' token editing (decode/block_diffusion.py, LLaDA2.1's): None = off; max_post_steps
     # bounds the editing steps once a block has no mask left.
     editing_threshold: float | None = None
@@ -85,7 +96,9 @@ class DecodeConfig:
 
     def validate(self) -> "DecodeConfig":
         """Raise InputError naming the first invalid value (the shared rules and the method's, in order)."""
-        _choice(self, "policy", tuple(policies.POLICIES))  # the registries as they are now (a decoder added since)
+        _choice(
+            self, "policy", tuple(policies.POLICIES)
+        )  # the registries as they are now (a decoder added since)
         _choice(self, "cache", tuple(forward_modes.CACHE_MODES))
         self.__post_init__()  # a policy or cache set in place since: its own settings class (its defaults)
         SHARED_RULES[0].check(self, "gen_length")
@@ -120,15 +133,21 @@ def _settings_of(settings, spec):
 def _set_by_hand(config: DecodeConfig) -> tuple[str, ...]:
     """The settings of a hand-built config that differ from their defaults (a method's by their dotted
     names): a value equal to its default cannot be told from one left out."""
-    shared = [name for name in SHARED_FIELDS
-              if getattr(config, name) != DecodeConfig.__dataclass_fields__[name].default]
+    shared = [
+        name
+        for name in SHARED_FIELDS
+        if getattr(config, name) != DecodeConfig.__dataclass_fields__[name].default
+    ]
     own = []
     for settings in (config.policy_settings, config.cache_settings):
         if settings is None:
             continue
         default = type(settings)()
-        own += [f"{settings.OWNER}.{f.name}" for f in dataclasses.fields(settings)
-                if getattr(settings, f.name) != getattr(default, f.name)]
+        own += [
+            f"{settings.OWNER}.{f.name}"
+            for f in dataclasses.fields(settings)
+            if getattr(settings, f.name) != getattr(default, f.name)
+        ]
     return tuple(sorted([*shared, *own]))
 
 
@@ -141,8 +160,10 @@ def _choice(config: DecodeConfig, name: str, choices: tuple[str, ...]) -> None:
 
 def _whole_blocks(config: DecodeConfig) -> None:
     if config.gen_length % config.block_length:
-        raise InputError(f"gen_length ({config.gen_length}) must be a multiple of block_length "
-                         f"({config.block_length})", field="gen_length")
+        raise InputError(
+            f"gen_length ({config.gen_length}) must be a multiple of block_length ({config.block_length})",
+            field="gen_length",
+        )
 
 
 def _steps_per_block(config: DecodeConfig) -> None:
@@ -150,7 +171,8 @@ def _steps_per_block(config: DecodeConfig) -> None:
         raise InputError(
             f"steps ({config.steps}) must be a multiple of the number of blocks "
             f"({config.num_blocks} = gen_length {config.gen_length} / block_length {config.block_length})",
-            field="steps")
+            field="steps",
+        )
     if config.steps_per_block < 1:
         raise InputError(f"steps per block must be at least 1, got {config.steps_per_block}", field="steps")
 
@@ -161,11 +183,27 @@ SHARED_RULES: tuple[Rule, ...] = (
     Rule("gen_length", "a positive integer", positive_int),
     Rule("block_length", "a positive integer", positive_int),
     Rule("steps", "a positive integer or None", lambda v: v is None or positive_int(v)),
-    Rule("editing_threshold", "in [0, 1] (or None: no editing)", lambda v: v is None or (is_number(v) and 0 <= v <= 1),
-         models=BLOCK_CAUSAL, about="LLaDA2.1 token editing"),
-    Rule("max_post_steps", "an integer >= 0", non_negative_int, models=BLOCK_CAUSAL, about="LLaDA2.1 token editing"),
-    Rule("refresh_every", "an integer >= 0 (0 = block starts only)", lambda v: v is None or (is_int(v) and v >= 0),
-         models=FULL_SEQUENCE, about="its block cache is exact, never refreshed"),
+    Rule(
+        "editing_threshold",
+        "in [0, 1] (or None: no editing)",
+        lambda v: v is None or (is_number(v) and 0 <= v <= 1),
+        models=BLOCK_CAUSAL,
+        about="LLaDA2.1 token editing",
+    ),
+    Rule(
+        "max_post_steps",
+        "an integer >= 0",
+        non_negative_int,
+        models=BLOCK_CAUSAL,
+        about="LLaDA2.1 token editing",
+    ),
+    Rule(
+        "refresh_every",
+        "an integer >= 0 (0 = block starts only)",
+        lambda v: v is None or (is_int(v) and v >= 0),
+        models=FULL_SEQUENCE,
+        about="its block cache is exact, never refreshed",
+    ),
     Rule("temperature", "a finite number >= 0", non_negative),
     Rule("seed", "an integer or None", lambda v: v is None or is_int(v)),
     Rule("early_stop", "True or False", boolean),

@@ -34,8 +34,16 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from caidllm.errors import InputError
-from caidllm.setting_rules import (UNIT_INTERVAL, CacheSettings, Rule, choice_rule, named, non_negative_int, positive_int,
-                                   unit_interval)
+from caidllm.setting_rules import (
+    UNIT_INTERVAL,
+    CacheSettings,
+    Rule,
+    choice_rule,
+    named,
+    non_negative_int,
+    positive_int,
+    unit_interval,
+)
 
 from caidllm.decode.caches.base import CacheMode
 
@@ -59,8 +67,9 @@ class ElasticSettings(CacheSettings):
 
     OWNER: ClassVar[str] = "elastic"
     TITLE: ClassVar[str] = "Elastic-Cache (arXiv 2510.14973)"
-    LEGACY: ClassVar[dict[str, str]] = {f"elastic_{name}": name for name in ("gamma", "window", "layer", "track",
-                                                                               "scope")}
+    LEGACY: ClassVar[dict[str, str]] = {
+        f"elastic_{name}": name for name in ("gamma", "window", "layer", "track", "scope")
+    }
     RULES: ClassVar[tuple[Rule, ...]] = (
         choice_rule("scope", SCOPES),
         Rule("gamma", UNIT_INTERVAL, unit_interval),
@@ -87,23 +96,32 @@ class ElasticSettings(CacheSettings):
                 f"block_length {bl} does not apply to method {config.method!r}: Elastic-Cache's official loop "
                 f"(cache 'elastic', elastic_scope 'generation') decodes the whole generation (gen_length "
                 f"{config.gen_length}) as one block with its own sliding window; drop block_length, or use "
-                f"method 'elastic-block' (elastic_scope='block') for blocks of {bl}", field="block_length")
+                f"method 'elastic-block' (elastic_scope='block') for blocks of {bl}",
+                field="block_length",
+            )
         config.block_length = config.gen_length
 
     def check_with(self, config) -> None:
         if (self.window or 0) > config.block_length:
             name, field = named(config.labels, "elastic.window")
-            longer = (f"the generation (gen_length {config.gen_length})" if self.whole_generation
-                      else f"the block ({config.block_length})")
+            longer = (
+                f"the generation (gen_length {config.gen_length})"
+                if self.whole_generation
+                else f"the block ({config.block_length})"
+            )
             raise InputError(f"{name} ({self.window}) is longer than {longer}", field=field)
         if config.refresh_every:
-            raise InputError(f"cache 'elastic' with refresh_every={config.refresh_every} is not meaningful: "
-                             "Elastic-Cache refreshes when its drift test says so (use refresh_every=0)",
-                             field="refresh_every")
+            raise InputError(
+                f"cache 'elastic' with refresh_every={config.refresh_every} is not meaningful: "
+                "Elastic-Cache refreshes when its drift test says so (use refresh_every=0)",
+                field="refresh_every",
+            )
         if getattr(config.policy_settings, "grinding_action", None) == "exit":
-            raise InputError("cache 'elastic' with cai.grinding_action='exit' is not meaningful: the exit commits "
-                             "the whole block at once, but an elastic step predicts only its window",
-                             field=config.labels.get("cai.grinding_action", "method"))
+            raise InputError(
+                "cache 'elastic' with cai.grinding_action='exit' is not meaningful: the exit commits "
+                "the whole block at once, but an elastic step predicts only its window",
+                field=config.labels.get("cai.grinding_action", "method"),
+            )
 
 
 @dataclass
@@ -114,7 +132,9 @@ class ElasticState:
     n_layers: int
     block: int = -1
     tracked: list[int] = field(default_factory=list)  # the previous forward's most-attended columns
-    cut: int | None = None  # generation scope: the first end token decoded (later positions are never decoded)
+    cut: int | None = (
+        None  # generation scope: the first end token decoded (later positions are never decoded)
+    )
     last_refresh_from: int = 0  # the layer the last forward's refresh started at (n_layers: none)
 
     def enter_block(self, block: int) -> None:
@@ -132,7 +152,9 @@ def window(generated: list[int | None], bounds: tuple[int, int], size: int, last
     return masked if last_step else masked[:size]
 
 
-def columns(state: ElasticState, prompt_length: int, predicted: list[int], just_decoded: list[int]) -> list[int]:
+def columns(
+    state: ElasticState, prompt_length: int, predicted: list[int], just_decoded: list[int]
+) -> list[int]:
     """The columns a forward after the first computes (relative): the tracked tokens, the positions
     decoded at the previous step (their K/V were still their mask's), the window and what predicts it."""
     window_columns = [prompt_length + p for p in predicted]
@@ -146,7 +168,9 @@ def untrackable(generated: list[int | None], prompt_length: int) -> list[int]:
     return [prompt_length + p for p, token in enumerate(generated) if token is None]
 
 
-def cut_at_end_token(generated: list[int | None], committed: list[int], eos_ids: set[int], eos_id: int) -> int | None:
+def cut_at_end_token(
+    generated: list[int | None], committed: list[int], eos_ids: set[int], eos_id: int
+) -> int | None:
     """The official early stop: the first end token among this step's commits cuts the generation;
     the positions after it that are still masked are given up (shown as `eos_id`). Returns the cut."""
     ends = [p for p in committed if generated[p] in eos_ids]
@@ -167,19 +191,26 @@ class ElasticCache(CacheMode):
     def refusal(self, config, lm) -> str | None:
         c = lm.config
         if getattr(lm, "tp", None) is not None:
-            return (f"cache mode 'elastic' reads each layer's attention over every head, which --tp {lm.tp.size} "
-                    "divides among the ranks; run it without --tp")
+            return (
+                f"cache mode 'elastic' reads each layer's attention over every head, which --tp {lm.tp.size} "
+                "divides among the ranks; run it without --tp"
+            )
         if c.block_causal:
-            return (f"cache mode 'elastic' needs the elastic forward (bidirectional attention over every column), "
-                    f"which model family {c.family!r} does not have (block-causal attention)")
+            return (
+                f"cache mode 'elastic' needs the elastic forward (bidirectional attention over every column), "
+                f"which model family {c.family!r} does not have (block-causal attention)"
+            )
         return None
 
     def check_settings(self, config, lm) -> None:
         c = lm.config
         if config.cache_settings.layer >= c.n_layers:
             name, field = named(config.labels, "elastic.layer")
-            raise InputError(f"{name} ({config.cache_settings.layer}) is beyond the model's layers (family "
-                             f"{c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})", field=field)
+            raise InputError(
+                f"{name} ({config.cache_settings.layer}) is beyond the model's layers (family "
+                f"{c.family!r} has {c.n_layers}: 0 .. {c.n_layers - 1})",
+                field=field,
+            )
 
     def new_state(self, request, lm) -> ElasticState:
         return ElasticState(lm.model.extra_left, lm.config.n_layers)

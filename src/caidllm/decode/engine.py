@@ -59,13 +59,14 @@ from caidllm.models.families import get_family
 from caidllm.models.modes import FORWARD_MODES
 
 
-
 def family_refusal(lm, config: DecodeConfig) -> str | None:
     """Why the model's family cannot run `config`'s decoder (None when it can): a forward that needs
     bidirectional attention and unshifted logits (dKV-Cache's columns, WINO's shadow block) on a family
     that predicts position i from i - 1 (Dream) or attends block-causally (LLaDA2, SDAR); names both."""
     c = lm.config
-    if get_family(c.family).uniform:  # DiffusionGemma has no mask token: its decoders run in uniform_engine.py
+    if get_family(
+        c.family
+    ).uniform:  # DiffusionGemma has no mask token: its decoders run in uniform_engine.py
         return mask_decoder_refusal(c.family, config.method)
     own_refusal = CACHE_MODES[config.cache].refusal(config, lm)  # the cache mode's own rules first
     if own_refusal is not None:
@@ -73,14 +74,22 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
     if not (lm.model.extra_left or c.block_causal):
         return None
     own = config.policy_spec.forward
-    needs = ([f"policy {config.policy!r} needs the {own} forward"] if own is not None and FORWARD_MODES[own].unshifted else []) + (
+    needs = (
+        [f"policy {config.policy!r} needs the {own} forward"]
+        if own is not None and FORWARD_MODES[own].unshifted
+        else []
+    ) + (
         [f"cache mode {config.cache!r} needs the {CACHE_MODES[config.cache].between_refreshes.name} forward"]
-        if CACHE_MODES[config.cache].between_refreshes.unshifted else [])
+        if CACHE_MODES[config.cache].between_refreshes.unshifted
+        else []
+    )
     if not needs:
         return None
     lacks = "block-causal attention" if c.block_causal else "it predicts position i from i - 1"
-    return (f"{'; '.join(needs)} (bidirectional attention, unshifted logits), which model family {c.family!r} "
-            f"does not have ({lacks})")
+    return (
+        f"{'; '.join(needs)} (bidirectional attention, unshifted logits), which model family {c.family!r} "
+        f"does not have ({lacks})"
+    )
 
 
 def tp_step_policy(lm, step_policy: str | None) -> str:
@@ -94,9 +103,11 @@ def step_policy_for(step_policy: str | None, tensor_parallel: bool) -> str:
     if not tensor_parallel:
         return DEFAULT_STEP_POLICY if step_policy is None else step_policy
     if step_policy not in (None, "all"):
-        raise InputError(f"step policy {step_policy!r} does not apply to a tensor-parallel model: its ranks must "
-                         "run the same groups at each step, and it chooses by each rank's own forward times; "
-                         "use 'all'")
+        raise InputError(
+            f"step policy {step_policy!r} does not apply to a tensor-parallel model: its ranks must "
+            "run the same groups at each step, and it chooses by each rank's own forward times; "
+            "use 'all'"
+        )
     return "all"
 
 
@@ -112,8 +123,15 @@ class Engine:
     forward groups run at a step (step_policies.py: "fair", or "all"; None: fair, all on a
     tensor-parallel model)."""
 
-    def __init__(self, lm, max_batch: int = 8, max_queue: int = 256, prefix_cache_mb: float | None = None,
-                 prefix_store: PrefixStore | None = None, step_policy: str | None = None):
+    def __init__(
+        self,
+        lm,
+        max_batch: int = 8,
+        max_queue: int = 256,
+        prefix_cache_mb: float | None = None,
+        prefix_store: PrefixStore | None = None,
+        step_policy: str | None = None,
+    ):
         self.lm = lm
         step_policy = tp_step_policy(lm, step_policy)
         store = adopt(prefix_store, lm) if prefix_store is not None else make_store(lm, prefix_cache_mb)
@@ -137,8 +155,14 @@ class Engine:
 
     # ---- requests in and out -------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
-               constraint: Constraint | None = None, logprobs: int | None = None) -> str:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        config: DecodeConfig,
+        request_id: str | None = None,
+        constraint: Constraint | None = None,
+        logprobs: int | None = None,
+    ) -> str:
         """Queue a tokenised prompt; it joins the running batch at the next step.
         Everything is checked here, before anything is queued. constraint: structured output
         (decode/constraints/: a regex, a JSON schema, any JSON object, a choice), held in any commit order.
@@ -147,15 +171,23 @@ class Engine:
         self.scheduler.add(request)
         return request.id
 
-    def prepare(self, prompt_ids: list[int], config: DecodeConfig, request_id: str | None = None,
-                constraint: Constraint | None = None, logprobs: int | None = None) -> Request:
+    def prepare(
+        self,
+        prompt_ids: list[int],
+        config: DecodeConfig,
+        request_id: str | None = None,
+        constraint: Constraint | None = None,
+        logprobs: int | None = None,
+    ) -> Request:
         """A checked Request, not yet queued (touches no engine state: any thread may call it)."""
         if not isinstance(config, DecodeConfig):
             raise InputError(f"config must be a DecodeConfig (see build_config), got {type(config).__name__}")
         config = copy.deepcopy(config)  # the request's own: a caller's later edit cannot reach it
         if config.fitted_to is None:  # not yet checked and fitted to a model (build_config alone)
             config.validate()
-        self._check_family(config)  # a decoder whose forward the family lacks, before the family's defaults apply
+        self._check_family(
+            config
+        )  # a decoder whose forward the family lacks, before the family's defaults apply
         config = fit_to_model(config, self.lm.config)  # once: a config fitted to this model is returned as is
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
@@ -168,9 +200,13 @@ class Engine:
 
     def _constraint_state(self, constraint: Constraint, config: DecodeConfig):
         if not isinstance(constraint, Constraint):
-            raise InputError(f"constraint must be a Constraint (decode/constraints/), got {type(constraint).__name__}")
+            raise InputError(
+                f"constraint must be a Constraint (decode/constraints/), got {type(constraint).__name__}"
+            )
         if self.mirror is not None:  # the other ranks replay the inputs, not the constraint's choices
-            raise InputError(f"{constraint.field}: structured output does not run on a tensor-parallel model yet")
+            raise InputError(
+                f"{constraint.field}: structured output does not run on a tensor-parallel model yet"
+            )
         try:
             return canvas_constraint(self.lm, constraint, config)
         except InputError as error:  # about the constraint's field (a server's param: its top-level name)
@@ -243,8 +279,16 @@ class Engine:
             request = row.request
             first = request.nfe == 0
             self.prefix.after_forward(self.scheduler.frame, request)
-            event = request.record(row.commits, row.tokens, row.confidences, row.computed_pairs, self._eos_ids,
-                                   self.lm.config.eos_id, self.lm.device, row.edits)
+            event = request.record(
+                row.commits,
+                row.tokens,
+                row.confidences,
+                row.computed_pairs,
+                self._eos_ids,
+                self.lm.config.eos_id,
+                self.lm.device,
+                row.edits,
+            )
             if row.fill is not None and not event.finished:
                 request.finish_with(row.fill, event, self._eos_ids, self.lm.config.eos_id)
             if first and self.prefix.applies(request):
@@ -273,15 +317,28 @@ class Engine:
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
-        own_gating = getattr(config.policy_settings, "gating", None)  # a policy that gates says so in its settings
+        own_gating = getattr(
+            config.policy_settings, "gating", None
+        )  # a policy that gates says so in its settings
         gating = lm.config.confidence_gating if own_gating is None else own_gating
         cache = CACHE_MODES[config.cache]
-        refresh_every = cache.refresh_every(lm.config.cache_refresh_every if config.refresh_every is None
-                                            else config.refresh_every)
+        refresh_every = cache.refresh_every(
+            lm.config.cache_refresh_every if config.refresh_every is None else config.refresh_every
+        )
         policy, state_names = make_policy(config, gating)
         generator = request_generator(config.seed, prompt, lm.device) if config.temperature > 0 else None
-        request = Request(request_id, prompt, config, gating, refresh_every, policy, state_names,
-                          policy_key(config, gating), generator, block_causal=lm.config.block_causal)
+        request = Request(
+            request_id,
+            prompt,
+            config,
+            gating,
+            refresh_every,
+            policy,
+            state_names,
+            policy_key(config, gating),
+            generator,
+            block_causal=lm.config.block_causal,
+        )
         # What the policy and the cache mode remember across steps, each in its own object.
         spec = config.policy_spec
         request.policy_state = spec.new_state(config, prompt) if spec.new_state is not None else None
@@ -297,14 +354,20 @@ class Engine:
     def _check_prompt(self, prompt_ids, config: DecodeConfig) -> list[int]:
         c = self.lm.config
         if not is_id_list(prompt_ids):
-            raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}", field="prompt")
+            raise InputError(
+                f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}", field="prompt"
+            )
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
-            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})", field="prompt")
+            raise InputError(
+                f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})", field="prompt"
+            )
         span = Layout.of(len(prompt_ids), config, c.block_causal).span
         if len(prompt_ids) + span > c.max_length:
             laid = "" if span == config.gen_length else f", laid out to the end of its last block: {span}"
             raise InputError(
                 f"prompt ({len(prompt_ids)} tokens) + gen_length ({config.gen_length}{laid}) = "
-                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens", field="prompt")
+                f"{len(prompt_ids) + span} exceeds the model's context of {c.max_length} tokens",
+                field="prompt",
+            )
         return list(prompt_ids)

@@ -25,14 +25,22 @@ CACHE_MODES: dict[str, CacheMode] = {
     "prefix": CacheMode(Prefix),
     "dual": CacheMode(Dual),
     # the dual cache with ES-dLLM early skipping
-    "es": EarlySkippingCache(EarlySkipping, settings_type=EarlySkippingSettings, method="ES-dLLM's early skipping"),
+    "es": EarlySkippingCache(
+        EarlySkipping, settings_type=EarlySkippingSettings, method="ES-dLLM's early skipping"
+    ),
     # dKV-Cache-Decode: refreshes at a block's first two steps (at the first, the block's tokens are all masks;
     # at the second, the first step's commits get their K/V) and every f (8 in its preset).
     "dkv": DKVCache(DKV, refreshes_at_start=2, method="dKV-Cache's delayed cache"),
     "dkv-greedy": DKVCache(DKV, greedy=True, settings_type=GreedySettings, method="dKV-Cache-Greedy's cache"),
-    "prompt": PromptCache(DKV, method="dLLM-Cache's prompt cache"),  # the prompt's K/V cached, the answer computed
-    "elastic": ElasticCache(Elastic, refreshes_at_start=0, settings_type=ElasticSettings,
-                            method="Elastic-Cache's drift-refreshed cache"),
+    "prompt": PromptCache(
+        DKV, method="dLLM-Cache's prompt cache"
+    ),  # the prompt's K/V cached, the answer computed
+    "elastic": ElasticCache(
+        Elastic,
+        refreshes_at_start=0,
+        settings_type=ElasticSettings,
+        method="Elastic-Cache's drift-refreshed cache",
+    ),
     "block": ExactCache(Block),  # block-causal models' exact cache
     # plus Fast-dLLM v2's within-block cache
     "subblock": ExactCache(Block, within_block=True, settings_type=WithinBlockCacheSettings),

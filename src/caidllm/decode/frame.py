@@ -45,8 +45,16 @@ class Frame:
     def free_slots(self) -> list[int]:
         return [s for s, n in enumerate(self.lengths) if n == 0]
 
-    def place(self, slot: int, prompt: list[int], gen_length: int, *, cached: bool, skip_schedule=None,
-              every_layer: bool = False) -> None:
+    def place(
+        self,
+        slot: int,
+        prompt: list[int],
+        gen_length: int,
+        *,
+        cached: bool,
+        skip_schedule=None,
+        every_layer: bool = False,
+    ) -> None:
         """Write a new request's canvas into a free slot (widening the frame if needed)."""
         length = len(prompt) + gen_length
         self.lengths[slot] = length
@@ -56,11 +64,11 @@ class Frame:
             self._resize(length + self.spare)
         c = self.lm.config
         row = torch.full((self.width,), c.pad_id, dtype=torch.long)
-        row[self.width - length:self.width - gen_length] = torch.tensor(prompt, dtype=torch.long)
-        row[self.width - gen_length:] = c.mask_id
+        row[self.width - length : self.width - gen_length] = torch.tensor(prompt, dtype=torch.long)
+        row[self.width - gen_length :] = c.mask_id
         self.canvas[slot] = row.to(self.lm.device)
         self.attention[slot] = False
-        self.attention[slot, self.width - length:] = True
+        self.attention[slot, self.width - length :] = True
 
     def release(self, slot: int) -> None:
         self.lengths[slot] = 0
@@ -97,11 +105,18 @@ class Frame:
         self._hidden_levels |= levels
         self._queries = self._queries or every_layer
         old = self.cache
-        self.cache = KVCache.allocate(self.lm.config.n_layers, self.slots, self.lm.config.n_kv_heads,
-                                      max(self.width, 1), self.lm.config.head_dim, self.lm.device, self.lm.dtype,
-                                      hidden_levels=sorted(self._hidden_levels),
-                                      hidden_size=self.lm.config.hidden_size,
-                                      n_heads=self.lm.config.n_heads if self._queries else None)
+        self.cache = KVCache.allocate(
+            self.lm.config.n_layers,
+            self.slots,
+            self.lm.config.n_kv_heads,
+            max(self.width, 1),
+            self.lm.config.head_dim,
+            self.lm.device,
+            self.lm.dtype,
+            hidden_levels=sorted(self._hidden_levels),
+            hidden_size=self.lm.config.hidden_size,
+            n_heads=self.lm.config.n_heads if self._queries else None,
+        )
         if old is not None:  # keep what the in-flight rows have (new hidden levels start empty)
             for new_t, old_t in zip(self.cache.keys + self.cache.values, old.keys + old.values):
                 new_t.copy_(old_t)

@@ -66,6 +66,9 @@ def commit_logprobs(top, config) -> CommitLogprobs:
     if not is_int(top) or not 0 <= top <= MAX_TOP:
         raise InputError(f"top_logprobs must be an integer in [0, {MAX_TOP}], got {top!r}", "top_logprobs")
     if policy_spec(config.policy).revises or config.editing_threshold is not None:
-        raise InputError("logprobs: this decoder revises committed tokens; a token's logprob is taken at the step "
-                         "that commits it, so use a decoder that only commits", "logprobs")
+        raise InputError(
+            "logprobs: this decoder revises committed tokens; a token's logprob is taken at the step "
+            "that commits it, so use a decoder that only commits",
+            "logprobs",
+        )
     return CommitLogprobs(top)

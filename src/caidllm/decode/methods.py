@@ -42,8 +42,9 @@ PRESETS: dict[str, dict] = {
     # Grinding as Algorithm 1 writes it: after K low-yield steps the block ends (BENCHMARKS.md compares both).
     "cai-exit": dict(policy="cai", cache="dual", cai=dict(grinding_action="exit")),
     # Ablation ladder of the paper (Tables 3 and 11): APD alone, + block schedule, + position factors.
-    "cai-apd": dict(policy="cai", cache="dual",
-                    cai=dict(block_schedule=False, position_factors=False, gating=False)),
+    "cai-apd": dict(
+        policy="cai", cache="dual", cai=dict(block_schedule=False, position_factors=False, gating=False)
+    ),
     "cai-apd-block": dict(policy="cai", cache="dual", cai=dict(position_factors=False, gating=False)),
     "cai-apd-block-pos": dict(policy="cai", cache="dual", cai=dict(gating=False)),
     # EB-Sampler (arXiv 2505.24857): entropy-bounded unmasking, no cache, gamma 0.01 (policies/eb.py).
@@ -55,11 +56,17 @@ PRESETS: dict[str, dict] = {
     "eb-dual": dict(policy="eb", cache="dual", refresh_every=0, eb=dict(gamma=0.01, proxy="entropy")),
     # SlowFast Sampling (arXiv 2506.10848, LiangrunFlora/Slow-Fast-Sampling) at its official defaults, its
     # fast phase's forwards after the first ending at the span's end as the official code runs them.
-    "slowfast": dict(policy="slowfast", cache="none", slowfast=dict(explore_steps=6, cycle_threshold=0.3, window=2,
-                                                                  std=1.0, high=0.9, shortened=True)),
+    "slowfast": dict(
+        policy="slowfast",
+        cache="none",
+        slowfast=dict(explore_steps=6, cycle_threshold=0.3, window=2, std=1.0, high=0.9, shortened=True),
+    ),
     # caidllm's earlier reading: every forward on the whole canvas (BENCHMARKS.md compares the two).
-    "slowfast-whole": dict(policy="slowfast", cache="none", slowfast=dict(explore_steps=6, cycle_threshold=0.3,
-                                                                        window=2, std=1.0, high=0.9, shortened=False)),
+    "slowfast-whole": dict(
+        policy="slowfast",
+        cache="none",
+        slowfast=dict(explore_steps=6, cycle_threshold=0.3, window=2, std=1.0, high=0.9, shortened=False),
+    ),
     # dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache): LLaDA's low-confidence remasking with delayed
     # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first two.
     "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
@@ -75,39 +82,75 @@ PRESETS: dict[str, dict] = {
     # Prophet (pixeli99/Prophet) at its official thresholds 7.5 / 5.0 / 2.5, no cache; the answer watched from
     # 28 positions before the generation's end (the official example's 100 of 128; its evaluation places it
     # after the prompt's constraints, which caidllm does not have).
-    "prophet": dict(policy="prophet", cache="none", prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)),
+    "prophet": dict(
+        policy="prophet", cache="none", prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)
+    ),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
     # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length given
     # that differs is refused (elastic.ElasticSettings.settle_lengths); the bench gives it none of the run's (presets.run_lengths).
-    "elastic": dict(policy="threshold", cache="elastic", refresh_every=0, threshold=0.9,
-                    elastic=dict(gamma=0.9, scope="generation")),
+    "elastic": dict(
+        policy="threshold",
+        cache="elastic",
+        refresh_every=0,
+        threshold=0.9,
+        elastic=dict(gamma=0.9, scope="generation"),
+    ),
     # caidllm's block-wise reading: the same rule with the window inside each block (BENCHMARKS.md compares).
-    "elastic-block": dict(policy="threshold", cache="elastic", refresh_every=0, threshold=0.9,
-                          elastic=dict(gamma=0.9, scope="block")),
+    "elastic-block": dict(
+        policy="threshold",
+        cache="elastic",
+        refresh_every=0,
+        threshold=0.9,
+        elastic=dict(gamma=0.9, scope="block"),
+    ),
     # CAI-dLLM's budgets and schedule over the Elastic-Cache backend (as cai-es over ES-dLLM's), block-wise.
-    "cai-elastic": dict(policy="cai", cache="elastic", refresh_every=0,
-                        elastic=dict(gamma=0.9, scope="block")),
+    "cai-elastic": dict(
+        policy="cai", cache="elastic", refresh_every=0, elastic=dict(gamma=0.9, scope="block")
+    ),
     # Block-diffusion models' own decoders with their official defaults (docs/block-diffusion.md), on the
     # exact block cache. LLaDA2.x: threshold decoding, block 32, 32 steps per block, threshold 0.95.
     "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),
     # LLaDA2.1: threshold decoding with token editing, one forced commit a step (num_to_transfer 1), up to 16
     # editing steps after a block's last mask. "llada2.1": the official generate's defaults (threshold 0.95,
     # editing 0.9, eos_early_stop False); the model card's Q (quality: 0.7 / 0.5) and S (speed: 0.5 / 0.0) modes.
-    "llada2.1": dict(policy="dynamic", cache="block", block_length=32, editing_threshold=0.9,
-                     max_post_steps=16, early_stop=False, threshold=0.95, dynamic=dict(num_to_transfer=1)),
-    "llada2.1-quality": dict(policy="dynamic", cache="block", block_length=32, editing_threshold=0.5,
-                             max_post_steps=16, threshold=0.7, dynamic=dict(num_to_transfer=1)),
-    "llada2.1-speed": dict(policy="dynamic", cache="block", block_length=32, editing_threshold=0.0,
-                           max_post_steps=16, threshold=0.5, dynamic=dict(num_to_transfer=1)),
+    "llada2.1": dict(
+        policy="dynamic",
+        cache="block",
+        block_length=32,
+        editing_threshold=0.9,
+        max_post_steps=16,
+        early_stop=False,
+        threshold=0.95,
+        dynamic=dict(num_to_transfer=1),
+    ),
+    "llada2.1-quality": dict(
+        policy="dynamic",
+        cache="block",
+        block_length=32,
+        editing_threshold=0.5,
+        max_post_steps=16,
+        threshold=0.7,
+        dynamic=dict(num_to_transfer=1),
+    ),
+    "llada2.1-speed": dict(
+        policy="dynamic",
+        cache="block",
+        block_length=32,
+        editing_threshold=0.0,
+        max_post_steps=16,
+        threshold=0.5,
+        dynamic=dict(num_to_transfer=1),
+    ),
     # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
     # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.
     "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.85),
     "sdar-static": dict(policy="static", cache="block", block_length=4),
     # Fast-dLLM v2 (its eval.py's defaults): block 32 (bd_size), sub-blocks of 8, threshold 0.9, on the exact
     # block cache plus the within-block cache of its generator's use_block_cache (cache="block": without it).
-    "fastdllm-v2": dict(policy="subblock", cache="subblock", block_length=32,
-                        threshold=0.9, subblock=dict(sub_block=8)),
+    "fastdllm-v2": dict(
+        policy="subblock", cache="subblock", block_length=32, threshold=0.9, subblock=dict(sub_block=8)
+    ),
 }
 
 
@@ -142,8 +185,9 @@ def settings_classes(policy: str, cache: str) -> tuple[type, type]:
     return (spec.settings_type if spec else NoSettings), (mode.settings_type if mode else NoCacheSettings)
 
 
-def preset_config(method: str, file_values: dict | None = None, strict: bool = False, filled=(),
-                  **overrides) -> DecodeConfig:
+def preset_config(
+    method: str, file_values: dict | None = None, strict: bool = False, filled=(), **overrides
+) -> DecodeConfig:
     """The preset `method` with `overrides` applied (None values are ignored), checked.
 
     Overrides name a shared DecodeConfig field, a method's settings under its owner's key (cai={...},
@@ -164,9 +208,15 @@ def preset_config(method: str, file_values: dict | None = None, strict: bool = F
     split(copy.deepcopy(file_values or {}), *classes, counted=False, into=parts)
     split({k: v for k, v in overrides.items() if k in filled}, *classes, counted=False, into=parts)
     split({k: v for k, v in overrides.items() if k not in filled}, *classes, into=parts)
-    config = DecodeConfig(method=method, **parts.shared, policy_settings=_build(classes[0], parts.policy),
-                          cache_settings=_build(classes[1], parts.cache), given=tuple(sorted(set(parts.given))),
-                          labels=parts.labels, foreign=tuple(parts.foreign))
+    config = DecodeConfig(
+        method=method,
+        **parts.shared,
+        policy_settings=_build(classes[0], parts.policy),
+        cache_settings=_build(classes[1], parts.cache),
+        given=tuple(sorted(set(parts.given))),
+        labels=parts.labels,
+        foreign=tuple(parts.foreign),
+    )
     config.validate()
     if strict:  # a setting this decoder does not read is refused, not ignored
         refuse_unread(config)
@@ -176,8 +226,12 @@ def preset_config(method: str, file_values: dict | None = None, strict: bool = F
 def _build(cls, values: dict):
     """cls(**values), a JSON list where the field's default is a tuple made a tuple."""
     defaults = cls()
-    return cls(**{k: tuple(v) if isinstance(v, list) and isinstance(getattr(defaults, k), tuple) else v
-                  for k, v in values.items()})
+    return cls(
+        **{
+            k: tuple(v) if isinstance(v, list) and isinstance(getattr(defaults, k), tuple) else v
+            for k, v in values.items()
+        }
+    )
 
 
 def refuse_unread(config: DecodeConfig) -> None:
@@ -188,15 +242,22 @@ def refuse_unread(config: DecodeConfig) -> None:
     if "refresh_every" in config.given and not CACHE_MODES[config.cache].refreshes:
         caches = [name for name, mode in CACHE_MODES.items() if mode.refreshes]
         methods = [m for m, p in PRESETS.items() if p["cache"] in caches]
-        raise InputError(f"refresh_every does not apply to method {config.method!r} (policy {config.policy!r}, "
-                         f"cache {config.cache!r}): it is read only by {' or '.join(f'cache {c!r}' for c in caches)} "
-                         f"(methods: {', '.join(methods)})", field="refresh_every")
+        raise InputError(
+            f"refresh_every does not apply to method {config.method!r} (policy {config.policy!r}, "
+            f"cache {config.cache!r}): it is read only by {' or '.join(f'cache {c!r}' for c in caches)} "
+            f"(methods: {', '.join(methods)})",
+            field="refresh_every",
+        )
     for name in config.foreign:
         owners = owners_of(name)
-        methods = [m for m, p in PRESETS.items() if set(settings_classes(p["policy"], p["cache"])) & set(owners)]
+        methods = [
+            m for m, p in PRESETS.items() if set(settings_classes(p["policy"], p["cache"])) & set(owners)
+        ]
         raise not_read(name, config, methods)
 
 
 def settings_summary(config: DecodeConfig) -> dict:
     """The method's own settings as a report records them: {owner: {field: value}} for the policy and cache."""
-    return {s.OWNER: dataclasses.asdict(s) for s in (config.policy_settings, config.cache_settings) if s.OWNER}
+    return {
+        s.OWNER: dataclasses.asdict(s) for s in (config.policy_settings, config.cache_settings) if s.OWNER
+    }

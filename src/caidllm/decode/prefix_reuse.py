@@ -63,21 +63,26 @@ def make_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
     c = lm.config
     if not c.block_causal:
         if mb:
-            raise InputError(f"prefix_cache_mb={mb:g}: the prefix cache does not apply to the {c.family} model: "
-                             "its attention is bidirectional, so a prompt's keys and values depend on the tokens "
-                             "after it and are never final (it needs a block-causal model: LLaDA2, SDAR, tiny-bd)")
+            raise InputError(
+                f"prefix_cache_mb={mb:g}: the prefix cache does not apply to the {c.family} model: "
+                "its attention is bidirectional, so a prompt's keys and values depend on the tokens "
+                "after it and are never final (it needs a block-causal model: LLaDA2, SDAR, tiny-bd)"
+            )
         return None
     if getattr(lm, "tp", None) is not None:  # a tensor-parallel model (parallel/sharding.py)
         # Each rank would hold its own store, and rank 0's kept across generate() calls would let it
         # reuse blocks its followers recompute: their forwards (and collectives) would no longer match.
         if mb:
-            raise InputError(f"prefix_cache_mb={mb:g}: the prefix cache does not work with --tp yet "
-                             "(give --prefix-cache-mb 0 or leave it unset)")
+            raise InputError(
+                f"prefix_cache_mb={mb:g}: the prefix cache does not work with --tp yet "
+                "(give --prefix-cache-mb 0 or leave it unset)"
+            )
         return None
     total = device_memory_mb(lm.device)
     if mb is not None and mb > total:
-        raise InputError(f"prefix_cache_mb={mb:g} is more than the memory of device {lm.device} "
-                         f"({total:.0f} MB)")
+        raise InputError(
+            f"prefix_cache_mb={mb:g} is more than the memory of device {lm.device} ({total:.0f} MB)"
+        )
     if mb is None:
         mb = min(DEFAULT_MB, total / 8)
     return adopt(PrefixStore(int(mb * MB)), lm) if mb > 0 else None
@@ -89,8 +94,10 @@ def adopt(store: PrefixStore, lm) -> PrefixStore:
     if not store.numerics:
         store.numerics = numerics(lm)
     elif store.numerics != numerics(lm):
-        raise InputError("prefix_store was made for another model (or this one with other kernels: dtype, "
-                         "quantization, compile); its blocks are not this model's keys and values")
+        raise InputError(
+            "prefix_store was made for another model (or this one with other kernels: dtype, "
+            "quantization, compile); its blocks are not this model's keys and values"
+        )
     return store
 
 
@@ -100,8 +107,11 @@ def shared_store(lm, prefix_cache_mb=None) -> PrefixStore | None:
     (compile=True swaps kernels in: blocks computed by the eager ones would not be those it computes)."""
     mb = check_budget(prefix_cache_mb)
     held = getattr(lm, "prefix_store", None)
-    if held is not None and (mb is None or int(mb * MB) == held.budget_bytes) \
-            and held.numerics == numerics(lm):
+    if (
+        held is not None
+        and (mb is None or int(mb * MB) == held.budget_bytes)
+        and held.numerics == numerics(lm)
+    ):
         return held
     store = make_store(lm, mb)
     lm.prefix_store = store
@@ -113,10 +123,18 @@ def numerics(lm) -> tuple:
     and its arithmetic (dtype and quantization are fixed at load; compile=True and set_moe_kernel swap
     kernels in later, and MoE kernels sum in different orders)."""
     model = getattr(lm, "model", lm)
-    moe_kernels = tuple(m.kernel for m in model.modules() if isinstance(m, MoEFeedForward)) \
-        if isinstance(model, torch.nn.Module) else ()
-    return (id(model), str(getattr(lm, "dtype", None)), getattr(lm, "quantization", None),
-            bool(getattr(lm, "compiled", False)), moe_kernels)
+    moe_kernels = (
+        tuple(m.kernel for m in model.modules() if isinstance(m, MoEFeedForward))
+        if isinstance(model, torch.nn.Module)
+        else ()
+    )
+    return (
+        id(model),
+        str(getattr(lm, "dtype", None)),
+        getattr(lm, "quantization", None),
+        bool(getattr(lm, "compiled", False)),
+        moe_kernels,
+    )
 
 
 def forget_store(lm) -> None:
@@ -145,7 +163,7 @@ class PrefixReuse:
         store, bl = self.store, request.config.block_length
         digests = chain_digests(request.prompt, bl, prompt_blocks(request))
         found = store.match(digests)
-        digests = digests[:len(found)]
+        digests = digests[: len(found)]
         store.counters.lookups += 1
         if found:
             _load_row(frame, request.slot, found)
@@ -185,9 +203,9 @@ class PrefixReuse:
             return
         bl, slot = request.config.block_length, request.slot
         first = frame.first_real(slot)
-        tokens = (request.prompt + request.generated)[:blocks * bl]  # the row's tokens, known on the host
+        tokens = (request.prompt + request.generated)[: blocks * bl]  # the row's tokens, known on the host
         if None in tokens:  # never for a final block; read the canvas rather than guess
-            tokens = frame.canvas[slot, first:first + blocks * bl].tolist()
+            tokens = frame.canvas[slot, first : first + blocks * bl].tolist()
         digests = chain_digests(tokens, bl, blocks)
         missing = [b for b, d in enumerate(digests) if d not in self.store.blocks]
         self.store.touch(digests)
@@ -215,9 +233,9 @@ def _load_row(frame, slot: int, blocks) -> None:
     values = torch.cat([b.values for b in blocks], dim=2)
     for layer in range(len(cache.keys)):
         for k, v in cache.layer_tensors(layer):
-            k[slot, :, first:first + n] = keys[layer]
-            v[slot, :, first:first + n] = values[layer]
-    mask = frame.attention[slot:slot + 1]
+            k[slot, :, first : first + n] = keys[layer]
+            v[slot, :, first : first + n] = values[layer]
+    mask = frame.attention[slot : slot + 1]
     cache.attention_mask[slot] = mask[0]
     cache.positions[slot] = positions_from_mask(mask)[0]
     cache.filled[slot] = True
@@ -226,5 +244,7 @@ def _load_row(frame, slot: int, blocks) -> None:
 def _read_row(frame, slot: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of columns [lo, hi) of a slot's cache row, every layer: [n_layers, H, hi - lo, D]."""
     cache = frame.cache
-    return (torch.stack([k[slot, :, lo:hi] for k in cache.keys]),
-            torch.stack([v[slot, :, lo:hi] for v in cache.values]))
+    return (
+        torch.stack([k[slot, :, lo:hi] for k in cache.keys]),
+        torch.stack([v[slot, :, lo:hi] for v in cache.values]),
+    )

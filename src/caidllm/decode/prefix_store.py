@@ -34,7 +34,7 @@ def chain_digests(tokens: list[int], block_length: int, blocks: int) -> list[byt
     block before it)."""
     digests, parent = [], ROOT
     for b in range(blocks):
-        chunk = array("q", tokens[b * block_length:(b + 1) * block_length]).tobytes()
+        chunk = array("q", tokens[b * block_length : (b + 1) * block_length]).tobytes()
         parent = hashlib.blake2b(parent + block_length.to_bytes(4, "little") + chunk, digest_size=16).digest()
         digests.append(parent)
     return digests
@@ -88,7 +88,7 @@ class PrefixStore:
             if block is None:
                 break
             found.append(block)
-        self.touch(digests[:len(found)])
+        self.touch(digests[: len(found)])
         return found
 
     def touch(self, digests: list[bytes]) -> None:
@@ -145,5 +145,9 @@ class PrefixStore:
 
     def stats(self) -> dict:
         """The counters and what is held now, as plain numbers."""
-        return {**vars(self.counters), "blocks_held": len(self.blocks), "bytes_held": self.bytes_held,
-                "budget_bytes": self.budget_bytes}
+        return {
+            **vars(self.counters),
+            "blocks_held": len(self.blocks),
+            "bytes_held": self.bytes_held,
+            "budget_bytes": self.budget_bytes,
+        }

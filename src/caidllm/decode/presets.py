@@ -38,13 +38,16 @@ def options_for_model(model, checkpoint, method: str, settings=None, **options) 
     options, taken = recommended_options(checkpoint, method, **options)
     if options.get("block_length") is None and model.block_lengths:
         # Before the lengths are checked together: a gen_length that is whole blocks of the model's own.
-        options["block_length"] = own_block_length(build_config(method, settings=settings).block_length, model)
+        options["block_length"] = own_block_length(
+            build_config(method, settings=settings).block_length, model
+        )
         taken = [*taken, "block_length"]
     return options, taken
 
 
-def config_for_model(model, checkpoint, method: str, settings=None, strict: bool = False,
-                     **options) -> tuple[DecodeConfig, list[str]]:
+def config_for_model(
+    model, checkpoint, method: str, settings=None, strict: bool = False, **options
+) -> tuple[DecodeConfig, list[str]]:
     """The config `method` runs with on the model, unset options filled (options_for_model) and fitted
     to the model's family (block_diffusion.fit_to_model: a setting given that does not apply raises
     InputError naming it; a preset's cache the family lacks becomes its own). strict: a setting the
@@ -84,5 +87,7 @@ def take_the_runs_block(methods: list[tuple[str, dict]]) -> list[bool]:
 
 def run_lengths(methods: list[tuple[str, dict]], gen_length=None, block_length=None) -> list[dict]:
     """The lengths each of several methods run side by side takes (take_the_runs_block)."""
-    return [dict(gen_length=gen_length, block_length=block_length if takes else None)
-            for takes in take_the_runs_block(methods)]
+    return [
+        dict(gen_length=gen_length, block_length=block_length if takes else None)
+        for takes in take_the_runs_block(methods)
+    ]

@@ -79,7 +79,9 @@ class Request:
     answer_end: int | None = None  # position of the first end token, once the prefix reaches it
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     block_first_confidence: torch.Tensor | None = None  # [block] s_i of the current block
-    last_committed: list[int] = field(default_factory=list)  # generated positions committed at the previous step
+    last_committed: list[int] = field(
+        default_factory=list
+    )  # generated positions committed at the previous step
     policy_state: PolicyState | None = None  # the policy's own memory (PolicySpec.new_state)
     cache_state: object | None = None  # the cache mode's own memory (CacheMode.new_state)
     block_causal: bool = False  # a block-diffusion model's request: blocks laid from the prompt's start
@@ -141,8 +143,17 @@ class Request:
         for p in range(self.answer_end + 1, len(self.generated)):
             self.generated[p] = eos_id
 
-    def record(self, commits: list[bool], tokens: list[int], confidences: list[float], computed_pairs: int,
-               eos_ids: set[int], eos_id: int, device, edits: list[bool] | None = None) -> CommitEvent:
+    def record(
+        self,
+        commits: list[bool],
+        tokens: list[int],
+        confidences: list[float],
+        computed_pairs: int,
+        eos_ids: set[int],
+        eos_id: int,
+        device,
+        edits: list[bool] | None = None,
+    ) -> CommitEvent:
         """Host bookkeeping of one step of this request (its block's commits, every position's
         predicted token and confidence): traces, counters, block and answer progress.
         edits: the positions an editing request rewrote (LLaDA2.1); its block is streamed when final."""
@@ -157,7 +168,9 @@ class Request:
         positions = [block_start + j for j, committed in enumerate(commits) if committed]
         committed_tokens = [tokens[p - block_start] for p in positions]
         self._commit(positions, committed_tokens, computed_pairs, eos_ids, eos_id)
-        edited = [block_start + j for j, e in enumerate(edits or ()) if e and not commits[j]] if editing else []
+        edited = (
+            [block_start + j for j, e in enumerate(edits or ()) if e and not commits[j]] if editing else []
+        )
         for p in edited:
             self.generated[p] = tokens[p - block_start]
         if editing:
@@ -169,15 +182,23 @@ class Request:
         # Positions past gen_length (the end of block diffusion's last block) are decoded, never reported.
         shown = [i for i, p in enumerate(positions) if p < self.config.gen_length]
         reported = [positions[i] for i in shown]
-        event = CommitEvent(self.id, self.block, t, reported, [committed_tokens[i] for i in shown],
-                            [self.first_confidence[p] for p in reported], block_start=block_start,
-                            logprobs=None if self.logprobs is None else self.logprobs.take(reported, block_start))
+        event = CommitEvent(
+            self.id,
+            self.block,
+            t,
+            reported,
+            [committed_tokens[i] for i in shown],
+            [self.first_confidence[p] for p in reported],
+            block_start=block_start,
+            logprobs=None if self.logprobs is None else self.logprobs.take(reported, block_start),
+        )
         self.step += 1
         self._move_on(event, block_done, editing, eos_ids, eos_id, device)
         return event
 
-    def _commit(self, positions: list[int], tokens: list[int], computed_pairs: int, eos_ids: set[int],
-                eos_id: int) -> None:
+    def _commit(
+        self, positions: list[int], tokens: list[int], computed_pairs: int, eos_ids: set[int], eos_id: int
+    ) -> None:
         """This step's commits written into the answer with their steps, and its counters."""
         t = self.step
         global_step = self.steps_before_block + t
@@ -193,8 +214,9 @@ class Request:
         if positions and self.first_commit_at is None:
             self.first_commit_at = time.perf_counter()
 
-    def _move_on(self, event: CommitEvent, block_done: bool, editing: bool, eos_ids: set[int], eos_id: int,
-                 device) -> None:
+    def _move_on(
+        self, event: CommitEvent, block_done: bool, editing: bool, eos_ids: set[int], eos_id: int, device
+    ) -> None:
         """After a step: the answer's prefix, an early end after its EOS, or the next block (or the end)."""
         if block_done or not editing:  # an editing request's answer grows only by final blocks
             self.advance_prefix(eos_ids)
@@ -230,4 +252,3 @@ class Request:
     def result(self, lm, policy_seconds_now: float) -> GenerationResult:
         """The GenerationResult of this finished request (policy time: the engine's since admission)."""
         return result_of(lm, self, policy_seconds_now - self.policy_seconds_at_admission)
-

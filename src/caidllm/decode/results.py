@@ -51,6 +51,7 @@ class GenerationResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+
 def result_of(lm, r, policy_s: float) -> GenerationResult:
     """The GenerationResult of a finished Request (every position committed or filled)."""
     G = r.config.gen_length  # block diffusion decodes to the end of its last block; the answer is G long
@@ -64,16 +65,27 @@ def result_of(lm, r, policy_s: float) -> GenerationResult:
     )
     step_pairs = lm.config.n_layers * r.config.block_length
     return GenerationResult(
-        text=lm.decode(ids[:answer_length]), token_ids=ids, answer_length=answer_length, nfe=r.nfe,
-        steps_per_block=list(r.steps_per_block), elapsed_s=time.perf_counter() - r.admitted_at,
-        policy_s=policy_s, early_stopped=r.early_stopped, method=r.config.method,
-        prompt_length=len(r.prompt), trace=trace, prefill_positions=len(r.prompt) - r.reused,
-        reused_positions=r.reused, computed_fraction=r.computed_pairs / max(r.nfe * step_pairs, 1),
+        text=lm.decode(ids[:answer_length]),
+        token_ids=ids,
+        answer_length=answer_length,
+        nfe=r.nfe,
+        steps_per_block=list(r.steps_per_block),
+        elapsed_s=time.perf_counter() - r.admitted_at,
+        policy_s=policy_s,
+        early_stopped=r.early_stopped,
+        method=r.config.method,
+        prompt_length=len(r.prompt),
+        trace=trace,
+        prefill_positions=len(r.prompt) - r.reused,
+        reused_positions=r.reused,
+        computed_fraction=r.computed_pairs / max(r.nfe * step_pairs, 1),
         logprobs=None if r.logprobs is None else answer_logprobs(r.logprobs.at, ids[:answer_length]),
     )
 
 
 def answer_logprobs(at: dict, ids: list[int]) -> list[dict]:
     """The answer tokens' logprob entries, in order (every answer position was committed at some step)."""
-    return [{"token_id": token, "logprob": at[p][0], "top_logprobs": [list(pair) for pair in at[p][1]]}
-            for p, token in enumerate(ids)]
+    return [
+        {"token_id": token, "logprob": at[p][0], "top_logprobs": [list(pair) for pair in at[p][1]]}
+        for p, token in enumerate(ids)
+    ]

@@ -80,14 +80,18 @@ class Runner:
         mode.after(members)
         support, generation = None, None
         if members[0].config.policy_spec.sees_generation:  # the whole generation's logits, then the block's
-            generation, offset = logits.float().clone(), members[0].block_bounds[0]  # a copy: prediction consumes
+            generation, offset = (
+                logits.float().clone(),
+                members[0].block_bounds[0],
+            )  # a copy: prediction consumes
             generation[..., lm.config.mask_id] = float("-inf")  # the mask token is never predicted
-            logits = logits[:, offset:offset + block_length]
+            logits = logits[:, offset : offset + block_length]
         if mode.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token
             logits, shadow = logits.split(block_length, dim=1)
             support = token_probability(shadow, block, lm.config.mask_id)
-        new_block, commit, predicted, confidence, edit = self._decide(frame, members, logits, block, masked, columns,
-                                                                      support, generation)
+        new_block, commit, predicted, confidence, edit = self._decide(
+            frame, members, logits, block, masked, columns, support, generation
+        )
         fills = self._finish(frame, members, generation, slot_ids)
         frame.canvas[slot_ids[:, None], columns] = new_block
         for i, r in enumerate(members):  # a cache mode whose next forward reads them keeps them
@@ -96,11 +100,27 @@ class Runner:
         # Commits, tokens and confidences of these rows reach the host in one transfer:
         # the step's one host sync per forward group (transfer.to_host).
         commits, tokens, confidences, edited = transfer.to_host(
-            torch.stack([commit.double(), predicted.double(), confidence.double(),
-                         (commit if edit is None else edit).double()]))
-        return [RowStep(r, [bool(x) for x in commits[i]], [int(x) for x in tokens[i]], confidences[i], pairs,
-                        None if edit is None else [bool(x) for x in edited[i]], fills[i])
-                for i, r in enumerate(members)]
+            torch.stack(
+                [
+                    commit.double(),
+                    predicted.double(),
+                    confidence.double(),
+                    (commit if edit is None else edit).double(),
+                ]
+            )
+        )
+        return [
+            RowStep(
+                r,
+                [bool(x) for x in commits[i]],
+                [int(x) for x in tokens[i]],
+                confidences[i],
+                pairs,
+                None if edit is None else [bool(x) for x in edited[i]],
+                fills[i],
+            )
+            for i, r in enumerate(members)
+        ]
 
     def _finish(self, frame: Frame, members: list[Request], generation, slot_ids) -> list:
         """Rows whose policy ended them (view.finish): every mask left in the generation takes this step's
@@ -111,7 +131,9 @@ class Runner:
         span = generation.shape[1]
         columns = frame.width - span + torch.arange(span, device=generation.device)
         canvas = frame.canvas[slot_ids[:, None], columns]
-        filled = torch.where((canvas == self.lm.config.mask_id) & finish[:, None], generation.argmax(dim=-1), canvas)
+        filled = torch.where(
+            (canvas == self.lm.config.mask_id) & finish[:, None], generation.argmax(dim=-1), canvas
+        )
         frame.canvas[slot_ids[:, None], columns] = filled
         rows, done = transfer.to_host(filled), finish.tolist()
         return [{p: int(t) for p, t in enumerate(rows[i])} if done[i] else None for i in range(len(members))]
@@ -124,11 +146,15 @@ class Runner:
         ends = [s + block_length for s in starts]
         if members[0].config.policy_spec.sees_generation:  # the forward returns the whole generation's logits
             starts, ends = [frame.width - r.layout.span for r in members], [frame.width] * len(members)
-        common = dict(start=starts, end=ends, rows=frame.row_selector(slots, slot_ids),
-                      real_from=[frame.first_real(s) for s in slots],
-                      key_end=self._key_ends(members, masked, starts, frame.canvas.shape[1]),
-                      # a block-causal model's attention blocks are the decoding blocks
-                      attention_block=block_length if self.lm.config.block_causal else None)
+        common = dict(
+            start=starts,
+            end=ends,
+            rows=frame.row_selector(slots, slot_ids),
+            real_from=[frame.first_real(s) for s in slots],
+            key_end=self._key_ends(members, masked, starts, frame.canvas.shape[1]),
+            # a block-causal model's attention blocks are the decoding blocks
+            attention_block=block_length if self.lm.config.block_causal else None,
+        )
         return FORWARD_MODES[name].for_rows(members, masked, starts, **common)
 
     @staticmethod
@@ -141,7 +167,9 @@ class Runner:
         allowed = [[positions is None or b in positions for b in range(block_length)] for positions in only]
         return masked & to_device(allowed, masked.device).bool()
 
-    def _decide(self, frame: Frame, members: list[Request], logits, block, masked, columns, support, generation=None):
+    def _decide(
+        self, frame: Frame, members: list[Request], logits, block, masked, columns, support, generation=None
+    ):
         """Each position's prediction and confidence, the policies' commits (and re-masks), token edits:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
@@ -163,10 +191,19 @@ class Runner:
         if saved:  # commits of one step checked against each other
             guide.settle(members, commit, predicted, confidence, saved)
         for i, row_scores in lp_scores.items():
-            members[i].logprobs.pending = logprobs.step_values(row_scores, predicted[i], members[i].logprobs.top)
+            members[i].logprobs.pending = logprobs.step_values(
+                row_scores, predicted[i], members[i].logprobs.top
+            )
         # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
-        edit = edits(members, predicted, confidence, masked, block, columns,
-                     [frame.block_start(r.slot, r.layout.span, 0) for r in members])
+        edit = edits(
+            members,
+            predicted,
+            confidence,
+            masked,
+            block,
+            columns,
+            [frame.block_start(r.slot, r.layout.span, 0) for r in members],
+        )
         new_block = torch.where(commit if edit is None else commit | edit, predicted, block)
         if remask is not None:
             new_block = new_block.masked_fill(remask, mask_id)
@@ -186,8 +223,10 @@ class Runner:
         horizons = [r.config.policy_settings.horizon() for r in members]
         if all(h is None for h in horizons):
             return None
-        ends = [start + h(r.state, masked[i]) if h is not None else torch.full((1,), width, device=masked.device)
-                for i, (r, h, start) in enumerate(zip(members, horizons, starts))]
+        ends = [
+            start + h(r.state, masked[i]) if h is not None else torch.full((1,), width, device=masked.device)
+            for i, (r, h, start) in enumerate(zip(members, horizons, starts))
+        ]
         return torch.cat(ends).clamp(max=width)
 
     def _predict(self, logits: torch.Tensor, members: list[Request]):
@@ -202,10 +241,14 @@ class Runner:
             indices = [i for i, r in enumerate(members) if r.config.temperature == temperature]
             generators = [members[i].generator for i in indices] if temperature > 0 else None
             at = to_device(indices, logits.device)
-            predicted[at], confidence[at] = predict(logits[at], mask_id, temperature, generators, consume=True)
+            predicted[at], confidence[at] = predict(
+                logits[at], mask_id, temperature, generators, consume=True
+            )
         return predicted, confidence
 
-    def _select(self, members: list[Request], predicted, confidence, masked, stats=None, support=None, generation=None):
+    def _select(
+        self, members: list[Request], predicted, confidence, masked, stats=None, support=None, generation=None
+    ):
         """Each group of rows with the same policy settings, step and block runs its policy once.
         Returns what to commit and what to send back to the mask (None: nothing anywhere)."""
         groups: dict[tuple, list[int]] = {}
@@ -219,10 +262,17 @@ class Runner:
             at = slice(None) if len(indices) == len(members) else to_device(indices, masked.device)
             state = {name: torch.cat([members[i].state[name] for i in indices]) for name in lead.state_names}
             total_steps = lead.config.steps_per_block
-            view = StepView(confidence=confidence[at], predicted=predicted[at], masked=masked[at],
-                            first_confidence=first[at], step=lead.step, total_steps=total_steps,
-                            block_index=lead.block, rows=torch.arange(len(indices), device=masked.device),
-                            state=state)
+            view = StepView(
+                confidence=confidence[at],
+                predicted=predicted[at],
+                masked=masked[at],
+                first_confidence=first[at],
+                step=lead.step,
+                total_steps=total_steps,
+                block_index=lead.block,
+                rows=torch.arange(len(indices), device=masked.device),
+                state=state,
+            )
             if stats is not None and stats[0] is not None:
                 view.entropy, view.second = stats[0][at], stats[1][at]
             if stats is not None and len(stats) > 2:
@@ -239,7 +289,9 @@ class Runner:
             except Exception as error:  # noqa: BLE001 - these requests fail alone; the engine drops them
                 self.faults.update((members[i].id, error) for i in indices)
                 chosen, view.remask = torch.zeros_like(view.masked), None
-            if lead.step == lead.step_limit - 1:  # the last step commits whatever is left: no mask leaves the engine
+            if (
+                lead.step == lead.step_limit - 1
+            ):  # the last step commits whatever is left: no mask leaves the engine
                 chosen, view.remask = view.masked, None
             if view.finish is not None:
                 self._finishing = torch.zeros(len(members), dtype=torch.bool, device=masked.device)
@@ -249,6 +301,6 @@ class Runner:
                 remask[at] = view.remask
             for j, i in enumerate(indices):
                 for name in lead.state_names:
-                    members[i].state[name] = state[name][j:j + 1]
+                    members[i].state[name] = state[name][j : j + 1]
             commit[at] = chosen
         return commit, remask

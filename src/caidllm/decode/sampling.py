@@ -23,8 +23,14 @@ def request_generator(seed: int | None, prompt_ids: list[int], device) -> torch.
     return torch.Generator(device=device).manual_seed(row_seed(base, prompt_ids))
 
 
-def predict(logits: torch.Tensor, mask_id: int, temperature: float,
-            generators: list[torch.Generator] | None, *, consume: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(
+    logits: torch.Tensor,
+    mask_id: int,
+    temperature: float,
+    generators: list[torch.Generator] | None,
+    *,
+    consume: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted tokens and their confidences (softmax probability of the
     prediction under the un-noised logits). The mask token is never predicted.
     `logits` is read, never changed, unless `consume=True` (the engine, which owns
@@ -42,9 +48,9 @@ def predict(logits: torch.Tensor, mask_id: int, temperature: float,
         if temperature == 0:
             predicted, chosen = logits.argmax(dim=-1), maxima
         else:
-            predicted = torch.stack([
-                _gumbel_argmax(row, temperature, gen) for row, gen in zip(logits, generators)
-            ])
+            predicted = torch.stack(
+                [_gumbel_argmax(row, temperature, gen) for row, gen in zip(logits, generators)]
+            )
             chosen = logits.gather(-1, predicted[..., None]).squeeze(-1)
         # torch.logsumexp's own arithmetic (shift by the row max, exp, sum, log, add the max back),
         # so the confidences are bit-identical to it; written out, its max doubles as the greedy

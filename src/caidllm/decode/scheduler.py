@@ -47,8 +47,14 @@ class Scheduler:
     on_admit(request, slot) is called when a queued request takes a slot (the engine starts its
     bookkeeping there). step_policy: which groups run at a step (step_policies.py)."""
 
-    def __init__(self, lm, max_batch: int, max_queue: int, on_admit: Callable[[Request, int], None],
-                 step_policy: str = DEFAULT_STEP_POLICY):
+    def __init__(
+        self,
+        lm,
+        max_batch: int,
+        max_queue: int,
+        on_admit: Callable[[Request, int], None],
+        step_policy: str = DEFAULT_STEP_POLICY,
+    ):
         for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
             if not is_int(value) or value < low:
                 raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -74,8 +80,10 @@ class Scheduler:
         if known:
             raise InputError(f"request id {request_id!r} is already in the engine")
         if held >= self.capacity:
-            raise EngineFullError(f"the engine is full: {held} requests in flight or queued "
-                                  f"(max_batch {self.max_batch}, max_queue {self.max_queue})")
+            raise EngineFullError(
+                f"the engine is full: {held} requests in flight or queued "
+                f"(max_batch {self.max_batch}, max_queue {self.max_queue})"
+            )
 
     # ---- requests in and out -----------------------------------------------------------
 
@@ -161,10 +169,19 @@ class Scheduler:
             shortens = r.config.policy_settings.horizon() is not None
             # Rows that see the whole generation share a forward with rows of the same span and block only.
             sees = (r.layout.span, r.block) if r.config.policy_spec.sees_generation else None
-            key = (mode, r.config.block_length, FORWARD_MODES[mode].group_key(r), r.cache_mode.fold(r), shortens,
-                   width_class(r), sees)
+            key = (
+                mode,
+                r.config.block_length,
+                FORWARD_MODES[mode].group_key(r),
+                r.cache_mode.fold(r),
+                shortens,
+                width_class(r),
+                sees,
+            )
             groups.setdefault(key, []).append(r)
-        return [ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()]
+        return [
+            ForwardGroup(key[0], sorted(members, key=lambda r: r.slot)) for key, members in groups.items()
+        ]
 
     def ran(self, groups: list[ForwardGroup]) -> None:
         """The step's groups ran (their `seconds` measured): the step policy's accounts."""
@@ -177,7 +194,9 @@ class Scheduler:
                 return
             r = self.queue.popleft()
             cache = r.cache_mode
-            self.frame.place(slot, r.prompt, r.layout.span, cached=cache.uses_cache, **cache.frame_options(r.config))
+            self.frame.place(
+                slot, r.prompt, r.layout.span, cached=cache.uses_cache, **cache.frame_options(r.config)
+            )
             r.slot, r.admitted_at = slot, time.perf_counter()
             self._on_admit(r, slot)
             self.running[r.id] = r

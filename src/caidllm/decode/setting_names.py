@@ -107,8 +107,10 @@ def split(values: dict, policy_cls, cache_cls, counted: bool = True, into: Split
 def _owner_object(cls, value) -> dict:
     """`value` given under `cls`'s owner key: an object of its fields, else InputError naming the key."""
     if not isinstance(value, dict):
-        raise InputError(f"{cls.OWNER} must be an object of {cls.TITLE} settings, got {type(value).__name__}",
-                         field=cls.OWNER)
+        raise InputError(
+            f"{cls.OWNER} must be an object of {cls.TITLE} settings, got {type(value).__name__}",
+            field=cls.OWNER,
+        )
     unknown = [name for name in value if name not in cls.field_names()]
     if unknown:
         known = ", ".join(sorted(cls.field_names()))
@@ -145,8 +147,11 @@ def not_read(name: str, config, methods: list[str]) -> InputError:
     """The refusal of a setting `name` the config's policy and cache do not read: one line naming who does."""
     owners = owners_of(name)
     who = " or ".join(readers(cls) for cls in owners)
-    return InputError(f"{name} does not apply to method {config.method!r} (policy {config.policy!r}, cache "
-                      f"{config.cache!r}): it is read only by {who} (methods: {', '.join(methods)})", field=name)
+    return InputError(
+        f"{name} does not apply to method {config.method!r} (policy {config.policy!r}, cache "
+        f"{config.cache!r}): it is read only by {who} (methods: {', '.join(methods)})",
+        field=name,
+    )
 
 
 def settings_table() -> list[dict]:
@@ -155,21 +160,32 @@ def settings_table() -> list[dict]:
     table = []
     for cls in SETTINGS_CLASSES:
         defaults = cls()
-        fields = [{"name": name, "default": getattr(defaults, name), "flat": cls.flat_name(name),
-                   "expected": rule.expected if rule and rule.expected else "checked by its normaliser",
-                   "models": rule.models if rule else None}
-                  for name in cls.field_names() for rule in [cls.rule_for(name)]]
+        fields = [
+            {
+                "name": name,
+                "default": getattr(defaults, name),
+                "flat": cls.flat_name(name),
+                "expected": rule.expected if rule and rule.expected else "checked by its normaliser",
+                "models": rule.models if rule else None,
+            }
+            for name in cls.field_names()
+            for rule in [cls.rule_for(name)]
+        ]
         table.append({"owner": cls.OWNER, "title": cls.TITLE, "read_by": readers(cls), "fields": fields})
     return table
 
 
 def settings_lines() -> list[str]:
     """settings_table as text: one line per owner, one per field."""
-    lines = ["Method settings (a body's / settings file's {\"OWNER\": {...}}, --set OWNER.FIELD=VALUE, or the flat name):"]
+    lines = [
+        "Method settings (a body's / settings file's {\"OWNER\": {...}}, --set OWNER.FIELD=VALUE, or the flat name):"
+    ]
     for entry in settings_table():
         lines.append(f"  {entry['owner']}: {entry['title']} (read by {entry['read_by']})")
         for f in entry["fields"]:
             models = f" ({f['models']} models only)" if f["models"] else ""
             dotted = f"{entry['owner']}.{f['name']}"
-            lines.append(f"    {dotted:<26} {f['flat']:<20} default {f['default']!r}: {f['expected']}{models}")
+            lines.append(
+                f"    {dotted:<26} {f['flat']:<20} default {f['default']!r}: {f['expected']}{models}"
+            )
     return lines

@@ -39,23 +39,35 @@ class CalibratedSettings:
     source: str | None = None  # the file it was read from
 
     def to_dict(self) -> dict:
-        return {FORMAT_KEY: FORMAT_VERSION, "method": self.method, "name": self.name,
-                **{owner: {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
-                   for owner, values in self.values.items()},
-                "calibration": self.calibration}
+        return {
+            FORMAT_KEY: FORMAT_VERSION,
+            "method": self.method,
+            "name": self.name,
+            **{
+                owner: {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+                for owner, values in self.values.items()
+            },
+            "calibration": self.calibration,
+        }
 
     def check_applies(self, method: str) -> None:
         """InputError unless every owner key of the file is a settings class `method` runs."""
         own = {cls.OWNER for cls in settings_classes(PRESETS[method]["policy"], PRESETS[method]["cache"])}
         for owner in self.values:
             if owner not in own:
-                users = [m for m, p in PRESETS.items()
-                         if owner in {c.OWNER for c in settings_classes(p["policy"], p["cache"])}]
+                users = [
+                    m
+                    for m, p in PRESETS.items()
+                    if owner in {c.OWNER for c in settings_classes(p["policy"], p["cache"])}
+                ]
                 advice = f" (use {self.method!r})" if self.method != method else ""  # the file's own method
                 where = f"settings {self.source}" if self.source else "settings"
-                raise InputError(f"the {where} hold {owner!r} settings, read only by {readers(OWNERS[owner])} "
-                                 f"(methods: {', '.join(users)}); method {method!r} does not run "
-                                 f"them{advice}", field="settings")
+                raise InputError(
+                    f"the {where} hold {owner!r} settings, read only by {readers(OWNERS[owner])} "
+                    f"(methods: {', '.join(users)}); method {method!r} does not run "
+                    f"them{advice}",
+                    field="settings",
+                )
 
     def held_out_ids(self, task: str) -> set[str]:
         """Ids of the samples of `task` these settings were calibrated on (never to be evaluated)."""
@@ -65,8 +77,13 @@ class CalibratedSettings:
     def summary(self) -> dict:
         """What a report records about the settings that ran."""
         own = {owner: value for owner, value in self.to_dict().items() if owner in self.values}
-        return {"source": self.source, "method": self.method, "name": self.name, **own,
-                "calibrated_on": self.calibration.get("tasks")}
+        return {
+            "source": self.source,
+            "method": self.method,
+            "name": self.name,
+            **own,
+            "calibrated_on": self.calibration.get("tasks"),
+        }
 
 
 def load_settings(settings) -> CalibratedSettings:
@@ -78,7 +95,9 @@ def load_settings(settings) -> CalibratedSettings:
         return _from_dict(_read(Path(settings).expanduser()), str(settings))
     if isinstance(settings, dict):
         return _from_dict(settings, None)
-    raise InputError(f"settings must be a settings file path, a dict or a CalibratedSettings, got {type(settings).__name__}")
+    raise InputError(
+        f"settings must be a settings file path, a dict or a CalibratedSettings, got {type(settings).__name__}"
+    )
 
 
 def write_settings(path, settings: CalibratedSettings) -> None:
@@ -109,12 +128,16 @@ def _read(path: Path) -> dict:
 def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
     where = f"settings file {source}" if source else "settings"
     if data.get(FORMAT_KEY) != FORMAT_VERSION:
-        raise InputError(f"{where} is not a caidllm settings file (needs \"{FORMAT_KEY}\": {FORMAT_VERSION}; "
-                         "write one with caidllm calibrate)")
+        raise InputError(
+            f'{where} is not a caidllm settings file (needs "{FORMAT_KEY}": {FORMAT_VERSION}; '
+            "write one with caidllm calibrate)"
+        )
     unknown = sorted(set(data) - TOP_LEVEL - set(OWNERS))
     if unknown:
-        raise InputError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-                         f"known: {', '.join(sorted(TOP_LEVEL | set(OWNERS)))}{_owned_setting(unknown[0])}")
+        raise InputError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(TOP_LEVEL | set(OWNERS)))}{_owned_setting(unknown[0])}"
+        )
     method, name = data.get("method", "cai"), data.get("name", "cai-calibrated")
     for key, value in (("method", method), ("name", name)):
         if not isinstance(value, str) or not value:
@@ -123,19 +146,26 @@ def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
     for owner, given in values.items():
         cls = OWNERS[owner]
         if not isinstance(given, dict):
-            raise InputError(f"{where}: {owner!r} must be an object of {cls.TITLE} settings, got "
-                             f"{type(given).__name__}")
+            raise InputError(
+                f"{where}: {owner!r} must be an object of {cls.TITLE} settings, got {type(given).__name__}"
+            )
         bad = sorted(set(given) - set(cls.field_names()))
         if bad:
-            raise InputError(f"{where}: unknown {owner} setting(s) {', '.join(map(repr, bad))}; "
-                             f"known: {', '.join(sorted(cls.field_names()))}{_owned_elsewhere(bad[0])}")
+            raise InputError(
+                f"{where}: unknown {owner} setting(s) {', '.join(map(repr, bad))}; "
+                f"known: {', '.join(sorted(cls.field_names()))}{_owned_elsewhere(bad[0])}"
+            )
         defaults = cls()  # JSON lists where the field is a tuple: tuples, as the dataclass holds them
-        values[owner] = {k: tuple(v) if isinstance(v, list) and isinstance(getattr(defaults, k), tuple) else v
-                         for k, v in given.items()}
+        values[owner] = {
+            k: tuple(v) if isinstance(v, list) and isinstance(getattr(defaults, k), tuple) else v
+            for k, v in given.items()
+        }
     calibration = data.get("calibration", {})
     if not isinstance(calibration, dict):
         raise InputError(f"{where}: 'calibration' must be an object, got {type(calibration).__name__}")
-    settings = CalibratedSettings(method=method, values=values, name=name, calibration=calibration, source=source)
+    settings = CalibratedSettings(
+        method=method, values=values, name=name, calibration=calibration, source=source
+    )
     try:  # every value checked now, by the decoder's own validation
         if method not in PRESETS:
             raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
@@ -147,20 +177,23 @@ def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
 
 
 def _owned_setting(name: str) -> str:
-    """" (a setting of ...: write it under its owner's key)" when the top-level key `name` is a method's
+    """ " (a setting of ...: write it under its owner's key)" when the top-level key `name` is a method's
     setting by its flat name (`eb_gamma`) or dotted one ("eb.gamma"): who reads it, and where it goes."""
     owners = owners_of(name)
     if not owners or name in OWNERS:
         return ""
+
     def nested(cls) -> str:
         field_name = name.split(".", 1)[1] if "." in name else cls.LEGACY[name]
         return json.dumps({cls.OWNER: {field_name: None}}).replace("null", "...")
 
-    return (f" ({name!r} is a setting of {' or '.join(readers(cls) for cls in owners)}: a settings file "
-            f"holds it under its owner's key, {' or '.join(nested(cls) for cls in owners)})")
+    return (
+        f" ({name!r} is a setting of {' or '.join(readers(cls) for cls in owners)}: a settings file "
+        f"holds it under its owner's key, {' or '.join(nested(cls) for cls in owners)})"
+    )
 
 
 def _owned_elsewhere(name: str) -> str:
-    """" (a setting of ...)" when `name` is another settings class's field: who reads it."""
+    """ " (a setting of ...)" when `name` is another settings class's field: who reads it."""
     owners = [cls for cls in SETTINGS_CLASSES if name in cls.field_names()]
     return f" ({name!r} is a setting of {' or '.join(readers(cls) for cls in owners)})" if owners else ""

@@ -123,6 +123,7 @@ class FairShare:
         if len(members) == 1 or sum(costs.values()) <= self.slice_seconds:
             return group
         taken, total = set(), 0.0
+
         # Least recently run first (a round of slices reaches every row: a slice is charged to the whole
         # group, so rows owing differently keep their order and "most owed first" would run one forever);
         # among equals the most owed, then the rows that ran least.

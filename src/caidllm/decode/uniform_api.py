@@ -12,8 +12,23 @@ from caidllm.errors import InputError
 
 # generate()'s keywords of the mask-based decoders (and structured output, logprobs: not implemented for the
 # uniform-state decoders yet): refused by name on this family
-MASK_ONLY = ("block_length", "steps", "cache", "threshold", "temperature", "settings", "prefix_cache_mb",
-             "json_schema", "regex", "choice", "json_object", "constraint", "logprobs", "top_logprobs", "compile")
+MASK_ONLY = (
+    "block_length",
+    "steps",
+    "cache",
+    "threshold",
+    "temperature",
+    "settings",
+    "prefix_cache_mb",
+    "json_schema",
+    "regex",
+    "choice",
+    "json_object",
+    "constraint",
+    "logprobs",
+    "top_logprobs",
+    "compile",
+)
 
 
 def mask_decoder_refusal(family: str, method: str) -> str:

@@ -25,7 +25,9 @@ def _option(argv: list[str], name: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if importlib.util.find_spec("lm_eval") is None:
-        print("caidllm-lm-eval: error: lm-eval is not installed; pip install 'caidllm[eval]'", file=sys.stderr)
+        print(
+            "caidllm-lm-eval: error: lm-eval is not installed; pip install 'caidllm[eval]'", file=sys.stderr
+        )
         return 2
     from caidllm.evaluation import lm_eval_adapter
 

@@ -61,9 +61,11 @@ from caidllm.options import check_before_load
 logger = logging.getLogger("lm_eval.caidllm")  # under lm-eval's logger, so its --verbosity applies
 STATS_ENV = "CAIDLLM_LM_EVAL_STATS"
 
-NOT_SUPPORTED = ("caidllm: {kind} requests are not supported: masked diffusion models (LLaDA, Dream) have no exact "
-                 "autoregressive likelihood, and a Monte Carlo ELBO estimate is not implemented. Use generative "
-                 "tasks (output_type: generate_until), e.g. the caidllm_* task configs.")
+NOT_SUPPORTED = (
+    "caidllm: {kind} requests are not supported: masked diffusion models (LLaDA, Dream) have no exact "
+    "autoregressive likelihood, and a Monte Carlo ELBO estimate is not implemented. Use generative "
+    "tasks (output_type: generate_until), e.g. the caidllm_* task configs."
+)
 
 
 def _bool(value, name: str) -> bool:
@@ -79,17 +81,41 @@ def _bool(value, name: str) -> bool:
 
 def _decode_options(steps, cache, threshold, seed, early_stop, overrides: dict) -> dict:
     """The model_args that go to generate as they are (typed from lm-eval's strings)."""
-    return dict(steps=None if steps is None else int(steps), cache=cache,
-                threshold=None if threshold is None else float(threshold), seed=int(seed),
-                early_stop=_bool(early_stop, "early_stop"), **overrides)
+    return dict(
+        steps=None if steps is None else int(steps),
+        cache=cache,
+        threshold=None if threshold is None else float(threshold),
+        seed=int(seed),
+        early_stop=_bool(early_stop, "early_stop"),
+        **overrides,
+    )
 
 
 @register_model("caidllm")
 class CaidllmLM(LM):
-    def __init__(self, pretrained="tiny", method=None, gen_length=None, block_length=None, steps=None, cache=None,
-                 threshold=None, temperature=0.0, seed=0, early_stop=True, dtype=None, chat="auto",
-                 stats_path=None, batch_size=8, max_batch_size=None, device=None, quantize=None, quantize_head=False,
-                 prefix_cache_mb=None, **overrides):
+    def __init__(
+        self,
+        pretrained="tiny",
+        method=None,
+        gen_length=None,
+        block_length=None,
+        steps=None,
+        cache=None,
+        threshold=None,
+        temperature=0.0,
+        seed=0,
+        early_stop=True,
+        dtype=None,
+        chat="auto",
+        stats_path=None,
+        batch_size=8,
+        max_batch_size=None,
+        device=None,
+        quantize=None,
+        quantize_head=False,
+        prefix_cache_mb=None,
+        **overrides,
+    ):
         super().__init__()
         # method None: a known checkpoint's own decoder, else cai
         self.method = None if method is None else str(method)
@@ -118,8 +144,14 @@ class CaidllmLM(LM):
     def _check_settings(self, pretrained) -> None:
         """Bad settings, or ones the model's family does not take, fail here, before loading (read from
         its config.json)."""
-        check_before_load(pretrained, self.method, gen_length=self.gen_length, block_length=self.block_length,
-                          temperature=self.temperature, **self.decode)
+        check_before_load(
+            pretrained,
+            self.method,
+            gen_length=self.gen_length,
+            block_length=self.block_length,
+            temperature=self.temperature,
+            **self.decode,
+        )
 
     def _load(self, pretrained, device, dtype, quantize, quantize_head):
         """The model on this rank's device (one GPU per rank in a distributed run)."""
@@ -129,29 +161,56 @@ class CaidllmLM(LM):
         if self.world.distributed and (device is None or str(device).startswith("cuda")):
             device = self.world.device("cuda" if torch.cuda.is_available() else "cpu")  # one GPU per rank
         self.world.init(device)
-        return load(pretrained, device=device, dtype=dtype, quantize=quantize or None,
-                    quantize_head=_bool(quantize_head, "quantize_head"))
+        return load(
+            pretrained,
+            device=device,
+            dtype=dtype,
+            quantize=quantize or None,
+            quantize_head=_bool(quantize_head, "quantize_head"),
+        )
 
     def _fit_lengths(self) -> None:
         """Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion
         model's own block length): the lengths every request of the run decodes with."""
         checkpoint = getattr(self.lm, "checkpoint", None)
         self.method = recommended_method(checkpoint, self.method)
-        config, _ = config_for_model(self.lm.config, checkpoint, self.method, gen_length=self.gen_length,
-                                     block_length=self.block_length, temperature=self.temperature, **self.decode)
+        config, _ = config_for_model(
+            self.lm.config,
+            checkpoint,
+            self.method,
+            gen_length=self.gen_length,
+            block_length=self.block_length,
+            temperature=self.temperature,
+            **self.decode,
+        )
         self.gen_length, self.block_length = config.gen_length, config.block_length
 
     def _start_stats(self, stats_path) -> None:
         """The run's counters, the file they go to (stats_path, else $CAIDLLM_LM_EVAL_STATS) and the chat
         template's markers."""
-        self.stats_path = Path(stats_path) if stats_path else (Path(os.environ[STATS_ENV])
-                                                                if os.environ.get(STATS_ENV) else None)
+        self.stats_path = (
+            Path(stats_path)
+            if stats_path
+            else (Path(os.environ[STATS_ENV]) if os.environ.get(STATS_ENV) else None)
+        )
         template = getattr(self.lm.tokenizer, "chat_template", None) or ""
-        self._template_markers = [t.content for t in self.lm.tokenizer.added_tokens_decoder.values()
-                                  if t.special and t.content and t.content in template]
-        self.stats = {"requests": 0, "nfe": 0, "positions": 0, "answer_tokens": 0, "wall_s": 0.0,
-                      "policy_s": 0.0, "steps_per_block_sum": [], "truncated_prompts": 0, "prefill_positions": 0,
-                      "reused_positions": 0}
+        self._template_markers = [
+            t.content
+            for t in self.lm.tokenizer.added_tokens_decoder.values()
+            if t.special and t.content and t.content in template
+        ]
+        self.stats = {
+            "requests": 0,
+            "nfe": 0,
+            "positions": 0,
+            "answer_tokens": 0,
+            "wall_s": 0.0,
+            "policy_s": 0.0,
+            "steps_per_block_sum": [],
+            "truncated_prompts": 0,
+            "prefill_positions": 0,
+            "reused_positions": 0,
+        }
 
     # ---- lm-eval interface ----------------------------------------------------
 
@@ -163,8 +222,9 @@ class CaidllmLM(LM):
         return getattr(self.lm.tokenizer, "chat_template", None)
 
     def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
-        return self.lm.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                     add_generation_prompt=add_generation_prompt)
+        return self.lm.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     # lm-eval's collectives for data-parallel runs (its evaluator calls them when world_size > 1)
 
@@ -209,13 +269,20 @@ class CaidllmLM(LM):
         progress = tqdm(total=len(requests), desc="caidllm generate_until", disable=disable_tqdm)
         for temperature, indices in groups.items():
             for first in range(0, len(indices), self.batch_size):
-                batch = indices[first:first + self.batch_size]
+                batch = indices[first : first + self.batch_size]
                 ids = [self._encode(parsed[i][0]) for i in batch]
                 started = time.perf_counter()
-                results = self.lm.generate(ids, method=self.method, gen_length=self.gen_length,
-                                           block_length=self.block_length, temperature=temperature,
-                                           batch_size=len(batch), chat=False, prefix_cache_mb=self.prefix_cache_mb,
-                                           **self.decode)
+                results = self.lm.generate(
+                    ids,
+                    method=self.method,
+                    gen_length=self.gen_length,
+                    block_length=self.block_length,
+                    temperature=temperature,
+                    batch_size=len(batch),
+                    chat=False,
+                    prefix_cache_mb=self.prefix_cache_mb,
+                    **self.decode,
+                )
                 if torch.device(self._device).type == "cuda":
                     torch.cuda.synchronize(self._device)
                 self._account(results, time.perf_counter() - started)
@@ -243,7 +310,9 @@ class CaidllmLM(LM):
         budget = self.lm.config.max_length - self.gen_length
         if len(ids) > budget:  # keep the end of the prompt, as lm-eval's HF model does
             self.stats["truncated_prompts"] += 1
-            logger.warning("prompt of %d tokens cut to its last %d to fit the model's context", len(ids), budget)
+            logger.warning(
+                "prompt of %d tokens cut to its last %d to fit the model's context", len(ids), budget
+            )
             ids = ids[-budget:]
         return ids
 
@@ -283,13 +352,15 @@ class CaidllmLM(LM):
             "truncated_prompts": s["truncated_prompts"],
             # The prefix store (block-causal models): prompt positions prefilled per request, share taken from it.
             "prefill_positions_mean": s.get("prefill_positions", 0) / n if n else None,
-            "prefill_saved_share": (s.get("reused_positions", 0) / (s.get("prefill_positions", 0)
-                                                                    + s.get("reused_positions", 0))
-                                    if s.get("reused_positions") else 0.0),
+            "prefill_saved_share": (
+                s.get("reused_positions", 0) / (s.get("prefill_positions", 0) + s.get("reused_positions", 0))
+                if s.get("reused_positions")
+                else 0.0
+            ),
             "world_size": self.world.world_size,
             "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm bench` "
-                    "for timed comparisons); tps_positions = requests x gen_length / wall_s, tps_answer = answer "
-                    "tokens / wall_s",
+            "for timed comparisons); tps_positions = requests x gen_length / wall_s, tps_answer = answer "
+            "tokens / wall_s",
         }
 
     def _report(self) -> None:
@@ -300,9 +371,14 @@ class CaidllmLM(LM):
             summary = self.summary(_combined(gathered))
         else:
             summary = self.summary()
-        logger.info("caidllm %s: %d requests, NFE/request %.1f, %.1f positions/s, %.1f answer tokens/s",
-                    self.method, summary["requests"], summary["nfe_mean"] or 0.0,
-                    summary["tps_positions"] or 0.0, summary["tps_answer"] or 0.0)
+        logger.info(
+            "caidllm %s: %d requests, NFE/request %.1f, %.1f positions/s, %.1f answer tokens/s",
+            self.method,
+            summary["requests"],
+            summary["nfe_mean"] or 0.0,
+            summary["tps_positions"] or 0.0,
+            summary["tps_answer"] or 0.0,
+        )
         if self.stats_path is not None:
             try:
                 self.stats_path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,14 +390,26 @@ class CaidllmLM(LM):
 def _combined(per_rank: list[dict]) -> dict:
     """The ranks' statistics as one run's: counts add up, the wall time is the slowest rank's (they ran
     side by side). lm-eval pads the shorter ranks with copies of their last request; those count too."""
-    total = {k: sum(s[k] for s in per_rank) for k in ("requests", "nfe", "positions", "answer_tokens",
-                                                      "policy_s", "truncated_prompts", "prefill_positions",
-                                                      "reused_positions")}
+    total = {
+        k: sum(s[k] for s in per_rank)
+        for k in (
+            "requests",
+            "nfe",
+            "positions",
+            "answer_tokens",
+            "policy_s",
+            "truncated_prompts",
+            "prefill_positions",
+            "reused_positions",
+        )
+    }
     total["wall_s"] = max(s["wall_s"] for s in per_rank)
     total["busy_s"] = sum(s["wall_s"] for s in per_rank)
     blocks = max(len(s["steps_per_block_sum"]) for s in per_rank)
-    total["steps_per_block_sum"] = [sum(s["steps_per_block_sum"][b] for s in per_rank
-                                        if b < len(s["steps_per_block_sum"])) for b in range(blocks)]
+    total["steps_per_block_sum"] = [
+        sum(s["steps_per_block_sum"][b] for s in per_rank if b < len(s["steps_per_block_sum"]))
+        for b in range(blocks)
+    ]
     return total
 
 
@@ -353,6 +441,8 @@ def _device(value):
         return None
     text = str(value)
     if text.startswith("cuda") and not torch.cuda.is_available():
-        logger.warning("device %s requested (lm-eval's default is cuda:0) but CUDA is not available: using cpu", text)
+        logger.warning(
+            "device %s requested (lm-eval's default is cuda:0) but CUDA is not available: using cpu", text
+        )
         return "cpu"
     return text

@@ -66,14 +66,19 @@ class RowGroups:
         from_cache (rows pick the forward's rows), else the forward's own [R, Hkv, L, hd].
         visible: None (bidirectional), or [R, 1, n, L] bool, which keys each query may read."""
         if self.single:
-            k, v = (cache_rows(t, rows, self.key_from) if from_cache else t[:, :, self.key_from - self.lo:]
-                    for t in (keys, values))
-            return sdpa(q, k, v, None if visible is None else visible[..., self.key_from:])
+            k, v = (
+                cache_rows(t, rows, self.key_from) if from_cache else t[:, :, self.key_from - self.lo :]
+                for t in (keys, values)
+            )
+            return sdpa(q, k, v, None if visible is None else visible[..., self.key_from :])
         out = q.new_zeros(q.shape)
         for key_from, query_from, at, absolute in self.groups:
-            k, v = (cache_rows(t, absolute, key_from) if from_cache
-                    else t[:, :, key_from - self.lo:].index_select(0, at)
-                    for t in (keys, values))
+            k, v = (
+                cache_rows(t, absolute, key_from)
+                if from_cache
+                else t[:, :, key_from - self.lo :].index_select(0, at)
+                for t in (keys, values)
+            )
             mask = None if visible is None else visible.index_select(0, at)[:, :, query_from:, key_from:]
             out[at, :, query_from:] = sdpa(q.index_select(0, at)[:, :, query_from:], k, v, mask)
         return out

@@ -38,27 +38,50 @@ def read_llada2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     Absent fields take LLaDA2MoeConfig's defaults (use_qk_norm true, partial_rotary_factor 0.5,
     n_group 8, topk_group 4, routed_scaling_factor 2.5); use_bias must be false (its default
     is true, an output bias this implementation does not have)."""
-    _expect(raw, source, "LLaDA2", hidden_act=("silu", None), rope_scaling=(None,),
-            use_sliding_window=(False, None), use_bias=(False,), norm_head=(False, None))
+    _expect(
+        raw,
+        source,
+        "LLaDA2",
+        hidden_act=("silu", None),
+        rope_scaling=(None,),
+        use_sliding_window=(False, None),
+        use_bias=(False,),
+        norm_head=(False, None),
+    )
     shape = _attention_shape(get, source)
     head_dim = shape["head_dim"]
     rope_dim = int(head_dim * get.float("partial_rotary_factor", 0.5))  # the configuration class's default
     if rope_dim <= 0 or rope_dim % 2 or rope_dim > head_dim:
-        raise ModelLoadError(f"{source}: partial_rotary_factor={raw.get('partial_rotary_factor')!r} gives "
-                             f"{rope_dim} rotary dimensions of {head_dim}; expected an even number in 2..{head_dim}")
+        raise ModelLoadError(
+            f"{source}: partial_rotary_factor={raw.get('partial_rotary_factor')!r} gives "
+            f"{rope_dim} rotary dimensions of {head_dim}; expected an even number in 2..{head_dim}"
+        )
     if raw.get("rotary_dim") is not None and get.int("rotary_dim") != rope_dim:
-        raise ModelLoadError(f"{source}: rotary_dim={raw['rotary_dim']!r} contradicts partial_rotary_factor "
-                             f"(head_dim {head_dim} x {raw.get('partial_rotary_factor')} = {rope_dim})")
+        raise ModelLoadError(
+            f"{source}: rotary_dim={raw['rotary_dim']!r} contradicts partial_rotary_factor "
+            f"(head_dim {head_dim} x {raw.get('partial_rotary_factor')} = {rope_dim})"
+        )
     n_layers = get.int("num_hidden_layers")
     dense_layers = get.int("first_k_dense_replace", 0)
     if not 0 <= dense_layers <= n_layers:
-        raise ModelLoadError(f"{source}: first_k_dense_replace={dense_layers} must be in 0..num_hidden_layers "
-                             f"({n_layers})")
+        raise ModelLoadError(
+            f"{source}: first_k_dense_replace={dense_layers} must be in 0..num_hidden_layers ({n_layers})"
+        )
     moe = _llada2_moe(raw, get, source) if get.int("num_experts", None) else None
     return _fields(
-        raw, get, source, shape, n_layers=n_layers, rope_dim=rope_dim, moe=moe, dense_layers=dense_layers,
-        qk_norm=get.bool("use_qk_norm", True), qkv_bias=get.bool("use_qkv_bias", False),
-        ids=LLADA2_IDS, block=get.int("block_size", LLADA2_BLOCK))
+        raw,
+        get,
+        source,
+        shape,
+        n_layers=n_layers,
+        rope_dim=rope_dim,
+        moe=moe,
+        dense_layers=dense_layers,
+        qk_norm=get.bool("use_qk_norm", True),
+        qkv_bias=get.bool("use_qkv_bias", False),
+        ids=LLADA2_IDS,
+        block=get.int("block_size", LLADA2_BLOCK),
+    )
 
 
 def _llada2_moe(raw: dict, get: ConfigFields, source: str) -> MoEConfig:
@@ -66,65 +89,131 @@ def _llada2_moe(raw: dict, get: ConfigFields, source: str) -> MoEConfig:
     # normalises the top-k weights whenever it picks more than one expert.
     score = raw.get("score_function", "sigmoid")
     if score not in SCORE_FUNCTIONS:
-        raise ModelLoadError(f"{source}: unknown score_function={score!r}; expected one of {sorted(SCORE_FUNCTIONS)}")
+        raise ModelLoadError(
+            f"{source}: unknown score_function={score!r}; expected one of {sorted(SCORE_FUNCTIONS)}"
+        )
     if score != "sigmoid":
-        raise ModelLoadError(f"{source}: score_function={score!r} contradicts LLaDA2, whose router always "
-                             "takes sigmoid scores")
+        raise ModelLoadError(
+            f"{source}: score_function={score!r} contradicts LLaDA2, whose router always takes sigmoid scores"
+        )
     top_k = get.int("num_experts_per_tok")
     if raw.get("norm_topk_prob") is False and top_k > 1:
-        raise ModelLoadError(f"{source}: norm_topk_prob=false contradicts LLaDA2, whose router always "
-                             "normalises the top-k weights")
-    return _moe(source, hidden_size=get.int("hidden_size"), moe_intermediate_size=get.int("moe_intermediate_size"),
-                num_experts=get.int("num_experts"), num_experts_per_tok=top_k, score_function="sigmoid",
-                n_group=get.int("n_group", 8), topk_group=get.int("topk_group", 4), norm_topk_prob=top_k > 1,
-                routed_scaling_factor=get.float("routed_scaling_factor", 2.5), expert_bias=True,
-                num_shared_experts=get.int("num_shared_experts", 0), router_fp32=True)
+        raise ModelLoadError(
+            f"{source}: norm_topk_prob=false contradicts LLaDA2, whose router always "
+            "normalises the top-k weights"
+        )
+    return _moe(
+        source,
+        hidden_size=get.int("hidden_size"),
+        moe_intermediate_size=get.int("moe_intermediate_size"),
+        num_experts=get.int("num_experts"),
+        num_experts_per_tok=top_k,
+        score_function="sigmoid",
+        n_group=get.int("n_group", 8),
+        topk_group=get.int("topk_group", 4),
+        norm_topk_prob=top_k > 1,
+        routed_scaling_factor=get.float("routed_scaling_factor", 2.5),
+        expert_bias=True,
+        num_shared_experts=get.int("num_shared_experts", 0),
+        router_fp32=True,
+    )
 
 
 def read_sdar_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     """SDARForCausalLM (Qwen3 layout, block-causal) and SDARMoeForCausalLM (Qwen3-MoE experts
     in every layer)."""
-    _expect(raw, source, "SDAR", hidden_act=("silu", None), rope_scaling=(None,), use_sliding_window=(False, None))
+    _expect(
+        raw, source, "SDAR", hidden_act=("silu", None), rope_scaling=(None,), use_sliding_window=(False, None)
+    )
     architectures = raw.get("architectures") or []
     is_moe = "SDARMoeForCausalLM" in architectures or str(raw.get("model_type", "")).lower() == "sdar_moe"
     if is_moe != bool(get.int("num_experts", None)):
-        raise ModelLoadError(f"{source}: num_experts={raw.get('num_experts')!r} contradicts architectures="
-                             f"{architectures!r} / model_type={raw.get('model_type')!r} (the MoE variant "
-                             "is SDARMoeForCausalLM and needs num_experts; the dense one has none)")
+        raise ModelLoadError(
+            f"{source}: num_experts={raw.get('num_experts')!r} contradicts architectures="
+            f"{architectures!r} / model_type={raw.get('model_type')!r} (the MoE variant "
+            "is SDARMoeForCausalLM and needs num_experts; the dense one has none)"
+        )
     moe = None
     if is_moe:
         if get.int("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
-            raise ModelLoadError(f"{source}: decoder_sparse_step={raw.get('decoder_sparse_step')!r} / "
-                                 f"mlp_only_layers={raw.get('mlp_only_layers')!r}: only an MoE feed-forward "
-                                 "in every layer (1 / []) is supported")
-        moe = _moe(source, hidden_size=get.int("hidden_size"), moe_intermediate_size=get.int("moe_intermediate_size"),
-                   num_experts=get.int("num_experts"), num_experts_per_tok=get.int("num_experts_per_tok"),
-                   score_function="softmax", norm_topk_prob=get.bool("norm_topk_prob", False), router_fp32=False)
+            raise ModelLoadError(
+                f"{source}: decoder_sparse_step={raw.get('decoder_sparse_step')!r} / "
+                f"mlp_only_layers={raw.get('mlp_only_layers')!r}: only an MoE feed-forward "
+                "in every layer (1 / []) is supported"
+            )
+        moe = _moe(
+            source,
+            hidden_size=get.int("hidden_size"),
+            moe_intermediate_size=get.int("moe_intermediate_size"),
+            num_experts=get.int("num_experts"),
+            num_experts_per_tok=get.int("num_experts_per_tok"),
+            score_function="softmax",
+            norm_topk_prob=get.bool("norm_topk_prob", False),
+            router_fp32=False,
+        )
     return _fields(
-        raw, get, source, _attention_shape(get, source), n_layers=get.int("num_hidden_layers"), moe=moe,
-        qk_norm=True, qkv_bias=get.bool("attention_bias", False), ids=SDAR_IDS,
-        block=get.int("block_size", SDAR_BLOCK))
+        raw,
+        get,
+        source,
+        _attention_shape(get, source),
+        n_layers=get.int("num_hidden_layers"),
+        moe=moe,
+        qk_norm=True,
+        qkv_bias=get.bool("attention_bias", False),
+        ids=SDAR_IDS,
+        block=get.int("block_size", SDAR_BLOCK),
+    )
 
 
 def read_fastdllm_v2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     """Fast_dLLM_QwenForCausalLM (NVlabs Fast-dLLM v2): Qwen2.5's layout (q/k/v biases, no QK-norm,
     RoPE on whole heads), block-causal attention over blocks of bd_size."""
-    _expect(raw, source, "Fast-dLLM v2", hidden_act=("silu", None), rope_scaling=(None,),
-            use_sliding_window=(False, None))
+    _expect(
+        raw,
+        source,
+        "Fast-dLLM v2",
+        hidden_act=("silu", None),
+        rope_scaling=(None,),
+        use_sliding_window=(False, None),
+    )
     if raw.get("caidllm_block_lengths") is None:
         raw = {**raw, "caidllm_block_lengths": [get.int("bd_size", FASTDLLM_V2_BLOCK)]}
-    return _fields(raw, get, source, _attention_shape(get, source), n_layers=get.int("num_hidden_layers"),
-                   qk_norm=False, qkv_bias=True, ids=FASTDLLM_V2_IDS, block=FASTDLLM_V2_BLOCK)
+    return _fields(
+        raw,
+        get,
+        source,
+        _attention_shape(get, source),
+        n_layers=get.int("num_hidden_layers"),
+        qk_norm=False,
+        qkv_bias=True,
+        ids=FASTDLLM_V2_IDS,
+        block=FASTDLLM_V2_BLOCK,
+    )
 
 
 def read_stable_diffcoder_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     """StableDiffcoderForCausalLM (ByteDance Seed): transformers' LlamaForCausalLM (Seed-Coder's layout: no
     biases, no QK-norm, RoPE on whole heads) run block-causal over blocks of 4, logits unshifted."""
-    _expect(raw, source, "Stable-DiffCoder", hidden_act=("silu", None), rope_scaling=(None,),
-            attention_bias=(False, None), mlp_bias=(False, None))
-    return _fields(raw, get, source, _attention_shape(get, source), n_layers=get.int("num_hidden_layers"),
-                   qk_norm=False, qkv_bias=False, ids=STABLE_DIFFCODER_IDS,
-                   block=get.int("block_size", STABLE_DIFFCODER_BLOCK))
+    _expect(
+        raw,
+        source,
+        "Stable-DiffCoder",
+        hidden_act=("silu", None),
+        rope_scaling=(None,),
+        attention_bias=(False, None),
+        mlp_bias=(False, None),
+    )
+    return _fields(
+        raw,
+        get,
+        source,
+        _attention_shape(get, source),
+        n_layers=get.int("num_hidden_layers"),
+        qk_norm=False,
+        qkv_bias=False,
+        ids=STABLE_DIFFCODER_IDS,
+        block=get.int("block_size", STABLE_DIFFCODER_BLOCK),
+    )
 
 
 def _moe(source: str, **fields) -> MoEConfig:
@@ -139,7 +228,9 @@ def _expect(raw: dict, source: str, family: str, **allowed) -> None:
     for key, values in allowed.items():
         if raw.get(key) not in values:
             wanted = " or ".join(repr(v) for v in values if v is not None) or "null"
-            raise ModelLoadError(f"{source}: unsupported {family} setting {key}={raw.get(key)!r} (expected {wanted})")
+            raise ModelLoadError(
+                f"{source}: unsupported {family} setting {key}={raw.get(key)!r} (expected {wanted})"
+            )
 
 
 def _attention_shape(get: ConfigFields, source: str) -> dict:
@@ -152,21 +243,39 @@ def _attention_shape(get: ConfigFields, source: str) -> dict:
     return dict(hidden_size=d, n_heads=h, n_kv_heads=kv, head_dim=head_dim)
 
 
-def _fields(raw, get, source, shape, *, n_layers, ids, block, qk_norm, qkv_bias, moe=None, rope_dim=0,
-            dense_layers=0) -> dict:
+def _fields(
+    raw, get, source, shape, *, n_layers, ids, block, qk_norm, qkv_bias, moe=None, rope_dim=0, dense_layers=0
+) -> dict:
     """The ModelConfig fields both families read alike (token ids default to the official ones)."""
     eos_id = get.int("eos_token_id", None)
     if eos_id is None:
         eos_id = get.int("pad_token_id", ids["eos"])
     lengths = raw.get("caidllm_block_lengths", [block])
-    if not (isinstance(lengths, list) and lengths and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
-                                                          for n in lengths)):
-        raise ModelLoadError(f"{source}: block lengths {lengths!r} (block_size / caidllm_block_lengths) must be "
-                             "positive integers")
+    if not (
+        isinstance(lengths, list)
+        and lengths
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)
+    ):
+        raise ModelLoadError(
+            f"{source}: block lengths {lengths!r} (block_size / caidllm_block_lengths) must be "
+            "positive integers"
+        )
     return dict(
-        vocab_size=get.int("vocab_size"), n_layers=n_layers, intermediate_size=get.int("intermediate_size"),
-        rope_theta=get.float("rope_theta", 10000.0), rms_norm_eps=get.float("rms_norm_eps", 1e-6),
-        max_length=get.int("max_position_embeddings"), qkv_bias=qkv_bias,
-        tie_embeddings=get.bool("tie_word_embeddings", False), mask_id=get.int("mask_token_id", ids["mask"]),
-        eos_id=eos_id, block_causal=True, block_lengths=tuple(lengths), rope_dim=rope_dim, qk_norm=qk_norm,
-        moe=moe, dense_layers=dense_layers, **shape)
+        vocab_size=get.int("vocab_size"),
+        n_layers=n_layers,
+        intermediate_size=get.int("intermediate_size"),
+        rope_theta=get.float("rope_theta", 10000.0),
+        rms_norm_eps=get.float("rms_norm_eps", 1e-6),
+        max_length=get.int("max_position_embeddings"),
+        qkv_bias=qkv_bias,
+        tie_embeddings=get.bool("tie_word_embeddings", False),
+        mask_id=get.int("mask_token_id", ids["mask"]),
+        eos_id=eos_id,
+        block_causal=True,
+        block_lengths=tuple(lengths),
+        rope_dim=rope_dim,
+        qk_norm=qk_norm,
+        moe=moe,
+        dense_layers=dense_layers,
+        **shape,
+    )

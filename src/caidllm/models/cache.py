@@ -72,12 +72,25 @@ class KVCache:
         return pairs
 
     @classmethod
-    def allocate(cls, n_layers, batch_size, n_kv_heads, length, head_dim, device, dtype,
-                 hidden_levels=(), hidden_size=None, n_heads: int | None = None) -> "KVCache":
+    def allocate(
+        cls,
+        n_layers,
+        batch_size,
+        n_kv_heads,
+        length,
+        head_dim,
+        device,
+        dtype,
+        hidden_levels=(),
+        hidden_size=None,
+        n_heads: int | None = None,
+    ) -> "KVCache":
         """n_heads: also keep every layer's queries (Elastic-Cache)."""
         shape = (batch_size, n_kv_heads, length, head_dim)
-        hidden = {level: torch.zeros(batch_size, length, hidden_size, device=device, dtype=dtype)
-                  for level in hidden_levels}
+        hidden = {
+            level: torch.zeros(batch_size, length, hidden_size, device=device, dtype=dtype)
+            for level in hidden_levels
+        }
         return cls(
             keys=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)],
             values=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)],
@@ -85,8 +98,12 @@ class KVCache:
             positions=torch.zeros(batch_size, length, device=device, dtype=torch.long),
             filled=torch.zeros(batch_size, device=device, dtype=torch.bool),
             hidden=hidden,
-            queries=None if n_heads is None else [torch.zeros(batch_size, n_heads, length, head_dim, device=device,
-                                                              dtype=dtype) for _ in range(n_layers)],
+            queries=None
+            if n_heads is None
+            else [
+                torch.zeros(batch_size, n_heads, length, head_dim, device=device, dtype=dtype)
+                for _ in range(n_layers)
+            ],
         )
 
     @property

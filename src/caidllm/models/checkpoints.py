@@ -41,8 +41,12 @@ class Recommendation:
 
     def decoding_options(self) -> dict:
         """The options generate() takes from it (gating and f go into the model's config)."""
-        options = dict(gen_length=self.gen_length, block_length=self.block_length, steps=self.steps,
-                       temperature=self.temperature)
+        options = dict(
+            gen_length=self.gen_length,
+            block_length=self.block_length,
+            steps=self.steps,
+            temperature=self.temperature,
+        )
         if self.threshold is not None:
             options["threshold"] = self.threshold
         return options
@@ -51,9 +55,11 @@ class Recommendation:
         decoder = f"method {self.decoder}, " if self.decoder else ""
         if self.decoder and self.threshold is not None:  # a quota decoder (sdar-static) has none
             decoder += f"threshold {self.threshold:g}, "
-        return (f"{decoder}gen_length {self.gen_length}, block_length {self.block_length}, steps {self.steps}, "
-                f"temperature {self.temperature:g}, confidence gating {'on' if self.confidence_gating else 'off'}, "
-                f"f {self.refresh_every}")
+        return (
+            f"{decoder}gen_length {self.gen_length}, block_length {self.block_length}, steps {self.steps}, "
+            f"temperature {self.temperature:g}, confidence gating {'on' if self.confidence_gating else 'off'}, "
+            f"f {self.refresh_every}"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,67 +82,133 @@ class Checkpoint:
 
 
 LLADA_CARD = Recommendation(
-    gen_length=128, block_length=32, steps=128, temperature=0.0, confidence_gating=True, refresh_every=16,
+    gen_length=128,
+    block_length=32,
+    steps=128,
+    temperature=0.0,
+    confidence_gating=True,
+    refresh_every=16,
     source="GSAI-ML/LLaDA-8B-Instruct model card and ML-GSAI/LLaDA generate.py (gen_length 128, steps 128, "
-           f"block_length 32, temperature 0); {CAI_PAPER_LLADA}")
-LLADA_MOE_CARD = replace(LLADA_CARD, source=(
-    "inclusionAI/LLaDA-MoE-7B-A1B model cards (LLaDA's generate: gen_length 128, steps 128, block_length 32, "
-    f"temperature 0); gating and f as LLaDA's ({CAI_PAPER_LLADA}; not measured on the MoE)"))
-MMADA_TEXT = replace(LLADA_CARD, source=(
-    "MMaDA's text path is LLaDA's generate: LLaDA's card values (gen_length 128, steps 128, block_length 32, "
-    f"temperature 0); {CAI_PAPER_LLADA} (not measured on MMaDA)"))
+    f"block_length 32, temperature 0); {CAI_PAPER_LLADA}",
+)
+LLADA_MOE_CARD = replace(
+    LLADA_CARD,
+    source=(
+        "inclusionAI/LLaDA-MoE-7B-A1B model cards (LLaDA's generate: gen_length 128, steps 128, block_length 32, "
+        f"temperature 0); gating and f as LLaDA's ({CAI_PAPER_LLADA}; not measured on the MoE)"
+    ),
+)
+MMADA_TEXT = replace(
+    LLADA_CARD,
+    source=(
+        "MMaDA's text path is LLaDA's generate: LLaDA's card values (gen_length 128, steps 128, block_length 32, "
+        f"temperature 0); {CAI_PAPER_LLADA} (not measured on MMaDA)"
+    ),
+)
 DREAM_CARD = Recommendation(
-    gen_length=512, block_length=32, steps=512, temperature=0.0, confidence_gating=False, refresh_every=8,
+    gen_length=512,
+    block_length=32,
+    steps=512,
+    temperature=0.0,
+    confidence_gating=False,
+    refresh_every=8,
     source="Dream-org/Dream-v0-Instruct-7B model card (max_new_tokens 512, steps 512; its temperature 0.2 with "
-           "top_p 0.95 needs top-p, which caidllm lacks: greedy, as the CAI-dLLM paper evaluates Dream); "
-           f"block_length 32 (Dream's generate has no blocks); {CAI_PAPER_DREAM}")
-DREAM_CODER_CARD = replace(DREAM_CARD, gen_length=768, steps=768, source=(
-    "Dream-org/Dream-Coder-v0-Instruct-7B model card (max_new_tokens 768, steps 768; temperature 0.1 with "
-    "top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); block_length 32; "
-    f"gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on Dream-Coder)"))
-DIFFUCODER_CARD = replace(DREAM_CARD, gen_length=256, steps=256, source=(
-    "apple/DiffuCoder-7B-Instruct model card (max_new_tokens 256, steps 256 = one token per step; "
-    "temperature 0.4 with top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); "
-    f"block_length 32; gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on DiffuCoder)"))
+    "top_p 0.95 needs top-p, which caidllm lacks: greedy, as the CAI-dLLM paper evaluates Dream); "
+    f"block_length 32 (Dream's generate has no blocks); {CAI_PAPER_DREAM}",
+)
+DREAM_CODER_CARD = replace(
+    DREAM_CARD,
+    gen_length=768,
+    steps=768,
+    source=(
+        "Dream-org/Dream-Coder-v0-Instruct-7B model card (max_new_tokens 768, steps 768; temperature 0.1 with "
+        "top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); block_length 32; "
+        f"gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on Dream-Coder)"
+    ),
+)
+DIFFUCODER_CARD = replace(
+    DREAM_CARD,
+    gen_length=256,
+    steps=256,
+    source=(
+        "apple/DiffuCoder-7B-Instruct model card (max_new_tokens 256, steps 256 = one token per step; "
+        "temperature 0.4 with top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); "
+        f"block_length 32; gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on DiffuCoder)"
+    ),
+)
 
 # Block-diffusion checkpoints: their own decoders on the exact block cache. Confidence gating and f do not
 # apply there (CAI on them runs with gating off, the family default; the block cache is never refreshed).
 BLOCK_FAMILY_CAI = "gating off and f 16: the family defaults (the block cache is exact, f is never used)"
 LLADA20_CARD = Recommendation(
-    gen_length=512, block_length=32, steps=512, temperature=0.0, confidence_gating=False, refresh_every=16,
-    decoder="llada2", threshold=0.95,
+    gen_length=512,
+    block_length=32,
+    steps=512,
+    temperature=0.0,
+    confidence_gating=False,
+    refresh_every=16,
+    decoder="llada2",
+    threshold=0.95,
     source="inclusionAI/LLaDA2.0-mini and -flash model cards, Quickstart (generate: gen_length 512, block_length 32, "
-           "steps 32 per block = 512 in all, temperature 0, eos_early_stop); threshold 0.95: the modeling file's "
-           f"generate() default; {BLOCK_FAMILY_CAI}")
+    "steps 32 per block = 512 in all, temperature 0, eos_early_stop); threshold 0.95: the modeling file's "
+    f"generate() default; {BLOCK_FAMILY_CAI}",
+)
 LLADA21_CARD = Recommendation(
-    gen_length=256, block_length=32, steps=256, temperature=0.0, confidence_gating=False, refresh_every=16,
-    decoder="llada2.1-quality", threshold=0.7,
+    gen_length=256,
+    block_length=32,
+    steps=256,
+    temperature=0.0,
+    confidence_gating=False,
+    refresh_every=16,
+    decoder="llada2.1-quality",
+    threshold=0.7,
     source="inclusionAI/LLaDA2.1 model cards' quality mode as diffusers' LLaDA2Pipeline documents it (gen_length "
-           "256, block_length 32, 32 steps per block = 256, threshold 0.7, editing_threshold 0.5, max_post_steps 16, "
-           "temperature 0; the speed mode is the llada2.1-speed preset, the official generate's own defaults "
-           f"(0.95 / 0.9, no early stop) the llada2.1 preset); {BLOCK_FAMILY_CAI}")
+    "256, block_length 32, 32 steps per block = 256, threshold 0.7, editing_threshold 0.5, max_post_steps 16, "
+    "temperature 0; the speed mode is the llada2.1-speed preset, the official generate's own defaults "
+    f"(0.95 / 0.9, no early stop) the llada2.1 preset); {BLOCK_FAMILY_CAI}",
+)
 SDAR_SCRIPT = Recommendation(
-    gen_length=512, block_length=4, steps=512, temperature=0.0, confidence_gating=False, refresh_every=16,
-    decoder="sdar", threshold=0.85,
+    gen_length=512,
+    block_length=4,
+    steps=512,
+    temperature=0.0,
+    confidence_gating=False,
+    refresh_every=16,
+    decoder="sdar",
+    threshold=0.85,
     source="JetAstra/SDAR generate.py defaults (block_length 4, denoising_steps 4 per block = 512 in all, "
-           "low_confidence_dynamic, confidence_threshold 0.85); gen_length 512 is caidllm's (the script's 20480 is a "
-           "ceiling); its temperature 1.0 samples: greedy here (top_k 1 in its reading), as the CAI-dLLM paper "
-           f"evaluates; {BLOCK_FAMILY_CAI}")
+    "low_confidence_dynamic, confidence_threshold 0.85); gen_length 512 is caidllm's (the script's 20480 is a "
+    "ceiling); its temperature 1.0 samples: greedy here (top_k 1 in its reading), as the CAI-dLLM paper "
+    f"evaluates; {BLOCK_FAMILY_CAI}",
+)
 FASTDLLM_V2_CARD = Recommendation(
-    gen_length=512, block_length=32, steps=512, temperature=0.0, confidence_gating=False, refresh_every=16,
-    decoder="fastdllm-v2", threshold=0.9,
+    gen_length=512,
+    block_length=32,
+    steps=512,
+    temperature=0.0,
+    confidence_gating=False,
+    refresh_every=16,
+    decoder="fastdllm-v2",
+    threshold=0.9,
     source="Efficient-Large-Model/Fast_dLLM_v2 model cards' example (generate: max_new_tokens 512, small_block_size "
-           "8, threshold 0.9) and NVlabs Fast-dLLM v2/eval.py (bd_size 32, small_block_size 8, threshold 0.9); "
-           "generate()'s temperature 0 (greedy); steps: at most one step per position (512); "
-           f"{BLOCK_FAMILY_CAI}")
+    "8, threshold 0.9) and NVlabs Fast-dLLM v2/eval.py (bd_size 32, small_block_size 8, threshold 0.9); "
+    "generate()'s temperature 0 (greedy); steps: at most one step per position (512); "
+    f"{BLOCK_FAMILY_CAI}",
+)
 
 DIFFUSION_GEMMA_CARD = Recommendation(
-    gen_length=256, block_length=256, steps=48, temperature=0.8, confidence_gating=False, refresh_every=0,
+    gen_length=256,
+    block_length=256,
+    steps=48,
+    temperature=0.8,
+    confidence_gating=False,
+    refresh_every=0,
     decoder="diffusiongemma",
     source="google/diffusiongemma-26B-A4B-it generation_config.json, its model card's generate() defaults "
-           "(canvas_length 256, max_denoising_steps 48, "
-           "entropy_bound 0.1, t_max 0.8 -> t_min 0.4, stability_threshold 1, confidence_threshold 0.005); "
-           "block_length is the canvas, steps the denoising steps per canvas, temperature the schedule's start")
+    "(canvas_length 256, max_denoising_steps 48, "
+    "entropy_bound 0.1, t_max 0.8 -> t_min 0.4, stability_threshold 1, confidence_threshold 0.005); "
+    "block_length is the canvas, steps the denoising steps per canvas, temperature the schedule's start",
+)
 
 KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("GSAI-ML/LLaDA-8B-Instruct", "llada", "llada-8b", True, LLADA_CARD),
@@ -159,21 +231,38 @@ KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("JetLM/SDAR-4B-Chat", "sdar", "sdar-4b", True, SDAR_SCRIPT),
     Checkpoint("JetLM/SDAR-8B-Chat", "sdar", "sdar-8b", True, SDAR_SCRIPT),
     Checkpoint("JetLM/SDAR-30B-A3B-Chat", "sdar", "sdar-30b-a3b", True, SDAR_SCRIPT),
-    Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_1.5B", "fastdllm_v2", "fastdllm-v2-1.5b", True, FASTDLLM_V2_CARD),
-    Checkpoint("Efficient-Large-Model/Fast_dLLM_v2_7B", "fastdllm_v2", "fastdllm-v2-7b", True, FASTDLLM_V2_CARD),
-    Checkpoint("google/diffusiongemma-26B-A4B-it", "diffusion_gemma", "diffusiongemma-26b-a4b", True,
-               DIFFUSION_GEMMA_CARD),
+    Checkpoint(
+        "Efficient-Large-Model/Fast_dLLM_v2_1.5B", "fastdllm_v2", "fastdllm-v2-1.5b", True, FASTDLLM_V2_CARD
+    ),
+    Checkpoint(
+        "Efficient-Large-Model/Fast_dLLM_v2_7B", "fastdllm_v2", "fastdllm-v2-7b", True, FASTDLLM_V2_CARD
+    ),
+    Checkpoint(
+        "google/diffusiongemma-26B-A4B-it",
+        "diffusion_gemma",
+        "diffusiongemma-26b-a4b",
+        True,
+        DIFFUSION_GEMMA_CARD,
+    ),
 )
 # The 2026 checkpoints that reuse these architectures (or need a small family of their own): their rows and
 # sources live in checkpoints_derived.py.
-KNOWN += tuple(Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
-               for hub_id, family, shape, instruct, settings in DERIVED_ROWS)
+KNOWN += tuple(
+    Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
+    for hub_id, family, shape, instruct, settings in DERIVED_ROWS
+)
 
 # Quantized variants caidllm does not load (their weights need compressed-tensors / ModelOpt kernels it
 # has not), each refused by name with the checkpoint to use instead.
 REFUSED_VARIANTS = {
-    "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic": ("FP8 (compressed-tensors)", "google/diffusiongemma-26B-A4B-it"),
-    "RedHatAI/diffusiongemma-26B-A4B-it-NVFP4": ("NVFP4 (compressed-tensors)", "google/diffusiongemma-26B-A4B-it"),
+    "RedHatAI/diffusiongemma-26B-A4B-it-FP8-dynamic": (
+        "FP8 (compressed-tensors)",
+        "google/diffusiongemma-26B-A4B-it",
+    ),
+    "RedHatAI/diffusiongemma-26B-A4B-it-NVFP4": (
+        "NVFP4 (compressed-tensors)",
+        "google/diffusiongemma-26B-A4B-it",
+    ),
     "nvidia/diffusiongemma-26B-A4B-it-NVFP4": ("NVFP4 (ModelOpt)", "google/diffusiongemma-26B-A4B-it"),
 }
 
@@ -182,12 +271,13 @@ def refused_variant(name) -> str | None:
     """The one-line refusal of a quantized variant named by hub id (exactly, first) or by its folder / bare name."""
     text = str(name).split("@", 1)[0].rstrip("/\\").lower()
     exact = [h for h in REFUSED_VARIANTS if h.lower() == text]
-    by_name = [h for h in REFUSED_VARIANTS
-               if re.split(r"[/\\]|--", text)[-1] == h.split("/")[1].lower()]
+    by_name = [h for h in REFUSED_VARIANTS if re.split(r"[/\\]|--", text)[-1] == h.split("/")[1].lower()]
     for hub_id in exact or by_name[:1]:
         kind, instead = REFUSED_VARIANTS[hub_id]
-        return (f"{hub_id}: its {kind} weights are not loaded by caidllm; load {instead} (bf16), with "
-                "--quantize for quantized weights")
+        return (
+            f"{hub_id}: its {kind} weights are not loaded by caidllm; load {instead} (bf16), with "
+            "--quantize for quantized weights"
+        )
     return None
 
 
@@ -219,7 +309,9 @@ def recommended_method(checkpoint: Checkpoint | None, given: str | None) -> str:
     return given or (checkpoint.recommended.decoder if checkpoint is not None else None) or "cai"
 
 
-def recommended_options(checkpoint: Checkpoint | None, method: str | None = None, **given) -> tuple[dict, list[str]]:
+def recommended_options(
+    checkpoint: Checkpoint | None, method: str | None = None, **given
+) -> tuple[dict, list[str]]:
     """The decoding options with every unset one (None) taken from the checkpoint's
     recommendation; returns them and the names of those taken (empty when none was). The
     threshold is taken only where the caller passes one (None) and runs the checkpoint's own

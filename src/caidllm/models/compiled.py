@@ -36,8 +36,10 @@ def compiled_kernels(device: str = "cpu"):
         norm(x, torch.ones(8, device=device), 1e-5)  # a trial: a broken tool chain fails here, not mid-decode
     except Exception as e:  # noqa: BLE001 - Dynamo / Inductor raise many types
         compiled_kernels.cache_clear()
-        raise InputError(f"--compile: torch {torch.__version__} cannot compile on this machine "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); run without --compile") from None
+        raise InputError(
+            f"--compile: torch {torch.__version__} cannot compile on this machine "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); run without --compile"
+        ) from None
     return norm, mlp
 
 
@@ -55,12 +57,16 @@ def check_quantized_compile(quantization: str, device: str, dtype: torch.dtype) 
             layers = nn.ModuleList(nn.Linear(64, 64, bias=False) for _ in range(3)).to(dtype)
         quantize_module(layers, QUANTIZATIONS[quantization], torch.device(device), pack=False)
         _no_autograd_cache()
-        mlp(torch.ones(2, 3, 64, device=device, dtype=dtype), *(layer.weight for layer in layers)).sum().item()
+        mlp(
+            torch.ones(2, 3, 64, device=device, dtype=dtype), *(layer.weight for layer in layers)
+        ).sum().item()
     except Exception as e:  # noqa: BLE001 - Dynamo / Inductor / torchao raise many types
         check_quantized_compile.cache_clear()
-        raise InputError(f"--compile with --quantize {quantization}: torch {torch.__version__} cannot compile "
-                         f"torchao's {quantization} layers on {device} ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}); drop one of the two") from None
+        raise InputError(
+            f"--compile with --quantize {quantization}: torch {torch.__version__} cannot compile "
+            f"torchao's {quantization} layers on {device} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); drop one of the two"
+        ) from None
 
 
 def _check_not_packed(lm) -> None:
@@ -69,9 +75,11 @@ def _check_not_packed(lm) -> None:
     from .packing import ONEDNN_INT8, kernel_of
 
     if kernel_of(lm.model, ONEDNN_INT8) != "torchao":
-        raise InputError(f"compile=True on a model whose --quantize {lm.quantization} weights were packed at load "
-                         f"for {ONEDNN_INT8.kernel}, which torch.compile cannot lower: load it with "
-                         "caidllm.load(..., compile=True) (torchao's kernel) or generate without compile")
+        raise InputError(
+            f"compile=True on a model whose --quantize {lm.quantization} weights were packed at load "
+            f"for {ONEDNN_INT8.kernel}, which torch.compile cannot lower: load it with "
+            "caidllm.load(..., compile=True) (torchao's kernel) or generate without compile"
+        )
 
 
 def _no_autograd_cache() -> None:

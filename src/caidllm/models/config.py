@@ -63,17 +63,22 @@ def block_diffusion_fields(raw: dict, source: str) -> dict:
         return dict(block_causal=block_causal, block_lengths=())
     if not block_causal:
         raise ModelLoadError(f"{source}: caidllm_block_lengths is set but caidllm_block_causal is not true")
-    if not (isinstance(lengths, list) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0
-                                              for n in lengths)):
-        raise ModelLoadError(f"{source}: field 'caidllm_block_lengths' = {lengths!r} must be a list of "
-                             "positive integers")
+    if not (
+        isinstance(lengths, list)
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)
+    ):
+        raise ModelLoadError(
+            f"{source}: field 'caidllm_block_lengths' = {lengths!r} must be a list of positive integers"
+        )
     return dict(block_causal=True, block_lengths=tuple(lengths))
 
 
 def check_heads(n_heads: int, n_kv_heads: int, head_dim: int, source: str) -> None:
     """Grouped-query heads and an even head_dim (RoPE rotates pairs)."""
     if n_kv_heads <= 0 or n_heads % n_kv_heads:
-        raise ModelLoadError(f"{source}: {n_heads} attention heads cannot be grouped over {n_kv_heads} key/value heads")
+        raise ModelLoadError(
+            f"{source}: {n_heads} attention heads cannot be grouped over {n_kv_heads} key/value heads"
+        )
     if head_dim <= 0 or head_dim % 2:
         raise ModelLoadError(f"{source}: head_dim {head_dim} must be even for rotary embeddings")
 
@@ -99,7 +104,9 @@ class ConfigFields:
                 raise TypeError
             return cast(value)
         except (TypeError, ValueError):
-            raise ModelLoadError(f"{self.source}: field {key!r} = {value!r} is not a valid {cast.__name__}") from None
+            raise ModelLoadError(
+                f"{self.source}: field {key!r} = {value!r} is not a valid {cast.__name__}"
+            ) from None
 
     def bool(self, key, default=_MISSING):
         """A JSON true/false only: a string such as "false" would otherwise read as True."""
@@ -107,7 +114,9 @@ class ConfigFields:
         if value is None:
             return self._get(key, default, bool)
         if not isinstance(value, bool):
-            raise ModelLoadError(f"{self.source}: field {key!r} = {value!r} must be true or false (a JSON boolean)")
+            raise ModelLoadError(
+                f"{self.source}: field {key!r} = {value!r} must be true or false (a JSON boolean)"
+            )
         return value
 
     def int(self, key, default=_MISSING):

@@ -45,8 +45,9 @@ class OnednnInt8Weight(TorchAOBaseTensor):
     tensor_attribute_names = ["shape", "act_dtype"]
 
     def __new__(cls, packed, scale, shape, act_dtype):
-        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=act_dtype, device=scale.device,
-                                                   requires_grad=False)
+        return torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=act_dtype, device=scale.device, requires_grad=False
+        )
 
     def __init__(self, packed: torch.Tensor, scale: torch.Tensor, shape, act_dtype: torch.dtype):
         super().__init__()
@@ -71,7 +72,9 @@ class OnednnInt8Weight(TorchAOBaseTensor):
         ones = torch.ones_like(self.scale)
         plain = self.packed.to_dense().t()
         first = min(self.shape[1], _CHECKED_COLUMNS)
-        if torch.equal(_identity_product(self.packed, ones, (self.shape[0], first), torch.int8), plain[:, :first]):
+        if torch.equal(
+            _identity_product(self.packed, ones, (self.shape[0], first), torch.int8), plain[:, :first]
+        ):
             return plain
         return _identity_product(self.packed, ones, self.shape, torch.int8)
 
@@ -83,14 +86,20 @@ class OnednnInt8Weight(TorchAOBaseTensor):
         return repacked, (self.int8_data(), self.scale, self.act_dtype, extra)
 
     def __deepcopy__(self, memo):
-        if id(self) not in memo:  # the int8 values are new already: made contiguous for packing, not copied again
+        if (
+            id(self) not in memo
+        ):  # the int8 values are new already: made contiguous for packing, not copied again
             qdata, scale, act_dtype, extra = self.__reduce_ex__(2)[1]
-            qdata = qdata.contiguous()  # the reorder's storage goes before the packing (a 126k-row head: 0.5 GB)
+            qdata = (
+                qdata.contiguous()
+            )  # the reorder's storage goes before the packing (a 126k-row head: 0.5 GB)
             memo[id(self)] = repacked(qdata, scale.clone(), act_dtype, copy.deepcopy(extra, memo))
         return memo[id(self)]
 
 
-def repacked(qdata: torch.Tensor, scale: torch.Tensor, act_dtype: torch.dtype, extra: dict) -> OnednnInt8Weight:
+def repacked(
+    qdata: torch.Tensor, scale: torch.Tensor, act_dtype: torch.dtype, extra: dict
+) -> OnednnInt8Weight:
     """An OnednnInt8Weight rebuilt from what __reduce_ex__ saved (``extra``: its other attributes,
     such as nn.Parameter's mark), checked first (_check_saved)."""
     _check_saved(qdata, scale, act_dtype, extra)
@@ -104,16 +113,22 @@ def _check_saved(qdata, scale, act_dtype, extra) -> None:
     only a plain [out, in] int8 weight, one float scale per row (oneDNN reads out's worth of scales
     without a bounds check), a floating dtype and plain marks rebuild a packed weight."""
     if type(qdata) is not torch.Tensor or qdata.dtype != torch.int8 or qdata.dim() != 2:
-        problem = f"its weight is a {_form(qdata) if isinstance(qdata, torch.Tensor) else type(qdata).__name__}" \
-                  ", not a 2-D int8 tensor"
+        problem = (
+            f"its weight is a {_form(qdata) if isinstance(qdata, torch.Tensor) else type(qdata).__name__}"
+            ", not a 2-D int8 tensor"
+        )
     elif type(scale) is not torch.Tensor or not scale.is_floating_point() or scale.numel() != qdata.shape[0]:
         got = _form(scale) if isinstance(scale, torch.Tensor) else type(scale).__name__
         problem = f"its scales are a {got}, not {qdata.shape[0]} floats (one per row of its {list(qdata.shape)} weight)"
     elif not isinstance(act_dtype, torch.dtype) or not act_dtype.is_floating_point:
         problem = f"its activation dtype {act_dtype!r} is not a floating dtype"
-    elif not isinstance(extra, dict) or any(not isinstance(k, str) or k in ("packed", "scale", "act_dtype")
-                                            or k.startswith("__") or not isinstance(v, (bool, int, float, str))
-                                            for k, v in extra.items()):
+    elif not isinstance(extra, dict) or any(
+        not isinstance(k, str)
+        or k in ("packed", "scale", "act_dtype")
+        or k.startswith("__")
+        or not isinstance(v, (bool, int, float, str))
+        for k, v in extra.items()
+    ):
         named = [str(k) for k in extra] if isinstance(extra, dict) else type(extra).__name__
         problem = f"its other attributes {named} are not plain marks (such as nn.Parameter's _is_param)"
     else:
@@ -140,14 +155,15 @@ def _identity_product(packed: torch.Tensor, scale: torch.Tensor, shape, dtype: t
         n = min(rows, columns - start)
         eye = torch.zeros(n, in_features, dtype=torch.int8, device=scale.device)
         eye[torch.arange(n), torch.arange(start, start + n)] = 1
-        result[:, start:start + n] = _matmul(eye, packed, scale, torch.float32).t()
+        result[:, start : start + n] = _matmul(eye, packed, scale, torch.float32).t()
     return result
 
 
 def _matmul(x_int8: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype):
     zero_points = torch.zeros(scale.shape[0], dtype=torch.long, device=scale.device)
-    return torch.ops.onednn.qlinear_pointwise(x_int8, 1.0, 0, packed, scale, zero_points, None, 1.0, 0,
-                                              out_dtype, "none", [], "")
+    return torch.ops.onednn.qlinear_pointwise(
+        x_int8, 1.0, 0, packed, scale, zero_points, None, 1.0, 0, out_dtype, "none", [], ""
+    )
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,7 +244,9 @@ def _(func, types, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, OnednnInt8Weight) and _symmetric_int8_dynamic(src):
         src = OnednnInt8Weight.from_int8(src.qdata, src.scale, dst.dtype)
-    if not (isinstance(dst, OnednnInt8Weight) and isinstance(src, OnednnInt8Weight) and dst.shape == src.shape):
+    if not (
+        isinstance(dst, OnednnInt8Weight) and isinstance(src, OnednnInt8Weight) and dst.shape == src.shape
+    ):
         raise ValueError(_refusal(src, dst))
     dst.packed.copy_(src.packed)
     dst.scale.copy_(src.scale)
@@ -236,13 +254,19 @@ def _(func, types, args, kwargs):
 
 
 def _refusal(src: torch.Tensor, dst: torch.Tensor) -> str:
-    return (f"cannot copy a {_form(src)} into a {_form(dst)}: an int8-dynamic packed weight loads only into a "
-            "model quantized the same way (load(..., quantize='int8-dynamic'), packed on this CPU or torchao's "
-            "under compile=True), and only such a weight, or torchao's int8-dynamic one, loads into a packed one")
+    return (
+        f"cannot copy a {_form(src)} into a {_form(dst)}: an int8-dynamic packed weight loads only into a "
+        "model quantized the same way (load(..., quantize='int8-dynamic'), packed on this CPU or torchao's "
+        "under compile=True), and only such a weight, or torchao's int8-dynamic one, loads into a packed one"
+    )
 
 
 def _form(t: torch.Tensor) -> str:
-    kind = "packed int8-dynamic weight" if isinstance(t, OnednnInt8Weight) else f"{type(t).__name__} of {t.dtype}"
+    kind = (
+        "packed int8-dynamic weight"
+        if isinstance(t, OnednnInt8Weight)
+        else f"{type(t).__name__} of {t.dtype}"
+    )
     return f"{kind} {list(t.shape)}"
 
 
@@ -258,10 +282,16 @@ def copies_and_saves(module: nn.Module) -> None:
             linear.register_load_state_dict_pre_hook(_unpack_a_packed_state)
 
 
-def _unpack_a_packed_state(linear, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
+def _unpack_a_packed_state(
+    linear, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs
+):
     key, weight = prefix + "weight", linear.weight
     saved = state_dict.get(key)
-    if not isinstance(saved, OnednnInt8Weight) or isinstance(weight, OnednnInt8Weight) or saved.shape != weight.shape:
+    if (
+        not isinstance(saved, OnednnInt8Weight)
+        or isinstance(weight, OnednnInt8Weight)
+        or saved.shape != weight.shape
+    ):
         return  # nothing of this hook's (a shape that differs: load_state_dict names it)
     if not _symmetric_int8_dynamic(weight):
         error_msgs.append(f'While copying the parameter named "{key}": {_refusal(saved, weight)}')
@@ -281,11 +311,14 @@ def pack_int8_dynamic(module: nn.Module) -> None:
     for linear in module.modules():
         w = getattr(linear, "weight", None)
         if isinstance(linear, nn.Linear) and _symmetric_int8_dynamic(w):
-            linear.weight = nn.Parameter(OnednnInt8Weight.from_int8(w.qdata, w.scale, w.dtype), requires_grad=False)
+            linear.weight = nn.Parameter(
+                OnednnInt8Weight.from_int8(w.qdata, w.scale, w.dtype), requires_grad=False
+            )
     for parent in list(module.modules()):
         experts = getattr(parent, "experts", None)
-        if type(experts) is ExpertList and all(isinstance(getattr(mlp, name).weight, OnednnInt8Weight)
-                                               for mlp in experts for name in PROJECTIONS):
+        if type(experts) is ExpertList and all(
+            isinstance(getattr(mlp, name).weight, OnednnInt8Weight) for mlp in experts for name in PROJECTIONS
+        ):
             parent.experts = OnednnInt8Experts(list(experts))
 
 

@@ -82,7 +82,9 @@ class DreamModel(nn.Module):
         Without ctx: the whole canvas, no padding, no cache."""
         m = self.model
         if ctx is None:
-            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta, default_attention_block(self.cfg))
+            ctx = Context.whole_canvas(
+                ids, self.cfg.head_dim, self.cfg.rope_theta, default_attention_block(self.cfg)
+            )
 
         x = m.embed_tokens(ids)
         for i, layer in enumerate(m.layers):
@@ -122,7 +124,9 @@ DREAM_USABLE_CONTEXT = 2048
 def read_dream_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     """The ModelConfig sizes of a Dream config.json (Qwen2 field names)."""
     if raw.get("rope_scaling"):
-        raise ModelLoadError(f"{source}: rope_scaling={raw['rope_scaling']!r} is not supported (expected null)")
+        raise ModelLoadError(
+            f"{source}: rope_scaling={raw['rope_scaling']!r} is not supported (expected null)"
+        )
     if raw.get("use_sliding_window"):
         raise ModelLoadError(f"{source}: use_sliding_window=true is not supported (expected false)")
     n_heads = get.int("num_attention_heads")
@@ -143,7 +147,12 @@ def read_dream_fields(raw: dict, get: ConfigFields, source: str) -> dict:
 
 # Confidence gating off, cache refresh every 8 steps (DESIGN.md).
 DREAM = Family(
-    name="dream", architectures=("DreamModel",), model_types=("dream",), read_fields=read_dream_fields,
-    model_class=DreamModel, confidence_gating=False, cache_refresh_every=8,
+    name="dream",
+    architectures=("DreamModel",),
+    model_types=("dream",),
+    read_fields=read_dream_fields,
+    model_class=DreamModel,
+    confidence_gating=False,
+    cache_refresh_every=8,
     description="Dream (Dream-org): Qwen2-shaped bidirectional transformer, shifted logits",
 )

@@ -41,7 +41,9 @@ class ElasticInputs:
     columns: torch.Tensor
     window: torch.Tensor
     refresh_from: int
-    block_at: torch.Tensor | None = None  # [R, block] index of each block position in `window` (0 where it is not)
+    block_at: torch.Tensor | None = (
+        None  # [R, block] index of each block position in `window` (0 where it is not)
+    )
     profiled: torch.Tensor | None = None
     tracked: list[list[int]] = field(default_factory=list)
     untrackable: list[list[int]] = field(default_factory=list)
@@ -49,7 +51,9 @@ class ElasticInputs:
     track: int = 1  # most-attended keys named per layer (the official track_num)
     test_from: int = 0  # the shallowest layer the drift test runs at
     firsts: list[int] = field(default_factory=list)  # the caller's: each row's first real column
-    whole: bool = False  # every column computed (a request's first forward): the rows' mask goes into the cache
+    whole: bool = (
+        False  # every column computed (a request's first forward): the rows' mask goes into the cache
+    )
     computed_pairs: int = 0
 
 
@@ -91,13 +95,17 @@ class ElasticContext(Context):
 
     def attend(self, layer: int, q, k, v, head_dim: int, rope_fp32: bool) -> torch.Tensor:
         R, n, _ = q.shape
-        queries = apply_rope(q.view(R, n, -1, head_dim).transpose(1, 2), self.cos, self.sin, rope_fp32)  # [R, H, n, hd]
+        queries = apply_rope(
+            q.view(R, n, -1, head_dim).transpose(1, 2), self.cos, self.sin, rope_fp32
+        )  # [R, H, n, hd]
         testing = layer < self.refresh_from and layer >= self.inputs.test_from
         before = [self._cached_attention(r, layer) if testing else None for r in range(R)]
         out = super().attend(layer, q, k, v, head_dim, rope_fp32)  # writes the computed columns' K/V first
         self.cache.queries[layer][self.row_ids, :, self.index] = queries.transpose(1, 2)
         drifted = False
-        for r in range(R):  # each row alone over its own real keys: its numbers never depend on its neighbours
+        for r in range(
+            R
+        ):  # each row alone over its own real keys: its numbers never depend on its neighbours
             if before[r] is not None:
                 drifted |= self._similarity(r, layer, before[r]) < self.inputs.gamma
             self._name_most_attended(r, layer)
@@ -107,7 +115,7 @@ class ElasticContext(Context):
 
     def _attention(self, r: int, layer: int, q_r: torch.Tensor) -> torch.Tensor:
         """softmax(q.k / sqrt(hd)) of queries [H, t, hd] over row r's real keys as cached now: [H, t, Lr]."""
-        key_r = self.cache.keys[layer][self.row_ids[r, 0], :, self._first(r):].float()
+        key_r = self.cache.keys[layer][self.row_ids[r, 0], :, self._first(r) :].float()
         key_r = key_r.repeat_interleave(q_r.shape[0] // key_r.shape[0], dim=0)
         return torch.softmax(q_r.float() @ key_r.transpose(1, 2) / math.sqrt(q_r.shape[-1]), dim=-1)
 
@@ -130,24 +138,50 @@ class ElasticContext(Context):
         q_r = self.cache.queries[layer][self.row_ids[r, 0], :, profiled[r]]  # [H, p, hd], just written
         weight = self._attention(r, layer, q_r).sum(dim=(0, 1))  # [Lr]
         first = self._first(r)
-        left_out = [c - first for c in (self.inputs.untrackable[r] if r < len(self.inputs.untrackable) else [])]
+        left_out = [
+            c - first for c in (self.inputs.untrackable[r] if r < len(self.inputs.untrackable) else [])
+        ]
         if left_out:
             weight[torch.tensor(left_out, device=weight.device)] = 0.0
         top = weight.topk(min(self.inputs.track, weight.shape[0])).indices
         self.named[r].update(int(c) for c in top)
 
 
-def elastic_context(mask, positions, rotary_dim, theta, inputs: ElasticInputs, *, rows, cache, real_from) -> ElasticContext:
-    ctx = ElasticContext.build(mask, positions, rotary_dim, theta, index=inputs.columns, targets=inputs.window,
-                               rows=rows, cache=cache, real_from=real_from, refresh_from=inputs.refresh_from,
-                               inputs=inputs, named=[set() for _ in range(mask.shape[0])])
-    ctx.rotary_dim, ctx.theta = rotary_dim, theta  # for widening to the whole canvas (build's own are its arguments)
+def elastic_context(
+    mask, positions, rotary_dim, theta, inputs: ElasticInputs, *, rows, cache, real_from
+) -> ElasticContext:
+    ctx = ElasticContext.build(
+        mask,
+        positions,
+        rotary_dim,
+        theta,
+        index=inputs.columns,
+        targets=inputs.window,
+        rows=rows,
+        cache=cache,
+        real_from=real_from,
+        refresh_from=inputs.refresh_from,
+        inputs=inputs,
+        named=[set() for _ in range(mask.shape[0])],
+    )
+    ctx.rotary_dim, ctx.theta = (
+        rotary_dim,
+        theta,
+    )  # for widening to the whole canvas (build's own are its arguments)
     return ctx
 
 
 @torch.no_grad()
-def forward_elastic(lm, ids, cache, inputs: ElasticInputs, rows=None, real_from: list[int] | None = None,
-                    mask: torch.Tensor | None = None, key_end: torch.Tensor | None = None) -> torch.Tensor:
+def forward_elastic(
+    lm,
+    ids,
+    cache,
+    inputs: ElasticInputs,
+    rows=None,
+    real_from: list[int] | None = None,
+    mask: torch.Tensor | None = None,
+    key_end: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The Elastic mode's forward (models/modes/elastic.py): float32 logits [R, k, V] of ``inputs.window`` of the
     selected rows of the canvas ``ids`` [B, L]; sets ``inputs.refresh_from``, ``inputs.tracked`` and
     ``inputs.computed_pairs``. The cache must hold every layer's input hidden states and queries
@@ -160,8 +194,16 @@ def forward_elastic(lm, ids, cache, inputs: ElasticInputs, rows=None, real_from:
         cache.attention_mask[r] = mask[r]
         cache.positions[r] = positions_from_mask(mask[r])
         cache.filled[r] = True
-    ctx = elastic_context(cache.attention_mask[r], cache.positions[r], c.rotary_dim, c.rope_theta, inputs,
-                          rows=rows, cache=cache, real_from=real_from)
+    ctx = elastic_context(
+        cache.attention_mask[r],
+        cache.positions[r],
+        c.rotary_dim,
+        c.rope_theta,
+        inputs,
+        rows=rows,
+        cache=cache,
+        real_from=real_from,
+    )
     ctx.key_end = key_end
     n = inputs.columns.shape[1]
     logits = lm.model(ids[r].gather(1, inputs.columns), ctx)

@@ -21,10 +21,13 @@ from .rnd1 import RND1
 from .sdar import SDAR
 from .stable_diffcoder import STABLE_DIFFCODER
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2,
-                                                                   DIFFUSION_GEMMA)}
+FAMILIES: dict[str, Family] = {
+    family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2, DIFFUSION_GEMMA)
+}
 
-FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1)})  # the 2026 derivatives (issue 46)
+FAMILIES.update(
+    {family.name: family for family in (STABLE_DIFFCODER, RND1)}
+)  # the 2026 derivatives (issue 46)
 
 
 def get_family(name: str) -> Family:
@@ -44,12 +47,15 @@ def family_of(raw: dict, source: str = "config.json") -> Family:
                     raise ModelLoadError(
                         f"{source}: architectures {raw.get('architectures')!r} name the {family.name} family but "
                         f"model_type {raw.get('model_type')!r} names {by_type.name}; the fields contradict each "
-                        "other (fix one of them)")
+                        "other (fix one of them)"
+                    )
                 return family
     if by_type is not None:
         return by_type
-    known = "; ".join(f"{f.name} (architectures {', '.join(f.architectures)}; model_type {', '.join(f.model_types)})"
-                      for f in FAMILIES.values())
+    known = "; ".join(
+        f"{f.name} (architectures {', '.join(f.architectures)}; model_type {', '.join(f.model_types)})"
+        for f in FAMILIES.values()
+    )
     raise ModelLoadError(
         f"{source}: unknown model architecture (architectures={raw.get('architectures')!r}, "
         f"model_type={raw.get('model_type')!r}); supported families: {known}"
@@ -85,7 +91,9 @@ def parse_config(raw: dict, source: str = "config.json") -> ModelConfig:
 
     fields["max_length"] = get.int("caidllm_max_length", fields["max_length"])
     if fields["max_length"] < 1:
-        raise ModelLoadError(f"{source}: the model's context length must be positive, got {fields['max_length']}")
+        raise ModelLoadError(
+            f"{source}: the model's context length must be positive, got {fields['max_length']}"
+        )
     eos_id = fields.pop("eos_id", None)  # a family may know its official end id when config.json has none
     if eos_id is None:
         eos_id = get.int("eos_token_id")

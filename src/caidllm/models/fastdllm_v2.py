@@ -40,8 +40,12 @@ class FastDLLMv2Model(DreamModel):
 
 # No confidence gating (its own decoder is a threshold decoder); its block cache is exact.
 FASTDLLM_V2 = Family(
-    name="fastdllm_v2", architectures=("Fast_dLLM_QwenForCausalLM",), model_types=("fast_dllm_qwen",),
-    read_fields=read_fastdllm_v2_fields, model_class=FastDLLMv2Model, confidence_gating=False,
+    name="fastdllm_v2",
+    architectures=("Fast_dLLM_QwenForCausalLM",),
+    model_types=("fast_dllm_qwen",),
+    read_fields=read_fastdllm_v2_fields,
+    model_class=FastDLLMv2Model,
+    confidence_gating=False,
     cache_refresh_every=16,
     description="Fast-dLLM v2 (NVlabs): Qwen2.5 made block-diffusion, blocks of 32, shifted logits",
     block_causal=True,

@@ -13,7 +13,14 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from .tokenizer import fast_tokenizer
 
 SPECIAL_TOKENS = {
-    "llada": ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    "llada": [
+        "<|startoftext|>",
+        "<|endoftext|>",
+        "<|mdm_mask|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+    ],
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"],
 }
 
@@ -84,8 +91,9 @@ def generated_tokenizer(family: str, max_length: int):
     """The generated tokenizer of `family` as a PreTrainedTokenizerFast (chat template and special
     tokens as in a written checkpoint), and the config.json token-id fields that go with it."""
     tok_config = tokenizer_config(family, max_length)
-    tokenizer = fast_tokenizer(tok_config, tok_config["chat_template"],
-                               tokenizer_object=build_tokenizer(SPECIAL_TOKENS[family]))
+    tokenizer = fast_tokenizer(
+        tok_config, tok_config["chat_template"], tokenizer_object=build_tokenizer(SPECIAL_TOKENS[family])
+    )
     fields = config_token_ids(family)
     if family == "llada":
         fields["bos_token_id"] = special_ids(family)["<|startoftext|>"]

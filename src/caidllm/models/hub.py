@@ -14,8 +14,15 @@ from ..errors import ModelLoadError
 
 # What the loader reads (models/loading.py); nothing else is downloaded.
 FILES_READ = [
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-    "chat_template.jinja", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "model.safetensors",
+    "model-*.safetensors",
+    "model.safetensors.index.json",
 ]
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?")
 
@@ -36,10 +43,18 @@ def download(name: str, cache_dir: str | Path | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
     repo_id, revision = split_hub_id(name)
-    folder = Path(_fetched(name, lambda: snapshot_download(repo_id, revision=revision, allow_patterns=FILES_READ,
-                                                           cache_dir=cache_dir)))
+    folder = Path(
+        _fetched(
+            name,
+            lambda: snapshot_download(
+                repo_id, revision=revision, allow_patterns=FILES_READ, cache_dir=cache_dir
+            ),
+        )
+    )
     if not (folder / "config.json").is_file():
-        raise ModelLoadError(f"{name}: the snapshot {folder} has no config.json: not a model in Hugging Face layout")
+        raise ModelLoadError(
+            f"{name}: the snapshot {folder} has no config.json: not a model in Hugging Face layout"
+        )
     return folder
 
 
@@ -53,28 +68,42 @@ def download_file(name: str, filename: str) -> Path:
 
 def _fetched(name: str, fetch):
     """fetch()'s result, or its huggingface_hub error as one ModelLoadError line naming the id."""
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     repo_id, revision = split_hub_id(name)
     at = f" at revision {revision!r}" if revision else ""
     try:
         return fetch()
     except RevisionNotFoundError:
-        raise ModelLoadError(f"{name}: the hub has no revision {revision!r} of {repo_id} "
-                             "(a branch, tag or commit hash after @)") from None
+        raise ModelLoadError(
+            f"{name}: the hub has no revision {revision!r} of {repo_id} "
+            "(a branch, tag or commit hash after @)"
+        ) from None
     except GatedRepoError:
-        raise ModelLoadError(f"{name}: {repo_id} is gated: accept its terms on huggingface.co and log in "
-                             "(huggingface-cli login, or HF_TOKEN)") from None
+        raise ModelLoadError(
+            f"{name}: {repo_id} is gated: accept its terms on huggingface.co and log in "
+            "(huggingface-cli login, or HF_TOKEN)"
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelLoadError(f"{name}: no model {repo_id} on the hub (or it is private: log in with "
-                             "huggingface-cli login, or set HF_TOKEN)") from None
+        raise ModelLoadError(
+            f"{name}: no model {repo_id} on the hub (or it is private: log in with "
+            "huggingface-cli login, or set HF_TOKEN)"
+        ) from None
     except LocalEntryNotFoundError:
         raise ModelLoadError(
             f"{name}: no local folder of that name, not in the Hugging Face cache{at}, and the hub cannot be "
             f"reached (HF_HUB_OFFLINE=1 or no "
             f"network); download it where there is a network (huggingface-cli download {repo_id}"
-            f"{' --revision ' + revision if revision else ''} --local-dir DIR) and pass --model DIR") from None
+            f"{' --revision ' + revision if revision else ''} --local-dir DIR) and pass --model DIR"
+        ) from None
     except (HfHubHTTPError, OSError) as error:
         first_line = str(error).splitlines()[0] if str(error) else ""
-        raise ModelLoadError(f"{name}: cannot fetch it from the hub: {type(error).__name__}: {first_line}") from None
+        raise ModelLoadError(
+            f"{name}: cannot fetch it from the hub: {type(error).__name__}: {first_line}"
+        ) from None

@@ -28,7 +28,9 @@ def parameter_counts(lm) -> tuple[int, int]:
     inactive = 0
     if c.moe is not None:
         per_expert = 3 * c.hidden_size * c.moe.moe_intermediate_size
-        inactive = (c.n_layers - c.dense_layers) * (c.moe.num_experts - c.moe.num_experts_per_tok) * per_expert
+        inactive = (
+            (c.n_layers - c.dense_layers) * (c.moe.num_experts - c.moe.num_experts_per_tok) * per_expert
+        )
     embedding = 0 if c.tie_embeddings else c.vocab_size * c.hidden_size
     return total, total - inactive - embedding
 
@@ -39,7 +41,9 @@ def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
     hidden states the early-skip mode keeps (es, default schedule); none keeps nothing. A block-causal
     model's block cache holds every layer's keys and values once."""
     size = DTYPE_BYTES[dtype]
-    if get_family(config.family).uniform:  # DiffusionGemma: its per-request canvas cache (layers of two shapes)
+    if get_family(
+        config.family
+    ).uniform:  # DiffusionGemma: its per-request canvas cache (layers of two shapes)
         with torch.device("meta"):
             return {"canvas": get_family(config.family).model_class(config).cache_bytes(length, size)}
     kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * length * size
@@ -52,10 +56,20 @@ def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
 def family_rows() -> list[dict]:
     """One row per registry entry: its name, the config.json names it answers to, what it is, and
     whether it is block-causal (the decode layer says which decoders and cache modes apply)."""
-    return [{"family": f.name, "architectures": list(f.architectures), "model_types": list(f.model_types),
-             "confidence_gating": f.confidence_gating, "cache_refresh_every": f.cache_refresh_every,
-             "description": f.description, "block_causal": f.block_causal, "block_lengths": [], "uniform": f.uniform}
-            for f in FAMILIES.values()]
+    return [
+        {
+            "family": f.name,
+            "architectures": list(f.architectures),
+            "model_types": list(f.model_types),
+            "confidence_gating": f.confidence_gating,
+            "cache_refresh_every": f.cache_refresh_every,
+            "description": f.description,
+            "block_causal": f.block_causal,
+            "block_lengths": [],
+            "uniform": f.uniform,
+        }
+        for f in FAMILIES.values()
+    ]
 
 
 def checkpoint_row(checkpoint: Checkpoint) -> dict:
@@ -71,9 +85,14 @@ def shape_figures(shape: str) -> dict:
 
     lm = load(f"random:{shape}", device="meta")
     total, active = parameter_counts(lm)
-    return {"architecture": lm.config.raw["architectures"][0], "parameters_total": total,
-            "parameters_active": active, "context": lm.config.max_length,
-            "block_causal": lm.config.block_causal, "block_lengths": list(lm.config.block_lengths)}
+    return {
+        "architecture": lm.config.raw["architectures"][0],
+        "parameters_total": total,
+        "parameters_active": active,
+        "context": lm.config.max_length,
+        "block_causal": lm.config.block_causal,
+        "block_lengths": list(lm.config.block_lengths),
+    }
 
 
 def checkpoint_rows() -> list[dict]:
@@ -117,7 +136,9 @@ def describe(name: str) -> Described:
     return Described(name, model, config, identify(config_file.parent, config.raw))
 
 
-def model_memory(lm, dtype: torch.dtype, length: int, quantize: str | None = None, quantize_head: bool = False) -> dict:
+def model_memory(
+    lm, dtype: torch.dtype, length: int, quantize: str | None = None, quantize_head: bool = False
+) -> dict:
     """Weights and per-request cache memory of a (meta) model in `dtype`, its layers' linear
     layers quantized with `quantize` (models/quantize.py) when given."""
     from .device import resolve_device
@@ -129,10 +150,19 @@ def model_memory(lm, dtype: torch.dtype, length: int, quantize: str | None = Non
     weights = total * DTYPE_BYTES[dtype]
     if quantize is not None or quantize_head:
         weights = expected_weights_bytes(lm.model, dtype, quantize, quantize_head)
-    return {"model": lm.name, "family": lm.config.family, "dtype": str(dtype).removeprefix("torch."),
-            "quantization": quantize, "quantized_head": quantize_head,
-            "head_quantization": QUANTIZATIONS[quantize].for_head(resolve_device(None).type).name
-            if quantize in QUANTIZATIONS and quantize_head else None,
-            "parameters_total": total, "parameters_active": active, "weights_bytes": weights,
-            "length": length, "context": lm.config.max_length,
-            "cache_bytes_per_request": cache_bytes(lm.config, length, dtype)}
+    return {
+        "model": lm.name,
+        "family": lm.config.family,
+        "dtype": str(dtype).removeprefix("torch."),
+        "quantization": quantize,
+        "quantized_head": quantize_head,
+        "head_quantization": QUANTIZATIONS[quantize].for_head(resolve_device(None).type).name
+        if quantize in QUANTIZATIONS and quantize_head
+        else None,
+        "parameters_total": total,
+        "parameters_active": active,
+        "weights_bytes": weights,
+        "length": length,
+        "context": lm.config.max_length,
+        "cache_bytes_per_request": cache_bytes(lm.config, length, dtype),
+    }

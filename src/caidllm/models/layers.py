@@ -25,7 +25,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x32.to(x.dtype) * weight
 
 
-def swiglu_weights(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+def swiglu_weights(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+) -> torch.Tensor:
     return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
 
@@ -42,7 +44,9 @@ class RMSNorm(nn.Module):
         return self.kernel(x, self.weight, self.eps)
 
 
-def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, kernel=swiglu_weights) -> torch.Tensor:
+def swiglu(
+    x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, kernel=swiglu_weights
+) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); `kernel` computes it from the weights (compiled.py may compile it)."""
     return kernel(x, gate.weight, up.weight, down.weight)
 
@@ -135,9 +139,13 @@ class Context:
     shift_within_computed: bool = False
     cache: KVCache | None = None
     key_mask: torch.Tensor | None = None  # [R, 1, 1, L]; None only for the training forward (whole_canvas)
-    targets: torch.Tensor | None = None  # [R, block] absolute columns to return logits for; None = all computed
+    targets: torch.Tensor | None = (
+        None  # [R, block] absolute columns to return logits for; None = all computed
+    )
     index: torch.Tensor | None = None  # [R, n] absolute columns computed at the current layer
-    fresh_from: torch.Tensor | None = None  # reading the prefix, rows at different starts: [R] first fresh column
+    fresh_from: torch.Tensor | None = (
+        None  # reading the prefix, rows at different starts: [R] first fresh column
+    )
     extra: int = 0  # positions left of the block computed for it (Dream's start-1)
     # Left-padded rows: each row's first real column. Attention then runs over each row's own
     # real keys, unmasked, so a row's numbers do not depend on how much padding the batch gives it.
@@ -159,8 +167,9 @@ class Context:
         self._row_groups = None
 
     @classmethod
-    def whole_canvas(cls, ids: torch.Tensor, head_dim: int, theta: float,
-                     attention_block: int | None = None) -> "Context":
+    def whole_canvas(
+        cls, ids: torch.Tensor, head_dim: int, theta: float, attention_block: int | None = None
+    ) -> "Context":
         """Every position of ``ids``, no padding, no cache (as in training)."""
         mask = torch.ones_like(ids, dtype=torch.bool)
         ctx = cls.build(mask, positions_from_mask(mask), head_dim, theta, attention_block=attention_block)
@@ -168,7 +177,9 @@ class Context:
         return ctx
 
     @classmethod
-    def explicit(cls, positions: torch.Tensor, attention: torch.Tensor, head_dim: int, theta: float) -> "Context":
+    def explicit(
+        cls, positions: torch.Tensor, attention: torch.Tensor, head_dim: int, theta: float
+    ) -> "Context":
         """Every position of the input, no cache, each with its own RoPE position and an
         explicit mask: ``attention`` [R, n, n] bool, True where query i may see key j.
         Block-diffusion training uses it: the noisy and the clean copy of a sequence side
@@ -178,8 +189,24 @@ class Context:
         return ctx
 
     @classmethod
-    def build(cls, mask, positions, head_dim, theta, *, index=None, lo=0, targets=None, fresh_from=None,
-              reads_cache=None, rows=None, cache=None, real_from=None, attention_block=None, **options):
+    def build(
+        cls,
+        mask,
+        positions,
+        head_dim,
+        theta,
+        *,
+        index=None,
+        lo=0,
+        targets=None,
+        fresh_from=None,
+        reads_cache=None,
+        rows=None,
+        cache=None,
+        real_from=None,
+        attention_block=None,
+        **options,
+    ):
         """mask, positions: [R, L] of the selected rows; index: [R, n] the computed columns (None: [lo, L));
         targets: [R, block] the columns whose logits come back (None: every computed one); reads_cache:
         None = whether index is given; attention_block: the block length of block-causal attention (None:
@@ -188,9 +215,22 @@ class Context:
         computed = positions[:, lo:] if index is None else positions.gather(1, index)
         cos, sin = rope_cos_sin(computed, head_dim, theta)
         reads_cache = index is not None if reads_cache is None else reads_cache
-        return cls(lo, rows, mask, cos, sin, reads_cache=reads_cache, cache=cache, targets=targets, index=index,
-                   fresh_from=fresh_from, real_from=real_from, attention_block=attention_block, positions=positions,
-                   **options)
+        return cls(
+            lo,
+            rows,
+            mask,
+            cos,
+            sin,
+            reads_cache=reads_cache,
+            cache=cache,
+            targets=targets,
+            index=index,
+            fresh_from=fresh_from,
+            real_from=real_from,
+            attention_block=attention_block,
+            positions=positions,
+            **options,
+        )
 
     @property
     def row_ids(self) -> torch.Tensor:
@@ -204,8 +244,9 @@ class Context:
     def row_groups(self) -> RowGroups:
         """The rows grouped by left padding, built at the first layer and kept for the others."""
         if self._row_groups is None:
-            self._row_groups = RowGroups(self.real_from, self.lo, self.index is not None, self.rows,
-                                         self.mask.device)
+            self._row_groups = RowGroups(
+                self.real_from, self.lo, self.index is not None, self.rows, self.mask.device
+            )
         return self._row_groups
 
     def target_offsets(self) -> torch.Tensor | None:
@@ -238,7 +279,7 @@ class Context:
         if c is None or level not in c.hidden or not self.keeps_hidden:
             return
         if self.index is None:
-            c.hidden[level][self.rows, self.lo:] = x
+            c.hidden[level][self.rows, self.lo :] = x
         else:
             c.hidden[level][self.row_ids, self.index] = x
 
@@ -257,7 +298,7 @@ class Context:
         from_cache = self.reads_cache  # the layer's cache is read, written in place first
         if not from_cache:
             keys, values = k, v
-            for cached_k, cached_v in (c.layer_tensors(layer) if c is not None else ()):
+            for cached_k, cached_v in c.layer_tensors(layer) if c is not None else ():
                 cached_k[rows] = k
                 cached_v[rows] = v
         elif self.index is None:
@@ -290,12 +331,15 @@ class Context:
         ends = None
         if self.key_end is not None:
             L, n = self.mask.shape[1], self.cos.shape[2]
-            ends = torch.arange(L, device=self.mask.device)[None, None, None, :] < self.key_end[:, None, None, None]
+            ends = (
+                torch.arange(L, device=self.mask.device)[None, None, None, :]
+                < self.key_end[:, None, None, None]
+            )
             ends = ends.expand(-1, 1, n, L)
         if self.attention_block is None:
             return ends
         if self.index is None:
-            queries = self.positions[:, self.lo:]
+            queries = self.positions[:, self.lo :]
         else:
             queries = self.positions.gather(1, self.index)
         visible = block_visibility(queries, self.positions, self.attention_block)

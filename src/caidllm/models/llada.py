@@ -61,7 +61,9 @@ class LLaDAModel(nn.Module):
         when it is None). Without ctx: the whole canvas, no padding, no cache."""
         t = self.model.transformer
         if ctx is None:
-            ctx = Context.whole_canvas(ids, self.cfg.head_dim, self.cfg.rope_theta, default_attention_block(self.cfg))
+            ctx = Context.whole_canvas(
+                ids, self.cfg.head_dim, self.cfg.rope_theta, default_attention_block(self.cfg)
+            )
 
         x = t.wte(ids)
         for i, block in enumerate(t.blocks):
@@ -113,14 +115,20 @@ def check_settings(raw: dict, source: str, supported: dict, family: str) -> None
     for key, allowed in supported.items():
         if raw.get(key) not in allowed:
             wanted = " or ".join(repr(a) for a in allowed if a is not None)
-            raise ModelLoadError(f"{source}: unsupported {family} setting {key}={raw.get(key)!r} (expected {wanted})")
+            raise ModelLoadError(
+                f"{source}: unsupported {family} setting {key}={raw.get(key)!r} (expected {wanted})"
+            )
 
 
 # Confidence gating on, cache refresh every 16 steps (DESIGN.md).
 LLADA = Family(
     # MMaDA-8B (Gen-Verse) is LLaDA's layout with a larger vocabulary (image codes): its text path runs here.
-    name="llada", architectures=("LLaDAModelLM", "MMadaModelLM"), model_types=("llada", "mmada"),
+    name="llada",
+    architectures=("LLaDAModelLM", "MMadaModelLM"),
+    model_types=("llada", "mmada"),
     read_fields=read_llada_fields,
-    model_class=LLaDAModel, confidence_gating=True, cache_refresh_every=16,
+    model_class=LLaDAModel,
+    confidence_gating=True,
+    cache_refresh_every=16,
     description="LLaDA (GSAI-ML): LLaMA-shaped bidirectional transformer, OLMo-style config.json",
 )

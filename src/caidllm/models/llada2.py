@@ -37,7 +37,10 @@ class LLaDA2Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: Context, layer: int) -> torch.Tensor:
         q, k, v = self.query_key_value(x).split(self.sizes, dim=-1)
         if self.qk_norm:
-            q, k = head_norm(q, self.query_layernorm, self.head_dim), head_norm(k, self.key_layernorm, self.head_dim)
+            q, k = (
+                head_norm(q, self.query_layernorm, self.head_dim),
+                head_norm(k, self.key_layernorm, self.head_dim),
+            )
         # cos/sin reach the model dtype before rotating, as in the official rotary embedding
         return self.dense(ctx.attend(layer, q, k, v, self.head_dim, rope_fp32=False))
 
@@ -52,13 +55,20 @@ class LLaDA2Model(DecoderLM):
     embedding_name = "word_embeddings"
 
     def __init__(self, config: ModelConfig):
-        super().__init__(config, [LLaDA2Layer(config, i, LLaDA2Attention(config)) for i in range(config.n_layers)])
+        super().__init__(
+            config, [LLaDA2Layer(config, i, LLaDA2Attention(config)) for i in range(config.n_layers)]
+        )
 
 
 # No confidence gating (the family's own decoders are threshold decoders); its cache is exact.
 LLADA2 = Family(
-    name="llada2", architectures=("LLaDA2MoeModelLM",), model_types=("llada2_moe",),
-    read_fields=read_llada2_fields, model_class=LLaDA2Model, confidence_gating=False, cache_refresh_every=16,
+    name="llada2",
+    architectures=("LLaDA2MoeModelLM",),
+    model_types=("llada2_moe",),
+    read_fields=read_llada2_fields,
+    model_class=LLaDA2Model,
+    confidence_gating=False,
+    cache_refresh_every=16,
     description="LLaDA2.0 / LLaDA2.1 (inclusionAI): block-diffusion MoE transformer, blocks of 32",
     block_causal=True,
 )

@@ -58,18 +58,29 @@ def read_llada_moe_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     if freq is None:
         freq = [1] * n_layers
     if not (isinstance(freq, list) and len(freq) == n_layers and all(f in (0, 1) for f in freq)):
-        raise ModelLoadError(f"{source}: field 'moe_layer_freq' = {freq!r} must list 0 (dense) or 1 (MoE) "
-                             f"for each of the {n_layers} layers")
+        raise ModelLoadError(
+            f"{source}: field 'moe_layer_freq' = {freq!r} must list 0 (dense) or 1 (MoE) "
+            f"for each of the {n_layers} layers"
+        )
     dense_layers = freq.index(1) if 1 in freq else n_layers
     if any(f == 0 for f in freq[dense_layers:]):  # the released checkpoints are MoE in every layer
-        raise ModelLoadError(f"{source}: field 'moe_layer_freq' = {freq!r}: caidllm runs dense layers first, then "
-                             "MoE ones (a dense layer after an MoE one is not supported)")
-    moe = MoEConfig(hidden_size=hidden, moe_intermediate_size=get.int("expert_intermediate_size"),
-                    num_experts=get.int("num_experts"), num_experts_per_tok=get.int("num_experts_per_tok"),
-                    score_function="softmax", norm_topk_prob=False,
-                    router_fp32=False)  # the official gate runs in the model dtype, its softmax in fp32
+        raise ModelLoadError(
+            f"{source}: field 'moe_layer_freq' = {freq!r}: caidllm runs dense layers first, then "
+            "MoE ones (a dense layer after an MoE one is not supported)"
+        )
+    moe = MoEConfig(
+        hidden_size=hidden,
+        moe_intermediate_size=get.int("expert_intermediate_size"),
+        num_experts=get.int("num_experts"),
+        num_experts_per_tok=get.int("num_experts_per_tok"),
+        score_function="softmax",
+        norm_topk_prob=False,
+        router_fp32=False,
+    )  # the official gate runs in the model dtype, its softmax in fp32
     # The dense layers' width: required only when some layer is dense (the released checkpoints have none).
-    dense_width = get.int("dense_intermediate_size") if dense_layers else get.int("dense_intermediate_size", 0)
+    dense_width = (
+        get.int("dense_intermediate_size") if dense_layers else get.int("dense_intermediate_size", 0)
+    )
     return dict(
         vocab_size=get.int("vocab_size"),
         hidden_size=hidden,
@@ -91,7 +102,12 @@ def read_llada_moe_fields(raw: dict, get: ConfigFields, source: str) -> dict:
 # LLaDA's decoding (the official generate is LLaDA's): confidence gating on, refresh every 16 steps.
 LLADA_MOE = Family(
     # The official config.json says model_type "llada": its architectures tell it from LLaDA's.
-    name="llada_moe", architectures=("LLaDAMoEModelLM",), model_types=("lladamoe", "llada_moe", "llada"),
-    read_fields=read_llada_moe_fields, model_class=LLaDAMoEModel, confidence_gating=True, cache_refresh_every=16,
+    name="llada_moe",
+    architectures=("LLaDAMoEModelLM",),
+    model_types=("lladamoe", "llada_moe", "llada"),
+    read_fields=read_llada_moe_fields,
+    model_class=LLaDAMoEModel,
+    confidence_gating=True,
+    cache_refresh_every=16,
     description="LLaDA-MoE (inclusionAI): OLMoE-shaped, QK-norm, 64 experts top-8 (models/moe.py)",
 )

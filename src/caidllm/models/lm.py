@@ -25,8 +25,17 @@ class DiffusionLM:
     aligned to positions, `new_cache`, chat encoding and decoding; `generate` is the decoders'
     (registered by caidllm.decode)."""
 
-    def __init__(self, model, config: ModelConfig, tokenizer, device: torch.device, dtype: torch.dtype, path=None,
-                 quantization: str | None = None, quantized_head: bool = False):
+    def __init__(
+        self,
+        model,
+        config: ModelConfig,
+        tokenizer,
+        device: torch.device,
+        dtype: torch.dtype,
+        path=None,
+        quantization: str | None = None,
+        quantized_head: bool = False,
+    ):
         self.model = model
         self.config = config
         self.tokenizer = tokenizer
@@ -39,7 +48,9 @@ class DiffusionLM:
         # self.dtype stays the activations' (and embeddings', norms', cache's) dtype
         self.quantization = quantization
         self.quantized_head = quantized_head
-        self.name = str(path) if path is not None else None  # what it was loaded by (folder, hub id, random:...)
+        self.name = (
+            str(path) if path is not None else None
+        )  # what it was loaded by (folder, hub id, random:...)
         self.checkpoint = None  # the known public checkpoint it is (models/checkpoints.py), if any
 
     @property
@@ -64,8 +75,9 @@ class DiffusionLM:
         return self.forward(input_ids, attention_mask)
 
     @torch.no_grad()
-    def forward(self, input_ids, attention_mask=None, cache: KVCache | None = None,
-                mode: ForwardMode | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids, attention_mask=None, cache: KVCache | None = None, mode: ForwardMode | None = None
+    ) -> torch.Tensor:
         """Float32 logits [R, end - start, V] of the mode's block for its selected rows (all by
         default). input_ids / attention_mask: the full [B, L] canvas (mask: 1 = real token, left
         padding); cache: a KVCache from new_cache (a full forward fills it, the other modes read it);
@@ -74,13 +86,15 @@ class DiffusionLM:
         mode = Full() if mode is None else mode
         if not isinstance(mode, ForwardMode):
             known = ", ".join(f"{cls.__name__} ({name!r})" for name, cls in FORWARD_MODES.items())
-            raise InputError(f"mode must be a forward-mode object from caidllm.models.modes ({known}); "
-                             f"got {mode!r}")
+            raise InputError(
+                f"mode must be a forward-mode object from caidllm.models.modes ({known}); got {mode!r}"
+            )
         return mode.run(self, mode.resolve(self, input_ids, attention_mask, cache))
 
     @torch.no_grad()
-    def forward_with_attention(self, ids: torch.Tensor, positions: torch.Tensor, attention: torch.Tensor,
-                               targets: torch.Tensor) -> torch.Tensor:
+    def forward_with_attention(
+        self, ids: torch.Tensor, positions: torch.Tensor, attention: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         """Float32 logits [R, k, V] at columns ``targets`` [R, k] of a canvas ``ids`` [R, n] whose
         RoPE ``positions`` [R, n] and query-by-key ``attention`` [R, 1, n, n] (bool, True = attends)
         the caller gives: no padding, no cache. For decoders whose forward is not a plain canvas
@@ -91,7 +105,9 @@ class DiffusionLM:
         ctx.key_mask, ctx.targets = attention, targets
         return self.model(ids, ctx)
 
-    def new_cache(self, batch_size: int, length: int, *, skip_schedule=None, every_layer: bool = False) -> KVCache:
+    def new_cache(
+        self, batch_size: int, length: int, *, skip_schedule=None, every_layer: bool = False
+    ) -> KVCache:
         """An empty cache for a [batch_size, length] canvas; fill it with a Full forward.
         With an early-skip schedule it also keeps the hidden states EarlySkipping reads; with
         every_layer, those of every layer's input and its queries (Elastic)."""
@@ -104,9 +120,18 @@ class DiffusionLM:
                 raise InputError(f"new_cache: {name} must be a positive int, got {value!r}")
         if length > c.max_length:
             raise InputError(f"new_cache: length {length} exceeds the model's max_length {c.max_length}")
-        return KVCache.allocate(c.n_layers, batch_size, c.n_kv_heads, length, c.head_dim, self.device, self.dtype,
-                                hidden_levels=levels, hidden_size=c.hidden_size,
-                                n_heads=c.n_heads if every_layer else None)
+        return KVCache.allocate(
+            c.n_layers,
+            batch_size,
+            c.n_kv_heads,
+            length,
+            c.head_dim,
+            self.device,
+            self.dtype,
+            hidden_levels=levels,
+            hidden_size=c.hidden_size,
+            n_heads=c.n_heads if every_layer else None,
+        )
 
     # ---- decoding -------------------------------------------------------
 
@@ -135,11 +160,15 @@ class DiffusionLM:
         """Token ids of a conversation ([{"role", "content"}, ...]) through the chat
         template, ending with the assistant generation prompt (tools: the template's, when it has them)."""
         if not self.tokenizer.chat_template:
-            raise InputError(f"{self.name or self.path} has no chat template (its tokenizer_config.json has no "
-                             "chat_template: a base model?); decode the prompt as raw text with chat=False "
-                             "(--no-chat on the command line)")
+            raise InputError(
+                f"{self.name or self.path} has no chat template (its tokenizer_config.json has no "
+                "chat_template: a base model?); decode the prompt as raw text with chat=False "
+                "(--no-chat on the command line)"
+            )
         extra = {"tools": tools} if tools else {}
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **extra
+        )
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids) -> str:

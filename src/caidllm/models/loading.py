@@ -21,8 +21,14 @@ from .lm import DiffusionLM
 from .moe import set_moe_kernel
 from .moe_experts import ExpertStacks
 from .moe_kernels import check_kernel
-from .quantize import (QuantizePlan, check_not_quantized, check_quantization, decoder_layers, is_quantized_tensor,
-                       make_plan)
+from .quantize import (
+    QuantizePlan,
+    check_not_quantized,
+    check_quantization,
+    decoder_layers,
+    is_quantized_tensor,
+    make_plan,
+)
 from .random_init import build_random, is_random_name, random_raw_config
 from .tokenizer import END_OF_TURN, fast_tokenizer
 
@@ -31,8 +37,16 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd", "tiny-moe": ASSETS / "tiny-moe"}
 
 
-def load(path_or_name, device=None, dtype=None, compile: bool = False, quantize: str | None = None,
-         quantize_head: bool = False, moe_kernel: str = "auto", shard=None) -> DiffusionLM:
+def load(
+    path_or_name,
+    device=None,
+    dtype=None,
+    compile: bool = False,
+    quantize: str | None = None,
+    quantize_head: bool = False,
+    moe_kernel: str = "auto",
+    shard=None,
+) -> DiffusionLM:
     """Load a LLaDA or Dream model from a local folder (or the embedded "tiny"), or
     build one with random weights: "random:llada-8b", "random:dream-7b", with
     config.json overrides as a query string ("random:llada-8b?n_layers=4"; random_init.py).
@@ -78,16 +92,27 @@ def _check_compile_quantized(path_or_name, device, dtype, quantize) -> None:
 
 def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None, pack=True) -> DiffusionLM:
     if is_random_name(path_or_name):
-        return build_random(path_or_name, resolve_device(device), dtype, quantize=quantize, quantize_head=quantize_head,
-                            pack=pack)
+        return build_random(
+            path_or_name,
+            resolve_device(device),
+            dtype,
+            quantize=quantize,
+            quantize_head=quantize_head,
+            pack=pack,
+        )
     folder, hub_id = resolve_folder(path_or_name)
     config = load_config(folder / "config.json")
     checkpoint = identify(folder, config.raw, hub_id)
     if checkpoint is not None:  # its recommended gating and f, unless config.json sets its own
-        config = replace(config, confidence_gating=config.raw.get("caidllm_confidence_gating",
-                                                                  checkpoint.recommended.confidence_gating),
-                         cache_refresh_every=config.raw.get("caidllm_cache_refresh_every",
-                                                            checkpoint.recommended.refresh_every))
+        config = replace(
+            config,
+            confidence_gating=config.raw.get(
+                "caidllm_confidence_gating", checkpoint.recommended.confidence_gating
+            ),
+            cache_refresh_every=config.raw.get(
+                "caidllm_cache_refresh_every", checkpoint.recommended.refresh_every
+            ),
+        )
     device = resolve_device(device)
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     check_device_dtype(device, dtype)
@@ -95,8 +120,16 @@ def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None, pack
     plan = make_plan(quantize, device, dtype, quantize_head, pack)  # before any weight is read
     tokenizer, config = load_tokenizer(folder, config)
     model = load_model(folder, config, device, dtype, plan, shard)
-    lm = DiffusionLM(model, config, tokenizer, device, dtype, path=folder, quantization=quantize,
-                     quantized_head=quantize_head)
+    lm = DiffusionLM(
+        model,
+        config,
+        tokenizer,
+        device,
+        dtype,
+        path=folder,
+        quantization=quantize,
+        quantized_head=quantize_head,
+    )
     lm.name, lm.checkpoint = hub_id or str(path_or_name), checkpoint
     lm.sharded = shard is not None
     return lm
@@ -110,7 +143,9 @@ def resolve_folder(path_or_name) -> tuple[Path, str | None]:
     if isinstance(path_or_name, str) and path_or_name in EMBEDDED:
         folder = EMBEDDED[path_or_name]
         if not (folder / "config.json").is_file():
-            raise ModelLoadError(f"the embedded model {path_or_name!r} is not installed (expected it at {folder})")
+            raise ModelLoadError(
+                f"the embedded model {path_or_name!r} is not installed (expected it at {folder})"
+            )
         return folder, None
     folder = Path(path_or_name).expanduser()
     if not folder.exists() and isinstance(path_or_name, str) and is_hub_id(path_or_name):
@@ -143,16 +178,26 @@ def load_tokenizer(folder: Path, config: ModelConfig):
 
     n = len(tokenizer)
     if n > config.vocab_size:
-        raise ModelLoadError(f"{tok_file} has {n} tokens but the model's vocabulary has only {config.vocab_size}")
-    generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+        raise ModelLoadError(
+            f"{tok_file} has {n} tokens but the model's vocabulary has only {config.vocab_size}"
+        )
+    generation = (
+        _read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}
+    )
     # a uniform-state family (DiffusionGemma) has no mask token: its canvases start as random tokens
-    mask_id = None if get_family(config.family).uniform else checkpoint_mask_id(tokenizer, config, generation, folder)
+    mask_id = (
+        None
+        if get_family(config.family).uniform
+        else checkpoint_mask_id(tokenizer, config, generation, folder)
+    )
     if tokenizer.mask_token is None and mask_id is not None:
         tokenizer.mask_token = tokenizer.convert_ids_to_tokens(mask_id)
     for name in ("eos_id", "pad_id"):
         value = getattr(config, name)
         if not 0 <= value < config.vocab_size:
-            raise ModelLoadError(f"config.json {name}={value} is outside the vocabulary (size {config.vocab_size})")
+            raise ModelLoadError(
+                f"config.json {name}={value} is outside the vocabulary (size {config.vocab_size})"
+            )
 
     # Every id the checkpoint's own files give as an end: config.json's and generation_config.json's
     # eos, the tokenizer's eos and pad (an instruct model fills the tail with it: DiffuCoder's
@@ -174,24 +219,34 @@ def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder:
     tokens are an error (never a silent choice)."""
     n = len(tokenizer)
     named = {}
-    for source, value in (("config.json mask_token_id", config.mask_id),
-                          ("generation_config.json mask_token_id", generation.get("mask_token_id"))):
+    for source, value in (
+        ("config.json mask_token_id", config.mask_id),
+        ("generation_config.json mask_token_id", generation.get("mask_token_id")),
+    ):
         if isinstance(value, int) and not isinstance(value, bool):
             named[source] = value
     if tokenizer.mask_token is not None:
         named["tokenizer_config.json mask_token"] = tokenizer.convert_tokens_to_ids(tokenizer.mask_token)
     if not named:
-        raise ModelLoadError(f"{folder}: no mask token: config.json has no mask_token_id and tokenizer_config.json "
-                             "no mask_token (a masked diffusion model needs one)")
+        raise ModelLoadError(
+            f"{folder}: no mask token: config.json has no mask_token_id and tokenizer_config.json "
+            "no mask_token (a masked diffusion model needs one)"
+        )
     for source, mask_id in named.items():
         token = tokenizer.convert_ids_to_tokens(mask_id) if 0 <= mask_id < n else None
         if token is None:
-            raise ModelLoadError(f"{source} {mask_id} is not a token of {folder / 'tokenizer.json'} ({n} tokens)")
+            raise ModelLoadError(
+                f"{source} {mask_id} is not a token of {folder / 'tokenizer.json'} ({n} tokens)"
+            )
         if "mask" not in token.lower() and token != tokenizer.mask_token:
-            raise ModelLoadError(f"token {token!r} at {source.split()[1]} {mask_id} is not a mask token ({source})")
+            raise ModelLoadError(
+                f"token {token!r} at {source.split()[1]} {mask_id} is not a mask token ({source})"
+            )
     if len(set(named.values())) > 1:
-        raise ModelLoadError(f"{folder}: the mask token ids disagree: "
-                             + ", ".join(f"{source} = {i}" for source, i in named.items()))
+        raise ModelLoadError(
+            f"{folder}: the mask token ids disagree: "
+            + ", ".join(f"{source} = {i}" for source, i in named.items())
+        )
     return next(iter(named.values()))
 
 
@@ -222,8 +277,14 @@ def _read_json(path: Path):
 # ---- weights ----------------------------------------------------------------
 
 
-def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype,
-               plan: QuantizePlan | None = None, shard=None):
+def load_model(
+    folder: Path,
+    config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    plan: QuantizePlan | None = None,
+    shard=None,
+):
     """Build the module without memory (meta device), check every checkpoint
     tensor's name and shape against it, then assign the tensors read straight
     onto `device` in `dtype`: the weights are materialised once. With a
@@ -240,8 +301,10 @@ def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: t
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
     if shard is not None and get_family(config.family).uniform:
-        raise ModelLoadError(f"--tp: tensor parallelism is not implemented for the {config.family} family; "
-                             "load it on one device")
+        raise ModelLoadError(
+            f"--tp: tensor parallelism is not implemented for the {config.family} family; "
+            "load it on one device"
+        )
     if shard is not None:  # a tensor-parallel rank: its part of each tensor only (parallel/loading.py)
         return shard(model, config, where, found, device, dtype).eval()
 
@@ -274,7 +337,9 @@ def _own_copies(layer) -> None:
     for module in layer.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             if not is_quantized_tensor(param):
-                module._parameters[name] = torch.nn.Parameter(param.clone(), requires_grad=param.requires_grad)
+                module._parameters[name] = torch.nn.Parameter(
+                    param.clone(), requires_grad=param.requires_grad
+                )
         for name, buffer in list(module.named_buffers(recurse=False)):
             module._buffers[name] = buffer.clone()
 
@@ -311,8 +376,14 @@ def weight_files(folder: Path) -> dict[str, Path]:
     if single.is_file():
         return {name: single for name in _file_names(single)}
     pickles = sorted(p.name for p in folder.glob("*.bin"))
-    hint = f" ({', '.join(pickles[:2])} found: caidllm reads safetensors only, never .bin pickles)" if pickles else ""
-    raise ModelLoadError(f"no weights in {folder}: expected model.safetensors or model.safetensors.index.json{hint}")
+    hint = (
+        f" ({', '.join(pickles[:2])} found: caidllm reads safetensors only, never .bin pickles)"
+        if pickles
+        else ""
+    )
+    raise ModelLoadError(
+        f"no weights in {folder}: expected model.safetensors or model.safetensors.index.json{hint}"
+    )
 
 
 def _file_names(file: Path) -> list[str]:
@@ -332,11 +403,15 @@ def _check_weights(where: dict[str, Path], expected: dict[str, tuple], config: M
     # Rotary tables are recomputed, and a tied head duplicated in the file is the embedding.
     tied_heads = {"model.transformer.ff_out.weight", "lm_head.weight"} if config.tie_embeddings else set()
     ignores = get_family(config.family).ignores_weight or (lambda name: False)  # a vision tower, tied copies
-    names = [n for n in where if not n.endswith("rotary_emb.inv_freq") and n not in tied_heads and not ignores(n)]
+    names = [
+        n for n in where if not n.endswith("rotary_emb.inv_freq") and n not in tied_heads and not ignores(n)
+    ]
     missing = sorted(set(expected) - set(names))
     unexpected = sorted(set(names) - set(expected))
     if unexpected:
-        raise ModelLoadError(f"unexpected tensors in the checkpoint for a {config.family} model: {_few(unexpected)}")
+        raise ModelLoadError(
+            f"unexpected tensors in the checkpoint for a {config.family} model: {_few(unexpected)}"
+        )
     if missing:
         raise ModelLoadError(f"tensors missing from the checkpoint: {_few(missing)}")
 
@@ -346,7 +421,9 @@ def _check_weights(where: dict[str, Path], expected: dict[str, tuple], config: M
                 present = set(f.keys())
                 for name in file_names:
                     if name not in present:
-                        raise ModelLoadError(f"tensor {name} is listed for {file.name} but that file does not hold it")
+                        raise ModelLoadError(
+                            f"tensor {name} is listed for {file.name} but that file does not hold it"
+                        )
                     shape = tuple(f.get_slice(name).get_shape())
                     if shape != expected[name]:
                         raise ModelLoadError(

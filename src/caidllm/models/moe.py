@@ -64,33 +64,55 @@ class MoEConfig:
 
     def __post_init__(self):
         if self.score_function not in SCORE_FUNCTIONS:
-            raise ModelLoadError(f"MoE routing: unknown score_function={self.score_function!r}; "
-                                 f"expected one of {sorted(SCORE_FUNCTIONS)}")
-        for name in ("hidden_size", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
-                     "n_group", "topk_group", "group_top"):
+            raise ModelLoadError(
+                f"MoE routing: unknown score_function={self.score_function!r}; "
+                f"expected one of {sorted(SCORE_FUNCTIONS)}"
+            )
+        for name in (
+            "hidden_size",
+            "moe_intermediate_size",
+            "num_experts",
+            "num_experts_per_tok",
+            "n_group",
+            "topk_group",
+            "group_top",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ModelLoadError(f"MoE routing: {name}={value!r} must be a positive integer")
-        if isinstance(self.num_shared_experts, bool) or not isinstance(self.num_shared_experts, int) \
-                or self.num_shared_experts < 0:
-            raise ModelLoadError(f"MoE routing: num_shared_experts={self.num_shared_experts!r} "
-                                 "must be a non-negative integer")
+        if (
+            isinstance(self.num_shared_experts, bool)
+            or not isinstance(self.num_shared_experts, int)
+            or self.num_shared_experts < 0
+        ):
+            raise ModelLoadError(
+                f"MoE routing: num_shared_experts={self.num_shared_experts!r} must be a non-negative integer"
+            )
         if self.num_experts % self.n_group:
-            raise ModelLoadError(f"MoE routing: num_experts={self.num_experts} is not divisible "
-                                 f"into n_group={self.n_group} groups")
+            raise ModelLoadError(
+                f"MoE routing: num_experts={self.num_experts} is not divisible "
+                f"into n_group={self.n_group} groups"
+            )
         if self.topk_group > self.n_group:
             raise ModelLoadError(f"MoE routing: topk_group={self.topk_group} exceeds n_group={self.n_group}")
         per_group = self.num_experts // self.n_group
         if self.n_group > 1 and self.group_top > per_group:
-            raise ModelLoadError(f"MoE routing: group_top={self.group_top} exceeds the {per_group} experts "
-                                 "of a group")
+            raise ModelLoadError(
+                f"MoE routing: group_top={self.group_top} exceeds the {per_group} experts of a group"
+            )
         if self.num_experts_per_tok > self.topk_group * per_group:
             raise ModelLoadError(
                 f"MoE routing: num_experts_per_tok={self.num_experts_per_tok} exceeds the "
                 f"{self.topk_group * per_group} experts eligible (topk_group={self.topk_group} groups "
-                f"of {per_group})")
+                f"of {per_group})"
+            )
         scale = self.routed_scaling_factor
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not math.isfinite(scale)
+            or scale <= 0
+        ):
             raise ModelLoadError(f"MoE routing: routed_scaling_factor={scale!r} must be a positive number")
 
     @property
@@ -188,8 +210,9 @@ class MoEFeedForward(nn.Module):
         self.experts = StackedExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_experts = None
         if config.num_shared_experts:
-            self.shared_experts = ExpertMLP(config.hidden_size,
-                                            config.moe_intermediate_size * config.num_shared_experts)
+            self.shared_experts = ExpertMLP(
+                config.hidden_size, config.moe_intermediate_size * config.num_shared_experts
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -206,7 +229,9 @@ def set_moe_kernel(model: nn.Module, kernel: str) -> None:
     native); InputError for an unknown one, a stacked-only kernel on quantized experts, or native
     where it cannot run (no compiler, not a CPU, the CPU lacks its instructions)."""
     # MoEFeedForward, and any family's layer that runs routed experts itself (runs_experts: DiffusionGemma's)
-    layers = [m for m in model.modules() if isinstance(m, MoEFeedForward) or getattr(m, "runs_experts", False)]
+    layers = [
+        m for m in model.modules() if isinstance(m, MoEFeedForward) or getattr(m, "runs_experts", False)
+    ]
     quantized = any(not isinstance(m.experts, StackedExperts) for m in layers)
     check_kernel(kernel, quantized, [m.experts for m in layers])
     for layer in layers:
@@ -218,4 +243,7 @@ def expert_parameter_counts(config: MoEConfig) -> tuple[int, int]:
     expert = 3 * config.hidden_size * config.moe_intermediate_size
     router = config.num_experts * config.hidden_size
     shared = expert * config.num_shared_experts
-    return router + expert * config.num_experts + shared, router + expert * config.num_experts_per_tok + shared
+    return (
+        router + expert * config.num_experts + shared,
+        router + expert * config.num_experts_per_tok + shared,
+    )

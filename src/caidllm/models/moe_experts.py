@@ -70,8 +70,9 @@ class StackedExperts(nn.Module):
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e's SwiGLU of x [n, hidden] (the loop kernel's step)."""
-        return F.linear(self.activation(F.linear(x, self.gate_proj[e])) * F.linear(x, self.up_proj[e]),
-                        self.down_proj[e])
+        return F.linear(
+            self.activation(F.linear(x, self.gate_proj[e])) * F.linear(x, self.up_proj[e]), self.down_proj[e]
+        )
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for name in PROJECTIONS:
@@ -79,16 +80,19 @@ class StackedExperts(nn.Module):
             for e in range(self.num_experts):
                 destination[f"{prefix}{e}.{name}.weight"] = stacked[e] if keep_vars else stacked[e].detach()
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         assign = local_metadata.get("assign_to_params_buffers", False)
         for name in PROJECTIONS:
             current = getattr(self, name)
             whole = state_dict.get(prefix + name)
             if whole is not None:
                 if tuple(whole.shape) != tuple(current.shape):
-                    error_msgs.append(f"size mismatch for {prefix}{name}: copying a param with shape "
-                                      f"{list(whole.shape)}, the shape in current model is {list(current.shape)}.")
+                    error_msgs.append(
+                        f"size mismatch for {prefix}{name}: copying a param with shape "
+                        f"{list(whole.shape)}, the shape in current model is {list(current.shape)}."
+                    )
                     continue
             else:
                 keys = [f"{prefix}{e}.{name}.weight" for e in range(self.num_experts)]
@@ -98,14 +102,18 @@ class StackedExperts(nn.Module):
                     continue
                 wrong = [k for k in keys if tuple(state_dict[k].shape) != tuple(current.shape[1:])]
                 if wrong:
-                    error_msgs.append(f"size mismatch for {wrong[0]}: copying a param with shape "
-                                      f"{list(state_dict[wrong[0]].shape)}, the shape in current model is "
-                                      f"{list(current.shape[1:])}.")
+                    error_msgs.append(
+                        f"size mismatch for {wrong[0]}: copying a param with shape "
+                        f"{list(state_dict[wrong[0]].shape)}, the shape in current model is "
+                        f"{list(current.shape[1:])}."
+                    )
                     continue
                 whole = [state_dict[k] for k in keys]
             self._set(name, current, whole, assign)
         if strict:
-            unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and not self._knows(k[len(prefix):]))
+            unexpected_keys.extend(
+                k for k in state_dict if k.startswith(prefix) and not self._knows(k[len(prefix) :])
+            )
 
     @torch.no_grad()
     def _set(self, name: str, current: torch.Tensor, whole, assign: bool) -> None:
@@ -122,7 +130,9 @@ class StackedExperts(nn.Module):
         if key in PROJECTIONS:
             return True
         index, _, rest = key.partition(".")
-        return index.isdigit() and int(index) < self.num_experts and rest in {f"{p}.weight" for p in PROJECTIONS}
+        return (
+            index.isdigit() and int(index) < self.num_experts and rest in {f"{p}.weight" for p in PROJECTIONS}
+        )
 
 
 class ExpertList(nn.ModuleList):
@@ -171,7 +181,9 @@ class ExpertStacks:
         prefix, e, projection = match.groups()
         key = prefix.removesuffix(".") + "." + projection
         if key not in self.stacks:
-            experts = sum(1 for n in self.shapes if n.startswith(prefix) and n.endswith(f".{projection}.weight"))
+            experts = sum(
+                1 for n in self.shapes if n.startswith(prefix) and n.endswith(f".{projection}.weight")
+            )
             self.stacks[key] = torch.empty((experts, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
         self.stacks[key][int(e)].copy_(tensor)
         return True

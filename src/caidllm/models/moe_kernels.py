@@ -60,12 +60,21 @@ def sort_pairs(chosen: torch.Tensor, num_experts: int) -> SortedPairs:
     flat = chosen.reshape(-1)
     order = flat.argsort(stable=True)
     # Counted by a scatter-add, not bincount: CUDA's bincount reads the largest id on the host.
-    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
-    return SortedPairs(order=order, token=order // chosen.shape[1], expert=flat[order], counts=counts,
-                       ends=counts.cumsum(0).to(torch.int32))
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).index_add_(
+        0, flat, torch.ones_like(flat)
+    )
+    return SortedPairs(
+        order=order,
+        token=order // chosen.shape[1],
+        expert=flat[order],
+        counts=counts,
+        ends=counts.cumsum(0).to(torch.int32),
+    )
 
 
-def combine(x: torch.Tensor, pairs: SortedPairs, outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def combine(
+    x: torch.Tensor, pairs: SortedPairs, outputs: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
     """sum_j weights[t, j] * output of (t, j), in fp32 and choice order, cast to x's dtype.
 
     The outputs go back to their (token, choice) slots and each token sums its own k: a fixed
@@ -81,12 +90,15 @@ def combine(x: torch.Tensor, pairs: SortedPairs, outputs: torch.Tensor, weights:
 def _each_expert(experts, x, chosen, weights, expert_on_rows: Callable) -> torch.Tensor:
     """Sort the pairs, read the counts on the host (one sync), run expert_on_rows(e, rows) on each
     chosen expert's contiguous slice in turn, and combine."""
+
     def run_rows(routed_inputs: torch.Tensor, counts: list[int]) -> torch.Tensor:
         routed_outputs = torch.empty_like(routed_inputs)
         start = 0
         for e, count in enumerate(counts):
             if count:
-                routed_outputs[start:start + count] = expert_on_rows(e, routed_inputs[start:start + count])
+                routed_outputs[start : start + count] = expert_on_rows(
+                    e, routed_inputs[start : start + count]
+                )
                 start += count
         return routed_outputs
 
@@ -128,14 +140,17 @@ def padded_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     slot = torch.arange(pairs.token.shape[0], device=x.device) - starts[pairs.expert]
     buffer = x.new_zeros(experts.num_experts, tokens, x.shape[-1])
     buffer[pairs.expert, slot] = x[pairs.token]
-    hidden = experts.activation(torch.bmm(buffer, experts.gate_proj.transpose(1, 2))) \
-        * torch.bmm(buffer, experts.up_proj.transpose(1, 2))
+    hidden = experts.activation(torch.bmm(buffer, experts.gate_proj.transpose(1, 2))) * torch.bmm(
+        buffer, experts.up_proj.transpose(1, 2)
+    )
     out = torch.bmm(hidden, experts.down_proj.transpose(1, 2))
     return combine(x, pairs, out[pairs.expert, slot], weights)
 
 
 # oneDNN's fp32 matmul on a plain (not reordered) weight: absent from builds without mkldnn.
-_ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+_ONEDNN_LINEAR = (
+    getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+)
 ONEDNN_MIN_ROWS = 3  # fewer fp32 rows run faster on torch's own path (BENCHMARKS.md, MoE section)
 
 
@@ -145,8 +160,12 @@ def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     product, more as weight @ rows.T (the output transposed); anything else F.linear. oneDNN's
     linear has no autograd formula (its backward silently gives no gradient): not while training."""
     if rows.device.type == "cpu":
-        if rows.dtype == torch.float32 and rows.shape[0] >= ONEDNN_MIN_ROWS and _ONEDNN_LINEAR is not None \
-                and not (torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)):
+        if (
+            rows.dtype == torch.float32
+            and rows.shape[0] >= ONEDNN_MIN_ROWS
+            and _ONEDNN_LINEAR is not None
+            and not (torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad))
+        ):
             return _ONEDNN_LINEAR(rows, weight, None, "none", [], "")
         if rows.dtype == torch.bfloat16:
             if rows.shape[0] == 1:
@@ -155,15 +174,23 @@ def _sized_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(rows, weight)
 
 
-def _sized_expert(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-                  activation: Callable = F.silu) -> torch.Tensor:
+def _sized_expert(
+    rows: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    activation: Callable = F.silu,
+) -> torch.Tensor:
     return _sized_linear(activation(_sized_linear(rows, gate)) * _sized_linear(rows, up), down)
 
 
 def sized_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     """The loop's order and host counts (free on a CPU); each projection through _sized_linear."""
+
     def expert_on_rows(e: int, rows: torch.Tensor) -> torch.Tensor:
-        return _sized_expert(rows, experts.gate_proj[e], experts.up_proj[e], experts.down_proj[e], experts.activation)
+        return _sized_expert(
+            rows, experts.gate_proj[e], experts.up_proj[e], experts.down_proj[e], experts.activation
+        )
 
     return _each_expert(experts, x, chosen, weights, expert_on_rows)
 
@@ -207,9 +234,19 @@ def native_kernel(experts: StackedExperts, x, chosen, weights) -> torch.Tensor:
     return combine(x, pairs, outputs, weights)
 
 
-MOE_KERNELS: dict[str, Callable] = {"loop": loop_kernel, "grouped": grouped_kernel, "sized": sized_kernel,
-                                    "padded": padded_kernel, "native": native_kernel}
-STACKED_ONLY = ("grouped", "sized", "padded", "native")  # kernels that need StackedExperts (full-precision weights)
+MOE_KERNELS: dict[str, Callable] = {
+    "loop": loop_kernel,
+    "grouped": grouped_kernel,
+    "sized": sized_kernel,
+    "padded": padded_kernel,
+    "native": native_kernel,
+}
+STACKED_ONLY = (
+    "grouped",
+    "sized",
+    "padded",
+    "native",
+)  # kernels that need StackedExperts (full-precision weights)
 READS_COUNTS = ("loop", "sized", "native")  # kernels that read the counts on the host (a sync on a GPU)
 # auto's switch from grouped to sized on a CPU in fp32: (token, expert) pairs per expert on average
 # (bf16 runs sized at any count: 0.91x-0.99x grouped's time at 4-128 tokens, BENCHMARKS.md).
@@ -230,8 +267,10 @@ def check_kernel(name, quantized: bool = False, experts=()) -> str:
     if name not in kernel_names():
         raise InputError(f"unknown moe_kernel {name!r}; expected one of {', '.join(kernel_names())}")
     if quantized and name in STACKED_ONLY:
-        raise InputError(f"moe_kernel {name!r} runs stacked full-precision experts; quantized experts run "
-                         "one at a time: use moe_kernel 'loop' or 'auto' with --quantize")
+        raise InputError(
+            f"moe_kernel {name!r} runs stacked full-precision experts; quantized experts run "
+            "one at a time: use moe_kernel 'loop' or 'auto' with --quantize"
+        )
     may_run_native = name == "native" or (name == AUTO and torch.get_num_threads() <= NATIVE_MAX_THREADS)
     # Asked now, so that a model's first forward does not wait for the build (seconds, once per machine).
     reason = next(filter(None, map(native_unavailable, experts)), None) if may_run_native else None
@@ -255,13 +294,24 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
         return "loop"
     threads = torch.get_num_threads()
     few_threads = x.device.type == "cpu" and threads <= NATIVE_MAX_THREADS
-    if few_threads and native_unavailable(experts, x) is None and (
-            native_bf16_on_amx(experts) if x.dtype == torch.bfloat16
-            else threads == 1 or x.shape[0] * choices >= experts.num_experts):
+    if (
+        few_threads
+        and native_unavailable(experts, x) is None
+        and (
+            native_bf16_on_amx(experts)
+            if x.dtype == torch.bfloat16
+            else threads == 1 or x.shape[0] * choices >= experts.num_experts
+        )
+    ):
         return "native"
-    if x.device.type == "cpu" and (x.dtype == torch.bfloat16 or (
-            x.dtype == torch.float32 and _ONEDNN_LINEAR is not None
-            and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts)):
+    if x.device.type == "cpu" and (
+        x.dtype == torch.bfloat16
+        or (
+            x.dtype == torch.float32
+            and _ONEDNN_LINEAR is not None
+            and x.shape[0] * choices >= SIZED_ROWS_PER_EXPERT * experts.num_experts
+        )
+    ):
         return "sized"
     if grouped_mm_runs(experts, x):
         return "grouped"
@@ -280,11 +330,17 @@ def grouped_mm_runs(experts: StackedExperts, x: torch.Tensor) -> bool:
     if x.device.type == "cpu":
         native = _GROUPED_MM_CPU
     else:
-        native = (_GROUPED_MM and x.device.type == "cuda" and x.dtype == torch.bfloat16
-                  and torch.cuda.get_device_capability(x.device)[0] in (9, 10))
+        native = (
+            _GROUPED_MM
+            and x.device.type == "cuda"
+            and x.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(x.device)[0] in (9, 10)
+        )
     return native and all(width * x.element_size() % 16 == 0 for width in experts.gate_proj.shape[1:])
 
 
-def run_experts(experts, kernel: str, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def run_experts(
+    experts, kernel: str, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
     name = pick_kernel(experts, x, chosen.shape[-1]) if kernel == AUTO else kernel
     return MOE_KERNELS[name](experts, x, chosen, weights)

@@ -59,9 +59,14 @@ def _cpu_description() -> str:
 def build(compiler: str) -> Path:
     """The library for this source, flags, compiler and CPU: from the cache, else compiled into it
     (written to a temporary name, then renamed: processes building at once never see half a file)."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=BUILD_SECONDS).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, platform.machine(),
-                                    _cpu_description()]).encode()).hexdigest()[:20]
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=BUILD_SECONDS
+    ).stdout
+    key = hashlib.sha256(
+        "\0".join(
+            [SOURCE.read_text(), " ".join(FLAGS), version, platform.machine(), _cpu_description()]
+        ).encode()
+    ).hexdigest()[:20]
     folder = cache_folder()
     library = folder / f"moe_native-{key}.so"
     if library.exists():
@@ -74,8 +79,12 @@ def build(compiler: str) -> Path:
     handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(handle)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True,
-                              timeout=BUILD_SECONDS)
+        done = subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", partial],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_SECONDS,
+        )
         if done.returncode:
             raise OSError(f"{Path(compiler).name} failed on {SOURCE.name}: {done.stderr.strip()[-300:]}")
         os.replace(partial, library)
@@ -153,8 +162,12 @@ class _Library:
             else:
                 self.dtype_bits = lib.caidllm_moe_dtypes()
                 lib.caidllm_moe_experts.restype = ctypes.c_int
-                lib.caidllm_moe_experts.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 5, *[ctypes.c_int64] * 3,
-                                                    ctypes.c_void_p]
+                lib.caidllm_moe_experts.argtypes = [
+                    ctypes.c_int,
+                    *[ctypes.c_void_p] * 5,
+                    *[ctypes.c_int64] * 3,
+                    ctypes.c_void_p,
+                ]
                 self.functions = lib
         if self.reason:
             _log.info("moe_kernel 'native' unavailable: %s", self.reason)
@@ -182,8 +195,14 @@ def bf16_on_amx() -> bool:
     return _LIBRARY.get() is not None and bool(_LIBRARY.dtype_bits & 4)
 
 
-def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-               down: torch.Tensor, threads: int = 1) -> torch.Tensor:
+def run_routed(
+    routed: torch.Tensor,
+    counts: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    threads: int = 1,
+) -> torch.Tensor:
     """Each expert's SwiGLU on its rows of `routed` [pairs, hidden] (sorted by expert, counts[e]
     rows each, counts on the CPU). All contiguous CPU tensors of one dtype. One call into the library, or one per
     thread on runs of experts of about equal work (ctypes lets go of the GIL during each)."""
@@ -194,14 +213,24 @@ def run_routed(routed: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, u
     def call(run) -> int:
         rows, experts = run
         return _LIBRARY.get().caidllm_moe_experts(
-            DTYPE_CODES[routed.dtype], routed[rows].data_ptr(), gate[experts].data_ptr(), up[experts].data_ptr(),
-            down[experts].data_ptr(), counts[experts].data_ptr(), experts.stop - experts.start, gate.shape[2],
-            gate.shape[1], out[rows].data_ptr())
+            DTYPE_CODES[routed.dtype],
+            routed[rows].data_ptr(),
+            gate[experts].data_ptr(),
+            up[experts].data_ptr(),
+            down[experts].data_ptr(),
+            counts[experts].data_ptr(),
+            experts.stop - experts.start,
+            gate.shape[2],
+            gate.shape[1],
+            out[rows].data_ptr(),
+        )
 
     others = [_pool(threads).submit(call, run) for run in calls[1:]]
     statuses = [call(run) for run in calls[:1]] + [future.result() for future in others]  # the first run here
     if any(statuses):
-        raise MemoryError(f"the native MoE kernel failed (status {max(statuses)}: out of memory for its scratch)")
+        raise MemoryError(
+            f"the native MoE kernel failed (status {max(statuses)}: out of memory for its scratch)"
+        )
     return out
 
 
@@ -210,14 +239,23 @@ def _check_operands(routed, counts, gate, up, down) -> list[int]:
     the counts as a list (read once: one host read per layer, as the loop's)."""
     experts, inter, hidden = gate.shape
     tensors = {"routed": routed, "gate": gate, "up": up, "down": down}
-    problems = [f"{name} is not a contiguous CPU {routed.dtype} tensor" for name, t in tensors.items()
-                if not (t.is_contiguous() and t.device.type == "cpu" and t.dtype == routed.dtype)]
+    problems = [
+        f"{name} is not a contiguous CPU {routed.dtype} tensor"
+        for name, t in tensors.items()
+        if not (t.is_contiguous() and t.device.type == "cpu" and t.dtype == routed.dtype)
+    ]
     if routed.dtype not in DTYPE_CODES:
         problems.append(f"dtype {routed.dtype} is neither float32 nor bfloat16")
     if tuple(up.shape) != (experts, inter, hidden) or tuple(down.shape) != (experts, hidden, inter):
-        problems.append(f"shapes gate {list(gate.shape)}, up {list(up.shape)}, down {list(down.shape)} disagree")
-    if not (counts.dtype == torch.int64 and counts.is_contiguous() and counts.device.type == "cpu"
-            and tuple(counts.shape) == (experts,)):
+        problems.append(
+            f"shapes gate {list(gate.shape)}, up {list(up.shape)}, down {list(down.shape)} disagree"
+        )
+    if not (
+        counts.dtype == torch.int64
+        and counts.is_contiguous()
+        and counts.device.type == "cpu"
+        and tuple(counts.shape) == (experts,)
+    ):
         problems.append(f"counts must be {experts} contiguous int64 on the CPU")
     else:
         on_host = counts.tolist()
@@ -249,5 +287,7 @@ _POOLS: dict[int, ThreadPoolExecutor] = {}
 
 def _pool(threads: int) -> ThreadPoolExecutor:
     if threads not in _POOLS:
-        _POOLS[threads] = ThreadPoolExecutor(max_workers=max(threads - 1, 1), thread_name_prefix="caidllm-moe")
+        _POOLS[threads] = ThreadPoolExecutor(
+            max_workers=max(threads - 1, 1), thread_name_prefix="caidllm-moe"
+        )
     return _POOLS[threads]

@@ -36,7 +36,10 @@ def _cpu_int8():
 
 
 # int8-dynamic on a CPU: oneDNN's int8 matmul (AMX / VNNI) over the weights packed once
-ONEDNN_INT8 = Packing("onednn int8 (packed at load)", lambda: _cpu_int8().available(),
-                      lambda module: _cpu_int8().pack_int8_dynamic(module),
-                      lambda out, inp, dtype: out * inp + out * 4,  # int8 data, a float32 scale per row
-                      lambda t: isinstance(t, _cpu_int8().OnednnInt8Weight))
+ONEDNN_INT8 = Packing(
+    "onednn int8 (packed at load)",
+    lambda: _cpu_int8().available(),
+    lambda module: _cpu_int8().pack_int8_dynamic(module),
+    lambda out, inp, dtype: out * inp + out * 4,  # int8 data, a float32 scale per row
+    lambda t: isinstance(t, _cpu_int8().OnednnInt8Weight),
+)

@@ -35,7 +35,9 @@ class MemoryPlan:
     sharded_parameters: int  # divided among the ranks (all ranks together)
     replicated_parameters: int  # whole on every rank
     weights_bytes_per_rank: int
-    kv_bytes_per_request_per_rank: int  # keys and values of every layer at `context` positions (dual / block cache)
+    kv_bytes_per_request_per_rank: (
+        int  # keys and values of every layer at `context` positions (dual / block cache)
+    )
     cache_budget_bytes_per_rank: int  # USABLE x the GPU's memory, less the weights
     requests_that_fit: int
 
@@ -53,20 +55,30 @@ def check_tp_divides(tp: int, config) -> None:
     if config.moe is not None:
         sizes.append(("experts (num_experts)", config.moe.num_experts))
         if config.moe.num_shared_experts:
-            sizes.append(("shared-expert width", config.moe.moe_intermediate_size * config.moe.num_shared_experts))
+            sizes.append(
+                ("shared-expert width", config.moe.moe_intermediate_size * config.moe.num_shared_experts)
+            )
     for what, size in sizes:
         if size % tp:
-            raise InputError(f"--tp {tp} does not divide the model's {size} {what}: each rank must hold an "
-                             f"equal share (a --tp that divides {size})")
+            raise InputError(
+                f"--tp {tp} does not divide the model's {size} {what}: each rank must hold an "
+                f"equal share (a --tp that divides {size})"
+            )
 
 
 def split_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(sharded, replicated) parameter counts: every weight matrix inside a decoder layer but the
     routers' is sharded; embeddings, head, norms, routers and vectors are replicated."""
     _, layers = decoder_layers(model)
-    routers = {id(p) for m in model.modules() if isinstance(m, Router) or getattr(m, "is_router", False)
-               for p in m.parameters()}
-    in_layers = {id(p) for layer in layers for p in layer.parameters() if p.dim() >= 2 and id(p) not in routers}
+    routers = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, Router) or getattr(m, "is_router", False)
+        for p in m.parameters()
+    }
+    in_layers = {
+        id(p) for layer in layers for p in layer.parameters() if p.dim() >= 2 and id(p) not in routers
+    }
     sharded = replicated = 0
     seen = set()
     for p in model.parameters():
@@ -85,7 +97,11 @@ def memory_plan(described, tp: int, dtype: torch.dtype, gpu_memory_gib: float, c
     `gpu_memory_gib` GiB each, requests of `context` positions."""
     config = described.config
     check_tp_divides(tp, config)
-    if isinstance(gpu_memory_gib, bool) or not isinstance(gpu_memory_gib, (int, float)) or not gpu_memory_gib > 0:
+    if (
+        isinstance(gpu_memory_gib, bool)
+        or not isinstance(gpu_memory_gib, (int, float))
+        or not gpu_memory_gib > 0
+    ):
         raise InputError(f"--gpu-memory must be a positive number of GiB, got {gpu_memory_gib!r}")
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise InputError(f"--context must be a positive number of positions, got {context!r}")
@@ -96,26 +112,43 @@ def memory_plan(described, tp: int, dtype: torch.dtype, gpu_memory_gib: float, c
     modes = cache_bytes(config, context, dtype)
     kv = modes.get("canvas", modes.get("block" if config.block_causal else "dual")) // tp
     budget = int(USABLE * gpu_memory_gib * GIB) - weights
-    return MemoryPlan(model=described.name, tp=tp, dtype=str(dtype).removeprefix("torch."),
-                      gpu_memory_gib=gpu_memory_gib, context=context, sharded_parameters=sharded,
-                      replicated_parameters=replicated, weights_bytes_per_rank=weights,
-                      kv_bytes_per_request_per_rank=kv, cache_budget_bytes_per_rank=budget,
-                      requests_that_fit=max(budget, 0) // kv if kv else 0)
+    return MemoryPlan(
+        model=described.name,
+        tp=tp,
+        dtype=str(dtype).removeprefix("torch."),
+        gpu_memory_gib=gpu_memory_gib,
+        context=context,
+        sharded_parameters=sharded,
+        replicated_parameters=replicated,
+        weights_bytes_per_rank=weights,
+        kv_bytes_per_request_per_rank=kv,
+        cache_budget_bytes_per_rank=budget,
+        requests_that_fit=max(budget, 0) // kv if kv else 0,
+    )
 
 
 def plan_lines(plan: MemoryPlan) -> list[str]:
-    weights, kv, budget = (plan.weights_bytes_per_rank / GIB, plan.kv_bytes_per_request_per_rank / GIB,
-                           plan.cache_budget_bytes_per_rank / GIB)
-    lines = [f"{plan.model}: tp {plan.tp}, {plan.dtype}, {plan.gpu_memory_gib:g} GiB per GPU, "
-             f"requests of {plan.context} positions",
-             f"weights per rank: {weights:.2f} GiB ({plan.sharded_parameters / 1e9:.2f}B parameters divided among "
-             f"the ranks: attention, feed-forwards, experts; {plan.replicated_parameters / 1e9:.2f}B on every rank: "
-             "embeddings, head, norms, routers)",
-             f"KV cache per request per rank: {kv:.3f} GiB (dual cache; the prefix cache needs twice that)"]
+    weights, kv, budget = (
+        plan.weights_bytes_per_rank / GIB,
+        plan.kv_bytes_per_request_per_rank / GIB,
+        plan.cache_budget_bytes_per_rank / GIB,
+    )
+    lines = [
+        f"{plan.model}: tp {plan.tp}, {plan.dtype}, {plan.gpu_memory_gib:g} GiB per GPU, "
+        f"requests of {plan.context} positions",
+        f"weights per rank: {weights:.2f} GiB ({plan.sharded_parameters / 1e9:.2f}B parameters divided among "
+        f"the ranks: attention, feed-forwards, experts; {plan.replicated_parameters / 1e9:.2f}B on every rank: "
+        "embeddings, head, norms, routers)",
+        f"KV cache per request per rank: {kv:.3f} GiB (dual cache; the prefix cache needs twice that)",
+    ]
     if budget <= 0:
-        lines.append(f"does not fit: {USABLE:.0%} of {plan.gpu_memory_gib:g} GiB is "
-                     f"{USABLE * plan.gpu_memory_gib:.1f} GiB, less than the weights")
+        lines.append(
+            f"does not fit: {USABLE:.0%} of {plan.gpu_memory_gib:g} GiB is "
+            f"{USABLE * plan.gpu_memory_gib:.1f} GiB, less than the weights"
+        )
     else:
-        lines.append(f"requests that fit: {plan.requests_that_fit} ({USABLE:.0%} of the GPU for weights and caches: "
-                     f"{budget:.1f} GiB left for caches per rank)")
+        lines.append(
+            f"requests that fit: {plan.requests_that_fit} ({USABLE:.0%} of the GPU for weights and caches: "
+            f"{budget:.1f} GiB left for caches per rank)"
+        )
     return lines

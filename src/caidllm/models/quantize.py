@@ -100,8 +100,10 @@ def _fp8_hardware(device: torch.device) -> str | None:
         return None  # the device-type check names the problem
     if torch.cuda.get_device_capability(device) < (8, 9):
         name = torch.cuda.get_device_name(device)
-        return f"it needs float8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); {name} has " \
-               f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
+        return (
+            f"it needs float8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); {name} has "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
+        )
     return None
 
 
@@ -117,20 +119,42 @@ def _fp8_bytes(out: int, inp: int, dtype) -> int:
     return out * inp + out * 4  # float8 data, a float32 scale per row
 
 
-QUANTIZATIONS = {q.name: q for q in (
-    Quantization("int8", "int8 weights (one scale per output channel), activations in the model dtype",
-                 {"cpu": _int8_weight_only, "cuda": _int8_weight_only}, _int8_bytes),
-    Quantization("int8-dynamic", "int8 weights (per output channel) and int8 activations (per token, "
-                 "quantized on the fly)", {"cpu": _int8_dynamic, "cuda": _int8_dynamic}, _int8_bytes,
-                 packings={"cpu": ONEDNN_INT8}),
-    # On a CPU torch's int4 kernel runs the 126k-row head 7x slower than bfloat16 (BENCHMARKS.md): a
-    # quantized head is int8-dynamic there, as llama.cpp's Q4_0 keeps its output head at Q6_K.
-    Quantization("int4", f"int4 weights in groups of {INT4_GROUP} (packed two per byte), activations in bfloat16",
-                 {"cpu": _int4_cpu, "cuda": _int4_cuda}, _int4_bytes, dtypes=(torch.bfloat16,),
-                 heads={"cpu": "int8-dynamic"}),
-    Quantization("fp8", "float8 e4m3 weights and activations, one scale per row (CUDA compute capability 8.9+)",
-                 {"cuda": _fp8_rowwise}, _fp8_bytes, dtypes=(torch.bfloat16,), needs=_fp8_hardware),
-)}
+QUANTIZATIONS = {
+    q.name: q
+    for q in (
+        Quantization(
+            "int8",
+            "int8 weights (one scale per output channel), activations in the model dtype",
+            {"cpu": _int8_weight_only, "cuda": _int8_weight_only},
+            _int8_bytes,
+        ),
+        Quantization(
+            "int8-dynamic",
+            "int8 weights (per output channel) and int8 activations (per token, quantized on the fly)",
+            {"cpu": _int8_dynamic, "cuda": _int8_dynamic},
+            _int8_bytes,
+            packings={"cpu": ONEDNN_INT8},
+        ),
+        # On a CPU torch's int4 kernel runs the 126k-row head 7x slower than bfloat16 (BENCHMARKS.md): a
+        # quantized head is int8-dynamic there, as llama.cpp's Q4_0 keeps its output head at Q6_K.
+        Quantization(
+            "int4",
+            f"int4 weights in groups of {INT4_GROUP} (packed two per byte), activations in bfloat16",
+            {"cpu": _int4_cpu, "cuda": _int4_cuda},
+            _int4_bytes,
+            dtypes=(torch.bfloat16,),
+            heads={"cpu": "int8-dynamic"},
+        ),
+        Quantization(
+            "fp8",
+            "float8 e4m3 weights and activations, one scale per row (CUDA compute capability 8.9+)",
+            {"cuda": _fp8_rowwise},
+            _fp8_bytes,
+            dtypes=(torch.bfloat16,),
+            needs=_fp8_hardware,
+        ),
+    )
+}
 
 
 def quantization_names() -> list[str]:
@@ -171,8 +195,10 @@ def check_quantization(name, device: torch.device, dtype: torch.dtype) -> Quanti
         raise InputError(f"unknown quantization {name!r}; expected one of {', '.join(QUANTIZATIONS)}")
     q = QUANTIZATIONS[name]
     if device.type not in q.configs:
-        raise InputError(f"quantization {name!r} cannot run on {device}: caidllm runs it on "
-                         f"{' and '.join(q.configs)} devices only ({q.summary})")
+        raise InputError(
+            f"quantization {name!r} cannot run on {device}: caidllm runs it on "
+            f"{' and '.join(q.configs)} devices only ({q.summary})"
+        )
     reason = q.needs(device)
     if reason:
         raise InputError(f"quantization {name!r} cannot run on {device}: {reason}")
@@ -184,17 +210,21 @@ def check_quantization(name, device: torch.device, dtype: torch.dtype) -> Quanti
             import torchao  # noqa: F401 - the first import logs; do it here, quietly
         q.config(device)  # a torchao without this config fails here, before the model loads
     except (ImportError, AttributeError, TypeError) as e:
-        raise InputError(f"quantization {name!r}: torchao {torchao_version()} cannot make its config on "
-                         f"{device.type} ({type(e).__name__}: {e}); pip install 'caidllm[quant]' "
-                         "(torchao>=0.18)") from None
+        raise InputError(
+            f"quantization {name!r}: torchao {torchao_version()} cannot make its config on "
+            f"{device.type} ({type(e).__name__}: {e}); pip install 'caidllm[quant]' "
+            "(torchao>=0.18)"
+        ) from None
     return q
 
 
 def _check_dtype(q: Quantization, dtype: torch.dtype) -> None:
     if q.dtypes and dtype not in q.dtypes:
         wanted = " or ".join(str(d).removeprefix("torch.") for d in q.dtypes)
-        raise InputError(f"quantization {q.name!r} runs its kernels in {wanted}; the model would load as "
-                         f"{str(dtype).removeprefix('torch.')}: add --dtype {wanted} (dtype= in the API)")
+        raise InputError(
+            f"quantization {q.name!r} runs its kernels in {wanted}; the model would load as "
+            f"{str(dtype).removeprefix('torch.')}: add --dtype {wanted} (dtype= in the API)"
+        )
 
 
 def check_not_quantized(raw_config: dict, source) -> None:
@@ -203,8 +233,10 @@ def check_not_quantized(raw_config: dict, source) -> None:
     found = raw_config.get("quantization_config")
     if found:
         method = found.get("quant_method", "unknown method") if isinstance(found, dict) else found
-        raise ModelLoadError(f"{source} is an already quantized checkpoint (quantization_config: {method}); "
-                             "load the full-precision checkpoint, with --quantize for quantized weights")
+        raise ModelLoadError(
+            f"{source} is an already quantized checkpoint (quantization_config: {method}); "
+            "load the full-precision checkpoint, with --quantize for quantized weights"
+        )
 
 
 # ---- applying it -----------------------------------------------------------
@@ -224,8 +256,11 @@ def output_head(model: nn.Module) -> nn.Linear | None:
     """The untied output head: the Linear outside the layers that maps to the vocabulary."""
     prefix, _ = decoder_layers(model)
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and not name.startswith(prefix + ".") \
-                and module.out_features == model.cfg.vocab_size:
+        if (
+            isinstance(module, nn.Linear)
+            and not name.startswith(prefix + ".")
+            and module.out_features == model.cfg.vocab_size
+        ):
             return module
     return None
 
@@ -265,8 +300,10 @@ class QuantizePlan:
     def check(self, model: nn.Module) -> None:
         """Before any weight is read (`model` on the meta device): a head to quantize exists."""
         if self.head and output_head(model) is None:
-            raise InputError("quantize_head: this model's output head is tied to its input embedding; "
-                             "embeddings stay in the model dtype")
+            raise InputError(
+                "quantize_head: this model's output head is tied to its input embedding; "
+                "embeddings stay in the model dtype"
+            )
 
     def finish(self, model: nn.Module) -> None:
         """After every layer: the head, if asked."""
@@ -275,8 +312,9 @@ class QuantizePlan:
             quantize_module(output_head(model), head, self.device, self.pack)
 
 
-def make_plan(quantize, device: torch.device, dtype: torch.dtype, head: bool = False,
-              pack: bool = True) -> QuantizePlan | None:
+def make_plan(
+    quantize, device: torch.device, dtype: torch.dtype, head: bool = False, pack: bool = True
+) -> QuantizePlan | None:
     q = check_quantization(quantize, device, dtype)
     if q is None:
         if head:
@@ -298,8 +336,10 @@ def quantize_loaded(lm, quantize: str, head: bool = False) -> None:
     """Quantize an already loaded DiffusionLM in place, layer by layer (its full-precision
     weights are all in memory already; load(..., quantize=) keeps the peak lower)."""
     if lm.quantization is not None or is_quantized(lm.model):
-        raise InputError(f"the model is already quantized ({lm.quantization or 'torchao tensors'}); "
-                         "load it again in full precision to quantize it another way")
+        raise InputError(
+            f"the model is already quantized ({lm.quantization or 'torchao tensors'}); "
+            "load it again in full precision to quantize it another way"
+        )
     if getattr(lm, "compiled", False):
         raise InputError("quantize a model before compiling it (load(..., quantize=..., compile=True))")
     plan = make_plan(quantize, torch.device(lm.device), lm.dtype, head)
@@ -334,8 +374,13 @@ def weights_bytes(model: nn.Module) -> int:
     return total
 
 
-def expected_weights_bytes(model: nn.Module, dtype: torch.dtype, quantize: str | None = None,
-                           head: bool = False, device_type: str | None = None) -> int:
+def expected_weights_bytes(
+    model: nn.Module,
+    dtype: torch.dtype,
+    quantize: str | None = None,
+    head: bool = False,
+    device_type: str | None = None,
+) -> int:
     """The bytes weights_bytes() will count once `model` (a meta-device module is fine: nothing is
     read) is loaded in `dtype` with `quantize` on `device_type` (None: load's default device): for
     `caidllm models` and sizing a GPU before a load."""
@@ -390,10 +435,13 @@ def quantization_info(lm) -> dict:
     return {
         "quantization": lm.quantization,
         "quantization_kernel": _kernels(lm, q, torch.device(lm.device).type) if q else None,
-        "quantization_summary": q.summary if q else f"none: every weight in {str(lm.dtype).removeprefix('torch.')}",
+        "quantization_summary": q.summary
+        if q
+        else f"none: every weight in {str(lm.dtype).removeprefix('torch.')}",
         "quantized_head": bool(getattr(lm, "quantized_head", False)),
         "head_quantization": q.for_head(torch.device(lm.device).type).name
-        if q and getattr(lm, "quantized_head", False) else None,
+        if q and getattr(lm, "quantized_head", False)
+        else None,
         "torchao": torchao_version() if q else None,
         "weights_mb": round(weights_mb(lm), 3),
     }

@@ -42,44 +42,106 @@ PREFIX = "random:"
 # The official config.json fields that matter (REFERENCE.md); token ids come from the generated tokenizer.
 OFFICIAL = {
     "llada-8b": {
-        "architectures": ["LLaDAModelLM"], "model_type": "llada", "activation_type": "silu", "alibi": False,
-        "attention_layer_norm": False, "bias_for_layer_norm": False, "block_type": "llama", "d_model": 4096,
-        "embedding_size": 126464, "include_bias": False, "include_qkv_bias": False, "input_emb_norm": False,
-        "layer_norm_type": "rms", "max_sequence_length": 4096, "mlp_hidden_size": 12288, "n_heads": 32,
-        "n_kv_heads": 32, "n_layers": 32, "rms_norm_eps": 1e-5, "rope": True, "rope_full_precision": True,
-        "rope_theta": 500000.0, "scale_logits": False, "torch_dtype": "bfloat16", "vocab_size": 126464,
+        "architectures": ["LLaDAModelLM"],
+        "model_type": "llada",
+        "activation_type": "silu",
+        "alibi": False,
+        "attention_layer_norm": False,
+        "bias_for_layer_norm": False,
+        "block_type": "llama",
+        "d_model": 4096,
+        "embedding_size": 126464,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "input_emb_norm": False,
+        "layer_norm_type": "rms",
+        "max_sequence_length": 4096,
+        "mlp_hidden_size": 12288,
+        "n_heads": 32,
+        "n_kv_heads": 32,
+        "n_layers": 32,
+        "rms_norm_eps": 1e-5,
+        "rope": True,
+        "rope_full_precision": True,
+        "rope_theta": 500000.0,
+        "scale_logits": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 126464,
         "weight_tying": False,
     },
     "dream-7b": {
-        "architectures": ["DreamModel"], "model_type": "Dream", "hidden_act": "silu", "hidden_size": 3584,
-        "intermediate_size": 18944, "max_position_embeddings": 131072, "num_attention_heads": 28,
-        "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6, "rope_scaling": None,
-        "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "use_sliding_window": False, "vocab_size": 152064,
+        "architectures": ["DreamModel"],
+        "model_type": "Dream",
+        "hidden_act": "silu",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 28,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_sliding_window": False,
+        "vocab_size": 152064,
     },
 }
 DREAM_CODER = {**OFFICIAL["dream-7b"], "max_position_embeddings": 32768}  # Qwen2.5-Coder-7B's context
-OFFICIAL.update({
-    # MMaDA-8B (Gen-Verse): LLaDA's layout, its vocabulary grown by 8192 image codes (its text path).
-    "mmada-8b": {**OFFICIAL["llada-8b"], "architectures": ["MMadaModelLM"], "model_type": "mmada",
-                 "embedding_size": 134656, "vocab_size": 134656, "llm_vocab_size": 126464, "codebook_size": 8192},
-    # Dream-Coder-v0-Instruct-7B (Dream-org) and DiffuCoder-7B (Apple): Dream's layout on Qwen2.5-Coder-7B.
-    "dream-coder-7b": DREAM_CODER,
-    "diffucoder-7b": DREAM_CODER,
-    # LLaDA-MoE-7B-A1B (inclusionAI): OLMoE layout, 64 experts, top 8 (its config.json says model_type "llada").
-    "llada-moe-7b": {
-        "architectures": ["LLaDAMoEModelLM"], "model_type": "llada", "hidden_size": 2048, "num_hidden_layers": 16,
-        "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 157184, "max_position_embeddings": 8192,
-        "rope_theta": 50000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu", "attention_bias": False,
-        "tie_word_embeddings": False, "qk_layernorm": True, "num_experts": 64, "num_experts_per_tok": 8,
-        "expert_intermediate_size": 1024, "dense_intermediate_size": 8192, "moe_layer_freq": [1] * 16,
-        "moe_router_score_function": "softmax", "moe_router_enable_expert_bias": False,
-        "partial_rotary_factor": 1.0, "torch_dtype": "bfloat16",
-    },
-})
+OFFICIAL.update(
+    {
+        # MMaDA-8B (Gen-Verse): LLaDA's layout, its vocabulary grown by 8192 image codes (its text path).
+        "mmada-8b": {
+            **OFFICIAL["llada-8b"],
+            "architectures": ["MMadaModelLM"],
+            "model_type": "mmada",
+            "embedding_size": 134656,
+            "vocab_size": 134656,
+            "llm_vocab_size": 126464,
+            "codebook_size": 8192,
+        },
+        # Dream-Coder-v0-Instruct-7B (Dream-org) and DiffuCoder-7B (Apple): Dream's layout on Qwen2.5-Coder-7B.
+        "dream-coder-7b": DREAM_CODER,
+        "diffucoder-7b": DREAM_CODER,
+        # LLaDA-MoE-7B-A1B (inclusionAI): OLMoE layout, 64 experts, top 8 (its config.json says model_type "llada").
+        "llada-moe-7b": {
+            "architectures": ["LLaDAMoEModelLM"],
+            "model_type": "llada",
+            "hidden_size": 2048,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "vocab_size": 157184,
+            "max_position_embeddings": 8192,
+            "rope_theta": 50000.0,
+            "rms_norm_eps": 1e-5,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "qk_layernorm": True,
+            "num_experts": 64,
+            "num_experts_per_tok": 8,
+            "expert_intermediate_size": 1024,
+            "dense_intermediate_size": 8192,
+            "moe_layer_freq": [1] * 16,
+            "moe_router_score_function": "softmax",
+            "moe_router_enable_expert_bias": False,
+            "partial_rotary_factor": 1.0,
+            "torch_dtype": "bfloat16",
+        },
+    }
+)
 # Which generated tokenizer (models/generated_tokenizer.py) stands in for each shape's real one.
-GENERATED_TOKENIZER = {"llada-8b": "llada", "mmada-8b": "llada", "llada-moe-7b": "llada",
-                       "dream-7b": "dream", "dream-coder-7b": "dream", "diffucoder-7b": "dream"}
+GENERATED_TOKENIZER = {
+    "llada-8b": "llada",
+    "mmada-8b": "llada",
+    "llada-moe-7b": "llada",
+    "dream-7b": "dream",
+    "dream-coder-7b": "dream",
+    "diffucoder-7b": "dream",
+}
 OFFICIAL.update(block_random.OFFICIAL)  # llada2-mini, llada2-flash, sdar-1.7b, sdar-8b, sdar-30b-a3b
 GENERATED_TOKENIZER.update(block_random.FAMILY)
 OFFICIAL["diffusiongemma-26b-a4b"] = RELEASED_26B_A4B  # its text config nested (diffusion_gemma_config.py)
@@ -94,22 +156,30 @@ def is_random_name(name) -> bool:
 def random_raw_config(name: str) -> tuple[str, dict]:
     """The shape's generated-tokenizer kind ("llada" / "dream") and its config.json dict with the
     overrides of `name` applied."""
-    shape, _, query = name[len(PREFIX):].partition("?")
+    shape, _, query = name[len(PREFIX) :].partition("?")
     if shape not in OFFICIAL:
-        raise ModelLoadError(f"unknown random model shape {shape!r} in {name!r}; known: "
-                             + ", ".join(PREFIX + s for s in OFFICIAL))
+        raise ModelLoadError(
+            f"unknown random model shape {shape!r} in {name!r}; known: "
+            + ", ".join(PREFIX + s for s in OFFICIAL)
+        )
     raw = json.loads(json.dumps(OFFICIAL[shape]))  # a deep copy
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
-        raise ModelLoadError(f"{name!r}: overrides must read field=value&field=value, got {query!r}") from None
+        raise ModelLoadError(
+            f"{name!r}: overrides must read field=value&field=value, got {query!r}"
+        ) from None
     for key, text in pairs:
         if key in TOKEN_FIELDS:
-            raise ModelLoadError(f"{name!r}: {key} is set by the generated tokenizer and cannot be overridden")
+            raise ModelLoadError(
+                f"{name!r}: {key} is set by the generated tokenizer and cannot be overridden"
+            )
         fields = {**raw, **raw.get("text_config", {})}  # a nested text config's fields too (DiffusionGemma)
         if key not in fields or isinstance(fields[key], (dict, list)):
-            raise ModelLoadError(f"{name!r}: {key!r} is not a config.json field of {shape}; fields: "
-                                 + ", ".join(sorted(k for k, v in fields.items() if not isinstance(v, (dict, list)))))
+            raise ModelLoadError(
+                f"{name!r}: {key!r} is not a config.json field of {shape}; fields: "
+                + ", ".join(sorted(k for k, v in fields.items() if not isinstance(v, (dict, list))))
+            )
         if "text_config" in raw:
             with_overrides(raw, {key: _typed(name, key, text, fields[key])})
         else:
@@ -140,24 +210,36 @@ def _typed(name: str, key: str, text: str, official):
         if kind is str:
             return text
     except ValueError:
-        raise ModelLoadError(f"{name!r}: {key}={text!r} is not a valid {kind.__name__} "
-                             f"(the official value is {official!r})") from None
+        raise ModelLoadError(
+            f"{name!r}: {key}={text!r} is not a valid {kind.__name__} (the official value is {official!r})"
+        ) from None
     raise ModelLoadError(f"{name!r}: {key} (official value {official!r}) cannot be overridden")
 
 
-def build_random(name: str, device: torch.device, dtype: torch.dtype | None, seed: int = 0,
-                 quantize: str | None = None, quantize_head: bool = False, pack: bool = True):
+def build_random(
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    seed: int = 0,
+    quantize: str | None = None,
+    quantize_head: bool = False,
+    pack: bool = True,
+):
     """A DiffusionLM with random weights of the named shape, built on `device` in `dtype`;
     with `quantize`, each layer is quantized as soon as it is drawn (models/quantize.py; `pack`:
     repacked for the device's faster kernel)."""
     kind, raw = random_raw_config(name)
-    make_tokenizer = block_random.generated_tokenizer if kind in block_random.TOKENIZERS else generated_tokenizer
+    make_tokenizer = (
+        block_random.generated_tokenizer if kind in block_random.TOKENIZERS else generated_tokenizer
+    )
     tokenizer, ids = make_tokenizer(kind, max_length=_max_length(raw))
     raw.update(ids)
     config = parse_config(raw, source=name)
     if config.vocab_size < len(tokenizer):
-        raise ModelLoadError(f"{name!r}: vocab_size {config.vocab_size} is smaller than the generated "
-                             f"tokenizer ({len(tokenizer)} tokens)")
+        raise ModelLoadError(
+            f"{name!r}: vocab_size {config.vocab_size} is smaller than the generated "
+            f"tokenizer ({len(tokenizer)} tokens)"
+        )
     dtype = resolve_dtype(dtype if dtype is not None else config.torch_dtype)
     if device.type != "meta":
         check_device_dtype(device, dtype)
@@ -168,8 +250,16 @@ def build_random(name: str, device: torch.device, dtype: torch.dtype | None, see
     model = model.to(dtype)
     if device.type != "meta":
         materialise(model, device, torch.Generator(device=device).manual_seed(seed), plan)
-    lm = DiffusionLM(model.eval(), config, tokenizer, device, dtype, path=None, quantization=quantize,
-                     quantized_head=quantize_head)
+    lm = DiffusionLM(
+        model.eval(),
+        config,
+        tokenizer,
+        device,
+        dtype,
+        path=None,
+        quantization=quantize,
+        quantized_head=quantize_head,
+    )
     lm.name, lm.random_weights = name, True
     return lm
 
@@ -216,7 +306,7 @@ def _initialise_one(module: nn.Module, generator: torch.Generator) -> None:
     if isinstance(module, nn.Embedding):
         module.weight.normal_(0.0, 1.0, generator=generator)
     elif isinstance(module, nn.Linear):
-        module.weight.normal_(0.0, module.in_features ** -0.5, generator=generator)
+        module.weight.normal_(0.0, module.in_features**-0.5, generator=generator)
         if module.bias is not None:
             module.bias.normal_(0.0, 0.02, generator=generator)
     elif isinstance(module, RMSNorm):
@@ -225,7 +315,9 @@ def _initialise_one(module: nn.Module, generator: torch.Generator) -> None:
         module.weight.normal_(0.0, module.weight.shape[1] ** -0.5, generator=generator)
         if module.expert_bias is not None:
             module.expert_bias.normal_(0.0, 0.01, generator=generator)
-    elif hasattr(module, "draw_random"):  # a family's own parameters and buffers (DiffusionGemma's norms, router)
+    elif hasattr(
+        module, "draw_random"
+    ):  # a family's own parameters and buffers (DiffusionGemma's norms, router)
         module.draw_random(generator)
     elif isinstance(module, StackedExperts):  # expert by expert, as separate Linear layers drew them
         for e in range(module.num_experts):

@@ -41,13 +41,20 @@ class SDARModel(DecoderLM):
     """SDAR's decoder (dense or MoE): logits at position i predict token i (no shift)."""
 
     def __init__(self, config: ModelConfig):
-        super().__init__(config, [PreNormLayer(config, i, SDARAttention(config)) for i in range(config.n_layers)])
+        super().__init__(
+            config, [PreNormLayer(config, i, SDARAttention(config)) for i in range(config.n_layers)]
+        )
 
 
 # No confidence gating (the family's own decoders are threshold decoders); its cache is exact.
 SDAR = Family(
-    name="sdar", architectures=("SDARForCausalLM", "SDARMoeForCausalLM"), model_types=("sdar", "sdar_moe"),
-    read_fields=read_sdar_fields, model_class=SDARModel, confidence_gating=False, cache_refresh_every=16,
+    name="sdar",
+    architectures=("SDARForCausalLM", "SDARMoeForCausalLM"),
+    model_types=("sdar", "sdar_moe"),
+    read_fields=read_sdar_fields,
+    model_class=SDARModel,
+    confidence_gating=False,
+    cache_refresh_every=16,
     description="SDAR (JetAstra): Qwen3-layout block-diffusion transformer (dense or MoE), blocks of 4",
     block_causal=True,
 )

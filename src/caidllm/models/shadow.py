@@ -25,16 +25,20 @@ def shadow_inputs(canvas: torch.Tensor, block_start: int, block_length: int, mas
     attention = torch.ones(n + b, n + b, dtype=torch.bool, device=device)
     attention[:, n:] = False
     attention[n:, n:] = True
-    attention[n:, block_start:block_start + b] = ~torch.eye(b, dtype=torch.bool, device=device)
+    attention[n:, block_start : block_start + b] = ~torch.eye(b, dtype=torch.bool, device=device)
     targets = torch.cat([block, torch.arange(n, n + b, device=device)])[None]
     return ids, positions, attention[None, None], targets
 
 
-def shadow_forward(lm, canvases: list[torch.Tensor], block_starts: list[int], block_length: int) -> torch.Tensor:
+def shadow_forward(
+    lm, canvases: list[torch.Tensor], block_starts: list[int], block_length: int
+) -> torch.Tensor:
     """Logits [R, 2b, V]: each unpadded canvas row's block, then its shadow block."""
     if lm.model.extra_left:
-        raise InputError(f"the verify forward needs unshifted logits; family {lm.config.family!r} predicts "
-                         "position i from i - 1")
+        raise InputError(
+            f"the verify forward needs unshifted logits; family {lm.config.family!r} predicts "
+            "position i from i - 1"
+        )
     out = []
     for canvas, start in zip(canvases, block_starts):
         ids, positions, attention, targets = shadow_inputs(canvas, start, block_length, lm.config.mask_id)

@@ -44,7 +44,9 @@ def check_schedule(schedule, name: str = "schedule") -> tuple[tuple[float, float
     try:
         pairs = [tuple(p) for p in schedule]
     except TypeError:
-        raise InputError(f"{name} must be a sequence of (keep_fraction, start) pairs, got {schedule!r}") from None
+        raise InputError(
+            f"{name} must be a sequence of (keep_fraction, start) pairs, got {schedule!r}"
+        ) from None
     if not pairs:
         raise InputError(f"{name} must have at least one (keep_fraction, start) pair, got {schedule!r}")
     for i, p in enumerate(pairs):
@@ -56,14 +58,20 @@ def check_schedule(schedule, name: str = "schedule") -> tuple[tuple[float, float
         if not 0 <= start < 1:
             raise InputError(f"{name}[{i}] start must be in [0, 1) (a fraction of the depth), got {start!r}")
     if pairs[0] != (1, 0):
-        raise InputError(f"{name}[0] must be (1.0, 0.0): every block position runs the first layers; got {pairs[0]!r}")
+        raise InputError(
+            f"{name}[0] must be (1.0, 0.0): every block position runs the first layers; got {pairs[0]!r}"
+        )
     for i in range(1, len(pairs)):
         if pairs[i][1] <= pairs[i - 1][1]:
-            raise InputError(f"{name} starts must increase; {name}[{i}] starts at {pairs[i][1]!r} "
-                             f"after {pairs[i - 1][1]!r}")
+            raise InputError(
+                f"{name} starts must increase; {name}[{i}] starts at {pairs[i][1]!r} "
+                f"after {pairs[i - 1][1]!r}"
+            )
         if pairs[i][0] > pairs[i - 1][0]:
-            raise InputError(f"{name} keep fractions must not increase (skipped positions never come back); "
-                             f"{name}[{i}] keeps {pairs[i][0]!r} after {pairs[i - 1][0]!r}")
+            raise InputError(
+                f"{name} keep fractions must not increase (skipped positions never come back); "
+                f"{name}[{i}] keeps {pairs[i][0]!r} after {pairs[i - 1][0]!r}"
+            )
     return tuple((float(f), float(s)) for f, s in pairs)
 
 
@@ -86,8 +94,11 @@ class EarlySkippingSettings(CacheSettings):
     TITLE: ClassVar[str] = "ES-dLLM early skipping"
     LEGACY: ClassVar[dict[str, str]] = {"es_schedule": "schedule", "es_alpha": "alpha"}
     RULES: ClassVar[tuple[Rule, ...]] = (
-        Rule("schedule", "(keep fraction, start) pairs: fractions in (0, 1], starts rising from 0",
-             normalise=check_schedule),
+        Rule(
+            "schedule",
+            "(keep fraction, start) pairs: fractions in (0, 1], starts rising from 0",
+            normalise=check_schedule,
+        ),
         Rule("alpha", "in [0, 1]", normalise=check_alpha),
     )
 
@@ -117,16 +128,22 @@ def hidden_levels(schedule, n_layers: int) -> tuple[int, ...]:
     the last layer's output (the final hidden state a skipped position hands
     to the LM head)."""
     fractions = layer_fractions(schedule, n_layers)
-    return tuple(layer for layer in range(1, n_layers) if fractions[layer] < fractions[layer - 1]) + (n_layers,)
+    return tuple(layer for layer in range(1, n_layers) if fractions[layer] < fractions[layer - 1]) + (
+        n_layers,
+    )
 
 
-def forced_keeps(prev_confidence: torch.Tensor, masked: torch.Tensor, just_committed: torch.Tensor) -> torch.Tensor:
+def forced_keeps(
+    prev_confidence: torch.Tensor, masked: torch.Tensor, just_committed: torch.Tensor
+) -> torch.Tensor:
     """[R, block] bool: the two most confident masked positions (by the previous
     step's confidence), the leftmost masked position, and the positions
     committed at the previous step."""
     scores = prev_confidence.float().masked_fill(~masked, float("-inf"))
     top = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :2]
-    forced = torch.zeros_like(masked).scatter_(1, top, True) & masked  # rows with < 2 masks pick no unmasked one
+    forced = (
+        torch.zeros_like(masked).scatter_(1, top, True) & masked
+    )  # rows with < 2 masks pick no unmasked one
     leftmost = masked.long().argmax(dim=1, keepdim=True)  # first True; 0 when nothing is masked
     forced |= torch.zeros_like(masked).scatter_(1, leftmost, True) & masked
     return forced | just_committed
@@ -138,7 +155,9 @@ def relative_drift(x: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
     return (x - cached).norm(dim=-1) / cached.norm(dim=-1).clamp_min(1e-12)
 
 
-def importance(prev_confidence: torch.Tensor, drift: torch.Tensor, forced: torch.Tensor, alpha: float) -> torch.Tensor:
+def importance(
+    prev_confidence: torch.Tensor, drift: torch.Tensor, forced: torch.Tensor, alpha: float
+) -> torch.Tensor:
     """Score of each running position, [R, n]: alpha * confidence + (1 - alpha) *
     drift normalised by the row's largest drift, + a bonus for forced keeps."""
     drift = drift / drift.amax(dim=1, keepdim=True).clamp_min(1e-12)
@@ -177,8 +196,10 @@ class EarlySkip:
             value = getattr(self, name)
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != (rows, block_length):
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-                raise InputError(f"skip.{name} must be a tensor of shape {(rows, block_length)} "
-                                 f"(selected rows, block length), got {shape}")
+                raise InputError(
+                    f"skip.{name} must be a tensor of shape {(rows, block_length)} "
+                    f"(selected rows, block length), got {shape}"
+                )
         for name in ("just_committed", "masked"):
             if getattr(self, name).dtype != torch.bool:
                 raise InputError(f"skip.{name} must be a bool tensor, got {getattr(self, name).dtype}")

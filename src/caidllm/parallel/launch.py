@@ -103,10 +103,14 @@ class Ranks:
         self.board = context.RawArray("i", size)  # shared memory, no semaphore (nothing to leak)
         pipes = [context.Pipe(duplex=False) for _ in range(1, size)]
         self.reports = [reader for reader, _ in pipes]
-        self.processes = [context.Process(target=worker_main, daemon=True,
-                                          args=(args, rank, size, self.port, timeout_s, self.board, writer,
-                                                os.getpid()))
-                          for rank, (_, writer) in enumerate(pipes, start=1)]
+        self.processes = [
+            context.Process(
+                target=worker_main,
+                daemon=True,
+                args=(args, rank, size, self.port, timeout_s, self.board, writer, os.getpid()),
+            )
+            for rank, (_, writer) in enumerate(pipes, start=1)
+        ]
         self._phase = "starting"  # rank 0's, named in a failure (mirror.py: idle / decoding)
         self.mirror = None
         self.verdict: str | None = None
@@ -155,7 +159,11 @@ class Ranks:
         while not self.finished and self.verdict is None:
             time.sleep(0.1)
             verdict = self._verdict()
-            if verdict is None and self.phase == "starting" and time.monotonic() - started > watchdog.START_LIMIT_S:
+            if (
+                verdict is None
+                and self.phase == "starting"
+                and time.monotonic() - started > watchdog.START_LIMIT_S
+            ):
                 verdict = f"the tensor-parallel ranks did not start within {watchdog.START_LIMIT_S:g} s"
             if verdict is not None and not self.finished:
                 self._fail(f"{verdict} while {self.current_phase()}")
@@ -214,11 +222,15 @@ def check_parallel(args, tp: int) -> float:
             raise InputError("--tp-timeout applies to --tp N (N > 1) only; drop it or add --tp")
         return DEFAULT_TIMEOUT_S
     if getattr(args, "compile", False) or getattr(args, "quantize", None):
-        raise InputError("--tp does not take --compile or --quantize yet (their kernels would replace the sharded "
-                         "layers' sums); run --tp without them")
+        raise InputError(
+            "--tp does not take --compile or --quantize yet (their kernels would replace the sharded "
+            "layers' sums); run --tp without them"
+        )
     if World.from_env().distributed:
-        raise InputError("--tp spawns its own ranks; run it without torchrun (replicas of a sharded model "
-                         "are not supported)")
+        raise InputError(
+            "--tp spawns its own ranks; run it without torchrun (replicas of a sharded model "
+            "are not supported)"
+        )
     check_tp(tp, model_config(args.model), rank_device(args.device, 0))
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     if not timeout_s > 0:
@@ -229,8 +241,10 @@ def check_parallel(args, tp: int) -> float:
 def check_method(decode_config, tp: int) -> None:
     """A decoder the ranks cannot run, refused before they start (the engine refuses it too, later)."""
     if tp > 1 and getattr(decode_config, "cache", None) == "elastic":  # (a uniform family: its own config)
-        raise InputError(f"cache mode 'elastic' reads each layer's attention over every head, which --tp {tp} "
-                         "divides among the ranks; run it without --tp")
+        raise InputError(
+            f"cache mode 'elastic' reads each layer's attention over every head, which --tp {tp} "
+            "divides among the ranks; run it without --tp"
+        )
 
 
 @contextmanager

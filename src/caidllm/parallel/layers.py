@@ -56,8 +56,10 @@ def head_rows(tp: TPGroup, heads: int, head_dim: int) -> slice:
 
 def summed_after(kernel, tp: TPGroup):
     """The SwiGLU kernel of a row-sharded down projection: its partial output summed over the ranks."""
+
     def kernel_then_sum(x, gate, up, down):
         return tp.all_reduce(kernel(x, gate, up, down))
+
     return kernel_then_sum
 
 

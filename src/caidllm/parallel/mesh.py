@@ -29,7 +29,9 @@ class TPGroup:
     size: int
     group: object = None  # a torch.distributed ProcessGroup (the forward's sums)
     control: object = None  # a gloo ProcessGroup on the host: the engine's inputs (mirror.py)
-    collective_s: float = 0.0  # seconds spent in the forward's sums (on CUDA: including the wait for the kernels)
+    collective_s: float = (
+        0.0  # seconds spent in the forward's sums (on CUDA: including the wait for the kernels)
+    )
     collectives: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
@@ -41,8 +43,10 @@ class TPGroup:
         try:
             dist.all_reduce(x, group=self.group)
         except Exception as error:  # noqa: BLE001 - gloo / nccl raise RuntimeError and DistBackendError
-            raise RankFailure(f"tensor-parallel rank {self.rank}/{self.size}: a peer rank failed or hung during a "
-                              f"forward's all-reduce ({first_line(error)})") from None
+            raise RankFailure(
+                f"tensor-parallel rank {self.rank}/{self.size}: a peer rank failed or hung during a "
+                f"forward's all-reduce ({first_line(error)})"
+            ) from None
         if x.device.type == "cuda":
             torch.cuda.synchronize(x.device)  # the time then holds the collective, not just its launch
         self.collective_s += time.perf_counter() - started
@@ -65,14 +69,20 @@ def backend_for(device: torch.device | str) -> str:
     kind = torch.device(device).type
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise InputError("--tp with --device cuda: no CUDA GPU is available here; use --device cpu (gloo)")
+            raise InputError(
+                "--tp with --device cuda: no CUDA GPU is available here; use --device cpu (gloo)"
+            )
         if not dist.is_nccl_available():
-            raise InputError("--tp on CUDA needs torch.distributed's nccl backend, which this torch build lacks")
+            raise InputError(
+                "--tp on CUDA needs torch.distributed's nccl backend, which this torch build lacks"
+            )
         return "nccl"
     if kind == "cpu":
         return "gloo"
-    raise InputError(f"--tp with --device {device}: torch.distributed drives CPUs (gloo) and CUDA GPUs (nccl), "
-                     f"not {kind!r} devices; use --device cpu or cuda")
+    raise InputError(
+        f"--tp with --device {device}: torch.distributed drives CPUs (gloo) and CUDA GPUs (nccl), "
+        f"not {kind!r} devices; use --device cpu or cuda"
+    )
 
 
 # On a CPU every rank is a process: a small machine may run more ranks than cores (slowly), which
@@ -104,16 +114,22 @@ def check_tp(tp, config, device) -> None:
     from ..models.families import get_family
 
     if get_family(config.family).uniform:
-        raise InputError(f"--tp {tp}: tensor parallelism is not implemented for the {config.family} family "
-                         "(its own engine and layers); run it without --tp")
+        raise InputError(
+            f"--tp {tp}: tensor parallelism is not implemented for the {config.family} family "
+            "(its own engine and layers); run it without --tp"
+        )
     backend_for(device)
     have = available_ranks(device)
     if tp > have:
         if torch.device(device).type == "cuda":
             raise InputError(f"--tp {tp} needs {tp} ranks, one GPU each, but this machine has {have} GPUs")
-        raise InputError(f"--tp {tp} needs {tp} ranks, but this machine has {cpu_cores()} CPU cores: at most "
-                         f"{have} CPU ranks (the cores, or {CPU_RANKS_AT_LEAST} on a smaller machine)")
-    check_tp_divides(tp, config)  # each rank an equal share of heads, KV heads, widths and experts (as --plan)
+        raise InputError(
+            f"--tp {tp} needs {tp} ranks, but this machine has {cpu_cores()} CPU cores: at most "
+            f"{have} CPU ranks (the cores, or {CPU_RANKS_AT_LEAST} on a smaller machine)"
+        )
+    check_tp_divides(
+        tp, config
+    )  # each rank an equal share of heads, KV heads, widths and experts (as --plan)
 
 
 def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TPGroup:
@@ -123,14 +139,17 @@ def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s:
     backend = backend_for(device)
     wait = timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                                timeout=wait)
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=wait
+        )
         forward = dist.new_group(backend=backend, timeout=wait)
         # The control group's waits are bounded too: rank 0 sends a keep-alive while idle (mirror.py).
         control = dist.new_group(backend="gloo", timeout=wait)
     except Exception as error:  # noqa: BLE001 - the store's and the backends' errors have many types
-        raise RankFailure(f"tensor-parallel rank {rank}/{size}: the group did not form within {timeout_s:g} s "
-                          f"({first_line(error)})") from None
+        raise RankFailure(
+            f"tensor-parallel rank {rank}/{size}: the group did not form within {timeout_s:g} s "
+            f"({first_line(error)})"
+        ) from None
     return TPGroup(rank, size, group=forward, control=control, device=device)
 
 

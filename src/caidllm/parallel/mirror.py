@@ -40,7 +40,9 @@ def broadcast(tp: TPGroup, ops: list | None) -> list:
     try:
         dist.broadcast_object_list(box, group=tp.control, group_src=0)
     except Exception as error:  # noqa: BLE001 - gloo raises RuntimeError / DistBackendError
-        peer = "a peer rank is gone" if tp.rank == 0 else "rank 0 is gone, or sent nothing within --tp-timeout"
+        peer = (
+            "a peer rank is gone" if tp.rank == 0 else "rank 0 is gone, or sent nothing within --tp-timeout"
+        )
         raise RankFailure(f"tensor-parallel rank {tp.rank}/{tp.size}: {peer} ({first_line(error)})") from None
     return box[0]
 
@@ -101,8 +103,17 @@ class Mirror:
         """Send the other ranks what changed, then the step itself."""
         sent = self._sent[engine.mirror_serial]
         queued = engine.scheduler.queue
-        new = [(r.id, r.prompt, r.config, _state(r.generator), _state(getattr(r.policy_state, "generator", None)))
-               for r in queued if r.id not in sent]
+        new = [
+            (
+                r.id,
+                r.prompt,
+                r.config,
+                _state(r.generator),
+                _state(getattr(r.policy_state, "generator", None)),
+            )
+            for r in queued
+            if r.id not in sent
+        ]
         self._sent[engine.mirror_serial] = {r.id for r in queued}
         if new:
             self.record(engine, "requests", new)
@@ -194,8 +205,10 @@ def _step(engine: Engine) -> None:
 
 def _check(engine: Engine, expected: int) -> None:
     if getattr(engine, "last_digest", expected) != expected:
-        raise RanksDiverged("this rank's step committed other tokens than rank 0's: the ranks' forwards "
-                          "diverged (their logits must be identical on every rank)")
+        raise RanksDiverged(
+            "this rank's step committed other tokens than rank 0's: the ranks' forwards "
+            "diverged (their logits must be identical on every rank)"
+        )
 
 
 def _cancel(engine: Engine, request_id: str) -> None:

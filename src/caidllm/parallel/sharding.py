@@ -39,7 +39,9 @@ def shard_separate_qkv(module, config, tp: TPGroup, out_name: str) -> None:
     keep_rows(module.q_proj, head_rows(tp, config.n_heads, hd))
     keep_rows(module.k_proj, head_rows(tp, config.n_kv_heads, hd))
     keep_rows(module.v_proj, head_rows(tp, config.n_kv_heads, hd))
-    setattr(module, out_name, RowParallelLinear(getattr(module, out_name), head_rows(tp, config.n_heads, hd), tp))
+    setattr(
+        module, out_name, RowParallelLinear(getattr(module, out_name), head_rows(tp, config.n_heads, hd), tp)
+    )
 
 
 def shard_llada_block(block: LLaDABlock, config, tp: TPGroup) -> None:
@@ -50,8 +52,11 @@ def shard_llada_block(block: LLaDABlock, config, tp: TPGroup) -> None:
 def shard_fused_qkv(attention: LLaDA2Attention, config, tp: TPGroup) -> None:
     """LLaDA2's one query_key_value projection: q | k | v, each part sharded by its heads."""
     hd, (q, k, _) = config.head_dim, attention.sizes
-    parts = [head_rows(tp, config.n_heads, hd), head_rows(tp, config.n_kv_heads, hd),
-             head_rows(tp, config.n_kv_heads, hd)]
+    parts = [
+        head_rows(tp, config.n_heads, hd),
+        head_rows(tp, config.n_kv_heads, hd),
+        head_rows(tp, config.n_kv_heads, hd),
+    ]
     offsets = (0, q, q + k)
     rows = torch.cat([torch.arange(o + p.start, o + p.stop) for o, p in zip(offsets, parts)])
     keep_rows(attention.query_key_value, rows)
@@ -90,8 +95,10 @@ def shard_model(lm, tp: TPGroup):
     if tp.size == 1:
         return lm
     if lm.quantization is not None:
-        raise InputError(f"--tp with --quantize {lm.quantization}: sharding quantized weights is not supported; "
-                         "run --tp without --quantize")
+        raise InputError(
+            f"--tp with --quantize {lm.quantization}: sharding quantized weights is not supported; "
+            "run --tp without --quantize"
+        )
     if not getattr(lm, "sharded", False):  # parallel/loading.py shards while loading
         shard_modules(lm.model, lm.config, tp)
     config = lm.config

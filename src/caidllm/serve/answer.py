@@ -81,18 +81,18 @@ class Answer:
     def _settled(self, text: str) -> str:
         """The part of the text that no later token can change."""
         text = text.rstrip("\ufffd")
-        return text[:len(text) - self._stops.held(text)]
+        return text[: len(text) - self._stops.held(text)]
 
     def _emit(self, visible: str) -> str:
         if len(visible) <= len(self.sent) or not visible.startswith(self.sent):
             return ""
-        delta, self.sent = visible[len(self.sent):], visible
+        delta, self.sent = visible[len(self.sent) :], visible
         return delta
 
     def _finish(self, text: str, reason: str, ids: list[int]) -> str:
         self.finish_reason = reason
         self.completion_tokens = _tokens_covering(self.lm, ids, len(text))
-        delta = text[len(self.sent):] if text.startswith(self.sent) else ""
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
         self.sent = text
         return delta
 
@@ -102,11 +102,16 @@ class Answer:
         ids = []
         while len(ids) in self.tokens and (self.max_tokens is None or len(ids) < self.max_tokens):
             ids.append(self.tokens[len(ids)])
-        covered = self.completion_tokens if self.finish_reason else _tokens_covering(self.lm, ids, len(self.sent))
+        covered = (
+            self.completion_tokens if self.finish_reason else _tokens_covering(self.lm, ids, len(self.sent))
+        )
         start, self.logprobs_sent = self.logprobs_sent, max(self.logprobs_sent, covered)
         positions = range(start, self.logprobs_sent)
-        return [self.logprobs[p] for p in positions], [self.tokens[p] for p in positions], len(
-            self.lm.decode(ids[:start]))
+        return (
+            [self.logprobs[p] for p in positions],
+            [self.tokens[p] for p in positions],
+            len(self.lm.decode(ids[:start])),
+        )
 
     @property
     def text(self) -> str:

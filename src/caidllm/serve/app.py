@@ -63,9 +63,13 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024  # past it: 413, before the body is read
     body_timeout: float = 10.0  # seconds to receive the whole body; past it: 408
     shutdown_grace: float = 10.0  # seconds requests in flight may go on after SIGTERM
-    step_policy: str | None = None  # which forward groups run at each step (decode/step_policies.py; None: fair)
+    step_policy: str | None = (
+        None  # which forward groups run at each step (decode/step_policies.py; None: fair)
+    )
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    prefix_cache_mb: float | None = None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
+    prefix_cache_mb: float | None = (
+        None  # the prefix store (decode/prefix_reuse.py): None = the default, 0 = off
+    )
 
 
 @dataclass
@@ -85,8 +89,14 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
     shutdown; without, the caller runs `app.state.background.run_here()` (serve/cli.py)."""
     server = _server_for(lm, settings)
     # redirect_slashes off: a path with a trailing slash is the route (Guard), another unknown one a JSON 404
-    app = FastAPI(title="caidllm", lifespan=_lifespan(server, engine_thread), docs_url=None, redoc_url=None,
-                  openapi_url=None, redirect_slashes=False)
+    app = FastAPI(
+        title="caidllm",
+        lifespan=_lifespan(server, engine_thread),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
+    )
     app.state.background, app.state.metrics, app.state.settings = server.background, server.metrics, settings
     app.state.shutdown = server.shutdown
     app.add_middleware(Guard, settings=settings)
@@ -98,9 +108,15 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
 
 def _server_for(lm, settings: ServerConfig) -> _Server:
     """The engine (not started yet) and what watches it; fills the prompt-size default from the model."""
-    background = BackgroundEngine(Engine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue,
-                                         prefix_cache_mb=settings.prefix_cache_mb,
-                                         step_policy=settings.step_policy))
+    background = BackgroundEngine(
+        Engine(
+            lm,
+            max_batch=settings.max_batch,
+            max_queue=settings.max_queue,
+            prefix_cache_mb=settings.prefix_cache_mb,
+            step_policy=settings.step_policy,
+        )
+    )
     metrics = ServerMetrics(background)
     if settings.defaults.max_prompt_chars is None:
         settings.defaults.max_prompt_chars = prompt_char_limit(lm)
@@ -130,15 +146,23 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, error):
-        return error_response(RequestError(str(error.detail), None, error.status_code,
-                                           "not_found_error" if error.status_code == 404 else "invalid_request_error",
-                                           headers=error.headers))
+        return error_response(
+            RequestError(
+                str(error.detail),
+                None,
+                error.status_code,
+                "not_found_error" if error.status_code == 404 else "invalid_request_error",
+                headers=error.headers,
+            )
+        )
 
     @app.exception_handler(Exception)
     async def crashed(request, error):
         logger.exception("request failed")
         metrics.requests.labels("failed").inc()
-        return error_response(RequestError(f"internal error: {type(error).__name__}", None, 500, "server_error"))
+        return error_response(
+            RequestError(f"internal error: {type(error).__name__}", None, 500, "server_error")
+        )
 
 
 def _add_status_routes(app: FastAPI, server: _Server) -> None:
@@ -150,9 +174,13 @@ def _add_status_routes(app: FastAPI, server: _Server) -> None:
     async def health():
         alive = server.background.alive
         failure = server.shutdown.failure
-        status = "failed" if failure else "draining" if server.shutdown.draining else "ok" if alive else "stopped"
-        return JSONResponse({"status": status, "replica": settings.replica, **({"error": failure} if failure else {})},
-                            status_code=200 if status == "ok" else 503)
+        status = (
+            "failed" if failure else "draining" if server.shutdown.draining else "ok" if alive else "stopped"
+        )
+        return JSONResponse(
+            {"status": status, "replica": settings.replica, **({"error": failure} if failure else {})},
+            status_code=200 if status == "ok" else 503,
+        )
 
     @app.get("/", include_in_schema=False)
     async def live_view():
@@ -164,16 +192,33 @@ def _add_status_routes(app: FastAPI, server: _Server) -> None:
     async def server_info():
         d = settings.defaults
         # one_block_methods: Elastic-Cache's official loop, one block of gen_length (the page sends it no block_length).
-        return {"model": d.model_name, "methods": method_names(), "method": d.method, "gen_length": d.gen_length,
-                "block_length": d.block_length, "one_block_methods": [m for m in method_names() if not lays_blocks(m)],
-                "replica": settings.replica, **weights}
+        return {
+            "model": d.model_name,
+            "methods": method_names(),
+            "method": d.method,
+            "gen_length": d.gen_length,
+            "block_length": d.block_length,
+            "one_block_methods": [m for m in method_names() if not lays_blocks(m)],
+            "replica": settings.replica,
+            **weights,
+        }
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": settings.defaults.model_name, "object": "model",
-                                            "created": int(time.time()), "owned_by": "caidllm", **weights}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.defaults.model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "caidllm",
+                    **weights,
+                }
+            ],
+        }
 
     @app.get("/metrics")
     async def prometheus():
@@ -201,20 +246,33 @@ async def _serve(server: _Server, request: Request, kind: str):
     if raw is None:  # the client left while sending
         return Response(status_code=CLIENT_CLOSED)
     if kind == "completion" and len(raw) > INLINE_PARSE_BYTES:
-        _check_id_lists(raw, settings.defaults.max_prompt_tokens or lm.config.max_length,
-                        settings.defaults.max_prompts)
+        _check_id_lists(
+            raw, settings.defaults.max_prompt_tokens or lm.config.max_length, settings.defaults.max_prompts
+        )
     if len(raw) <= INLINE_PARSE_BYTES:
         req = _decode_and_parse(raw, kind, lm, settings.defaults)
     else:  # json.loads and the tokenizer let the event loop (and other requests) run meanwhile
         req = await asyncio.to_thread(_decode_and_parse, raw, kind, lm, settings.defaults)
     handles = _submit(server.background, req, asyncio.get_running_loop())
-    answers = [Answer(lm, req.config.gen_length, req.max_tokens, req.stop, run_to_end=not req.config.early_stop)
-               for _ in handles]
-    call = Call(req, handles, answers, received, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
-                server.background, server.metrics, settings, server.shutdown)
+    answers = [
+        Answer(lm, req.config.gen_length, req.max_tokens, req.stop, run_to_end=not req.config.early_stop)
+        for _ in handles
+    ]
+    call = Call(
+        req,
+        handles,
+        answers,
+        received,
+        f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+        server.background,
+        server.metrics,
+        settings,
+        server.shutdown,
+    )
     if req.stream:
-        return StreamingResponse(call.stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            call.stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
     return await call.respond(request)
 
 
@@ -245,8 +303,11 @@ def _check_id_lists(raw: bytes, limit: int, max_prompts: int) -> None:
     refused from the body's bytes, before json.loads builds an object for each entry."""
     longest, lists = id_list_bounds(raw)
     if longest > limit:
-        raise RequestError(f"the prompt holds a list of about {longest} token ids; a prompt has at most {limit} "
-                           "tokens here (the model's context, or --max-prompt-tokens)", "prompt")
+        raise RequestError(
+            f"the prompt holds a list of about {longest} token ids; a prompt has at most {limit} "
+            "tokens here (the model's context, or --max-prompt-tokens)",
+            "prompt",
+        )
     if lists > max_prompts:
         raise RequestError(f"about {lists} prompts in one request; at most {max_prompts}", "prompt")
 
@@ -255,13 +316,18 @@ def _submit(background, req, loop) -> list:
     handles = []
     try:
         for ids in req.prompts:
-            handles.append(background.submit(ids, req.config, loop=loop, constraint=req.constraint,
-                                             logprobs=req.logprobs))
+            handles.append(
+                background.submit(
+                    ids, req.config, loop=loop, constraint=req.constraint, logprobs=req.logprobs
+                )
+            )
     except (InputError, EngineFullError) as error:
         for h in handles:
             cancel(background, h.id)
         if isinstance(error, EngineFullError):
-            raise RequestError(str(error), None, 429, "rate_limit_error", "queue_full", {"Retry-After": "1"}) from None
+            raise RequestError(
+                str(error), None, 429, "rate_limit_error", "queue_full", {"Retry-After": "1"}
+            ) from None
         raise RequestError(str(error), _submit_param(error, req)) from None
     return handles
 

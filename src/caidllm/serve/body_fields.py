@@ -59,13 +59,15 @@ def check_fields(text: str, context_tokens: int) -> None:
     for name, span in top_level_fields(text, allowed):
         values, size = _limits(name, context_tokens)
         if span.values > values:  # the scan stopped at the first value past the limit
-            raise RequestError(f"{_label(name)} holds more than {values} values; at most {values} here",
-                               _label(name))
+            raise RequestError(
+                f"{_label(name)} holds more than {values} values; at most {values} here", _label(name)
+            )
         if span.end - span.start > size:
             note = NOTES.get(name, "")
             length = span.end - span.start
-            raise RequestError(f"{_label(name)} is {length} characters long; at most {size} here{note}",
-                               _label(name))
+            raise RequestError(
+                f"{_label(name)} is {length} characters long; at most {size} here{note}", _label(name)
+            )
 
 
 def _label(name: str) -> str:

@@ -74,13 +74,17 @@ class Call:
         gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
         expired = asyncio.ensure_future(self.shutdown.expired.wait())
         try:
-            done, _ = await asyncio.wait({gathered, expired}, timeout=max(timeout, 0),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {gathered, expired}, timeout=max(timeout, 0), return_when=asyncio.FIRST_COMPLETED
+            )
             if gathered in done:
                 return gathered.result()
             if expired in done:
-                raise ShuttingDown(f"the server stopped: {self.shutdown.failure}" if self.shutdown.failure else
-                                   "the server is shutting down and its grace period ended before this request")
+                raise ShuttingDown(
+                    f"the server stopped: {self.shutdown.failure}"
+                    if self.shutdown.failure
+                    else "the server is shutting down and its grace period ended before this request"
+                )
             raise asyncio.TimeoutError
         finally:
             expired.cancel()
@@ -96,8 +100,13 @@ class Call:
         """The OpenAI error a call that did not complete ends with (and its outcome counted)."""
         if isinstance(error, asyncio.TimeoutError):
             self.metrics.requests.labels("timeout").inc()
-            return RequestError(f"the request took longer than {self.settings.max_request_time:g} s",
-                                None, 504, "timeout_error", "timeout")
+            return RequestError(
+                f"the request took longer than {self.settings.max_request_time:g} s",
+                None,
+                504,
+                "timeout_error",
+                "timeout",
+            )
         if isinstance(error, ShuttingDown):
             self.metrics.requests.labels("shutdown").inc()
             return RequestError(str(error), None, 503, "server_error", "shutting_down")
@@ -106,6 +115,7 @@ class Call:
 
     async def respond(self, request: Request):
         """The non-streamed answer; a client that leaves first cancels the request at once."""
+
         async def nothing(*_):
             return None
 

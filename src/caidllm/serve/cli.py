@@ -20,8 +20,11 @@ from caidllm.serve.launch import check_api_key, settings_file_of, settings_from 
 def register(sub, name: str) -> None:
     from caidllm.options import add_model_arguments
 
-    p = sub.add_parser(name, help="serve a model with an OpenAI-compatible HTTP API",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(
+        name,
+        help="serve a model with an OpenAI-compatible HTTP API",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     from caidllm.options import add_tp_argument
 
     add_model_arguments(p)
@@ -37,44 +40,93 @@ def register(sub, name: str) -> None:
 
 def _add_request_defaults(p: argparse.ArgumentParser) -> None:
     """What a request gets when it does not say: the model id, the method, the lengths."""
-    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
-    p.add_argument("--method", default=None, help="default method (default: a known block-diffusion checkpoint's own "
-                   f"decoder, else cai): {', '.join(method_names())}")
+    p.add_argument(
+        "--served-model-name", default=None, help="the model id clients send (default: the folder name)"
+    )
+    p.add_argument(
+        "--method",
+        default=None,
+        help="default method (default: a known block-diffusion checkpoint's own "
+        f"decoder, else cai): {', '.join(method_names())}",
+    )
     known = " (default: a known checkpoint's recommendation; else {})"
-    p.add_argument("--gen-length", type=int, default=None,
-                   help="default canvas when a request gives no max_tokens" + known.format(256))
-    p.add_argument("--block-length", type=int, default=None,
-                   help="default block length" + known.format("the method's, a block-diffusion model's own where it does not apply"))
+    p.add_argument(
+        "--gen-length",
+        type=int,
+        default=None,
+        help="default canvas when a request gives no max_tokens" + known.format(256),
+    )
+    p.add_argument(
+        "--block-length",
+        type=int,
+        default=None,
+        help="default block length"
+        + known.format("the method's, a block-diffusion model's own where it does not apply"),
+    )
 
 
 def _add_limits(p: argparse.ArgumentParser) -> None:
     """The bounds of a request and of the queue, and the engine's step policy."""
-    p.add_argument("--max-gen-length", type=int, default=None, help="largest canvas a request may ask for "
-                   "(default: the model's context)")
+    p.add_argument(
+        "--max-gen-length",
+        type=int,
+        default=None,
+        help="largest canvas a request may ask for (default: the model's context)",
+    )
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt (default: what fits)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (rows per forward)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429")
-    p.add_argument("--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)")
-    p.add_argument("--step-policy", default=None, choices=list(STEP_POLICIES),
-                   help=f"which forward groups run at each engine step: fair (cheap forwards are not paced by "
-                        f"expensive ones) or all (every group every step); default {DEFAULT_STEP_POLICY}, all "
-                        "under --tp (the ranks must choose alike)")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
-                   help="largest request body; a larger one gets 413 before it is read")
-    p.add_argument("--body-timeout", type=float, default=10.0,
-                   help="seconds to receive a request's whole body; past it: 408")
-    p.add_argument("--shutdown-grace", type=float, default=10.0,
-                   help="on SIGTERM, seconds requests in flight may go on; then each ends with a clean error")
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests waiting beyond those; past it: HTTP 429"
+    )
+    p.add_argument(
+        "--max-request-time", type=float, default=600.0, help="seconds before a request is cut (504)"
+    )
+    p.add_argument(
+        "--step-policy",
+        default=None,
+        choices=list(STEP_POLICIES),
+        help=f"which forward groups run at each engine step: fair (cheap forwards are not paced by "
+        f"expensive ones) or all (every group every step); default {DEFAULT_STEP_POLICY}, all "
+        "under --tp (the ranks must choose alike)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="largest request body; a larger one gets 413 before it is read",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to receive a request's whole body; past it: 408",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, seconds requests in flight may go on; then each ends with a clean error",
+    )
 
 
 def _add_server_options(p: argparse.ArgumentParser) -> None:
     """Access, the settings file, the prefix store and logging."""
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)")
-    p.add_argument("--settings", default=None, metavar="FILE",
-                   help="settings file (caidllm calibrate, or by hand): the defaults of requests for its method")
-    p.add_argument("--prefix-cache-mb", default=None, metavar="MB",
-                   help="block-causal models: the prefix store's budget, shared prompt blocks (system prompts, chat "
-                        "history) computed once (0 = off; default: 1024 MB or an eighth of the device's memory)")
+    p.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set CAIDLLM_API_KEY)"
+    )
+    p.add_argument(
+        "--settings",
+        default=None,
+        metavar="FILE",
+        help="settings file (caidllm calibrate, or by hand): the defaults of requests for its method",
+    )
+    p.add_argument(
+        "--prefix-cache-mb",
+        default=None,
+        metavar="MB",
+        help="block-causal models: the prefix store's budget, shared prompt blocks (system prompts, chat "
+        "history) computed once (0 = off; default: 1024 MB or an eighth of the device's memory)",
+    )
     p.add_argument("--log-level", default="info")
 
 
@@ -82,14 +134,18 @@ def run(args) -> int:
     from caidllm.decode.prefix_reuse import check_budget
     from caidllm.options import check_before_load, load_model
 
-    check_budget(args.prefix_cache_mb, "--prefix-cache-mb")  # a budget that is not a number of MB, before anything
+    check_budget(
+        args.prefix_cache_mb, "--prefix-cache-mb"
+    )  # a budget that is not a number of MB, before anything
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return run_replicas(args)
     # A bad setting, settings file or API key fails before the model loads (checked against its config.json).
     settings = settings_file_of(args)
     check_api_key(args)
     method = args.method or ("cai" if settings is not None else None)  # as settings_from takes it
-    decoded = check_before_load(args.model, method, gen_length=args.gen_length, block_length=args.block_length)
+    decoded = check_before_load(
+        args.model, method, gen_length=args.gen_length, block_length=args.block_length
+    )
     from caidllm.parallel.launch import check_method, check_parallel
 
     check_parallel(args, args.tp)  # --tp and --tp-timeout, before any rank starts
@@ -180,5 +236,7 @@ def run_replicas(args) -> int:
     try:
         from caidllm.serve import ray_deployment
     except ImportError as e:
-        raise InputError(f"--replicas needs Ray Serve ({e.name or e} is missing): pip install 'caidllm[ray]'") from None
+        raise InputError(
+            f"--replicas needs Ray Serve ({e.name or e} is missing): pip install 'caidllm[ray]'"
+        ) from None
     return ray_deployment.serve_until_stopped(args)

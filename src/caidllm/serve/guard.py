@@ -70,15 +70,23 @@ class Guard:
         refusal = self._refusal(scope)
         if refusal is not None:
             return await error_response(refusal)(scope, receive, named)
-        if scope["method"] == "HEAD":  # as GET; uvicorn sends the headers only (it knows the request's method)
+        if (
+            scope["method"] == "HEAD"
+        ):  # as GET; uvicorn sends the headers only (it knows the request's method)
             scope = {**scope, "method": "GET"}
         await self.app(scope, receive, named)
 
     def _refusal(self, scope) -> RequestError | None:
         headers, key = Headers(scope=scope), self.settings.api_key
         if key and not is_open(scope["path"]) and not authorised(headers.get("authorization", ""), key):
-            return RequestError("missing or wrong API key (send 'Authorization: Bearer KEY')", None, 401,
-                                "authentication_error", "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+            return RequestError(
+                "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                None,
+                401,
+                "authentication_error",
+                "invalid_api_key",
+                {"WWW-Authenticate": "Bearer"},
+            )
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.settings.max_body_bytes:
             return too_large(self.settings.max_body_bytes)
@@ -86,16 +94,27 @@ class Guard:
 
 
 def too_large(limit: int) -> RequestError:
-    return RequestError(f"the request body is larger than this server's limit of {limit} bytes "
-                        "(caidllm serve --max-body-bytes)", None, 413, "invalid_request_error",
-                        "request_too_large", CLOSE)
+    return RequestError(
+        f"the request body is larger than this server's limit of {limit} bytes "
+        "(caidllm serve --max-body-bytes)",
+        None,
+        413,
+        "invalid_request_error",
+        "request_too_large",
+        CLOSE,
+    )
 
 
 def check_json_content_type(request: Request) -> None:
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
-        raise RequestError(f"the body must be JSON sent with 'Content-Type: application/json', got "
-                           f"{media or 'no Content-Type'!r}", None, 415, code="unsupported_media_type")
+        raise RequestError(
+            f"the body must be JSON sent with 'Content-Type: application/json', got "
+            f"{media or 'no Content-Type'!r}",
+            None,
+            415,
+            code="unsupported_media_type",
+        )
 
 
 async def read_body(request: Request, limit: int, timeout: float) -> bytes | None:
@@ -116,8 +135,13 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes | Non
     try:
         await asyncio.wait_for(read(), timeout)
     except asyncio.TimeoutError:
-        raise RequestError(f"the request body did not arrive whole within {timeout:g} s "
-                           f"({size} bytes came)", None, 408, code="request_timeout", headers=CLOSE) from None
+        raise RequestError(
+            f"the request body did not arrive whole within {timeout:g} s ({size} bytes came)",
+            None,
+            408,
+            code="request_timeout",
+            headers=CLOSE,
+        ) from None
     except ClientDisconnect:
         return None
     return b"".join(chunks)

@@ -14,9 +14,15 @@ import re
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-MALFORMED = {"error": {"message": "malformed HTTP request (its framing could not be parsed: a bad Content-Length, "
-                                  "a bad chunk size, a bad header line)", "type": "invalid_request_error",
-                       "param": None, "code": "bad_http_request"}}
+MALFORMED = {
+    "error": {
+        "message": "malformed HTTP request (its framing could not be parsed: a bad Content-Length, "
+        "a bad chunk size, a bad header line)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "bad_http_request",
+    }
+}
 
 
 class OpenAIH11Protocol(H11Protocol):
@@ -31,10 +37,16 @@ class OpenAIH11Protocol(H11Protocol):
             self.transport.close()
             return
         body = json.dumps(MALFORMED, separators=(",", ":")).encode("ascii")
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
-        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
-                      h11.EndOfMessage()):
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        ):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 

@@ -19,8 +19,10 @@ def check_api_key(args) -> str | None:
     if key is not None and not key.strip():
         raise InputError(f"{source} is empty: give a key, or leave it out to serve without one")
     if key is not None and key != key.strip():
-        raise InputError(f"{source} has spaces at its ends: no client's key would match (a request's key is "
-                         "read without them)")
+        raise InputError(
+            f"{source} has spaces at its ends: no client's key would match (a request's key is "
+            "read without them)"
+        )
     return key
 
 
@@ -40,15 +42,27 @@ def settings_from(args, lm):
     budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
     make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
-    defaults = ServerDefaults(model_name=name, method=method, gen_length=gen_length,
-                              block_length=block_length,
-                              max_gen_length=args.max_gen_length or lm.config.max_length,
-                              max_prompt_tokens=args.max_prompt_tokens, settings=settings_file_of(args))
-    return ServerConfig(defaults=defaults, max_batch=args.max_batch, max_queue=args.max_queue,
-                        api_key=api_key,
-                        max_request_time=args.max_request_time, max_body_bytes=args.max_body_bytes,
-                        body_timeout=args.body_timeout, shutdown_grace=args.shutdown_grace,
-                        step_policy=getattr(args, "step_policy", None), prefix_cache_mb=budget)
+    defaults = ServerDefaults(
+        model_name=name,
+        method=method,
+        gen_length=gen_length,
+        block_length=block_length,
+        max_gen_length=args.max_gen_length or lm.config.max_length,
+        max_prompt_tokens=args.max_prompt_tokens,
+        settings=settings_file_of(args),
+    )
+    return ServerConfig(
+        defaults=defaults,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        api_key=api_key,
+        max_request_time=args.max_request_time,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        shutdown_grace=args.shutdown_grace,
+        step_policy=getattr(args, "step_policy", None),
+        prefix_cache_mb=budget,
+    )
 
 
 def _check_flags(args):
@@ -74,13 +88,18 @@ def _default_lengths(args, lm, checkpoint, method: str) -> tuple[int, int]:
     from caidllm.decode.config import DecodeConfig
     from caidllm.decode.presets import config_for_model, options_for_model
 
-    config, _ = config_for_model(lm.config, checkpoint, method, gen_length=args.gen_length,
-                                 block_length=args.block_length)
+    config, _ = config_for_model(
+        lm.config, checkpoint, method, gen_length=args.gen_length, block_length=args.block_length
+    )
     block_length = config.block_length
     if config.whole_generation and args.block_length is None:
         # Elastic-Cache's one block of gen_length must not become the others' default (one given is kept).
-        own = options_for_model(lm.config, checkpoint, method, gen_length=args.gen_length)[0].get(
-            "block_length") or DecodeConfig.block_length
+        own = (
+            options_for_model(lm.config, checkpoint, method, gen_length=args.gen_length)[0].get(
+                "block_length"
+            )
+            or DecodeConfig.block_length
+        )
         # Only one that lays whole blocks in the default gen_length: a request's canvas is whole blocks of it.
         block_length = own if config.gen_length % own == 0 else config.gen_length
     return config.gen_length, block_length

@@ -25,7 +25,9 @@ def register(sub, name: str) -> None:
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--duration", type=float, default=300.0, help="stop starting requests after this many seconds")
+    p.add_argument(
+        "--duration", type=float, default=300.0, help="stop starting requests after this many seconds"
+    )
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--method", default=None, help="caidllm method (sent as an extension field)")
     p.add_argument("--extra", default="{}", help="more request fields, as a JSON object")
@@ -34,12 +36,22 @@ def register(sub, name: str) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the summary to this file")
-    soak = p.add_argument_group("soak and fault run (--soak; serve/soak.py): mixed traffic checked to the end")
-    soak.add_argument("--soak", action="store_true", help="mixed traffic (streamed or not, every method, clients "
-                      "that leave, malformed requests, bursts) checked against each request's answer alone")
-    soak.add_argument("--burst", type=int, default=20, help="requests of a burst (make it pass the server's queue)")
+    soak = p.add_argument_group(
+        "soak and fault run (--soak; serve/soak.py): mixed traffic checked to the end"
+    )
+    soak.add_argument(
+        "--soak",
+        action="store_true",
+        help="mixed traffic (streamed or not, every method, clients "
+        "that leave, malformed requests, bursts) checked against each request's answer alone",
+    )
+    soak.add_argument(
+        "--burst", type=int, default=20, help="requests of a burst (make it pass the server's queue)"
+    )
     soak.add_argument("--malformed-rate", type=float, default=0.1)
-    soak.add_argument("--max-rss-growth-mb", type=float, default=64.0, help="fail past this RSS growth after warm-up")
+    soak.add_argument(
+        "--max-rss-growth-mb", type=float, default=64.0, help="fail past this RSS growth after warm-up"
+    )
     p.set_defaults(handler=run)
 
 
@@ -61,8 +73,18 @@ def run(args) -> int:
             prompts = [line.rstrip("\n") for line in f if line.strip()]
     else:
         prompts = synthetic_prompts(args.requests, args.seed)
-    result = asyncio.run(run_load(args.url.rstrip("/"), prompts, args.concurrency, args.requests,
-                                  duration=args.duration, body=body, api_key=args.api_key, stream=not args.no_stream))
+    result = asyncio.run(
+        run_load(
+            args.url.rstrip("/"),
+            prompts,
+            args.concurrency,
+            args.requests,
+            duration=args.duration,
+            body=body,
+            api_key=args.api_key,
+            stream=not args.no_stream,
+        )
+    )
     summary = result.summary()
     print(json.dumps(summary, indent=2))
     if args.json:

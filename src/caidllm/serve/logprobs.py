@@ -22,14 +22,20 @@ def requested(body: dict, kind: str) -> int | None:
     if "echo" in body and not isinstance(body["echo"], bool):
         raise LogprobsError(f"echo must be true or false, got {body['echo']!r}", "echo")
     if body.get("echo"):
-        raise LogprobsError("echo (scoring the prompt) is not supported: a diffusion model's prompt is never "
-                            "committed token by token", "echo")
+        raise LogprobsError(
+            "echo (scoring the prompt) is not supported: a diffusion model's prompt is never "
+            "committed token by token",
+            "echo",
+        )
     if kind != "chat":
         if top is not None:
-            raise LogprobsError("'top_logprobs' is not a field of this endpoint (logprobs: N is)", "top_logprobs")
+            raise LogprobsError(
+                "'top_logprobs' is not a field of this endpoint (logprobs: N is)", "top_logprobs"
+            )
         if value is not None and not (is_int(value) and 0 <= value <= COMPLETIONS_MAX_TOP):
-            raise LogprobsError(f"logprobs must be an integer in [0, {COMPLETIONS_MAX_TOP}], got {value!r}",
-                                "logprobs")
+            raise LogprobsError(
+                f"logprobs must be an integer in [0, {COMPLETIONS_MAX_TOP}], got {value!r}", "logprobs"
+            )
         return value
     if value is not None and not isinstance(value, bool):
         raise LogprobsError(f"logprobs must be true or false, got {value!r}", "logprobs")
@@ -42,18 +48,29 @@ def requested(body: dict, kind: str) -> int | None:
 
 def body(lm, kind: str, entries: list, token_ids: list[int], offset: int = 0) -> dict:
     """The OpenAI logprobs object of these tokens (entries: (logprob, [(token, logprob)]) each)."""
+
     def text(token):
         return lm.decode([token])
 
     if kind == "chat":
+
         def item(token, logprob):
             return {"token": text(token), "logprob": logprob, "bytes": list(text(token).encode("utf-8"))}
 
-        return {"content": [{**item(t, lp), "top_logprobs": [item(a, alp) for a, alp in top]}
-                            for t, (lp, top) in zip(token_ids, entries)], "refusal": None}
+        return {
+            "content": [
+                {**item(t, lp), "top_logprobs": [item(a, alp) for a, alp in top]}
+                for t, (lp, top) in zip(token_ids, entries)
+            ],
+            "refusal": None,
+        }
     offsets, at = [], offset
     for t in token_ids:
         offsets.append(at)
         at += len(text(t))
-    return {"tokens": [text(t) for t in token_ids], "token_logprobs": [lp for lp, _ in entries],
-            "top_logprobs": [{text(a): alp for a, alp in top} for _, top in entries], "text_offset": offsets}
+    return {
+        "tokens": [text(t) for t in token_ids],
+        "token_logprobs": [lp for lp, _ in entries],
+        "top_logprobs": [{text(a): alp for a, alp in top} for _, top in entries],
+        "text_offset": offsets,
+    }

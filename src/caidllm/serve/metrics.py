@@ -14,22 +14,36 @@ class ServerMetrics:
 
     def __init__(self, background):
         self.registry = CollectorRegistry()
-        self.requests = Counter("caidllm_requests", "Requests by outcome", ["outcome"], registry=self.registry)
+        self.requests = Counter(
+            "caidllm_requests", "Requests by outcome", ["outcome"], registry=self.registry
+        )
         for outcome in OUTCOMES:
             self.requests.labels(outcome)
         self.tokens = Counter("caidllm_generated_tokens", "Answer tokens returned", registry=self.registry)
-        self.latency = Histogram("caidllm_request_latency_seconds", "Request latency (received to last token)",
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.ttft = Histogram("caidllm_time_to_first_token_seconds",
-                              "Received to the first committed answer text", buckets=LATENCY_BUCKETS,
-                              registry=self.registry)
+        self.latency = Histogram(
+            "caidllm_request_latency_seconds",
+            "Request latency (received to last token)",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "caidllm_time_to_first_token_seconds",
+            "Received to the first committed answer text",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         engine = background.engine
         Gauge("caidllm_queue_depth", "Requests waiting for a slot", registry=self.registry).set_function(
-            lambda: background.queued)
-        Gauge("caidllm_rows_in_flight", "Requests decoding now (rows of the batch)",
-              registry=self.registry).set_function(lambda: engine.scheduler.in_flight)
-        Gauge("caidllm_requests_in_engine", "Engine requests submitted and not ended (queued or decoding)",
-              registry=self.registry).set_function(lambda: background.pending)
+            lambda: background.queued
+        )
+        Gauge(
+            "caidllm_rows_in_flight", "Requests decoding now (rows of the batch)", registry=self.registry
+        ).set_function(lambda: engine.scheduler.in_flight)
+        Gauge(
+            "caidllm_requests_in_engine",
+            "Engine requests submitted and not ended (queued or decoding)",
+            registry=self.registry,
+        ).set_function(lambda: background.pending)
         self.registry.register(_EngineCounters(engine))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and the like (Linux)
 
@@ -46,7 +60,9 @@ class _EngineCounters:
     def collect(self):
         forwards = CounterMetricFamily("caidllm_forwards", "Model forward passes run by the engine")
         forwards.add_metric([], self.engine.runner.forwards)
-        steps = CounterMetricFamily("caidllm_engine_steps", "Engine steps (each advances every request in flight)")
+        steps = CounterMetricFamily(
+            "caidllm_engine_steps", "Engine steps (each advances every request in flight)"
+        )
         steps.add_metric([], self.engine.steps)
         yield forwards
         yield steps
@@ -56,9 +72,14 @@ class _EngineCounters:
 PREFIX_COUNTERS = {  # store counter -> (metric, help)
     "lookups": ("caidllm_prefix_cache_lookups", "Requests admitted with the prefix store on"),
     "hits": ("caidllm_prefix_cache_hits", "Requests that took at least one block from the prefix store"),
-    "blocks_reused": ("caidllm_prefix_cache_blocks_reused", "Blocks copied from the prefix store into requests"),
-    "positions_saved": ("caidllm_prefix_cache_prefill_positions_saved",
-                        "Prompt positions not prefilled: their keys and values came from the prefix store"),
+    "blocks_reused": (
+        "caidllm_prefix_cache_blocks_reused",
+        "Blocks copied from the prefix store into requests",
+    ),
+    "positions_saved": (
+        "caidllm_prefix_cache_prefill_positions_saved",
+        "Prompt positions not prefilled: their keys and values came from the prefix store",
+    ),
     "positions_prefilled": ("caidllm_prefix_cache_prefill_positions", "Prompt positions prefilled"),
     "blocks_evicted": ("caidllm_prefix_cache_blocks_evicted", "Blocks evicted from the prefix store"),
 }

@@ -63,21 +63,39 @@ def _equals(neutral) -> Callable[[object], bool]:
 
 TEXT_ONLY = "text is its only output"
 _RULES = [
-    NeutralField("n", "an integer in [1, 128]", _int_in(1, 128), _equals(1), "one choice per prompt; send the "
-                 "prompt again, or a list of prompts to /v1/completions"),
+    NeutralField(
+        "n",
+        "an integer in [1, 128]",
+        _int_in(1, 128),
+        _equals(1),
+        "one choice per prompt; send the prompt again, or a list of prompts to /v1/completions",
+    ),
     NeutralField("best_of", "an integer in [1, 20]", _int_in(1, 20), _equals(1)),
-    NeutralField("top_p", "a number in (0, 1]", _number_in(0, 1, open_low=True), _equals(1),
-                 "no nucleus sampling: only 1"),
+    NeutralField(
+        "top_p",
+        "a number in (0, 1]",
+        _number_in(0, 1, open_low=True),
+        _equals(1),
+        "no nucleus sampling: only 1",
+    ),
     NeutralField("presence_penalty", "a number in [-2, 2]", _number_in(-2, 2), _equals(0)),
     NeutralField("frequency_penalty", "a number in [-2, 2]", _number_in(-2, 2), _equals(0)),
-    NeutralField("repetition_penalty", "a positive number", lambda v, kind: is_number(v) and v > 0, _equals(1)),
-    NeutralField("logit_bias", "an object of token id -> number in [-100, 100]",
-                 lambda v, kind: isinstance(v, dict) and all(is_number(b) and -100 <= b <= 100 for b in v.values()),
-                 lambda v: v == {}),
+    NeutralField(
+        "repetition_penalty", "a positive number", lambda v, kind: is_number(v) and v > 0, _equals(1)
+    ),
+    NeutralField(
+        "logit_bias",
+        "an object of token id -> number in [-100, 100]",
+        lambda v, kind: isinstance(v, dict) and all(is_number(b) and -100 <= b <= 100 for b in v.values()),
+        lambda v: v == {},
+    ),
     NeutralField("functions", "a list", _is(list), lambda v: v == [], "no function calls"),
-    NeutralField("function_call", "a string or an object", _is((str, dict)), lambda v: v == "none",
-                 "no function calls"),
-    NeutralField("parallel_tool_calls", "true or false", _bool, lambda v: v is False, "one tool call per answer"),
+    NeutralField(
+        "function_call", "a string or an object", _is((str, dict)), lambda v: v == "none", "no function calls"
+    ),
+    NeutralField(
+        "parallel_tool_calls", "true or false", _bool, lambda v: v is False, "one tool call per answer"
+    ),
     NeutralField("suffix", "a string", _is(str), _never, "no insertion"),
     NeutralField("service_tier", "a string", _is(str), _never),
     NeutralField("store", "true or false", _bool, lambda v: v is False, "nothing is stored"),

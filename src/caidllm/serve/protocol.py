@@ -30,14 +30,28 @@ from caidllm.serve.stops import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 class RequestError(Exception):
     """A request the server refuses; becomes an OpenAI error body."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 error_type: str = "invalid_request_error", code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        error_type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.message, self.param, self.status = message, param, status
         self.error_type, self.code, self.headers = error_type, code, headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 @dataclass
@@ -51,8 +65,12 @@ class ServerDefaults:
     max_gen_length: int = 1024  # the largest canvas a request may ask for
     max_prompt_tokens: int | None = None  # None: whatever fits the model's context
     max_prompts: int = 16  # prompts in one /v1/completions request
-    settings: object = None  # a calibrate settings file (CalibratedSettings): its values are the defaults of its method
-    max_prompt_chars: int | None = None  # longer text cannot fit the context: refused untokenised (prompt_char_limit)
+    settings: object = (
+        None  # a calibrate settings file (CalibratedSettings): its values are the defaults of its method
+    )
+    max_prompt_chars: int | None = (
+        None  # longer text cannot fit the context: refused untokenised (prompt_char_limit)
+    )
 
 
 @dataclass
@@ -68,12 +86,25 @@ class DecodeRequest:
     model: str
     extensions: dict = field(default_factory=dict)
     constraint: Constraint | None = None  # structured output (serve/structured.py)
-    logprobs: int | None = None  # top alternatives per token's logprob entry; None: no logprobs (serve/logprobs.py)
+    logprobs: int | None = (
+        None  # top alternatives per token's logprob entry; None: no logprobs (serve/logprobs.py)
+    )
     tools: object | None = None  # the chat request's ToolRequest (serve/tools.py)
 
 
-OPENAI_FIELDS = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "stream",
-                 "stream_options", "user", "messages", "prompt"}
+OPENAI_FIELDS = {
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "user",
+    "messages",
+    "prompt",
+}
 EXTENSIONS = (ALL_NAMES | {"method"}) - {"temperature", "seed"}
 OWN_FIELDS = {"commit_events", "logprobs", "top_logprobs", "echo", "tools", "tool_choice", *structured.FIELDS}
 
@@ -90,8 +121,11 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     max_name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = _positive_int(body, max_name)
     tool_request = _tools(body, lm, kind)
-    prompts = _messages(body["messages"], lm, defaults, tool_request) if kind == "chat" \
+    prompts = (
+        _messages(body["messages"], lm, defaults, tool_request)
+        if kind == "chat"
         else _prompts(body["prompt"], lm, defaults)
+    )
     _check_prompt_lengths(prompts, defaults, prompt_field)
     extensions = {k: body[k] for k in body if k in EXTENSIONS}
     config = _config(body, extensions, max_tokens, max_name, defaults)
@@ -101,8 +135,21 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     except InputError as error:
         raise RequestError(str(error), error.field or _method_param(extensions)) from None
     constraint, top = _answer_form(body, kind, max_tokens, tool_request)
-    return DecodeRequest(kind, prompts, config, max_tokens, _stop(body), stream, include_usage,
-                         _bool(body, "commit_events", False), model, extensions, constraint, top, tool_request)
+    return DecodeRequest(
+        kind,
+        prompts,
+        config,
+        max_tokens,
+        _stop(body),
+        stream,
+        include_usage,
+        _bool(body, "commit_events", False),
+        model,
+        extensions,
+        constraint,
+        top,
+        tool_request,
+    )
 
 
 def _check_fields(body: dict, kind: str, prompt_field: str) -> None:
@@ -128,8 +175,12 @@ def _model(body: dict, defaults: ServerDefaults) -> str:
         if name in body and not isinstance(body[name], str):
             raise RequestError(f"{name} must be a string, got {_type(body[name])}", name)
     if model != defaults.model_name:
-        raise RequestError(f"the model {model!r} does not exist; this server serves {defaults.model_name!r}",
-                           "model", status=404, code="model_not_found")
+        raise RequestError(
+            f"the model {model!r} does not exist; this server serves {defaults.model_name!r}",
+            "model",
+            status=404,
+            code="model_not_found",
+        )
     return model
 
 
@@ -151,8 +202,11 @@ def _check_prompt_lengths(prompts: list, defaults: ServerDefaults, prompt_field:
     if defaults.max_prompt_tokens is not None:
         for ids in prompts:
             if len(ids) > defaults.max_prompt_tokens:
-                raise RequestError(f"the prompt has {len(ids)} tokens; this server takes at most "
-                                   f"{defaults.max_prompt_tokens}", prompt_field)
+                raise RequestError(
+                    f"the prompt has {len(ids)} tokens; this server takes at most "
+                    f"{defaults.max_prompt_tokens}",
+                    prompt_field,
+                )
 
 
 def _answer_form(body: dict, kind: str, max_tokens, tool_request):
@@ -164,8 +218,10 @@ def _answer_form(body: dict, kind: str, max_tokens, tool_request):
         raise RequestError(error.message, error.param) from None
     forced = tool_request.constraint(max_tokens) if tool_request is not None else None
     if forced is not None and constraint is not None:
-        raise RequestError("a forced tool call (tool_choice) cannot be combined with response_format, regex or "
-                           "choice", "tool_choice")
+        raise RequestError(
+            "a forced tool call (tool_choice) cannot be combined with response_format, regex or choice",
+            "tool_choice",
+        )
     return constraint or forced, top
 
 
@@ -193,20 +249,26 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
     block = ext.setdefault("block_length", defaults.block_length)
     if "gen_length" in ext:
         if max_tokens is not None and is_int(ext["gen_length"]) and max_tokens > ext["gen_length"]:
-            raise RequestError(f"{max_name} ({max_tokens}) exceeds gen_length ({ext['gen_length']})", max_name)
+            raise RequestError(
+                f"{max_name} ({max_tokens}) exceeds gen_length ({ext['gen_length']})", max_name
+            )
     elif is_int(block) and block > 0:
         # The canvas: max_tokens rounded up to whole blocks, else the server default (whole blocks too);
         # exactly max_tokens for a method that decodes the whole canvas as one block (Elastic-Cache's
         # official loop), which the server's block default does not reach.
         # Integer arithmetic: a huge max_tokens must not overflow a float.
         wanted = max_tokens if max_tokens is not None else defaults.gen_length
-        one_block = max_tokens is not None and "block_length" not in extensions and decodes_one_block(method, **ext)
+        one_block = (
+            max_tokens is not None and "block_length" not in extensions and decodes_one_block(method, **ext)
+        )
         ext["gen_length"] = wanted if one_block else -(-wanted // block) * block
     gen_length = ext.get("gen_length")
     if is_int(gen_length) and gen_length > defaults.max_gen_length:
         param = "gen_length" if "gen_length" in extensions else max_name
-        raise RequestError(f"the canvas of {gen_length} positions exceeds this server's limit of "
-                           f"{defaults.max_gen_length}", param)
+        raise RequestError(
+            f"the canvas of {gen_length} positions exceeds this server's limit of {defaults.max_gen_length}",
+            param,
+        )
     steps = ext.get("steps")
     if is_int(steps) and is_int(gen_length) and steps > gen_length:  # steps that commit nothing, for nothing
         raise RequestError(f"steps ({steps}) exceeds the canvas of {gen_length} positions", "steps")
@@ -217,12 +279,18 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
     if seed is not None and not is_int(seed):
         raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
     try:
-        own = defaults.settings if defaults.settings is not None and defaults.settings.method == method else None
+        own = (
+            defaults.settings
+            if defaults.settings is not None and defaults.settings.method == method
+            else None
+        )
         # The server's default block length is not the client's (Elastic-Cache's official loop refuses a given one).
         filled = () if "block_length" in extensions else ("block_length",)
         # Lenient here: a setting of a method that does not run is refused by fit_to_model, after the model's
         # own refusals (a setting the model never reads is said so first).
-        return build_config(method, settings=own, filled=filled, temperature=float(temperature), seed=seed, **ext)
+        return build_config(
+            method, settings=own, filled=filled, temperature=float(temperature), seed=seed, **ext
+        )
     except InputError as error:
         raise RequestError(str(error), error.field or "method") from None
 
@@ -239,8 +307,10 @@ def _check_text(body: dict) -> None:
                     item.encode("utf-8")
                 except UnicodeEncodeError:
                     name = top.encode("utf-8", "backslashreplace").decode("utf-8")
-                    raise RequestError(f"{name!r} holds text that is not valid Unicode (a lone surrogate "
-                                       "such as \\ud800)", name) from None
+                    raise RequestError(
+                        f"{name!r} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
+                        name,
+                    ) from None
             elif isinstance(item, dict):
                 stack.extend(item.keys())
                 stack.extend(item.values())
@@ -249,7 +319,9 @@ def _check_text(body: dict) -> None:
 
 
 def _type(value) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), "a number"
+    )
 
 
 def prompt_char_limit(lm) -> int:
@@ -262,8 +334,11 @@ def prompt_char_limit(lm) -> int:
 
 def _check_length(text: str, defaults: ServerDefaults, param: str) -> None:
     if defaults.max_prompt_chars is not None and len(text) > defaults.max_prompt_chars:
-        raise RequestError(f"the {param} has {len(text)} characters; no text over {defaults.max_prompt_chars} "
-                           "characters fits the model's context", param)
+        raise RequestError(
+            f"the {param} has {len(text)} characters; no text over {defaults.max_prompt_chars} "
+            "characters fits the model's context",
+            param,
+        )
 
 
 def _messages(messages, lm, defaults: ServerDefaults, tool_request=None) -> list[list[int]]:
@@ -272,8 +347,9 @@ def _messages(messages, lm, defaults: ServerDefaults, tool_request=None) -> list
     turns = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-            raise RequestError(f"messages[{i}] must be an object with role system, user, assistant or tool",
-                               "messages")
+            raise RequestError(
+                f"messages[{i}] must be an object with role system, user, assistant or tool", "messages"
+            )
         if m["role"] in ("assistant", "tool"):  # a tool call and its result, fed back through the template
             try:
                 m = tools.turn(m, i, tool_request)
@@ -281,8 +357,10 @@ def _messages(messages, lm, defaults: ServerDefaults, tool_request=None) -> list
                 raise RequestError(error.message, error.param) from None
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text ones
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content
+            ):
                 raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
@@ -291,18 +369,30 @@ def _messages(messages, lm, defaults: ServerDefaults, tool_request=None) -> list
             raise RequestError(f"messages[{i}].name must be a string", "messages")
         extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
-            raise RequestError(f"messages[{i}] has fields caidllm does not support: {', '.join(sorted(extra))}",
-                               "messages")
-        turns.append({"role": m["role"], "content": content, **{k: m[k] for k in ("tool_calls", "tool_call_id")
-                                                                if k in m}})
+            raise RequestError(
+                f"messages[{i}] has fields caidllm does not support: {', '.join(sorted(extra))}", "messages"
+            )
+        turns.append(
+            {
+                "role": m["role"],
+                "content": content,
+                **{k: m[k] for k in ("tool_calls", "tool_call_id") if k in m},
+            }
+        )
     if not any(t["content"].strip() for t in turns):
         raise RequestError("messages are all empty", "messages")
     _check_length("".join(t["content"] for t in turns), defaults, "messages")
     try:
         if tool_request is not None and not tool_request.format.renders_tools:
             turns = [tool_request.system_message()] + turns
-        return [lm.encode_messages(turns, tools=tool_request.tools if tool_request is not None
-                                   and tool_request.format.renders_tools else None)]
+        return [
+            lm.encode_messages(
+                turns,
+                tools=tool_request.tools
+                if tool_request is not None and tool_request.format.renders_tools
+                else None,
+            )
+        ]
     except InputError as error:
         raise RequestError(str(error), "messages") from None
     except Exception as error:  # noqa: BLE001 - a template that rejects this conversation
@@ -334,8 +424,9 @@ def _stop(body) -> list[str]:
     stop = body.get("stop", [])
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError(f"stop must be a non-empty string or a list of at most {MAX_STOP_SEQUENCES} of them",
-                           "stop")
+        raise RequestError(
+            f"stop must be a non-empty string or a list of at most {MAX_STOP_SEQUENCES} of them", "stop"
+        )
     if len(stop) > MAX_STOP_SEQUENCES:
         raise RequestError(f"stop holds {len(stop)} sequences; at most {MAX_STOP_SEQUENCES}", "stop")
     longest = max(stop, key=len, default="")

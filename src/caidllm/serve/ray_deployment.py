@@ -16,8 +16,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report leaves 
 # Serve's controller gives a new proxy actor 5 s to be ready and kills it past that ("killed by ray.kill ...
 # cancelled before it started running"): a loaded machine takes longer to start its worker process and
 # import the proxy. A Ray instance started here (its processes inherit this environment) waits longer.
-for _name, _seconds in (("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "120"),
-                        ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")):
+for _name, _seconds in (
+    ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "120"),
+    ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60"),
+):
     os.environ.setdefault(_name, _seconds)
 
 import ray  # noqa: E402
@@ -81,8 +83,10 @@ def serve_until_stopped(args) -> int:
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopped.set())
-    print(f"caidllm: {args.replicas} replicas on http://{args.host}:{args.port} (Ray Serve); Ctrl-C stops them",
-          flush=True)
+    print(
+        f"caidllm: {args.replicas} replicas on http://{args.host}:{args.port} (Ray Serve); Ctrl-C stops them",
+        flush=True,
+    )
     stopped.wait()
     serve.delete(APP_NAME)  # replicas finish what they are doing (Ray's graceful shutdown), then stop
     if started_here:  # on a cluster joined, Serve and its other applications stay up

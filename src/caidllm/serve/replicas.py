@@ -24,17 +24,34 @@ from caidllm.options import json_object_option
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("replicas (Ray Serve; pip install 'caidllm[ray]')")
-    g.add_argument("--replicas", type=int, default=None, metavar="N",
-                   help="serve N replicas, each its own model and engine, behind Ray Serve's proxy")
-    g.add_argument("--ray-address", default=None,
-                   help="Ray cluster to join ('auto', ray://host:10001); default: $RAY_ADDRESS, else a local "
-                        "Ray instance started here")
-    g.add_argument("--ray-options", default=None, metavar="JSON",
-                   help="serve.deployment options passed to Ray as they are (max_ongoing_requests, "
-                        "autoscaling_config, request_router_config, ray_actor_options, ...)")
-    g.add_argument("--replica-metrics-port", type=int, default=None, metavar="PORT",
-                   help="replica k also serves its /metrics on PORT+k (on --host); /metrics through the proxy "
-                        "answers for whichever replica took the request")
+    g.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve N replicas, each its own model and engine, behind Ray Serve's proxy",
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join ('auto', ray://host:10001); default: $RAY_ADDRESS, else a local "
+        "Ray instance started here",
+    )
+    g.add_argument(
+        "--ray-options",
+        default=None,
+        metavar="JSON",
+        help="serve.deployment options passed to Ray as they are (max_ongoing_requests, "
+        "autoscaling_config, request_router_config, ray_actor_options, ...)",
+    )
+    g.add_argument(
+        "--replica-metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="replica k also serves its /metrics on PORT+k (on --host); /metrics through the proxy "
+        "answers for whichever replica took the request",
+    )
 
 
 def wanted(args) -> bool:
@@ -46,8 +63,10 @@ def deployment_options(args, gpus_in_cluster: bool) -> dict:
     (one CPU each otherwise), then --ray-options on top."""
     if args.replicas < 1:
         raise InputError(f"--replicas must be at least 1, got {args.replicas}")
-    options = {"num_replicas": args.replicas,
-               "ray_actor_options": {"num_gpus": 1} if gpus_in_cluster else {"num_cpus": 1}}
+    options = {
+        "num_replicas": args.replicas,
+        "ray_actor_options": {"num_gpus": 1} if gpus_in_cluster else {"num_cpus": 1},
+    }
     if args.ray_options:
         extra = json_object_option(args.ray_options, "--ray-options", "object of serve.deployment options")
         if "autoscaling_config" in extra:
@@ -60,9 +79,11 @@ def check(args) -> None:
     """What can be checked before Ray starts (a replica that fails to start makes Ray retry it)."""
     deployment_options(args, gpus_in_cluster=False)
     if getattr(args, "tp", 1) > 1:
-        raise InputError(f"--tp {args.tp} with --replicas is not supported yet (each replica would have to spawn "
-                         "and own its ranks inside Ray); run one `caidllm serve --tp N` per machine, or --replicas "
-                         "without --tp")
+        raise InputError(
+            f"--tp {args.tp} with --replicas is not supported yet (each replica would have to spawn "
+            "and own its ranks inside Ray); run one `caidllm serve --tp N` per machine, or --replicas "
+            "without --tp"
+        )
     if getattr(args, "tp_timeout", None) is not None:
         raise InputError("--tp-timeout applies to --tp N (N > 1) only; drop it or add --tp")
     if args.replica_metrics_port is not None and not 0 < args.replica_metrics_port < 65536:

@@ -26,8 +26,13 @@ def stats(call) -> dict:
     """The `caidllm` extension field: how the answer was decoded."""
     c = call.req.config
     per_choice = [a.stats() for a in call.answers]
-    return {"method": c.method, "gen_length": c.gen_length, "block_length": c.block_length, **per_choice[0],
-            "choices": per_choice}
+    return {
+        "method": c.method,
+        "gen_length": c.gen_length,
+        "block_length": c.block_length,
+        **per_choice[0],
+        "choices": per_choice,
+    }
 
 
 def complete(call) -> dict:
@@ -44,8 +49,12 @@ def complete(call) -> dict:
         else:
             choice["text"] = a.text
         choices.append(choice)
-    return {**_head(call, "chat.completion" if chat else "text_completion"), "choices": choices,
-            "usage": usage(call), "caidllm": stats(call)}
+    return {
+        **_head(call, "chat.completion" if chat else "text_completion"),
+        "choices": choices,
+        "usage": usage(call),
+        "caidllm": stats(call),
+    }
 
 
 def _logprobs(call, answer) -> dict | None:
@@ -59,8 +68,11 @@ def _logprobs(call, answer) -> dict | None:
 def _chunk(call, index: int, text: str | None, finish_reason=None, role: bool = False) -> dict:
     chat = call.req.kind == "chat"
     with_logprobs = text and not role and call.req.logprobs is not None
-    choice = {"index": index, "logprobs": _logprobs(call, call.answers[index]) if with_logprobs else None,
-              "finish_reason": finish_reason}
+    choice = {
+        "index": index,
+        "logprobs": _logprobs(call, call.answers[index]) if with_logprobs else None,
+        "finish_reason": finish_reason,
+    }
     if chat:
         delta = {"role": "assistant"} if role else {}
         if text:
@@ -120,19 +132,34 @@ def _tool_chunk(call, index: int, answer) -> tuple[dict, str]:
 
 def commit_events(call, event) -> list[dict]:
     lm = call.answers[0].lm
-    return [{"position": p, "token": t, "text": lm.decode([t]), "step": event.step, "block": event.block,
-             "block_start": event.block_start, "s_i": s}
-            for p, t, s in zip(event.positions, event.token_ids, event.first_confidence)]
+    return [
+        {
+            "position": p,
+            "token": t,
+            "text": lm.decode([t]),
+            "step": event.step,
+            "block": event.block,
+            "block_start": event.block_start,
+            "s_i": s,
+        }
+        for p, t, s in zip(event.positions, event.token_ids, event.first_confidence)
+    ]
 
 
 def prefix_cache_info(call, event) -> dict:
     """A request's prompt as the prefix store served it: positions taken from the store (whole blocks
     from the prompt's start) and the prompt's length, in blocks of block_length."""
-    return {"reused_positions": event.reused_positions, "prompt_positions": event.prompt_length,
-            "block_length": call.req.config.block_length}
+    return {
+        "reused_positions": event.reused_positions,
+        "prompt_positions": event.prompt_length,
+        "block_length": call.req.config.block_length,
+    }
 
 
 def usage_chunk(call) -> dict:
     chat = call.req.kind == "chat"
-    return {**_head(call, "chat.completion.chunk" if chat else "text_completion"), "choices": [],
-            "usage": usage(call)}
+    return {
+        **_head(call, "chat.completion.chunk" if chat else "text_completion"),
+        "choices": [],
+        "usage": usage(call),
+    }

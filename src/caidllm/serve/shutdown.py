@@ -36,15 +36,18 @@ class Shutdown:
         self.expired = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's loop, set at startup
         self.on_expired: Callable[[], None] | None = None
-        self.failure: str | None = None  # why the server cannot serve any more (a tensor-parallel rank failed)
+        self.failure: str | None = (
+            None  # why the server cannot serve any more (a tensor-parallel rank failed)
+        )
 
     def begin(self) -> None:
         """On the server's loop: start draining; a second call (a second signal) ends the drain now."""
         if self.draining:
             return self.expire()
         self.draining = True
-        logger.warning("draining: requests in flight have %g s; new ones get 503 (signal again to stop now)",
-                       self.grace)
+        logger.warning(
+            "draining: requests in flight have %g s; new ones get 503 (signal again to stop now)", self.grace
+        )
         asyncio.get_running_loop().call_later(self.grace, self.expire)
 
     def expire(self) -> None:
@@ -87,5 +90,13 @@ def uvicorn_config(app, host: str, port: int, log_level: str, grace: float, **kw
     with its own plain-text 400 before the app sees it; with h11 the app answers an OpenAI 405 body,
     and malformed framing gets the OpenAI body too (serve/http_edges.py). uvicorn is told to stop only
     when the grace period has ended (serve/cli.py), so it waits for connections no more than BACKSTOP_S."""
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=OpenAIH11Protocol, lifespan="on",
-                          timeout_graceful_shutdown=BACKSTOP_S, **kw)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=OpenAIH11Protocol,
+        lifespan="on",
+        timeout_graceful_shutdown=BACKSTOP_S,
+        **kw,
+    )

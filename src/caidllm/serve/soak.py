@@ -54,15 +54,29 @@ class SoakReport:
     wall_s: float = 0.0
 
     def ok(self, max_rss_growth_mb: float) -> bool:
-        return (not self.server_errors and not self.lost and not self.mismatches and self.in_engine_after == 0
-                and (self.rss_growth_mb is None or self.rss_growth_mb <= max_rss_growth_mb))
+        return (
+            not self.server_errors
+            and not self.lost
+            and not self.mismatches
+            and self.in_engine_after == 0
+            and (self.rss_growth_mb is None or self.rss_growth_mb <= max_rss_growth_mb)
+        )
 
     def summary(self) -> dict:
-        return {"sent": self.sent, "answered": self.answered, "refused": self.refused,
-                "disconnects": self.disconnects, "server_errors": len(self.server_errors), "lost": len(self.lost),
-                "mismatches": len(self.mismatches), "examples": (self.server_errors + self.lost + self.mismatches)[:5],
-                "in_engine_after": self.in_engine_after, "rss_mb_first_last": self.rss_mb[:1] + self.rss_mb[-1:],
-                "rss_growth_mb": self.rss_growth_mb, "wall_s": round(self.wall_s, 1)}
+        return {
+            "sent": self.sent,
+            "answered": self.answered,
+            "refused": self.refused,
+            "disconnects": self.disconnects,
+            "server_errors": len(self.server_errors),
+            "lost": len(self.lost),
+            "mismatches": len(self.mismatches),
+            "examples": (self.server_errors + self.lost + self.mismatches)[:5],
+            "in_engine_after": self.in_engine_after,
+            "rss_mb_first_last": self.rss_mb[:1] + self.rss_mb[-1:],
+            "rss_growth_mb": self.rss_growth_mb,
+            "wall_s": round(self.wall_s, 1),
+        }
 
     def judge(self, status: int, payload, label: str, want: str | None) -> None:
         """Count one ending: the reference text, a clean refusal, a 5xx, a wrong text, or lost."""
@@ -73,21 +87,29 @@ class SoakReport:
                 self.mismatches.append(f"{label}: {payload!r} != {want!r}")
             else:
                 self.answered += 1
-        elif status in CLEAN_REFUSALS and isinstance(payload, dict) and payload.get("error", {}).get("message"):
+        elif (
+            status in CLEAN_REFUSALS and isinstance(payload, dict) and payload.get("error", {}).get("message")
+        ):
             self.refused[str(status)] = self.refused.get(str(status), 0) + 1
         else:
             self.lost.append(f"{label}: {status} {str(payload)[:200]}")
 
 
-def _pool(prompts: list[str], methods: list[str], size: int, rng: random.Random, body: dict) -> list[tuple[str, dict]]:
+def _pool(
+    prompts: list[str], methods: list[str], size: int, rng: random.Random, body: dict
+) -> list[tuple[str, dict]]:
     """(path, request body) of the distinct requests the traffic is drawn from."""
     pool = []
     for i in range(size):
         prompt, method = prompts[i % len(prompts)], methods[i % len(methods)]
         own = _body_of(method, body)
         if rng.random() < 0.5:
-            pool.append(("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
-                                                  "method": method, **own}))
+            pool.append(
+                (
+                    "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": prompt}], "method": method, **own},
+                )
+            )
         else:
             pool.append(("/v1/completions", {"prompt": prompt, "method": method, **own}))
     return pool
@@ -118,10 +140,23 @@ class TrafficMix:
     burst: int
 
 
-async def run_soak(url: str, prompts: list[str], methods: list[str], *, duration: float, requests: int,
-                   concurrency: int, burst: int, seed: int = 0, pool_size: int = 16, body: dict | None = None,
-                   malformed_rate: float = 0.1, disconnect_rate: float = 0.1, burst_rate: float = 0.02,
-                   api_key: str | None = None) -> SoakReport:
+async def run_soak(
+    url: str,
+    prompts: list[str],
+    methods: list[str],
+    *,
+    duration: float,
+    requests: int,
+    concurrency: int,
+    burst: int,
+    seed: int = 0,
+    pool_size: int = 16,
+    body: dict | None = None,
+    malformed_rate: float = 0.1,
+    disconnect_rate: float = 0.1,
+    burst_rate: float = 0.02,
+    api_key: str | None = None,
+) -> SoakReport:
     import httpx
 
     if urlparse(url).hostname not in LOOPBACK:
@@ -130,11 +165,17 @@ async def run_soak(url: str, prompts: list[str], methods: list[str], *, duration
     pool = _pool(prompts, methods, pool_size, rng, body or {"gen_length": 32, "block_length": 16})
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     mix = TrafficMix(malformed_rate, disconnect_rate, burst_rate, burst)
-    async with httpx.AsyncClient(base_url=url, timeout=600, headers=headers,
-                                 limits=httpx.Limits(max_connections=concurrency + burst + 8)) as client:
+    async with httpx.AsyncClient(
+        base_url=url,
+        timeout=600,
+        headers=headers,
+        limits=httpx.Limits(max_connections=concurrency + burst + 8),
+    ) as client:
         reference = await _references(client, pool)
         started = time.perf_counter()
-        traffic = _Traffic(client, pool, reference, rng, report, mix, started + duration, iter(range(requests)))
+        traffic = _Traffic(
+            client, pool, reference, rng, report, mix, started + duration, iter(range(requests))
+        )
         sampler = asyncio.ensure_future(_sample_rss(client, report, every=max(duration / 50, 0.5)))
         await asyncio.gather(*(traffic.worker() for _ in range(concurrency)))
         report.wall_s = time.perf_counter() - started
@@ -182,8 +223,12 @@ class _Traffic:
                 await self.malformed()
             elif roll < mix.malformed_rate + mix.burst_rate:
                 self.report.sent += mix.burst - 1
-                await asyncio.gather(*(self.normal(rng.randrange(len(self.pool)), rng.random() < 0.5, None)
-                                       for _ in range(mix.burst)))
+                await asyncio.gather(
+                    *(
+                        self.normal(rng.randrange(len(self.pool)), rng.random() < 0.5, None)
+                        for _ in range(mix.burst)
+                    )
+                )
             else:
                 leave = rng.uniform(0.05, 1.0) if rng.random() < mix.disconnect_rate else None
                 await self.normal(rng.randrange(len(self.pool)), rng.random() < 0.5, leave)
@@ -195,12 +240,18 @@ class _Traffic:
         judge = self.report.judge
         try:
             if stream:
-                left = await _streamed(self.client, path, request, label, self.reference[i], leave_after is not None,
-                                       judge)
+                left = await _streamed(
+                    self.client, path, request, label, self.reference[i], leave_after is not None, judge
+                )
             else:
                 call = self.client.post(path, json=request)
                 r = await (call if leave_after is None else asyncio.wait_for(call, leave_after))
-                judge(r.status_code, _text(r.json()) if r.status_code == 200 else _json(r), label, self.reference[i])
+                judge(
+                    r.status_code,
+                    _text(r.json()) if r.status_code == 200 else _json(r),
+                    label,
+                    self.reference[i],
+                )
                 left = False
         except asyncio.TimeoutError:
             left = True  # the client left on purpose
@@ -226,7 +277,7 @@ async def _sample_rss(client, report: SoakReport, every: float) -> None:
 async def _record_rss(client, report: SoakReport) -> None:
     rss = await _metric(client, "process_resident_memory_bytes")
     if rss is not None:
-        report.rss_mb.append(round(rss / 2 ** 20, 1))
+        report.rss_mb.append(round(rss / 2**20, 1))
 
 
 async def _engine_drained(client) -> float | None:
@@ -289,9 +340,20 @@ def run(args) -> int:
 
     prompts = synthetic_prompts(8, args.seed)
     methods = args.method.split(",") if args.method else method_names()
-    report = asyncio.run(run_soak(args.url.rstrip("/"), prompts, methods, duration=args.duration,
-                                  requests=args.requests, concurrency=args.concurrency, burst=args.burst,
-                                  seed=args.seed, malformed_rate=args.malformed_rate, api_key=args.api_key))
+    report = asyncio.run(
+        run_soak(
+            args.url.rstrip("/"),
+            prompts,
+            methods,
+            duration=args.duration,
+            requests=args.requests,
+            concurrency=args.concurrency,
+            burst=args.burst,
+            seed=args.seed,
+            malformed_rate=args.malformed_rate,
+            api_key=args.api_key,
+        )
+    )
     summary = {**report.summary(), "ok": report.ok(args.max_rss_growth_mb)}
     print(json.dumps(summary, indent=2))
     if args.json:

@@ -54,7 +54,7 @@ class StopStrings:
     def _overlap(text: str, stop: str, fail: list[int]) -> int:
         """The longest proper prefix of `stop` that the text ends with (a whole one was cut already)."""
         k = 0
-        for c in text[-(len(stop) - 1):]:
+        for c in text[-(len(stop) - 1) :]:
             while k and c != stop[k]:
                 k = fail[k - 1]
             if c == stop[k]:

@@ -74,29 +74,43 @@ class ToolRequest:
         body = text.strip()
         if not (body.startswith(self.format.open.strip()) and body.endswith(self.format.close.strip())):
             return None
-        body = body[len(self.format.open.strip()):len(body) - len(self.format.close.strip())].strip()
+        body = body[len(self.format.open.strip()) : len(body) - len(self.format.close.strip())].strip()
         try:
             call = json.loads(body)
         except ValueError:
             return None
-        if not isinstance(call, dict) or call.get("name") not in self.names or not isinstance(
-                call.get("arguments"), dict):
+        if (
+            not isinstance(call, dict)
+            or call.get("name") not in self.names
+            or not isinstance(call.get("arguments"), dict)
+        ):
             return None
-        return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                 "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]
+        return [
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
+            }
+        ]
 
     def system_message(self) -> dict:
         listed = json.dumps([t["function"] for t in self.tools])
-        return {"role": "system", "content": f"You may call these functions: {listed}. To call one, answer with "
-                                             '{"name": <function name>, "arguments": <its arguments as JSON>}.'}
+        return {
+            "role": "system",
+            "content": f"You may call these functions: {listed}. To call one, answer with "
+            '{"name": <function name>, "arguments": <its arguments as JSON>}.',
+        }
 
     def call_text(self, call: dict) -> str:
         """An earlier assistant call as the model would have written it (fed back through the template)."""
         function = call.get("function", {})
         arguments = function.get("arguments", "{}")
         arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        return (self.format.open + json.dumps({"name": function.get("name"), "arguments": arguments})
-                + self.format.close)
+        return (
+            self.format.open
+            + json.dumps({"name": function.get("name"), "arguments": arguments})
+            + self.format.close
+        )
 
 
 def _literal(text: str) -> str:
@@ -114,14 +128,23 @@ def tool_request(body: dict, lm) -> ToolRequest | None:
     names = [t["function"]["name"] for t in tools]
     if choice is None or choice in ("auto", "required", "none"):
         choice = choice or "auto"
-    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+    elif (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), dict)
+    ):
         choice = choice["function"].get("name")
         if choice not in names:
-            raise ToolError(f"tool_choice names the function {choice!r}, which is not in tools ({', '.join(names)})",
-                            "tool_choice")
+            raise ToolError(
+                f"tool_choice names the function {choice!r}, which is not in tools ({', '.join(names)})",
+                "tool_choice",
+            )
     else:
-        raise ToolError("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": "
-                        "{\"name\": ...}}", "tool_choice")
+        raise ToolError(
+            "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": "
+            '{"name": ...}}',
+            "tool_choice",
+        )
     if choice == "none":
         return None
     return ToolRequest(tools, choice, format_for(lm))
@@ -129,15 +152,17 @@ def tool_request(body: dict, lm) -> ToolRequest | None:
 
 def _check_tools(tools) -> None:
     if not isinstance(tools, list):
-        raise ToolError("tools must be a list of {\"type\": \"function\", \"function\": {...}} objects", "tools")
+        raise ToolError('tools must be a list of {"type": "function", "function": {...}} objects', "tools")
     seen = set()
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
-            raise ToolError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}", "tools")
+            raise ToolError(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}', "tools")
         name = function.get("name")
         if not isinstance(name, str) or not name or name in seen:
-            raise ToolError(f"tools[{i}].function.name must be a non-empty string, unique among the tools", "tools")
+            raise ToolError(
+                f"tools[{i}].function.name must be a non-empty string, unique among the tools", "tools"
+            )
         seen.add(name)
         if not isinstance(function.get("description", ""), str):
             raise ToolError(f"tools[{i}].function.description must be a string", "tools")
@@ -156,10 +181,12 @@ def turn(message: dict, index: int, tool_request: ToolRequest | None) -> dict:
         if not isinstance(message.get("tool_call_id", ""), str):
             raise ToolError(f"messages[{index}].tool_call_id must be a string", "messages")
     elif calls is not None:
-        if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
-                                                  for c in calls):
-            raise ToolError(f"messages[{index}].tool_calls must be a list of {{\"function\": {{...}}}} objects",
-                            "messages")
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
+        ):
+            raise ToolError(
+                f'messages[{index}].tool_calls must be a list of {{"function": {{...}}}} objects', "messages"
+            )
         written = tool_request or ToolRequest([], "auto", TOOL_FORMATS["json"])
         try:
             text = "\n".join(written.call_text(c) for c in calls)

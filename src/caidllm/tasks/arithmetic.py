@@ -65,13 +65,17 @@ def _mul(r, n, m, o, i, j):
 
 def _div(r, n, m, o, i, j):
     b, q = r.randint(2, 9), r.randint(2, 9)
-    return (f"{n} shares {b * q} {o} equally among {b} friends. How many {o} does each friend get?",
-            [(b * q, "/", b)])
+    return (
+        f"{n} shares {b * q} {o} equally among {b} friends. How many {o} does each friend get?",
+        [(b * q, "/", b)],
+    )
 
 
 def _times(r, n, m, o, i, j):
     a, b = r.randint(2, 9), r.randint(2, 5)
-    return f"{m} has {a} {o}. {n} has {b} times as many {o} as {m}. How many {o} does {n} have?", [(a, "*", b)]
+    return f"{m} has {a} {o}. {n} has {b} times as many {o} as {m}. How many {o} does {n} have?", [
+        (a, "*", b)
+    ]
 
 
 def _half(r, n, m, o, i, j):
@@ -82,28 +86,37 @@ def _half(r, n, m, o, i, j):
 def _add_sub(r, n, m, o, i, j):
     a, b = r.randint(2, 30), r.randint(2, 20)
     c = r.randint(1, a + b - 1)
-    return (f"{n} has {a} {o}. {n} finds {b} more and then gives {c} to {m}. How many {o} does {n} have now?",
-            [(a, "+", b), ("prev", "-", c)])
+    return (
+        f"{n} has {a} {o}. {n} finds {b} more and then gives {c} to {m}. How many {o} does {n} have now?",
+        [(a, "+", b), ("prev", "-", c)],
+    )
 
 
 def _mul_sub(r, n, m, o, i, j):
     a, b = r.randint(2, 9), r.randint(2, 9)
     c = r.randint(2, a * b - 1)
-    return (f"{n} buys {a} bags with {b} {o} in each bag and gives {c} {o} to {m}. "
-            f"How many {o} does {n} have left?", [(a, "*", b), ("prev", "-", c)])
+    return (
+        f"{n} buys {a} bags with {b} {o} in each bag and gives {c} {o} to {m}. "
+        f"How many {o} does {n} have left?",
+        [(a, "*", b), ("prev", "-", c)],
+    )
 
 
 def _more_total(r, n, m, o, i, j):
     a, b = r.randint(2, 30), r.randint(2, 20)
-    return (f"{n} has {a} {o}. {m} has {b} more {o} than {n}. How many {o} do they have together?",
-            [(a, "+", b), (a, "+", "prev")])
+    return (
+        f"{n} has {a} {o}. {m} has {b} more {o} than {n}. How many {o} do they have together?",
+        [(a, "+", b), (a, "+", "prev")],
+    )
 
 
 def _fewer_total(r, n, m, o, i, j):
     a = r.randint(5, 40)
     b = r.randint(2, a - 1)
-    return (f"{n} has {a} {o}. {m} has {b} fewer {o} than {n}. How many {o} do they have together?",
-            [(a, "-", b), (a, "+", "prev")])
+    return (
+        f"{n} has {a} {o}. {m} has {b} fewer {o} than {n}. How many {o} do they have together?",
+        [(a, "-", b), (a, "+", "prev")],
+    )
 
 
 def _change(r, n, m, o, i, j):
@@ -111,42 +124,60 @@ def _change(r, n, m, o, i, j):
     while a * b >= 50:  # the bill is at most 50 dollars, so every value stays below 100
         a, b = r.randint(1, 9), r.randint(2, 6)
     bill = next(x for x in (10, 20, 50) if x > a * b)
-    return (f"A {i} costs {a} dollars. {n} buys {b} of them and pays with a {bill} dollar bill. "
-            f"How much change does {n} get?", [(a, "*", b), (bill, "-", "prev")])
+    return (
+        f"A {i} costs {a} dollars. {n} buys {b} of them and pays with a {bill} dollar bill. "
+        f"How much change does {n} get?",
+        [(a, "*", b), (bill, "-", "prev")],
+    )
 
 
 def _pages(r, n, m, o, i, j):
     a, b = r.randint(2, 9), r.randint(2, 9)
     c = a * b + r.randint(1, min(30, 99 - a * b))
-    return (f"{n} reads {a} pages every day for {b} days. The book has {c} pages. "
-            f"How many pages are left to read?", [(a, "*", b), (c, "-", "prev")])
+    return (
+        f"{n} reads {a} pages every day for {b} days. The book has {c} pages. "
+        f"How many pages are left to read?",
+        [(a, "*", b), (c, "-", "prev")],
+    )
 
 
 def _three_days(r, n, m, o, i, j):
     a, b, c = r.randint(1, 20), r.randint(1, 20), r.randint(1, 20)
-    return (f"{n} picked {a} {o} on Monday, {b} on Tuesday and {c} on Wednesday. "
-            f"How many {o} did {n} pick in total?", [(a, "+", b), ("prev", "+", c)])
+    return (
+        f"{n} picked {a} {o} on Monday, {b} on Tuesday and {c} on Wednesday. "
+        f"How many {o} did {n} pick in total?",
+        [(a, "+", b), ("prev", "+", c)],
+    )
 
 
 def _spend(r, n, m, o, i, j):
     a = r.randint(10, 60)
     b = r.randint(1, a - 2)
     c = r.randint(1, a - b - 1)
-    return (f"{n} has {a} dollars. {n} spends {b} dollars on a {i} and {c} dollars on a {j}. "
-            f"How much money does {n} have left?", [(a, "-", b), ("prev", "-", c)])
+    return (
+        f"{n} has {a} dollars. {n} spends {b} dollars on a {i} and {c} dollars on a {j}. "
+        f"How much money does {n} have left?",
+        [(a, "-", b), ("prev", "-", c)],
+    )
 
 
 def _bags_then_add(r, n, m, o, i, j):
     b, q, c = r.randint(2, 8), r.randint(2, 9), r.randint(2, 9)
-    return (f"{n} puts {b * q} {o} equally into {b} bags. Then {n} adds {c} more {o} to each bag. "
-            f"How many {o} are in each bag now?", [(b * q, "/", b), ("prev", "+", c)])
+    return (
+        f"{n} puts {b * q} {o} equally into {b} bags. Then {n} adds {c} more {o} to each bag. "
+        f"How many {o} are in each bag now?",
+        [(b * q, "/", b), ("prev", "+", c)],
+    )
 
 
 def _wage(r, n, m, o, i, j):
     a, b = r.randint(2, 9), r.randint(2, 5)
     c = r.randint(2, min(5, 9 - b))  # the hours stay one digit: a times-table product
-    return (f"{n} earns {a} dollars per hour and works {b} hours on Monday and {c} hours on Tuesday. "
-            f"How many dollars does {n} earn?", [(b, "+", c), ("prev", "*", a)])
+    return (
+        f"{n} earns {a} dollars per hour and works {b} hours on Monday and {c} hours on Tuesday. "
+        f"How many dollars does {n} earn?",
+        [(b, "+", c), ("prev", "*", a)],
+    )
 
 
 def _share_left(r, n, m, o, i, j):
@@ -159,14 +190,31 @@ def _share_left(r, n, m, o, i, j):
         if choices:
             break
     eaten = r.choice(choices)
-    return (f"{n} buys {packs} packs of {per} {o}. {n} eats {eaten} of them and shares the rest equally "
-            f"among {k} friends. How many {o} does each friend get?",
-            [(packs, "*", per), ("prev", "-", eaten), ("prev", "/", k)])
+    return (
+        f"{n} buys {packs} packs of {per} {o}. {n} eats {eaten} of them and shares the rest equally "
+        f"among {k} friends. How many {o} does each friend get?",
+        [(packs, "*", per), ("prev", "-", eaten), ("prev", "/", k)],
+    )
 
 
 TEMPLATES: tuple[Callable, ...] = (
-    _add, _sub, _mul, _div, _times, _half, _add_sub, _mul_sub, _more_total, _fewer_total,
-    _change, _pages, _three_days, _spend, _bags_then_add, _wage, _share_left,
+    _add,
+    _sub,
+    _mul,
+    _div,
+    _times,
+    _half,
+    _add_sub,
+    _mul_sub,
+    _more_total,
+    _fewer_total,
+    _change,
+    _pages,
+    _three_days,
+    _spend,
+    _bags_then_add,
+    _wage,
+    _share_left,
 )
 
 

@@ -29,7 +29,9 @@ DIGITS = range(10)
 KINDS: dict[str, list[str]] = {
     "units sum": [f"{a} + {b}" for a in DIGITS for b in DIGITS],  # also every one-digit sum
     "tens sum with carry": [f"{a} + {b} + 1" for a in DIGITS for b in DIGITS],
-    "units difference": [f"{borrowed(a, b)} - {b}" for a in DIGITS for b in DIGITS],  # also every one-digit difference
+    "units difference": [
+        f"{borrowed(a, b)} - {b}" for a in DIGITS for b in DIGITS
+    ],  # also every one-digit difference
     "tens difference with borrow": [f"{a} - {b} - 1" for a in DIGITS for b in DIGITS if a > b],
     "product": [f"{a} * {b}" for a in range(1, 10) for b in range(1, 10)],
     "quotient": [f"{a * b} / {b}" for a in range(1, 10) for b in range(1, 10)],
@@ -40,7 +42,7 @@ KIND_WEIGHTS = {kind: 3.0 if kind == "running sum" else 1.0 for kind in KINDS}
 
 
 def value_of(lhs: str) -> int:
-    """"4 - 1 - 1" -> 2: left to right (every fact has one kind of operator)."""
+    """ "4 - 1 - 1" -> 2: left to right (every fact has one kind of operator)."""
     first, *rest = lhs.split()
     value = int(first)
     for op, number in zip(rest[::2], rest[1::2]):
@@ -58,4 +60,8 @@ def generate(rng: random.Random) -> tuple[str, str, str]:
     facts = [rng.choice(KINDS[kind]) for kind in kinds]
     values = [value_of(lhs) for lhs in facts]
     answer = "\n".join(f"{lhs} = {value}" for lhs, value in zip(facts, values))
-    return ", ".join(facts), answer, str(values[-1])  # a target only to fit the Task interface: drills are never scored
+    return (
+        ", ".join(facts),
+        answer,
+        str(values[-1]),
+    )  # a target only to fit the Task interface: drills are never scored

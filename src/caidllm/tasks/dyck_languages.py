@@ -24,8 +24,21 @@ from caidllm.tasks.base import final_line
 
 HEADER = "Complete the rest of the sequence, making sure that the parentheses are closed properly. Input:"
 PAIRS = {"(": ")", "[": "]", "{": "}", "<": ">"}
-WORDS = ("Complete", "the", "rest", "of", "sequence", "making", "sure", "that",
-         "parentheses", "are", "closed", "properly", "Input")
+WORDS = (
+    "Complete",
+    "the",
+    "rest",
+    "of",
+    "sequence",
+    "making",
+    "sure",
+    "that",
+    "parentheses",
+    "are",
+    "closed",
+    "properly",
+    "Input",
+)
 # Open brackets left at the end (answer length) and weights.
 OPEN_AT_END = {1: 24, 2: 24, 3: 20, 4: 13, 5: 8, 6: 5, 7: 3, 8: 2, 9: 1}
 MAX_LEN = 56

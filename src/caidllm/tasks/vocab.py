@@ -119,8 +119,12 @@ def build_tokenizer(out_dir: str | Path, n_per_task: int = 2000, seed: int = 0) 
         "add_eos_token": False,
         "added_tokens_decoder": {
             str(ids[t]): {
-                "content": t, "lstrip": False, "normalized": False,
-                "rstrip": False, "single_word": False, "special": True,
+                "content": t,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
             }
             for t in SPECIAL_TOKENS
         },
@@ -158,8 +162,10 @@ def length_stats(tokenizer_file: str | Path, n_per_task: int = 500, split: str =
         p = [len(tok.encode(e.prompt).ids) for e in exs]
         a = [len(tok.encode(e.answer).ids) for e in exs]
         stats[name] = {
-            "prompt_max": max(p), "prompt_mean": round(statistics.mean(p), 1),
-            "answer_max": max(a), "answer_mean": round(statistics.mean(a), 1),
+            "prompt_max": max(p),
+            "prompt_mean": round(statistics.mean(p), 1),
+            "answer_max": max(a),
+            "answer_mean": round(statistics.mean(a), 1),
         }
     return stats
 

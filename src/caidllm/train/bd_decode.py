@@ -18,13 +18,15 @@ from caidllm.models.layers import Context
 
 
 @torch.no_grad()
-def block_diffusion_generate(lm, prompts: list[str], block_length: int, gen_length: int = 256,
-                             batch_size: int = 16) -> list[str]:
+def block_diffusion_generate(
+    lm, prompts: list[str], block_length: int, gen_length: int = 256, batch_size: int = 16
+) -> list[str]:
     """Answers to `prompts` (chat template applied), decoded with one token per step."""
     texts = []
     for first in range(0, len(prompts), batch_size):
-        texts += _generate_batch(lm, [lm.encode_chat(p) for p in prompts[first:first + batch_size]],
-                                 block_length, gen_length)
+        texts += _generate_batch(
+            lm, [lm.encode_chat(p) for p in prompts[first : first + batch_size]], block_length, gen_length
+        )
     return texts
 
 
@@ -38,7 +40,10 @@ def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length:
 
     # The model layer's block-causal attention (blocks from each row's first real token), as
     # the engine runs it; the key mask hides the padding.
-    model(ids, Context.build(real, positions, config.rotary_dim, config.rope_theta, cache=cache, attention_block=bl))
+    model(
+        ids,
+        Context.build(real, positions, config.rotary_dim, config.rope_theta, cache=cache, attention_block=bl),
+    )
 
     eos = torch.tensor(config.eos_ids, device=lm.device)
     done = torch.zeros(B, dtype=torch.bool, device=lm.device)
@@ -47,18 +52,28 @@ def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length:
         block_starts = torch.full((B,), block * bl, device=lm.device)
 
         def forward():
-            columns = block_starts[:, None] + torch.arange(bl, device=lm.device)  # the block, against the cache
-            ctx = Context.build(real, positions, config.rotary_dim, config.rope_theta, index=columns,
-                                targets=columns, cache=cache, attention_block=bl)
-            return model(ids[:, block * bl:(block + 1) * bl], ctx)
+            columns = block_starts[:, None] + torch.arange(
+                bl, device=lm.device
+            )  # the block, against the cache
+            ctx = Context.build(
+                real,
+                positions,
+                config.rotary_dim,
+                config.rope_theta,
+                index=columns,
+                targets=columns,
+                cache=cache,
+                attention_block=bl,
+            )
+            return model(ids[:, block * bl : (block + 1) * bl], ctx)
 
         for _ in range(bl):
-            masked = (ids[:, block * bl:(block + 1) * bl] == config.mask_id) & ~done[:, None]
+            masked = (ids[:, block * bl : (block + 1) * bl] == config.mask_id) & ~done[:, None]
             if not bool(masked.any()):
                 break
-            _commit_surest(ids[:, block * bl:(block + 1) * bl], masked, forward())
+            _commit_surest(ids[:, block * bl : (block + 1) * bl], masked, forward())
         for r, start in enumerate(starts):
-            answer = ids[r, start:(block + 1) * bl]
+            answer = ids[r, start : (block + 1) * bl]
             done[r] |= bool(torch.isin(answer, eos).any())
         if bool(done.all()):
             break
@@ -77,8 +92,8 @@ def _canvas(prompts: list[list[int]], bl: int, gen_length: int, eos_id: int, mas
     real = torch.zeros(len(prompts), L, dtype=torch.bool)
     for r, (pad, prompt, start) in enumerate(zip(padding, prompts, starts)):
         ids[r, pad:start] = torch.tensor(prompt)
-        ids[r, start:start + gen_length] = mask_id
-        real[r, pad:start + gen_length] = True
+        ids[r, start : start + gen_length] = mask_id
+        real[r, pad : start + gen_length] = True
     return ids, real, starts
 
 
@@ -96,7 +111,9 @@ def _texts(lm, ids: torch.Tensor, starts: list[int], gen_length: int) -> list[st
     """Each row's answer up to its first end-of-answer (or still masked) token."""
     texts = []
     for r, start in enumerate(starts):
-        answer = ids[r, start:start + gen_length].tolist()
-        ends = [i for i, token in enumerate(answer) if token in lm.config.eos_ids or token == lm.config.mask_id]
-        texts.append(lm.decode(answer[:ends[0]] if ends else answer))
+        answer = ids[r, start : start + gen_length].tolist()
+        ends = [
+            i for i, token in enumerate(answer) if token in lm.config.eos_ids or token == lm.config.mask_id
+        ]
+        texts.append(lm.decode(answer[: ends[0]] if ends else answer))
     return texts

@@ -34,7 +34,9 @@ def training_mask(blocks: torch.Tensor) -> torch.Tensor:
     return torch.cat([noisy_row, clean_row], dim=1)
 
 
-def noise_blocks(batch: Batch, block_length: int, mask_id: int, generator: torch.Generator, eps: float = 1e-3):
+def noise_blocks(
+    batch: Batch, block_length: int, mask_id: int, generator: torch.Generator, eps: float = 1e-3
+):
     """Mask the answer positions of each block with its own ratio t_b ~ U(eps, 1).
     Returns the noisy ids, the mask, the masking probability per position and the answer region."""
     ids = batch.input_ids
@@ -49,18 +51,25 @@ def noise_blocks(batch: Batch, block_length: int, mask_id: int, generator: torch
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask, in_answer
 
 
-def block_diffusion_logits(model, noisy: torch.Tensor, clean: torch.Tensor, block_length: int) -> torch.Tensor:
+def block_diffusion_logits(
+    model, noisy: torch.Tensor, clean: torch.Tensor, block_length: int
+) -> torch.Tensor:
     """Logits [B, L, V] of the noisy copy, read beside the clean copy (module docstring)."""
     B, L = noisy.shape
     positions = torch.arange(L, device=noisy.device).expand(B, L)
-    ctx = Context.explicit(torch.cat([positions, positions], dim=1), training_mask(positions // block_length),
-                           model.cfg.rotary_dim, model.cfg.rope_theta)
+    ctx = Context.explicit(
+        torch.cat([positions, positions], dim=1),
+        training_mask(positions // block_length),
+        model.cfg.rotary_dim,
+        model.cfg.rope_theta,
+    )
     ctx.targets = positions  # the head runs on the noisy copy only
     return model(torch.cat([noisy, clean], dim=1), ctx)
 
 
-def block_diffusion_loss(model, batch: Batch, block_length: int, mask_id: int, generator: torch.Generator,
-                         autocast: bool) -> torch.Tensor:
+def block_diffusion_loss(
+    model, batch: Batch, block_length: int, mask_id: int, generator: torch.Generator, autocast: bool
+) -> torch.Tensor:
     noisy, masked, p_mask, in_answer = noise_blocks(batch, block_length, mask_id, generator)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = block_diffusion_logits(model, noisy, batch.input_ids, block_length)

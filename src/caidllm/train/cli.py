@@ -16,38 +16,64 @@ def register(sub, name: str) -> None:
     parser = sub.add_parser(name, help="train the tiny model on the synthetic tasks (resumable)")
     parser.add_argument("--out", default="runs/tiny", help="run folder: checkpoint.pt, train.log, tokenizer/")
     for f in fields(TrainConfig):
-        if f.name in ("out_dir", "task_phases", "lr_restarts", "canvas_lengths", "objective", "block_lengths",
-                      "init_from"):
+        if f.name in (
+            "out_dir",
+            "task_phases",
+            "lr_restarts",
+            "canvas_lengths",
+            "objective",
+            "block_lengths",
+            "init_from",
+        ):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool",) or isinstance(f.default, bool):
-            parser.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=None,
-                                metavar="BOOL")
+            parser.add_argument(
+                flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=None, metavar="BOOL"
+            )
         elif f.name == "time_limit_s":
             parser.add_argument(flag, type=float, default=None)
         else:
             parser.add_argument(flag, type=type(f.default), default=None)
-    parser.add_argument("--objective", choices=OBJECTIVES,
-                        help="masked (default): LLaDA's SFT; block_diffusion: block-causal attention, each "
-                             "answer block noised on its own (the recipe of tiny-bd)")
-    parser.add_argument("--block-lengths", metavar="N,N,...",
-                        help="block_diffusion: the block lengths to train on, one drawn per batch (default 4,8,16,32)")
-    parser.add_argument("--init-from", metavar="MODEL",
-                        help="start from this model's weights (a folder or 'tiny') instead of random ones")
-    parser.add_argument("--upcycle-from", metavar="MODEL",
-                        help="start from an MoE model in the LLaDA2 layout upcycled from this dense LLaDA-layout "
-                             "model (written once to OUT/upcycled; train/upcycle.py; the recipe of tiny-moe)")
-    parser.add_argument("--task-mix", metavar="NAME=WEIGHT,...",
-                        help="one task mix for the whole run instead of the recipe's phases, e.g. "
-                             "dyck_languages=1 to probe a single task")
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        help="masked (default): LLaDA's SFT; block_diffusion: block-causal attention, each "
+        "answer block noised on its own (the recipe of tiny-bd)",
+    )
+    parser.add_argument(
+        "--block-lengths",
+        metavar="N,N,...",
+        help="block_diffusion: the block lengths to train on, one drawn per batch (default 4,8,16,32)",
+    )
+    parser.add_argument(
+        "--init-from",
+        metavar="MODEL",
+        help="start from this model's weights (a folder or 'tiny') instead of random ones",
+    )
+    parser.add_argument(
+        "--upcycle-from",
+        metavar="MODEL",
+        help="start from an MoE model in the LLaDA2 layout upcycled from this dense LLaDA-layout "
+        "model (written once to OUT/upcycled; train/upcycle.py; the recipe of tiny-moe)",
+    )
+    parser.add_argument(
+        "--task-mix",
+        metavar="NAME=WEIGHT,...",
+        help="one task mix for the whole run instead of the recipe's phases, e.g. "
+        "dyck_languages=1 to probe a single task",
+    )
     parser.add_argument("--export", metavar="DIR", help="after training, write the model in HF layout to DIR")
-    parser.add_argument("--validate-only", action="store_true", help="do not train: print validation accuracy")
+    parser.add_argument(
+        "--validate-only", action="store_true", help="do not train: print validation accuracy"
+    )
     parser.set_defaults(handler=run_train)
 
 
 def run_train(args) -> int:
-    overrides = {f.name: getattr(args, f.name) for f in fields(TrainConfig)
-                 if getattr(args, f.name, None) is not None}
+    overrides = {
+        f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None
+    }
     if args.objective is not None:
         overrides["objective"] = args.objective
     if args.init_from is not None:
@@ -63,7 +89,11 @@ def run_train(args) -> int:
     cfg = TrainConfig(out_dir=args.out, **overrides)
     trainer = Trainer(cfg)
     if args.validate_only:
-        print(json.dumps({"step": trainer.step, "facts": trainer.fact_accuracy(), "validation": trainer.validate()}))
+        print(
+            json.dumps(
+                {"step": trainer.step, "facts": trainer.fact_accuracy(), "validation": trainer.validate()}
+            )
+        )
     else:
         trainer.train()
     if args.export:
@@ -72,7 +102,7 @@ def run_train(args) -> int:
 
 
 def parse_task_mix(text: str) -> dict[str, float]:
-    """"dyck_languages=2,navigate=1" -> {"dyck_languages": 2.0, "navigate": 1.0}
+    """ "dyck_languages=2,navigate=1" -> {"dyck_languages": 2.0, "navigate": 1.0}
     (TrainConfig checks the names and weights)."""
     mix = {}
     for part in text.split(","):
@@ -88,7 +118,7 @@ def parse_task_mix(text: str) -> dict[str, float]:
 
 
 def parse_block_lengths(text: str) -> tuple[int, ...]:
-    """"4,8,16" -> (4, 8, 16) (TrainConfig checks that each is >= 1)."""
+    """ "4,8,16" -> (4, 8, 16) (TrainConfig checks that each is >= 1)."""
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:

@@ -60,8 +60,9 @@ def result_flags(token_texts: list[str]) -> list[bool]:
 
 
 def encode_pair(tokenizer, prompt: str, answer: str, eot_id: int) -> tuple[list[int], list[int]]:
-    prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                               tokenize=True)
+    prompt_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
     if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
         prompt_ids = prompt_ids["input_ids"]
     answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [eot_id]
@@ -71,14 +72,25 @@ def encode_pair(tokenizer, prompt: str, answer: str, eot_id: int) -> tuple[list[
 class TaskStream:
     """An endless, seeded stream of training batches drawn from the train split."""
 
-    def __init__(self, tokenizer, task_phases: tuple[tuple[int, dict[str, float]], ...], batch_size: int,
-                 canvas_lengths: tuple[int, ...], eot_id: int, eos_id: int, seed: int, tight_canvas_share: float):
+    def __init__(
+        self,
+        tokenizer,
+        task_phases: tuple[tuple[int, dict[str, float]], ...],
+        batch_size: int,
+        canvas_lengths: tuple[int, ...],
+        eot_id: int,
+        eos_id: int,
+        seed: int,
+        tight_canvas_share: float,
+    ):
         self.tokenizer, self.batch_size = tokenizer, batch_size
         names = list(dict.fromkeys(name for _, weights in task_phases for name in weights))
         self.tasks = [get_training_task(name) for name in names]
         # (first step, weight per task in self.tasks' order), latest phase first.
-        self.phases = sorted(((start, [weights.get(name, 0.0) for name in names]) for start, weights in task_phases),
-                             reverse=True)
+        self.phases = sorted(
+            ((start, [weights.get(name, 0.0) for name in names]) for start, weights in task_phases),
+            reverse=True,
+        )
         self.canvas_lengths = canvas_lengths
         self.eot_id, self.eos_id, self.seed = eot_id, eos_id, seed
         self.tight_canvas_share = tight_canvas_share
@@ -112,15 +124,23 @@ class TaskStream:
         results = torch.zeros(len(pairs), total, dtype=torch.bool)
         for r, (prompt, answer) in enumerate(pairs):
             sequence = (prompt + answer)[:total]
-            ids[r, :len(sequence)] = torch.tensor(sequence)
+            ids[r, : len(sequence)] = torch.tensor(sequence)
             starts[r], ends[r] = len(prompt), len(sequence)
             flags = self.answer_results(answer)
-            results[r, len(prompt):len(prompt) + len(flags)] = torch.tensor(flags, dtype=torch.bool)
+            results[r, len(prompt) : len(prompt) + len(flags)] = torch.tensor(flags, dtype=torch.bool)
         return Batch(ids, starts, ends, task.name, results)
 
 
-def mask_answers(batch: Batch, mask_id: int, generator: torch.Generator, block_share: float = 0.0,
-                 block_length: int = 64, result_share: float = 0.0, cut_share: float = 0.0, eps: float = 1e-3):
+def mask_answers(
+    batch: Batch,
+    mask_id: int,
+    generator: torch.Generator,
+    block_share: float = 0.0,
+    block_length: int = 64,
+    result_share: float = 0.0,
+    cut_share: float = 0.0,
+    eps: float = 1e-3,
+):
     """Noise the answer region. Each row draws t ~ U(eps, 1).
 
     Plain rows follow LLaDA's forward process: every answer position is
@@ -175,19 +195,27 @@ def _cut_columns(results: torch.Tensor, positions: torch.Tensor, generator: torc
     return first.min(dim=1).values
 
 
-def _block_bounds(batch: Batch, is_block_row: torch.Tensor, block_length: int, L: int,
-                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _block_bounds(
+    batch: Batch, is_block_row: torch.Tensor, block_length: int, L: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, 1] start and end of the noised block: block rows start anywhere from the answer's first position
     to its end-of-turn token and span block_length; the others span the whole answer."""
     span = (batch.answer_end - batch.answer_start).clamp(min=1)
     block_start = batch.answer_start + (torch.rand(len(is_block_row), generator=generator) * span).long()
     block_start = torch.where(is_block_row, block_start, batch.answer_start)[:, None]
-    block_end = torch.where(is_block_row[:, None], block_start + block_length, torch.full_like(block_start, L))
+    block_end = torch.where(
+        is_block_row[:, None], block_start + block_length, torch.full_like(block_start, L)
+    )
     return block_start, block_end
 
 
-def masked_loss(logits: torch.Tensor, ids: torch.Tensor, masked: torch.Tensor, p_mask: torch.Tensor,
-                in_answer: torch.Tensor) -> torch.Tensor:
+def masked_loss(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    masked: torch.Tensor,
+    p_mask: torch.Tensor,
+    in_answer: torch.Tensor,
+) -> torch.Tensor:
     """LLaDA's SFT loss: cross-entropy on the masked positions weighted by 1 / their
     masking probability, normalised by each row's answer length, averaged over rows."""
     token_loss = F.cross_entropy(logits[masked].float(), ids[masked], reduction="none") / p_mask[masked]

@@ -42,6 +42,7 @@ class ExpertCounter:
                 return
             experts = output[0].reshape(-1).cpu()
             self.counts[index] += torch.bincount(experts, minlength=len(self.counts[index]))
+
         return count
 
     def shares(self) -> list[list[float]]:

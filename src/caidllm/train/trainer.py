@@ -39,7 +39,12 @@ from caidllm.train.block_diffusion import block_diffusion_loss
 from caidllm.train.data import TaskStream, encode_pair, mask_answers, masked_loss
 from caidllm.train.moe_balance import ExpertBalancer, initial_config
 
-SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask": "<|mdm_mask|>", "eot": "<|eot_id|>"}
+SPECIAL_TOKEN_NAMES = {
+    "bos": "<|startoftext|>",
+    "eos": "<|endoftext|>",
+    "mask": "<|mdm_mask|>",
+    "eot": "<|eot_id|>",
+}
 
 # The recipe's task mix, in phases: (first step, weight per task). At
 # first the arithmetic facts drill (tasks/arithmetic_facts.py) gets 41% of
@@ -50,12 +55,32 @@ SPECIAL_TOKEN_NAMES = {"bos": "<|startoftext|>", "eos": "<|endoftext|>", "mask":
 # input, where the model loses its place) and multistep_arithmetic_two (no
 # target, far beyond this model) get the least compute.
 TASK_PHASES = (
-    (0, {"boolean_expressions": 1.0, "web_of_lies": 1.25, "navigate": 1.75, "dyck_languages": 0.5,
-         "multistep_arithmetic_two": 0.25, "arithmetic": 1.75, "arithmetic_facts": 4.5}),
+    (
+        0,
+        {
+            "boolean_expressions": 1.0,
+            "web_of_lies": 1.25,
+            "navigate": 1.75,
+            "dyck_languages": 0.5,
+            "multistep_arithmetic_two": 0.25,
+            "arithmetic": 1.75,
+            "arithmetic_facts": 4.5,
+        },
+    ),
     # By step 8,200 the drill's facts were learned (99.6%, Trainer.fact_accuracy)
     # and the chains were not: most of its compute goes to them.
-    (8200, {"boolean_expressions": 1.75, "web_of_lies": 1.0, "navigate": 2.5, "dyck_languages": 0.5,
-            "multistep_arithmetic_two": 0.25, "arithmetic": 3.0, "arithmetic_facts": 1.0}),
+    (
+        8200,
+        {
+            "boolean_expressions": 1.75,
+            "web_of_lies": 1.0,
+            "navigate": 2.5,
+            "dyck_languages": 0.5,
+            "multistep_arithmetic_two": 0.25,
+            "arithmetic": 3.0,
+            "arithmetic_facts": 1.0,
+        },
+    ),
 )
 
 
@@ -86,7 +111,14 @@ class TrainConfig:
     restart_lr: float = 4e-4
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    canvas_lengths: tuple[int, ...] = (64, 96, 128, 160, 192, 256)  # each batch draws one that fits its longest answer
+    canvas_lengths: tuple[int, ...] = (
+        64,
+        96,
+        128,
+        160,
+        192,
+        256,
+    )  # each batch draws one that fits its longest answer
     tight_canvas_share: float = 0.75  # share of batches on the tightest canvas that fits, the rest on any
     block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
     block_length: int = 64
@@ -99,7 +131,9 @@ class TrainConfig:
     # them at 4,600: on a fresh model they did nothing within 300 steps
     # (the fact plateau comes first, see training/README.md).
     results_from: int = 4600
-    task_phases: tuple[tuple[int, dict[str, float]], ...] = field(default_factory=lambda: copy.deepcopy(TASK_PHASES))
+    task_phases: tuple[tuple[int, dict[str, float]], ...] = field(
+        default_factory=lambda: copy.deepcopy(TASK_PHASES)
+    )
     bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
     seed: int = 0
     threads: int = 2
@@ -121,23 +155,40 @@ class TrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {value!r}")
         starts = [phase[0] for phase in self.task_phases]
-        if (not starts or any(isinstance(a, bool) or not isinstance(a, int) for a in starts) or starts[0] != 0
-                or any(b <= a for a, b in zip(starts, starts[1:]))):
+        if (
+            not starts
+            or any(isinstance(a, bool) or not isinstance(a, int) for a in starts)
+            or starts[0] != 0
+            or any(b <= a for a, b in zip(starts, starts[1:]))
+        ):
             raise InputError(f"task_phases must start at step 0 and in increasing order, got starts {starts}")
         for start, weights in self.task_phases:
             unknown = sorted(set(weights) - set(TASK_NAMES + DRILL_NAMES))
             if unknown:
-                raise InputError(f"task_phases: unknown task(s) {unknown} at step {start}; "
-                                 f"known: {list(TASK_NAMES + DRILL_NAMES)}")
-            if (any(isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
-                    for w in weights.values()) or not sum(weights.values())):
-                raise InputError(f"task_phases: weights at step {start} must be >= 0 with a positive sum, got {weights}")
+                raise InputError(
+                    f"task_phases: unknown task(s) {unknown} at step {start}; "
+                    f"known: {list(TASK_NAMES + DRILL_NAMES)}"
+                )
+            if any(
+                isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
+                for w in weights.values()
+            ) or not sum(weights.values()):
+                raise InputError(
+                    f"task_phases: weights at step {start} must be >= 0 with a positive sum, got {weights}"
+                )
         restarts = list(self.lr_restarts)
-        if (any(isinstance(r, bool) or not isinstance(r, int) or r <= self.warmup_steps for r in restarts)
-                or restarts != sorted(set(restarts))):
-            raise InputError(f"lr_restarts must be increasing integer steps after the warm-up "
-                             f"(> warmup_steps = {self.warmup_steps}), got {restarts}")
-        if isinstance(self.results_from, bool) or not isinstance(self.results_from, int) or self.results_from < 0:
+        if any(
+            isinstance(r, bool) or not isinstance(r, int) or r <= self.warmup_steps for r in restarts
+        ) or restarts != sorted(set(restarts)):
+            raise InputError(
+                f"lr_restarts must be increasing integer steps after the warm-up "
+                f"(> warmup_steps = {self.warmup_steps}), got {restarts}"
+            )
+        if (
+            isinstance(self.results_from, bool)
+            or not isinstance(self.results_from, int)
+            or self.results_from < 0
+        ):
             raise InputError(f"results_from must be an integer step >= 0, got {self.results_from!r}")
         for name in ("tight_canvas_share", "block_share", "cut_share"):
             value = getattr(self, name)
@@ -146,8 +197,11 @@ class TrainConfig:
         if self.objective not in OBJECTIVES:
             raise InputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         lengths = self.block_lengths
-        if (not isinstance(lengths, tuple) or not lengths
-                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths)):
+        if (
+            not isinstance(lengths, tuple)
+            or not lengths
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths)
+        ):
             raise InputError(f"block_lengths must be a non-empty tuple of integers >= 1, got {lengths!r}")
         if self.init_from is not None:
             resolve_folder(self.init_from)  # a missing model is refused before any work
@@ -161,7 +215,9 @@ class TrainConfig:
             return self.lr * (step + 1) / self.warmup_steps
         restarts = [r for r in self.lr_restarts if r <= step]
         begin = restarts[-1] if restarts else self.warmup_steps
-        end = min([r for r in self.lr_restarts if r > step] + [self.steps])  # restarts past `steps` never happen
+        end = min(
+            [r for r in self.lr_restarts if r > step] + [self.steps]
+        )  # restarts past `steps` never happen
         peak = self.restart_lr if restarts else self.lr
         progress = min(1.0, (step - begin) / max(1, end - begin))
         return self.min_lr + (peak - self.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
@@ -170,17 +226,38 @@ class TrainConfig:
 def model_config_dict(cfg: TrainConfig, vocab_size: int, special: dict[str, int]) -> dict:
     """config.json in the official LLaDA layout, so the result loads like LLaDA-8B."""
     return {
-        "architectures": ["LLaDAModelLM"], "model_type": "llada",
-        "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_heads,
-        "mlp_hidden_size": cfg.mlp_hidden_size, "mlp_ratio": cfg.mlp_hidden_size / cfg.d_model,
-        "vocab_size": vocab_size, "embedding_size": vocab_size,
-        "max_sequence_length": cfg.max_sequence_length, "rope": True, "rope_theta": 10000.0,
-        "rope_full_precision": True, "block_type": "llama", "activation_type": "silu",
-        "layer_norm_type": "rms", "rms_norm_eps": 1e-5, "include_bias": False, "include_qkv_bias": False,
-        "bias_for_layer_norm": False, "attention_layer_norm": False, "weight_tying": False,
-        "alibi": False, "scale_logits": False, "input_emb_norm": False,
-        "mask_token_id": special["mask"], "eos_token_id": special["eos"], "pad_token_id": special["eos"],
-        "bos_token_id": special["bos"], "torch_dtype": "float32", "use_cache": False,
+        "architectures": ["LLaDAModelLM"],
+        "model_type": "llada",
+        "d_model": cfg.d_model,
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_heads,
+        "mlp_hidden_size": cfg.mlp_hidden_size,
+        "mlp_ratio": cfg.mlp_hidden_size / cfg.d_model,
+        "vocab_size": vocab_size,
+        "embedding_size": vocab_size,
+        "max_sequence_length": cfg.max_sequence_length,
+        "rope": True,
+        "rope_theta": 10000.0,
+        "rope_full_precision": True,
+        "block_type": "llama",
+        "activation_type": "silu",
+        "layer_norm_type": "rms",
+        "rms_norm_eps": 1e-5,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "bias_for_layer_norm": False,
+        "attention_layer_norm": False,
+        "weight_tying": False,
+        "alibi": False,
+        "scale_logits": False,
+        "input_emb_norm": False,
+        "mask_token_id": special["mask"],
+        "eos_token_id": special["eos"],
+        "pad_token_id": special["eos"],
+        "bos_token_id": special["bos"],
+        "torch_dtype": "float32",
+        "use_cache": False,
     }
 
 
@@ -213,17 +290,28 @@ class Trainer:
             self._load_initial_weights(cfg.init_from)
         if cfg.objective == "block_diffusion":
             self.raw_config.update(caidllm_block_lengths=list(cfg.block_lengths))
-            if self.raw_config["model_type"] == "llada":  # the block-diffusion families are block-causal anyway
+            if (
+                self.raw_config["model_type"] == "llada"
+            ):  # the block-diffusion families are block-causal anyway
                 self.raw_config.update(caidllm_block_causal=True)
         self.balancer = ExpertBalancer(self.model)  # LLaDA2's expert score bias (a no-op without MoE layers)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(0.9, 0.95))
-        self.stream = TaskStream(self.tokenizer, cfg.task_phases, cfg.batch_size, cfg.canvas_lengths,
-                                 eot_id=special["eot"], eos_id=special["eos"], seed=cfg.seed,
-                                 tight_canvas_share=cfg.tight_canvas_share)
+            lr=cfg.lr,
+            betas=(0.9, 0.95),
+        )
+        self.stream = TaskStream(
+            self.tokenizer,
+            cfg.task_phases,
+            cfg.batch_size,
+            cfg.canvas_lengths,
+            eot_id=special["eot"],
+            eos_id=special["eos"],
+            seed=cfg.seed,
+            tight_canvas_share=cfg.tight_canvas_share,
+        )
         self.step = 0
         self.trained_s = 0.0
         self._resume()
@@ -237,9 +325,11 @@ class Trainer:
             self.model.load_state_dict({key: value.float() for key, value in weights.items()})
         except RuntimeError as e:
             first = str(e).strip().splitlines()[-1].strip()
-            raise InputError(f"init_from {name!r}: its weights do not fit the model of this TrainConfig "
-                             f"(d_model={self.cfg.d_model}, n_layers={self.cfg.n_layers}, "
-                             f"mlp_hidden_size={self.cfg.mlp_hidden_size}): {first}") from None
+            raise InputError(
+                f"init_from {name!r}: its weights do not fit the model of this TrainConfig "
+                f"(d_model={self.cfg.d_model}, n_layers={self.cfg.n_layers}, "
+                f"mlp_hidden_size={self.cfg.mlp_hidden_size}): {first}"
+            ) from None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -256,8 +346,16 @@ class Trainer:
 
     def save(self):
         tmp = self.checkpoint_path.with_suffix(".tmp")
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
-                    "trained_s": self.trained_s, "config": asdict(self.cfg)}, tmp)
+        torch.save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "step": self.step,
+                "trained_s": self.trained_s,
+                "config": asdict(self.cfg),
+            },
+            tmp,
+        )
         tmp.replace(self.checkpoint_path)
 
     def log(self, record: dict):
@@ -270,16 +368,22 @@ class Trainer:
         if self.cfg.objective == "block_diffusion":
             lengths = self.cfg.block_lengths
             block_length = lengths[int(torch.randint(len(lengths), (1,), generator=generator))]
-            return block_diffusion_loss(self.model, batch, block_length, self.special["mask"], generator,
-                                        self.cfg.bf16_autocast)
+            return block_diffusion_loss(
+                self.model, batch, block_length, self.special["mask"], generator, self.cfg.bf16_autocast
+            )
         # A drill's facts are independent (and listed in its prompt): only its
         # results are worth masking. A chain's results are cut at instead.
         drill = batch.task in DRILL_NAMES
         results = step >= self.cfg.results_from
         noisy, masked, p_mask, in_answer = mask_answers(
-            batch, self.special["mask"], generator, self.cfg.block_share, self.cfg.block_length,
+            batch,
+            self.special["mask"],
+            generator,
+            self.cfg.block_share,
+            self.cfg.block_length,
             result_share=1.0 if drill and results else 0.0,
-            cut_share=self.cfg.cut_share if results and not drill else 0.0)
+            cut_share=self.cfg.cut_share if results and not drill else 0.0,
+        )
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
             logits = self.model(noisy)
         return masked_loss(logits, batch.input_ids, masked, p_mask, in_answer)
@@ -304,8 +408,14 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if self.step % 20 == 0:
-                self.log({"step": self.step, "loss": round(loss.item(), 4), "lr": cfg.lr_at(self.step),
-                          "trained_s": round(self.trained_s, 1)})
+                self.log(
+                    {
+                        "step": self.step,
+                        "loss": round(loss.item(), 4),
+                        "lr": cfg.lr_at(self.step),
+                        "trained_s": round(self.trained_s, 1),
+                    }
+                )
             if self.step % cfg.save_every == 0 or self.step == cfg.steps:
                 self.save()
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
@@ -328,7 +438,9 @@ class Trainer:
         return DiffusionLM(self.model, self.model_config, self.tokenizer, torch.device("cpu"), torch.float32)
 
     @torch.no_grad()
-    def validate(self, method: str = "fastdllm", n: int | None = None, gen_length: int = 256) -> dict[str, float]:
+    def validate(
+        self, method: str = "fastdllm", n: int | None = None, gen_length: int = 256
+    ) -> dict[str, float]:
         """Accuracy per task on the validation split (a fast decoder, to keep training moving)."""
         from caidllm.decode import generate
 
@@ -341,9 +453,15 @@ class Trainer:
             if self.cfg.objective == "block_diffusion":  # vanilla at block 8, as the card measures
                 texts = block_diffusion_generate(lm, prompts, 8, gen_length, batch_size=8)
             else:
-                texts = [r.text for r in generate(lm, prompts, method=method, gen_length=gen_length,
-                                                  block_length=64, batch_size=8)]
-            accuracy[name] = sum(score(name, text, e.target) for text, e in zip(texts, examples)) / len(examples)
+                texts = [
+                    r.text
+                    for r in generate(
+                        lm, prompts, method=method, gen_length=gen_length, block_length=64, batch_size=8
+                    )
+                ]
+            accuracy[name] = sum(score(name, text, e.target) for text, e in zip(texts, examples)) / len(
+                examples
+            )
         return accuracy
 
     @torch.no_grad()
@@ -375,10 +493,16 @@ class Trainer:
         """Write the model in the Hugging Face layout of LLaDA-8B (bf16 weights)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().to(torch.float32 if name.endswith("expert_bias") else torch.bfloat16).contiguous()
-                   for name, t in self.model.state_dict().items()}  # the score bias stays fp32, as LLaDA2 ships it
+        tensors = {
+            name: t.detach()
+            .to(torch.float32 if name.endswith("expert_bias") else torch.bfloat16)
+            .contiguous()
+            for name, t in self.model.state_dict().items()
+        }  # the score bias stays fp32, as LLaDA2 ships it
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        config = dict(self.raw_config, torch_dtype="float32")  # stored bf16, computed in fp32 on CPU by default
+        config = dict(
+            self.raw_config, torch_dtype="float32"
+        )  # stored bf16, computed in fp32 on CPU by default
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (self.tokenizer_dir / name).exists():

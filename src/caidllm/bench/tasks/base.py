@@ -90,11 +90,15 @@ def read_jsonl(path, what: str, required: Iterable[str] = ()) -> list[tuple[int,
         except json.JSONDecodeError as e:
             raise InputError(f"{what}: {path} line {lineno} is not valid JSON: {e.msg}") from None
         if not isinstance(record, dict):
-            raise InputError(f"{what}: {path} line {lineno} is a JSON {type(record).__name__}, expected an object")
+            raise InputError(
+                f"{what}: {path} line {lineno} is a JSON {type(record).__name__}, expected an object"
+            )
         missing = [k for k in required if k not in record]
         if missing:
-            raise InputError(f"{what}: {path} line {lineno} lacks field(s) {', '.join(map(repr, missing))} "
-                             f"(has {', '.join(map(repr, record)) or 'none'})")
+            raise InputError(
+                f"{what}: {path} line {lineno} lacks field(s) {', '.join(map(repr, missing))} "
+                f"(has {', '.join(map(repr, record)) or 'none'})"
+            )
         records.append((lineno, record))
     if not records:
         raise InputError(f"{what}: {path} has no records")
@@ -126,8 +130,9 @@ def read_json_or_jsonl(path, what: str, required: Iterable[str] = ()) -> list[tu
     records = []
     for lineno, item in zip(starts, items):
         if not isinstance(item, dict):
-            raise InputError(f"{what}: {path} line {lineno}: element is a JSON {type(item).__name__}, "
-                             "expected an object")
+            raise InputError(
+                f"{what}: {path} line {lineno}: element is a JSON {type(item).__name__}, expected an object"
+            )
         missing = [k for k in required if k not in item]
         if missing:
             raise InputError(f"{what}: {path} line {lineno} lacks field(s) {', '.join(map(repr, missing))}")
@@ -150,7 +155,9 @@ def take(items: list, limit: int | None, fewshot: int, what: str) -> tuple[list,
     """(few-shot examples, evaluation examples): the first `fewshot` items are
     the shots and are never evaluated; then at most `limit` items."""
     if fewshot >= len(items):
-        raise InputError(f"{what}: --fewshot {fewshot} leaves no example to evaluate ({len(items)} in the data)")
+        raise InputError(
+            f"{what}: --fewshot {fewshot} leaves no example to evaluate ({len(items)} in the data)"
+        )
     shots, rest = items[:fewshot], items[fewshot:]
     return shots, rest if limit is None else rest[:limit]
 
@@ -164,7 +171,7 @@ def clean_answer(text: str) -> str:
     text = text.strip()
     for wrapper in ("**", "`", '"', "'"):
         if len(text) > 2 * len(wrapper) and text.startswith(wrapper) and text.endswith(wrapper):
-            text = text[len(wrapper):-len(wrapper)].strip()
+            text = text[len(wrapper) : -len(wrapper)].strip()
     while text.endswith("."):
         text = text[:-1].rstrip()
     return text.strip("*` ").strip()

@@ -67,10 +67,14 @@ def read_examples(path: Path, what: str) -> list[dict]:
     if not isinstance(examples, list) or not examples:
         raise InputError(f'{what}: {path} must be a JSON object with a non-empty "examples" list')
     for i, ex in enumerate(examples):
-        if not (isinstance(ex, dict) and isinstance(ex.get("input"), str) and isinstance(ex.get("target"), str)):
+        if not (
+            isinstance(ex, dict) and isinstance(ex.get("input"), str) and isinstance(ex.get("target"), str)
+        ):
             line = _line_of_example(text, i)
-            raise InputError(f'{what}: {path} example {i} (line {line}) must be an object with string "input" '
-                             f'and "target", got {ex!r:.80}')
+            raise InputError(
+                f'{what}: {path} example {i} (line {line}) must be an object with string "input" '
+                f'and "target", got {ex!r:.80}'
+            )
     return examples
 
 
@@ -98,7 +102,9 @@ def hub_examples(what: str) -> tuple[list[dict], str]:
     rows, where = load_from_hub(what, required=("input", "target"))
     for lineno, ex in rows:
         if not (isinstance(ex["input"], str) and isinstance(ex["target"], str)):
-            raise InputError(f'{what}: {where} line {lineno} must have string "input" and "target", got {ex!r:.80}')
+            raise InputError(
+                f'{what}: {where} line {lineno} must have string "input" and "target", got {ex!r:.80}'
+            )
     return [ex for _, ex in rows], where
 
 
@@ -112,12 +118,22 @@ def load(data_dir: Path | None, name: str, limit: int | None, fewshot: int) -> B
         path = data_dir / "bbh" / f"{name}.json"
         if not path.is_file():
             names = available(data_dir)
-            raise InputError(f"{what}: no data file {path}; BBH tasks in {data_dir / 'bbh'}: "
-                             f"{', '.join(names) if names else 'none'}")
+            raise InputError(
+                f"{what}: no data file {path}; BBH tasks in {data_dir / 'bbh'}: "
+                f"{', '.join(names) if names else 'none'}"
+            )
         examples = read_examples(path, what)
     shots, chosen = take(list(enumerate(examples)), limit, fewshot, what)
     shot_examples = [ex for _, ex in shots]
-    samples = [Sample(id=f"{what}/{i}", prompt=build_prompt(ex["input"], shot_examples), reference=ex["target"])
-               for i, ex in chosen]
-    return BenchTask(name=what, metric="exact_match", samples=samples,
-                     scorer=lambda text, s: score_text(text, s.reference, name), source=str(path), fewshot=fewshot)
+    samples = [
+        Sample(id=f"{what}/{i}", prompt=build_prompt(ex["input"], shot_examples), reference=ex["target"])
+        for i, ex in chosen
+    ]
+    return BenchTask(
+        name=what,
+        metric="exact_match",
+        samples=samples,
+        scorer=lambda text, s: score_text(text, s.reference, name),
+        source=str(path),
+        fewshot=fewshot,
+    )

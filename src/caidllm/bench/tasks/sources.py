@@ -82,7 +82,9 @@ def hub_source(task: str) -> HubSource:
         return HubSource("SaylorTwift/bbh", name, "test", _bbh_example)
     if kind == "longbench":
         if name not in LONGBENCH_TASKS:
-            raise InputError(f"no hub copy of longbench:{name}; named LongBench tasks: {', '.join(LONGBENCH_TASKS)}")
+            raise InputError(
+                f"no hub copy of longbench:{name}; named LongBench tasks: {', '.join(LONGBENCH_TASKS)}"
+            )
         return HubSource("Xnhyacinth/LongBench", name, "test", lambda row: _longbench_record(row, name))
     sources = _fixed_sources()
     if task not in sources:
@@ -97,8 +99,13 @@ def local_layout(task: str) -> str:
         return f"bbh/{name}.json"
     if kind == "longbench":
         return f"longbench/{name}.jsonl"
-    return {"gsm8k": "gsm8k/test.jsonl", "mbpp": "mbpp/test.jsonl", "piqa": "piqa/validation.jsonl",
-            "winogrande": "winogrande/validation.jsonl", "mathqa": "mathqa/test.jsonl"}[task]
+    return {
+        "gsm8k": "gsm8k/test.jsonl",
+        "mbpp": "mbpp/test.jsonl",
+        "piqa": "piqa/validation.jsonl",
+        "winogrande": "winogrande/validation.jsonl",
+        "mathqa": "mathqa/test.jsonl",
+    }[task]
 
 
 def hub_rows(source: HubSource) -> list[dict]:
@@ -108,8 +115,9 @@ def hub_rows(source: HubSource) -> list[dict]:
     return [dict(row) for row in datasets.load_dataset(source.path, source.config, split=source.split)]
 
 
-def task_records(task: str, data_dir: Path | None, required: tuple[str, ...] = (),
-                 reader=read_jsonl) -> tuple[list[tuple[int, dict]], str]:
+def task_records(
+    task: str, data_dir: Path | None, required: tuple[str, ...] = (), reader=read_jsonl
+) -> tuple[list[tuple[int, dict]], str]:
     """(line number, record) of the task, and where they came from: its file
     in `data_dir` when one is given (read by `reader`), else its hub copy."""
     if data_dir is not None:
@@ -127,8 +135,9 @@ def load_from_hub(task: str, required: tuple[str, ...] = ()) -> tuple[list[tuple
     try:
         import datasets  # noqa: F401 - only to say clearly when it is missing
     except ImportError:
-        raise InputError(_no_data(task, source, "the datasets package is not installed "
-                                                "(pip install 'caidllm[eval]')")) from None
+        raise InputError(
+            _no_data(task, source, "the datasets package is not installed (pip install 'caidllm[eval]')")
+        ) from None
     try:
         rows = hub_rows(source)
     except Exception as error:  # noqa: BLE001 - offline, unknown config, hub errors: all mean "no data"
@@ -141,8 +150,10 @@ def load_from_hub(task: str, required: tuple[str, ...] = ()) -> tuple[list[tuple
         record = source.to_record(row)
         missing = [k for k in required if record.get(k) is None]
         if missing:
-            raise InputError(f"{task}: {source.describe()} line {number} lacks field(s) "
-                             f"{', '.join(map(repr, missing))} (has {', '.join(map(repr, row)) or 'none'})")
+            raise InputError(
+                f"{task}: {source.describe()} line {number} lacks field(s) "
+                f"{', '.join(map(repr, missing))} (has {', '.join(map(repr, row)) or 'none'})"
+            )
         records.append((number, record))
     return records, source.describe()
 
@@ -151,10 +162,12 @@ def _no_data(task: str, source: HubSource, reason: str) -> str:
     from caidllm.bench.datadir import candidates
 
     looked = ", ".join(str(c) for c in candidates())
-    return (f"task {task}: no benchmark data folder was found (looked in: {looked}) and its "
-            f"{source.describe()} could not be loaded ({reason}). Either put the file in a folder laid out "
-            f"as DIR/{local_layout(task)} and pass --data-dir DIR (or set CAIDLLM_DATA_DIR=DIR), "
-            "or run once where the hub is reachable (datasets caches it)")
+    return (
+        f"task {task}: no benchmark data folder was found (looked in: {looked}) and its "
+        f"{source.describe()} could not be loaded ({reason}). Either put the file in a folder laid out "
+        f"as DIR/{local_layout(task)} and pass --data-dir DIR (or set CAIDLLM_DATA_DIR=DIR), "
+        "or run once where the hub is reachable (datasets caches it)"
+    )
 
 
 def local_file(data_dir: Path, task: str) -> Path:

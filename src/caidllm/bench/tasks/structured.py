@@ -15,33 +15,108 @@ from caidllm.decode.constraints import Constraint
 DEFAULT_N = 200
 
 SCHEMAS: dict[str, tuple[dict, object]] = {
-    "person": ({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                                 "age": {"type": "integer"}},
-                "required": ["name", "age"], "additionalProperties": False}, {"name": "Ada", "age": 36}),
-    "point": ({"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-               "required": ["x", "y"], "additionalProperties": False}, {"x": 1.5, "y": -2}),
-    "flags": ({"type": "object", "properties": {"valid": {"type": "boolean"}, "done": {"type": "boolean"}},
-               "required": ["valid", "done"], "additionalProperties": False}, {"valid": True, "done": False}),
-    "colour": ({"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
-                                                 "shade": {"enum": [1, 2, 3]}},
-                "required": ["colour", "shade"], "additionalProperties": False}, {"colour": "red", "shade": 2}),
-    "numbers": ({"type": "object", "properties": {"values": {"type": "array", "items": {"type": "integer"},
-                                                             "minItems": 1, "maxItems": 4}},
-                 "required": ["values"], "additionalProperties": False}, {"values": [3, 4]}),
-    "date": ({"type": "object", "properties": {"date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
-              "required": ["date"], "additionalProperties": False}, {"date": "2024-05-01"}),
-    "nested": ({"type": "object", "properties": {"user": {"type": "object", "properties": {
-        "id": {"type": "integer"}, "admin": {"type": "boolean"}}, "required": ["id", "admin"],
-        "additionalProperties": False}}, "required": ["user"], "additionalProperties": False},
-        {"user": {"id": 7, "admin": False}}),
-    "answer": ({"type": "object", "properties": {"answer": {"type": "integer"}, "unit": {"enum": ["cm", "kg", "s"]}},
-                "required": ["answer", "unit"], "additionalProperties": False}, {"answer": 12, "unit": "kg"}),
-    "tags": ({"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
-                                                        "maxItems": 3}}, "required": ["tags"],
-              "additionalProperties": False}, {"tags": ["a", "c"]}),
-    "code": ({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"},
-                                               "count": {"type": "integer"}},
-              "required": ["code", "count"], "additionalProperties": False}, {"code": "ABC12", "count": 5}),
+    "person": (
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+            "additionalProperties": False,
+        },
+        {"name": "Ada", "age": 36},
+    ),
+    "point": (
+        {
+            "type": "object",
+            "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+            "required": ["x", "y"],
+            "additionalProperties": False,
+        },
+        {"x": 1.5, "y": -2},
+    ),
+    "flags": (
+        {
+            "type": "object",
+            "properties": {"valid": {"type": "boolean"}, "done": {"type": "boolean"}},
+            "required": ["valid", "done"],
+            "additionalProperties": False,
+        },
+        {"valid": True, "done": False},
+    ),
+    "colour": (
+        {
+            "type": "object",
+            "properties": {"colour": {"enum": ["red", "green", "blue"]}, "shade": {"enum": [1, 2, 3]}},
+            "required": ["colour", "shade"],
+            "additionalProperties": False,
+        },
+        {"colour": "red", "shade": 2},
+    ),
+    "numbers": (
+        {
+            "type": "object",
+            "properties": {
+                "values": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 4}
+            },
+            "required": ["values"],
+            "additionalProperties": False,
+        },
+        {"values": [3, 4]},
+    ),
+    "date": (
+        {
+            "type": "object",
+            "properties": {"date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
+            "required": ["date"],
+            "additionalProperties": False,
+        },
+        {"date": "2024-05-01"},
+    ),
+    "nested": (
+        {
+            "type": "object",
+            "properties": {
+                "user": {
+                    "type": "object",
+                    "properties": {"id": {"type": "integer"}, "admin": {"type": "boolean"}},
+                    "required": ["id", "admin"],
+                    "additionalProperties": False,
+                }
+            },
+            "required": ["user"],
+            "additionalProperties": False,
+        },
+        {"user": {"id": 7, "admin": False}},
+    ),
+    "answer": (
+        {
+            "type": "object",
+            "properties": {"answer": {"type": "integer"}, "unit": {"enum": ["cm", "kg", "s"]}},
+            "required": ["answer", "unit"],
+            "additionalProperties": False,
+        },
+        {"answer": 12, "unit": "kg"},
+    ),
+    "tags": (
+        {
+            "type": "object",
+            "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
+            "required": ["tags"],
+            "additionalProperties": False,
+        },
+        {"tags": ["a", "c"]},
+    ),
+    "code": (
+        {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"},
+                "count": {"type": "integer"},
+            },
+            "required": ["code", "count"],
+            "additionalProperties": False,
+        },
+        {"code": "ABC12", "count": 5},
+    ),
 }
 
 REGEXES: dict[str, tuple[str, str]] = {
@@ -69,7 +144,11 @@ def _cases(count: int) -> list[tuple[str, str]]:
 
 def constraint_of(case: tuple[str, str]) -> Constraint:
     kind, name = case
-    return Constraint("json_schema", SCHEMAS[name][0]) if kind == "schema" else Constraint("regex", REGEXES[name][0])
+    return (
+        Constraint("json_schema", SCHEMAS[name][0])
+        if kind == "schema"
+        else Constraint("regex", REGEXES[name][0])
+    )
 
 
 def score_text(text: str, case: tuple[str, str]) -> Scored:
@@ -89,10 +168,20 @@ def load(limit: int | None, constrained: bool = True) -> BenchTask:
     own constraint (`json-extraction`) or not (`json-extraction:free`); the score is validity."""
     cases = _cases(DEFAULT_N if limit is None else limit)
     prompt = {"schema": schema_prompt, "regex": regex_prompt}
-    samples = [Sample(id=f"json-extraction/{i}", prompt=prompt[kind](name) + ("" if i < len(SCHEMAS) * 3 + len(
-        REGEXES) else f" ({i})"), reference=(kind, name)) for i, (kind, name) in enumerate(cases)]
-    return BenchTask(name="json-extraction" if constrained else "json-extraction:free", metric="valid",
-                     samples=samples, scorer=lambda text, s: score_text(text, s.reference),
-                     source="caidllm.bench.tasks.structured",
-                     constraint_for=(lambda s: constraint_of(s.reference)) if constrained else None,
-                     notes="validity: the answer parses and validates against its JSON schema, or matches its regex")
+    samples = [
+        Sample(
+            id=f"json-extraction/{i}",
+            prompt=prompt[kind](name) + ("" if i < len(SCHEMAS) * 3 + len(REGEXES) else f" ({i})"),
+            reference=(kind, name),
+        )
+        for i, (kind, name) in enumerate(cases)
+    ]
+    return BenchTask(
+        name="json-extraction" if constrained else "json-extraction:free",
+        metric="valid",
+        samples=samples,
+        scorer=lambda text, s: score_text(text, s.reference),
+        source="caidllm.bench.tasks.structured",
+        constraint_for=(lambda s: constraint_of(s.reference)) if constrained else None,
+        notes="validity: the answer parses and validates against its JSON schema, or matches its regex",
+    )

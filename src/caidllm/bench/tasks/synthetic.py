@@ -20,8 +20,14 @@ def load(name: str, limit: int | None, seed: int, split: str = "test") -> BenchT
     n = DEFAULT_N if limit is None else limit
     examples = get_task(name).examples(split, n, seed=seed)
     tag = "" if split == "test" else f"{split}/"  # test ids stay as they were
-    samples = [Sample(id=f"synthetic:{name}/{tag}{i}", prompt=ex.prompt, reference=ex.target)
-               for i, ex in enumerate(examples)]
-    return BenchTask(name=f"synthetic:{name}", metric="exact_match", samples=samples,
-                     scorer=lambda text, s: score_text(text, s.reference, name),
-                     source=f"caidllm.tasks.{name} ({split} split, seed {seed})")
+    samples = [
+        Sample(id=f"synthetic:{name}/{tag}{i}", prompt=ex.prompt, reference=ex.target)
+        for i, ex in enumerate(examples)
+    ]
+    return BenchTask(
+        name=f"synthetic:{name}",
+        metric="exact_match",
+        samples=samples,
+        scorer=lambda text, s: score_text(text, s.reference, name),
+        source=f"caidllm.tasks.{name} ({split} split, seed {seed})",
+    )

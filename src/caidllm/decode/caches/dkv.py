@@ -30,7 +30,9 @@ class DKVCache(CacheMode):
         chosen = set(now) | set(before)
         masked = {p for p, token in enumerate(generated) if token is None} | recent
         for p in now:
-            chosen |= set(nearest_masked(p, masked - chosen, request.config.cache_settings.window, len(generated)))
+            chosen |= set(
+                nearest_masked(p, masked - chosen, request.config.cache_settings.window, len(generated))
+            )
         return sorted(chosen)
 
 

@@ -41,8 +41,10 @@ class ExactCache(CacheMode):
 def current_sub_block(request) -> int:
     """Block position where the first sub-block that still holds a mask starts."""
     block_start, block_end = request.block_bounds
-    first = next((p - block_start for p in range(max(block_start, 0), block_end) if request.generated[p] is None),
-                 block_end - block_start - 1)
+    first = next(
+        (p - block_start for p in range(max(block_start, 0), block_end) if request.generated[p] is None),
+        block_end - block_start - 1,
+    )
     return first - first % request.config.policy_settings.sub_block
 
 

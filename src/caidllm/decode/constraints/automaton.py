@@ -70,7 +70,9 @@ def token_bytes(tokenizer) -> dict[int, bytes]:
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     byte_level = _byte_level_map()
     vocab = tokenizer.get_vocab()
-    is_byte_level = all(all(ch in byte_level for ch in token) for token, i in vocab.items() if i not in special)
+    is_byte_level = all(
+        all(ch in byte_level for ch in token) for token, i in vocab.items() if i not in special
+    )
     out = {}
     for token, i in vocab.items():
         if i in special:
@@ -93,8 +95,14 @@ def _byte_level_map() -> dict[str, int]:
     return mapping
 
 
-def compile_regex(tokenizer, regex: str, end_ids: tuple[int, ...], mask_id: int, field: str = "regex",
-                  vocab_size: int | None = None) -> TokenAutomaton:
+def compile_regex(
+    tokenizer,
+    regex: str,
+    end_ids: tuple[int, ...],
+    mask_id: int,
+    field: str = "regex",
+    vocab_size: int | None = None,
+) -> TokenAutomaton:
     """The token automaton of `regex` over `tokenizer`'s vocabulary (cached); InputError naming `field` when the
     library cannot compile it or it accepts nothing."""
     key = (id(tokenizer), regex, tuple(end_ids), vocab_size)
@@ -108,8 +116,9 @@ def compile_regex(tokenizer, regex: str, end_ids: tuple[int, ...], mask_id: int,
     return automaton
 
 
-def _build(tokenizer, regex: str, end_ids: tuple[int, ...], mask_id: int, field: str,
-           vocab_size: int | None) -> TokenAutomaton:
+def _build(
+    tokenizer, regex: str, end_ids: tuple[int, ...], mask_id: int, field: str, vocab_size: int | None
+) -> TokenAutomaton:
     from outlines_core import Index, Vocabulary
 
     pieces: dict[bytes, list[int]] = {}
@@ -120,20 +129,30 @@ def _build(tokenizer, regex: str, end_ids: tuple[int, ...], mask_id: int, field:
     try:
         index = Index(regex, vocabulary)
     except (ValueError, RuntimeError) as error:
-        raise InputError(f"{field}: cannot be compiled into a token automaton for this model's vocabulary: "
-                         f"{str(error)[:300]}") from None
+        raise InputError(
+            f"{field}: cannot be compiled into a token automaton for this model's vocabulary: "
+            f"{str(error)[:300]}"
+        ) from None
     return _arrays(index, end_ids, vocab_size or len(tokenizer), field)
 
 
 def _arrays(index, end_ids: tuple[int, ...], vocab_size: int, field: str) -> TokenAutomaton:
     transitions = index.get_transitions()
-    names = sorted(set(transitions) | {index.get_initial_state()} | set(index.get_final_states())
-                   | {t for edges in transitions.values() for t in edges.values()})
+    names = sorted(
+        set(transitions)
+        | {index.get_initial_state()}
+        | set(index.get_final_states())
+        | {t for edges in transitions.values() for t in edges.values()}
+    )
     number = {name: n for n, name in enumerate(names)}
     done = len(names)
     ends = set(end_ids)
-    triples = [(number[s], token, number[t]) for s, edges in transitions.items() for token, t in edges.items()
-               if token not in ends]
+    triples = [
+        (number[s], token, number[t])
+        for s, edges in transitions.items()
+        for token, t in edges.items()
+        if token not in ends
+    ]
     finals = [number[s] for s in index.get_final_states()]
     triples += [(state, end, done) for state in finals + [done] for end in end_ids]
     if not triples:
@@ -143,9 +162,19 @@ def _arrays(index, end_ids: tuple[int, ...], vocab_size: int, field: str) -> Tok
     accepting[finals + [done]] = True
     offsets = np.searchsorted(edges[:, 1], np.arange(vocab_size + 1)).astype(np.int64)
     pairs = np.unique(edges[:, [0, 2]], axis=0)
-    automaton = TokenAutomaton(done + 1, number[index.get_initial_state()], accepting, edges[:, 0].copy(),
-                               edges[:, 1].copy(), edges[:, 2].copy(), offsets, pairs[:, 0].copy(),
-                               pairs[:, 1].copy(), vocab_size, end_ids[0])
+    automaton = TokenAutomaton(
+        done + 1,
+        number[index.get_initial_state()],
+        accepting,
+        edges[:, 0].copy(),
+        edges[:, 1].copy(),
+        edges[:, 2].copy(),
+        offsets,
+        pairs[:, 0].copy(),
+        pairs[:, 1].copy(),
+        vocab_size,
+        end_ids[0],
+    )
     if automaton.shortest_accepted() is None:
         raise InputError(f"{field}: matches nothing that this model's tokens can spell")
     return automaton

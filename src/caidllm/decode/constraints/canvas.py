@@ -18,8 +18,13 @@ from caidllm.errors import InputError
 class CanvasConstraint:
     """One request's constraint state: its automaton and the tokens committed so far (None: a hole)."""
 
-    def __init__(self, automaton: TokenAutomaton, length: int, field: str = "constraint",
-                 answer_limit: int | None = None):
+    def __init__(
+        self,
+        automaton: TokenAutomaton,
+        length: int,
+        field: str = "constraint",
+        answer_limit: int | None = None,
+    ):
         self.automaton, self.length = automaton, length
         self.tokens: list[int | None] = [None] * length
         # An answer cut at answer_limit tokens (a server's max_tokens under a larger canvas) must end
@@ -36,8 +41,10 @@ class CanvasConstraint:
         self._refresh()
         if not self.backward[0, automaton.initial]:
             shortest = automaton.shortest_accepted()
-            raise InputError(f"{field}: its shortest answer takes {shortest} tokens, more than the "
-                             f"{limit} the answer may have (raise gen_length / max_tokens)")
+            raise InputError(
+                f"{field}: its shortest answer takes {shortest} tokens, more than the "
+                f"{limit} the answer may have (raise gen_length / max_tokens)"
+            )
 
     def allowed(self, position: int) -> np.ndarray:
         """[vocab] bool: the tokens that may be committed at `position` now (the canvas stays completable)."""

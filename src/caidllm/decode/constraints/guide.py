@@ -22,10 +22,18 @@ def canvas_constraint(lm, constraint: Constraint, config) -> CanvasConstraint:
 
     if policy_spec(config.policy).revises or config.editing_threshold is not None:
         what = f"policy {config.policy!r}" if policy_spec(config.policy).revises else "token editing"
-        raise InputError(f"{constraint.field}: {what} revises committed tokens, which the constraint does not "
-                         "check; use a decoder that only commits")
-    automaton = compile_regex(lm.tokenizer, constraint.regex(), tuple(lm.config.eos_ids), lm.config.mask_id,
-                              constraint.field, lm.config.vocab_size)
+        raise InputError(
+            f"{constraint.field}: {what} revises committed tokens, which the constraint does not "
+            "check; use a decoder that only commits"
+        )
+    automaton = compile_regex(
+        lm.tokenizer,
+        constraint.regex(),
+        tuple(lm.config.eos_ids),
+        lm.config.mask_id,
+        constraint.field,
+        lm.config.vocab_size,
+    )
     return CanvasConstraint(automaton, config.gen_length, constraint.field, constraint.max_tokens)
 
 
@@ -48,8 +56,13 @@ def mask_logits(members, logits: torch.Tensor, masked: torch.Tensor) -> dict[int
     return saved
 
 
-def settle(members, commit: torch.Tensor, predicted: torch.Tensor, confidence: torch.Tensor,
-           saved: dict[int, torch.Tensor]) -> None:
+def settle(
+    members,
+    commit: torch.Tensor,
+    predicted: torch.Tensor,
+    confidence: torch.Tensor,
+    saved: dict[int, torch.Tensor],
+) -> None:
     """Walk each constrained row's commits, most confident first, re-picking a token the earlier ones
     made impossible; `predicted` and `confidence` are corrected in place, the constraint states advanced."""
     for i, logits in saved.items():
@@ -69,4 +82,3 @@ def settle(members, commit: torch.Tensor, predicted: torch.Tensor, confidence: t
                 predicted[i, j] = token
                 confidence[i, j] = torch.softmax(row, dim=-1)[token].to(confidence.dtype)
             r.constraint.commit(p, token)
-

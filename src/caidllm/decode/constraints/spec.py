@@ -28,7 +28,9 @@ class Constraint:
 
     def __post_init__(self):
         if self.kind not in REGEX_OF:
-            raise InputError(f"{self.field or 'constraint'}: unknown kind {self.kind!r}; one of {sorted(REGEX_OF)}")
+            raise InputError(
+                f"{self.field or 'constraint'}: unknown kind {self.kind!r}; one of {sorted(REGEX_OF)}"
+            )
         if not self.field:
             object.__setattr__(self, "field", self.kind)
 
@@ -42,9 +44,25 @@ class Constraint:
 
 # Keywords outlines-core's schema translation leaves out of the regex (an answer could break them): refused, so
 # that what is returned as valid is valid. (Measured: "minimum" is not held; docs/structured-output.md.)
-UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems", "not",
-              "if", "then", "else", "contains", "minProperties", "maxProperties", "patternProperties",
-              "propertyNames", "dependentRequired", "dependentSchemas")
+UNENFORCED = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "uniqueItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "minProperties",
+    "maxProperties",
+    "patternProperties",
+    "propertyNames",
+    "dependentRequired",
+    "dependentSchemas",
+)
 
 
 def _unenforced(schema, path: str = "") -> str | None:
@@ -76,8 +94,10 @@ def schema_regex(schema, field: str = "json_schema") -> str:
         raise InputError(f"{field}: a JSON schema must be an object, got {type(schema).__name__}")
     unenforced = _unenforced(schema)
     if unenforced:
-        raise InputError(f"{field}: {unenforced} cannot be held by the token automaton (the schema library "
-                         "leaves it out of its regex); leave it out, or give a regex")
+        raise InputError(
+            f"{field}: {unenforced} cannot be held by the token automaton (the schema library "
+            "leaves it out of its regex); leave it out, or give a regex"
+        )
     try:
         return build_regex_from_schema(json.dumps(schema))
     except (ValueError, RuntimeError, TypeError) as error:
@@ -106,8 +126,16 @@ REGEX_OF = {
 
 def constraint_of(json_schema=None, regex=None, choice=None, json_object: bool = False) -> Constraint | None:
     """The constraint of generate()'s keywords (None: none given); more than one is refused."""
-    given = [(kind, value) for kind, value in (("json_schema", json_schema), ("regex", regex), ("choice", choice),
-                                               ("json_object", True if json_object else None)) if value is not None]
+    given = [
+        (kind, value)
+        for kind, value in (
+            ("json_schema", json_schema),
+            ("regex", regex),
+            ("choice", choice),
+            ("json_object", True if json_object else None),
+        )
+        if value is not None
+    ]
     if len(given) > 1:
         raise InputError(f"give one constraint, not {' and '.join(kind for kind, _ in given)}")
     return Constraint(*given[0]) if given else None
@@ -117,6 +145,8 @@ def per_prompt(constraint, count: int) -> list:
     """generate()'s `constraint`: None, one Constraint for every prompt, or a list of one per prompt."""
     if isinstance(constraint, (list, tuple)):
         if len(constraint) != count:
-            raise InputError(f"constraint: {len(constraint)} constraints for {count} prompts; give one per prompt")
+            raise InputError(
+                f"constraint: {len(constraint)} constraints for {count} prompts; give one per prompt"
+            )
         return list(constraint)
     return [constraint] * count

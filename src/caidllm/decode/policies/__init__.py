@@ -19,8 +19,20 @@ from typing import Callable
 
 import torch
 
-from caidllm.decode.policies import (block_quota, cai, eb, klass, margin, prophet, random_order, slowfast, subblock,
-                                     threshold, vanilla, wino)
+from caidllm.decode.policies import (
+    block_quota,
+    cai,
+    eb,
+    klass,
+    margin,
+    prophet,
+    random_order,
+    slowfast,
+    subblock,
+    threshold,
+    vanilla,
+    wino,
+)
 from caidllm.decode.policies.base import NoSettings, PolicyConfig, PolicySettings, StepView
 from caidllm.errors import InputError
 from caidllm.setting_rules import BLOCK_CAUSAL
@@ -50,7 +62,9 @@ class PolicySpec:
     # request at once (view.finish: every mask left takes its prediction), as Prophet's early exit.
     sees_generation: bool = False
     revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
-    forward: str | None = None  # a forward mode of its own, at every step (a name in models/modes: FORWARD_MODES)
+    forward: str | None = (
+        None  # a forward mode of its own, at every step (a name in models/modes: FORWARD_MODES)
+    )
     # new_state(config, prompt): the request's own memory beyond the state tensors (request.policy_state; may
     # offer start_block(request), commit_only(request) and a `generator` replayed on the other --tp ranks).
     new_state: Callable[[PolicyConfig, list[int]], object] | None = None
@@ -66,19 +80,30 @@ POLICIES: dict[str, PolicySpec] = {
     "vanilla": PolicySpec(vanilla.select, state_names=("n_masked",), block_causal_method="vanilla"),
     "margin": PolicySpec(margin.select, state_names=("n_masked",), needs_distribution=True),  # top-2 margin
     "threshold": PolicySpec(threshold.select, threshold.ThresholdSettings),
-    "cai": PolicySpec(cai.select, cai.CAISettings, state_names=("low_yield_steps",),
-                      block_causal_method="cai"),
+    "cai": PolicySpec(
+        cai.select, cai.CAISettings, state_names=("low_yield_steps",), block_causal_method="cai"
+    ),
     "eb": PolicySpec(eb.select, eb.EBSettings, needs_distribution=True),
     "slowfast": PolicySpec(slowfast.select, slowfast.SlowFastSettings),
-    "wino": PolicySpec(wino.select, wino.WinoSettings, state_names=wino.STATE, revises=True, forward="verify"),
+    "wino": PolicySpec(
+        wino.select, wino.WinoSettings, state_names=wino.STATE, revises=True, forward="verify"
+    ),
     # KLASS: every confident position whose distribution has stayed put for `history` steps, else the schedule.
-    "klass": PolicySpec(klass.select, klass.KlassSettings, state_names=("n_masked",), needs_probabilities=True,
-                        new_state=klass.new_state),
+    "klass": PolicySpec(
+        klass.select,
+        klass.KlassSettings,
+        state_names=("n_masked",),
+        needs_probabilities=True,
+        new_state=klass.new_state,
+    ),
     # Prophet: LLaDA's schedule until the answer's top-2 logit gap says it has converged, then everything at once.
-    "prophet": PolicySpec(prophet.select, prophet.ProphetSettings, state_names=("n_masked",), sees_generation=True),
+    "prophet": PolicySpec(
+        prophet.select, prophet.ProphetSettings, state_names=("n_masked",), sees_generation=True
+    ),
     # The request draws a decoding order at each block start and the policy is offered only the step's share.
-    "random": PolicySpec(random_order.select, new_state=random_order.new_state,
-                         block_causal_method="vanilla"),
+    "random": PolicySpec(
+        random_order.select, new_state=random_order.new_state, block_causal_method="vanilla"
+    ),
     # The block-diffusion models' own (policies/block_quota.py): LLaDA2.x threshold decoding and SDAR's
     # low_confidence_dynamic are "dynamic" (LLaDA2.1: a fixed quota, num_to_transfer); SDAR's _static.
     "dynamic": PolicySpec(block_quota.select_dynamic, block_quota.DynamicSettings, models=BLOCK_CAUSAL),
@@ -102,7 +127,8 @@ def make_policy(config: PolicyConfig, gating: bool) -> tuple[Policy, tuple[str, 
     settings = config.policy_settings.arguments(gating)
     state_names = config.policy_settings.state_names()
     return (partial(spec.select, **settings) if settings else spec.select), (
-        spec.state_names if state_names is None else state_names)
+        spec.state_names if state_names is None else state_names
+    )
 
 
 def policy_key(config: PolicyConfig, gating: bool) -> tuple:
@@ -110,7 +136,18 @@ def policy_key(config: PolicyConfig, gating: bool) -> tuple:
     settings = config.policy_settings.arguments(gating)
     return (config.policy, config.steps_per_block) + tuple(
         (name, dataclasses.astuple(value) if dataclasses.is_dataclass(value) else value)
-        for name, value in sorted(settings.items()))
+        for name, value in sorted(settings.items())
+    )
 
 
-__all__ = ["POLICIES", "NoSettings", "Policy", "PolicySettings", "PolicySpec", "StepView", "make_policy", "policy_key", "policy_spec"]
+__all__ = [
+    "POLICIES",
+    "NoSettings",
+    "Policy",
+    "PolicySettings",
+    "PolicySpec",
+    "StepView",
+    "make_policy",
+    "policy_key",
+    "policy_spec",
+]

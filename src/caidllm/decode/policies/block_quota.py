@@ -21,7 +21,9 @@ import torch
 from caidllm.decode.policies.base import PolicySettings, StepView, rank_by_confidence
 from caidllm.setting_rules import BLOCK_CAUSAL, UNIT_INTERVAL, Rule, positive_int, unit_interval
 
-STEP_CAP = Rule("minimal_topk", "an integer >= 1", positive_int, models=BLOCK_CAUSAL, about="LLaDA2's step cap")
+STEP_CAP = Rule(
+    "minimal_topk", "an integer >= 1", positive_int, models=BLOCK_CAUSAL, about="LLaDA2's step cap"
+)
 
 
 @dataclass
@@ -48,12 +50,19 @@ class DynamicSettings(StaticSettings):
 
     OWNER: ClassVar[str] = "dynamic"
     TITLE: ClassVar[str] = "LLaDA2.x threshold decoding, SDAR's low_confidence_dynamic"
-    LEGACY: ClassVar[dict[str, str]] = {name: name for name in ("threshold", "num_to_transfer", "minimal_topk")}
+    LEGACY: ClassVar[dict[str, str]] = {
+        name: name for name in ("threshold", "num_to_transfer", "minimal_topk")
+    }
     RULES: ClassVar[tuple[Rule, ...]] = (
         STEP_CAP,
         Rule("threshold", UNIT_INTERVAL, unit_interval),
-        Rule("num_to_transfer", "an integer >= 1 (or None: the schedule)", lambda v: v is None or positive_int(v),
-             models=BLOCK_CAUSAL, about="LLaDA2.1's quota per step"),
+        Rule(
+            "num_to_transfer",
+            "an integer >= 1 (or None: the schedule)",
+            lambda v: v is None or positive_int(v),
+            models=BLOCK_CAUSAL,
+            about="LLaDA2.1's quota per step",
+        ),
     )
 
     def arguments(self, gating: bool) -> dict:

@@ -28,14 +28,31 @@ import torch
 from caidllm.checks import are_numbers, is_number
 from caidllm.decode.policies.base import PolicySettings, StepView, with_most_confident
 from caidllm.errors import InputError
-from caidllm.setting_rules import UNIT_INTERVAL, Rule, boolean, choice_rule, named, non_negative, positive_int, unit_interval
+from caidllm.setting_rules import (
+    UNIT_INTERVAL,
+    Rule,
+    boolean,
+    choice_rule,
+    named,
+    non_negative,
+    positive_int,
+    unit_interval,
+)
 
 # What the controller does after K low-yield steps (Box 7): "continue" commits the masked tokens above the
 # fallback threshold and goes on; "exit" ends the block, committing every still-masked position with its
 # current prediction in that same step (Algorithm 1's `break`, without leaving a mask behind).
 GRINDING_ACTIONS = ("continue", "exit")
-UNIT_FIELDS = ("theta_start", "theta_end", "block_end_floor", "fallback_threshold", "clip_low", "clip_high",
-               "easy_confidence", "hard_confidence")
+UNIT_FIELDS = (
+    "theta_start",
+    "theta_end",
+    "block_end_floor",
+    "fallback_threshold",
+    "clip_low",
+    "clip_high",
+    "easy_confidence",
+    "hard_confidence",
+)
 
 
 @dataclass
@@ -58,7 +75,11 @@ class CAISettings(PolicySettings):
     clip_high: float = 0.98
     easy_confidence: float = 0.50  # s_i above this (and in the first half) -> short budget
     hard_confidence: float = 0.25  # s_i below this (or in the last quarter) -> full budget
-    budget_fractions: tuple[float, float, float] = (1 / 8, 1 / 2, 1.0)  # of T: easy / normal / hard (8/32/64 at T=64)
+    budget_fractions: tuple[float, float, float] = (
+        1 / 8,
+        1 / 2,
+        1.0,
+    )  # of T: easy / normal / hard (8/32/64 at T=64)
     grinding_yield: float = 1.5  # a step committing fewer tokens than this is low-yield
     grinding_patience: int = 4  # K low-yield steps in a row trigger the fallback
     fallback_threshold: float = 0.40  # on grinding, commit masked tokens with c > this ("continue")
@@ -75,8 +96,15 @@ class CAISettings(PolicySettings):
         Rule("grinding_yield", "a number >= 0", non_negative),
         Rule("grinding_patience", "an integer >= 1", positive_int),
         Rule("factors", "four positive numbers", lambda v: are_numbers(v, 4) and all(f > 0 for f in v)),
-        Rule("budget_fractions", "three numbers in (0, 1]", lambda v: are_numbers(v, 3) and all(0 < f <= 1 for f in v)),
-        *(Rule(name, "True or False", boolean) for name in ("adaptive", "block_schedule", "position_factors")),
+        Rule(
+            "budget_fractions",
+            "three numbers in (0, 1]",
+            lambda v: are_numbers(v, 3) and all(0 < f <= 1 for f in v),
+        ),
+        *(
+            Rule(name, "True or False", boolean)
+            for name in ("adaptive", "block_schedule", "position_factors")
+        ),
         choice_rule("grinding_action", GRINDING_ACTIONS),
         Rule("gating", "True, False or None (model default)", lambda v: v is None or isinstance(v, bool)),
     )
@@ -84,8 +112,10 @@ class CAISettings(PolicySettings):
     def check(self, labels: dict[str, str]) -> None:
         super().check(labels)
         if self.clip_low > self.clip_high:
-            raise InputError(f"cai.clip_low ({self.clip_low}) must not exceed cai.clip_high ({self.clip_high})",
-                             field=named(labels, "cai.clip_low")[1])
+            raise InputError(
+                f"cai.clip_low ({self.clip_low}) must not exceed cai.clip_high ({self.clip_high})",
+                field=named(labels, "cai.clip_low")[1],
+            )
 
     def refuse_unread(self, config) -> None:
         if "cai.threshold" in config.given and self.adaptive:
@@ -93,7 +123,9 @@ class CAISettings(PolicySettings):
             raise InputError(
                 f"{name} does not apply to method {config.method!r}: with CAI's adaptive schedule on, its "
                 "thresholds follow the schedule; give adaptive=false with it (the CLI: in a --settings file's cai) "
-                "for a fixed threshold, or use method 'fastdllm'", field=name)
+                "for a fixed threshold, or use method 'fastdllm'",
+                field=name,
+            )
 
     def arguments(self, gating: bool) -> dict:
         return dict(s=self, gating=gating, fixed_threshold=self.threshold)
@@ -101,7 +133,6 @@ class CAISettings(PolicySettings):
 
 # Every field keeps its flat name of earlier versions (`theta_end=0.6`, a body's "theta_end").
 CAISettings.LEGACY = {f.name: f.name for f in fields(CAISettings)}
-
 
 
 def block_end_threshold(block_index: int, s: CAISettings) -> float:
@@ -184,5 +215,7 @@ def _grinding_fallback(commit: torch.Tensor, view: StepView, s: CAISettings) -> 
     count = torch.where(low_yield, counter[view.rows] + 1, torch.zeros_like(counter[view.rows]))
     grinding = count >= s.grinding_patience
     counter[view.rows] = count.masked_fill(grinding, 0)
-    forced = view.masked if s.grinding_action == "exit" else view.masked & (view.confidence > s.fallback_threshold)
+    forced = (
+        view.masked if s.grinding_action == "exit" else view.masked & (view.confidence > s.fallback_threshold)
+    )
     return commit | (grinding[:, None] & forced)

@@ -70,8 +70,9 @@ class KlassState(PolicyState):
     def observe(self, probabilities: torch.Tensor, history: int) -> list[torch.Tensor]:
         """Record this step's distribution [block, V]; the block's last `history` KLs, oldest first."""
         if self.previous is None:
-            kl = torch.full(probabilities.shape[:1], float("inf"), dtype=torch.float64,
-                            device=probabilities.device)
+            kl = torch.full(
+                probabilities.shape[:1], float("inf"), dtype=torch.float64, device=probabilities.device
+            )
         else:
             kl = (probabilities * ((probabilities + EPSILON).log() - (self.previous + EPSILON).log())).sum(-1)
         self.previous, self.kls = probabilities, (self.kls + [kl])[-history:]

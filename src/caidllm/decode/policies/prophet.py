@@ -44,8 +44,11 @@ class ProphetSettings(PolicySettings):
     TITLE: ClassVar[str] = "Prophet: early commit once the answer's top-2 logit gap is wide"
     LEGACY: ClassVar[dict[str, str]] = {}
     RULES: ClassVar[tuple[Rule, ...]] = (
-        Rule("answer_start", "an integer (from the generation's end when negative) or null",
-             lambda v: v is None or is_int(v)),
+        Rule(
+            "answer_start",
+            "an integer (from the generation's end when negative) or null",
+            lambda v: v is None or is_int(v),
+        ),
         Rule("early", "a number >= 0", non_negative),
         Rule("mid", "a number >= 0", non_negative),
         Rule("late", "a number >= 0", non_negative),
@@ -53,8 +56,10 @@ class ProphetSettings(PolicySettings):
 
     def check_with(self, config) -> None:
         if config.cache != "none":  # its watch reads the whole generation's logits: every position computed
-            raise InputError("policy 'prophet' runs without a cache (its official loop's), got cache "
-                             f"{config.cache!r}", field="cache")
+            raise InputError(
+                f"policy 'prophet' runs without a cache (its official loop's), got cache {config.cache!r}",
+                field="cache",
+            )
 
     def arguments(self, gating: bool) -> dict:
         return dict(answer_start=self.answer_start, thresholds=(self.early, self.mid, self.late))
@@ -64,7 +69,7 @@ def answer_gap(logits: torch.Tensor, answer_start: int) -> torch.Tensor | None:
     """[R] the mean top-2 logit gap over the answer positions of `logits` [R, span, V] (None: none inside)."""
     span = logits.shape[1]
     start = answer_start if answer_start >= 0 else span + answer_start
-    answer = logits[:, max(start, 0):min(start + ANSWER_LENGTH, span)].float()
+    answer = logits[:, max(start, 0) : min(start + ANSWER_LENGTH, span)].float()
     if answer.shape[1] == 0 or start < 0:
         return None
     top2 = answer.topk(2, dim=-1).values

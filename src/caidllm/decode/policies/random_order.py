@@ -31,7 +31,7 @@ def scheduled(order: list[int], n_masked: int, step: int, total_steps: int) -> l
     """The positions (in order) decoded at `step`: the linear schedule's share of the order."""
     base, extra = divmod(n_masked, total_steps)
     start = step * base + min(step, extra)
-    return order[start:start + base + (step < extra)]
+    return order[start : start + base + (step < extra)]
 
 
 @dataclass
@@ -48,8 +48,10 @@ class OrderState(PolicyState):
     def scheduled(self, request, step: int) -> list[int]:
         """The generated positions decoded at `step` of the request's current block."""
         block_start, block_end = request.block_bounds
-        return [block_start + b for b in scheduled(self.order, block_end - block_start, step,
-                                                    request.config.steps_per_block)]
+        return [
+            block_start + b
+            for b in scheduled(self.order, block_end - block_start, step, request.config.steps_per_block)
+        ]
 
     def commit_only(self, request) -> set[int]:
         """The block positions this step may commit: its share of the order."""

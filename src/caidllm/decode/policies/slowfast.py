@@ -55,8 +55,10 @@ class SlowFastSettings(PolicySettings):
 
     OWNER: ClassVar[str] = "slowfast"
     TITLE: ClassVar[str] = "SlowFast Sampling (arXiv 2506.10848)"
-    LEGACY: ClassVar[dict[str, str]] = {f"sf_{name}": name for name in (
-        "explore_steps", "cycle_threshold", "window", "std", "high", "shortened")}
+    LEGACY: ClassVar[dict[str, str]] = {
+        f"sf_{name}": name
+        for name in ("explore_steps", "cycle_threshold", "window", "std", "high", "shortened")
+    }
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("explore_steps", "a positive integer", positive_int),
         Rule("window", "a positive integer", positive_int),
@@ -69,11 +71,18 @@ class SlowFastSettings(PolicySettings):
     def check_with(self, config) -> None:
         if self.window > config.block_length:
             name, field = named(config.labels, "slowfast.window")
-            raise InputError(f"{name} ({self.window}) is longer than the block ({config.block_length})", field=field)
+            raise InputError(
+                f"{name} ({self.window}) is longer than the block ({config.block_length})", field=field
+            )
 
     def arguments(self, gating: bool) -> dict:
-        return dict(explore_steps=self.explore_steps, cycle_threshold=self.cycle_threshold, window=self.window,
-                    std_bound=self.std, high=self.high)
+        return dict(
+            explore_steps=self.explore_steps,
+            cycle_threshold=self.cycle_threshold,
+            window=self.window,
+            std_bound=self.std,
+            high=self.high,
+        )
 
     def state_names(self) -> tuple[str, ...]:
         return state_names(self.window)
@@ -95,8 +104,9 @@ def _fill(conf: torch.Tensor, span: torch.Tensor, high: float) -> torch.Tensor:
     return torch.where(confident.sum(dim=1, keepdim=True) > 1, confident, best)
 
 
-def select(view: StepView, explore_steps: int, cycle_threshold: float, window: int, std_bound: float,
-           high: float) -> torch.Tensor:
+def select(
+    view: StepView, explore_steps: int, cycle_threshold: float, window: int, std_bound: float, high: float
+) -> torch.Tensor:
     s, rows, bl = view.state, view.rows, view.block_length
     if view.step == 0:  # a new block: one sub-cycle spanning the block, nothing fixed yet
         for name in state_names(window):
@@ -136,9 +146,13 @@ def select(view: StepView, explore_steps: int, cycle_threshold: float, window: i
     fast_span = (pos >= last[:, None]) & (pos < cur[:, None])
     commit_span = torch.where(exploring[:, None], scope, fast_span)
     commit = _fill(conf, commit_span & view.masked, high)
-    fast = torch.where(exploring, torch.zeros_like(k), s["sf_fast"][rows] + 1)  # fast forwards of the sub-cycle
+    fast = torch.where(
+        exploring, torch.zeros_like(k), s["sf_fast"][rows] + 1
+    )  # fast forwards of the sub-cycle
 
-    _save(s, rows, hist, sf_k=k, sf_count=count, sf_fixed=fixed.long(), sf_cur=cur, sf_last=last, sf_fast=fast)
+    _save(
+        s, rows, hist, sf_k=k, sf_count=count, sf_fixed=fixed.long(), sf_cur=cur, sf_last=last, sf_fast=fast
+    )
     return commit
 
 

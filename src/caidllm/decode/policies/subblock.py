@@ -19,7 +19,15 @@ import torch
 
 from caidllm.decode.policies.base import PolicySettings, StepView, with_most_confident
 from caidllm.errors import InputError
-from caidllm.setting_rules import UNIT_INTERVAL, CacheSettings, Rule, chosen_by, named, positive_int, unit_interval
+from caidllm.setting_rules import (
+    UNIT_INTERVAL,
+    CacheSettings,
+    Rule,
+    chosen_by,
+    named,
+    positive_int,
+    unit_interval,
+)
 
 
 @dataclasses.dataclass
@@ -40,8 +48,11 @@ class SubblockSettings(PolicySettings):
     def check_with(self, config) -> None:
         if config.block_length % self.sub_block:
             name, field = named(config.labels, "subblock.sub_block")
-            raise InputError(f"{name} ({self.sub_block}) must divide block_length ({config.block_length}): "
-                             "Fast-dLLM v2 decodes a block in whole sub-blocks", field=field)
+            raise InputError(
+                f"{name} ({self.sub_block}) must divide block_length ({config.block_length}): "
+                "Fast-dLLM v2 decodes a block in whole sub-blocks",
+                field=field,
+            )
 
     def arguments(self, gating: bool) -> dict:
         return dict(threshold=self.threshold, sub_block=self.sub_block)
@@ -53,9 +64,11 @@ class WithinBlockCacheSettings(CacheSettings):
 
     def check_with(self, config) -> None:
         if config.policy != "subblock":
-            raise InputError(f"cache 'subblock' with policy {config.policy!r} is not meaningful: Fast-dLLM v2's "
-                             "within-block cache follows its sub-blocks (use policy 'subblock', or cache 'block')",
-                             field=chosen_by(config, "cache"))
+            raise InputError(
+                f"cache 'subblock' with policy {config.policy!r} is not meaningful: Fast-dLLM v2's "
+                "within-block cache follows its sub-blocks (use policy 'subblock', or cache 'block')",
+                field=chosen_by(config, "cache"),
+            )
 
 
 def current_sub_block(masked: torch.Tensor, sub_block: int) -> torch.Tensor:
@@ -68,8 +81,9 @@ def current_sub_block(masked: torch.Tensor, sub_block: int) -> torch.Tensor:
 
 def select(view: StepView, threshold: float, sub_block: int) -> torch.Tensor:
     eligible = view.masked & current_sub_block(view.masked, sub_block)
-    commit = with_most_confident(eligible & (view.confidence > threshold),
-                                 dataclasses.replace(view, masked=eligible))
+    commit = with_most_confident(
+        eligible & (view.confidence > threshold), dataclasses.replace(view, masked=eligible)
+    )
     first_only = torch.zeros_like(commit)
     first_only[:, 0] = True
     return torch.where(view.masked[:, :1], first_only, commit)

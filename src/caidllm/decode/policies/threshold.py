@@ -13,7 +13,13 @@ from typing import ClassVar
 import torch
 
 from caidllm.checks import is_number
-from caidllm.decode.policies.base import PolicySettings, StepView, masked_confidence, rank_by_confidence, with_most_confident
+from caidllm.decode.policies.base import (
+    PolicySettings,
+    StepView,
+    masked_confidence,
+    rank_by_confidence,
+    with_most_confident,
+)
 from caidllm.setting_rules import UNIT_INTERVAL, Rule, unit_interval
 
 

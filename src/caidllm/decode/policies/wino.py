@@ -46,7 +46,11 @@ class WinoSettings(PolicySettings):
 
     OWNER: ClassVar[str] = "wino"
     TITLE: ClassVar[str] = "WINO revokable decoding (arXiv 2507.18578)"
-    LEGACY: ClassVar[dict[str, str]] = {"wino_draft": "draft", "wino_verify": "verify", "wino_max_steps": "max_steps"}
+    LEGACY: ClassVar[dict[str, str]] = {
+        "wino_draft": "draft",
+        "wino_verify": "verify",
+        "wino_max_steps": "max_steps",
+    }
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule("draft", UNIT_INTERVAL, unit_interval),
         Rule("verify", UNIT_INTERVAL, unit_interval),
@@ -55,24 +59,37 @@ class WinoSettings(PolicySettings):
 
     def check_with(self, config) -> None:
         if self.draft > self.verify:
-            (draft, field), (verify, _) = named(config.labels, "wino.draft"), named(config.labels, "wino.verify")
-            raise InputError(f"WINO thresholds out of order: {draft} ({self.draft}) must not exceed {verify} "
-                             f"({self.verify}) (draft wide, verify narrow)", field=field)
+            (draft, field), (verify, _) = (
+                named(config.labels, "wino.draft"),
+                named(config.labels, "wino.verify"),
+            )
+            raise InputError(
+                f"WINO thresholds out of order: {draft} ({self.draft}) must not exceed {verify} "
+                f"({self.verify}) (draft wide, verify narrow)",
+                field=field,
+            )
         if config.cache != "none":
-            raise InputError(f"policy 'wino' with cache={config.cache!r} is not meaningful: WINO's verify forward "
-                             "reads the whole canvas with a shadow block each step (use cache='none')",
-                             field=chosen_by(config, "cache"))
+            raise InputError(
+                f"policy 'wino' with cache={config.cache!r} is not meaningful: WINO's verify forward "
+                "reads the whole canvas with a shadow block each step (use cache='none')",
+                field=chosen_by(config, "cache"),
+            )
 
     def refuse_unread(self, config) -> None:
         if "steps" in config.given:
-            raise InputError(f"steps does not apply to method {config.method!r}: a decoder that re-masks takes up "
-                             "to wino_max_steps steps a block, not steps; give wino_max_steps", field="steps")
+            raise InputError(
+                f"steps does not apply to method {config.method!r}: a decoder that re-masks takes up "
+                "to wino_max_steps steps a block, not steps; give wino_max_steps",
+                field="steps",
+            )
 
     def step_limit(self, config) -> int:
         return self.max_steps
 
     def arguments(self, gating: bool) -> dict:
         return dict(draft=self.draft, verify=self.verify)
+
+
 FIRST_LAST_ACCEPT = 30  # the official loop's start value of the previous step's draft count
 
 
@@ -105,5 +122,3 @@ def select(view: StepView, draft: float, verify: float) -> torch.Tensor:
     view.remask = weak & (accepted > 1)[:, None] & ~view.masked
     s["wino_last_accept"][rows] = accepted
     return commit
-
-

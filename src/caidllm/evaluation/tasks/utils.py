@@ -25,8 +25,10 @@ def dataset(task: str, data_dir: str | None = None, limit: int | None = None, **
 
     folder = Path(data_dir).expanduser() if data_dir else default_data_dir()  # None: the hub copy
     bench_task = load_task(task, data_dir=folder, limit=limit)
-    rows = [{"id": s.id, "task": task, "prompt": s.prompt, "reference": json.dumps(s.reference)}
-            for s in bench_task.samples]
+    rows = [
+        {"id": s.id, "task": task, "prompt": s.prompt, "reference": json.dumps(s.reference)}
+        for s in bench_task.samples
+    ]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 

@@ -25,5 +25,18 @@ FORWARD_MODES: dict[str, type[ForwardMode]] = {
 }
 MODES = tuple(FORWARD_MODES)
 
-__all__ = ["FORWARD_MODES", "MODES", "Block", "Call", "DKV", "Dual", "EarlySkipping", "Elastic", "ForwardMode",
-           "Full", "Prefix", "SubBlock", "Verify"]
+__all__ = [
+    "FORWARD_MODES",
+    "MODES",
+    "Block",
+    "Call",
+    "DKV",
+    "Dual",
+    "EarlySkipping",
+    "Elastic",
+    "ForwardMode",
+    "Full",
+    "Prefix",
+    "SubBlock",
+    "Verify",
+]

@@ -20,8 +20,16 @@ from ...errors import InputError
 from ..cache import KVCache
 from ..layers import Context, default_attention_block
 from ..transfer import to_device
-from .checks import (check_attention_block, check_cache, check_canvas, check_filled, check_key_end, check_range,
-                     check_rows, left_padding)
+from .checks import (
+    check_attention_block,
+    check_cache,
+    check_canvas,
+    check_filled,
+    check_key_end,
+    check_range,
+    check_rows,
+    left_padding,
+)
 
 
 @dataclass
@@ -75,7 +83,9 @@ class ForwardMode:
         if self.real_from is None:
             return self.check(lm, ids, mask, cache)
         block = self.attention_block or default_attention_block(lm.config)
-        return Call(ids, mask, cache, self.rows, self.start, self.end[0] - self.start[0], self.real_from, block)
+        return Call(
+            ids, mask, cache, self.rows, self.start, self.end[0] - self.start[0], self.real_from, block
+        )
 
     def check(self, lm, ids, mask, cache) -> Call:
         """The public forward's checks: the canvas, rows, range and cache, then the mode's own."""
@@ -87,26 +97,40 @@ class ForwardMode:
         starts, length = check_range(self.start, self.end, L, B if rows is None else len(rows))
         extra = self.extra(lm)
         if min(starts) < extra:
-            raise InputError(f"mode {self.name!r}: start must be >= {extra} for this model (it predicts position "
-                             f"start from the hidden state of start - 1); got start={min(starts)}")
+            raise InputError(
+                f"mode {self.name!r}: start must be >= {extra} for this model (it predicts position "
+                f"start from the hidden state of start - 1); got start={min(starts)}"
+            )
         if cache is not None:
             check_cache(lm, cache, B, L)
         if self.uses_cache:
             check_filled(self.name, cache, mask, rows)
         self.key_end = check_key_end(lm, self.key_end, len(starts))
-        call = Call(ids, mask, cache, rows, starts, length, left_padding(mask[slice(None) if rows is None else rows]),
-                    block)
+        call = Call(
+            ids,
+            mask,
+            cache,
+            rows,
+            starts,
+            length,
+            left_padding(mask[slice(None) if rows is None else rows]),
+            block,
+        )
         self.check_inputs(lm, call)
         return call
 
     def check_model(self, lm) -> None:
         """Refuse a model this mode cannot run on (naming both)."""
         if self.unshifted and lm.model.extra_left:
-            raise InputError(f"the {self.name} forward needs unshifted logits; family {lm.config.family!r} "
-                             "predicts position i from i - 1")
+            raise InputError(
+                f"the {self.name} forward needs unshifted logits; family {lm.config.family!r} "
+                "predicts position i from i - 1"
+            )
         if self.bidirectional and lm.config.block_causal:
-            raise InputError(f"the {self.name} forward needs bidirectional attention; the {lm.config.family} model "
-                             "is block-causal")
+            raise InputError(
+                f"the {self.name} forward needs bidirectional attention; the {lm.config.family} model "
+                "is block-causal"
+            )
 
     def check_inputs(self, lm, call: Call) -> None:
         """The mode's own inputs, against the resolved call."""
@@ -166,24 +190,37 @@ class ColumnsMode(ForwardMode):
     def check_inputs(self, lm, call: Call) -> None:
         columns = self.columns
         if not isinstance(columns, torch.Tensor) or columns.dim() != 2 or columns.dtype.is_floating_point:
-            raise InputError(f"mode {self.name!r} needs columns=[R, n] long tensor, got {_described(columns)}")
+            raise InputError(
+                f"mode {self.name!r} needs columns=[R, n] long tensor, got {_described(columns)}"
+            )
         rows, L = len(call.starts), call.ids.shape[1]
         if columns.shape[0] != rows or columns.shape[1] == 0:
-            raise InputError(f"mode {self.name!r}: columns has {columns.shape[0]} rows for {rows} selected rows "
-                             f"(and needs at least one column), shape {tuple(columns.shape)}")
+            raise InputError(
+                f"mode {self.name!r}: columns has {columns.shape[0]} rows for {rows} selected rows "
+                f"(and needs at least one column), shape {tuple(columns.shape)}"
+            )
         if (bad := _outside(columns, L)) is not None:
             raise InputError(f"mode {self.name!r}: columns must lie in [0, {L}), got {bad}")
         if bool((columns[:, 1:] <= columns[:, :-1]).any()):
-            raise InputError(f"mode {self.name!r}: columns must be ascending in each row, got {columns.tolist()}")
+            raise InputError(
+                f"mode {self.name!r}: columns must be ascending in each row, got {columns.tolist()}"
+            )
         self.columns = columns.to(lm.device, torch.long)
         if self.block_at is not None:
             n, block_at = columns.shape[1], self.block_at
-            if (not isinstance(block_at, torch.Tensor) or block_at.dim() != 2 or block_at.shape[0] != rows
-                    or block_at.dtype.is_floating_point):
-                raise InputError(f"mode {self.name!r} needs block_at=[R, block] long tensor, "
-                                 f"got {_described(block_at)}")
+            if (
+                not isinstance(block_at, torch.Tensor)
+                or block_at.dim() != 2
+                or block_at.shape[0] != rows
+                or block_at.dtype.is_floating_point
+            ):
+                raise InputError(
+                    f"mode {self.name!r} needs block_at=[R, block] long tensor, got {_described(block_at)}"
+                )
             if (bad := _outside(block_at, n)) is not None:
-                raise InputError(f"mode {self.name!r}: block_at must index the {n} columns (0 .. {n - 1}), got {bad}")
+                raise InputError(
+                    f"mode {self.name!r}: block_at must index the {n} columns (0 .. {n - 1}), got {bad}"
+                )
             self.block_at = block_at.to(lm.device, torch.long)
 
     def extra(self, lm) -> int:
@@ -192,10 +229,19 @@ class ColumnsMode(ForwardMode):
     def run(self, lm, call: Call) -> torch.Tensor:
         self.check_model(lm)  # the engine refuses these models before; a vouched call is checked here too
         c, r = lm.config, call.r
-        ctx = Context.build(call.cache.attention_mask[r], call.cache.positions[r], c.rotary_dim, c.rope_theta,
-                            index=self.columns, rows=call.rows, cache=call.cache, real_from=call.real_from,
-                            attention_block=call.attention_block, key_end=self.key_end,
-                            shift_within_computed=self.shift_within_computed)
+        ctx = Context.build(
+            call.cache.attention_mask[r],
+            call.cache.positions[r],
+            c.rotary_dim,
+            c.rope_theta,
+            index=self.columns,
+            rows=call.rows,
+            cache=call.cache,
+            real_from=call.real_from,
+            attention_block=call.attention_block,
+            key_end=self.key_end,
+            shift_within_computed=self.shift_within_computed,
+        )
         return gather_block(lm.model(call.ids[r].gather(1, self.columns), ctx), self.block_at)
 
 
@@ -216,26 +262,40 @@ def block_columns(starts: torch.Tensor, length: int, extra: int) -> torch.Tensor
     return starts[:, None] - extra + torch.arange(length + extra, device=starts.device)
 
 
-def canvas_forward(lm, call: Call, mode: ForwardMode, extra: int, mask_r, positions_r, *, context=Context,
-                   **options):
+def canvas_forward(
+    lm, call: Call, mode: ForwardMode, extra: int, mask_r, positions_r, *, context=Context, **options
+):
     """The model over the canvas computing what ``mode.computed_positions`` names (a layers.Context, or the
     mode's own subclass `context` with its `options`): logits of each row's block, and the Context."""
     c = lm.config
     start_t = to_device(call.starts, lm.device)
     targets = start_t[:, None] + torch.arange(call.length, device=lm.device)
-    ctx = context.build(mask_r, positions_r, c.rotary_dim, c.rope_theta, targets=targets, extra=extra,
-                        rows=call.rows, cache=call.cache, real_from=call.real_from,
-                        attention_block=call.attention_block, key_end=mode.key_end,
-                        **mode.computed_positions(call, start_t, extra), **options)
+    ctx = context.build(
+        mask_r,
+        positions_r,
+        c.rotary_dim,
+        c.rope_theta,
+        targets=targets,
+        extra=extra,
+        rows=call.rows,
+        cache=call.cache,
+        real_from=call.real_from,
+        attention_block=call.attention_block,
+        key_end=mode.key_end,
+        **mode.computed_positions(call, start_t, extra),
+        **options,
+    )
     ids = call.ids[call.r]
-    computed = ids.gather(1, ctx.index) if ctx.index is not None else ids[:, ctx.lo:]
+    computed = ids.gather(1, ctx.index) if ctx.index is not None else ids[:, ctx.lo :]
     return lm.model(computed, ctx), ctx
 
 
 def cached_forward(lm, call: Call, mode: ForwardMode, extra: int, **options):
     """A forward that reads every position it does not compute from the cache (mask and positions too)."""
     r = call.r
-    return canvas_forward(lm, call, mode, extra, call.cache.attention_mask[r], call.cache.positions[r], **options)
+    return canvas_forward(
+        lm, call, mode, extra, call.cache.attention_mask[r], call.cache.positions[r], **options
+    )
 
 
 def gather_block(logits: torch.Tensor, block_at: torch.Tensor | None) -> torch.Tensor:

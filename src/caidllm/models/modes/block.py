@@ -21,8 +21,10 @@ class Block(CachedCanvasMode):
 
     def check_model(self, lm) -> None:
         if not lm.config.block_causal:
-            raise InputError(f"mode 'block' (the exact block cache) needs a block-causal model; the "
-                             f"{lm.config.family} model's attention is bidirectional")
+            raise InputError(
+                f"mode 'block' (the exact block cache) needs a block-causal model; the "
+                f"{lm.config.family} model's attention is bidirectional"
+            )
         if not isinstance(self.fold, int) or isinstance(self.fold, bool) or self.fold < 0:
             raise InputError(f"fold={self.fold!r}: a non-negative int")
 

@@ -20,7 +20,9 @@ def check_canvas(lm, input_ids, attention_mask):
     except (TypeError, ValueError, RuntimeError) as e:
         raise InputError(f"input_ids must be an integer tensor [B, L]: {e}") from None
     if ids.dim() != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-        raise InputError(f"input_ids must be an integer tensor [B, L]; got dtype {ids.dtype}, shape {tuple(ids.shape)}")
+        raise InputError(
+            f"input_ids must be an integer tensor [B, L]; got dtype {ids.dtype}, shape {tuple(ids.shape)}"
+        )
     B, L = ids.shape
     if B == 0 or L == 0:
         raise InputError(f"input_ids is empty: shape {tuple(ids.shape)}")
@@ -42,7 +44,9 @@ def check_mask(lm, attention_mask, ids):
     except (TypeError, ValueError, RuntimeError) as e:
         raise InputError(f"attention_mask must be a [B, L] tensor of 0/1: {e}") from None
     if tuple(mask.shape) != tuple(ids.shape):
-        raise InputError(f"attention_mask shape {tuple(mask.shape)} does not match input_ids shape {tuple(ids.shape)}")
+        raise InputError(
+            f"attention_mask shape {tuple(mask.shape)} does not match input_ids shape {tuple(ids.shape)}"
+        )
     mask = mask.to(lm.device) != 0
     empty = ~mask.any(dim=1)
     if bool(empty.any()):
@@ -55,8 +59,9 @@ def check_rows(lm, rows, B):
         return None
     rows = torch.as_tensor(rows)
     if rows.dim() != 1 or rows.numel() == 0 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
-        raise InputError(f"rows must be a non-empty 1-D integer tensor; got dtype {rows.dtype}, "
-                         f"shape {tuple(rows.shape)}")
+        raise InputError(
+            f"rows must be a non-empty 1-D integer tensor; got dtype {rows.dtype}, shape {tuple(rows.shape)}"
+        )
     if int(rows.min()) < 0 or int(rows.max()) >= B:
         raise InputError(f"rows {rows.tolist()} out of range for batch size {B}")
     if rows.unique().numel() != rows.numel():
@@ -89,10 +94,16 @@ def check_key_end(lm, key_end, rows: int):
     """key_end: None, or [R] integer columns (one per selected row) moved to the model's device."""
     if key_end is None:
         return None
-    if not isinstance(key_end, torch.Tensor) or key_end.dtype.is_floating_point or key_end.dtype == torch.bool \
-            or tuple(key_end.shape) != (rows,):
+    if (
+        not isinstance(key_end, torch.Tensor)
+        or key_end.dtype.is_floating_point
+        or key_end.dtype == torch.bool
+        or tuple(key_end.shape) != (rows,)
+    ):
         shape = tuple(key_end.shape) if isinstance(key_end, torch.Tensor) else type(key_end).__name__
-        raise InputError(f"key_end must be a [{rows}] integer tensor (one column per selected row), got {shape}")
+        raise InputError(
+            f"key_end must be a [{rows}] integer tensor (one column per selected row), got {shape}"
+        )
     return key_end.to(lm.device, torch.long)
 
 
@@ -101,13 +112,17 @@ def check_attention_block(config, attention_block):
     if attention_block is None:
         return default_attention_block(config)
     if not config.block_causal:
-        raise InputError(f"attention_block={attention_block!r}: the {config.family} model's attention is "
-                         "bidirectional (not block-causal)")
+        raise InputError(
+            f"attention_block={attention_block!r}: the {config.family} model's attention is "
+            "bidirectional (not block-causal)"
+        )
     if not isinstance(attention_block, int) or isinstance(attention_block, bool) or attention_block < 1:
         raise InputError(f"attention_block must be a positive integer, got {attention_block!r}")
     if config.block_lengths and attention_block not in config.block_lengths:
-        raise InputError(f"block length {attention_block} is not one this model decodes with "
-                         f"(allowed: {', '.join(map(str, config.block_lengths))})")
+        raise InputError(
+            f"block length {attention_block} is not one this model decodes with "
+            f"(allowed: {', '.join(map(str, config.block_lengths))})"
+        )
     return attention_block
 
 
@@ -127,7 +142,9 @@ def check_range(start, end, L, rows):
     starts, ends = (_int_list(start, rows, "start"), _int_list(L if end is None else end, rows, "end"))
     for s, e in zip(starts, ends):
         if not 0 <= s < e <= L:
-            raise InputError(f"start={s}, end={e} out of range for canvas length {L} (need 0 <= start < end <= L)")
+            raise InputError(
+                f"start={s}, end={e} out of range for canvas length {L} (need 0 <= start < end <= L)"
+            )
     lengths = {e - s for s, e in zip(starts, ends)}
     if len(lengths) > 1:
         raise InputError(f"end - start must be the same for every row, got lengths {sorted(lengths)}")
@@ -141,7 +158,9 @@ def _int_list(value, rows: int, name: str) -> list[int]:
         else:
             values = [operator.index(value)] * rows
     except TypeError:
-        raise InputError(f"{name} must be an int or a list of ints (one per selected row), got {value!r}") from None
+        raise InputError(
+            f"{name} must be an int or a list of ints (one per selected row), got {value!r}"
+        ) from None
     if len(values) != rows:
         raise InputError(f"{name} has {len(values)} values for {rows} selected rows")
     return values

@@ -42,7 +42,9 @@ class DKV(ColumnsMode):
             where = {p: i for i, p in enumerate(positions)}
             block_start, block_end = r.block_bounds
             block_at.append([where.get(p, 0) for p in range(block_start, block_end)])
-        return cls(columns=to_device(columns, masked.device), block_at=to_device(block_at, masked.device), **common)
+        return cls(
+            columns=to_device(columns, masked.device), block_at=to_device(block_at, masked.device), **common
+        )
 
 
 @dataclass
@@ -58,9 +60,14 @@ class GreedySettings(CacheSettings):
 
     def check_with(self, config) -> None:
         if config.policy != "random":
-            raise InputError(f"cache 'dkv-greedy' with policy {config.policy!r} is not meaningful: it computes only "
-                             "the positions a step will decode, known in advance only from policy 'random' (its "
-                             "random order), as in the official dKV-Cache-Greedy", field=chosen_by(config, "policy"))
+            raise InputError(
+                f"cache 'dkv-greedy' with policy {config.policy!r} is not meaningful: it computes only "
+                "the positions a step will decode, known in advance only from policy 'random' (its "
+                "random order), as in the official dKV-Cache-Greedy",
+                field=chosen_by(config, "policy"),
+            )
         if self.window > config.block_length:
             name, field = named(config.labels, "dkv.window")
-            raise InputError(f"{name} ({self.window}) is longer than the block ({config.block_length})", field=field)
+            raise InputError(
+                f"{name} ({self.window}) is longer than the block ({config.block_length})", field=field
+            )

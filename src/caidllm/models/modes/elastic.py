@@ -29,10 +29,13 @@ class Elastic(ForwardMode):
 
     def check_inputs(self, lm, call: Call) -> None:
         if not isinstance(self.inputs, ElasticInputs):
-            raise InputError(f"mode 'elastic' needs inputs=ElasticInputs(...), got {type(self.inputs).__name__}")
+            raise InputError(
+                f"mode 'elastic' needs inputs=ElasticInputs(...), got {type(self.inputs).__name__}"
+            )
         if call.cache is None or not call.cache.queries:
-            raise InputError("mode 'elastic' needs a cache with every layer's queries: "
-                             "new_cache(..., every_layer=True)")
+            raise InputError(
+                "mode 'elastic' needs a cache with every layer's queries: new_cache(..., every_layer=True)"
+            )
 
     def extra(self, lm) -> int:
         return 0
@@ -40,8 +43,16 @@ class Elastic(ForwardMode):
     def run(self, lm, call: Call):
         self.check_model(lm)  # the engine refuses these models before; a vouched call is checked here too
         inputs = self.inputs
-        logits = forward_elastic(lm, call.ids, call.cache, inputs, rows=call.rows, real_from=call.real_from,
-                                 mask=call.mask if inputs.whole else None, key_end=self.key_end)
+        logits = forward_elastic(
+            lm,
+            call.ids,
+            call.cache,
+            inputs,
+            rows=call.rows,
+            real_from=call.real_from,
+            mask=call.mask if inputs.whole else None,
+            key_end=self.key_end,
+        )
         return gather_block(logits, inputs.block_at)
 
     @staticmethod
@@ -65,10 +76,20 @@ class Elastic(ForwardMode):
             where = {c - len(r.prompt) - r.block_bounds[0]: i for i, c in enumerate(returned)}
             block_at.append([where.get(b, 0) for b in range(r.config.block_length)])
         device, settings = masked.device, requests[0].config.cache_settings
-        inputs = ElasticInputs(to_device(columns, device), to_device(targets, device), requests[0].cache_state.n_layers,
-                               to_device(block_at, device), profiled=to_device(windows, device), tracked=tracked,
-                               untrackable=untrackable, gamma=settings.gamma, track=settings.track,
-                               test_from=settings.layer, firsts=firsts, whole=all(r.step == 0 for r in requests))
+        inputs = ElasticInputs(
+            to_device(columns, device),
+            to_device(targets, device),
+            requests[0].cache_state.n_layers,
+            to_device(block_at, device),
+            profiled=to_device(windows, device),
+            tracked=tracked,
+            untrackable=untrackable,
+            gamma=settings.gamma,
+            track=settings.track,
+            test_from=settings.layer,
+            firsts=firsts,
+            whole=all(r.step == 0 for r in requests),
+        )
         return cls(inputs=inputs, **common)
 
     def after(self, requests) -> None:

@@ -38,7 +38,9 @@ class EarlySkipContext(Context):
 
     def leave(self, level: int, x: torch.Tensor) -> torch.Tensor:
         super().leave(level, x)
-        return self.cache.hidden[level][self.row_ids, self.computed]  # just written where computed, cached elsewhere
+        return self.cache.hidden[level][
+            self.row_ids, self.computed
+        ]  # just written where computed, cached elsewhere
 
     def _drop(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Keep the plan[layer] most important block positions of each row (and the always-computed ones
@@ -48,8 +50,9 @@ class EarlySkipContext(Context):
         cached = self.cache.hidden[layer][self.row_ids, running]
         drift = relative_drift(x[:, extra:], cached)
         local = running - self.targets[:, :1]
-        scores = importance(self.skip.prev_confidence.gather(1, local), drift, self.forced.gather(1, local),
-                            self.skip.alpha)
+        scores = importance(
+            self.skip.prev_confidence.gather(1, local), drift, self.forced.gather(1, local), self.skip.alpha
+        )
         chosen = choose(scores, self.plan[layer]) + extra
         keep = torch.cat([torch.arange(extra, device=x.device).expand(len(x), -1), chosen], dim=1)
         self.index = self.index.gather(1, keep)
@@ -71,8 +74,10 @@ class EarlySkipping(CachedCanvasMode):
         needed = hidden_levels(skip.schedule, lm.config.n_layers)
         missing = [level for level in needed if level not in call.cache.hidden]
         if missing:
-            raise InputError(f"mode 'es': the cache keeps no hidden states at layers {missing}; "
-                             "make it with new_cache(..., skip_schedule=<the same schedule>)")
+            raise InputError(
+                f"mode 'es': the cache keeps no hidden states at layers {missing}; "
+                "make it with new_cache(..., skip_schedule=<the same schedule>)"
+            )
         skip.prev_confidence = skip.prev_confidence.to(lm.device)
         skip.just_committed = skip.just_committed.to(lm.device)
         skip.masked = skip.masked.to(lm.device)
@@ -95,9 +100,13 @@ class EarlySkipping(CachedCanvasMode):
     def for_rows(cls, requests, masked, starts, **common):
         """Each row's previous confidences and commits (its cache state keeps them, decode/caches/es.py)."""
         settings = requests[0].config.cache_settings
-        skip = EarlySkip(torch.stack([r.cache_state.prev_confidence for r in requests]),
-                         torch.stack([r.cache_state.just_committed for r in requests]), masked,
-                         settings.schedule, settings.alpha)
+        skip = EarlySkip(
+            torch.stack([r.cache_state.prev_confidence for r in requests]),
+            torch.stack([r.cache_state.just_committed for r in requests]),
+            masked,
+            settings.schedule,
+            settings.alpha,
+        )
         return cls(skip=skip, **common)
 
     def computed_pairs(self, n_layers: int, block_length: int) -> int:

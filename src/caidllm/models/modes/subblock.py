@@ -21,12 +21,16 @@ from .base import ColumnsMode
 @dataclass(kw_only=True)
 class SubBlock(ColumnsMode):
     name = "subblock"
-    shift_within_computed = True  # as the official generator shifts the sub-block's logits (models/fastdllm_v2.py)
+    shift_within_computed = (
+        True  # as the official generator shifts the sub-block's logits (models/fastdllm_v2.py)
+    )
 
     def check_model(self, lm) -> None:
         if not lm.config.block_causal:
-            raise InputError(f"the subblock forward needs a block-causal model; the {lm.config.family} model's "
-                             "attention is bidirectional")
+            raise InputError(
+                f"the subblock forward needs a block-causal model; the {lm.config.family} model's "
+                "attention is bidirectional"
+            )
 
     @staticmethod
     def group_key(request) -> tuple:
@@ -40,7 +44,9 @@ class SubBlock(ColumnsMode):
         for r, start in zip(requests, starts):
             first, size = r.cache_mode.current_sub_block(r), r.config.policy_settings.sub_block
             columns.append([start + first + j for j in range(size)])
-            block_at.append([b - first if first <= b < first + size else 0 for b in range(r.config.block_length)])
+            block_at.append(
+                [b - first if first <= b < first + size else 0 for b in range(r.config.block_length)]
+            )
         device = masked.device
         return cls(columns=to_device(columns, device), block_at=to_device(block_at, device), **common)
 

@@ -20,7 +20,9 @@ class Verify(ForwardMode):
     bidirectional = True
 
     def check_inputs(self, lm, call: Call) -> None:
-        if self.key_end is not None:  # its shadow block reads the whole canvas (no policy with a horizon uses it)
+        if (
+            self.key_end is not None
+        ):  # its shadow block reads the whole canvas (no policy with a horizon uses it)
             raise InputError("mode 'verify' takes no key_end: its shadow block reads the whole canvas")
         if call.real_from is None:
             raise InputError("mode 'verify' needs left-padded rows (real tokens contiguous up to the end)")
