@@ -7,8 +7,12 @@ tests/helpers/checkpoints.py: write_random_checkpoint) so both trees load the sa
     python benchmarks/overhead.py MODEL_DIR vanilla,fastdllm,cai 32    # methods, total steps
 """
 
-import json, sys, time
+import json
+import sys
+import time
+
 import torch
+
 import caidllm
 
 path, methods, steps = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])

@@ -27,6 +27,7 @@ engine matches the re-statement there, docs/decoder-fidelity.md):
 from __future__ import annotations
 
 import torch
+
 from caidllm.models.modes import Full
 
 

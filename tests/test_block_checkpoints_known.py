@@ -6,13 +6,12 @@ cache modes the decode registries hold."""
 import pytest
 
 import caidllm
+from block_checkpoints import write_block_checkpoint
 from caidllm.cli import main
 from caidllm.decode.block_diffusion import ModelTraits, applicable
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.models.checkpoints import KNOWN, recommended_method, recommended_options
 from caidllm.models.inventory import shape_figures
-
-from block_checkpoints import write_block_checkpoint
 
 BLOCK = [c for c in KNOWN if c.family in ("llada2", "sdar", "fastdllm_v2")]
 # (total, active) on the meta device. Totals against the published figures: LLaDA2.0-mini "16B" / -flash

@@ -5,9 +5,9 @@ missing shards."""
 import json
 
 import pytest
-from block_checkpoints import SMALL, write_block_checkpoint
 
 import caidllm
+from block_checkpoints import SMALL, write_block_checkpoint
 from caidllm.errors import ModelLoadError
 from caidllm.models.families import parse_config
 from caidllm.models.random_init import parameter_count

@@ -5,13 +5,12 @@ import pytest
 import torch
 
 import caidllm
+from bd_reference import llada2_generate, llada21_generate, sdar_generate
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
-
-from bd_reference import llada21_generate, llada2_generate, sdar_generate
-from helpers.decoding import alone_static_joined
 from caidllm.models.modes import Block, Full
+from helpers.decoding import alone_static_joined
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19], list(range(20, 33))]
 

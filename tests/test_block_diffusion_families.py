@@ -10,7 +10,7 @@ reproduces it."""
 
 import pytest
 
-from bd_reference import llada21_generate, llada2_generate, sdar_generate
+from bd_reference import llada2_generate, llada21_generate, sdar_generate
 
 PROMPTS = [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60]]
 MORE_PROMPTS = PROMPTS + [[61, 62, 63]]

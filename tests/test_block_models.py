@@ -5,9 +5,9 @@ position 0, lower-triangular over blocks, as the official generate() builds it).
 
 import pytest
 import torch
-from block_checkpoints import write_block_checkpoint
 
 import caidllm
+from block_checkpoints import write_block_checkpoint
 from caidllm.models.layers import Context
 from caidllm.models.modes import FORWARD_MODES
 

@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from helpers.checkpoint_files import LAYOUT, write_checkpoint
 
 import caidllm
 from caidllm.errors import InputError
 from caidllm.models.checkpoints import KNOWN, find_checkpoint, identify, recommended_options
 from caidllm.models.random_init import parameter_count
+from helpers.checkpoint_files import LAYOUT, write_checkpoint
 
 # The full-sequence checkpoints (the block-diffusion ones: tests/test_block_checkpoints_known.py).
 FULL_SEQUENCE = [c for c in KNOWN if c.shape in LAYOUT]

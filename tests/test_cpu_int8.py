@@ -311,10 +311,9 @@ def test_int4_with_its_head_reports_the_heads_packed_kernel():
 def test_packed_experts_run_together_with_the_per_expert_loops_numbers(family, dtype):
     """OnednnInt8Experts: the per-token work once over all rows, the same numbers as each expert
     run alone (ExpertList over the same packed weights), with experts that get no row too."""
-    from test_moe_kernels import RANDOM
-
     from caidllm.models.moe import MoEFeedForward
     from caidllm.models.moe_experts import ExpertList
+    from test_moe_kernels import RANDOM
 
     kernels = cpu_int8()
     lm = caidllm.load(RANDOM[family], device="cpu", dtype=dtype, quantize="int8-dynamic")
@@ -343,12 +342,11 @@ def test_packed_experts_run_together_with_the_per_expert_loops_numbers(family, d
 def test_tensor_parallel_refuses_packed_experts_before_touching_them():
     """--tp's expert sharding slices stacked experts only: a packed MoE model (OnednnInt8Experts) is
     refused by name, through the API as through the CLI, and left whole and running."""
-    from test_moe_kernels import RANDOM
-
     from caidllm.errors import InputError
     from caidllm.models.moe import MoEFeedForward
     from caidllm.parallel.mesh import TPGroup
     from caidllm.parallel.sharding import shard_model
+    from test_moe_kernels import RANDOM
 
     kernels = cpu_int8()
     lm = caidllm.load(RANDOM["sdar-moe"], device="cpu", dtype="float32", quantize="int8-dynamic")

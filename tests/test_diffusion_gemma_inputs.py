@@ -6,10 +6,9 @@ import pytest
 
 pytest.importorskip("transformers.models.diffusion_gemma")
 
+from caidllm.errors import InputError
 from helpers.checkpoints import write_tokenizer
 from helpers.dg_reference import reference
-
-from caidllm.errors import InputError
 
 
 @pytest.fixture(scope="module")

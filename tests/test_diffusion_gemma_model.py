@@ -7,9 +7,8 @@ import torch
 
 pytest.importorskip("transformers.models.diffusion_gemma")
 
-from helpers.dg_reference import ours_from, reference
-
 from caidllm.models.diffusion_gemma_cache import DecoderView, DGCache
+from helpers.dg_reference import ours_from, reference
 
 
 def _reference_decode(model, cache, canvas, sc_logits, start):
@@ -85,9 +84,8 @@ def test_batched_decoder_rows_equal_their_own():
 def test_checkpoint_folder_loads_with_official_names(tmp_path):
     """A folder written by transformers' save_pretrained (official tensor names, the vision tower's
     tensors, the encoder's layer scalars) loads through caidllm.models.load; no mask token needed."""
-    from helpers.checkpoints import write_tokenizer
-
     from caidllm.models import load
+    from helpers.checkpoints import write_tokenizer
 
     model = reference(seed=5, vocab_size=448)
     model.save_pretrained(tmp_path)

@@ -8,10 +8,9 @@ import torch
 
 pytest.importorskip("transformers.models.diffusion_gemma")
 
-from helpers.dg_reference import ours_from, reference
-
 from caidllm.decode.diffusiongemma_settings import build_settings
 from caidllm.decode.uniform_engine import UniformEngine
+from helpers.dg_reference import ours_from, reference
 
 
 def _lm(model):

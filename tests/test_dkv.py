@@ -5,14 +5,13 @@ itself; batch invariance; refusal on Dream."""
 import pytest
 import torch
 
-from block_checkpoints import write_block_checkpoint
-
 import caidllm
+from block_checkpoints import write_block_checkpoint
 from caidllm.decode.policies.vanilla import tokens_at_step
 from caidllm.decode.sampling import predict, request_generator
 from caidllm.errors import InputError
-from helpers.decoding import BLOCK, GEN, PROMPTS, run
 from caidllm.models.modes import DKV
+from helpers.decoding import BLOCK, GEN, PROMPTS, run
 
 PROMPTS = PROMPTS[:3]
 

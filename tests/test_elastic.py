@@ -9,15 +9,14 @@ refusals and bad settings."""
 import pytest
 import torch
 
-from block_checkpoints import write_block_checkpoint
-from elastic_reference import answer, official_elastic
-
 import caidllm
+from block_checkpoints import write_block_checkpoint
 from caidllm.decode import build_config
 from caidllm.decode.engine import Engine
 from caidllm.errors import InputError
 from caidllm.models.elastic import ElasticInputs
 from caidllm.models.modes import Elastic
+from elastic_reference import answer, official_elastic
 from helpers.decoding import BLOCK, GEN, PROMPTS, block_of, run
 
 PROMPTS = PROMPTS[:3]

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import caidllm
+from block_checkpoints import write_block_checkpoint
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
-
-from block_checkpoints import write_block_checkpoint
-from helpers.decoding import alone_static_joined
 from fdv2_reference import OfficialFastDLLMv2
+from helpers.decoding import alone_static_joined
 
 # Below a block, a block and a part, and two whole blocks (the next token from the prefill).
 PROMPTS = [[40, 41, 42, 43, 44], list(range(50, 70)), list(range(80, 112))]

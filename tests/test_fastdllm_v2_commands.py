@@ -8,12 +8,11 @@ import httpx
 import pytest
 
 import caidllm
+from block_checkpoints import write_block_checkpoint
 from caidllm.cli import main
 from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
-
-from block_checkpoints import write_block_checkpoint
 from helpers.decoding import lm_eval_generates
 from helpers.serve import assert_refused, streamed_commit_events
 

@@ -9,16 +9,15 @@ import math
 from dataclasses import fields
 
 import pytest
-
-import caidllm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import caidllm
 from caidllm.cli import main as cli_main
 from caidllm.decode.config import SHARED_FIELDS, SHARED_RULE
 from caidllm.decode.methods import PRESETS, settings_classes
-from caidllm.decode.setting_names import FLAT_NAMES, SETTINGS_CLASSES, owners_of
 from caidllm.decode.presets import build_config
+from caidllm.decode.setting_names import FLAT_NAMES, SETTINGS_CLASSES, owners_of
 from caidllm.errors import InputError
 from caidllm.serve.protocol import RequestError, ServerDefaults, parse
 from helpers.serve import PROMPT

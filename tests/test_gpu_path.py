@@ -16,8 +16,8 @@ from caidllm.cli import main
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 from caidllm.errors import CaidllmError, InputError
-from caidllm.models.random_init import parameter_count
 from caidllm.models.modes import FORWARD_MODES, Prefix
+from caidllm.models.random_init import parameter_count
 
 SMALL_LLADA = (
     "random:llada-8b?n_layers=2&d_model=64&n_heads=4&n_kv_heads=4&mlp_hidden_size=128"

@@ -5,12 +5,12 @@ models--ORG--NAME/{refs/main, snapshots/COMMIT/...}."""
 import shutil
 
 import pytest
-from helpers.checkpoint_files import write_checkpoint
 
 import caidllm
 from caidllm.cli import main
 from caidllm.errors import ModelLoadError
 from caidllm.models import hub
+from helpers.checkpoint_files import write_checkpoint
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -4,6 +4,7 @@ rows of the batch are untouched; on a block-causal model too (the key end and th
 
 import pytest
 import torch
+
 from caidllm.models.modes import Full
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.random_model import write_random_model
 
 import caidllm
+from helpers.random_model import write_random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MOE = (

@@ -66,6 +66,7 @@ def test_bad_logprob_requests_are_refused(tiny):
 
 def test_logprobs_through_the_openai_client_streamed_and_not(tiny):
     import openai
+
     from helpers.serve import start
 
     with start(tiny, max_batch=4, max_queue=16) as server:

@@ -2,7 +2,6 @@
 its rule on a hand-made step, its greedy output equal to a plain re-statement of the rule (no engine, no
 cache, one prompt at a time) on random LLaDA and Dream weights, LLaDA's schedule kept, batch invariance."""
 
-import pytest
 import torch
 
 from caidllm.decode.policies import POLICIES, StepView

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import caidllm
-from caidllm.errors import InputError, ModelLoadError
+from caidllm.errors import InputError
 from caidllm.models import DreamModel, KVCache, LLaDAModel
 from caidllm.models.layers import Context, positions_from_mask
 from caidllm.models.modes import FORWARD_MODES, Dual, Full, Prefix

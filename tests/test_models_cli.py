@@ -4,10 +4,10 @@ model folders: one line naming the file or field, exit status 2."""
 import json
 
 import pytest
-from helpers.checkpoint_files import write_checkpoint
 
 from caidllm.cli import main
 from caidllm.models.checkpoints import KNOWN
+from helpers.checkpoint_files import write_checkpoint
 
 
 def run(capsys, *argv):

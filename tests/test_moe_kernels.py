@@ -7,9 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers.checkpoint_files import write_checkpoint
 from safetensors.torch import load_file, save_file
-from test_moe import LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE, random_moe
 
 import caidllm
 from caidllm.errors import InputError, ModelLoadError
@@ -24,6 +22,8 @@ from caidllm.models.moe_kernels import (
     run_experts,
     sort_pairs,
 )
+from helpers.checkpoint_files import write_checkpoint
+from test_moe import LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE, random_moe
 
 FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
 # The native kernel needs a C++ compiler and AVX-512 (models/moe_native.py): skipped, with the reason, without them.

@@ -10,8 +10,6 @@ import os
 
 import pytest
 import torch
-from test_moe import LLADA2_LIKE, random_moe
-from test_moe_kernels import RANDOM
 
 import caidllm
 from caidllm.errors import InputError
@@ -19,6 +17,8 @@ from caidllm.models import moe_kernels, moe_native
 from caidllm.models.moe import set_moe_kernel
 from caidllm.models.moe_experts import StackedExperts
 from caidllm.models.moe_kernels import pick_kernel
+from test_moe import LLADA2_LIKE, random_moe
+from test_moe_kernels import RANDOM
 
 MISSING = moe_native.why_unavailable(torch.float32)
 needs_native = pytest.mark.skipif(bool(MISSING), reason=f"native: {MISSING}")

@@ -6,10 +6,10 @@ fp32, no padding, max abs difference at the 1e-5 level."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.checkpoint_files import write_checkpoint
 from safetensors.torch import load_file
 
 import caidllm
+from helpers.checkpoint_files import write_checkpoint
 
 
 def rms_norm(x, weight, eps):

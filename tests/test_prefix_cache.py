@@ -11,7 +11,6 @@ from caidllm.decode.prefix_store import PrefixStore, chain_digests
 from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
 
-
 # A shared beginning of 10 tokens: with blocks of 4 it ends inside the third block.
 SHARED = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49]
 PROMPTS = [

@@ -12,7 +12,6 @@ from caidllm.cli import main
 from caidllm.serve.app import ServerConfig, create_app
 from caidllm.serve.local import LocalServer
 from caidllm.serve.protocol import ServerDefaults
-
 from helpers.serve import metric
 
 SYSTEM = "You answer in one word. " * 6

@@ -5,9 +5,9 @@ prompt K/V); the cache is really read; batch invariance; the families it cannot 
 
 import pytest
 import torch
-from block_checkpoints import write_block_checkpoint
 
 import caidllm
+from block_checkpoints import write_block_checkpoint
 from caidllm.decode.forward_modes import CACHE_MODES
 from caidllm.decode.sampling import predict
 from caidllm.errors import InputError

@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from helpers.random_model import write_random_model
 from safetensors import safe_open
 
 import caidllm
 from caidllm.errors import InputError
+from helpers.random_model import write_random_model
 
 MOE = (
     "random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"

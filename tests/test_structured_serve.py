@@ -8,6 +8,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+
 from helpers.serve import start
 
 SCHEMA = {

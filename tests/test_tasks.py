@@ -7,17 +7,18 @@ import json
 import os
 import re
 from collections import Counter
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from caidllm.errors import InputError
-from caidllm.tasks import arithmetic, arithmetic_facts
 from caidllm.tasks import (
     DRILL_NAMES,
     SPLITS,
     TASK_NAMES,
+    arithmetic,
+    arithmetic_facts,
     corpus_texts,
     extract_answer,
     get_task,
@@ -53,7 +54,7 @@ FORMATS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def split_examples(task: str, split: str, n: int = 1500):
     return tuple(get_task(task).examples(split, n, seed=0))
 

@@ -10,9 +10,8 @@ import torch
 import torch.multiprocessing as mp
 
 from block_checkpoints import write_block_checkpoint
-from helpers.parallel import FOLDERS, MODELS, TP2_ONLY, run_rank
-
 from caidllm.parallel.mesh import free_port
+from helpers.parallel import FOLDERS, MODELS, TP2_ONLY, run_rank
 
 
 @pytest.fixture(scope="module")

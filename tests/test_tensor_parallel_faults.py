@@ -12,9 +12,9 @@ import signal
 import time
 
 import pytest
-from helpers.tp_faults import TIMEOUT_S, Cell, expected_returncode, run_cell
 
 from caidllm.cli import main
+from helpers.tp_faults import TIMEOUT_S, Cell, expected_returncode, run_cell
 
 MARGIN_S = 30.0  # start-up and teardown on a loaded 2-core machine (measured well under it: BENCHMARKS.md)
 # The line's start, then the phase: an idle server's request sent while rank 1 is stopped starts a step

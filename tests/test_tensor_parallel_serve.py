@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import httpx
+
 from helpers.serve import free_port, spawn_serve, start, wait_until
 
 FLAGS = ("--tp", "2", "--method", "fastdllm", "--gen-length", "16", "--block-length", "8")

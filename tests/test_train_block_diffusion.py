@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from caidllm.cli import main as cli_main
 from caidllm.errors import InputError
-from caidllm.models.loading import ASSETS
 from caidllm.models.layers import Context, block_visibility
 from caidllm.models.llada import LLaDAModel
+from caidllm.models.loading import ASSETS
 from caidllm.train.bd_decode import block_diffusion_generate
 from caidllm.train.block_diffusion import block_diffusion_logits, noise_blocks, training_mask
 from caidllm.train.trainer import TrainConfig, Trainer

@@ -1,6 +1,6 @@
 """caidllm: inference engine for masked diffusion language models (LLaDA, Dream)."""
 
-from .models import load
 from .decode import generate  # also registers DiffusionLM.generate (models/lm.py)
+from .models import load
 
 __all__ = ["generate", "load"]

@@ -25,7 +25,7 @@ class World:
     local_rank: int = 0
 
     @classmethod
-    def from_env(cls, env=None) -> "World":
+    def from_env(cls, env=None) -> World:
         env = os.environ if env is None else env
         try:
             rank, size, local = (
@@ -61,7 +61,7 @@ class World:
             )
         return text or "cpu"
 
-    def init(self, device: str | None) -> "World":
+    def init(self, device: str | None) -> World:
         """Join the process group (once per process); a no-op for a world of one."""
         if not self.distributed or torch.distributed.is_initialized():
             return self

@@ -12,8 +12,9 @@ reports read these declarations; nothing else lists a method's fields.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from caidllm.checks import is_int, is_number
 from caidllm.errors import InputError

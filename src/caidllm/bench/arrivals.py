@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import caidllm
 from caidllm.bench.loadgen import percentile, synthetic_prompts  # noqa: F401 - also read from here
 from caidllm.decode import build_config
-from caidllm.decode.presets import run_lengths
 from caidllm.decode.engine import Engine
+from caidllm.decode.presets import run_lengths
 
 
 @dataclass

@@ -18,8 +18,8 @@ Pure logic: the decoding is the `evaluate` callable (calibrate_run.py).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # name -> values tried, in the order the search visits them (the ones that move NFE most first).
 # Small on purpose: one pass is 17 decodes of the held-out set from the paper's constants.

@@ -10,7 +10,6 @@ from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE
 from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
 from caidllm.options import add_quantize_arguments
 
-
 EPILOG = (
     """\
 held-out samples: the validation split of synthetic:<name> tasks; for file-based tasks (bbh:<name>, ...) the

@@ -129,7 +129,7 @@ class BackgroundEngine:
 
     # ---- from any thread ------------------------------------------------------------
 
-    def start(self) -> "BackgroundEngine":
+    def start(self) -> BackgroundEngine:
         """Run the loop in a new thread."""
         self._thread = threading.Thread(target=self._run, name="caidllm-engine", daemon=True)
         self._thread.start()

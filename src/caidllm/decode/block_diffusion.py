@@ -44,7 +44,7 @@ class Layout:
     num_blocks: int  # blocks decoded
 
     @classmethod
-    def of(cls, prompt_length: int, config: DecodeConfig, block_causal: bool) -> "Layout":
+    def of(cls, prompt_length: int, config: DecodeConfig, block_causal: bool) -> Layout:
         bl, G = config.block_length, config.gen_length
         if not block_causal:
             return cls(0, G, config.num_blocks)

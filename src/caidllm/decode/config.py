@@ -94,7 +94,7 @@ class DecodeConfig:
         total = self.gen_length if self.steps is None else self.steps
         return self.policy_settings.limit_steps(total // self.num_blocks, self)
 
-    def validate(self) -> "DecodeConfig":
+    def validate(self) -> DecodeConfig:
         """Raise InputError naming the first invalid value (the shared rules and the method's, in order)."""
         _choice(
             self, "policy", tuple(policies.POLICIES)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from caidllm.decode.caches.base import CacheMode
 from caidllm.errors import InputError
 from caidllm.setting_rules import (
     UNIT_INTERVAL,
@@ -44,8 +45,6 @@ from caidllm.setting_rules import (
     positive_int,
     unit_interval,
 )
-
-from caidllm.decode.caches.base import CacheMode
 
 DEFAULT_WINDOW = 16
 SCOPES = ("generation", "block")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 from caidllm.checks import is_id_list
 from caidllm.decode.block_diffusion import Layout, fit_to_model

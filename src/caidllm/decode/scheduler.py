@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from caidllm.checks import is_int
 from caidllm.decode.frame import Frame

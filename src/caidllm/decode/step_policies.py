@@ -37,10 +37,10 @@ decides is whose time a step costs.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from caidllm.errors import InputError
-
 
 # A forward longer than this (by its rows' last measured cost) runs part of its rows at a time under
 # "fair": about the longest a newcomer waits for the forward in progress. Measured on the CPU, cutting

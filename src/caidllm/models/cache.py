@@ -84,7 +84,7 @@ class KVCache:
         hidden_levels=(),
         hidden_size=None,
         n_heads: int | None = None,
-    ) -> "KVCache":
+    ) -> KVCache:
         """n_heads: also keep every layer's queries (Elastic-Cache)."""
         shape = (batch_size, n_kv_heads, length, head_dim)
         hidden = {

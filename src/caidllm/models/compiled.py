@@ -25,7 +25,7 @@ from ..errors import InputError
 from .layers import RMSNorm, rms_norm, swiglu_weights
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled_kernels(device: str = "cpu"):
     """(rms_norm, swiglu) compiled once per process and device type; InputError if torch
     cannot compile for it here."""
@@ -43,7 +43,7 @@ def compiled_kernels(device: str = "cpu"):
     return norm, mlp
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def check_quantized_compile(quantization: str, device: str, dtype: torch.dtype) -> None:
     """A trial: the compiled MLP kernel over weights quantized with `quantization` (checked for
     the device already), so a pair torch cannot compile fails before the model loads."""

@@ -4,8 +4,8 @@ config.json, read it into a ModelConfig, and build its module."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..errors import ModelLoadError
 from .moe import MoEConfig
@@ -146,7 +146,7 @@ class Family:
     name: str
     architectures: tuple[str, ...]
     model_types: tuple[str, ...]
-    read_fields: Callable[[dict, "ConfigFields", str], dict]
+    read_fields: Callable[[dict, ConfigFields, str], dict]
     model_class: type
     confidence_gating: bool
     cache_refresh_every: int

@@ -54,7 +54,7 @@ class OnednnInt8Weight(TorchAOBaseTensor):
         self.packed, self.scale, self.act_dtype = packed, scale, act_dtype
 
     @classmethod
-    def from_int8(cls, qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> "OnednnInt8Weight":
+    def from_int8(cls, qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> OnednnInt8Weight:
         """From an [out, in] int8 weight and its scale per output channel (torchao's Int8Tensor data)."""
         packed = torch.ops.onednn.qlinear_prepack(qdata.contiguous(), None)
         return cls(packed, scale.reshape(-1).float().contiguous(), qdata.shape, dtype)

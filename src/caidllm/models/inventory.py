@@ -77,7 +77,7 @@ def checkpoint_row(checkpoint: Checkpoint) -> dict:
     return {**checkpoint.to_dict(), **shape_figures(checkpoint.shape)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shape_figures(shape: str) -> dict:
     """Architecture, parameters, context, decoders and cache modes of a random: shape (several
     checkpoints share one; built once)."""

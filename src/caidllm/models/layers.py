@@ -51,7 +51,7 @@ def swiglu(
     return kernel(x, gate.weight, up.weight, down.weight)
 
 
-def logits_at_targets(ctx: "Context", x: torch.Tensor, norm: nn.Module, head: torch.Tensor) -> torch.Tensor:
+def logits_at_targets(ctx: Context, x: torch.Tensor, norm: nn.Module, head: torch.Tensor) -> torch.Tensor:
     """Float32 logits of the final hidden states x at ``ctx.targets`` (every computed position when
     None), for a model without Dream's shift: only there, since the head over a large vocabulary
     is the costly part."""
@@ -169,7 +169,7 @@ class Context:
     @classmethod
     def whole_canvas(
         cls, ids: torch.Tensor, head_dim: int, theta: float, attention_block: int | None = None
-    ) -> "Context":
+    ) -> Context:
         """Every position of ``ids``, no padding, no cache (as in training)."""
         mask = torch.ones_like(ids, dtype=torch.bool)
         ctx = cls.build(mask, positions_from_mask(mask), head_dim, theta, attention_block=attention_block)
@@ -179,7 +179,7 @@ class Context:
     @classmethod
     def explicit(
         cls, positions: torch.Tensor, attention: torch.Tensor, head_dim: int, theta: float
-    ) -> "Context":
+    ) -> Context:
         """Every position of the input, no cache, each with its own RoPE position and an
         explicit mask: ``attention`` [R, n, n] bool, True where query i may see key j.
         Block-diffusion training uses it: the noisy and the clean copy of a sequence side

@@ -14,9 +14,9 @@ import torch.nn.functional as F  # noqa: F401 - tests patch loading.F
 from ..errors import ModelLoadError
 from .checkpoints import identify, refused_variant
 from .config import ModelConfig
+from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
 from .families import get_family, load_config
 from .hub import download, is_hub_id
-from .device import DTYPES, check_device_dtype, resolve_device, resolve_dtype  # noqa: F401 - also read here
 from .lm import DiffusionLM
 from .moe import set_moe_kernel
 from .moe_experts import ExpertStacks

@@ -4,8 +4,8 @@ int8-dynamic on a CPU through oneDNN's int8 matmul (models/cpu_int8.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
@@ -50,7 +50,7 @@ class Quantization:
     def config(self, device: torch.device):
         return self.configs[device.type]()
 
-    def for_head(self, device_type: str) -> "Quantization":
+    def for_head(self, device_type: str) -> Quantization:
         """The scheme that quantizes the output head (--quantize-head) on this device type."""
         return QUANTIZATIONS[self.heads.get(device_type, self.name)]
 

@@ -41,7 +41,7 @@ class Files:
     def __init__(self, where: dict):
         self.where, self.open = where, {}
 
-    def __enter__(self) -> "Files":
+    def __enter__(self) -> Files:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,7 +20,7 @@ class LocalServer:
         self.thread: threading.Thread | None = None
         self.url = ""
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> LocalServer:
         self.thread = threading.Thread(target=self.server.run, name="caidllm-local-server", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + self.start_timeout

@@ -8,8 +8,8 @@ Python's `True == 1` would otherwise let through. A field absent or null is its 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from caidllm.checks import is_int, is_number
 

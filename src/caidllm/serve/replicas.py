@@ -17,7 +17,6 @@ This file only reads the flags; serve/ray_deployment.py holds the Ray code
 
 from __future__ import annotations
 
-
 from caidllm.errors import InputError
 from caidllm.options import json_object_option
 

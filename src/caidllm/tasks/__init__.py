@@ -9,7 +9,7 @@ score("navigate", ex.answer, ex.target)   # True
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from caidllm.tasks.base import FINAL_PREFIX, SPLITS, Example, Task, split_of
 from caidllm.tasks.registry import DRILL_NAMES, TASK_NAMES, check_task, get_task, get_training_task

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import operator
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from caidllm.tasks.base import final_line
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Callable, Collection
 
 from caidllm.errors import InputError
 

@@ -20,7 +20,7 @@ of the line above:
 from __future__ import annotations
 
 import random
-from functools import lru_cache
+from functools import cache
 
 from caidllm.tasks.base import final_line
 
@@ -39,7 +39,7 @@ def _unary(n: int) -> list[tuple[str, ...]]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _expr(n: int) -> tuple[tuple[str, ...], ...]:
     """Token patterns of n tokens for: unary ((and|or) unary)*."""
     out = list(_unary(n))
@@ -50,7 +50,7 @@ def _expr(n: int) -> tuple[tuple[str, ...], ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=None)
+@cache
 def all_expressions() -> tuple[str, ...]:
     """Every 8-token expression, sorted (the whole BBH input space)."""
     exprs = set()

@@ -21,7 +21,6 @@ import random
 from dataclasses import dataclass
 
 import torch
-
 import torch.nn.functional as F
 
 from caidllm.tasks import get_training_task

@@ -15,9 +15,9 @@ like the lines of a local file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from caidllm.bench.tasks.base import read_jsonl
 from caidllm.errors import InputError

@@ -13,9 +13,9 @@ one entry in POLICIES (then a preset in decode/methods.py names it).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import torch
 

@@ -25,7 +25,7 @@ class PolicyConfig(Protocol):
 
     policy: str
     block_length: int
-    policy_settings: "PolicySettings"
+    policy_settings: PolicySettings
 
 
 class PolicySettings(MethodSettings):

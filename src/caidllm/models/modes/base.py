@@ -155,7 +155,7 @@ class ForwardMode:
         return ()
 
     @classmethod
-    def for_rows(cls, requests: list, masked: torch.Tensor, starts: list[int], **common) -> "ForwardMode":
+    def for_rows(cls, requests: list, masked: torch.Tensor, starts: list[int], **common) -> ForwardMode:
         """The mode object of one forward group: `common` are the base fields (start, end, rows,
         attention_block, real_from, key_end); masked [R, block] which block positions are masks."""
         return cls(**common)

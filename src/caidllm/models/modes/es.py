@@ -15,7 +15,7 @@ from ...errors import InputError
 from ..layers import Context
 from ..skip import EarlySkip, choose, forced_keeps, hidden_levels, importance, keep_counts, relative_drift
 from ..transfer import to_device
-from .base import Call, CachedCanvasMode, cached_forward
+from .base import CachedCanvasMode, Call, cached_forward
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Call, CachedCanvasMode
+from .base import CachedCanvasMode, Call
 
 
 @dataclass(kw_only=True)
