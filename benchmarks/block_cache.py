@@ -58,10 +58,12 @@ def main() -> None:
         for s in load_task(t, limit=args.limit, data_dir=data_dir).samples
     ]
     print(
-        f"{len(prompts)} prompts of {', '.join(args.tasks)}; gen_length {args.gen_length}, batch {args.batch_size}"
+        f"{len(prompts)} prompts of {', '.join(args.tasks)}; gen_length {args.gen_length}, batch "
+        f"{args.batch_size}"
     )
     print(
-        "| method | block | same tokens | NFE (mean) | wall, block cache (s) | wall, whole window (s) | ratio |"
+        "| method | block | same tokens | NFE (mean) | wall, block cache (s) | wall, whole window (s) | "
+        "ratio |"
     )
     print("|---|---|---|---|---|---|---|")
     for block_length in (int(b) for b in args.block_lengths.split(",")):

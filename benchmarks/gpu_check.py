@@ -353,7 +353,8 @@ def markdown(report: dict) -> str:
         f"bf16 matmul peak (measured): {report['matmul_peak_tflops']:.1f} TFLOP/s. Random weights: "
         "only speed and memory mean anything. Tokens/s = generated positions per second.",
         "",
-        "| Model | Compile | Batch | Method | Block | Tokens/s | Fwd TFLOP/s | % of peak | Fwd share | Overhead | "
+        "| Model | Compile | Batch | Method | Block | Tokens/s | Fwd TFLOP/s | % of peak | Fwd share | "
+        "Overhead | "
         "Peak mem (GB) | Syncs/forward | New graphs |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -366,7 +367,8 @@ def markdown(report: dict) -> str:
             continue
         pct = "n/a" if r["peak_share"] is None else f"{100 * r['peak_share']:.1f}%"
         lines.append(
-            f"| {r['model']} | {r['compile']} | {r['batch']} | {r['method']} | {r['block']} | {r['tokens_per_s']} | "
+            f"| {r['model']} | {r['compile']} | {r['batch']} | {r['method']} | {r['block']} | "
+            f"{r['tokens_per_s']} | "
             f"{r['forward_tflops']} | {pct} | {100 * r['forward_share']:.1f}% | "
             f"{100 * r['engine_overhead_share']:.1f}% | {r['peak_mem_gb']} | {r['syncs_per_forward']} | "
             f"{r['new_graphs']} |"

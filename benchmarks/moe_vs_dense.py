@@ -220,7 +220,8 @@ def main(argv=None) -> int:
     global clock
     clock = CLOCKS["wall" if device.type == "cuda" else args.clock]
     print(
-        f"{device}, torch threads {torch.get_num_threads()}, clock {clock.__name__}; read bandwidth: a matrix-vector "
+        f"{device}, torch threads {torch.get_num_threads()}, clock {clock.__name__}; read bandwidth: a "
+        "matrix-vector "
         "product over 0.5 GiB, timed among the kernels in each round (GB/s column); "
         "MoE: LLaDA2.0-mini's layer (256 experts, top-8 + 1 shared, width 512); dense: width 4608"
     )

@@ -109,17 +109,20 @@ async def main_async(lm, args) -> None:
         ) in clients.values():  # one unrelated request each first: nothing warms up inside the timings
             await ask(client, [{"role": "user", "content": "Warm up: False is"}], args)
         print(
-            f"## {args.turns}-turn chat (method {args.method}, gen_length {args.gen_length}, block {args.block_length})"
+            f"## {args.turns}-turn chat (method {args.method}, gen_length {args.gen_length}, block "
+            f"{args.block_length})"
         )
         print(
-            "| Turn | Prompt tokens | TTFT off (s) | TTFT on (s) | off / on | same answer |\n|---|---|---|---|---|---|"
+            "| Turn | Prompt tokens | TTFT off (s) | TTFT on (s) | off / on | same answer "
+            "|\n|---|---|---|---|---|---|"
         )
         for turn, tokens, a, b, same in await chat(clients, lm, args):
             print(f"| {turn} | {tokens} | {a:.3f} | {b:.3f} | {a / b:.2f}x | {same} |")
         system = system_prompt(lm, args.system_tokens)
         n = len(lm.tokenizer.encode(system, add_special_tokens=False))
         print(
-            f"\n## {args.concurrent} concurrent chats, a shared system prompt of about {n} tokens, batch {args.batch}"
+            f"\n## {args.concurrent} concurrent chats, a shared system prompt of about {n} tokens, batch "
+            f"{args.batch}"
         )
         print("| Round | Store | Wall (s) | Requests/s |\n|---|---|---|---|")
         walls, outputs = {"off": [], "on": []}, {}

@@ -32,7 +32,8 @@ def main(commands: list[str]) -> int:
         bad += not ok
         line = cell.last_line.replace("|", "/").removeprefix("caidllm: error: ")
         print(
-            f"| {cell.command} | {cell.phase} | {cell.signal} | {cell.rank} | {cell.returncode}{'' if ok else ' !'} "
+            f"| {cell.command} | {cell.phase} | {cell.signal} | {cell.rank} | "
+            f"{cell.returncode}{'' if ok else ' !'} "
             f"| {cell.seconds:.1f} | {len(cell.left)} | {cell.answer or '-'} | {line} |",
             flush=True,
         )

@@ -100,8 +100,10 @@ def main() -> int:
     after = collections.Counter(s for t, s in outcomes if t >= killed and s != "ConnectError")
     refused = sum(1 for t, s in outcomes if t >= killed and s == "ConnectError")
     print(
-        f"{opts.clients} clients, rank 1 {opts.signal}: before it {dict(before)}; from it to the server's end "
-        f"{dict(after)} (then {refused} connections refused: the server had gone); server exit {proc.returncode} "
+        f"{opts.clients} clients, rank 1 {opts.signal}: before it {dict(before)}; from it to the server's "
+        "end "
+        f"{dict(after)} (then {refused} connections refused: the server had gone); server exit "
+        f"{proc.returncode} "
         f"{ended:.1f} s after the kill; rank processes left: {sum(_alive(p) for p in [rank1])}; last line: "
         f"{out.strip().splitlines()[-1]}"
     )

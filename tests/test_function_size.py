@@ -58,8 +58,10 @@ def test_the_allowlist_holds_only_functions_still_over():
 def test_the_walker_finds_methods_nested_and_async_functions(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
     (tmp_path / "m.py").write_text(
-        f"class A:\n    def short(self):\n        pass\n\n    async def long(self):\n{body.replace('    ', '        ')}\n\n"
-        f"if True:\n    def outer():\n        def inner():\n{body.replace('    ', '            ')}\n        return inner\n"
+        "class A:\n    def short(self):\n        pass\n\n    async def "
+        f"long(self):\n{body.replace('    ', '        ')}\n\n"
+        f"if True:\n    def outer():\n        def inner():\n{body.replace('    ', '            ')}\n        "
+        "return inner\n"
     )
     found = long_functions(tmp_path)
     assert found == {

@@ -38,7 +38,8 @@ def test_load_tiny_from_an_installed_wheel(tmp_path):
     )
     code = (
         "import caidllm; lm = caidllm.load('tiny', device='cpu'); "
-        "print(lm.path); r = lm.generate(['not ( True ) is'], method='cai', gen_length=64, block_length=32)[0]; "
+        "print(lm.path); r = lm.generate(['not ( True ) is'], method='cai', gen_length=64, "
+        "block_length=32)[0]; "
         "print(r.nfe)"
     )
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}

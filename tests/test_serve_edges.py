@@ -117,7 +117,8 @@ def _raw(url: str, request: bytes, skip: int = 0) -> tuple[int, dict]:
 @pytest.mark.parametrize(
     "request_bytes",
     [
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        b"abc\r\n\r\n{}",
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
         b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",

@@ -38,11 +38,15 @@ _STATUS = r"(tells the truth|lies)"
 _NAV_STEP = r"Take (1 step|(?:[2-9]|10) steps)"
 FORMATS = {
     "boolean_expressions": r"(?:(?:not|True|False|and|or|\(|\)) ){8}is",
-    "web_of_lies": rf"Question: (\w+) {_STATUS}\.(?: (\w+) says (\w+) {_STATUS}\.){{4}} Does (\w+) tell the truth\?",
+    "web_of_lies": (
+        rf"Question: (\w+) {_STATUS}\.(?: (\w+) says (\w+) {_STATUS}\.){{4}} Does (\w+) tell the "
+        r"truth\?"
+    ),
     "navigate": (
         r"If you follow these instructions, do you return to the starting point\? "
         rf"(?:Always face forward\.(?: {_NAV_STEP} (?:forward|backward|left|right)\.)+"
-        rf"|(?:Turn (?:left|right|around)\.|{_NAV_STEP}\.)(?: (?:Turn (?:left|right|around)\.|{_NAV_STEP}\.))*)"
+        rf"|(?:Turn (?:left|right|around)\.|{_NAV_STEP}\.)(?: (?:Turn "
+        rf"(?:left|right|around)\.|{_NAV_STEP}\.))*)"
         r"\nOptions:\n- Yes\n- No"
     ),
     "dyck_languages": (

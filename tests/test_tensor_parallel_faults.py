@@ -118,7 +118,8 @@ def test_the_cpu_rank_limit_counts_this_machines_cores(monkeypatch, capsys):
         capsys.readouterr()
         .err.strip()
         .endswith(
-            "--tp 16 needs 16 ranks, but this machine has 2 CPU cores: at most 8 CPU ranks (the cores, or 8 on a "
+            "--tp 16 needs 16 ranks, but this machine has 2 CPU cores: at most 8 CPU ranks (the cores, or 8 "
+            "on a "
             "smaller machine)"
         )
     )

@@ -138,7 +138,8 @@ def test_malformed_tools_are_400_naming_the_field(served, body, param, words):
 
 TAGGED_TEMPLATE = (
     "{{ bos_token }}{% if tools %}{{ '<|start_header_id|>system<|end_header_id|>\\n\\nTools: ' }}"
-    "{% for tool in tools %}{{ tool.function.name }} {% endfor %}{{ 'Call one inside <tool_call></tool_call>.' }}"
+    "{% for tool in tools %}{{ tool.function.name }} {% endfor %}{{ 'Call one inside "
+    "<tool_call></tool_call>.' }}"
     "{{ '<|eot_id|>' }}{% endif %}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
     "'<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}{% endfor %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"

@@ -147,7 +147,10 @@ def register_generate(sub, name: str) -> None:
         "--settings",
         default=None,
         metavar="FILE",
-        help="settings file (from caidllm calibrate, or a method's settings by hand) applied over the method's preset",
+        help=(
+            "settings file (from caidllm calibrate, or a method's settings by hand) applied over the "
+            "method's preset"
+        ),
     )
     add_prompt_and_output_arguments(gen)
     gen.add_argument(
@@ -303,8 +306,10 @@ def note_recommendation(lm, options: dict, method: str = "cai") -> None:
         applied = f"method {method}" + (f", {applied}" if applied else "")
     print(
         f"caidllm: {checkpoint.hub_id}: recommended settings applied: {applied or 'none (all given)'}; "
-        f"confidence gating {'on' if lm.config.confidence_gating else 'off'}, f {lm.config.cache_refresh_every}; "
-        f"{'chat template' if checkpoint.instruct else 'base model: raw text'} by default (source: {r.source})",
+        f"confidence gating {'on' if lm.config.confidence_gating else 'off'}, f "
+        f"{lm.config.cache_refresh_every}; "
+        f"{'chat template' if checkpoint.instruct else 'base model: raw text'} by default (source: "
+        f"{r.source})",
         file=sys.stderr,
     )
 

@@ -23,7 +23,8 @@ def json_object_option(text: str, flag: str, what: str = "object") -> dict:
 
 MODEL_HELP = (
     "model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
-    "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an official "
+    "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an "
+    "official "
     "shape: random:llada-8b, random:dream-7b, random:llada-moe-7b ..., with config.json overrides: "
     "'random:llada-8b?n_layers=4'"
 )
@@ -78,7 +79,8 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KIND",
         help="torchao quantized weights for the layers' linear layers: "
-        f"{', '.join(quantization_names())} (int4 and fp8 with --dtype bfloat16; fp8 on CUDA compute capability 8.9+ only; "
+        f"{', '.join(quantization_names())} (int4 and fp8 with --dtype bfloat16; fp8 on CUDA compute "
+        "capability 8.9+ only; "
         "pip install 'caidllm[quant]')",
     )
     parser.add_argument(

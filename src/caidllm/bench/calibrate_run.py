@@ -280,7 +280,8 @@ def _calibration(options, tasks, vanilla: Trial, trials: list[Trial], chosen: Tr
         "start": _trial_dict(trials[0]),
         "chosen": _trial_dict(chosen),
         "search": [_trial_dict(t) for t in trials],
-        "note": "accuracy: mean over tasks of each task's mean score; nfe: per request; wall_s is provisional "
+        "note": "accuracy: mean over tasks of each task's mean score; nfe: per request; wall_s is "
+        "provisional "
         "(it depends on the machine's load)",
     }
 

@@ -58,8 +58,8 @@ def _preamble(s: dict) -> list[str]:
     )
     quantized = (
         (
-            f"; {s['quantization']} linear layers ({s['quantization_summary']}) through torchao {s['torchao']}"
-            + (", the output head too" if s.get("quantized_head") else "")
+            f"; {s['quantization']} linear layers ({s['quantization_summary']}) through torchao "
+            f"{s['torchao']}" + (", the output head too" if s.get("quantized_head") else "")
         )
         if s.get("quantization")
         else ""
@@ -75,7 +75,8 @@ def _preamble(s: dict) -> list[str]:
         "",
         "TPS = answer tokens per second (tokens up to the first end token, prompt never counted); "
         "Pos/s = generated positions per second (n x gen_length / wall). Speedup = wall-clock time of "
-        f"`{s['baseline']}` / wall-clock time of the method on the same examples. Score in % with its standard "
+        f"`{s['baseline']}` / wall-clock time of the method on the same examples. Score in % with its "
+        "standard "
         "error. NFE = forward passes per request (mean). Steps/block = mean denoising steps per block index. "
         f"Memory: {memory}; Weights = bytes of the model's parameters and buffers. "
         "Energy in joules, n/a where not measurable. Ctrl = share of wall time spent in the commit policy; "

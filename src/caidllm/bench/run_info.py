@@ -16,11 +16,15 @@ from caidllm.models.quantize import quantization_info
 DEFINITIONS = {
     "accuracy": "mean per-sample score (exact match / pass@1: 0 or 1; LongBench: F1 or ROUGE-L in [0, 1]); "
     "samples that failed to generate or score count as 0",
-    "stderr": "standard error of the mean, sample std / sqrt(n) (= sqrt(p(1-p)/(n-1)) for 0/1 scores), as lm-eval",
+    "stderr": (
+        "standard error of the mean, sample std / sqrt(n) (= sqrt(p(1-p)/(n-1)) for 0/1 scores), as lm-eval"
+    ),
     "nfe_mean": "forward passes per request, mean over the task's requests",
     "block_length": "the block length the method decoded with: the run's, or gen_length for Elastic-Cache's "
     "official loop (one block over the whole generation)",
-    "steps_per_block": "denoising steps per block index, mean over requests (0 for blocks skipped by early stop)",
+    "steps_per_block": (
+        "denoising steps per block index, mean over requests (0 for blocks skipped by early stop)"
+    ),
     "steps_per_block_decoded": "the same, over the requests that decoded that block",
     "wall_s": "wall-clock seconds of the generate() calls of this method on this task, after a warm-up; "
     "tokenisation of the prompts and scoring are outside the clock; under torchrun the slowest rank's",
@@ -31,17 +35,24 @@ DEFINITIONS = {
     "nfe_ratio": "nfe_mean of the first method listed / nfe_mean of this method",
     "weights_mb": "bytes of the model's parameters and buffers / 2^20 (quantized tensors: their data, scales "
     "and zero points), each shared tensor once",
-    "high_first_confidence_share": "share of the decoded positions whose confidence at their block's first step "
+    "high_first_confidence_share": "share of the decoded positions whose confidence at their block's first "
+    "step "
     "(s_i) exceeds 0.9, the Fast-dLLM threshold",
-    "peak_mem_mb": "CUDA: torch.cuda.max_memory_allocated, reset before each method; CPU: the process's peak RSS "
+    "peak_mem_mb": "CUDA: torch.cuda.max_memory_allocated, reset before each method; CPU: the process's "
+    "peak RSS "
     "so far (getrusage; monotone, not per method); under torchrun the largest rank's",
-    "energy_j": "GPU: NVML energy counter (or sampled power integrated) during the method's generate() calls; "
+    "energy_j": "GPU: NVML energy counter (or sampled power integrated) during the method's generate() "
+    "calls; "
     "CPU: RAPL package energy; null when not measurable",
     "policy_share": "time in the commit policy (policy_s) / wall time, summed over batches (and ranks)",
-    "forward_share": "time inside the model forwards (the engine's forward timer, CUDA events on a GPU) / wall time",
+    "forward_share": (
+        "time inside the model forwards (the engine's forward timer, CUDA events on a GPU) / wall time"
+    ),
     "engine_overhead_share": "the engine's own time: (wall - forwards - commit policy) / wall: batching, "
     "prediction, bookkeeping, host transfers",
-    "flops_share": "share of layer-token work computed (ES-dLLM style backends report it); null when not reported",
+    "flops_share": (
+        "share of layer-token work computed (ES-dLLM style backends report it); null when not reported"
+    ),
 }
 
 

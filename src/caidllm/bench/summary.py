@@ -82,7 +82,8 @@ def build_row(
         row["samples"] = _write_samples(out, task, method, samples.records)
     shown = "n/a" if accuracy is None else f"{accuracy:.3f}"
     log(
-        f"{task.name} {method}: score {shown}, NFE {row['nfe_mean']}, wall {wall:.2f} s, errors {row['errors']}"
+        f"{task.name} {method}: score {shown}, NFE {row['nfe_mean']}, wall {wall:.2f} s, errors "
+        f"{row['errors']}"
     )
     return row
 

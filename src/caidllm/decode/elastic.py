@@ -92,7 +92,8 @@ class ElasticSettings(CacheSettings):
             return  # the block length's own rule names it
         if "block_length" in config.given and bl != config.gen_length:
             raise InputError(
-                f"block_length {bl} does not apply to method {config.method!r}: Elastic-Cache's official loop "
+                f"block_length {bl} does not apply to method {config.method!r}: Elastic-Cache's official "
+                "loop "
                 f"(cache 'elastic', elastic_scope 'generation') decodes the whole generation (gen_length "
                 f"{config.gen_length}) as one block with its own sliding window; drop block_length, or use "
                 f"method 'elastic-block' (elastic_scope='block') for blocks of {bl}",
@@ -196,7 +197,8 @@ class ElasticCache(CacheMode):
             )
         if c.block_causal:
             return (
-                f"cache mode 'elastic' needs the elastic forward (bidirectional attention over every column), "
+                "cache mode 'elastic' needs the elastic forward (bidirectional attention over every "
+                "column), "
                 f"which model family {c.family!r} does not have (block-causal attention)"
             )
         return None

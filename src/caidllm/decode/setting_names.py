@@ -178,7 +178,8 @@ def settings_table() -> list[dict]:
 def settings_lines() -> list[str]:
     """settings_table as text: one line per owner, one per field."""
     lines = [
-        "Method settings (a body's / settings file's {\"OWNER\": {...}}, --set OWNER.FIELD=VALUE, or the flat name):"
+        "Method settings (a body's / settings file's {\"OWNER\": {...}}, --set OWNER.FIELD=VALUE, or the "
+        "flat name):"
     ]
     for entry in settings_table():
         lines.append(f"  {entry['owner']}: {entry['title']} (read by {entry['read_by']})")

@@ -96,7 +96,8 @@ def load_settings(settings) -> CalibratedSettings:
     if isinstance(settings, dict):
         return _from_dict(settings, None)
     raise InputError(
-        f"settings must be a settings file path, a dict or a CalibratedSettings, got {type(settings).__name__}"
+        "settings must be a settings file path, a dict or a CalibratedSettings, got "
+        f"{type(settings).__name__}"
     )
 
 

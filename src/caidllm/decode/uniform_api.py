@@ -51,7 +51,8 @@ def check_uniform(config, method: str | None, folder=None, **options):
     if given:
         raise InputError(
             f"setting {given[0]!r} does not apply to the uniform-state decoder {method!r} (a mask-based "
-            "decoder's, or not implemented for it); it takes max_denoising_steps, entropy_bound, t_min, t_max, "
+            "decoder's, or not implemented for it); it takes max_denoising_steps, entropy_bound, t_min, "
+            "t_max, "
             "stability_threshold, confidence_threshold, adaptive_stop, seed, gen_length"
         )
     if options.pop("early_stop", True) is False:

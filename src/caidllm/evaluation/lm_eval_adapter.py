@@ -358,7 +358,8 @@ class CaidllmLM(LM):
                 else 0.0
             ),
             "world_size": self.world.world_size,
-            "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm bench` "
+            "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm "
+            "bench` "
             "for timed comparisons); tps_positions = requests x gen_length / wall_s, tps_answer = answer "
             "tokens / wall_s",
         }

@@ -243,17 +243,20 @@ FAMILY = {
 # The generated tokenizers: the families' special tokens (their official spellings) and a chat
 # template of the same layout as the official one (the real template comes with a checkpoint).
 LLADA2_TEMPLATE = (
-    "{% for message in messages %}{% set role = 'HUMAN' if message['role'] == 'user' else message['role'] | upper %}"
+    "{% for message in messages %}{% set role = 'HUMAN' if message['role'] == 'user' else message['role'] | "
+    "upper %}"
     "<role>{{ role }}</role>{{ message['content'] }}<|role_end|>{% endfor %}"
     "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}"
 )
 CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% "
+    "endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
-    "else message['role'] %}<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "else message['role'] %}<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n{% "
+    "endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 SEED_TEMPLATE = (

@@ -57,7 +57,8 @@ class Recommendation:
             decoder += f"threshold {self.threshold:g}, "
         return (
             f"{decoder}gen_length {self.gen_length}, block_length {self.block_length}, steps {self.steps}, "
-            f"temperature {self.temperature:g}, confidence gating {'on' if self.confidence_gating else 'off'}, "
+            f"temperature {self.temperature:g}, confidence gating "
+            f"{'on' if self.confidence_gating else 'off'}, "
             f"f {self.refresh_every}"
         )
 
@@ -94,14 +95,16 @@ LLADA_CARD = Recommendation(
 LLADA_MOE_CARD = replace(
     LLADA_CARD,
     source=(
-        "inclusionAI/LLaDA-MoE-7B-A1B model cards (LLaDA's generate: gen_length 128, steps 128, block_length 32, "
+        "inclusionAI/LLaDA-MoE-7B-A1B model cards (LLaDA's generate: gen_length 128, steps 128, "
+        "block_length 32, "
         f"temperature 0); gating and f as LLaDA's ({CAI_PAPER_LLADA}; not measured on the MoE)"
     ),
 )
 MMADA_TEXT = replace(
     LLADA_CARD,
     source=(
-        "MMaDA's text path is LLaDA's generate: LLaDA's card values (gen_length 128, steps 128, block_length 32, "
+        "MMaDA's text path is LLaDA's generate: LLaDA's card values (gen_length 128, steps 128, "
+        "block_length 32, "
         f"temperature 0); {CAI_PAPER_LLADA} (not measured on MMaDA)"
     ),
 )
@@ -112,7 +115,8 @@ DREAM_CARD = Recommendation(
     temperature=0.0,
     confidence_gating=False,
     refresh_every=8,
-    source="Dream-org/Dream-v0-Instruct-7B model card (max_new_tokens 512, steps 512; its temperature 0.2 with "
+    source="Dream-org/Dream-v0-Instruct-7B model card (max_new_tokens 512, steps 512; its temperature 0.2 "
+    "with "
     "top_p 0.95 needs top-p, which caidllm lacks: greedy, as the CAI-dLLM paper evaluates Dream); "
     f"block_length 32 (Dream's generate has no blocks); {CAI_PAPER_DREAM}",
 )
@@ -121,7 +125,8 @@ DREAM_CODER_CARD = replace(
     gen_length=768,
     steps=768,
     source=(
-        "Dream-org/Dream-Coder-v0-Instruct-7B model card (max_new_tokens 768, steps 768; temperature 0.1 with "
+        "Dream-org/Dream-Coder-v0-Instruct-7B model card (max_new_tokens 768, steps 768; temperature 0.1 "
+        "with "
         "top_p 0.95 and entropy ordering: greedy here, caidllm has no top-p); block_length 32; "
         f"gating and f as Dream's ({CAI_PAPER_DREAM}; not measured on Dream-Coder)"
     ),
@@ -149,7 +154,8 @@ LLADA20_CARD = Recommendation(
     refresh_every=16,
     decoder="llada2",
     threshold=0.95,
-    source="inclusionAI/LLaDA2.0-mini and -flash model cards, Quickstart (generate: gen_length 512, block_length 32, "
+    source="inclusionAI/LLaDA2.0-mini and -flash model cards, Quickstart (generate: gen_length 512, "
+    "block_length 32, "
     "steps 32 per block = 512 in all, temperature 0, eos_early_stop); threshold 0.95: the modeling file's "
     f"generate() default; {BLOCK_FAMILY_CAI}",
 )
@@ -162,8 +168,10 @@ LLADA21_CARD = Recommendation(
     refresh_every=16,
     decoder="llada2.1-quality",
     threshold=0.7,
-    source="inclusionAI/LLaDA2.1 model cards' quality mode as diffusers' LLaDA2Pipeline documents it (gen_length "
-    "256, block_length 32, 32 steps per block = 256, threshold 0.7, editing_threshold 0.5, max_post_steps 16, "
+    source="inclusionAI/LLaDA2.1 model cards' quality mode as diffusers' LLaDA2Pipeline documents it "
+    "(gen_length "
+    "256, block_length 32, 32 steps per block = 256, threshold 0.7, editing_threshold 0.5, max_post_steps "
+    "16, "
     "temperature 0; the speed mode is the llada2.1-speed preset, the official generate's own defaults "
     f"(0.95 / 0.9, no early stop) the llada2.1 preset); {BLOCK_FAMILY_CAI}",
 )
@@ -177,7 +185,8 @@ SDAR_SCRIPT = Recommendation(
     decoder="sdar",
     threshold=0.85,
     source="JetAstra/SDAR generate.py defaults (block_length 4, denoising_steps 4 per block = 512 in all, "
-    "low_confidence_dynamic, confidence_threshold 0.85); gen_length 512 is caidllm's (the script's 20480 is a "
+    "low_confidence_dynamic, confidence_threshold 0.85); gen_length 512 is caidllm's (the script's 20480 is "
+    "a "
     "ceiling); its temperature 1.0 samples: greedy here (top_k 1 in its reading), as the CAI-dLLM paper "
     f"evaluates; {BLOCK_FAMILY_CAI}",
 )
@@ -190,7 +199,8 @@ FASTDLLM_V2_CARD = Recommendation(
     refresh_every=16,
     decoder="fastdllm-v2",
     threshold=0.9,
-    source="Efficient-Large-Model/Fast_dLLM_v2 model cards' example (generate: max_new_tokens 512, small_block_size "
+    source="Efficient-Large-Model/Fast_dLLM_v2 model cards' example (generate: max_new_tokens 512, "
+    "small_block_size "
     "8, threshold 0.9) and NVlabs Fast-dLLM v2/eval.py (bd_size 32, small_block_size 8, threshold 0.9); "
     "generate()'s temperature 0 (greedy); steps: at most one step per position (512); "
     f"{BLOCK_FAMILY_CAI}",

@@ -191,7 +191,8 @@ DERIVED_ROWS: tuple[tuple[str, str, str, bool, dict], ...] = (
             temperature=0.0,
             confidence_gating=True,
             refresh_every=16,
-            source="czg1225/dParallel README Quick Start (LLaDA/generate.py's generate: steps 256, gen_length "
+            source="czg1225/dParallel README Quick Start (LLaDA/generate.py's generate: steps 256, "
+            "gen_length "
             "256, block_length 32, temperature 0, threshold 0.5 read as an entropy threshold); "
             f"{NO_ENTROPY_THRESHOLD}; LLaDA-8B-Instruct's shape (its distillation base); {LLADA_CAI}",
         ),

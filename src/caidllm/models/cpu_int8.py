@@ -119,7 +119,10 @@ def _check_saved(qdata, scale, act_dtype, extra) -> None:
         )
     elif type(scale) is not torch.Tensor or not scale.is_floating_point() or scale.numel() != qdata.shape[0]:
         got = _form(scale) if isinstance(scale, torch.Tensor) else type(scale).__name__
-        problem = f"its scales are a {got}, not {qdata.shape[0]} floats (one per row of its {list(qdata.shape)} weight)"
+        problem = (
+            f"its scales are a {got}, not {qdata.shape[0]} floats (one per row of its "
+            f"{list(qdata.shape)} weight)"
+        )
     elif not isinstance(act_dtype, torch.dtype) or not act_dtype.is_floating_point:
         problem = f"its activation dtype {act_dtype!r} is not a floating dtype"
     elif not isinstance(extra, dict) or any(

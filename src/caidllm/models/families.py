@@ -45,8 +45,10 @@ def family_of(raw: dict, source: str = "config.json") -> Family:
             if arch in family.architectures:
                 if by_type is not None and model_type not in family.model_types:
                     raise ModelLoadError(
-                        f"{source}: architectures {raw.get('architectures')!r} name the {family.name} family but "
-                        f"model_type {raw.get('model_type')!r} names {by_type.name}; the fields contradict each "
+                        f"{source}: architectures {raw.get('architectures')!r} name the {family.name} "
+                        "family but "
+                        f"model_type {raw.get('model_type')!r} names {by_type.name}; the fields contradict "
+                        "each "
                         "other (fix one of them)"
                     )
                 return family

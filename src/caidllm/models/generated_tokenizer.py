@@ -38,10 +38,12 @@ LLADA_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 DREAM_TEMPLATE = (
-    "{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}{% set turns = messages[1:] %}"
+    "{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}{% set turns = "
+    "messages[1:] %}"
     "{% else %}{% set system = 'You are a helpful assistant.' %}{% set turns = messages %}{% endif %}"
     "<|im_start|>system\n{{ system }}<|im_end|>\n"
-    "{% for message in turns %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% for message in turns %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% "
+    "endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 

@@ -153,7 +153,8 @@ def resolve_folder(path_or_name) -> tuple[Path, str | None]:
     if not folder.exists():
         raise ModelLoadError(
             f"model folder {folder} does not exist (expected a local folder in Hugging Face layout, a hub id "
-            f"ORG/NAME[@REVISION], one of the embedded names {sorted(EMBEDDED)}, or random:llada-8b / random:dream-7b)"
+            f"ORG/NAME[@REVISION], one of the embedded names {sorted(EMBEDDED)}, or random:llada-8b / "
+            "random:dream-7b)"
         )
     if not folder.is_dir():
         raise ModelLoadError(f"{folder} is a file; expected a model folder containing config.json")

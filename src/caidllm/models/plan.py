@@ -137,7 +137,8 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
         f"{plan.model}: tp {plan.tp}, {plan.dtype}, {plan.gpu_memory_gib:g} GiB per GPU, "
         f"requests of {plan.context} positions",
         f"weights per rank: {weights:.2f} GiB ({plan.sharded_parameters / 1e9:.2f}B parameters divided among "
-        f"the ranks: attention, feed-forwards, experts; {plan.replicated_parameters / 1e9:.2f}B on every rank: "
+        f"the ranks: attention, feed-forwards, experts; {plan.replicated_parameters / 1e9:.2f}B on every "
+        "rank: "
         "embeddings, head, norms, routers)",
         f"KV cache per request per rank: {kv:.3f} GiB (dual cache; the prefix cache needs twice that)",
     ]

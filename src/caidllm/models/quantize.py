@@ -101,7 +101,8 @@ def _fp8_hardware(device: torch.device) -> str | None:
     if torch.cuda.get_device_capability(device) < (8, 9):
         name = torch.cuda.get_device_name(device)
         return (
-            f"it needs float8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); {name} has "
+            "it needs float8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
+            f"{name} has "
             f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
         )
     return None

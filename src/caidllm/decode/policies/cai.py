@@ -122,7 +122,8 @@ class CAISettings(PolicySettings):
             name = config.labels.get("cai.threshold", "threshold")
             raise InputError(
                 f"{name} does not apply to method {config.method!r}: with CAI's adaptive schedule on, its "
-                "thresholds follow the schedule; give adaptive=false with it (the CLI: in a --settings file's cai) "
+                "thresholds follow the schedule; give adaptive=false with it (the CLI: in a --settings "
+                "file's cai) "
                 "for a fixed threshold, or use method 'fastdllm'",
                 field=name,
             )

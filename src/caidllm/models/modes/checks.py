@@ -74,7 +74,8 @@ def check_cache(lm, cache, B, L):
         raise InputError(f"cache must be a KVCache from new_cache(), got {type(cache).__name__}")
     if (cache.batch_size, cache.length) != (B, L) or len(cache.keys) != lm.config.n_layers:
         raise InputError(
-            f"cache was made for a [{cache.batch_size}, {cache.length}] canvas with {len(cache.keys)} layers; "
+            f"cache was made for a [{cache.batch_size}, {cache.length}] canvas with {len(cache.keys)} "
+            "layers; "
             f"input is [{B}, {L}] for a {lm.config.n_layers}-layer model"
         )
 
