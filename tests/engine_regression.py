@@ -128,7 +128,8 @@ def compute(models: dict) -> dict:
         for method in method_names(block_causal=False):
             if family_refusal(models[model], build_config(method)):
                 continue  # a preset this family refuses (its forward needs what the family lacks)
-            # Elastic-Cache's official loop lays one block of gen_length: the case's block length is not its own.
+            # Elastic-Cache's official loop lays one block of gen_length: the case's block length is not its
+            # own.
             own = kw if lays_blocks(method) else dict(kw, block_length=None)
             out[f"{name}/{method}"] = [
                 record_of(r) for r in models[model].generate(prompts, method=method, **own)

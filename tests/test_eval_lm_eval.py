@@ -197,7 +197,8 @@ def _per_request_outputs(out: Path) -> dict:
         task = path.name.removeprefix("samples_").rsplit("_", 1)[0]
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            # a rank lm-eval pads with copies of its last request appends their answers to that request's resps
+            # a rank lm-eval pads with copies of its last request appends their answers to that request's
+            # resps
             outputs[task, record["doc_id"]] = (record["filtered_resps"], record["resps"][0][0])
     return outputs
 

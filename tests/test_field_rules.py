@@ -256,7 +256,8 @@ def test_a_good_value_passes_on_all_three(tiny, name, method, value):
 @pytest.mark.parametrize(
     "method, name, value, advice, advised",
     [
-        # CAI reads `threshold` only with adaptive=false (top level or under cai); WINO's blocks end by wino_max_steps.
+        # CAI reads `threshold` only with adaptive=false (top level or under cai); WINO's blocks end by
+        # wino_max_steps.
         (
             "cai",
             "threshold",

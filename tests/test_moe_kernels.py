@@ -26,7 +26,8 @@ from helpers.checkpoint_files import write_checkpoint
 from test_moe import LLADA2_LIKE, LLADA_MOE_LIKE, QWEN3_MOE_LIKE, random_moe
 
 FIELDS = {"llada2": LLADA2_LIKE, "llada-moe": LLADA_MOE_LIKE, "sdar-moe": QWEN3_MOE_LIKE}
-# The native kernel needs a C++ compiler and AVX-512 (models/moe_native.py): skipped, with the reason, without them.
+# The native kernel needs a C++ compiler and AVX-512 (models/moe_native.py): skipped, with the reason, without
+# them.
 NATIVE_MISSING = moe_native.why_unavailable(torch.float32)
 FAST = [
     pytest.param(k, marks=pytest.mark.skipif(bool(NATIVE_MISSING), reason=f"native: {NATIVE_MISSING}"))

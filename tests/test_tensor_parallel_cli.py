@@ -121,7 +121,8 @@ def test_generate_tp_2_prints_the_tokens_of_one_process(capsys):
         # a reported error (here before the rank joins the group: the watchdog ends rank 0's wait)
         ("1:0:raise", "tensor-parallel rank 1 failed: RuntimeError: injected fault"),
         ("1:3:hang", "tensor-parallel rank 0/2: a peer rank failed or hung during a forward's all-reduce"),
-        # a rank that announced itself but never joins: joining is bounded by --tp-timeout (issue 48; was 300 s)
+        # a rank that announced itself but never joins: joining is bounded by --tp-timeout (issue 48; was 300
+        # s)
         ("1:0:hang", "tensor-parallel rank 0/2: the group did not form within 5 s"),
     ],
 )

@@ -51,7 +51,8 @@ def test_a_rank_dying_mid_request_gives_5xx_then_the_server_exits(monkeypatch):
             proc.kill()
     assert answer.status_code >= 500 and "peer rank failed or hung" in answer.json()["error"]["message"]
     assert proc.returncode == 2
-    # the line names the phase too (issue 48): which of forming, loading, idle, decoding, draining it interrupted
+    # the line names the phase too (issue 48): which of forming, loading, idle, decoding, draining it
+    # interrupted
     assert (
         out.strip().splitlines()[-1]
         == "caidllm: error: tensor-parallel rank 1 died (exit status 9) while decoding"

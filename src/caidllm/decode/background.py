@@ -157,7 +157,8 @@ class BackgroundEngine:
         with self._lock:
             if self._stopping or not self.alive:
                 raise EngineFullError("the engine is not running (not started, stopped, or shutting down)")
-            # The scheduler's limits, counting the requests of the inbox too (its own count lags until the next step).
+            # The scheduler's limits, counting the requests of the inbox too (its own count lags until the
+            # next step).
             self.engine.scheduler.check_room(request.id, request.id in self._handles, len(self._handles))
             handle = RequestHandle(request.id, loop)
             self._handles[request.id] = handle
@@ -235,7 +236,8 @@ class BackgroundEngine:
                 events = self.engine.step()
             except Exception as error:  # noqa: BLE001 - a bug or a device error: fail the rows in flight, go on
                 self.failed_steps += 1
-                # a rank's failure is reported in one line (parallel/launch.py); anything else with its traceback
+                # a rank's failure is reported in one line (parallel/launch.py); anything else with its
+                # traceback
                 logger.error(
                     "engine step failed; failing the requests in flight: %s",
                     error,

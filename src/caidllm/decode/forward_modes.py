@@ -28,8 +28,8 @@ CACHE_MODES: dict[str, CacheMode] = {
     "es": EarlySkippingCache(
         EarlySkipping, settings_type=EarlySkippingSettings, method="ES-dLLM's early skipping"
     ),
-    # dKV-Cache-Decode: refreshes at a block's first two steps (at the first, the block's tokens are all masks;
-    # at the second, the first step's commits get their K/V) and every f (8 in its preset).
+    # dKV-Cache-Decode: refreshes at a block's first two steps (at the first, the block's tokens are all
+    # masks; at the second, the first step's commits get their K/V) and every f (8 in its preset).
     "dkv": DKVCache(DKV, refreshes_at_start=2, method="dKV-Cache's delayed cache"),
     "dkv-greedy": DKVCache(DKV, greedy=True, settings_type=GreedySettings, method="dKV-Cache-Greedy's cache"),
     "prompt": PromptCache(

@@ -68,7 +68,8 @@ PRESETS: dict[str, dict] = {
         slowfast=dict(explore_steps=6, cycle_threshold=0.3, window=2, std=1.0, high=0.9, shortened=False),
     ),
     # dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache): LLaDA's low-confidence remasking with delayed
-    # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first two.
+    # caching of decoded tokens' K/V, refreshed every 8 steps (the paper's setting) and at a block's first
+    # two.
     "dkv": dict(policy="vanilla", cache="dkv", refresh_every=8),
     # dKV-Cache-Greedy (same paper and repository): LLaDA's random remasking (the only one its official
     # generate supports); between refreshes only the positions a step decodes, the previous step's and 2
@@ -87,8 +88,9 @@ PRESETS: dict[str, dict] = {
     ),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
-    # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length given
-    # that differs is refused (elastic.ElasticSettings.settle_lengths); the bench gives it none of the run's (presets.run_lengths).
+    # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length
+    # given that differs is refused (elastic.ElasticSettings.settle_lengths); the bench gives it none of the
+    # run's (presets.run_lengths).
     "elastic": dict(
         policy="threshold",
         cache="elastic",
@@ -113,7 +115,8 @@ PRESETS: dict[str, dict] = {
     "llada2": dict(policy="dynamic", cache="block", block_length=32, threshold=0.95),
     # LLaDA2.1: threshold decoding with token editing, one forced commit a step (num_to_transfer 1), up to 16
     # editing steps after a block's last mask. "llada2.1": the official generate's defaults (threshold 0.95,
-    # editing 0.9, eos_early_stop False); the model card's Q (quality: 0.7 / 0.5) and S (speed: 0.5 / 0.0) modes.
+    # editing 0.9, eos_early_stop False); the model card's Q (quality: 0.7 / 0.5) and S (speed: 0.5 / 0.0)
+    # modes.
     "llada2.1": dict(
         policy="dynamic",
         cache="block",

@@ -75,7 +75,8 @@ class PrefixStore:
         self.blocks: OrderedDict[bytes, StoredBlock] = OrderedDict()  # least recently used first
         self.bytes_held = 0
         self.counters = StoreStats()
-        self.numerics: tuple = ()  # the model arithmetic its blocks were computed with (prefix_reuse.numerics)
+        # the model arithmetic its blocks were computed with (prefix_reuse.numerics)
+        self.numerics: tuple = ()
 
     def __len__(self) -> int:
         return len(self.blocks)

@@ -350,7 +350,8 @@ class CaidllmLM(LM):
             "tps_answer": s["answer_tokens"] / wall if wall else None,
             "policy_share": s["policy_s"] / s.get("busy_s", wall) if wall else None,
             "truncated_prompts": s["truncated_prompts"],
-            # The prefix store (block-causal models): prompt positions prefilled per request, share taken from it.
+            # The prefix store (block-causal models): prompt positions prefilled per request, share taken from
+            # it.
             "prefill_positions_mean": s.get("prefill_positions", 0) / n if n else None,
             "prefill_saved_share": (
                 s.get("reused_positions", 0) / (s.get("prefill_positions", 0) + s.get("reused_positions", 0))

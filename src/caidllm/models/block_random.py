@@ -286,7 +286,8 @@ TOKENIZERS = {
         mask="|<MASK>|",
         bos=None,
     ),
-    # Gemma's ids for pad / eos / bos (0 / 1 / 2); no mask token (uniform-state diffusion); Gemma's turn markers.
+    # Gemma's ids for pad / eos / bos (0 / 1 / 2); no mask token (uniform-state diffusion); Gemma's turn
+    # markers.
     "diffusion_gemma": dict(
         specials=["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
         template=GEMMA_TEMPLATE,

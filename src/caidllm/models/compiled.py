@@ -83,7 +83,8 @@ def _check_not_packed(lm) -> None:
 
 
 def _no_autograd_cache() -> None:
-    # AOTAutograd's cache cannot hash torchao's tensors and logs a long warning per graph; inference needs no cache.
+    # AOTAutograd's cache cannot hash torchao's tensors and logs a long warning per graph; inference needs no
+    # cache.
     import torch._functorch.config as functorch_config
 
     functorch_config.enable_autograd_cache = False

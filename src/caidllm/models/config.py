@@ -152,7 +152,8 @@ class Family:
     cache_refresh_every: int
     description: str = ""
     block_causal: bool = False
-    # uniform-state diffusion (DiffusionGemma): no mask token, its own decoders (the mask-based ones refuse it)
+    # uniform-state diffusion (DiffusionGemma): no mask token, its own decoders (the mask-based ones refuse
+    # it)
     uniform: bool = False
     # checkpoint tensors the module does not hold and the loader skips (a vision tower, tied copies)
     ignores_weight: Callable[[str], bool] | None = None

@@ -33,7 +33,8 @@ from .random_init import build_random, is_random_name, random_raw_config
 from .tokenizer import END_OF_TURN, fast_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-# tiny-bd: block-causal (block diffusion); tiny-moe: LLaDA2 layout (MoE, block diffusion), upcycled from tiny-bd
+# tiny-bd: block-causal (block diffusion); tiny-moe: LLaDA2 layout (MoE, block diffusion), upcycled from
+# tiny-bd
 EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd", "tiny-moe": ASSETS / "tiny-moe"}
 
 

@@ -83,7 +83,8 @@ def _int4_cuda():
 
 
 def _int4_cpu():
-    # torchao 0.18's CPU layout for packed int4 (aten's _weight_int4pack_mm_for_cpu) is in its prototype package.
+    # torchao 0.18's CPU layout for packed int4 (aten's _weight_int4pack_mm_for_cpu) is in its prototype
+    # package.
     from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
 
     return PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP)

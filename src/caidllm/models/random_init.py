@@ -102,10 +102,12 @@ OFFICIAL.update(
             "llm_vocab_size": 126464,
             "codebook_size": 8192,
         },
-        # Dream-Coder-v0-Instruct-7B (Dream-org) and DiffuCoder-7B (Apple): Dream's layout on Qwen2.5-Coder-7B.
+        # Dream-Coder-v0-Instruct-7B (Dream-org) and DiffuCoder-7B (Apple): Dream's layout on
+        # Qwen2.5-Coder-7B.
         "dream-coder-7b": DREAM_CODER,
         "diffucoder-7b": DREAM_CODER,
-        # LLaDA-MoE-7B-A1B (inclusionAI): OLMoE layout, 64 experts, top 8 (its config.json says model_type "llada").
+        # LLaDA-MoE-7B-A1B (inclusionAI): OLMoE layout, 64 experts, top 8 (its config.json says model_type
+        # "llada").
         "llada-moe-7b": {
             "architectures": ["LLaDAMoEModelLM"],
             "model_type": "llada",

@@ -191,7 +191,8 @@ def _add_status_routes(app: FastAPI, server: _Server) -> None:
     @app.get("/caidllm/info")
     async def server_info():
         d = settings.defaults
-        # one_block_methods: Elastic-Cache's official loop, one block of gen_length (the page sends it no block_length).
+        # one_block_methods: Elastic-Cache's official loop, one block of gen_length (the page sends it no
+        # block_length).
         return {
             "model": d.model_name,
             "methods": method_names(),

@@ -284,7 +284,8 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
             if defaults.settings is not None and defaults.settings.method == method
             else None
         )
-        # The server's default block length is not the client's (Elastic-Cache's official loop refuses a given one).
+        # The server's default block length is not the client's (Elastic-Cache's official loop refuses a given
+        # one).
         filled = () if "block_length" in extensions else ("block_length",)
         # Lenient here: a setting of a method that does not run is refused by fit_to_model, after the model's
         # own refusals (a setting the model never reads is said so first).

@@ -24,7 +24,8 @@ class CacheMode:
     refreshes_at_start: int = 1
     # Exact (block-causal models): never refreshed; a full forward only as the request's first.
     exact: bool = False
-    # What the method is, for a refusal on a model it cannot run on (None: a plain cache, no method of its own).
+    # What the method is, for a refusal on a model it cannot run on (None: a plain cache, no method of its
+    # own).
     method: str | None = None
     settings_type: type[CacheSettings] = NoCacheSettings  # its settings dataclass, declared next to its code
 

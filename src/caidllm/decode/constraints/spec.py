@@ -42,8 +42,8 @@ class Constraint:
         return self.kind in ("json_schema", "json_object")
 
 
-# Keywords outlines-core's schema translation leaves out of the regex (an answer could break them): refused, so
-# that what is returned as valid is valid. (Measured: "minimum" is not held; docs/structured-output.md.)
+# Keywords outlines-core's schema translation leaves out of the regex (an answer could break them): refused,
+# so that what is returned as valid is valid. (Measured: "minimum" is not held; docs/structured-output.md.)
 UNENFORCED = (
     "minimum",
     "maximum",

@@ -88,7 +88,8 @@ POLICIES: dict[str, PolicySpec] = {
     "wino": PolicySpec(
         wino.select, wino.WinoSettings, state_names=wino.STATE, revises=True, forward="verify"
     ),
-    # KLASS: every confident position whose distribution has stayed put for `history` steps, else the schedule.
+    # KLASS: every confident position whose distribution has stayed put for `history` steps, else the
+    # schedule.
     "klass": PolicySpec(
         klass.select,
         klass.KlassSettings,
@@ -96,7 +97,8 @@ POLICIES: dict[str, PolicySpec] = {
         needs_probabilities=True,
         new_state=klass.new_state,
     ),
-    # Prophet: LLaDA's schedule until the answer's top-2 logit gap says it has converged, then everything at once.
+    # Prophet: LLaDA's schedule until the answer's top-2 logit gap says it has converged, then everything at
+    # once.
     "prophet": PolicySpec(
         prophet.select, prophet.ProphetSettings, state_names=("n_masked",), sees_generation=True
     ),

@@ -88,12 +88,14 @@ class StepView:
     # the position itself is hidden (WINO's shadow block); and what the policy sends back to the mask.
     verify_confidence: torch.Tensor | None = None  # [R, block]
     remask: torch.Tensor | None = None  # [R, block] bool, set by the policy
-    # Only for policies that ask for them (`needs_probabilities`): each position's whole distribution (float64,
-    # the mask token's probability 0); and for policies with a state object (`new_state`), each row's.
+    # Only for policies that ask for them (`needs_probabilities`): each position's whole distribution
+    # (float64, the mask token's probability 0); and for policies with a state object (`new_state`), each
+    # row's.
     probabilities: torch.Tensor | None = None  # [R, block, V]
     policy_states: list | None = None  # [R] request.policy_state
     # Only for policies that see the whole generation (`sees_generation`): its logits (the mask token's at
-    # -inf); such a policy may set `finish`: [R] bool, the rows whose every mask left takes its prediction now.
+    # -inf); such a policy may set `finish`: [R] bool, the rows whose every mask left takes its prediction
+    # now.
     generation_logits: torch.Tensor | None = None  # [R, span, V]
     finish: torch.Tensor | None = None  # [R] bool, set by the policy
 
