@@ -4,8 +4,8 @@ reference), the grouped kernel and ``auto`` (the default; models/moe_kernels.py;
 native, the compiled CPU kernel, with --kernels), against a dense
 SwiGLU of the same active size (width 9 x 512 = 4608: the same multiply-adds per token) and
 against the read bound: the time to read, once, the weights of the experts the tokens chose
-(plus the shared expert and the router), at the read bandwidth measured among them in the same rounds. Then the
-whole forward of random:llada2-mini and random:llada-moe-7b reduced to 4 layers, each kernel.
+(plus the shared expert and the router), at the read bandwidth measured among them in the same rounds. Then
+the whole forward of random:llada2-mini and random:llada-moe-7b reduced to 4 layers, each kernel.
 The kernels run alternately within one run (A/B), so a shared machine's load falls on all, and
 the clock is by default this thread's CPU time (one thread does all the work), which other
 processes taking the core do not inflate (their use of the memory bus still does).

@@ -1,7 +1,7 @@
-"""Structured output on the embedded tiny model (BENCHMARKS.md, "Structured output"): 200 requests over the ten
-schemas and five regexes of bench/tasks/structured.py, each with and without its constraint (alternating), the
-share that parses and validates (jsonschema) or matches, NFE and wall time; then the automaton's share of a
-step's time at gen length 256. Run: python benchmarks/structured_validity.py [--requests 200]"""
+"""Structured output on the embedded tiny model (BENCHMARKS.md, "Structured output"): 200 requests over the
+ten schemas and five regexes of bench/tasks/structured.py, each with and without its constraint (alternating),
+the share that parses and validates (jsonschema) or matches, NFE and wall time; then the automaton's share of
+a step's time at gen length 256. Run: python benchmarks/structured_validity.py [--requests 200]"""
 
 from __future__ import annotations
 

@@ -54,8 +54,9 @@ def lm(request, llada_lm, dream_lm):
 
 @pytest.fixture(scope="session")
 def block_family(tmp_path_factory):
-    """Factory: block_family("llada2" | "sdar" | "sdar-moe" | "fastdllm_v2") -> a tiny random fp32 CPU model of that
-    block-diffusion layout (tests/block_checkpoints.py; LLaDA2 decodes blocks of 4 and 8), made once."""
+    """Factory: block_family("llada2" | "sdar" | "sdar-moe" | "fastdllm_v2") -> a tiny random fp32 CPU model
+    of that block-diffusion layout (tests/block_checkpoints.py; LLaDA2 decodes blocks of 4 and 8), made
+    once."""
     from block_checkpoints import write_block_checkpoint
 
     made = {}

@@ -203,8 +203,8 @@ def test_an_elastic_servers_gen_length_stays_its_default(tiny):
 
 
 def test_an_elastic_servers_given_block_length_stays_the_others_default(tiny):
-    """--method elastic --block-length G (G = gen_length, so elastic takes it): the block-wise methods' default
-    is the block the user gave, not another."""
+    """--method elastic --block-length G (G = gen_length, so elastic takes it): the block-wise methods'
+    default is the block the user gave, not another."""
     args = build_parser().parse_args(
         ["serve", "--model", "tiny", "--method", "elastic", "--gen-length", "128", "--block-length", "128"]
     )

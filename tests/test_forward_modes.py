@@ -118,8 +118,8 @@ def test_dkv_over_the_block_equals_dual(llada_lm):
 
 
 def test_elastic_and_verify_refuse_a_block_causal_model(block_family):
-    """Their computations (models/elastic.py, models/shadow.py) attend bidirectionally: on a block-causal model
-    they would silently read later blocks."""
+    """Their computations (models/elastic.py, models/shadow.py) attend bidirectionally: on a block-causal
+    model they would silently read later blocks."""
     from caidllm.models.elastic import ElasticInputs
     from caidllm.models.modes import Verify
 

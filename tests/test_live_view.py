@@ -100,8 +100,8 @@ def test_a_two_lane_race_finishes_like_the_api(server, browser):
 
 
 def test_elastic_races_a_block_wise_method_at_the_pages_block_length(server, browser):
-    """The page's block_length is the block-wise lanes': Elastic-Cache's official loop (one block of gen_length)
-    is sent none, so the server does not refuse it, and its canvas is one block."""
+    """The page's block_length is the block-wise lanes': Elastic-Cache's official loop (one block of
+    gen_length) is sent none, so the server does not refuse it, and its canvas is one block."""
     query = urlencode(
         {"prompt": PROMPT, "methods": "fastdllm,elastic", "gen_length": 32, "block_length": 16, "autorun": 1}
     )

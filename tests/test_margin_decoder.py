@@ -1,6 +1,7 @@
-"""The top-2 margin decoder (decode/policies/margin.py), the worked example of docs/architecture/add-a-decoder.md:
-its rule on a hand-made step, its greedy output equal to a plain re-statement of the rule (no engine, no
-cache, one prompt at a time) on random LLaDA and Dream weights, LLaDA's schedule kept, batch invariance."""
+"""The top-2 margin decoder (decode/policies/margin.py), the worked example of
+docs/architecture/add-a-decoder.md: its rule on a hand-made step, its greedy output equal to a plain
+re-statement of the rule (no engine, no cache, one prompt at a time) on random LLaDA and Dream weights,
+LLaDA's schedule kept, batch invariance."""
 
 import torch
 

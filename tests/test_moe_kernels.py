@@ -383,8 +383,8 @@ def test_the_command_line_flag(capsys):
 def test_tiny_moe_gives_the_loops_logits_and_tokens_by_every_cpu_kernel(without_native):
     """The shipped, trained tiny-moe (8 experts, top-2: a 40-token forward gives each expert 10
     rows on average, so auto runs sized, oneDNN, where it does not pick native): logits to 1e-5 of
-    their largest magnitude (a trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the last bits, 2e-5
-    measured) and the llada2 decoder's exact tokens."""
+    their largest magnitude (a trained model's reach about 17; oneDNN's fp32 sums differ from MKL's in the
+    last bits, 2e-5 measured) and the llada2 decoder's exact tokens."""
     lm = caidllm.load("tiny-moe", device="cpu", moe_kernel="loop")
     ids = torch.tensor(
         [

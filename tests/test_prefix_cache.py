@@ -295,8 +295,8 @@ def test_the_kept_store_is_remade_when_the_moe_kernel_changes():
 
 
 def test_a_store_filled_by_another_model_is_refused(tiny_bd, family):
-    """A store handed to engines (Engine(prefix_store=)) is named by tokens only: one filled by another model's
-    forwards would give this one that model's keys and values."""
+    """A store handed to engines (Engine(prefix_store=)) is named by tokens only: one filled by another
+    model's forwards would give this one that model's keys and values."""
     store = PrefixStore(1 << 20)
     Engine(tiny_bd, prefix_store=store)
     Engine(tiny_bd, prefix_store=store)  # the same model: shared

@@ -1,7 +1,8 @@
 """Tensor and expert parallelism on CPU (gloo): a model divided among 2 or 4 ranks gives the
 logits of one process (to 1e-5 of their scale) and the same tokens, for every family caidllm shards; batch
 invariance holds at tp 2. Checkpoint folders are read part by part on each rank, random shapes
-drawn whole then divided: both paths run. One spawn of 4 ranks serves the whole module (tests/helpers/parallel.py)."""
+drawn whole then divided: both paths run. One spawn of 4 ranks serves the whole module
+(tests/helpers/parallel.py)."""
 
 from __future__ import annotations
 

@@ -91,8 +91,8 @@ def coordinate_search(
     on_trial: Callable[[Trial], None] | None = None,
     space: dict[str, tuple] = SEARCH_SPACE,
 ) -> list[Trial]:
-    """The trials run, in order (the start first). `budget` counts decodes of the held-out set, start included;
-    a candidate equivalent to one already run (`effective`) costs nothing and is skipped."""
+    """The trials run, in order (the start first). `budget` counts decodes of the held-out set, start
+    included; a candidate equivalent to one already run (`effective`) costs nothing and is skipped."""
     rng = random.Random(seed)
     names = [n for n in space if n in start]
     orders = {n: rng.sample(space[n], len(space[n])) for n in names}

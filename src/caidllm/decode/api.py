@@ -54,7 +54,8 @@ def generate(
     (models/checkpoints.py; lm.checkpoint), else 256 / 64 / gen_length / 0; a block-diffusion model decodes
     with its own block length unless one is given (presets.options_for_model, the rule of every command).
     method None: a known block-diffusion checkpoint's own decoder (and its threshold, when threshold is None
-    too), else "cai". chat None: lm.chat_default (instruct checkpoints and folders with a chat template: True).
+    too), else "cai". chat None: lm.chat_default (instruct checkpoints and folders with a chat template:
+    True).
 
     A client of the step-level engine: every prompt is submitted, at most `batch_size` decode together, and
     a finished one's slot goes to the next at once. compile=True: the model runs its norms and MLPs through
@@ -63,8 +64,9 @@ def generate(
     the prefix store kept with the model across calls (decode/prefix_reuse.py; None: the default on a
     block-causal model, 0: off; exact: the same tokens either way). Each result's elapsed_s,
     policy_s and forward_s are those of the whole run.
-    json_schema, regex, choice, json_object, constraint: structured output (docs/structured-output.md). logprobs:
-    each result's `logprobs`, with top_logprobs alternatives, taken at the step that committed each token."""
+    json_schema, regex, choice, json_object, constraint: structured output (docs/structured-output.md).
+    logprobs: each result's `logprobs`, with top_logprobs alternatives, taken at the step that committed each
+    token."""
     if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine (uniform_api.py)
         return _generate_uniform(**locals())
     method = recommended_method(getattr(lm, "checkpoint", None) if settings is None else None, method)

@@ -152,7 +152,8 @@ class BackgroundEngine:
         logprobs: int | None = None,
     ) -> RequestHandle:
         """Check and hand over a request; raises InputError (bad request) or EngineFullError.
-        constraint: structured output (decode/constraints/), compiled and checked here; logprobs: Engine.submit's."""
+        constraint: structured output (decode/constraints/), compiled and checked here; logprobs:
+        Engine.submit's."""
         request = self.engine.prepare(prompt_ids, config, request_id, constraint, logprobs)
         with self._lock:
             if self._stopping or not self.alive:

@@ -18,8 +18,8 @@ block length. They may differ in prompt length, block, local step, method,
 gen_length and sampling: each row is computed as it would be alone (its own
 columns, its own cache row). Requests that cannot share run in separate
 forwards (in the same step under "all", in steps of their own as "fair"
-chooses), so no request waits for another's block to end. Inside a forward, the commit policy runs once per group of rows with the
-same policy settings, step and block (policies are batched tensor functions
+chooses), so no request waits for another's block to end. Inside a forward, the commit policy runs once per
+group of rows with the same policy settings, step and block (policies are batched tensor functions
 of the rows they are given); prediction once per temperature.
 
 A new request's first forward is the refresh of its first block: admitting
@@ -166,7 +166,8 @@ class Engine:
         """Queue a tokenised prompt; it joins the running batch at the next step.
         Everything is checked here, before anything is queued. constraint: structured output
         (decode/constraints/: a regex, a JSON schema, any JSON object, a choice), held in any commit order.
-        logprobs: each committed token's logprob and this many top alternatives (decode/logprobs.py; None: off)."""
+        logprobs: each committed token's logprob and this many top alternatives (decode/logprobs.py; None:
+        off)."""
         request = self.prepare(prompt_ids, config, request_id, constraint, logprobs)
         self.scheduler.add(request)
         return request.id

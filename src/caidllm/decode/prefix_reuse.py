@@ -3,13 +3,13 @@ in and out of its slot.
 
 At admission a request of an exact block cache (``block``, or Fast-dLLM v2's ``subblock`` over it: its
 earlier blocks are the exact cache's, folded with their final tokens) takes the longest chain of stored
-blocks that matches its prompt's complete blocks (those before the block holding the prompt's end), copies their keys and
-values into its cache row, and its first forward is a block forward that computes only the rest of
-the prompt (the cache mode's ``fold``, decode/caches/exact.py) instead of the full forward. After that first forward its prompt's
-complete blocks go into the store, and when it finishes every block whose final keys and values its
-row holds (prompt and generated blocks, the last one excepted: its keys were never recomputed from
-its final tokens) goes in too, so that a chat's next turn finds its history. The request holds (pins)
-the blocks it took or wrote until it leaves; a cancelled or failed request writes nothing more.
+blocks that matches its prompt's complete blocks (those before the block holding the prompt's end), copies
+their keys and values into its cache row, and its first forward is a block forward that computes only the rest
+of the prompt (the cache mode's ``fold``, decode/caches/exact.py) instead of the full forward. After that
+first forward its prompt's complete blocks go into the store, and when it finishes every block whose final
+keys and values its row holds (prompt and generated blocks, the last one excepted: its keys were never
+recomputed from its final tokens) goes in too, so that a chat's next turn finds its history. The request holds
+(pins) the blocks it took or wrote until it leaves; a cancelled or failed request writes nothing more.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ decides is whose time a step costs.
 
   A forward is never interrupted, so a newcomer first waits for the one in progress: a group whose
   rows' last forwards add up to more than SLICE_SECONDS (0.25 s) runs its least recently run rows that fit
-  (one at least, the least recently run first, so a round of slices reaches every row) and the others at the next steps, which bounds that
-  wait; a slice's time is charged to every row of its group, so the group still counts as one
-  forward (a whole round of slices costs each row one forward's time).
+  (one at least, the least recently run first, so a round of slices reaches every row) and the others at the
+  next steps, which bounds that wait; a slice's time is charged to every row of its group, so the group still
+  counts as one forward (a whole round of slices costs each row one forward's time).
 
   No starvation: a request whose virtual time is the least runs at the next step, and every other
   request's virtual time grows by its service, so between two runs of any request the others are

@@ -11,9 +11,9 @@ wrapper adds this package's offline task configs (evaluation/tasks/) unless
 one is given.
 
 model_args: ``pretrained`` (a model folder or "tiny"), ``method`` (a preset;
-default: a known block-diffusion checkpoint's own decoder, else cai), ``gen_length`` and ``block_length`` (default: as ``caidllm generate``
-takes them: a known checkpoint's recommendation, else 256 and the method's, a
-block-diffusion model's own where the method's does not apply), ``steps``,
+default: a known block-diffusion checkpoint's own decoder, else cai), ``gen_length`` and ``block_length``
+(default: as ``caidllm generate`` takes them: a known checkpoint's recommendation, else 256 and the method's,
+a block-diffusion model's own where the method's does not apply), ``steps``,
 ``cache``, ``threshold``, ``temperature`` (0; a task's temperature wins),
 ``seed`` (0), ``early_stop`` (true), ``dtype``, ``chat`` (auto | true |
 false: auto applies the model's chat template to plain-text requests when the

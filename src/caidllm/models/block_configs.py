@@ -1,6 +1,6 @@
 """config.json of the block-diffusion families, LLaDA2 (``llada2_moe``), SDAR (``sdar``,
-``sdar_moe``) and Fast-dLLM v2 (``fast_dllm_qwen``), read into ModelConfig fields (the registry's read_fields of their entries in
-llada2.py / sdar.py): official field names, the official defaults where a field is absent
+``sdar_moe``) and Fast-dLLM v2 (``fast_dllm_qwen``), read into ModelConfig fields (the registry's read_fields
+of their entries in llada2.py / sdar.py): official field names, the official defaults where a field is absent
 (the families' configuration classes), and a clear error where a field asks for something
 the official forward does not do.
 

@@ -182,8 +182,8 @@ def forward_elastic(
     mask: torch.Tensor | None = None,
     key_end: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The Elastic mode's forward (models/modes/elastic.py): float32 logits [R, k, V] of ``inputs.window`` of the
-    selected rows of the canvas ``ids`` [B, L]; sets ``inputs.refresh_from``, ``inputs.tracked`` and
+    """The Elastic mode's forward (models/modes/elastic.py): float32 logits [R, k, V] of ``inputs.window`` of
+    the selected rows of the canvas ``ids`` [B, L]; sets ``inputs.refresh_from``, ``inputs.tracked`` and
     ``inputs.computed_pairs``. The cache must hold every layer's input hidden states and queries
     (new_cache(..., every_layer=True)). ``mask`` [B, L] (True = real token): given, the rows' mask and
     positions are written into the cache first (a request's first forward, which computes every column).

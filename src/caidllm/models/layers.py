@@ -326,8 +326,8 @@ class Context:
         return out.transpose(1, 2).reshape(R, n, -1)
 
     def _block_visibility(self) -> torch.Tensor | None:
-        """[R, 1, n, L] which keys the positions computed at this layer read (None: every one): the block-causal
-        mask, and each row's keys cut at its key_end (both where both apply)."""
+        """[R, 1, n, L] which keys the positions computed at this layer read (None: every one): the
+        block-causal mask, and each row's keys cut at its key_end (both where both apply)."""
         ends = None
         if self.key_end is not None:
             L, n = self.mask.shape[1], self.cos.shape[2]

@@ -23,8 +23,9 @@ moe_kernel=)``, ``--moe-kernel``); ``auto`` picks by device and dtype (``pick_ke
 - ``native``: the loop's sort and host counts, then one call into a small compiled CPU kernel
   (``moe_native.cpp``, built on first use: ``moe_native.py``) that streams each chosen expert's
   weights once over all its rows (fp32 on AVX-512; bf16 on AMX, else AVX-512 BF16), the experts
-  divided among torch's threads. CPU only, no gradient; unavailable without a C++ compiler or those instructions
-  (``native_unavailable``). The first forward that needs it builds it (seconds, once per machine).
+  divided among torch's threads. CPU only, no gradient; unavailable without a C++ compiler or those
+  instructions (``native_unavailable``). The first forward that needs it builds it (seconds, once per
+  machine).
 """
 
 from __future__ import annotations
@@ -284,12 +285,12 @@ def pick_kernel(experts, x: torch.Tensor, choices: int = 1) -> str:
     two threads (NATIVE_MAX_THREADS): native where it runs (outside autograd; the fastest there at
     every size measured but fp32 at two threads below one row per expert), in bf16 only on AMX
     (native_bf16_on_amx: its dot products lose to sized's matmul at many rows).
-    Else on a CPU: sized in bf16 (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT rows each on
-    average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped
+    Else on a CPU: sized in bf16 (at any row count), and in fp32 once the experts get SIZED_ROWS_PER_EXPERT
+    rows each on average (512 tokens on LLaDA2.0-mini's 256 experts, 128 on LLaDA-MoE's 64). Else grouped
     where torch's grouped_mm runs without a host sync (CPU, any dtype; CUDA bf16 on compute
-    capability 9.x / 10.x) and the widths meet its stride rule; else padded on a GPU up to 64 tokens (sync-free, and every
-    expert's weights are read anyway there); else the loop. Quantized experts always loop.
-    BENCHMARKS.md has the CPU measurements behind it."""
+    capability 9.x / 10.x) and the widths meet its stride rule; else padded on a GPU up to 64 tokens
+    (sync-free, and every expert's weights are read anyway there); else the loop. Quantized experts always
+    loop. BENCHMARKS.md has the CPU measurements behind it."""
     if not isinstance(experts, StackedExperts):
         return "loop"
     threads = torch.get_num_threads()

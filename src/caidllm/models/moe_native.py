@@ -204,8 +204,8 @@ def run_routed(
     threads: int = 1,
 ) -> torch.Tensor:
     """Each expert's SwiGLU on its rows of `routed` [pairs, hidden] (sorted by expert, counts[e]
-    rows each, counts on the CPU). All contiguous CPU tensors of one dtype. One call into the library, or one per
-    thread on runs of experts of about equal work (ctypes lets go of the GIL during each)."""
+    rows each, counts on the CPU). All contiguous CPU tensors of one dtype. One call into the library, or one
+    per thread on runs of experts of about equal work (ctypes lets go of the GIL during each)."""
     on_host = _check_operands(routed, counts, gate, up, down)
     out = torch.empty_like(routed)
     calls = [(rows, slice(first, last)) for first, last, rows in expert_runs(on_host, threads)]

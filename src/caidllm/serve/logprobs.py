@@ -1,6 +1,6 @@
 """`logprobs` / `top_logprobs` in OpenAI bodies: read from the request (chat: logprobs true and top_logprobs
-0..20; completions: logprobs 0..5, the alternatives' count), and the response's logprobs objects built from the
-engine's entries (decode/logprobs.py: each token's logprob taken at the step that committed it)."""
+0..20; completions: logprobs 0..5, the alternatives' count), and the response's logprobs objects built from
+the engine's entries (decode/logprobs.py: each token's logprob taken at the step that committed it)."""
 
 from __future__ import annotations
 

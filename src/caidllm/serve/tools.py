@@ -173,8 +173,9 @@ def _check_tools(tools) -> None:
 
 
 def turn(message: dict, index: int, tool_request: ToolRequest | None) -> dict:
-    """An assistant turn with tool_calls, or a tool result, as the chat template takes it: as given to a template
-    that renders tools; else the call written out as the model writes it, and the result as a `tool` turn."""
+    """An assistant turn with tool_calls, or a tool result, as the chat template takes it: as given to a
+    template that renders tools; else the call written out as the model writes it, and the result as a `tool`
+    turn."""
     out = dict(message)
     calls = message.get("tool_calls")
     if message["role"] == "tool":

@@ -164,8 +164,8 @@ def score_text(text: str, case: tuple[str, str]) -> Scored:
 
 
 def load(limit: int | None, constrained: bool = True) -> BenchTask:
-    """The JSON-extraction task: 200 prompts by default (ten schemas and five regexes), each answer held to its
-    own constraint (`json-extraction`) or not (`json-extraction:free`); the score is validity."""
+    """The JSON-extraction task: 200 prompts by default (ten schemas and five regexes), each answer held to
+    its own constraint (`json-extraction`) or not (`json-extraction:free`); the score is validity."""
     cases = _cases(DEFAULT_N if limit is None else limit)
     prompt = {"schema": schema_prompt, "regex": regex_prompt}
     samples = [

@@ -20,9 +20,9 @@ _CACHE_SIZE = 64
 @dataclass
 class TokenAutomaton:
     """States 0 .. n_states - 1; `initial`; `accepting` [n_states] bool (the regex's final states and done).
-    Edges sorted by token: edge_src / edge_token / edge_dst, with token_offsets [vocab + 1] (token t's edges are
-    token_offsets[t]:token_offsets[t + 1]); pair_src / pair_dst: the distinct (source, target) pairs, which a
-    hole (any token) follows."""
+    Edges sorted by token: edge_src / edge_token / edge_dst, with token_offsets [vocab + 1] (token t's edges
+    are token_offsets[t]:token_offsets[t + 1]); pair_src / pair_dst: the distinct (source, target) pairs,
+    which a hole (any token) follows."""
 
     n_states: int
     initial: int
@@ -103,8 +103,8 @@ def compile_regex(
     field: str = "regex",
     vocab_size: int | None = None,
 ) -> TokenAutomaton:
-    """The token automaton of `regex` over `tokenizer`'s vocabulary (cached); InputError naming `field` when the
-    library cannot compile it or it accepts nothing."""
+    """The token automaton of `regex` over `tokenizer`'s vocabulary (cached); InputError naming `field` when
+    the library cannot compile it or it accepts nothing."""
     key = (id(tokenizer), regex, tuple(end_ids), vocab_size)
     if key in _CACHE:
         _CACHE.move_to_end(key)

@@ -18,8 +18,8 @@ ANY_OBJECT_SCHEMA = {"type": "object"}
 
 @dataclass(frozen=True)
 class Constraint:
-    """kind: "regex", "json_schema", "json_object" or "choice"; value: the regex, the schema (a dict or its JSON
-    text), None, or the list of strings; field: how the caller named it (errors say it)."""
+    """kind: "regex", "json_schema", "json_object" or "choice"; value: the regex, the schema (a dict or its
+    JSON text), None, or the list of strings; field: how the caller named it (errors say it)."""
 
     kind: str
     value: object = None

@@ -46,7 +46,8 @@ class PolicySettings(MethodSettings):
 
     def horizon(self):
         """horizon(state, block_masked) -> [1] long, where the row's keys end in its block this step, for
-        settings whose forwards may end before the canvas does (SlowFast's official fast phase); None: never."""
+        settings whose forwards may end before the canvas does (SlowFast's official fast phase); None:
+        never."""
         return None
 
 
