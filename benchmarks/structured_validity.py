@@ -18,7 +18,8 @@ from caidllm.decode.constraints import guide
 
 
 def _cases(count: int) -> list[tuple[str, dict]]:
-    """(prompt, generate keywords) cycling over schemas and regexes, sampled at temperature 0.7 with a seed each."""
+    """(prompt, generate keywords) cycling over schemas and regexes, sampled at temperature 0.7 with a seed
+    each."""
     kinds = [("schema", name) for name in SCHEMAS] * 3 + [("regex", name) for name in REGEXES]
     cases = []
     for i in range(count):

@@ -114,7 +114,8 @@ def official_elastic(
     scope_block=None,
     test_from=0,
 ):
-    """Returns (generated tokens with masks where nothing was decoded, forwards run, refresh layers per step)."""
+    """Returns (generated tokens with masks where nothing was decoded, forwards run, refresh layers per
+    step)."""
     end_tokens = {lm.config.eos_id} if end_tokens is None else set(end_tokens)
     n_layers = lm.config.n_layers
     caches = [LayerCache() for _ in range(n_layers)]

@@ -17,7 +17,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch):
-    """An HF cache holding a snapshot of GSAI-ML/LLaDA-8B-Base at COMMIT (refs/main and tag v1 point to it)."""
+    """An HF cache holding a snapshot of GSAI-ML/LLaDA-8B-Base at COMMIT (refs/main and tag v1 point to
+    it)."""
     import huggingface_hub.constants
 
     cache = tmp_path / "hub"

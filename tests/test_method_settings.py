@@ -205,7 +205,8 @@ def test_a_policy_changed_in_place_gets_its_own_settings_at_validation():
     [({"gama": 0.1}, "unknown eb setting 'gama'; known: gamma, proxy"), (0.1, "eb must be an object of ")],
 )
 def test_an_owner_object_is_checked_alike_whether_its_method_runs_or_not(value, message):
-    """The chosen method's key and another method's (kept out, its value checked by its owner) share one check."""
+    """The chosen method's key and another method's (kept out, its value checked by its owner) share one
+    check."""
     for method in ("eb", "vanilla"):
         with pytest.raises(InputError) as error:
             build_config(method, eb=value)

@@ -98,7 +98,8 @@ def test_each_token_sums_its_choices_in_choice_order():
 
 @pytest.mark.parametrize("kernel", [k for k in MOE_KERNELS if k not in READS_COUNTS])
 def test_no_value_is_read_on_the_host(kernel):
-    """On meta tensors a .item() / .tolist() / .cpu() of the counts would raise: the kernels never read one."""
+    """On meta tensors a .item() / .tolist() / .cpu() of the counts would raise: the kernels never read
+    one."""
     cfg = LLADA2_LIKE
     with torch.device("meta"):  # bfloat16: grouped_mm's meta kernel checks dtypes as the CUDA one does
         experts = StackedExperts(

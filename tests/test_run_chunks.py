@@ -54,7 +54,8 @@ def test_it_resumes_a_run_that_still_has_steps_after_each_time_limit(tmp_path):
 
 
 def test_it_stops_when_a_chunk_trains_no_step(tmp_path):
-    """The old trainer logged the time limit after a finished run's validation: the next chunk only resumed."""
+    """The old trainer logged the time limit after a finished run's validation: the next chunk only
+    resumed."""
     finished_then_limit = (
         '{"step": 40, "facts": 0.0, "validation": {}}|{"event": "time limit reached", "step": 40}'
     )

@@ -103,7 +103,8 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(tiny):
 
 
 def test_a_5mb_body_in_flight_delays_nothing(server):
-    """While a 5 MB prompt is sent, decoded and checked, /health and a small request answer as fast as alone."""
+    """While a 5 MB prompt is sent, decoded and checked, /health and a small request answer as fast as
+    alone."""
     small = {"prompt": PROMPT, "max_tokens": 4, **FAST}
     _, small_alone = _timed("POST", f"{server.url}/v1/completions", json=small)
     big = json.dumps({"prompt": PROMPT * (5_000_000 // len(PROMPT)), "max_tokens": 4}).encode()

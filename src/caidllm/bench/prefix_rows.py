@@ -37,7 +37,8 @@ def expand_rows(methods: list[str], budgets: tuple) -> dict[str, tuple[str, obje
 
 
 def prefill_figures(done) -> dict:
-    """Prompt positions prefilled per request (mean) and the share of prompt positions taken from the store."""
+    """Prompt positions prefilled per request (mean) and the share of prompt positions taken from the
+    store."""
     prompt = sum(r.prompt_length for r in done)
     reused = sum(getattr(r, "reused_positions", 0) for r in done)
     return {

@@ -183,7 +183,8 @@ def resolve_lengths(settings: BenchConfig, lm=None) -> BenchConfig:
 
 
 def _check_not_calibrated_on(settings: BenchConfig, tasks: list[BenchTask]) -> None:
-    """A settings file's held-out samples must not be evaluated: that would grade it on its own training set."""
+    """A settings file's held-out samples must not be evaluated: that would grade it on its own training
+    set."""
     loaded = settings.loaded_settings()
     for task in tasks if loaded is not None else ():
         seen = loaded.held_out_ids(task.name)

@@ -260,7 +260,8 @@ def refuse_unread(config: DecodeConfig) -> None:
 
 
 def settings_summary(config: DecodeConfig) -> dict:
-    """The method's own settings as a report records them: {owner: {field: value}} for the policy and cache."""
+    """The method's own settings as a report records them: {owner: {field: value}} for the policy and
+    cache."""
     return {
         s.OWNER: dataclasses.asdict(s) for s in (config.policy_settings, config.cache_settings) if s.OWNER
     }

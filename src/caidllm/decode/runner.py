@@ -159,7 +159,8 @@ class Runner:
 
     @staticmethod
     def _commit_only(members: list[Request], masked):
-        """A step that may commit only part of the block (Request.commit_only: the policy's or the cache mode's say): the rest waits."""
+        """A step that may commit only part of the block (Request.commit_only: the policy's or the cache
+        mode's say): the rest waits."""
         only = [r.commit_only() for r in members]
         if all(positions is None for positions in only):
             return masked

@@ -278,7 +278,8 @@ REFUSED_VARIANTS = {
 
 
 def refused_variant(name) -> str | None:
-    """The one-line refusal of a quantized variant named by hub id (exactly, first) or by its folder / bare name."""
+    """The one-line refusal of a quantized variant named by hub id (exactly, first) or by its folder / bare
+    name."""
     text = str(name).split("@", 1)[0].rstrip("/\\").lower()
     exact = [h for h in REFUSED_VARIANTS if h.lower() == text]
     by_name = [h for h in REFUSED_VARIANTS if re.split(r"[/\\]|--", text)[-1] == h.split("/")[1].lower()]

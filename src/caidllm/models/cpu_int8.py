@@ -60,7 +60,8 @@ class OnednnInt8Weight(TorchAOBaseTensor):
         return cls(packed, scale.reshape(-1).float().contiguous(), qdata.shape, dtype)
 
     def dequantize(self, output_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The weight in floating point: the kernel applied to the identity (exact: int32 sums of one term)."""
+        """The weight in floating point: the kernel applied to the identity (exact: int32 sums of one
+        term)."""
         return _identity_product(self.packed, self.scale, self.shape, output_dtype or self.dtype)
 
     def int8_data(self) -> torch.Tensor:

@@ -73,7 +73,8 @@ class ElasticContext(Context):
         return super().enter(layer, x)
 
     def _widen(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """Every column from here on: the cached inputs of this layer, with the computed columns' fresh ones."""
+        """Every column from here on: the cached inputs of this layer, with the computed columns' fresh
+        ones."""
         R, L = self.mask.shape
         whole = self.cache.hidden[layer][self.row_ids[:, 0]].clone()  # [R, L, d]
         whole.scatter_(1, self.index[..., None].expand(-1, -1, x.shape[-1]), x)
@@ -128,7 +129,8 @@ class ElasticContext(Context):
         return self._attention(r, layer, self.cache.queries[layer][self.row_ids[r, 0], :, at])
 
     def _similarity(self, r: int, layer: int, before: torch.Tensor) -> float:
-        """Cosine over heads of the tracked tokens' attention before and now, averaged over tokens and keys."""
+        """Cosine over heads of the tracked tokens' attention before and now, averaged over tokens and
+        keys."""
         at = torch.tensor(self.inputs.tracked[r], device=self.mask.device)
         now = self._attention(r, layer, self.cache.queries[layer][self.row_ids[r, 0], :, at])
         return float(torch.nn.functional.cosine_similarity(before, now, dim=0).mean())

@@ -10,7 +10,8 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class ServerMetrics:
-    """The Prometheus metrics of one app: outcomes, latencies, the engine's gauges and counters, the process."""
+    """The Prometheus metrics of one app: outcomes, latencies, the engine's gauges and counters, the
+    process."""
 
     def __init__(self, background):
         self.registry = CollectorRegistry()

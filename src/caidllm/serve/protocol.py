@@ -210,7 +210,8 @@ def _check_prompt_lengths(prompts: list, defaults: ServerDefaults, prompt_field:
 
 
 def _answer_form(body: dict, kind: str, max_tokens, tool_request):
-    """The answer's constraint (response_format, regex, choice, or a forced tool call) and its logprobs' count."""
+    """The answer's constraint (response_format, regex, choice, or a forced tool call) and its logprobs'
+    count."""
     try:
         constraint = structured.constraint_of(body, max_tokens)
         top = logprobs.requested(body, kind)

@@ -57,7 +57,8 @@ class ToolRequest:
         return [t["function"]["name"] for t in self.tools]
 
     def constraint(self, max_tokens: int | None) -> Constraint | None:
-        """A forced call (required, or a named function): its format and arguments held in any commit order."""
+        """A forced call (required, or a named function): its format and arguments held in any commit
+        order."""
         if self.choice == "auto":
             return None
         chosen = [t for t in self.tools if self.choice == "required" or t["function"]["name"] == self.choice]

@@ -39,7 +39,8 @@ class CacheMode:
         return self.uses_cache and not self.exact
 
     def refusal(self, config, lm) -> str | None:
-        """Why this mode cannot run `config` on the model `lm` (None: it can); the engine refuses the request."""
+        """Why this mode cannot run `config` on the model `lm` (None: it can); the engine refuses the
+        request."""
         return None
 
     def check_settings(self, config, lm) -> None:
@@ -73,7 +74,8 @@ class CacheMode:
         return None
 
     def after_step(self, request, confidence: torch.Tensor, committed: torch.Tensor) -> None:
-        """The step's [block] confidences and commits, on the device, for a mode whose next forward reads them."""
+        """The step's [block] confidences and commits, on the device, for a mode whose next forward reads
+        them."""
 
     def after_record(self, request, positions: list[int], eos_ids: set[int], eos_id: int) -> None:
         """The step's commits were recorded (request.record): generated positions `positions`."""

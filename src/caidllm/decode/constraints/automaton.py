@@ -87,7 +87,8 @@ def token_bytes(tokenizer) -> dict[int, bytes]:
 
 
 def _byte_level_map() -> dict[str, int]:
-    """The byte-level BPE alphabet: printable bytes stand for themselves, the others for code points from 256."""
+    """The byte-level BPE alphabet: printable bytes stand for themselves, the others for code points from
+    256."""
     printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
     rest = [b for b in range(256) if b not in set(printable)]
     mapping = {chr(b): b for b in printable}

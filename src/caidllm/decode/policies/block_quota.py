@@ -28,7 +28,8 @@ STEP_CAP = Rule(
 
 @dataclass
 class StaticSettings(PolicySettings):
-    """LLaDA2's minimal_topk caps the steps of a block at gen_length // minimal_topk (its official reading)."""
+    """LLaDA2's minimal_topk caps the steps of a block at gen_length // minimal_topk (its official
+    reading)."""
 
     minimal_topk: int = 1
 

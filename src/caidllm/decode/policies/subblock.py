@@ -60,7 +60,8 @@ class SubblockSettings(PolicySettings):
 
 @dataclasses.dataclass
 class WithinBlockCacheSettings(CacheSettings):
-    """Cache "subblock", Fast-dLLM v2's within-block cache: no settings, but it follows this policy's sub-blocks."""
+    """Cache "subblock", Fast-dLLM v2's within-block cache: no settings, but it follows this policy's
+    sub-blocks."""
 
     def check_with(self, config) -> None:
         if config.policy != "subblock":

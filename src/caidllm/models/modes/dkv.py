@@ -49,7 +49,8 @@ class DKV(ColumnsMode):
 
 @dataclass
 class GreedySettings(CacheSettings):
-    """dKV-Cache-Greedy (cache "dkv-greedy"): the masked neighbours computed around each position a step decodes."""
+    """dKV-Cache-Greedy (cache "dkv-greedy"): the masked neighbours computed around each position a step
+    decodes."""
 
     window: int = 0
 
