@@ -5,7 +5,8 @@ cache="none" (batch --batch-size, greedy), the tokens compared (they must be the
 wall-time ratio of the two runs (one warm-up batch each first). Prints a Markdown table.
 
     OMP_NUM_THREADS=1 python benchmarks/block_cache.py --model tiny-bd --data-dir DATA \\
-        --task bbh:boolean_expressions --task bbh:web_of_lies --methods llada2,vanilla,cai --block-lengths 8,32
+        --task bbh:boolean_expressions --task bbh:web_of_lies --methods llada2,vanilla,cai \\
+        --block-lengths 8,32
 """
 
 from __future__ import annotations

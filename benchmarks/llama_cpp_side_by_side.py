@@ -2,11 +2,14 @@
 "Quantized CPU forwards against llama.cpp").
 
     OMP_NUM_THREADS=1 python benchmarks/llama_cpp_side_by_side.py --checkpoint CKPT \\
-        --timer build/forward_timer --gguf F32=m-f32.gguf,BF16=m-bf16.gguf,Q8_0=m-q8_0.gguf,Q4_0=m-q4_0.gguf \\
-        --settings fp32,bf16,int8-dynamic+head@torchao,int8-dynamic+head,int4 --rounds 5 --out runs/llama-cpp.json
+        --timer build/forward_timer \\
+        --gguf F32=m-f32.gguf,BF16=m-bf16.gguf,Q8_0=m-q8_0.gguf,Q4_0=m-q4_0.gguf \\
+        --settings fp32,bf16,int8-dynamic+head@torchao,int8-dynamic+head,int4 --rounds 5 \\
+        --out runs/llama-cpp.json
 
     OMP_NUM_THREADS=1 python benchmarks/llama_cpp_side_by_side.py --agreement --checkpoint CKPT \
-        --timer build/forward_timer --gguf F32=m-f32.gguf,Q4_0=m-q4_0.gguf --settings fp32,int4 --out runs/agree.json
+        --timer build/forward_timer --gguf F32=m-f32.gguf,Q4_0=m-q4_0.gguf --settings fp32,int4 \\
+        --out runs/agree.json
 
 CKPT: a checkpoint folder (LLaDA: tests/helpers/checkpoints.py; LLaDA-MoE and other `random:` shapes:
 tests/helpers/random_model.py); the GGUF files converted from it (llama.cpp's convert_hf_to_gguf.py,

@@ -11,7 +11,8 @@ the clock is by default this thread's CPU time (one thread does all the work), w
 processes taking the core do not inflate (their use of the memory bus still does).
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/moe_vs_dense.py         # CPU, fp32 and bf16
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/moe_vs_dense.py --kernels loop,grouped,sized,native,auto
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/moe_vs_dense.py \\
+        --kernels loop,grouped,sized,native,auto
     python benchmarks/moe_vs_dense.py --device cuda --dtypes bfloat16 --kernels loop,grouped,padded
 
 Prints Markdown tables. A whole-model row the machine has not the memory for is skipped, and says so.

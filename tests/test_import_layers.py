@@ -6,7 +6,8 @@ the two modules together (one cannot be read, type-checked or moved without the 
 through one is a circle; a protocol or a lower-level module breaks it.
 
 Layers, lowest first (a module may import its own layer and those below):
-  base:      errors, checks (small value predicates), setting_rules (how a method declares its settings), distributed, tasks/ (the synthetic task generators and their scoring)
+  base:      errors, checks (small value predicates), setting_rules (how a method declares its settings),
+             distributed, tasks/ (the synthetic task generators and their scoring)
   models:    models/ (torch modules, loading, the generated tokenizer of random: models)
   decode:    decode/ (config, presets, policies, engine, generate()), and the package's own
              __init__ (caidllm.load, caidllm.generate; it registers DiffusionLM.generate)

@@ -133,9 +133,8 @@ def test_a_bad_parameter_shows_the_server_error_in_the_lane(server, browser):
 def test_the_page_is_readable_on_a_narrow_window(server, browser):
     browser.set_window_size(420, 900)
     try:
-        browser.get(
-            f"{server.url}/?{urlencode({'prompt': PROMPT, 'methods': 'fastdllm', 'gen_length': 32, 'block_length': 16, 'autorun': 1})}"
-        )
+        query = {"prompt": PROMPT, "methods": "fastdllm", "gen_length": 32, "block_length": 16, "autorun": 1}
+        browser.get(f"{server.url}/?{urlencode(query)}")
         (lane,) = WebDriverWait(browser, 60).until(lanes_settled)
         assert lane.get_attribute("data-state") == "done"
         width = browser.execute_script("return document.documentElement.scrollWidth")

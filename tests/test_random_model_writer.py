@@ -79,11 +79,13 @@ def test_bfloat16_is_written_and_loaded_as_drawn(tmp_path):
 
 
 BLOCK = {  # the block-diffusion families (their own generated tokenizers), tiny
-    "llada2": "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+    "llada2": "random:llada2-mini?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
+    "&num_key_value_heads=2"
     "&head_dim=16&rotary_dim=8&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
     "sdar": "random:sdar-1.7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
     "&head_dim=16&intermediate_size=128&vocab_size=512",
-    "sdar-moe": "random:sdar-30b-a3b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+    "sdar-moe": "random:sdar-30b-a3b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4"
+    "&num_key_value_heads=2"
     "&head_dim=16&intermediate_size=128&moe_intermediate_size=32&num_experts=16&vocab_size=512",
 }
 

@@ -118,8 +118,8 @@ import json, sys, threading, httpx
 body = json.dumps({"prompt": "2 + 2 =", "max_tokens": 64, "block_length": 8, "stop": ["x" * 255_000]})
 out = [None] * 16
 def send(i):
-    r = httpx.post(sys.argv[1] + "/v1/completions", content=body, headers={"content-type": "application/json"},
-                   timeout=120)
+    headers = {"content-type": "application/json"}
+    r = httpx.post(sys.argv[1] + "/v1/completions", content=body, headers=headers, timeout=120)
     out[i] = [r.status_code, r.json()["error"]["param"]]
 threads = [threading.Thread(target=send, args=(i,)) for i in range(16)]
 [t.start() for t in threads]

@@ -9,7 +9,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-SMALL = "num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4&head_dim=16&vocab_size=512"
+SMALL = (
+    "num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4&head_dim=16"
+    "&vocab_size=512"
+)
 MOE = "&num_experts=16&moe_intermediate_size=32"
 # name -> generate keywords; every shape divides by 4 (heads, KV heads, widths, experts).
 MODELS = {

@@ -1,6 +1,7 @@
 """Benchmark runner: every decoding method on the same examples, one process.
 
-    caidllm bench --model tiny --task synthetic:arithmetic --methods vanilla,fastdllm,cai --limit 64 --out runs/bench
+    caidllm bench --model tiny --task synthetic:arithmetic --methods vanilla,fastdllm,cai --limit 64 \\
+        --out runs/bench
 
 or from Python: ``run_bench(BenchConfig(...))``. See BENCHMARKS.md.
 """

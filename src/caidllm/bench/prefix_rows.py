@@ -27,7 +27,8 @@ def row_name(method: str, budget, several: bool) -> str:
     """A row's name: the method's, with its budget when the run compares several."""
     if not several:
         return method
-    return f"{method} [prefix cache {'off' if budget == 0 else 'default' if budget is None else f'{budget:g} MB'}]"
+    shown = "off" if budget == 0 else "default" if budget is None else f"{budget:g} MB"
+    return f"{method} [prefix cache {shown}]"
 
 
 def expand_rows(methods: list[str], budgets: tuple) -> dict[str, tuple[str, object]]:

@@ -3,9 +3,9 @@ them, a forced call's format and arguments held by a constraint (decode/constrai
 back as `tool_calls`.
 
 The call format comes from the model's chat template (TOOL_FORMATS): a template that speaks of `<tool_call>`
-(Qwen2.5's, so SDAR's, Fast-dLLM v2's and Dream's; LLaDA2.x's) gets `<tool_call>\\n{"name": ..., "arguments":
-...}\\n</tool_call>` and renders the tools itself; any other (the embedded tiny models') gets the bare JSON object
-`{"name": ..., "arguments": ...}`, with the tools described in a system message."""
+(Qwen2.5's, so SDAR's, Fast-dLLM v2's and Dream's; LLaDA2.x's) gets `<tool_call>\\n{"name": ...,
+"arguments": ...}\\n</tool_call>` and renders the tools itself; any other (the embedded tiny models') gets
+the bare JSON object `{"name": ..., "arguments": ...}`, with the tools described in a system message."""
 
 from __future__ import annotations
 

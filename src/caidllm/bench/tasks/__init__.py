@@ -11,7 +11,8 @@
     synthetic:<name>      caidllm.tasks, test split
     mathqa:FILE           a MathQA file (JSON lines or JSON array)
     longbench:FILE        a LongBench file (JSON lines)
-    json-extraction       JSON schemas and regexes, each answer held to its own (validity: parses and validates)
+    json-extraction       JSON schemas and regexes, each answer held to its own (validity: parses and
+                          validates)
     json-extraction:free  the same prompts without the constraint (the unconstrained validity)
 
 DATA is the data folder. Without one (data_dir=None), the tasks that read
