@@ -20,6 +20,7 @@ from caidllm.bench.tasks import load_task
 
 
 def run(lm, prompts, method, block_length, cache, gen_length, batch_size):
+    # warm-up
     lm.generate(
         prompts[:batch_size],
         method=method,
@@ -27,7 +28,7 @@ def run(lm, prompts, method, block_length, cache, gen_length, batch_size):
         cache=cache,
         gen_length=gen_length,
         batch_size=batch_size,
-    )  # warm-up
+    )
     started = time.perf_counter()
     results = lm.generate(
         prompts,

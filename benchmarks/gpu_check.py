@@ -38,9 +38,8 @@ from caidllm.bench.syncs import syncs_per_step
 from caidllm.decode.engine import Engine
 from caidllm.decode.presets import build_config
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent)
-)  # its sibling gpu_check_moe, however this file is loaded
+# its sibling gpu_check_moe, however this file is loaded
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check_moe  # noqa: E402
 
 METHODS = ("vanilla", "fastdllm", "cai", "es-dllm")
@@ -294,9 +293,8 @@ def run_one(lm, name, method, batch, shape, compiled, peak) -> dict:
     gen = -(-shape["gen"] // block) * block
     config = build_config(method, gen_length=gen, block_length=block, early_stop=False)
     prompts = [[7 + (i * 13 + j) % 200 for j in range(shape["prompt"] + i)] for i in range(batch)]
-    warm = Engine(
-        lm, max_batch=batch
-    )  # warm-up (and, compiled, the compile itself): one prompt's whole decode
+    # warm-up (and, compiled, the compile itself): one prompt's whole decode
+    warm = Engine(lm, max_batch=batch)
     warm.submit(prompts[0], config)
     for _ in warm.run():
         pass

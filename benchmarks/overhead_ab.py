@@ -29,10 +29,11 @@ ap.add_argument(
 )
 args = ap.parse_args()
 
+# the writer needs the new tree
 sys.path[:0] = [
     str(HERE.parent / "tests"),
     str(Path(args.new).resolve() / "src"),
-]  # the writer needs the new tree
+]
 from helpers.checkpoints import write_random_checkpoint  # noqa: E402
 
 sizes = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(","))}

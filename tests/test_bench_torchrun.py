@@ -127,9 +127,8 @@ def test_a_failing_rank_fails_the_run(tmp_path):
     assert done.returncode != 0
     assert "cannot write to output directory" in done.stderr
     assert "rank 0 failed" in done.stderr  # what rank 1 says
-    assert (
-        "caidllm/bench/" not in done.stderr
-    )  # one line per rank, no traceback of ours (torchrun prints its own)
+    # one line per rank, no traceback of ours (torchrun prints its own)
+    assert "caidllm/bench/" not in done.stderr
     assert not (not_a_folder.parent / "results.json").exists()
 
 

@@ -195,9 +195,8 @@ def test_chat_template_and_special_ids(models, kind, turn_end):
     lm = models[kind]
     tok = lm.tokenizer
     assert tok.convert_ids_to_tokens(lm.config.mask_id) == TOKENS[kind]
-    assert (
-        tok.convert_tokens_to_ids(turn_end) in lm.config.eos_ids
-    )  # an answer also ends at the end of its turn
+    # an answer also ends at the end of its turn
+    assert tok.convert_tokens_to_ids(turn_end) in lm.config.eos_ids
     text = tok.decode(lm.encode_chat("is the answer yes"))
     assert text == PROMPTS[kind]
 

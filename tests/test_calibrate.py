@@ -23,15 +23,13 @@ def test_selection_rule_on_made_up_numbers():
     assert not better(slower, start, floor, "nfe")  # more accurate but slower: speed is the objective
     assert not better(trial("tie", 0.95, 10), start, floor, "nfe")  # a tie keeps the earlier
     assert better(trial("w", 0.80, 20, wall=0.5), start, floor, "wall")  # the wall objective reads wall_s
-    assert better(
-        trial("any", 0.70, 50), trial("worse", 0.60, 1), floor, "nfe"
-    )  # both under: more accurate wins
+    # both under: more accurate wins
+    assert better(trial("any", 0.70, 50), trial("worse", 0.60, 1), floor, "nfe")
     assert (
         choose([start, faster_bad, faster_ok, slower, trial("late tie", 0.85, 6)], floor, "nfe") is faster_ok
     )
-    assert (
-        choose([faster_bad, trial("d", 0.5, 1)], floor, "nfe") is faster_bad
-    )  # none feasible: the most accurate
+    # none feasible: the most accurate
+    assert choose([faster_bad, trial("d", 0.5, 1)], floor, "nfe") is faster_bad
 
 
 def fake_evaluate(calls):

@@ -96,9 +96,8 @@ def test_models_memory_of_stable_diffcoder_without_a_threshold(capsys):
         == 0
     )
     m = json.loads(capsys.readouterr().out)
-    assert (
-        m["cache_bytes_per_request"]["block"] == 2 * 32 * 8 * 128 * 512 * 2
-    )  # K, V; 32 layers; 8 heads of 128
+    # K, V; 32 layers; 8 heads of 128
+    assert m["cache_bytes_per_request"]["block"] == 2 * 32 * 8 * 128 * 512 * 2
     assert m["recommended"].startswith("method sdar-static, gen_length 512, block_length 4")
 
 

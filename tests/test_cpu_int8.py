@@ -244,9 +244,8 @@ def test_a_load_with_compile_keeps_torchaos_tensors(monkeypatch):
     from torchao.quantization import Int8Tensor
 
     cpu_int8()
-    monkeypatch.setattr(
-        "caidllm.models.compiled.check_quantized_compile", lambda *a: None
-    )  # no compiling here:
+    # no compiling here:
+    monkeypatch.setattr("caidllm.models.compiled.check_quantized_compile", lambda *a: None)
     monkeypatch.setattr("caidllm.models.compiled.enable_compile", lambda lm: None)  # only what load() packs
     lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic", compile=True)
     assert isinstance(lm.model.model.transformer.blocks[0].q_proj.weight, Int8Tensor)
@@ -260,9 +259,8 @@ def test_compile_later_on_a_packed_model_is_refused_with_one_line(monkeypatch):
     from caidllm.errors import InputError
 
     cpu_int8()
-    monkeypatch.setattr(
-        "caidllm.models.compiled.check_quantized_compile", lambda *a: None
-    )  # no compiling here
+    # no compiling here
+    monkeypatch.setattr("caidllm.models.compiled.check_quantized_compile", lambda *a: None)
     lm = caidllm.load("tiny", device="cpu", dtype="float32", quantize="int8-dynamic")
     with pytest.raises(InputError, match=r"packed.*load\(\.\.\., compile=True\)"):
         lm.generate(PROMPTS[:1], compile=True, **DECODE)

@@ -216,9 +216,8 @@ def test_every_method_and_keyword_the_docs_call_exists():
             if target is None:
                 wrong.add(where)
                 continue
-            unquoted = re.sub(
-                r"\"[^\"]*\"|'[^']*'", '""', arguments
-            )  # "random:x?n_layers=4" holds no keyword
+            # "random:x?n_layers=4" holds no keyword
+            unquoted = re.sub(r"\"[^\"]*\"|'[^']*'", '""', arguments)
             for keyword in re.findall(r"(?<![\w.])(\w+)=(?!=)", unquoted):
                 if callable(target) and not _takes(target, keyword):
                     wrong.add(f"{where}: no keyword {keyword}")

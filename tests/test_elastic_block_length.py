@@ -72,9 +72,8 @@ def test_a_filled_default_is_not_given():
         dict(gen_length=16, block_length=8),
         dict(gen_length=16, block_length=None),
     ]
-    assert run_lengths([("elastic", {})], 16, 8) == [
-        dict(gen_length=16, block_length=8)
-    ]  # refused by the decoder
+    # refused by the decoder
+    assert run_lengths([("elastic", {})], 16, 8) == [dict(gen_length=16, block_length=8)]
 
 
 def test_a_known_checkpoints_recommended_block_is_not_the_callers(random_checkpoint, capsys):
@@ -131,9 +130,8 @@ def test_serve_refuses_a_clients_block_length_and_keeps_its_own_default(tiny):
                 "code": None,
             }
         }
-        answer = httpx.post(
-            url, json={**body, "gen_length": 32}, timeout=60
-        )  # the server's block 16: not given
+        # the server's block 16: not given
+        answer = httpx.post(url, json={**body, "gen_length": 32}, timeout=60)
         assert answer.status_code == 200, answer.text
         assert answer.json()["caidllm"]["block_length"] == 32 and answer.json()["caidllm"]["gen_length"] == 32
         blocks = httpx.post(url, json={**body, "method": "elastic-block", "block_length": 8}, timeout=60)
@@ -262,9 +260,8 @@ def test_a_bench_row_says_elastic_ran_one_block_beside_block_wise_methods(tmp_pa
     )
     assert code == 0
     report = json.loads((out / "results.json").read_text())
-    assert (
-        report["settings"]["block_length"] == 8
-    )  # the block-wise methods' block, though elastic is listed first
+    # the block-wise methods' block, though elastic is listed first
+    assert report["settings"]["block_length"] == 8
     rows = {r["method"]: r for r in report["results"]}
     assert {m: r["block_length"] for m, r in rows.items()} == {
         "elastic": 16,
@@ -326,9 +323,8 @@ def test_the_arrivals_bench_runs_elastic_beside_a_block_wise_method(capsys):
 
 
 def test_whether_a_method_lays_blocks_reads_only_its_cache_and_scope():
-    assert lays_blocks(
-        "vanilla", steps=6, gen_length=12, block_length=4, temperature=0.5
-    )  # steps fit only these
+    # steps fit only these
+    assert lays_blocks("vanilla", steps=6, gen_length=12, block_length=4, temperature=0.5)
     assert not lays_blocks("cai", cache="elastic") and lays_blocks(
         "cai", cache="elastic", elastic_scope="block"
     )

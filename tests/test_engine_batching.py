@@ -71,9 +71,8 @@ def test_mid_flight_joins_match_alone_and_static_batches(lm):
                 ids.append(engine.submit(prompt, config(method, **kw)))
         results.update({e.request_id: e.result for e in engine.step() if e.finished})
         step += 1
-    assert (
-        engine.scheduler.frame.free_slots() == [0, 1, 2, 3, 4] and engine.scheduler.frame.width == 1
-    )  # all freed, frame narrowed
+    # all freed, frame narrowed
+    assert engine.scheduler.frame.free_slots() == [0, 1, 2, 3, 4] and engine.scheduler.frame.width == 1
     for rid, (_, prompt, method, kw) in zip(ids, plan):
         assert same(results[rid], alone(lm, prompt, method, **kw)), method
     # The same requests as one static batch through generate().

@@ -23,9 +23,8 @@ def test_the_registries_define_the_valid_values():
         FORWARD_MODES[mode.between_refreshes.name] is mode.between_refreshes
         for mode in forward_modes.CACHE_MODES.values()
     )
-    assert {spec.forward for spec in policies.POLICIES.values()} - {None} <= set(
-        MODES
-    )  # a decoder's own forward
+    # a decoder's own forward
+    assert {spec.forward for spec in policies.POLICIES.values()} - {None} <= set(MODES)
     with pytest.raises(
         InputError, match="unknown cache mode 'fast'; choose one of " + ", ".join(forward_modes.CACHE_MODES)
     ):

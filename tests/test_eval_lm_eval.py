@@ -179,9 +179,8 @@ def test_dataset_loader_of_the_task_configs():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("caidllm_task_utils", TASKS_DIR / "utils.py")
-    utils = importlib.util.module_from_spec(
-        spec
-    )  # the task configs' helper module, loaded by path as lm-eval does
+    # the task configs' helper module, loaded by path as lm-eval does
+    utils = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(utils)
     data = utils.dataset("bbh:boolean_expressions", data_dir=str(BENCH), version=1.0, pretrained="x")
     doc = data["test"][0]

@@ -81,10 +81,11 @@ def test_official_generator_parity(lm, official, cache, use_block_cache, thresho
             stop_ids=stop,
             use_block_cache=use_block_cache,
         )
+        # the official runs one token past a block
         ours, n = (
             answer(result),
             min(len(answer(result)), len(ref)),
-        )  # the official runs one token past a block
+        )
         assert ours[:n] == ref[:n]
         if ref[-1] in stop and len(ref) <= GEN:
             assert ours == ref

@@ -98,6 +98,7 @@ CLI_FLAGS = {
     "seed",
 }
 # Settings every decoder reads (no scope), by design.
+# the last two: model-level (block_diffusion.py)
 READ_BY_EVERY_DECODER = {
     "gen_length",
     "block_length",
@@ -109,17 +110,18 @@ READ_BY_EVERY_DECODER = {
     "early_stop",
     "editing_threshold",
     "max_post_steps",
-}  # the last two: model-level (block_diffusion.py)
+}
 
 
 def test_the_table_has_no_gaps():
     """Every flat name the methods declare (and every shared field) is in the spec, every field of every
     settings class has a rule, and the method the test uses for a name reads it."""
     assert set(SHARED_FIELDS) | set(FLAT_NAMES) - NOT_IN_SPEC == set(SPEC) | {"es_schedule"} - NOT_IN_SPEC
+    # these two by their registries' choices
     assert set(SHARED_FIELDS) - set(SHARED_RULE) == {
         "cache",
         "policy",
-    }  # these two by their registries' choices
+    }
     for cls in SETTINGS_CLASSES:
         assert {f.name for f in fields(cls)} == {rule.field for rule in cls.RULES}, cls
     assert set(SHARED_FIELDS) - {"refresh_every"} == READ_BY_EVERY_DECODER

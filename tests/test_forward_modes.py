@@ -56,9 +56,8 @@ def test_an_added_mode_runs_through_the_model_unchanged(llada_lm, monkeypatch):
     lm.forward(ids, mask, cache)
     dual = lm.forward(ids, mask, cache, Dual(start=12, end=20))
     window = lm.forward(ids, mask, cache, FORWARD_MODES["window"](start=12, end=20, left=4))
-    torch.testing.assert_close(
-        window, dual, atol=1e-5, rtol=1e-5
-    )  # the window's K/V are what the cache holds
+    # the window's K/V are what the cache holds
+    torch.testing.assert_close(window, dual, atol=1e-5, rtol=1e-5)
     changed = ids.clone()
     changed[:, 10] = 7  # inside the window, left of the block: dual reads its stale K/V, the window its fresh
     stale = lm.forward(changed, mask, cache, Dual(start=12, end=20))

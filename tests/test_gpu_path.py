@@ -161,9 +161,8 @@ def test_one_host_sync_per_forward_group(which, methods, request):
 def test_the_counter_sees_the_syncs_of_a_checked_forward(small_llada):
     ids = torch.tensor([[5, 6, 7, 8]])
     with SyncCounter("cpu") as counter:
-        small_llada.forward(
-            ids, torch.ones_like(ids)
-        )  # the public forward checks its inputs: that reads values
+        # the public forward checks its inputs: that reads values
+        small_llada.forward(ids, torch.ones_like(ids))
     assert counter.count >= 3 and "torch.equal" in counter.sites
     with SyncCounter("cpu") as counter:
         torch.tensor([1, 2], device="cpu").sum().item()
@@ -290,9 +289,8 @@ def test_gpu_check_runs_in_its_reduced_mode(tmp_path):
         for b in (1, 2)
     )
     assert "### Mixture-of-experts kernels" in (tmp_path / "gpu_check.md").read_text()
-    quantized = {
-        r["quantize"]: r for r in report["quantized"] if r.get("batch", 1) == 1
-    }  # a failed load has none
+    # a failed load has none
+    quantized = {r["quantize"]: r for r in report["quantized"] if r.get("batch", 1) == 1}
     if quantized["int8"].get("skipped") is None:  # torchao installed
         assert quantized["int8"]["weights_gb"] < quantized["float32"]["weights_gb"]
         assert (

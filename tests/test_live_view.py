@@ -91,9 +91,8 @@ def test_a_two_lane_race_finishes_like_the_api(server, browser):
         assert lane.find_element(By.CSS_SELECTOR, '[data-role="answer"]').get_attribute("textContent") == text
         assert lane.find_element(By.CSS_SELECTOR, '[data-role="nfe"]').text == str(nfe)
         cells = lane.find_elements(By.CSS_SELECTOR, ".cell")
-        assert len(cells) == 64 and not lane.find_elements(
-            By.CSS_SELECTOR, ".cell.masked"
-        )  # none left masked
+        # none left masked
+        assert len(cells) == 64 and not lane.find_elements(By.CSS_SELECTOR, ".cell.masked")
         assert lane.find_elements(By.CSS_SELECTOR, "svg circle")  # the commit-step chart is drawn
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "live-view-race.png"))

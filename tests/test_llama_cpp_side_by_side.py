@@ -99,9 +99,8 @@ def test_agreement_compares_every_engines_logits_with_the_first_setting(setup, t
         rows["llama.cpp", "F32"]["same_top_token"] == 128
         and rows["llama.cpp", "F32"]["max_diff_over_std"] == 0
     )
-    shifted = rows[
-        "llama.cpp", "SHIFTED"
-    ]  # every logit 0.5 higher: the same top tokens, a constant difference
+    # every logit 0.5 higher: the same top tokens, a constant difference
+    shifted = rows["llama.cpp", "SHIFTED"]
     assert shifted["same_top_token"] == 128
     assert shifted["max_diff_over_std"] == pytest.approx(shifted["rms_diff_over_std"], rel=1e-4)
     assert 0 < rows["caidllm", "bf16"]["rms_diff_over_std"] < 0.1
@@ -236,10 +235,11 @@ def test_a_setting_that_names_nothing_is_refused_before_loading(setup, setting, 
     "config, expert",
     [
         ({"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32}, 32),  # LLaDA2, SDAR-MoE
+        # LLaDA-MoE
         (
             {"hidden_size": 64, "dense_intermediate_size": 128, "expert_intermediate_size": 32},
             32,
-        ),  # LLaDA-MoE
+        ),
         ({"d_model": 64, "mlp_hidden_size": 96}, 96),  # LLaDA (dense)
     ],
 )

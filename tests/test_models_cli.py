@@ -52,9 +52,8 @@ def test_models_memory_of_a_known_checkpoint_needs_no_download(capsys):
     )
     m = json.loads(out)
     assert status == 0 and m["weights_bytes"] == 8_015_581_184 * 2
-    assert (
-        m["cache_bytes_per_request"]["dual"] == 2 * 32 * 32 * 128 * 1024 * 2
-    )  # K and V, 32 layers, 32 heads
+    # K and V, 32 layers, 32 heads
+    assert m["cache_bytes_per_request"]["dual"] == 2 * 32 * 32 * 128 * 1024 * 2
     assert m["cache_bytes_per_request"]["prefix"] == 2 * m["cache_bytes_per_request"]["dual"]
     assert "gen_length 128" in m["recommended"]
 

@@ -173,9 +173,8 @@ def test_auto_runs_widths_grouped_mm_cannot(dtype, widths, kernel, without_nativ
     with torch.no_grad():
         got = moe(x)
         moe.kernel = "loop"
-        tolerance = (
-            0 if kernel == "loop" else 2e-2
-        )  # sized's bf16 matmuls round as torch.mm does, not F.linear
+        # sized's bf16 matmuls round as torch.mm does, not F.linear
+        tolerance = 0 if kernel == "loop" else 2e-2
         torch.testing.assert_close(got, moe(x), atol=tolerance, rtol=tolerance)
 
 

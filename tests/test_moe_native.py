@@ -237,10 +237,11 @@ def test_auto_runs_bf16_natively_only_on_amx_and_native_runs_every_expert_itself
 def test_experts_are_divided_among_threads_in_runs_of_about_equal_work():
     runs = moe_native.expert_runs
     assert runs([0, 3, 0, -5, 2, 1, 0, 4], 1) == [(0, 8, slice(0, 15))]
+    # -5: rows, no work
     assert runs([0, 3, 0, -5, 2, 1, 0, 4], 2) == [
         (0, 5, slice(0, 10)),
         (5, 8, slice(10, 15)),
-    ]  # -5: rows, no work
+    ]
     assert runs([1] * 10, 4) == [
         (0, 3, slice(0, 3)),
         (3, 5, slice(3, 5)),

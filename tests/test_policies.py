@@ -336,6 +336,5 @@ def test_every_policy_name_has_a_builder_and_unknown_names_are_refused():
     policy, state = make_policy(build_config("vanilla"), gating=True)
     assert policy is vanilla.select and state == ("n_masked",)
     with pytest.raises(InputError, match="unknown policy 'turbo'"):
-        make_policy(
-            replace(build_config("cai"), policy="turbo"), gating=True
-        )  # past validate(): no CAI fallback
+        # past validate(): no CAI fallback
+        make_policy(replace(build_config("cai"), policy="turbo"), gating=True)

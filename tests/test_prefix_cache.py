@@ -161,9 +161,8 @@ def test_the_first_event_says_what_was_reused(tiny_bd):
     assert events[0].reused_positions == 12
     off = Engine(tiny_bd, max_batch=2, prefix_cache_mb=0)
     off.submit(SHARED + [60, 61], config)
-    assert (
-        next(iter(off.run())).reused_positions is None
-    )  # no store: nothing to say (the live view draws nothing)
+    # no store: nothing to say (the live view draws nothing)
+    assert next(iter(off.run())).reused_positions is None
 
 
 def test_lru_evicts_unheld_blocks_first_and_never_held_ones():

@@ -241,9 +241,8 @@ def test_a_packed_state_loads_into_torchaos_tensors(kind):
     unpacked_source = build_random(
         shape, cpu, dtype, seed=0, quantize=quantize, quantize_head=head, pack=False
     )
-    assert torch.equal(
-        target.logits(ids), unpacked_source.logits(ids)
-    )  # torchao's kernel, the source's weights
+    # torchao's kernel, the source's weights
+    assert torch.equal(target.logits(ids), unpacked_source.logits(ids))
     assert quant.weights_bytes(target.model) == before
     weight_only = build_random(shape, cpu, dtype, seed=1, quantize="int8", quantize_head=head)
     with pytest.raises(

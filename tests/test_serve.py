@@ -121,12 +121,13 @@ def test_commit_events_on_request(server):
         ({"method": "turbo"}, 400, "method", "unknown method 'turbo'"),
         ({"gen_length": 40, "block_length": 16}, 400, "gen_length", "multiple of block_length"),
         ({"n": 2}, 400, "n", "n=2 is not supported"),
+        # answered since #44
         (
             {"logprobs": True, "top_logprobs": 21},
             400,
             "top_logprobs",
             "integer in [0, 20]",
-        ),  # answered since #44
+        ),
         ({"top_p": 0.5}, 400, "top_p", "not supported"),
         ({"tools": [{"type": "function"}]}, 400, "tools", "tools[0] must be"),  # tools are answered since #44
         ({"messages": []}, 400, "messages", "non-empty list"),
@@ -189,9 +190,8 @@ def test_stream_options_need_stream(server):
 def test_api_key(tiny):
     with start(tiny, api_key="sekret") as s:
         assert httpx.get(f"{s.url}/health").status_code == 200  # open
-        assert (
-            httpx.get(f"{s.url}/").status_code == 200
-        )  # the live view's page is open too (no secrets in it)
+        # the live view's page is open too (no secrets in it)
+        assert httpx.get(f"{s.url}/").status_code == 200
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = httpx.get(f"{s.url}/v1/models", headers=headers)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

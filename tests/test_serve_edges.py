@@ -182,10 +182,11 @@ def test_a_huge_token_id_list_is_refused_from_its_bytes_while_others_answer(serv
     [
         (b'{"prompt": [1, 2, 3], "max_tokens": 4}', (3, 0)),
         (b'{"prompt": [[1, 2], [3]]}', (2, 2)),
+        # text: not an id list
         (
             b'{"prompt": ["a, b, c [1, 2, 3, 4]", "d"], "stop": ["[1,1,1,1,1]"]}',
             (1, 0),
-        ),  # text: not an id list
+        ),
         (b'{"prompt": [1], "prompt": [' + b"7," * 9 + b"7]}", (10, 0)),  # JSON takes the last of two keys
         (b'{"prompt": [null, ' + b"7," * 9 + b"7]}", (11, 0)),  # an entry that is not an id hides nothing
         (b'{"prompt": [1.5, 1e3, true, ' + b"7," * 9 + b"7]}", (13, 0)),

@@ -34,12 +34,10 @@ def test_round_trip_and_values_between_preset_and_keywords(tmp_path):
         config.policy_settings.grinding_action,
     ) == (0.5, 0.0, "exit")
     assert config.policy_settings.theta_start == 0.90  # untouched: the preset's
-    assert (
-        build_config("cai", settings=path, theta_end=0.8).policy_settings.theta_end == 0.8
-    )  # the caller's keyword wins
-    assert (
-        build_config("cai-gate-off", settings=str(path)).policy_settings.gating is False
-    )  # the preset's own value stays
+    # the caller's keyword wins
+    assert build_config("cai", settings=path, theta_end=0.8).policy_settings.theta_end == 0.8
+    # the preset's own value stays
+    assert build_config("cai-gate-off", settings=str(path)).policy_settings.gating is False
 
 
 @pytest.mark.parametrize(
@@ -201,9 +199,8 @@ def test_server_defaults_take_the_file_for_its_method_only(tmp_path):
     cai = parse({"prompt": "x"}, "completion", _LM(), defaults).config
     assert cai.policy_settings.theta_end == 0.5 and cai.policy_settings.grinding_action == "exit"
     own = parse({"prompt": "x", "theta_end": 0.8}, "completion", _LM(), defaults).config
-    assert (
-        own.policy_settings.theta_end == 0.8 and own.policy_settings.warmup == 0.0
-    )  # the request's field wins, the file fills the rest
+    # the request's field wins, the file fills the rest
+    assert own.policy_settings.theta_end == 0.8 and own.policy_settings.warmup == 0.0
     other = parse({"prompt": "x", "method": "cai-es"}, "completion", _LM(), defaults).config
     assert other.policy_settings.theta_end == 0.70  # another method keeps its preset
     assert (

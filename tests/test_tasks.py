@@ -346,9 +346,8 @@ def test_navigate_trace_and_axis_lines():
             assert halves, line
             for direction, chain in ((a, halves[1]), (b, halves[2])):
                 numbers = [int(x) for x in re.findall(r"\d+", chain)]
-                assert numbers[:1] + numbers[1::2] == (moves.get(direction) or [0]), (
-                    line
-                )  # its steps, in order
+                # its steps, in order
+                assert numbers[:1] + numbers[1::2] == (moves.get(direction) or [0]), line
                 total = numbers[0]
                 for step, result in zip(numbers[1::2], numbers[2::2]):
                     assert f"{total} + {step}" in drilled and result == total + step, chain

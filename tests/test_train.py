@@ -359,11 +359,12 @@ def test_result_flags_mark_the_right_hand_sides_of_equations():
         ".",
     ]
     flagged = [t for t, f in zip(tokens, result_flags(tokens)) if f]
+    # spaces, the chain's final "11" and the last line are not results
     assert flagged == [
         "1",
         " not",
         " True",
-    ]  # spaces, the chain's final "11" and the last line are not results
+    ]
     assert result_flags(["7", " +", " ", "5", " =", " ", "1", "2", " =", " ", "3"]) == [False] * 6 + [
         True,
         True,

@@ -92,9 +92,8 @@ def write_checkpoint(path, hub_id: str, *, sharded: bool = False, seed: int = 0)
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.add_special_tokens(specials)
     tokenizer.save(str(folder / "tokenizer.json"))
-    vocab_size = -(-len(vocab) // 16) * 16 + (
-        16 if checkpoint.shape == "mmada-8b" else 0
-    )  # MMaDA: image codes
+    # MMaDA: image codes
+    vocab_size = -(-len(vocab) // 16) * 16 + (16 if checkpoint.shape == "mmada-8b" else 0)
 
     config = json.loads(json.dumps(OFFICIAL[checkpoint.shape]))
     config.update(

@@ -118,9 +118,8 @@ def run_rank(rank: int, world: int, port: int, out: str, folders: dict) -> None:
             if name == "tiny" and size in (1, 2):  # batch invariance: alone, batched, joining mid-flight
                 entry["alone"] = [decode(lm, name, batch_size=1)]
                 entry["joining"] = decode(lm, name, batch_size=2)
-                entry["sampled"] = decode(
-                    lm, name, temperature=0.8, seed=3
-                )  # each request's generator on every rank
+                # each request's generator on every rank
+                entry["sampled"] = decode(lm, name, temperature=0.8, seed=3)
                 entry["cancelled"] = cancel_midway(lm)
             if tp is not None:
                 entry["collectives"] = tp.collectives

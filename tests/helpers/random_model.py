@@ -28,11 +28,12 @@ from caidllm.models.random_init import build_random, random_raw_config
 
 from .checkpoints import _write_json, added_tokens_decoder, write_tokenizer
 
+# config.json's torch_dtype spellings of the dtypes a model loads in
 DTYPES = (
     "float32",
     "bfloat16",
     "float16",
-)  # config.json's torch_dtype spellings of the dtypes a model loads in
+)
 
 
 def write_random_model(

@@ -122,9 +122,8 @@ def steps_saved_per_block(path: Path, report: dict, traces: dict, T: dict) -> No
         steps = traces[method]["steps"]
         saved = []
         for b in range(n_blocks):
-            decoded = [
-                s[b] for s in steps if b < len(s) and s[b] > 0
-            ]  # a method may lay fewer blocks (elastic)
+            # a method may lay fewer blocks (elastic)
+            decoded = [s[b] for s in steps if b < len(s) and s[b] > 0]
             saved.append(T[method] - statistics.fmean(decoded) if decoded else 0.0)
         xs = [b + 1 + (k - (len(methods) - 1) / 2) * width for b in range(n_blocks)]
         ax.bar(xs, saved, width=width, color=f"C{k % 10}", label=f"{method} (T={T[method]})", alpha=0.85)

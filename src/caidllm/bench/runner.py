@@ -255,9 +255,8 @@ class _Prepared:
     chat: bool
     encoded: dict[str, list[Encoded]]
     T: dict[str, int]
-    method_settings: dict[
-        str, dict
-    ]  # each row's policy and cache settings, by owner (methods.settings_summary)
+    # each row's policy and cache settings, by owner (methods.settings_summary)
+    method_settings: dict[str, dict]
 
 
 def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:

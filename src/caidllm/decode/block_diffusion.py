@@ -213,9 +213,8 @@ def edits(
         return None
     device = masked.device
     limit = to_device([math.inf if t is None else t for t in thresholds], device, torch.float32)
-    answer = (
-        columns >= to_device(answer_starts, device)[:, None]
-    )  # the part-prompt block's prompt never changes
+    # the part-prompt block's prompt never changes
+    answer = columns >= to_device(answer_starts, device)[:, None]
     return ~masked & answer & (predicted != block) & (confidence > limit[:, None])
 
 

@@ -96,9 +96,8 @@ class DecodeConfig:
 
     def validate(self) -> DecodeConfig:
         """Raise InputError naming the first invalid value (the shared rules and the method's, in order)."""
-        _choice(
-            self, "policy", tuple(policies.POLICIES)
-        )  # the registries as they are now (a decoder added since)
+        # the registries as they are now (a decoder added since)
+        _choice(self, "policy", tuple(policies.POLICIES))
         _choice(self, "cache", tuple(forward_modes.CACHE_MODES))
         self.__post_init__()  # a policy or cache set in place since: its own settings class (its defaults)
         SHARED_RULES[0].check(self, "gen_length")

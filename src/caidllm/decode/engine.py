@@ -186,9 +186,8 @@ class Engine:
         config = copy.deepcopy(config)  # the request's own: a caller's later edit cannot reach it
         if config.fitted_to is None:  # not yet checked and fitted to a model (build_config alone)
             config.validate()
-        self._check_family(
-            config
-        )  # a decoder whose forward the family lacks, before the family's defaults apply
+        # a decoder whose forward the family lacks, before the family's defaults apply
+        self._check_family(config)
         config = fit_to_model(config, self.lm.config)  # once: a config fitted to this model is returned as is
         prompt = self._check_prompt(prompt_ids, config)
         request_id = uuid.uuid4().hex if request_id is None else str(request_id)
@@ -318,9 +317,8 @@ class Engine:
 
     def _new_request(self, request_id: str, prompt: list[int], config: DecodeConfig) -> Request:
         lm = self.lm
-        own_gating = getattr(
-            config.policy_settings, "gating", None
-        )  # a policy that gates says so in its settings
+        # a policy that gates says so in its settings
+        own_gating = getattr(config.policy_settings, "gating", None)
         gating = lm.config.confidence_gating if own_gating is None else own_gating
         cache = CACHE_MODES[config.cache]
         refresh_every = cache.refresh_every(

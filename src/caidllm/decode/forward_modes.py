@@ -32,9 +32,8 @@ CACHE_MODES: dict[str, CacheMode] = {
     # masks; at the second, the first step's commits get their K/V) and every f (8 in its preset).
     "dkv": DKVCache(DKV, refreshes_at_start=2, method="dKV-Cache's delayed cache"),
     "dkv-greedy": DKVCache(DKV, greedy=True, settings_type=GreedySettings, method="dKV-Cache-Greedy's cache"),
-    "prompt": PromptCache(
-        DKV, method="dLLM-Cache's prompt cache"
-    ),  # the prompt's K/V cached, the answer computed
+    # the prompt's K/V cached, the answer computed
+    "prompt": PromptCache(DKV, method="dLLM-Cache's prompt cache"),
     "elastic": ElasticCache(
         Elastic,
         refreshes_at_start=0,

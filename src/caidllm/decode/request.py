@@ -79,9 +79,8 @@ class Request:
     answer_end: int | None = None  # position of the first end token, once the prefix reaches it
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     block_first_confidence: torch.Tensor | None = None  # [block] s_i of the current block
-    last_committed: list[int] = field(
-        default_factory=list
-    )  # generated positions committed at the previous step
+    # generated positions committed at the previous step
+    last_committed: list[int] = field(default_factory=list)
     policy_state: PolicyState | None = None  # the policy's own memory (PolicySpec.new_state)
     cache_state: object | None = None  # the cache mode's own memory (CacheMode.new_state)
     block_causal: bool = False  # a block-diffusion model's request: blocks laid from the prompt's start

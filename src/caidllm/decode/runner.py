@@ -80,10 +80,11 @@ class Runner:
         mode.after(members)
         support, generation = None, None
         if members[0].config.policy_spec.sees_generation:  # the whole generation's logits, then the block's
+            # a copy: prediction consumes
             generation, offset = (
                 logits.float().clone(),
                 members[0].block_bounds[0],
-            )  # a copy: prediction consumes
+            )
             generation[..., lm.config.mask_id] = float("-inf")  # the mask token is never predicted
             logits = logits[:, offset : offset + block_length]
         if mode.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token

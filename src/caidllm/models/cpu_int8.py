@@ -91,9 +91,8 @@ class OnednnInt8Weight(TorchAOBaseTensor):
             id(self) not in memo
         ):  # the int8 values are new already: made contiguous for packing, not copied again
             qdata, scale, act_dtype, extra = self.__reduce_ex__(2)[1]
-            qdata = (
-                qdata.contiguous()
-            )  # the reorder's storage goes before the packing (a 126k-row head: 0.5 GB)
+            # the reorder's storage goes before the packing (a 126k-row head: 0.5 GB)
+            qdata = qdata.contiguous()
             memo[id(self)] = repacked(qdata, scale.clone(), act_dtype, copy.deepcopy(extra, memo))
         return memo[id(self)]
 

@@ -96,9 +96,8 @@ class ElasticContext(Context):
 
     def attend(self, layer: int, q, k, v, head_dim: int, rope_fp32: bool) -> torch.Tensor:
         R, n, _ = q.shape
-        queries = apply_rope(
-            q.view(R, n, -1, head_dim).transpose(1, 2), self.cos, self.sin, rope_fp32
-        )  # [R, H, n, hd]
+        # [R, H, n, hd]
+        queries = apply_rope(q.view(R, n, -1, head_dim).transpose(1, 2), self.cos, self.sin, rope_fp32)
         testing = layer < self.refresh_from and layer >= self.inputs.test_from
         before = [self._cached_attention(r, layer) if testing else None for r in range(R)]
         out = super().attend(layer, q, k, v, head_dim, rope_fp32)  # writes the computed columns' K/V first
@@ -166,10 +165,11 @@ def elastic_context(
         inputs=inputs,
         named=[set() for _ in range(mask.shape[0])],
     )
+    # for widening to the whole canvas (build's own are its arguments)
     ctx.rotary_dim, ctx.theta = (
         rotary_dim,
         theta,
-    )  # for widening to the whole canvas (build's own are its arguments)
+    )
     return ctx
 
 

@@ -25,9 +25,8 @@ FAMILIES: dict[str, Family] = {
     family.name: family for family in (LLADA, DREAM, LLADA_MOE, LLADA2, SDAR, FASTDLLM_V2, DIFFUSION_GEMMA)
 }
 
-FAMILIES.update(
-    {family.name: family for family in (STABLE_DIFFCODER, RND1)}
-)  # the 2026 derivatives (issue 46)
+# the 2026 derivatives (issue 46)
+FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1)})
 
 
 def get_family(name: str) -> Family:

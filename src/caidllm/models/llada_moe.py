@@ -68,6 +68,7 @@ def read_llada_moe_fields(raw: dict, get: ConfigFields, source: str) -> dict:
             f"{source}: field 'moe_layer_freq' = {freq!r}: caidllm runs dense layers first, then "
             "MoE ones (a dense layer after an MoE one is not supported)"
         )
+    # the official gate runs in the model dtype, its softmax in fp32
     moe = MoEConfig(
         hidden_size=hidden,
         moe_intermediate_size=get.int("expert_intermediate_size"),
@@ -76,7 +77,7 @@ def read_llada_moe_fields(raw: dict, get: ConfigFields, source: str) -> dict:
         score_function="softmax",
         norm_topk_prob=False,
         router_fp32=False,
-    )  # the official gate runs in the model dtype, its softmax in fp32
+    )
     # The dense layers' width: required only when some layer is dense (the released checkpoints have none).
     dense_width = (
         get.int("dense_intermediate_size") if dense_layers else get.int("dense_intermediate_size", 0)

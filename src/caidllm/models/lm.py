@@ -48,9 +48,8 @@ class DiffusionLM:
         # self.dtype stays the activations' (and embeddings', norms', cache's) dtype
         self.quantization = quantization
         self.quantized_head = quantized_head
-        self.name = (
-            str(path) if path is not None else None
-        )  # what it was loaded by (folder, hub id, random:...)
+        # what it was loaded by (folder, hub id, random:...)
+        self.name = str(path) if path is not None else None
         self.checkpoint = None  # the known public checkpoint it is (models/checkpoints.py), if any
 
     @property

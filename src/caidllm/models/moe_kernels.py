@@ -242,12 +242,13 @@ MOE_KERNELS: dict[str, Callable] = {
     "padded": padded_kernel,
     "native": native_kernel,
 }
+# kernels that need StackedExperts (full-precision weights)
 STACKED_ONLY = (
     "grouped",
     "sized",
     "padded",
     "native",
-)  # kernels that need StackedExperts (full-precision weights)
+)
 READS_COUNTS = ("loop", "sized", "native")  # kernels that read the counts on the host (a sync on a GPU)
 # auto's switch from grouped to sized on a CPU in fp32: (token, expert) pairs per expert on average
 # (bf16 runs sized at any count: 0.91x-0.99x grouped's time at 4-128 tokens, BENCHMARKS.md).

@@ -81,6 +81,7 @@ def read_rnd1_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     raw = {**RND1_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
     get = ConfigFields(raw, source)
     hidden, n_heads = get.int("hidden_size"), get.int("num_attention_heads")
+    # the official gate runs in the model dtype, its softmax in fp32
     moe = MoEConfig(
         hidden_size=hidden,
         moe_intermediate_size=get.int("moe_intermediate_size"),
@@ -89,7 +90,7 @@ def read_rnd1_fields(raw: dict, get: ConfigFields, source: str) -> dict:
         score_function="softmax",
         norm_topk_prob=get.bool("norm_topk_prob"),
         router_fp32=False,
-    )  # the official gate runs in the model dtype, its softmax in fp32
+    )
     return dict(
         vocab_size=get.int("vocab_size"),
         hidden_size=hidden,

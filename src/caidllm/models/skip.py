@@ -141,9 +141,8 @@ def forced_keeps(
     committed at the previous step."""
     scores = prev_confidence.float().masked_fill(~masked, float("-inf"))
     top = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :2]
-    forced = (
-        torch.zeros_like(masked).scatter_(1, top, True) & masked
-    )  # rows with < 2 masks pick no unmasked one
+    # rows with < 2 masks pick no unmasked one
+    forced = torch.zeros_like(masked).scatter_(1, top, True) & masked
     leftmost = masked.long().argmax(dim=1, keepdim=True)  # first True; 0 when nothing is masked
     forced |= torch.zeros_like(masked).scatter_(1, leftmost, True) & masked
     return forced | just_committed

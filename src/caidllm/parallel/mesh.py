@@ -127,9 +127,8 @@ def check_tp(tp, config, device) -> None:
             f"--tp {tp} needs {tp} ranks, but this machine has {cpu_cores()} CPU cores: at most "
             f"{have} CPU ranks (the cores, or {CPU_RANKS_AT_LEAST} on a smaller machine)"
         )
-    check_tp_divides(
-        tp, config
-    )  # each rank an equal share of heads, KV heads, widths and experts (as --plan)
+    # each rank an equal share of heads, KV heads, widths and experts (as --plan)
+    check_tp_divides(tp, config)
 
 
 def init_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TPGroup:

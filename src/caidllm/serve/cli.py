@@ -134,9 +134,8 @@ def run(args) -> int:
     from caidllm.decode.prefix_reuse import check_budget
     from caidllm.options import check_before_load, load_model
 
-    check_budget(
-        args.prefix_cache_mb, "--prefix-cache-mb"
-    )  # a budget that is not a number of MB, before anything
+    # a budget that is not a number of MB, before anything
+    check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
     if replicas.wanted(args):  # N replicas on Ray Serve (serve/replicas.py)
         return run_replicas(args)
     # A bad setting, settings file or API key fails before the model loads (checked against its config.json).

@@ -29,9 +29,8 @@ DIGITS = range(10)
 KINDS: dict[str, list[str]] = {
     "units sum": [f"{a} + {b}" for a in DIGITS for b in DIGITS],  # also every one-digit sum
     "tens sum with carry": [f"{a} + {b} + 1" for a in DIGITS for b in DIGITS],
-    "units difference": [
-        f"{borrowed(a, b)} - {b}" for a in DIGITS for b in DIGITS
-    ],  # also every one-digit difference
+    # also every one-digit difference
+    "units difference": [f"{borrowed(a, b)} - {b}" for a in DIGITS for b in DIGITS],
     "tens difference with borrow": [f"{a} - {b} - 1" for a in DIGITS for b in DIGITS if a > b],
     "product": [f"{a} * {b}" for a in range(1, 10) for b in range(1, 10)],
     "quotient": [f"{a * b} / {b}" for a in range(1, 10) for b in range(1, 10)],
@@ -60,8 +59,9 @@ def generate(rng: random.Random) -> tuple[str, str, str]:
     facts = [rng.choice(KINDS[kind]) for kind in kinds]
     values = [value_of(lhs) for lhs in facts]
     answer = "\n".join(f"{lhs} = {value}" for lhs, value in zip(facts, values))
+    # a target only to fit the Task interface: drills are never scored
     return (
         ", ".join(facts),
         answer,
         str(values[-1]),
-    )  # a target only to fit the Task interface: drills are never scored
+    )

@@ -52,9 +52,8 @@ def _generate_batch(lm, prompts: list[list[int]], block_length: int, gen_length:
         block_starts = torch.full((B,), block * bl, device=lm.device)
 
         def forward():
-            columns = block_starts[:, None] + torch.arange(
-                bl, device=lm.device
-            )  # the block, against the cache
+            # the block, against the cache
+            columns = block_starts[:, None] + torch.arange(bl, device=lm.device)
             ctx = Context.build(
                 real,
                 positions,

@@ -111,6 +111,7 @@ class TrainConfig:
     restart_lr: float = 4e-4
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    # each batch draws one that fits its longest answer
     canvas_lengths: tuple[int, ...] = (
         64,
         96,
@@ -118,7 +119,7 @@ class TrainConfig:
         160,
         192,
         256,
-    )  # each batch draws one that fits its longest answer
+    )
     tight_canvas_share: float = 0.75  # share of batches on the tightest canvas that fits, the rest on any
     block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
     block_length: int = 64
@@ -215,9 +216,8 @@ class TrainConfig:
             return self.lr * (step + 1) / self.warmup_steps
         restarts = [r for r in self.lr_restarts if r <= step]
         begin = restarts[-1] if restarts else self.warmup_steps
-        end = min(
-            [r for r in self.lr_restarts if r > step] + [self.steps]
-        )  # restarts past `steps` never happen
+        # restarts past `steps` never happen
+        end = min([r for r in self.lr_restarts if r > step] + [self.steps])
         peak = self.restart_lr if restarts else self.lr
         progress = min(1.0, (step - begin) / max(1, end - begin))
         return self.min_lr + (peak - self.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
@@ -493,16 +493,16 @@ class Trainer:
         """Write the model in the Hugging Face layout of LLaDA-8B (bf16 weights)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        # the score bias stays fp32, as LLaDA2 ships it
         tensors = {
             name: t.detach()
             .to(torch.float32 if name.endswith("expert_bias") else torch.bfloat16)
             .contiguous()
             for name, t in self.model.state_dict().items()
-        }  # the score bias stays fp32, as LLaDA2 ships it
+        }
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        config = dict(
-            self.raw_config, torch_dtype="float32"
-        )  # stored bf16, computed in fp32 on CPU by default
+        # stored bf16, computed in fp32 on CPU by default
+        config = dict(self.raw_config, torch_dtype="float32")
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (self.tokenizer_dir / name).exists():

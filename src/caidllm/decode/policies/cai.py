@@ -75,11 +75,12 @@ class CAISettings(PolicySettings):
     clip_high: float = 0.98
     easy_confidence: float = 0.50  # s_i above this (and in the first half) -> short budget
     hard_confidence: float = 0.25  # s_i below this (or in the last quarter) -> full budget
+    # of T: easy / normal / hard (8/32/64 at T=64)
     budget_fractions: tuple[float, float, float] = (
         1 / 8,
         1 / 2,
         1.0,
-    )  # of T: easy / normal / hard (8/32/64 at T=64)
+    )
     grinding_yield: float = 1.5  # a step committing fewer tokens than this is low-yield
     grinding_patience: int = 4  # K low-yield steps in a row trigger the fallback
     fallback_threshold: float = 0.40  # on grinding, commit masked tokens with c > this ("continue")

@@ -146,9 +146,8 @@ def select(
     fast_span = (pos >= last[:, None]) & (pos < cur[:, None])
     commit_span = torch.where(exploring[:, None], scope, fast_span)
     commit = _fill(conf, commit_span & view.masked, high)
-    fast = torch.where(
-        exploring, torch.zeros_like(k), s["sf_fast"][rows] + 1
-    )  # fast forwards of the sub-cycle
+    # fast forwards of the sub-cycle
+    fast = torch.where(exploring, torch.zeros_like(k), s["sf_fast"][rows] + 1)
 
     _save(
         s, rows, hist, sf_k=k, sf_count=count, sf_fixed=fixed.long(), sf_cur=cur, sf_last=last, sf_fast=fast

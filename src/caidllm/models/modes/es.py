@@ -38,9 +38,8 @@ class EarlySkipContext(Context):
 
     def leave(self, level: int, x: torch.Tensor) -> torch.Tensor:
         super().leave(level, x)
-        return self.cache.hidden[level][
-            self.row_ids, self.computed
-        ]  # just written where computed, cached elsewhere
+        # just written where computed, cached elsewhere
+        return self.cache.hidden[level][self.row_ids, self.computed]
 
     def _drop(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Keep the plan[layer] most important block positions of each row (and the always-computed ones
