@@ -263,7 +263,8 @@ class FlopCount:
         R, n = ids.shape
         keys = ctx.mask.shape[1]
         extra = ctx.extra
-        per_layer = [p + extra for p in ctx.plan] if ctx.plan else [n] * self.n_layers
+        plan = getattr(ctx, "plan", None)  # only early skipping's context has one (models/modes/es.py)
+        per_layer = [p + extra for p in plan] if plan else [n] * self.n_layers
         for weights, tokens in zip(self.layer_weights, per_layer):
             self.flops += 2 * weights * R * tokens + 4 * R * tokens * keys * self.width
         targets = n if ctx.targets is None else ctx.targets.shape[1]
