@@ -289,6 +289,7 @@ class Engine:
                 self.lm.device,
                 row.edits,
             )
+            request.nfe += row.extra_forwards  # a self-verifying policy's verify forwards
             if row.fill is not None and not event.finished:
                 request.finish_with(row.fill, event, self._eos_ids, self.lm.config.eos_id)
             if first and self.prefix.applies(request):

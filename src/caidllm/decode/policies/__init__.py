@@ -27,6 +27,7 @@ from caidllm.decode.policies import (
     margin,
     prophet,
     random_order,
+    s2d2,
     slowfast,
     subblock,
     threshold,
@@ -74,6 +75,9 @@ class PolicySpec:
     # The preset that runs this rule on a block-causal model's exact block cache: the advice where the chosen
     # method's cache needs bidirectional attention (ES-dLLM's, Elastic-Cache's, dKV-Cache's).
     block_causal_method: str = "fastdllm"
+    # After its draft forward it may run one more forward per row, the block read at block size 1
+    # (models/selfspec.py), through view.self_spec; it may commit tokens of its own (view.tokens).
+    self_verifies: bool = False
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -113,6 +117,10 @@ POLICIES: dict[str, PolicySpec] = {
     # Fast-dLLM v2's (policies/subblock.py): threshold decoding one sub-block at a time, each block opened
     # by its autoregressive first token.
     "subblock": PolicySpec(subblock.select, subblock.SubblockSettings, models=BLOCK_CAUSAL),
+    # S2D2 (policies/s2d2.py): a draft, a router, and verification by the same weights at block size 1.
+    "s2d2": PolicySpec(
+        s2d2.select, s2d2.S2D2Settings, new_state=s2d2.new_state, models=BLOCK_CAUSAL, self_verifies=True
+    ),
 }
 
 
