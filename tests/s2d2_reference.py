@@ -23,6 +23,7 @@ import torch
 from bd_reference import _answer, _canvas, transfer_schedule
 from caidllm.decode.sampling import row_seed
 from caidllm.models.modes import Full
+from fdv2_reference import OfficialFastDLLMv2
 
 
 def _softmax(logits):
@@ -161,3 +162,77 @@ def _dynamic_fallback(masked, x0, x0_p, update, k_left, threshold):
     high = confidence > threshold
     chosen = high.nonzero(as_tuple=True)[0] if int(high.sum()) >= k else torch.topk(confidence, k).indices
     return {int(b): int(x0[b]) for b in chosen}
+
+
+class OfficialFastDLLMv2S2D2(OfficialFastDLLMv2):
+    """Fast-dLLM-v2/generate_policy_utils.py ``generate_ssd_policy`` (use_block_cache, cache_ver, draft_ver
+    off, as the paper's Fast-dLLM v2 configurations run it) over fdv2_reference.py's official forward."""
+
+    def generate_s2d2(
+        self, prompt, max_new_tokens, *, threshold, small_block_size, block_size, stop_ids, s, seed=0
+    ):
+        torch.manual_seed(row_seed(seed, list(prompt)))
+        x = torch.tensor(prompt)
+        P, past, state = len(prompt), None, {"on": False}
+        if P > block_size:
+            past = []
+            logits = self.forward(
+                x[: P // block_size * block_size], past, update_past=True, block_size=block_size
+            )
+            if P % block_size == 0:
+                x = torch.cat([x, self._next_token(logits)])
+        for _ in range(max_new_tokens // block_size):
+            if any(int(t) in stop_ids for t in x[P:]):
+                break
+            start_new = len(x)
+            x = torch.cat([x, torch.full((block_size - len(x) % block_size,), self.mask_id)])
+            lo = len(x) - block_size
+            while True:
+                if self._stopped(x, start_new, stop_ids):
+                    break
+                if not (x[lo:] == self.mask_id).any():
+                    past = past if past is not None else []
+                    logits = self.forward(x[lo:], past, update_past=True, block_size=block_size)
+                    x = torch.cat([x, self._next_token(logits)])
+                    break
+                for sb in range(0, block_size, small_block_size):
+                    while (x[lo + sb : lo + sb + small_block_size] == self.mask_id).any():
+                        if self._stopped(x, start_new, stop_ids):
+                            break
+                        self._sub_block_step(x, lo, sb, small_block_size, past, threshold, s, state)
+        out = x[P:].tolist()
+        for i, t in enumerate(out):
+            if t in stop_ids:
+                return out[: i + 1]
+        return out
+
+    def _next_token(self, logits):
+        """The next block's first token, the mask token never predicted (caidllm's reading)."""
+        last = logits[-1:].clone()
+        last[:, self.mask_id] = float("-inf")
+        return last.argmax(-1)
+
+    def _sub_block_step(self, x, lo, sb, size, past, threshold, s, state):
+        logits = self._step_logits(x, lo, sb, size, past, False, None).clone()
+        logits[:, self.mask_id] = float("-inf")
+        probs = logits.softmax(-1)
+        x1 = probs.argmax(-1)
+        x1_p = probs.gather(-1, x1[:, None])[:, 0]
+        sub = x[lo + sb : lo + sb + size]
+        seg = sub == self.mask_id
+        span = _first_run(seg.tolist())
+        n_conf = int(((x1_p > threshold) & seg).sum())
+        if not decide(s, state, probs[span], n_conf):
+            conf = torch.where(seg, x1_p, torch.tensor(-torch.inf))
+            take = conf > threshold
+            take[conf.argmax()] = True
+            sub[take] = x1[take]
+            return
+        ver = x[lo : lo + sb + size].clone()
+        ver[sb : sb + size][seg] = x1[seg]
+        v = self.forward(ver, past, block_size=1)
+        v = torch.cat([v[:1], v[:-1]])[torch.tensor(span) + sb]
+        v[:, self.mask_id] = float("-inf")
+        tokens = accept(v.softmax(-1), probs[span], x1[span], s)
+        for b, t in zip(span, tokens):
+            sub[b] = t

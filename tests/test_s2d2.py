@@ -161,3 +161,40 @@ def test_editing_is_refused(block_family):
     with pytest.raises(InputError, match="editing_threshold") as err:
         lm.generate([[5, 6, 7]], method="s2d2-llada2", gen_length=8, block_length=8, editing_threshold=0.9)
     assert err.value.field == "editing_threshold"
+
+
+@pytest.mark.parametrize("router", [ALWAYS, HYSTERESIS])
+@pytest.mark.parametrize("acceptance", ["official", "greedy"])
+def test_fastdllm_v2_parity(tmp_path_factory, router, acceptance):
+    """Fast-dLLM v2: the sub-block rule under the router, the verify forward causal with shifted logits."""
+    from block_checkpoints import write_block_checkpoint
+    from s2d2_reference import OfficialFastDLLMv2S2D2
+
+    folder = write_block_checkpoint(
+        tmp_path_factory.mktemp("fdv2"),
+        "fastdllm_v2",
+        seed=3,
+        head_scale=6.0,
+        config_overrides={"bd_size": 16},
+    )
+    lm, official = caidllm.load(folder, device="cpu", dtype="float32"), OfficialFastDLLMv2S2D2(folder)
+    s = {**DEFAULTS, **router, "acceptance": acceptance}
+    prompts = [[40, 41, 42, 43, 44], list(range(50, 70))]
+    results = lm.generate(
+        prompts,
+        method="s2d2-fastdllm-v2",
+        gen_length=32,
+        block_length=16,
+        threshold=0.9,
+        s2d2={**s, "sub_block": 4},
+    )
+    stop = set(lm.config.eos_ids)
+    for prompt, result in zip(prompts, results):
+        expected = official.generate_s2d2(
+            prompt, 32, threshold=0.9, small_block_size=4, block_size=16, stop_ids=stop, s=s
+        )
+        # the official runs max_new_tokens // block_size blocks from the prompt's block (fdv2_reference.py)
+        ours, n = answer(result), min(len(answer(result)), len(expected))
+        assert ours[:n] == expected[:n] and n >= 16
+        if expected[-1] in stop:
+            assert ours == expected

@@ -157,6 +157,7 @@ class Runner:
                 out = verify_logits(self.lm, frame.cache, slot, frame.first_real(slot), starts[i], drafted)
             self.forwards += 1
             self._verified[i] = self._verified.get(i, 0) + 1
+            out[..., self.lm.config.mask_id] = float("-inf")  # never predicted, verified or drawn
             return out
 
         return draft, block, verify
