@@ -96,16 +96,11 @@ class Runner:
             logits = lm.forward(frame.canvas, frame.attention, frame.cache, mode)
         self.forwards += 1
         mode.after(members)
-        self._verified, self._verifier = {}, None
-        if any(r.config.policy_spec.self_verifies for r in members):
-            self._verifier = self._self_spec_inputs(frame, members, logits, block, starts)
+        self._verifier = self._self_spec_inputs(frame, members, logits, block, starts)
         support, generation = None, None
         if members[0].config.policy_spec.sees_generation:  # the whole generation's logits, then the block's
-            # a copy: prediction consumes
-            generation, offset = (
-                logits.float().clone(),
-                members[0].block_bounds[0],
-            )
+            offset = members[0].block_bounds[0]
+            generation = logits.float().clone()  # a copy: prediction consumes
             generation[..., lm.config.mask_id] = float("-inf")  # the mask token is never predicted
             logits = logits[:, offset : offset + block_length]
         if mode.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token
@@ -146,8 +141,11 @@ class Runner:
         ]
 
     def _self_spec_inputs(self, frame: Frame, members: list[Request], logits, block, starts: list[int]):
-        """(draft logits, block, verify(member index, drafted)) for a self-verifying policy: the logits
-        copied before prediction consumes them, the mask token's at -inf (never predicted)."""
+        """(draft logits, block, verify(member index, drafted)) when a member's policy verifies itself (else
+        None): the logits copied before prediction consumes them, the mask token's at -inf."""
+        self._verified = {}
+        if not any(r.config.policy_spec.self_verifies for r in members):
+            return None
         draft = logits.float().clone()
         draft[..., self.lm.config.mask_id] = float("-inf")
 
