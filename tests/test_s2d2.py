@@ -2,7 +2,10 @@
 s2d2_reference.py) on tiny random SDAR, LLaDA2 and block-causal LLaDA-layout weights, and on Fast-dLLM v2's
 official forward; batch invariance; the settings it refuses."""
 
+from pathlib import Path
+
 import pytest
+import torch
 
 import caidllm
 from caidllm.decode.presets import build_config
@@ -10,6 +13,7 @@ from caidllm.errors import InputError
 from helpers.decoding import alone_static_joined
 from s2d2_reference import s2d2_generate
 
+BENCH_DATA = Path(__file__).parent / "data" / "bench"
 PROMPTS = [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60]]
 ALWAYS = dict(router="mask_span_length", min_span=1)
 STATIC = dict(
@@ -56,15 +60,9 @@ def bd_llada(random_checkpoint):
         "llada", config_overrides={"caidllm_block_causal": True, "caidllm_block_lengths": [4, 8]}, seed=5
     )
     lm = caidllm.load(folder, device="cpu", dtype="float32")
-    with torch_no_grad():
+    with torch.no_grad():
         lm.model.model.transformer.ff_out.weight.mul_(8)
     return lm
-
-
-def torch_no_grad():
-    import torch
-
-    return torch.no_grad()
 
 
 def models(block_family, bd_llada):
@@ -198,3 +196,45 @@ def test_fastdllm_v2_parity(tmp_path_factory, router, acceptance):
         assert ours[:n] == expected[:n] and n >= 16
         if expected[-1] in stop:
             assert ours == expected
+
+
+def test_served_and_benched(bd_llada, tmp_path):
+    """A served s2d2 request answers as generate() does, its NFE counting the verify forwards; a bad setting
+    is a 400 naming it; bench runs it beside the model's own decoder."""
+    import json
+
+    import httpx
+
+    from caidllm.cli import main
+    from caidllm.serve.app import ServerConfig, create_app
+    from caidllm.serve.local import LocalServer
+    from caidllm.serve.protocol import ServerDefaults
+    from helpers.serve import assert_refused
+
+    text = "two and two"
+    (want,) = bd_llada.generate([text], method="s2d2", gen_length=16, block_length=4)
+    defaults = ServerDefaults(
+        model_name="bd", method="s2d2", gen_length=16, block_length=4, max_gen_length=64
+    )
+    with LocalServer(
+        create_app(bd_llada, ServerConfig(defaults=defaults, max_batch=4, max_queue=8))
+    ) as server:
+        body = {"messages": [{"role": "user", "content": text}], "method": "s2d2"}
+        got = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).json()
+        assert_refused(server.url, {"method": "s2d2", "s2d2": {"router": "ucb"}}, "s2d2", "s2d2.router")
+    assert got["choices"][0]["message"]["content"] == want.text
+    assert got["caidllm"]["nfe"] == want.nfe > sum(want.steps_per_block)
+    out = tmp_path / "run"
+    args = [
+        "bench",
+        "--model",
+        str(bd_llada.path),
+        "--task",
+        "bbh:boolean_expressions",
+        "--methods",
+        "sdar,s2d2",
+    ]
+    args += ["--limit", "2", "--data-dir", str(BENCH_DATA), "--out", str(out), "--gen-length", "16"]
+    assert main(args + ["--block-length", "4", "--batch-size", "2", "--no-progress"]) == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [r["method"] for r in rows] == ["sdar", "s2d2"] and all(r["errors"] == 0 for r in rows)
