@@ -171,40 +171,24 @@ class OfficialFastDLLMv2S2D2(OfficialFastDLLMv2):
     def generate_s2d2(
         self, prompt, max_new_tokens, *, threshold, small_block_size, block_size, stop_ids, s, seed=0
     ):
+        """The official S2D2 loop: fdv2_reference's generate with S2D2's sub-block step."""
         torch.manual_seed(row_seed(seed, list(prompt)))
-        x = torch.tensor(prompt)
-        P, past, state = len(prompt), None, {"on": False}
-        if P > block_size:
-            past = []
-            logits = self.forward(
-                x[: P // block_size * block_size], past, update_past=True, block_size=block_size
-            )
-            if P % block_size == 0:
-                x = torch.cat([x, self._next_token(logits)])
-        for _ in range(max_new_tokens // block_size):
-            if any(int(t) in stop_ids for t in x[P:]):
-                break
-            start_new = len(x)
-            x = torch.cat([x, torch.full((block_size - len(x) % block_size,), self.mask_id)])
-            lo = len(x) - block_size
-            while True:
-                if self._stopped(x, start_new, stop_ids):
-                    break
-                if not (x[lo:] == self.mask_id).any():
-                    past = past if past is not None else []
-                    logits = self.forward(x[lo:], past, update_past=True, block_size=block_size)
-                    x = torch.cat([x, self._next_token(logits)])
-                    break
-                for sb in range(0, block_size, small_block_size):
-                    while (x[lo + sb : lo + sb + small_block_size] == self.mask_id).any():
-                        if self._stopped(x, start_new, stop_ids):
-                            break
-                        self._sub_block_step(x, lo, sb, small_block_size, past, threshold, s, state)
-        out = x[P:].tolist()
-        for i, t in enumerate(out):
-            if t in stop_ids:
-                return out[: i + 1]
-        return out
+        state = {"on": False}
+
+        def step(x, lo, sb, size, past):
+            self._sub_block_step(x, lo, sb, size, past, threshold, s, state)
+
+        return self.generate(
+            prompt,
+            max_new_tokens,
+            threshold=threshold,
+            small_block_size=small_block_size,
+            block_size=block_size,
+            stop_ids=stop_ids,
+            use_block_cache=False,
+            step=step,
+            next_token=self._next_token,
+        )
 
     def _next_token(self, logits):
         """The next block's first token, the mask token never predicted (caidllm's reading)."""
