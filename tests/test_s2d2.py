@@ -116,6 +116,8 @@ def test_verify_forwards_are_counted(block_family):
     # Always verifying: every step is a draft forward and a verify forward.
     assert spec.nfe == 2 * sum(spec.steps_per_block)
     assert own.nfe == sum(own.steps_per_block)
+    # The verify forwards run from inside the policy count as forward time, not policy time as well.
+    assert spec.policy_s + spec.forward_s <= spec.elapsed_s
 
 
 @pytest.mark.parametrize("acceptance", ["official", "greedy"])

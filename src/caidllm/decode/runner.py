@@ -151,7 +151,7 @@ class Runner:
 
         def verify(i: int, drafted: torch.Tensor) -> torch.Tensor:
             slot = members[i].slot
-            with self.forward_timer:
+            with self.policy_timer.paused(), self.forward_timer:  # called from inside the policy
                 out = verify_logits(self.lm, frame.cache, slot, frame.first_real(slot), starts[i], drafted)
             self.forwards += 1
             self._verified[i] = self._verified.get(i, 0) + 1
