@@ -155,5 +155,9 @@ class Family:
     # uniform-state diffusion (DiffusionGemma): no mask token, its own decoders (the mask-based ones refuse
     # it)
     uniform: bool = False
+    # one checkpoint trained both causal and bidirectional (Nemotron-Labs-Diffusion): its own decoders (ar,
+    # block diffusion with causal context, linear-spec) run over a causal KV cache (decode/nemotron.py); the
+    # mask engine's decoders refuse it
+    sequential: bool = False
     # checkpoint tensors the module does not hold and the loader skips (a vision tower, tied copies)
     ignores_weight: Callable[[str], bool] | None = None
