@@ -11,10 +11,10 @@ import torch
 from caidllm.checks import is_id_list, is_int
 from caidllm.decode.constraints import constraint_of, per_prompt
 from caidllm.decode.engine import Engine
+from caidllm.decode.nemotron import SEQUENTIAL_METHODS, generate_sequential
 from caidllm.decode.prefix_reuse import shared_store
 from caidllm.decode.presets import build_config, options_for_model
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
-from caidllm.decode.nemotron import SEQUENTIAL_METHODS, generate_sequential
 from caidllm.decode.uniform_api import generate_uniform
 from caidllm.errors import InputError
 from caidllm.models.checkpoints import recommended_method
@@ -166,7 +166,8 @@ def _generate_sequential(lm, prompts, method, batch_size, chat, overrides, early
     unsupported = [k for k, v in options.items() if v not in (None, False, 0) and k not in SEQUENTIAL_KEYS]
     if unsupported:
         raise InputError(
-            f"setting {sorted(unsupported)[0]!r} does not apply to the sequential decoders (ar, nemotron-dlm, "
+            f"setting {sorted(unsupported)[0]!r} does not apply to the sequential decoders (ar, "
+            "nemotron-dlm, "
             "linear-spec); they take gen_length, block_length, threshold, temperature (0), early_stop, force"
         )
     token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
@@ -174,8 +175,9 @@ def _generate_sequential(lm, prompts, method, batch_size, chat, overrides, early
         checkpoint = getattr(lm, "checkpoint", None)
         gen_length = getattr(checkpoint, "gen_length", None) or 256
     kept = {k: options[k] for k in SEQUENTIAL_KEYS if options.get(k) is not None}
-    return generate_sequential(lm, token_prompts, method, gen_length=gen_length, early_stop=early_stop, **kept,
-                               **overrides)
+    return generate_sequential(
+        lm, token_prompts, method, gen_length=gen_length, early_stop=early_stop, **kept, **overrides
+    )
 
 
 SEQUENTIAL_KEYS = ("block_length", "threshold", "temperature")

@@ -18,7 +18,8 @@ at a time over a causal KV cache (decode/nemotron_runner.py):
 Deviations (docs/nemotron.md): greedy only (temperature > 0 refused); the thinking budget
 (``max_thinking_tokens``) is not implemented; every end id of the model ends an answer (the scripts pass
 the tokenizer's one eos); linear-spec's answer is cut at gen_length (the official loop can return up to
-block_length - 1 tokens past max_new_tokens).
+block_length - 1 tokens past max_new_tokens); linear-spec drafts a block with at most block_length forwards
+(the official loop runs forever while the model predicts the mask token).
 """
 
 from __future__ import annotations
@@ -72,18 +73,22 @@ def check_settings(lm, method: str | None, **options) -> SequentialSettings:
     method = method or "nemotron-dlm"
     if method not in SEQUENTIAL_METHODS:
         raise InputError(
-            f"model family {family.name!r} decodes with its own decoders {', '.join(map(repr, SEQUENTIAL_METHODS))}; "
+            f"model family {family.name!r} decodes with its own decoders "
+            f"{', '.join(map(repr, SEQUENTIAL_METHODS))}; "
             f"method {method!r} is a mask-engine decoder"
         )
     given = {k: v for k, v in options.items() if v is not None}
     unknown = sorted(set(given) - {f.name for f in dataclasses.fields(SequentialSettings)} - {"temperature"})
     if unknown:
         raise InputError(
-            f"setting {unknown[0]!r} does not apply to the sequential decoder {method!r}; it takes gen_length, "
+            f"setting {unknown[0]!r} does not apply to the sequential decoder {method!r}; it takes "
+            "gen_length, "
             "block_length, threshold, early_stop, force"
         )
     if given.pop("temperature", 0) not in (0, 0.0):
-        raise InputError("temperature: the sequential decoders (ar, nemotron-dlm, linear-spec) are greedy only (0)")
+        raise InputError(
+            "temperature: the sequential decoders (ar, nemotron-dlm, linear-spec) are greedy only (0)"
+        )
     settings = SequentialSettings(method=method, **given)
     _check_values(settings)
     if not family.sequential and not settings.force:
@@ -104,11 +109,16 @@ def _check_values(s: SequentialSettings) -> None:
         s.threshold = DEFAULT_THRESHOLD[s.method]
     elif s.threshold == "none" and s.method == "nemotron-dlm":
         s.threshold = None
-    elif isinstance(s.threshold, bool) or not isinstance(s.threshold, (int, float)) or not 0 <= s.threshold <= 1:
+    elif (
+        isinstance(s.threshold, bool)
+        or not isinstance(s.threshold, (int, float))
+        or not 0 <= s.threshold <= 1
+    ):
         raise InputError(f"threshold must be a number in [0, 1], got {s.threshold!r}")
     if s.method == "nemotron-dlm" and s.gen_length % s.block_length:
         raise InputError(
-            f"gen_length {s.gen_length} must be a multiple of block_length {s.block_length} for 'nemotron-dlm' "
+            f"gen_length {s.gen_length} must be a multiple of block_length {s.block_length} for "
+            "'nemotron-dlm' "
             "(the modeling file's generate asserts it)"
         )
     for name in ("early_stop", "force"):
@@ -155,7 +165,10 @@ def _denoise_block(runner, block: torch.Tensor, s: SequentialSettings, mask_id: 
     """Denoising forwards over one block until no mask is left (or an end token ends it); (block, steps,
     the step each position was committed at, -1 for the seed)."""
     n_masked = int((block == mask_id).sum())
-    quotas = [n_masked // s.block_length + (1 if i < n_masked % s.block_length else 0) for i in range(s.block_length)]
+    quotas = [
+        n_masked // s.block_length + (1 if i < n_masked % s.block_length else 0)
+        for i in range(s.block_length)
+    ]
     committed_at = [-1] * s.block_length
     steps = 0
     for i in range(s.block_length):
@@ -189,9 +202,11 @@ def decode_dlm(runner, prompt: list[int], s: SequentialSettings, mask_id: int, e
 
 
 def _draft_block(runner, block: torch.Tensor, threshold: float, mask_id: int) -> int:
-    """Fill the block's masks by bidirectional drafts (in place); the number of forwards."""
+    """Fill the block's masks by bidirectional drafts (in place); the number of forwards. At most
+    len(block) forwards: the official loop has no bound and never ends while the model keeps predicting
+    the mask token itself at a position (a named deviation; masks left are rejected by the verify)."""
     forwards = 0
-    while (block == mask_id).any():
+    while (block == mask_id).any() and forwards < len(block):
         masked = block == mask_id
         logits = runner.draft(block.tolist())
         forwards += 1
@@ -220,7 +235,9 @@ def decode_linear_spec(runner, prompt: list[int], s: SequentialSettings, mask_id
         drafts = _draft_block(runner, block, s.threshold, mask_id)
         causal = runner.verify(block.tolist()).argmax(-1).tolist()
         drafted = block.tolist()
-        accepted = 1 + next((i for i in range(s.block_length - 1) if causal[i] != drafted[i + 1]), s.block_length - 1)
+        accepted = 1 + next(
+            (i for i in range(s.block_length - 1) if causal[i] != drafted[i + 1]), s.block_length - 1
+        )
         new = causal[:accepted]
         runner.crop(start + accepted)
         token = new[-1]
@@ -282,7 +299,10 @@ def generate_sequential(lm, token_prompts: list[list[int]], method: str | None, 
         raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {lm.config.vocab_size})")
     longest = max(map(len, token_prompts)) + settings.gen_length + settings.block_length
     if longest > lm.config.max_length:
-        raise InputError(f"prompt + gen_length + block_length ({longest}) exceeds the model's context {lm.config.max_length}")
+        raise InputError(
+            f"prompt + gen_length + block_length ({longest}) exceeds the model's context "
+            f"{lm.config.max_length}"
+        )
     started, results = time.perf_counter(), []
     for prompt in token_prompts:
         t0 = time.perf_counter()

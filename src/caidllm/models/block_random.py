@@ -241,9 +241,7 @@ FAMILY = {
         "fastdllm": "fastdllm_v2",
         "stable": "stable_diffcoder",
         "nemotron": "nemotron_labs_diffusion",
-    }.get(
-        name.split("-")[0], name.split("-")[0]
-    )
+    }.get(name.split("-")[0], name.split("-")[0])
     for name in OFFICIAL
 }
 

@@ -91,7 +91,9 @@ def read_nemotron_fields(raw: dict, get: ConfigFields, source: str) -> dict:
         ("sliding_window", (None,)),
     ):
         if raw.get(key) not in allowed:
-            raise ModelLoadError(f"{source}: unsupported Nemotron-Labs-Diffusion setting {key}={raw.get(key)!r}")
+            raise ModelLoadError(
+                f"{source}: unsupported Nemotron-Labs-Diffusion setting {key}={raw.get(key)!r}"
+            )
     rope = rope_parameters(raw, source)
     d, h = get.int("hidden_size"), get.int("num_attention_heads")
     kv = get.int("num_key_value_heads", None) or h
@@ -124,14 +126,21 @@ def rope_parameters(raw: dict, source: str) -> dict:
     rope = {"rope_type": "default", "rope_theta": raw.get("rope_theta", 1000000.0), **rope}
     if rope["rope_type"] not in ("yarn", "default"):
         raise ModelLoadError(
-            f"{source}: unsupported rope_parameters.rope_type {rope['rope_type']!r} (expected 'yarn' or 'default')"
+            f"{source}: unsupported rope_parameters.rope_type {rope['rope_type']!r} "
+            "(expected 'yarn' or 'default')"
         )
     for key in ("rope_theta", "factor", "original_max_position_embeddings", "llama_4_scaling_beta"):
         value = rope.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+        ):
             raise ModelLoadError(f"{source}: rope_parameters.{key} = {value!r} must be a positive number")
-    if rope["rope_type"] == "yarn" and (rope.get("factor") is None or rope.get("original_max_position_embeddings") is None):
-        raise ModelLoadError(f"{source}: YaRN rope_parameters need 'factor' and 'original_max_position_embeddings'")
+    if rope["rope_type"] == "yarn" and (
+        rope.get("factor") is None or rope.get("original_max_position_embeddings") is None
+    ):
+        raise ModelLoadError(
+            f"{source}: YaRN rope_parameters need 'factor' and 'original_max_position_embeddings'"
+        )
     return rope
 
 
@@ -152,7 +161,9 @@ def inverse_frequencies(rope: dict, head_dim: int, device) -> tuple[torch.Tensor
     attention = rope.get("attention_factor")
     if attention is None:
         attention = (
-            yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all else yarn_mscale(factor)
+            yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
+            if mscale and mscale_all
+            else yarn_mscale(factor)
         )
 
     def correction_dim(rotations: float) -> float:
@@ -163,7 +174,9 @@ def inverse_frequencies(rope: dict, head_dim: int, device) -> tuple[torch.Tensor
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, head_dim - 1)
     high = high + 0.001 if low == high else high
-    ramp = ((torch.arange(head_dim // 2, device=device, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(head_dim // 2, device=device, dtype=torch.float32) - low) / (high - low)).clamp(
+        0, 1
+    )
     extrapolation = 1 - ramp
     inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
     return inv, float(attention)
