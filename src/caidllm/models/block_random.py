@@ -317,8 +317,8 @@ TOKENIZERS = {
         mask="<[MASK▁TOKEN]>",
         bos="<[begin▁of▁sentence]>",
     ),
-    # Nemotron-Labs-Diffusion (Tekken tokenizer): Mistral's <unk> <s> </s>, a ChatML-like stand-in for the chat
-    # template (the real one comes with the checkpoint), think markers, a mask token
+    # Nemotron-Labs-Diffusion (Tekken tokenizer): Mistral's <unk> <s> </s>, a ChatML-like stand-in for
+    # the chat template (the real one comes with the checkpoint), think markers, a mask token
     "nemotron_labs_diffusion": dict(
         specials=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>"],
         template=CHATML_TEMPLATE,
