@@ -203,3 +203,30 @@ def test_linear_spec_on_a_model_not_trained_for_it_is_refused_unless_forced():
     )
     ar = tiny.generate([[5, 6, 7]], method="ar", gen_length=12, force=True, early_stop=False)
     assert spec[0].token_ids == ar[0].token_ids  # lossless against its own (untrained) causal decoding
+
+
+def test_a_written_folder_loads_with_the_official_names_and_config_mask_id(tmp_path):
+    import json
+
+    from helpers.random_model import write_random_model
+
+    folder = write_random_model(tmp_path / "nld", TINY)
+    config = json.loads((folder / "config.json").read_text())
+    config["mask_token_id"] = 5  # a reserved slot whose spelling says nothing of a mask (Tekken's 100)
+    (folder / "config.json").write_text(json.dumps(config))
+    tok = json.loads((folder / "tokenizer_config.json").read_text())
+    tok.pop("mask_token")
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok))
+    lm = caidllm.load(str(folder), device="cpu", dtype="float32")
+    assert lm.config.family == "nemotron_labs_diffusion" and lm.config.mask_id == 5
+    names = set(lm.model.state_dict())
+    per_layer = {n.split(".", 3)[3] for n in names if n.startswith("encoder.layers.")}
+    assert per_layer == {
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        *(f"self_attn.{p}_proj.weight" for p in "qkvo"),
+        *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
+    }
+    assert len(names) == 9 * 2 + 3 and {"encoder.embed_tokens.weight", "diffusion_head.weight"} <= names
+    (r,) = lm.generate([[5, 6, 7]], method="ar", gen_length=4, early_stop=False)
+    assert len(r.token_ids) == 4

@@ -171,9 +171,14 @@ def _generate_sequential(lm, prompts, method, batch_size, chat, overrides, early
             "linear-spec); they take gen_length, block_length, threshold, temperature (0), early_stop, force"
         )
     token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
-    if gen_length is None:
-        checkpoint = getattr(lm, "checkpoint", None)
-        gen_length = getattr(checkpoint, "gen_length", None) or 256
+    checkpoint = getattr(lm, "checkpoint", None)  # a known checkpoint's own decoder and lengths (its row)
+    method = recommended_method(checkpoint, method) if checkpoint is not None else method
+    if checkpoint is not None and method == checkpoint.recommended.decoder:
+        options.setdefault("threshold", None)
+        options["threshold"] = options["threshold"] or checkpoint.recommended.threshold
+        gen_length = gen_length or checkpoint.recommended.gen_length
+        options["block_length"] = options.get("block_length") or checkpoint.recommended.block_length
+    gen_length = gen_length or 256
     kept = {k: options[k] for k in SEQUENTIAL_KEYS if options.get(k) is not None}
     return generate_sequential(
         lm, token_prompts, method, gen_length=gen_length, early_stop=early_stop, **kept, **overrides

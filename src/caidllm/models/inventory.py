@@ -67,6 +67,7 @@ def family_rows() -> list[dict]:
             "block_causal": f.block_causal,
             "block_lengths": [],
             "uniform": f.uniform,
+            "sequential": f.sequential,
         }
         for f in FAMILIES.values()
     ]

@@ -240,7 +240,7 @@ def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder:
             raise ModelLoadError(
                 f"{source} {mask_id} is not a token of {folder / 'tokenizer.json'} ({n} tokens)"
             )
-        if "mask" not in token.lower() and token != tokenizer.mask_token:
+        if "mask" not in token.lower() and token != tokenizer.mask_token and not _config_mask(config, source):
             raise ModelLoadError(
                 f"token {token!r} at {source.split()[1]} {mask_id} is not a mask token ({source})"
             )
@@ -250,6 +250,11 @@ def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder:
             + ", ".join(f"{source} = {i}" for source, i in named.items())
         )
     return next(iter(named.values()))
+
+
+def _config_mask(config: ModelConfig, source: str) -> bool:
+    """config.json's own mask id on a family that takes it as given (Family.mask_from_config)."""
+    return source.startswith("config.json") and get_family(config.family).mask_from_config
 
 
 def _ids(value) -> list[int]:

@@ -173,4 +173,5 @@ NEMOTRON_LABS_DIFFUSION = Family(
     description="Nemotron-Labs-Diffusion (NVIDIA): Ministral-3, one checkpoint for AR, block diffusion "
     "and self-speculation (LinearSpec)",
     sequential=True,
+    mask_from_config=True,
 )
