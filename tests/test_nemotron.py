@@ -230,3 +230,11 @@ def test_a_written_folder_loads_with_the_official_names_and_config_mask_id(tmp_p
     assert len(names) == 9 * 2 + 3 and {"encoder.embed_tokens.weight", "diffusion_head.weight"} <= names
     (r,) = lm.generate([[5, 6, 7]], method="ar", gen_length=4, early_stop=False)
     assert len(r.token_ids) == 4
+
+
+def test_the_step_engine_refuses_the_family_with_the_reason(lm):
+    from caidllm.decode import build_config
+    from caidllm.decode.engine import Engine
+
+    with pytest.raises(InputError, match="own sequential decoders"):
+        Engine(lm).submit([5, 6, 7], build_config("cai", gen_length=8, block_length=8))

@@ -155,6 +155,7 @@ def lengths_for_run(
     config_for_model), every method then checked at them against the model: `lm`'s config, or when `lm`
     is None `model_name`'s config.json alone (before the model loads). methods: (preset, extra keywords)
     pairs."""
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS, sequential_lengths
     from caidllm.decode.presets import config_for_model, take_the_runs_block
 
     config, checkpoint = (
@@ -169,6 +170,9 @@ def lengths_for_run(
     for i in sorted(range(len(methods)), key=lambda i: not takes[i]):
         preset, extra = methods[i]
         shared = dict(fixed or lengths, **({} if takes[i] else {"block_length": None}))
+        if preset in SEQUENTIAL_METHODS:  # decode/nemotron.py: its own defaults, checked by generate
+            fixed = fixed or sequential_lengths(checkpoint, **shared)
+            continue
         decoded, _ = config_for_model(config, checkpoint, preset, **extra, **shared, **common)
         fixed = fixed or dict(gen_length=decoded.gen_length, block_length=decoded.block_length)
     return fixed or lengths

@@ -38,6 +38,7 @@ from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
 from caidllm.decode.methods import method_names, settings_summary
+from caidllm.decode.nemotron import SEQUENTIAL_METHODS
 from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.presets import build_config, run_lengths
 from caidllm.distributed import World, together
@@ -113,7 +114,7 @@ class BenchConfig:
             raise InputError("no task given; pass --task at least once (e.g. --task synthetic:arithmetic)")
         if not self.methods:
             raise InputError(f"no method given; choose from {', '.join(method_names())}")
-        known = method_names()
+        known = method_names() + list(SEQUENTIAL_METHODS)  # a sequential model's own (decode/nemotron.py)
         loaded = self.loaded_settings()
         if loaded is not None:
             if loaded.name in known:
@@ -145,6 +146,8 @@ class BenchConfig:
         both = None not in (self.gen_length, self.block_length)
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
             preset, extra = self.method_options(m)
+            if preset in SEQUENTIAL_METHODS:  # checked against the model by generate (decode/nemotron.py)
+                continue
             build_config(
                 preset,
                 **extra,

@@ -179,13 +179,14 @@ def _generate_sequential(lm, prompts, method, batch_size, chat, overrides, early
         gen_length = gen_length or checkpoint.recommended.gen_length
         options["block_length"] = options.get("block_length") or checkpoint.recommended.block_length
     gen_length = gen_length or 256
-    kept = {k: options[k] for k in SEQUENTIAL_KEYS if options.get(k) is not None}
+    kept = {k: options[k] for k in SEQUENTIAL_KEYS if options.get(k) is not None and k != "seed"}
     return generate_sequential(
         lm, token_prompts, method, gen_length=gen_length, early_stop=early_stop, **kept, **overrides
     )
 
 
-SEQUENTIAL_KEYS = ("block_length", "threshold", "temperature")
+# seed: accepted and unused (greedy); the rest go to the decoders' settings
+SEQUENTIAL_KEYS = ("block_length", "threshold", "temperature", "seed")
 
 
 def _sync(lm) -> None:

@@ -58,6 +58,15 @@ class Decoded:
     accepted: list[int] = dataclasses.field(default_factory=list)  # linear-spec: tokens per verify
 
 
+def sequential_lengths(checkpoint, gen_length=None, block_length=None) -> dict:
+    """gen_length / block_length left None as generate takes them: a known checkpoint's, else 256 / 32."""
+    recommended = getattr(checkpoint, "recommended", None)
+    return dict(
+        gen_length=gen_length or getattr(recommended, "gen_length", None) or 256,
+        block_length=block_length or getattr(recommended, "block_length", None) or 32,
+    )
+
+
 def untrained_refusal(family: str, method: str) -> str:
     return (
         f"method {method!r} needs a model trained both as a causal language model and as a bidirectional "
