@@ -295,18 +295,26 @@ def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
                 f"{m}: Elastic-Cache's official loop decodes the whole generation as one block of "
                 f"{settings.gen_length}; block_length {settings.block_length} does not apply to it"
             )
-    configs = {
-        m: build_config(
-            settings.method_options(m)[0], **settings.method_options(m)[1], **settings.lengths_for(m)
-        )
-        for m in settings.methods
-    }
-    T = {m: config.steps_per_block for m, config in configs.items()}
-    own = {m: settings_summary(config) for m, config in configs.items()}
+    T, own = _method_steps(settings)
     if settings.warmup:  # every rank warms up on its own share
         first = encoded[tasks[0].name]
         _warm_up(lm, settings, [first[i] for i in world.shard(len(first))], log)
     return _Prepared(settings, lm, out, data_dir, tasks, chat, encoded, T, own)
+
+
+def _method_steps(settings: BenchConfig) -> tuple[dict, dict]:
+    """Each method's steps per block and its settings' summary; a sequential decoder (ar, nemotron-dlm,
+    linear-spec: decode/nemotron.py) has no step schedule: at most one step per block position."""
+    T, own = {}, {}
+    for m in settings.methods:
+        preset, extra = settings.method_options(m)
+        if preset in SEQUENTIAL_METHODS:
+            T[m] = settings.lengths_for(m)["block_length"]
+            own[m] = {"method": preset, "decoder": "sequential (decode/nemotron.py)"}
+            continue
+        config = build_config(preset, **extra, **settings.lengths_for(m))
+        T[m], own[m] = config.steps_per_block, settings_summary(config)
+    return T, own
 
 
 def _load_model(settings: BenchConfig, world: World, device, log):

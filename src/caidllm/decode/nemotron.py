@@ -318,4 +318,5 @@ def generate_sequential(lm, token_prompts: list[list[int]], method: str | None, 
         decoded = decode_one(lm, list(prompt), settings)
         results.append(result_of(lm, prompt, settings, decoded, time.perf_counter() - t0))
     elapsed = time.perf_counter() - started
-    return [dataclasses.replace(r, elapsed_s=elapsed) for r in results]
+    # all of it in the model's forwards but the argmax and the bookkeeping: forward_s is the whole wall
+    return [dataclasses.replace(r, elapsed_s=elapsed, forward_s=elapsed) for r in results]
