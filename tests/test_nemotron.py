@@ -238,3 +238,15 @@ def test_the_step_engine_refuses_the_family_with_the_reason(lm):
 
     with pytest.raises(InputError, match="own sequential decoders"):
         Engine(lm).submit([5, 6, 7], build_config("cai", gen_length=8, block_length=8))
+
+
+def test_serve_refuses_the_family_before_loading_and_bench_takes_its_lengths():
+    from caidllm.options import lengths_for_run
+    from caidllm.serve.cli import refuse_sequential
+
+    with pytest.raises(InputError, match="sequential decoders"):
+        refuse_sequential(TINY)
+    refuse_sequential("tiny")  # a mask-engine model is served
+    methods = [("ar", {}), ("nemotron-dlm", {}), ("linear-spec", {})]
+    assert lengths_for_run(TINY, None, methods, 32, 8) == {"gen_length": 32, "block_length": 8}
+    assert lengths_for_run(TINY, None, methods) == {"gen_length": 256, "block_length": 32}

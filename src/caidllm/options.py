@@ -133,6 +133,7 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
     """Refuse a bad or inapplicable setting before the model loads (InputError): the config `method`
     (None: a known checkpoint's own decoder, else cai) would decode with on the model (decode/presets.py,
     config_for_model), from its config.json alone."""
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS
     from caidllm.decode.presets import config_for_model
     from caidllm.models.checkpoints import recommended_method
 
@@ -144,6 +145,8 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
 
         return check_uniform(config, method, settings=settings, **options)
     method = recommended_method(checkpoint if settings is None else None, method)
+    if get_family(config.family).sequential or method in SEQUENTIAL_METHODS:  # checked by generate itself
+        return None
     return config_for_model(config, checkpoint, method, settings, strict, **options)[0]
 
 
