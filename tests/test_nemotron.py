@@ -250,3 +250,18 @@ def test_serve_refuses_the_family_before_loading_and_bench_takes_its_lengths():
     methods = [("ar", {}), ("nemotron-dlm", {}), ("linear-spec", {})]
     assert lengths_for_run(TINY, None, methods, 32, 8) == {"gen_length": 32, "block_length": 8}
     assert lengths_for_run(TINY, None, methods) == {"gen_length": 256, "block_length": 32}
+
+
+def test_memory_figures_and_quantized_weights(lm):
+    from caidllm.models.inventory import cache_bytes
+    from caidllm.models.quantize import decoder_layers
+
+    c = lm.config
+    assert cache_bytes(c, 100, torch.float32) == {"kv": 2 * c.n_layers * c.n_kv_heads * c.head_dim * 100 * 4}
+    assert decoder_layers(lm.model)[0] == "encoder.layers"
+    quantized = caidllm.load(TINY, device="cpu", dtype="float32", quantize="int8")
+    (r,) = quantized.generate(
+        [[5, 6, 7]], method="linear-spec", gen_length=8, block_length=4, early_stop=False
+    )
+    (a,) = quantized.generate([[5, 6, 7]], method="ar", gen_length=8, early_stop=False)
+    assert r.token_ids == a.token_ids

@@ -174,7 +174,7 @@ def quantized(m: dict) -> str:
     )
 
 
-CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "none")
+CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "kv", "none")
 
 
 def memory_lines(m: dict) -> list[str]:

@@ -307,7 +307,7 @@ def load_model(
         plan.check(model)
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
-    if shard is not None and get_family(config.family).uniform:
+    if shard is not None and (get_family(config.family).uniform or get_family(config.family).sequential):
         raise ModelLoadError(
             f"--tp: tensor parallelism is not implemented for the {config.family} family; "
             "load it on one device"

@@ -121,7 +121,7 @@ class NemotronLabsDiffusionModel(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.config = config
+        self.cfg = config
         self.encoder = Encoder(config)
         self.diffusion_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope = rope_parameters(config.raw, "config.json") if config.raw else {"rope_type": "default"}
@@ -129,14 +129,14 @@ class NemotronLabsDiffusionModel(nn.Module):
         self._frequencies: dict = {}  # per device: (inv_freq, attention factor), computed at first use
 
     def new_cache(self) -> NLDCache:
-        return NLDCache(self.config.n_layers)
+        return NLDCache(self.cfg.n_layers)
 
     def rotary(self, start: int, n: int, device, dtype):
         """cos / sin [1, 1, n, head_dim] (scaled by YaRN's attention factor) and the Llama-4 query
         scale [1, 1, n, 1] of absolute positions start .. start + n - 1."""
         key = str(device)
         if key not in self._frequencies:
-            self._frequencies[key] = inverse_frequencies(self.rope, self.config.head_dim, device)
+            self._frequencies[key] = inverse_frequencies(self.rope, self.cfg.head_dim, device)
         inv_freq, factor = self._frequencies[key]
         positions = torch.arange(start, start + n, device=device, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq

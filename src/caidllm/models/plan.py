@@ -110,7 +110,7 @@ def memory_plan(described, tp: int, dtype: torch.dtype, gpu_memory_gib: float, c
     weights = (sharded // tp + replicated) * size
     # every layer's keys and values once: the dual cache, or a block-causal model's exact block cache
     modes = cache_bytes(config, context, dtype)
-    kv = modes.get("canvas", modes.get("block" if config.block_causal else "dual")) // tp
+    kv = modes.get("canvas", modes.get("kv", modes.get("block" if config.block_causal else "dual"))) // tp
     budget = int(USABLE * gpu_memory_gib * GIB) - weights
     return MemoryPlan(
         model=described.name,
