@@ -265,3 +265,15 @@ def test_memory_figures_and_quantized_weights(lm):
     )
     (a,) = quantized.generate([[5, 6, 7]], method="ar", gen_length=8, early_stop=False)
     assert r.token_ids == a.token_ids
+
+
+def test_a_known_checkpoint_decodes_with_its_row_unless_told(tmp_path):
+    from helpers.random_model import write_random_model
+
+    folder = write_random_model(tmp_path / "Nemotron-Labs-Diffusion-8B", TINY)
+    lm = caidllm.load(str(folder), device="cpu", dtype="float32")
+    assert lm.checkpoint.hub_id == "nvidia/Nemotron-Labs-Diffusion-8B" and lm.chat_default
+    (r,) = lm.generate([[5, 6, 7]], gen_length=64, early_stop=False)
+    assert r.method == "nemotron-dlm" and len(r.steps_per_block) == 2  # blocks of 32
+    (ar,) = lm.generate([[5, 6, 7]], method="ar", gen_length=64, early_stop=False)
+    assert ar.method == "ar" and r.token_ids[0] == ar.token_ids[0]  # each block opens with the causal token
