@@ -240,16 +240,36 @@ def test_the_step_engine_refuses_the_family_with_the_reason(lm):
         Engine(lm).submit([5, 6, 7], build_config("cai", gen_length=8, block_length=8))
 
 
-def test_serve_refuses_the_family_before_loading_and_bench_takes_its_lengths():
+def test_bench_takes_the_sequential_lengths():
     from caidllm.options import lengths_for_run
-    from caidllm.serve.cli import refuse_sequential
 
-    with pytest.raises(InputError, match="sequential decoders"):
-        refuse_sequential(TINY)
-    refuse_sequential("tiny")  # a mask-engine model is served
     methods = [("ar", {}), ("nemotron-dlm", {}), ("linear-spec", {})]
     assert lengths_for_run(TINY, None, methods, 32, 8) == {"gen_length": 32, "block_length": 8}
     assert lengths_for_run(TINY, None, methods) == {"gen_length": 256, "block_length": 32}
+
+
+def test_served_answers_equal_generate_and_bad_methods_are_400(lm):
+    from fastapi.testclient import TestClient
+
+    from caidllm.serve.app import ServerConfig, create_app
+    from caidllm.serve.protocol import ServerDefaults
+
+    defaults = ServerDefaults(model_name="nld", method="nemotron-dlm", gen_length=32, block_length=8)
+    with TestClient(create_app(lm, ServerConfig(defaults=defaults))) as client:
+        for method, extra in (("ar", {}), ("linear-spec", {"block_length": 4}), ("nemotron-dlm", {})):
+            body = {"model": "nld", "prompt": PROMPTS[0], "max_tokens": 16, "method": method, **extra}
+            answer = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+            options = {"block_length": extra.get("block_length", 8)}
+            (r,) = lm.generate([PROMPTS[0]], method=method, gen_length=16, early_stop=False, **options)
+            assert answer == r.text, method
+        streamed = client.post("/v1/completions", json={**body, "stream": True})
+        assert streamed.status_code == 200 and streamed.text.count("data:") > 2
+        for bad, param in (
+            ({"method": "cai"}, "method"),
+            ({"method": "ar", "temperature": 0.5}, "temperature"),
+        ):
+            r = client.post("/v1/completions", json={"model": "nld", "prompt": [5, 6], **bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
 def test_memory_figures_and_quantized_weights(lm):
@@ -277,3 +297,17 @@ def test_a_known_checkpoint_decodes_with_its_row_unless_told(tmp_path):
     assert r.method == "nemotron-dlm" and len(r.steps_per_block) == 2  # blocks of 32
     (ar,) = lm.generate([[5, 6, 7]], method="ar", gen_length=64, early_stop=False)
     assert ar.method == "ar" and r.token_ids[0] == ar.token_ids[0]  # each block opens with the causal token
+
+
+def test_a_mask_model_served_refuses_the_sequential_decoders():
+    from fastapi.testclient import TestClient
+
+    from caidllm.serve.app import ServerConfig, create_app
+    from caidllm.serve.protocol import ServerDefaults
+
+    tiny = caidllm.load("tiny", device="cpu", dtype="float32")
+    app = create_app(tiny, ServerConfig(defaults=ServerDefaults(model_name="tiny")), engine_thread=False)
+    r = TestClient(app).post(
+        "/v1/completions", json={"model": "tiny", "prompt": "x", "method": "linear-spec"}
+    )
+    assert r.status_code == 400 and "trained both as a causal" in r.json()["error"]["message"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Generator
 
 import torch
 
@@ -99,7 +100,7 @@ def check_settings(lm, method: str | None, **options) -> SequentialSettings:
             "temperature: the sequential decoders (ar, nemotron-dlm, linear-spec) are greedy only (0)"
         )
     settings = SequentialSettings(method=method, **given)
-    _check_values(settings)
+    check_values(settings)
     if not family.sequential and not settings.force:
         raise InputError(untrained_refusal(family.name, method))
     if not family.sequential and getattr(lm.model, "extra_left", 0):
@@ -109,7 +110,7 @@ def check_settings(lm, method: str | None, **options) -> SequentialSettings:
     return settings
 
 
-def _check_values(s: SequentialSettings) -> None:
+def check_values(s: SequentialSettings) -> SequentialSettings:
     for name in ("gen_length", "block_length"):
         value = getattr(s, name)
         if not is_int(value) or value < 1:
@@ -133,9 +134,12 @@ def _check_values(s: SequentialSettings) -> None:
     for name in ("early_stop", "force"):
         if not isinstance(getattr(s, name), bool):
             raise InputError(f"{name} must be true or false, got {getattr(s, name)!r}")
+    return s
 
 
-def decode_ar(runner, prompt: list[int], s: SequentialSettings, eos: set) -> Decoded:
+def decode_ar(
+    runner, prompt: list[int], s: SequentialSettings, eos: set
+) -> Generator[list[int], None, Decoded]:
     logits, out = runner.prefill(prompt), []
     for step in range(s.gen_length):
         token = int(logits[-1].argmax())
@@ -144,6 +148,7 @@ def decode_ar(runner, prompt: list[int], s: SequentialSettings, eos: set) -> Dec
             break
         if step < s.gen_length - 1:
             logits = runner.verify([token])
+        yield out
     return Decoded(out, runner.forwards, [1] * len(out), list(range(len(out))))
 
 
@@ -192,7 +197,9 @@ def _denoise_block(runner, block: torch.Tensor, s: SequentialSettings, mask_id: 
     return block, steps, committed_at
 
 
-def decode_dlm(runner, prompt: list[int], s: SequentialSettings, mask_id: int, eos: set) -> Decoded:
+def decode_dlm(
+    runner, prompt: list[int], s: SequentialSettings, mask_id: int, eos: set
+) -> Generator[list[int], None, Decoded]:
     seed = int(runner.prefill(prompt)[-1].argmax())
     out, steps_per_block, commit_step, steps_before = [], [], [], 0
     for _ in range(s.gen_length // s.block_length):
@@ -207,6 +214,7 @@ def decode_dlm(runner, prompt: list[int], s: SequentialSettings, mask_id: int, e
         first = next((i for i, t in enumerate(out) if t in eos), None) if s.early_stop else None
         if first is not None:
             return Decoded(out[: first + 1], runner.forwards, steps_per_block, commit_step[: first + 1])
+        yield out
     return Decoded(out, runner.forwards, steps_per_block, commit_step)
 
 
@@ -232,7 +240,9 @@ def _draft_block(runner, block: torch.Tensor, threshold: float, mask_id: int) ->
     return forwards
 
 
-def decode_linear_spec(runner, prompt: list[int], s: SequentialSettings, mask_id: int, eos: set) -> Decoded:
+def decode_linear_spec(
+    runner, prompt: list[int], s: SequentialSettings, mask_id: int, eos: set
+) -> Generator[list[int], None, Decoded]:
     token = int(runner.prefill(prompt)[-1].argmax())
     out, steps, accepted_lengths, commit = [token], [1], [], [0]
     if s.early_stop and token in eos:
@@ -258,19 +268,32 @@ def decode_linear_spec(runner, prompt: list[int], s: SequentialSettings, mask_id
         accepted_lengths.append(accepted)
         if first is not None:
             break
+        yield out
     n = min(len(out), s.gen_length)
     return Decoded(out[:n], runner.forwards, steps, commit[:n], accepted_lengths)
 
 
-def decode_one(lm, prompt: list[int], s: SequentialSettings) -> Decoded:
+def stepper(lm, prompt: list[int], s: SequentialSettings):
+    """The decoder of `s` as a generator: it yields the tokens decided so far after each token (ar), block
+    (nemotron-dlm) or verify (linear-spec), and returns the Decoded (the step engine of the server,
+    decode/nemotron_engine.py, advances it one yield at a time)."""
     sequential = get_family(lm.config.family).sequential
     runner = CacheRunner(lm) if sequential else RecomputeRunner(lm)
     eos, mask_id = set(lm.config.eos_ids), lm.config.mask_id
     if s.method == "ar":
-        return decode_ar(runner, prompt, s, eos)
+        return (yield from decode_ar(runner, prompt, s, eos))
     if s.method == "nemotron-dlm":
-        return decode_dlm(runner, prompt, s, mask_id, eos)
-    return decode_linear_spec(runner, prompt, s, mask_id, eos)
+        return (yield from decode_dlm(runner, prompt, s, mask_id, eos))
+    return (yield from decode_linear_spec(runner, prompt, s, mask_id, eos))
+
+
+def decode_one(lm, prompt: list[int], s: SequentialSettings) -> Decoded:
+    steps = stepper(lm, prompt, s)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def result_of(lm, prompt: list[int], s: SequentialSettings, d: Decoded, elapsed: float) -> GenerationResult:

@@ -33,6 +33,7 @@ from caidllm.decode.engine import Engine
 from caidllm.decode.methods import method_names
 from caidllm.decode.presets import lays_blocks
 from caidllm.errors import EngineFullError, InputError
+from caidllm.models.families import get_family
 from caidllm.models.quantize import quantization_info
 from caidllm.serve.answer import Answer
 from caidllm.serve.body_fields import check_fields
@@ -108,19 +109,27 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
 
 def _server_for(lm, settings: ServerConfig) -> _Server:
     """The engine (not started yet) and what watches it; fills the prompt-size default from the model."""
-    background = BackgroundEngine(
-        Engine(
-            lm,
-            max_batch=settings.max_batch,
-            max_queue=settings.max_queue,
-            prefix_cache_mb=settings.prefix_cache_mb,
-            step_policy=settings.step_policy,
-        )
-    )
+    background = BackgroundEngine(_engine_for(lm, settings))
     metrics = ServerMetrics(background)
     if settings.defaults.max_prompt_chars is None:
         settings.defaults.max_prompt_chars = prompt_char_limit(lm)
     return _Server(lm, settings, background, metrics, Shutdown(settings.shutdown_grace))
+
+
+def _engine_for(lm, settings: ServerConfig):
+    """The step engine of the mask-based decoders, or the sequential decoders' (decode/nemotron_engine.py)
+    for a model of the sequential family (Nemotron-Labs-Diffusion)."""
+    if get_family(lm.config.family).sequential:
+        from caidllm.decode.nemotron_engine import SequentialEngine
+
+        return SequentialEngine(lm, max_batch=settings.max_batch, max_queue=settings.max_queue)
+    return Engine(
+        lm,
+        max_batch=settings.max_batch,
+        max_queue=settings.max_queue,
+        prefix_cache_mb=settings.prefix_cache_mb,
+        step_policy=settings.step_policy,
+    )
 
 
 def _lifespan(server: _Server, engine_thread: bool):

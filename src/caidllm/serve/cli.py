@@ -145,7 +145,6 @@ def run(args) -> int:
     decoded = check_before_load(
         args.model, method, gen_length=args.gen_length, block_length=args.block_length
     )
-    refuse_sequential(args.model)
     from caidllm.parallel.launch import check_method, check_parallel
 
     check_parallel(args, args.tp)  # --tp and --tp-timeout, before any rank starts
@@ -164,22 +163,6 @@ def run(args) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def refuse_sequential(model_name) -> None:
-    """A model whose decoders are the sequential ones (Nemotron-Labs-Diffusion: decode/nemotron.py) is not
-    served yet: the server's engine is the step engine of the mask-based decoders."""
-    from caidllm.errors import InputError
-    from caidllm.models.families import get_family
-    from caidllm.options import model_config_of
-
-    config, _ = model_config_of(model_name)
-    if get_family(config.family).sequential:
-        raise InputError(
-            f"--model: model family {config.family!r} decodes with its own sequential decoders (ar, "
-            "nemotron-dlm, linear-spec), which the server's step engine does not run yet; use caidllm "
-            "generate, caidllm bench or caidllm.generate"
-        )
 
 
 def serve_parallel(args) -> None:
