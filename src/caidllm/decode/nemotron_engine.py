@@ -18,7 +18,8 @@ import torch
 from caidllm.checks import is_id_list
 from caidllm.decode.nemotron import SequentialSettings, result_of, stepper
 from caidllm.decode.request import CommitEvent
-from caidllm.errors import EngineFullError, InputError
+from caidllm.decode.scheduler import Scheduler
+from caidllm.errors import InputError
 
 
 @dataclass
@@ -40,29 +41,12 @@ class SequentialScheduler:
         self.queue: deque[SequentialRequest] = deque()
         self.running: dict[str, SequentialRequest] = {}
 
-    @property
-    def capacity(self) -> int:
-        return self.max_batch + self.max_queue
-
-    def check_room(self, request_id: str, known: bool, held: int) -> None:
-        if known:
-            raise InputError(f"request id {request_id!r} is already in the engine")
-        if held >= self.capacity:
-            raise EngineFullError(
-                f"the engine is full: {held} requests in flight or queued "
-                f"(max_batch {self.max_batch}, max_queue {self.max_queue})"
-            )
-
-    def add_checked(self, requests) -> None:
-        self.queue.extend(requests)
-
-    @property
-    def queued(self) -> int:
-        return len(self.queue)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.running)
+    # the step engine's rules, read from its scheduler (the same attributes: queue, running, the limits)
+    capacity = Scheduler.capacity
+    check_room = Scheduler.check_room
+    add_checked = Scheduler.add_checked
+    queued = Scheduler.queued
+    in_flight = Scheduler.in_flight
 
 
 @dataclass
