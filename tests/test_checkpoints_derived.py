@@ -281,3 +281,32 @@ def test_a_distill_folder_decodes_with_its_own_block_size(tmp_path):
     assert lm.checkpoint.recommended.block_length == 4 and lm.config.block_lengths == (8,)
     result = lm.generate([list(range(10, 18))], gen_length=16)[0]
     assert result.method == "sdar" and len(result.steps_per_block) == 2
+
+
+# Stable-DiffCoder's first revisions (Base and Instruct): "LlamaForCausalLM" in architectures, their class
+# SeedDiffcoderForCausalLM (a LlamaForCausalLM with generate_block) only in auto_map.
+FIRST_REVISION = {
+    "architectures": ["LlamaForCausalLM"],
+    "auto_map": {"AutoModelForCausalLM": "modeling_seed_diffcoder.SeedDiffcoderForCausalLM"},
+}
+
+
+def test_a_first_revision_stable_diffcoder_folder_loads_by_its_auto_map(tmp_path):
+    name = "Stable-DiffCoder-8B-Instruct"
+    new_folder = write_block_checkpoint(tmp_path / "new" / name, "stable_diffcoder")
+    new = caidllm.load(new_folder, device="cpu", dtype="float32")
+    folder = write_block_checkpoint(tmp_path / name, "stable_diffcoder", config_overrides=FIRST_REVISION)
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    assert lm.config.family == "stable_diffcoder" and lm.checkpoint is new.checkpoint
+    ids = _canvas(lm)
+    torch.testing.assert_close(lm.logits(ids), new.logits(ids))  # the same weights, the same forward
+    assert lm.generate(["what is 2 + 3 ?"], gen_length=8)[0].method == "sdar-static"
+
+
+def test_a_plain_llama_folder_is_still_refused(tmp_path):
+    overrides = {**FIRST_REVISION, "auto_map": {"AutoModelForCausalLM": "modeling_llama.LlamaForCausalLM"}}
+    raw = {**SMALL["stable_diffcoder"], "mask_token_id": 3, "eos_token_id": 2, **overrides}
+    with pytest.raises(
+        ModelLoadError, match=r"unknown model architecture \(architectures=\['LlamaForCausalLM'\]"
+    ):
+        parse_config(raw, source="config.json")
