@@ -310,3 +310,14 @@ def test_a_plain_llama_folder_is_still_refused(tmp_path):
         ModelLoadError, match=r"unknown model architecture \(architectures=\['LlamaForCausalLM'\]"
     ):
         parse_config(raw, source="config.json")
+
+
+def test_a_trado_folder_with_its_template_in_chat_template_jinja(tmp_path):
+    """TraDo's hub folders ship the chat template as chat_template.jinja (tokenizer_config.json has none)."""
+    folder = write_block_checkpoint(tmp_path / "TraDo-8B-Thinking", "sdar")
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "chat_template.jinja").write_text(tok_config.pop("chat_template"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    assert lm.checkpoint.name == "TraDo-8B-Thinking" and lm.chat_default
+    assert lm.tokenizer.decode(lm.encode_chat("hi")).endswith("<|im_start|>assistant\n")

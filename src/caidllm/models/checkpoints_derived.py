@@ -40,7 +40,9 @@ TRADO_SOURCE = (
     "{steps}, remasking_strategy low_confidence_dynamic, dynamic_threshold 0.9) and its README's "
     "block_diffusion_generate example (block_length 4, denoising_steps 4, confidence_threshold 0.9, mask_id "
     f"151669); their temperature 1.0 samples: {GREEDY}; the SDAR architecture (model_base 'trado' runs as "
-    f"SDAR), shape of {{base}} (TraDo's own config.json is not in the stored copies); {BLOCK_CAI}"
+    f"SDAR), shape of {{base}} (TraDo's own config.json is not in the stored copies; TraDo-8B-Instruct's hub "
+    "file list: model type sdar, 16.4 GB of safetensors as SDAR-8B-Chat's, its chat template in "
+    f"chat_template.jinja); {BLOCK_CAI}"
 )
 # d3LLM-v2's SDAR students: their hub pages (d3LLM org) give the name, the size and a chat usage, nothing
 # of the decoding or config.json: SDAR-4B-Chat's shape and JetAstra/SDAR generate.py's defaults.
