@@ -44,6 +44,8 @@ def test_every_block_checkpoint_is_known():
         "Gen-Verse/TraDo-4B-Instruct",
         "Gen-Verse/TraDo-8B-Instruct",
         "Gen-Verse/TraDo-8B-Thinking",
+        "d3LLM/SDAR-4B-Chat-distill-search",
+        "d3LLM/SDAR-4B-Chat-distill-webshop",
     }
     assert {c.shape for c in BLOCK} == set(COUNTS)
 
