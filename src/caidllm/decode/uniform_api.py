@@ -46,14 +46,14 @@ def check_uniform(config, method: str | None, folder=None, **options):
 
     method = method or UNIFORM_METHODS[0]
     if method not in UNIFORM_METHODS:
-        raise InputError(mask_decoder_refusal(config.family, method))
+        raise InputError(mask_decoder_refusal(config.family, method), "method")
     given = sorted(k for k in MASK_ONLY if options.get(k) is not None)
     if given:
         raise InputError(
             f"setting {given[0]!r} does not apply to the uniform-state decoder {method!r} (a mask-based "
             "decoder's, or not implemented for it); it takes max_denoising_steps, entropy_bound, t_min, "
-            "t_max, "
-            "stability_threshold, confidence_threshold, adaptive_stop, seed, gen_length"
+            "t_max, stability_threshold, confidence_threshold, adaptive_stop, seed, gen_length",
+            given[0],
         )
     if options.pop("early_stop", True) is False:
         options["adaptive_stop"] = False
