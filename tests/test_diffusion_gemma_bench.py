@@ -1,6 +1,7 @@
 """DiffusionGemma (a small random config) through `caidllm bench`, lm-eval's generate_until and `caidllm
-calibrate`: its decoders' rows (accuracy, forwards per canvas, tokens per forward, wall), a mask-based method in
-the list refused by name before anything runs, loglikelihood and calibration refused saying why."""
+calibrate`: its decoders' rows (accuracy, forwards per canvas, tokens per forward, wall), a mask-based
+method in the list refused by name before anything runs, loglikelihood and calibration refused saying
+why."""
 
 import pytest
 
@@ -47,3 +48,38 @@ def test_a_method_of_the_other_kind_is_refused_before_the_model_loads(model, met
     with pytest.raises(InputError, match=words):
         run_bench(config, log=logged.append)
     assert not any("loading model" in line for line in logged)
+
+
+def test_lm_eval_generates_on_the_family_and_refuses_likelihood_saying_why(tmp_path):
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from caidllm.evaluation.lm_eval_adapter import CaidllmLM
+
+    adapter = CaidllmLM(
+        pretrained=SMALL,
+        gen_length=16,
+        max_denoising_steps=3,
+        batch_size=2,
+        stats_path=str(tmp_path / "s.json"),
+    )
+    assert (adapter.method, adapter.block_length) == ("diffusiongemma", 16)
+    requests = [
+        Instance("generate_until", {}, (f"prompt {i}", {"until": [], "temperature": 0.7}), i)
+        for i in range(3)
+    ]
+    answers = adapter.generate_until(requests)
+    want = adapter.lm.generate(
+        [adapter._encode(f"prompt {i}") for i in range(3)],
+        gen_length=16,
+        max_denoising_steps=3,
+        seed=0,
+        chat=False,
+    )
+    assert answers == [w.text for w in want]
+    with pytest.raises(NotImplementedError, match="uniform-state diffusion"):
+        adapter.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
+    with pytest.raises(InputError, match="temperature"):
+        CaidllmLM(pretrained=SMALL, temperature=0.5)
+    with pytest.raises(InputError, match="block_length"):
+        CaidllmLM(pretrained=SMALL, block_length=16)

@@ -156,7 +156,6 @@ def lengths_for_run(
     is None `model_name`'s config.json alone (before the model loads). methods: (preset, extra keywords)
     pairs."""
     from caidllm.decode.presets import config_for_model, take_the_runs_block
-
     from caidllm.decode.uniform_api import uniform_run_lengths
 
     config, checkpoint = (
