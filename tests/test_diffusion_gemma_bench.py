@@ -83,3 +83,14 @@ def test_lm_eval_generates_on_the_family_and_refuses_likelihood_saying_why(tmp_p
         CaidllmLM(pretrained=SMALL, temperature=0.5)
     with pytest.raises(InputError, match="block_length"):
         CaidllmLM(pretrained=SMALL, block_length=16)
+
+
+def test_calibrate_refuses_the_family_in_one_line(tmp_path):
+    from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
+
+    options = CalibrateOptions(
+        tasks=["synthetic:boolean_expressions"], out=str(tmp_path / "s.json"), model=SMALL
+    )
+    with pytest.raises(InputError, match="CAI controller's settings") as refused:
+        run_calibrate(options, log=lambda message: pytest.fail(f"it ran: {message}"))
+    assert "uniform-state" in str(refused.value) and "\n" not in str(refused.value)
