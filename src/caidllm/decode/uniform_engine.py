@@ -32,48 +32,15 @@ from caidllm.decode.diffusiongemma_state import CanvasRequest
 from caidllm.decode.request import CommitEvent
 from caidllm.decode.results import GenerationResult, Trace
 from caidllm.decode.sampling import request_generator
+from caidllm.decode.scheduler import Limits
 from caidllm.errors import EngineFullError, InputError
 from caidllm.models.diffusion_gemma_cache import DGCache
-
-
-class UniformQueue:
-    """The waiting and running requests, and the limits on them (the mask engine's Scheduler's calls)."""
-
-    def __init__(self, max_batch: int, max_queue: int):
-        self.max_batch, self.max_queue = max_batch, max_queue
-        self.queue: deque[CanvasRequest] = deque()
-        self.running: dict[str, CanvasRequest] = {}
-
-    @property
-    def capacity(self) -> int:
-        return self.max_batch + self.max_queue
-
-    def check_room(self, request_id: str, known: bool, held: int) -> None:
-        """Refuse a request whose id is `known` already, or one more when `held` are held already."""
-        if known or request_id in self.running or any(r.id == request_id for r in self.queue):
-            raise InputError(f"request id {request_id!r} is already in the engine", "request_id")
-        if held >= self.capacity:
-            raise EngineFullError(
-                f"the engine is full: {held} requests in flight or queued "
-                f"(max_batch {self.max_batch}, max_queue {self.max_queue})"
-            )
-
-    def add_checked(self, requests) -> None:
-        self.queue.extend(requests)
-
-    @property
-    def queued(self) -> int:
-        return len(self.queue)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.running)
 
 
 class UniformEngine:
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256):
         self.lm = lm
-        self.scheduler = UniformQueue(max_batch, max_queue)
+        self.scheduler = Limits(max_batch, max_queue)  # the queue and its limits, as the mask engine's
         self.forwards = 0  # decoder forwards (one per step)
         self.steps = 0
         self.prefix_store = None  # no prefix store for this family
@@ -92,7 +59,7 @@ class UniformEngine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.queue or self.running)
+        return self.scheduler.has_work
 
     @property
     def canvas_length(self) -> int:
@@ -165,7 +132,7 @@ class UniformEngine:
 
     def cancel(self, request_id: str) -> None:
         self.running.pop(request_id, None)
-        self.queue = deque(r for r in self.queue if r.id != request_id)
+        self.scheduler.queue = deque(r for r in self.queue if r.id != request_id)
 
     def cancel_all(self) -> list[str]:
         ids = [*self.running, *(r.id for r in self.queue)]
