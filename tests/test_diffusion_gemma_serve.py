@@ -150,3 +150,15 @@ def test_the_draft_stream_shows_each_step(server, client):
         assert all(0 <= p < 16 for p in d["accepted"])
     # the last draft of a canvas is the canvas (the argmax), and the text is unchanged by the drafts
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == whole
+
+
+def test_the_engine_counters_and_a_uniform_setting_on_a_mask_model(server, tiny):
+    from caidllm.serve.protocol import RequestError, ServerDefaults, parse
+    from helpers.serve import metric
+
+    assert metric(server.url, "caidllm_forwards_total") > 0
+    assert metric(server.url, "caidllm_engine_steps_total") > 0
+    for field in ("entropy_bound", "stream_draft"):
+        with pytest.raises(RequestError, match="uniform-state decoders") as refused:
+            parse({"prompt": "hi", field: True}, "completion", tiny, ServerDefaults(model_name="tiny"))
+        assert refused.value.param == field
