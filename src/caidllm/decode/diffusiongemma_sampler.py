@@ -85,7 +85,7 @@ def _update(model, r: CanvasRequest, logits: torch.Tensor) -> bool:
     accept = accepted_positions(entropy, s.entropy_bound)
     kept = torch.where(accept, tokens, r.canvas)
     noise = torch.randint(0, r.vocab_size, (1, r.canvas_length), generator=r.generator, device=kept.device)[0]
-    r.canvas = torch.where(accept, kept, noise)
+    r.canvas, r.accepted = torch.where(accept, kept, noise), accept
     r.step += 1
     r.nfe += 1
     stop = False

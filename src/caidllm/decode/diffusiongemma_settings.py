@@ -43,40 +43,64 @@ class DiffusionGemmaSettings:
     # at batch 1); else with a hash of seed and prompt (decode/sampling.py), as every caidllm decoder
     exact_seed: bool = False
     sample_chunk: int = 64  # canvas positions whose float32 probabilities exist at once (peak memory)
+    # provisional: each step's event carries the draft (the argmax canvas, the official streamer's put_draft)
+    # and the positions the step accepted; off: only finished canvases are streamed
+    stream_draft: bool = False
     given: set = field(default_factory=set, repr=False, compare=False)
 
     @property
     def sample(self) -> bool:
         return self.method == "diffusiongemma"
 
+    # What a front end reads of any decode config (the mask-based DecodeConfig has the same names):
+    @property
+    def early_stop(self) -> bool:
+        """A request always ends with the canvas that holds its end token."""
+        return True
+
+    @property
+    def block_length(self) -> int | None:
+        """The canvas is the block of this family (None until validated against a checkpoint)."""
+        return self.canvas_length
+
+    @property
+    def steps_per_block(self) -> int:
+        """The most denoising steps (decoder forwards) a canvas takes."""
+        return self.max_denoising_steps
+
     def validate(self, canvas_length: int | None = None) -> DiffusionGemmaSettings:
         if self.method not in UNIFORM_METHODS:
             raise InputError(
-                f"method {self.method!r}: the uniform-state decoders are {', '.join(UNIFORM_METHODS)}"
+                f"method {self.method!r}: the uniform-state decoders are {', '.join(UNIFORM_METHODS)}",
+                "method",
             )
         for name in ("gen_length", "max_denoising_steps", "sample_chunk"):
             _positive_int(name, getattr(self, name))
         if not is_int(self.stability_threshold) or self.stability_threshold < 0:
-            raise InputError(f"stability_threshold must be an integer >= 0, got {self.stability_threshold!r}")
+            raise InputError(
+                f"stability_threshold must be an integer >= 0, got {self.stability_threshold!r}",
+                "stability_threshold",
+            )
         for name in ("entropy_bound", "confidence_threshold"):
             value = getattr(self, name)
             if not is_number(value) or not value > 0:
-                raise InputError(f"{name} must be a number > 0, got {value!r}")
+                raise InputError(f"{name} must be a number > 0, got {value!r}", name)
         for name in ("t_min", "t_max"):
             if not is_number(getattr(self, name)) or getattr(self, name) < 0:
-                raise InputError(f"{name} must be a number >= 0, got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be a number >= 0, got {getattr(self, name)!r}", name)
         if not self.t_max > self.t_min:
-            raise InputError(f"t_max ({self.t_max}) must be greater than t_min ({self.t_min})")
+            raise InputError(f"t_max ({self.t_max}) must be greater than t_min ({self.t_min})", "t_max")
         if self.seed is not None and not is_int(self.seed):
-            raise InputError(f"seed must be an integer, got {self.seed!r}")
-        for name in ("adaptive_stop", "exact_seed"):
+            raise InputError(f"seed must be an integer, got {self.seed!r}", "seed")
+        for name in ("adaptive_stop", "exact_seed", "stream_draft"):
             if not isinstance(getattr(self, name), bool):
-                raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}", name)
         if canvas_length is not None:
             if self.canvas_length is not None and self.canvas_length != canvas_length:
                 raise InputError(
                     f"canvas_length {self.canvas_length!r}: this checkpoint decodes canvases of "
-                    f"{canvas_length} tokens (its trained length) only"
+                    f"{canvas_length} tokens (its trained length) only",
+                    "canvas_length",
                 )
             self.canvas_length = canvas_length
         return self
@@ -84,7 +108,7 @@ class DiffusionGemmaSettings:
 
 def _positive_int(name: str, value) -> None:
     if not is_int(value) or value < 1:
-        raise InputError(f"{name} must be a positive integer, got {value!r}")
+        raise InputError(f"{name} must be a positive integer, got {value!r}", name)
 
 
 FIELDS = {f.name for f in dataclasses.fields(DiffusionGemmaSettings)} - {"given"}
@@ -122,7 +146,8 @@ def build_settings(method: str, folder=None, **options) -> DiffusionGemmaSetting
     if unknown:
         raise InputError(
             f"setting {unknown[0]!r} does not apply to the uniform-state decoder {method!r} "
-            f"(its settings: {', '.join(sorted(FIELDS - {'method'}))})"
+            f"(its settings: {', '.join(sorted(FIELDS - {'method'}))})",
+            unknown[0],
         )
     given = {k for k, v in options.items() if v is not None}
     values = {**checkpoint_defaults(folder), **{k: v for k, v in options.items() if v is not None}}

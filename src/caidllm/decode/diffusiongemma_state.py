@@ -32,9 +32,11 @@ class CanvasRequest:
     argmax: torch.Tensor | None = None  # [L] the latest argmax canvas: the output when the canvas ends
     soft: torch.Tensor | None = None  # [L, hidden] self-conditioning input of the next step (None: first)
     history: torch.Tensor | None = None  # [stability_threshold, L] the argmax canvases of the last steps
+    accepted: torch.Tensor | None = None  # [L] bool: the positions the last step accepted
     step: int = 0  # steps run on the current canvas
     generated: list[int] = field(default_factory=list)
     steps_per_canvas: list[int] = field(default_factory=list)
+    answer_length: int = 0  # answer tokens of the finished canvases (to the end token)
     nfe: int = 0  # decoder forwards
     encoder_forwards: int = 0
     finished: bool = False
