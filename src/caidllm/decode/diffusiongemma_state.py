@@ -33,6 +33,7 @@ class CanvasRequest:
     soft: torch.Tensor | None = None  # [L, hidden] self-conditioning input of the next step (None: first)
     history: torch.Tensor | None = None  # [stability_threshold, L] the argmax canvases of the last steps
     step: int = 0  # steps run on the current canvas
+    rule_state: object | None = None  # what the decoder's rule keeps of the current canvas (None: fresh)
     generated: list[int] = field(default_factory=list)
     steps_per_canvas: list[int] = field(default_factory=list)
     nfe: int = 0  # decoder forwards
@@ -45,7 +46,7 @@ class CanvasRequest:
         """Uniformly random tokens (the reference's canvas initialisation), a fresh history."""
         L = self.canvas_length
         self.canvas = torch.randint(0, self.vocab_size, (1, L), generator=self.generator, device=device)[0]
-        self.argmax, self.soft, self.step = self.canvas, None, 0
+        self.argmax, self.soft, self.step, self.rule_state = self.canvas, None, 0, None
         k = self.settings.stability_threshold
         self.history = torch.full((k, L), -1, dtype=torch.long, device=device) if k else None
 
