@@ -1,0 +1,46 @@
+"""DiffusionGemma under --tp: 2 gloo ranks give one process's logits (to 1e-5 of their scale) and the same
+tokens under every uniform-state decoder; `caidllm models --plan` plans the family and refuses a degree
+that does not divide its full layers' 2 key/value heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytest.importorskip("transformers.models.diffusion_gemma")
+
+from caidllm.errors import InputError
+from caidllm.models.inventory import describe
+from caidllm.models.plan import memory_plan
+from caidllm.parallel.mesh import free_port
+from helpers.dg_parallel import SHAPE, results, run_rank
+from helpers.dg_reference import engine_lm, reference
+
+
+def test_two_ranks_give_the_logits_and_tokens_of_one_process(tmp_path):
+    mp.start_processes(
+        run_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn"
+    )
+    sharded = torch.load(tmp_path / "rank0.pt")
+    lm = engine_lm(reference(seed=3, canvas_length=8, **SHAPE))
+    with torch.no_grad():
+        whole = results(lm)
+    scale = whole["logits"].abs().max().item()
+    assert (sharded["logits"] - whole["logits"]).abs().max().item() <= 1e-5 * max(scale, 1.0)
+    assert sharded["tokens"] == whole["tokens"]
+    assert sharded["collectives"] > 0  # the forwards did sum over the ranks
+    assert sharded["q_rows"] * 2 == lm.model.backbone.layers[1].self_attn.q_proj.out_features  # a full layer
+
+
+def test_the_plan_divides_the_weights_and_refuses_a_degree_the_full_layers_do_not_allow():
+    described = describe("random:diffusiongemma-26b-a4b")
+    one = memory_plan(described, 1, torch.bfloat16, 80, 8192)
+    two = memory_plan(described, 2, torch.bfloat16, 80, 8192)
+    assert (
+        one.cache == "canvas" and two.kv_bytes_per_request_per_rank * 2 == one.kv_bytes_per_request_per_rank
+    )
+    assert two.weights_bytes_per_rank < one.weights_bytes_per_rank
+    assert one.sharded_parameters + one.replicated_parameters == 25_250_986_752  # the released total
+    with pytest.raises(InputError, match="2 key/value heads of the full-attention layers"):
+        memory_plan(described, 4, torch.bfloat16, 80, 8192)
