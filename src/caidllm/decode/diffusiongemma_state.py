@@ -51,6 +51,12 @@ class CanvasRequest:
         self.history = torch.full((k, L), -1, dtype=torch.long, device=device) if k else None
 
     @property
+    def config(self) -> DiffusionGemmaSettings:  # what parallel/mirror.py sends the other ranks
+        return self.settings
+
+    policy_state = None  # (the mask engine's requests' field the mirror reads; none here)
+
+    @property
     def cur_step(self) -> int:
         """The reference's step counter: N at the first step, down to 1 at the last."""
         return self.settings.max_denoising_steps - self.step

@@ -32,12 +32,18 @@ from caidllm.models.diffusion_gemma_cache import DGCache
 
 
 class UniformEngine:
+    """Under --tp the engine is its own scheduler for parallel/mirror.py (queue, max_batch, max_queue,
+    add_checked, holds): rank 0's mirror sends the other ranks its inputs before each step."""
+
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256):
         self.lm, self.max_batch, self.max_queue = lm, max_batch, max_queue
         self.queue: deque[CanvasRequest] = deque()
         self.running: dict[str, CanvasRequest] = {}
         self.forwards = 0
         self.steps = 0
+        self.mirror = getattr(lm, "mirror", None)  # a tensor-parallel model's rank 0
+        if self.mirror is not None:
+            self.mirror.attach(self)
 
     @property
     def has_work(self) -> bool:
@@ -53,8 +59,17 @@ class UniformEngine:
         request = self.prepare(prompt_ids, settings, request_id)
         if len(self.queue) >= self.max_queue:
             raise EngineFullError(f"the queue is full ({self.max_queue} requests waiting)")
-        self.queue.append(request)
+        self.add_checked([request])
         return request.id
+
+    def add_checked(self, requests: list[CanvasRequest]) -> None:
+        self.queue.extend(requests)
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self.running or any(r.id == request_id for r in self.queue)
+
+    def take_faults(self) -> list:
+        return []  # a request's failure is not isolated here: the step raises
 
     def prepare(self, prompt_ids, settings: DiffusionGemmaSettings, request_id=None) -> CanvasRequest:
         if not isinstance(settings, DiffusionGemmaSettings):
@@ -94,11 +109,15 @@ class UniformEngine:
         )
 
     def cancel(self, request_id: str) -> None:
+        if self.mirror is not None:
+            self.mirror.record(self, "cancel", request_id)
         self.running.pop(request_id, None)
         self.queue = deque(r for r in self.queue if r.id != request_id)
 
     def cancel_all(self) -> list[str]:
         ids = [*self.running, *(r.id for r in self.queue)]
+        if self.mirror is not None:
+            self.mirror.record(self, "cancel_all")
         self.running.clear()
         self.queue.clear()
         return ids
@@ -110,15 +129,20 @@ class UniformEngine:
     @torch.no_grad()
     def step(self) -> list[CommitEvent]:
         """Admit waiting requests, advance every running canvas by one step; the step's events."""
+        if not self.has_work:
+            return []
+        if self.mirror is not None:  # before admitting: an admission's encoder forward sums over the ranks
+            self.mirror.before_step(self)
         while self.queue and len(self.running) < self.max_batch:
             self._admit(self.queue.popleft())
-        if not self.running:
-            return []
         requests = list(self.running.values())
         ended = denoise_step(self.lm.model, requests)
         self.forwards += 1
         self.steps += 1
-        return [self._after_step(r, done) for r, done in zip(requests, ended)]
+        events = [self._after_step(r, done) for r, done in zip(requests, ended)]
+        if self.mirror is not None:
+            self.mirror.after_step(self, events)
+        return events
 
     @torch.no_grad()
     def _admit(self, r: CanvasRequest) -> None:
