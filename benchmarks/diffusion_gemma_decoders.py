@@ -7,7 +7,8 @@ noise: it measures the decoders' cost, not their accuracy).
 
     python benchmarks/diffusion_gemma_decoders.py --task synthetic:boolean_expressions --limit 4
     python benchmarks/diffusion_gemma_decoders.py --model src/caidllm/assets/tiny-dg \\
-        --task bbh:boolean_expressions --limit 50 --dgcai entropy_end=1.0 --dgcai gating=false
+        --task bbh:boolean_expressions --limit 50 --dgcai entropy_end=1.0 --dgcai gating=false \\
+        --set max_denoising_steps=32
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ METHODS = ("diffusiongemma", "greedy", "diffusiongemma-cai")
 
 
 def _value(text: str):
-    """A --dgcai value: true / false, a number, or a comma-separated tuple of numbers."""
+    """A --dgcai / --set value: true / false, an integer, a number, or a comma-separated tuple of numbers."""
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
-    numbers = [float(x) for x in text.split(",")]
+    numbers = [int(x) if x.lstrip("-").isdigit() else float(x) for x in text.split(",")]
     return tuple(numbers) if len(numbers) > 1 else numbers[0]
 
 
 def run_method(lm, task, method: str, args) -> dict:
     dgcai = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.dgcai)}
+    shared = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.set)}
     options = dict(method=method, gen_length=args.gen_length, seed=args.seed, batch_size=args.batch_size)
+    options.update(shared)
     if method == "diffusiongemma-cai" and dgcai:
         options["dgcai"] = dgcai
     prompts = [s.render() for s in task.samples]
@@ -71,6 +74,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--dgcai", action="append", default=[], help="a diffusiongemma-cai setting, key=value")
+    p.add_argument("--set", action="append", default=[], help="a setting of every decoder (t_max=0.6)")
     p.add_argument("--data-dir", default=None, help="the bench's data folder (default: bench/datadir.py's)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
