@@ -23,17 +23,19 @@ from caidllm.models.inventory import describe
 from caidllm.models.plan import memory_plan
 from caidllm.parallel.mesh import free_port
 from helpers.dg_parallel import SHAPE, results, run_rank
-from helpers.dg_reference import engine_lm, reference
+from helpers.dg_reference import engine_lm, reference, saved
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def test_two_ranks_give_the_logits_and_tokens_of_one_process(tmp_path):
+    model = reference(seed=3, canvas_length=8, **SHAPE)
+    torch.save(saved(model), tmp_path / "model.pt")
     mp.start_processes(
         run_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn"
     )
     sharded = torch.load(tmp_path / "rank0.pt")
-    lm = engine_lm(reference(seed=3, canvas_length=8, **SHAPE))
+    lm = engine_lm(model)
     with torch.no_grad():
         whole = results(lm)
     scale = whole["logits"].abs().max().item()

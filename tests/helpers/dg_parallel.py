@@ -10,7 +10,7 @@ import torch.distributed as dist
 from caidllm.models.diffusion_gemma_cache import DecoderView, DGCache
 from caidllm.parallel.mesh import init_group
 from caidllm.parallel.sharding import shard_modules
-from helpers.dg_reference import engine_lm, reference, run_engine
+from helpers.dg_reference import run_engine, serve_lm
 
 SHAPE = dict(num_key_value_heads=2, num_global_key_value_heads=2, num_experts=6)
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15]]
@@ -38,10 +38,11 @@ def results(lm) -> dict:
 
 
 def run_rank(rank: int, size: int, port: int, out: str) -> None:
+    """The model comes from out/model.pt (the parent's: transformers is not imported in a rank)."""
     torch.set_num_threads(1)
     tp = init_group(rank, size, port, torch.device("cpu"), 60.0)
     try:
-        lm = engine_lm(reference(seed=3, canvas_length=8, **SHAPE))
+        lm = serve_lm(torch.load(f"{out}/model.pt"))
         shard_modules(lm.model, lm.model.config, tp)
         with torch.no_grad():
             found = results(lm)

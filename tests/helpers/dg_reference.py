@@ -83,17 +83,30 @@ def reference(
 
 def ours_from(model) -> DiffusionGemmaModel:
     """caidllm's model from the reference's config.json and state dict."""
+    return ours_from_saved(saved(model))
+
+
+def saved(model) -> dict:
+    """The reference's config.json dict and state dict (what ours_from_saved needs, without transformers)."""
     raw = model.config.to_dict()
     raw["architectures"] = ["DiffusionGemmaForBlockDiffusion"]
-    config = parse_config(raw)
-    ours = DiffusionGemmaModel(config)
-    ours.load_state_dict(model.state_dict())
+    return {"raw": raw, "state": model.state_dict()}
+
+
+def ours_from_saved(saved: dict) -> DiffusionGemmaModel:
+    ours = DiffusionGemmaModel(parse_config(saved["raw"]))
+    ours.load_state_dict(saved["state"])
     return ours.eval()
 
 
 def engine_lm(model):
     """What UniformEngine needs of a loaded model, around caidllm's copy of `model` (end id 1, pad 0)."""
-    ours = ours_from(model)
+    return serve_lm(saved(model))
+
+
+def serve_lm(saved: dict):
+    """engine_lm of a saved reference (ours_from_saved)."""
+    ours = ours_from_saved(saved)
     config = SimpleNamespace(**{**ours.config.__dict__, "eos_ids": (1,), "pad_id": 0})
     return SimpleNamespace(model=ours, config=config, device=torch.device("cpu"), decode=lambda ids: "")
 
