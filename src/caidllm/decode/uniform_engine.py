@@ -38,12 +38,17 @@ from caidllm.models.diffusion_gemma_cache import DGCache
 
 
 class UniformEngine:
+    """Under --tp, rank 0's mirror (parallel/mirror.py) sends the other ranks its inputs before each step."""
+
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256):
         self.lm = lm
         self.scheduler = Limits(max_batch, max_queue)  # the queue and its limits, as the mask engine's
         self.forwards = 0  # decoder forwards (one per step)
         self.steps = 0
         self.prefix_store = None  # no prefix store for this family
+        self.mirror = getattr(lm, "mirror", None)  # a tensor-parallel model's rank 0
+        if self.mirror is not None:
+            self.mirror.attach(self)
 
     @property
     def max_batch(self) -> int:
@@ -131,17 +136,23 @@ class UniformEngine:
         )
 
     def cancel(self, request_id: str) -> None:
+        if self.mirror is not None:
+            self.mirror.record(self, "cancel", request_id)
         self.running.pop(request_id, None)
         self.scheduler.queue = deque(r for r in self.queue if r.id != request_id)
 
     def cancel_all(self) -> list[str]:
         ids = [*self.running, *(r.id for r in self.queue)]
+        if self.mirror is not None:
+            self.mirror.record(self, "cancel_all")
         self.running.clear()
         self.queue.clear()
         return ids
 
     def drop_running(self) -> list[str]:
         """Drop every in-flight request (after a step that raised); their ids. Queued requests stay."""
+        if self.mirror is not None:
+            self.mirror.record(self, "drop_running")
         ids = list(self.running)
         self.running.clear()
         return ids
@@ -157,15 +168,20 @@ class UniformEngine:
     @torch.no_grad()
     def step(self) -> list[CommitEvent]:
         """Admit waiting requests, advance every running canvas by one step; the step's events."""
+        if not self.has_work:
+            return []
+        if self.mirror is not None:  # before admitting: an admission's encoder forward sums over the ranks
+            self.mirror.before_step(self)
         while self.queue and len(self.running) < self.scheduler.max_batch:
             self._admit(self.queue.popleft())
-        if not self.running:
-            return []
         requests = list(self.running.values())
         ended = denoise_step(self.lm.model, requests)
         self.forwards += 1
         self.steps += 1
-        return [self._after_step(r, done) for r, done in zip(requests, ended)]
+        events = [self._after_step(r, done) for r, done in zip(requests, ended)]
+        if self.mirror is not None:
+            self.mirror.after_step(self, events)
+        return events
 
     @torch.no_grad()
     def _admit(self, r: CanvasRequest) -> None:

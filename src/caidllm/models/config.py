@@ -157,3 +157,6 @@ class Family:
     uniform: bool = False
     # checkpoint tensors the module does not hold and the loader skips (a vision tower, tied copies)
     ignores_weight: Callable[[str], bool] | None = None
+    # (what, size) pairs --tp must divide besides the heads, widths and experts plan.py checks for every
+    # family (DiffusionGemma: its full layers' key/value heads, its dense MLP beside the experts)
+    tp_sizes: Callable[[object], list[tuple[str, int]]] | None = None
