@@ -49,7 +49,7 @@ def _complete(client, seed, prompt=PROMPT, max_tokens=40, **extra):
 
 def test_info_lists_the_uniform_decoders(server):
     info = httpx.get(f"{server.url}/caidllm/info").json()
-    assert info["methods"] == info["uniform_methods"] == ["diffusiongemma", "greedy"]
+    assert info["methods"] == info["uniform_methods"] == ["diffusiongemma", "greedy", "diffusiongemma-cai"]
     assert info["method"] == "diffusiongemma" and info["block_length"] == 16
 
 
@@ -97,7 +97,17 @@ BAD = [
     ({"t_min": 0.9, "t_max": 0.5}, "t_max", "greater"),
     ({"stream_draft": "yes"}, "stream_draft", "true or false"),
     ({"max_tokens": 10_000}, "max_tokens", "limit"),
+    ({"method": "diffusiongemma-cai", "dgcai": {"warmup": 2}}, "dgcai.warmup", "[0, 1)"),
+    ({"method": "diffusiongemma-cai", "dgcai": {"bogus": 1}}, "dgcai.bogus", "not a setting"),
+    ({"dgcai": {"warmup": 0.2}}, "dgcai", "does not apply"),
 ]
+
+
+def test_the_cai_variant_is_served_with_its_own_settings(client, dg):
+    own = {"warmup": 0.2, "grinding": False}
+    (want,) = dg.generate([PROMPT], method="diffusiongemma-cai", gen_length=40, seed=4, dgcai=own, **KNOBS)
+    text, stats = _complete(client, 4, method="diffusiongemma-cai", dgcai=own)
+    assert stats["method"] == "diffusiongemma-cai" and text == want.text and stats["nfe"] == want.nfe
 
 
 def test_bad_fields_are_400s_naming_them_and_leave_a_request_in_flight_alone(server, client):

@@ -10,10 +10,13 @@ from __future__ import annotations
 from caidllm.checks import is_int
 from caidllm.decode.diffusiongemma_settings import FIELDS, UNIFORM_METHODS
 from caidllm.decode.uniform_api import check_uniform
+from caidllm.decode.uniform_decoders import UNIFORM_DECODERS
 from caidllm.errors import InputError
 
-# the settings' own names, as request fields (seed is OpenAI's; method is every decoder's)
-SETTING_FIELDS = FIELDS - {"method", "seed"}
+# the settings' own names, as request fields (seed is OpenAI's; method is every decoder's), and the keys a
+# decoder's own settings go under ("dgcai": {...})
+OWNER_KEYS = {d.settings.OWNER for d in UNIFORM_DECODERS.values() if d.settings is not None}
+SETTING_FIELDS = (FIELDS - {"method", "seed"}) | OWNER_KEYS
 # body fields the uniform-state decoders do not implement: the answer's form and its logprobs
 NOT_IMPLEMENTED = ("response_format", "regex", "choice", "logprobs", "top_logprobs")
 
@@ -61,7 +64,8 @@ def refuse_answer_form(body: dict) -> None:
     for name in NOT_IMPLEMENTED:
         if name in body and body[name] is not False:
             raise InputError(
-                f"{name} is not implemented for the uniform-state decoders (diffusiongemma, greedy)", name
+                f"{name} is not implemented for the uniform-state decoders ({', '.join(UNIFORM_METHODS)})",
+                name,
             )
     choice = body.get("tool_choice")
     if isinstance(choice, dict) or choice == "required":
