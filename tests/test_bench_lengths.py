@@ -32,15 +32,22 @@ SMALL = [
 def test_the_length_table_in_one_command(tmp_path, capsys):
     out = tmp_path / "lengths"
     assert main(["bench", *SMALL, "--lengths", "16,8", "--out", str(out)]) == 0
-    assert "expected at most ~" in capsys.readouterr().err  # said before the run starts
+    assert "2 examples: expected at most ~" in capsys.readouterr().err  # said before the run starts
     assert sorted(p.name for p in out.iterdir()) == ["lengths.png", "results.json", "results.md"]
     report = json.loads((out / "results.json").read_text())
     assert report["lengths"] == [8, 16] and report["block_length"] == 8
     cells = {(r["method"], r["gen_length"]): r for r in report["rows"]}
     assert set(cells) == {(m, n) for m in ("vanilla", "cai") for n in (8, 16)}
-    assert cells[("vanilla", 16)]["speedup"] == 1.0 and cells[("vanilla", 16)]["nfe"] == 16
+    assert cells[("vanilla", 16)]["nfe"] == 16 and cells[("vanilla", 8)]["nfe"] == 8
+    assert all(cells[("vanilla", n)]["speedup"] == 1.0 for n in (8, 16))  # the baseline at every length
+    for n in (8, 16):  # speedup = tokens/s over vanilla's at the same length
+        assert cells[("cai", n)]["speedup"] == pytest.approx(
+            cells[("cai", n)]["tps"] / cells[("vanilla", n)]["tps"]
+        )
     table = (out / "results.md").read_text()
     assert "| method | 8 tokens | 16 tokens |" in table and "| cai |" in table
+    accuracy = f"{100 * cells[('cai', 16)]['accuracy']:.1f}%"  # accuracy beside the speed in each cell
+    assert f"{cells[('cai', 16)]['tps']:.1f} tok/s (" in table and f"fwd, {accuracy})" in table
 
 
 @pytest.mark.parametrize(
@@ -82,3 +89,44 @@ def test_a_run_that_fails_midway_leaves_nothing_half_written(tmp_path, monkeypat
     with pytest.raises(RuntimeError):
         main(["bench", *SMALL, "--lengths", "8", "--out", str(out)])
     assert calls and not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "bound, words",
+    [
+        (7200.0, "expected up to ~2.0 h (an upper bound"),
+        (7200.0, "on 2 examples per task, past --max-hours 1; give --limit 1 or less, or raise --max-hours"),
+        (1e9, "pick shorter --lengths or fewer --methods"),
+    ],
+)
+def test_a_run_past_the_bound_is_refused_before_it_decodes(tmp_path, capsys, monkeypatch, bound, words):
+    out = tmp_path / "lengths"
+    decoded = []
+    monkeypatch.setattr(lengths_module, "expected_seconds", lambda *args: bound)
+    monkeypatch.setattr("caidllm.bench.runner.run_bench", lambda *a, **k: decoded.append(a))
+    assert main(["bench", *SMALL, "--lengths", "8,16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "expected at most ~" in err and words in err  # said, then refused
+    assert not decoded and not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--lengths", "8", "--max-hours", "0"], "--max-hours must be a positive number of hours, got 0"),
+        (["--lengths", "8", "--max-hours", "nan"], "--max-hours must be a positive number of hours"),
+        (["--max-hours", "2"], "--max-hours applies to --lengths only"),
+    ],
+)
+def test_a_bad_max_hours_is_refused(tmp_path, capsys, argv, words):
+    out = tmp_path / "lengths"
+    assert main(["bench", *SMALL, *argv, "--out", str(out)]) == 2
+    assert words in capsys.readouterr().err and not out.exists()
+
+
+def test_a_generous_bound_lets_the_run_go(tmp_path, monkeypatch):
+    monkeypatch.setattr(lengths_module, "expected_seconds", lambda *args: 7200.0)
+    out = tmp_path / "lengths"
+    argv = ["bench", *SMALL, "--methods", "vanilla", "--lengths", "8", "--max-hours", "2.5"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert (out / "lengths.png").exists()

@@ -2,8 +2,10 @@
 one command: every method at every generation length on the same examples, tokens/s and speedup over the
 first method (vanilla), one table and one plot (one line per method) beside results.md.
 
-Before it starts the run says how long it expects (one timed forward per length, times the forwards an
-upper bound takes: every method as slow as the first, steps = gen_length); `--limit` caps the examples.
+Before it starts the run says how long it expects: an upper bound from one timed forward per length on
+the model loaded, times the forwards the slowest method could take (every method as slow as vanilla: one
+forward per generated position), times the batches of the examples each task holds (`--limit` caps them).
+Past `--max-hours` (default 1) the run is refused before it decodes anything, naming a `--limit` that fits.
 The output folder gets its files only once every length has run: they are written to a temporary folder
 beside it and moved in at the end, so a refused or interrupted run leaves nothing half-written.
 """
@@ -24,6 +26,7 @@ from caidllm.errors import InputError
 
 DEFAULT_BLOCK = 32  # the bench's block for block-wise methods when none is given (bench/cli.py)
 PROMPT_ALLOWANCE = 64  # prompt positions assumed by the time estimate
+DEFAULT_MAX_HOURS = 1.0  # the expected upper bound past which a run is refused (--max-hours)
 
 
 def parse_lengths(text: str, block_length: int) -> list[int]:
@@ -45,6 +48,15 @@ def parse_lengths(text: str, block_length: int) -> list[int]:
     return sorted(set(lengths))
 
 
+def check_max_hours(value: float | None) -> float:
+    """--max-hours: a positive number of hours (None: the default)."""
+    if value is None:
+        return DEFAULT_MAX_HOURS
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"--max-hours must be a positive number of hours, got {value:g}", field="max_hours")
+    return value
+
+
 def seconds_per_forward(lm, batch_size: int, length: int) -> float:
     """One timed forward over a batch of canvases of `length` answer positions (after one untimed)."""
     ids = torch.full(
@@ -57,12 +69,40 @@ def seconds_per_forward(lm, batch_size: int, length: int) -> float:
     return time.perf_counter() - started
 
 
-def expected_seconds(lm, settings, lengths: list[int], examples: int) -> float:
+def expected_seconds(lm, settings, lengths: list[int], sizes: list[int]) -> float:
     """An upper bound of the run's decoding time: each method as slow as vanilla (gen_length forwards per
-    batch) on `examples` examples per task, plus one warm-up batch per method and length."""
-    batches = math.ceil(examples / settings.batch_size) + (1 if settings.warmup else 0)
+    batch) on each task's `sizes` examples, plus one warm-up batch per method and length."""
+    warmup = 1 if settings.warmup else 0
+    batches = sum(math.ceil(n / settings.batch_size) for n in sizes) + warmup
     per_method = sum(seconds_per_forward(lm, settings.batch_size, n) * n * batches for n in lengths)
-    return per_method * len(settings.methods) * max(1, len(settings.tasks))
+    return per_method * len(settings.methods)
+
+
+def task_sizes(settings) -> list[int]:
+    """How many examples each task of the run evaluates (its file's, capped by --limit)."""
+    from caidllm.bench.tasks import load_task
+
+    data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else None
+    return [
+        len(load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot).samples)
+        for spec in settings.tasks
+    ]
+
+
+def check_bound(bound: float, sizes: list[int], max_hours: float) -> None:
+    """InputError (exit 2, nothing written) when the expected upper bound passes `max_hours`; it names the
+    largest --limit that fits."""
+    if bound <= max_hours * 3600:
+        return
+    most = max(sizes)
+    fits = int(most * max_hours * 3600 / bound)  # the bound grows about linearly with the examples
+    advice = f"give --limit {fits} or less" if fits >= 1 else "pick shorter --lengths or fewer --methods"
+    raise InputError(
+        f"--lengths: expected up to ~{bound / 3600:.1f} h (an upper bound: every method one forward per "
+        f"generated position) on {most} examples per task, past --max-hours {max_hours:g}; {advice}, or "
+        "raise --max-hours",
+        field="lengths",
+    )
 
 
 def table_rows(reports: dict[int, dict]) -> list[dict]:
@@ -86,7 +126,8 @@ def table_rows(reports: dict[int, dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict], lengths: list[int], methods: list[str], header: str) -> str:
-    """The length table: per task, a line per method with tokens/s (speedup) at each length."""
+    """The length table: per task, a line per method with tokens/s (speedup over the first method, forwards
+    per question, accuracy) at each length."""
     lines = [header, ""]
     for task in dict.fromkeys(r["task"] for r in rows):
         lines += [
@@ -101,10 +142,16 @@ def markdown(rows: list[dict], lengths: list[int], methods: list[str], header: s
                 row = next(
                     r for r in rows if r["task"] == task and r["method"] == method and r["gen_length"] == n
                 )
-                cells.append(f"{row['tps']:.1f} tok/s ({row['speedup']:.2f}x, {row['nfe']:.1f} fwd)")
+                figures = f"{row['speedup']:.2f}x, {row['nfe']:.1f} fwd, {score(row)}"
+                cells.append(f"{row['tps']:.1f} tok/s ({figures})")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def score(row: dict) -> str:
+    """The row's accuracy in percent (n/a where the task has no score)."""
+    return "n/a" if row["accuracy"] is None else f"{100 * row['accuracy']:.1f}%"
 
 
 def plot(path: Path, rows: list[dict], lengths: list[int], methods: list[str]) -> None:
@@ -131,21 +178,22 @@ def plot(path: Path, rows: list[dict], lengths: list[int], methods: list[str]) -
     fig.savefig(path)
 
 
-def run_lengths(settings, lengths: list[int], log) -> dict:
+def run_lengths(settings, lengths: list[int], log, max_hours: float = DEFAULT_MAX_HOURS) -> dict:
     """Every length's bench run on one loaded model; the combined report (to settings.out at the end)."""
     from caidllm.bench.runner import _load_model, run_bench
     from caidllm.distributed import World
 
     world = World.from_env()
     settings.check()
+    sizes = task_sizes(settings)  # a task that cannot be read fails before the model loads
     lm = _load_model(settings, world, world.device(settings.device), log)
-    examples = settings.limit if settings.limit is not None else 1
-    bound = expected_seconds(lm, settings, lengths, examples)
-    per = "" if settings.limit is not None else " per example of each task (no --limit: times its size)"
+    bound = expected_seconds(lm, settings, lengths, sizes)
     log(
-        f"lengths {lengths}, block {settings.block_length}: expected at most ~{bound:.0f} s{per} "
-        "(every method as slow as vanilla); --limit caps the examples"
+        f"lengths {lengths}, block {settings.block_length}, {sum(sizes)} examples: expected at most "
+        f"~{bound:.0f} s (every method as slow as vanilla; early stop ends far sooner); --limit caps the "
+        "examples"
     )
+    check_bound(bound, sizes, max_hours)
     reports = {
         n: run_bench(dataclasses.replace(settings, gen_length=n, out=None), lm=lm, log=log) for n in lengths
     }
