@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from caidllm.bench import length_budget
 from caidllm.bench import lengths as lengths_module
 from caidllm.bench.lengths import parse_lengths
 from caidllm.cli import main
@@ -92,22 +93,35 @@ def test_a_run_that_fails_midway_leaves_nothing_half_written(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize(
-    "bound, words",
+    "measured, words",
     [
-        (7200.0, "expected up to ~2.0 h (an upper bound"),
+        (7200.0, "expected ~2.0 h (each method's first batch at 16 tokens, for every batch and length)"),
         (7200.0, "on 2 examples per task, past --max-hours 1; give --limit 1 or less, or raise --max-hours"),
         (1e9, "pick shorter --lengths or fewer --methods"),
     ],
 )
-def test_a_run_past_the_bound_is_refused_before_it_decodes(tmp_path, capsys, monkeypatch, bound, words):
+def test_a_run_past_the_bound_is_refused_before_it_decodes(tmp_path, capsys, monkeypatch, measured, words):
+    # The forward's upper bound (10 h) is past the budget: the first batches are timed (here: stated).
     out = tmp_path / "lengths"
     decoded = []
-    monkeypatch.setattr(lengths_module, "expected_seconds", lambda *args: bound)
+    monkeypatch.setattr(length_budget, "upper_bound", lambda *args: 36000.0)
+    monkeypatch.setattr(length_budget, "first_batches", lambda lm, settings, n: measured / 2 / 2)
     monkeypatch.setattr("caidllm.bench.runner.run_bench", lambda *a, **k: decoded.append(a))
     assert main(["bench", *SMALL, "--lengths", "8,16", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "expected at most ~" in err and words in err  # said, then refused
+    assert "the upper bound is ~10.0 h; timing each method's first batch at 16" in err and words in err
     assert not decoded and not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_first_batches_decide_when_the_upper_bound_is_past_the_budget(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(length_budget, "upper_bound", lambda *args: 36000.0)  # really timed below
+    out = tmp_path / "lengths"
+    assert main(["bench", *SMALL, "--lengths", "8,16", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "timing each method's first batch at 16" in err
+    assert "2 examples: expected at most ~" in err and "(each method's first batch at 16 tokens" in err
+    report = json.loads((out / "results.json").read_text())
+    assert 0 < report["expected_s"] < 3600
 
 
 @pytest.mark.parametrize(
@@ -125,7 +139,8 @@ def test_a_bad_max_hours_is_refused(tmp_path, capsys, argv, words):
 
 
 def test_a_generous_bound_lets_the_run_go(tmp_path, monkeypatch):
-    monkeypatch.setattr(lengths_module, "expected_seconds", lambda *args: 7200.0)
+    monkeypatch.setattr(length_budget, "upper_bound", lambda *args: 7200.0)
+    monkeypatch.setattr(length_budget, "first_batches", lambda *args: pytest.fail("timed a batch"))
     out = tmp_path / "lengths"
     argv = ["bench", *SMALL, "--methods", "vanilla", "--lengths", "8", "--max-hours", "2.5"]
     assert main([*argv, "--out", str(out)]) == 0

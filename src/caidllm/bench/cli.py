@@ -243,7 +243,8 @@ def run_length_table(args, settings: BenchConfig) -> int:
     """`--lengths`: one bench run per generation length on one loaded model (bench/lengths.py)."""
     import dataclasses
 
-    from caidllm.bench.lengths import DEFAULT_BLOCK, check_max_hours, parse_lengths, run_lengths
+    from caidllm.bench.length_budget import check_max_hours
+    from caidllm.bench.lengths import DEFAULT_BLOCK, parse_lengths, run_lengths
 
     if args.tp > 1:
         raise InputError("--lengths runs on one process (no --tp)", field="lengths")

@@ -2,10 +2,8 @@
 one command: every method at every generation length on the same examples, tokens/s and speedup over the
 first method (vanilla), one table and one plot (one line per method) beside results.md.
 
-Before it starts the run says how long it expects: an upper bound from one timed forward per length on
-the model loaded, times the forwards the slowest method could take (every method as slow as vanilla: one
-forward per generated position), times the batches of the examples each task holds (`--limit` caps them).
-Past `--max-hours` (default 1) the run is refused before it decodes anything, naming a `--limit` that fits.
+Before it starts the run says how long it expects and refuses a run past `--max-hours`
+(bench/length_budget.py); `--limit` caps the examples.
 The output folder gets its files only once every length has run: they are written to a temporary folder
 beside it and moved in at the end, so a refused or interrupted run leaves nothing half-written.
 """
@@ -14,19 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-
+from caidllm.bench.length_budget import DEFAULT_MAX_HOURS, expected_seconds, task_sizes
 from caidllm.errors import InputError
 
 DEFAULT_BLOCK = 32  # the bench's block for block-wise methods when none is given (bench/cli.py)
-PROMPT_ALLOWANCE = 64  # prompt positions assumed by the time estimate
-DEFAULT_MAX_HOURS = 1.0  # the expected upper bound past which a run is refused (--max-hours)
 
 
 def parse_lengths(text: str, block_length: int) -> list[int]:
@@ -46,63 +39,6 @@ def parse_lengths(text: str, block_length: int) -> list[int]:
                 field="lengths",
             )
     return sorted(set(lengths))
-
-
-def check_max_hours(value: float | None) -> float:
-    """--max-hours: a positive number of hours (None: the default)."""
-    if value is None:
-        return DEFAULT_MAX_HOURS
-    if not math.isfinite(value) or value <= 0:
-        raise InputError(f"--max-hours must be a positive number of hours, got {value:g}", field="max_hours")
-    return value
-
-
-def seconds_per_forward(lm, batch_size: int, length: int) -> float:
-    """One timed forward over a batch of canvases of `length` answer positions (after one untimed)."""
-    ids = torch.full(
-        (batch_size, PROMPT_ALLOWANCE + length), lm.config.mask_id, dtype=torch.long, device=lm.device
-    )
-    with torch.inference_mode():
-        lm.logits(ids)
-        started = time.perf_counter()
-        lm.logits(ids)
-    return time.perf_counter() - started
-
-
-def expected_seconds(lm, settings, lengths: list[int], sizes: list[int]) -> float:
-    """An upper bound of the run's decoding time: each method as slow as vanilla (gen_length forwards per
-    batch) on each task's `sizes` examples, plus one warm-up batch per method and length."""
-    warmup = 1 if settings.warmup else 0
-    batches = sum(math.ceil(n / settings.batch_size) for n in sizes) + warmup
-    per_method = sum(seconds_per_forward(lm, settings.batch_size, n) * n * batches for n in lengths)
-    return per_method * len(settings.methods)
-
-
-def task_sizes(settings) -> list[int]:
-    """How many examples each task of the run evaluates (its file's, capped by --limit)."""
-    from caidllm.bench.tasks import load_task
-
-    data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else None
-    return [
-        len(load_task(spec, data_dir=data_dir, limit=settings.limit, fewshot=settings.fewshot).samples)
-        for spec in settings.tasks
-    ]
-
-
-def check_bound(bound: float, sizes: list[int], max_hours: float) -> None:
-    """InputError (exit 2, nothing written) when the expected upper bound passes `max_hours`; it names the
-    largest --limit that fits."""
-    if bound <= max_hours * 3600:
-        return
-    most = max(sizes)
-    fits = int(most * max_hours * 3600 / bound)  # the bound grows about linearly with the examples
-    advice = f"give --limit {fits} or less" if fits >= 1 else "pick shorter --lengths or fewer --methods"
-    raise InputError(
-        f"--lengths: expected up to ~{bound / 3600:.1f} h (an upper bound: every method one forward per "
-        f"generated position) on {most} examples per task, past --max-hours {max_hours:g}; {advice}, or "
-        "raise --max-hours",
-        field="lengths",
-    )
 
 
 def table_rows(reports: dict[int, dict]) -> list[dict]:
@@ -187,13 +123,7 @@ def run_lengths(settings, lengths: list[int], log, max_hours: float = DEFAULT_MA
     settings.check()
     sizes = task_sizes(settings)  # a task that cannot be read fails before the model loads
     lm = _load_model(settings, world, world.device(settings.device), log)
-    bound = expected_seconds(lm, settings, lengths, sizes)
-    log(
-        f"lengths {lengths}, block {settings.block_length}, {sum(sizes)} examples: expected at most "
-        f"~{bound:.0f} s (every method as slow as vanilla; early stop ends far sooner); --limit caps the "
-        "examples"
-    )
-    check_bound(bound, sizes, max_hours)
+    expected = expected_seconds(lm, settings, lengths, sizes, max_hours, log)  # refused past max_hours
     reports = {
         n: run_bench(dataclasses.replace(settings, gen_length=n, out=None), lm=lm, log=log) for n in lengths
     }
@@ -204,7 +134,7 @@ def run_lengths(settings, lengths: list[int], log, max_hours: float = DEFAULT_MA
         block_length=settings.block_length,
         rows=rows,
         settings=reports[lengths[0]]["settings"],
-        expected_upper_bound_s=bound,
+        expected_s=expected,
     )
     if settings.out:
         write(Path(settings.out), report)
