@@ -92,6 +92,11 @@ def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
         "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "
         "root; with none, the Hugging Face hub copies (datasets)",
     )
+    _add_length_arguments(p)
+
+
+def _add_length_arguments(p: argparse.ArgumentParser) -> None:
+    """The length table (bench/lengths.py) and its time budget (bench/length_budget.py)."""
     p.add_argument(
         "--lengths",
         default=None,
@@ -106,7 +111,7 @@ def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="H",
-        help="--lengths: refuse a run whose expected upper bound passes H hours (default 1)",
+        help="--lengths: refuse a run expected to take more than H hours (default 1)",
     )
 
 
