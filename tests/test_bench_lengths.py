@@ -130,6 +130,7 @@ def test_the_first_batches_decide_when_the_upper_bound_is_past_the_budget(tmp_pa
         (["--lengths", "8", "--max-hours", "0"], "--max-hours must be a positive number of hours, got 0"),
         (["--lengths", "8", "--max-hours", "nan"], "--max-hours must be a positive number of hours"),
         (["--max-hours", "2"], "--max-hours applies to --lengths only"),
+        (["--lengths", "8", "--prefix-cache-mb", "0,256"], "--lengths takes one --prefix-cache-mb budget"),
     ],
 )
 def test_a_bad_max_hours_is_refused(tmp_path, capsys, argv, words):

@@ -253,6 +253,8 @@ def run_length_table(args, settings: BenchConfig) -> int:
 
     if args.tp > 1:
         raise InputError("--lengths runs on one process (no --tp)", field="lengths")
+    if len(settings.prefix_cache_mb) > 1:  # its rows (one per budget) are not carried from length to length
+        raise InputError("--lengths takes one --prefix-cache-mb budget, not a list", field="prefix_cache_mb")
     block = args.block_length or DEFAULT_BLOCK
     lengths = parse_lengths(args.lengths, block)  # refused before the model loads
     max_hours = check_max_hours(args.max_hours)
