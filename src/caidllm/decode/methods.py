@@ -86,6 +86,16 @@ PRESETS: dict[str, dict] = {
     "prophet": dict(
         policy="prophet", cache="none", prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)
     ),
+    # CAI-dLLM with Prophet's early exit (policies/cai_prophet.py): CAI's controller at its defaults,
+    # Prophet's watch as the `prophet` preset's; no cache (the watch reads the whole generation's logits).
+    "cai-prophet": dict(
+        policy="cai-prophet", cache="none", cai_prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)
+    ),
+    # LocalLeap (arXiv 2510.07081, friedrichor/LocalLeap) at its official example's settings: anchors at 0.9,
+    # their neighbours within 4 positions at 0.75; no cache, as its official LLaDA loop.
+    "localleap": dict(
+        policy="localleap", cache="none", threshold=0.9, localleap=dict(relaxed_threshold=0.75, radius=4)
+    ),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
     # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length

@@ -22,8 +22,10 @@ import torch
 from caidllm.decode.policies import (
     block_quota,
     cai,
+    cai_prophet,
     eb,
     klass,
+    localleap,
     margin,
     prophet,
     random_order,
@@ -102,6 +104,16 @@ POLICIES: dict[str, PolicySpec] = {
     "prophet": PolicySpec(
         prophet.select, prophet.ProphetSettings, state_names=("n_masked",), sees_generation=True
     ),
+    # CAI's controller until Prophet's watch says the answer has converged, then everything at once.
+    "cai-prophet": PolicySpec(
+        cai_prophet.select,
+        cai_prophet.CAIProphetSettings,
+        state_names=("low_yield_steps",),
+        sees_generation=True,
+        block_causal_method="cai",
+    ),
+    # LocalLeap: Fast-dLLM's threshold, relaxed within a radius of this step's anchors.
+    "localleap": PolicySpec(localleap.select, localleap.LocalLeapSettings),
     # The request draws a decoding order at each block start and the policy is offered only the step's share.
     "random": PolicySpec(
         random_order.select, new_state=random_order.new_state, block_causal_method="vanilla"
