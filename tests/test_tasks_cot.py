@@ -160,3 +160,13 @@ def test_every_piece_of_the_cot_tasks_is_one_token(cot_tokenizer):
             for text in (ex.prompt, ex.answer):
                 ids = tok.encode(text).ids
                 assert tok.decode(ids) == text and len(ids) == count_tokens(text)
+
+
+def test_the_bench_loads_a_tracking_task_and_scores_its_letters():
+    from caidllm.bench.tasks.synthetic import load
+
+    task = load("tracking_shuffled_objects_five_objects", limit=3, seed=0)
+    sample = task.samples[0]
+    assert len(task.samples) == 3 and re.fullmatch(r"\([A-E]\)", sample.reference)
+    assert task.scorer(f"So the answer is {sample.reference[1]}.", sample).score == 1.0
+    assert task.scorer("So the answer is (F).", sample).score == 0.0

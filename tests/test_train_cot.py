@@ -135,6 +135,7 @@ def test_fewshot_drops_shots_to_fit_the_prompt_budget(cot_run):
         (["--fewshot-share", "1.5"], "fewshot_share must be a number in [0, 1]"),
         (["--fewshot-max", "0"], "fewshot_max must be an integer >= 1"),
         (["--task-mix", "tracking_shuffled_objects_nine_objects=1"], "unknown task(s)"),
+        (["--task-mix", "navigate_cot=1"], "navigate_cot needs vocabulary 'tiny-cot'"),
     ],
 )
 def test_train_cli_refuses_bad_cot_options(tmp_path, capsys, flags, message):

@@ -151,6 +151,10 @@ class TrainConfig:
         ):
             raise InputError(f"results_from must be an integer step >= 0, got {self.results_from!r}")
         vocabulary_extra(self.vocabulary)  # an unknown name is refused before any work
+        cot = sorted({name for _, weights in self.task_phases for name in weights} & set(COT_NAMES))
+        if cot and self.vocabulary == "tiny":
+            # tiny's tokens lack their words: spelled letter by letter, answers would outgrow the canvases
+            raise InputError(f"task_phases: {cot[0]} needs vocabulary 'tiny-cot' (--vocabulary tiny-cot)")
         lengths = self.canvas_lengths
         if not lengths or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths):
             raise InputError(f"canvas_lengths must be integers >= 1, got {lengths!r}")
