@@ -286,9 +286,13 @@ class Trainer:
         return accuracy
 
     def validated_tasks(self) -> tuple[str, ...]:
-        """The benchmark families, and the long tasks the run trains on."""
+        """The long tasks the run trains on, and the benchmark families none of them covers (a
+        cot variant's validation questions are drawn like its family's and scored alike: both at
+        gen 512 would double the cost for nothing). Without long tasks: the benchmark families."""
         mixed = {name for _, weights in self.cfg.task_phases for name, w in weights.items() if w}
-        return TASK_NAMES + tuple(name for name in COT_NAMES if name in mixed)
+        cot = tuple(name for name in COT_NAMES if name in mixed)
+        covered = {get_task(name).split_key for name in cot}
+        return tuple(name for name in TASK_NAMES if name not in covered) + cot
 
     @torch.no_grad()
     def fact_accuracy(self, n: int = 64) -> float:
