@@ -84,7 +84,29 @@ def read_llada2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
     )
     if moe is not None and moe.expert_capacity:
         _check_routing_blocks(fields["block_lengths"], moe.block_size, source)
+    fields["edit_tokens"] = _edit_tokens(raw, get, source, fields)
     return fields
+
+
+def _edit_tokens(raw: dict, get: ConfigFields, source: str, fields: dict) -> tuple[int, int] | None:
+    """LLaDA2.2's DELETE and SPLIT token ids: both or neither, distinct, in the vocabulary, not the mask."""
+    names = ("delete_token_id", "split_token_id")
+    given = [raw.get(name) is not None for name in names]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ModelLoadError(
+            f"{source}: {names[given.index(False)]} is missing (InDel needs both edit tokens)"
+        )
+    ids = tuple(get.int(name) for name in names)
+    for name, value in zip(names, ids):
+        if not 0 <= value < fields["vocab_size"]:
+            raise ModelLoadError(
+                f"{source}: {name}={value} is outside the vocabulary (0..{fields['vocab_size'] - 1})"
+            )
+    if len({*ids, fields["mask_id"]}) < 3:
+        raise ModelLoadError(f"{source}: delete_token_id, split_token_id and the mask token must be distinct")
+    return ids
 
 
 def _check_routing_blocks(lengths, block_size: int, source: str) -> None:
