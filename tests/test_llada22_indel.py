@@ -130,9 +130,14 @@ def lm():
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
 
 
-def test_token_parity_with_the_re_stated_decoder(lm):
-    for prompt in PROMPTS:
-        ours = lm.generate([prompt], gen_length=16, method="llada2.2", early_stop=False)[0]
+@pytest.fixture(scope="module")
+def alone(lm):
+    """Each prompt decoded alone with llada2.2 (blocks of 8, 16 tokens, no early stop)."""
+    return [lm.generate([p], gen_length=16, method="llada2.2", early_stop=False)[0] for p in PROMPTS]
+
+
+def test_token_parity_with_the_re_stated_decoder(lm, alone):
+    for prompt, ours in zip(PROMPTS, alone):
         tokens, forwards = ref.generate(lm, prompt, 16, 8)
         assert ours.token_ids == tokens
         # SGLang forwards once more after a final cleanup that changed the block; the fold writes it here
@@ -140,12 +145,11 @@ def test_token_parity_with_the_re_stated_decoder(lm):
         assert max(forwards) > 9  # edits happened: more steps than a block of 8 needs without them
 
 
-def test_cache_exact_and_batch_invariant_while_blocks_shift(lm):
+def test_cache_exact_and_batch_invariant_while_blocks_shift(lm, alone):
     batched = lm.generate(PROMPTS, gen_length=16, method="llada2.2", early_stop=False)
     uncached = lm.generate(PROMPTS, gen_length=16, method="llada2.2", early_stop=False, cache="none")
-    for prompt, b, u in zip(PROMPTS, batched, uncached):
-        alone = lm.generate([prompt], gen_length=16, method="llada2.2", early_stop=False)[0]
-        assert b.token_ids == u.token_ids == alone.token_ids
+    for b, u, a in zip(batched, uncached, alone):
+        assert b.token_ids == u.token_ids == a.token_ids
 
 
 def test_a_stream_shows_final_blocks_only(lm):
@@ -177,3 +181,24 @@ def test_a_half_declared_edit_token_is_refused():
     raw["split_token_id"] = 5
     with pytest.raises(ModelLoadError, match="distinct"):
         _edit_tokens(raw, ConfigFields(raw, "x"), "x", {"vocab_size": 100, "mask_id": 5})
+
+
+def test_logprobs_and_constraints_are_refused_with_indel(lm):
+    with pytest.raises(InputError, match="revises"):
+        lm.generate([[5, 6, 7]], gen_length=16, method="llada2.2", block_length=8, logprobs=2)
+    with pytest.raises(InputError, match="revises"):
+        lm.generate([[5, 6, 7]], gen_length=16, method="llada2.2", block_length=8, regex="[ab]+")
+
+
+def test_beside_another_decoder_in_one_batch(lm, alone):
+    engine = Engine(lm, max_batch=2)
+    methods = ("llada2.2", "llada2.1-speed")
+    for prompt, method in zip(PROMPTS, methods):
+        engine.submit(prompt, build_config(method, gen_length=16, block_length=8, early_stop=False))
+    results = []
+    while len(results) < 2:
+        results += [e.result for e in engine.step() if e.finished]
+    by_method = {r.method: r.token_ids for r in results}
+    assert by_method["llada2.2"] == alone[0].token_ids
+    speed = lm.generate([PROMPTS[1]], gen_length=16, method="llada2.1-speed", early_stop=False)[0]
+    assert by_method["llada2.1-speed"] == speed.token_ids
