@@ -165,6 +165,7 @@ class Context:
             self.key_mask = self.mask[:, None, None, :]
         self.computed = self.index  # the columns computed at the first layer
         self._row_groups = None
+        self.memo: dict = {}  # what layers derive from the context once per forward (block routing's blocks)
 
     @classmethod
     def whole_canvas(

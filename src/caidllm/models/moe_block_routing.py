@@ -50,7 +50,15 @@ def flat_groups(tokens: int, block_size: int) -> torch.Tensor:
 def context_groups(ctx, block_size: int) -> torch.Tensor:
     """[R * n] block of each computed position of a forward (ctx: models/layers.Context); padding goes to
     block 0, which no real position shares. InputError if a forward computes part of a block's real
-    positions (a sub-block or a shadow copy): its pool would not be the released model's."""
+    positions (a sub-block or a shadow copy): its pool would not be the released model's. Worked out once
+    per forward (every layer computes the same positions on a block-causal model): two host reads."""
+    key = ("routing_blocks", block_size)
+    if key not in ctx.memo:
+        ctx.memo[key] = _groups(ctx, block_size)
+    return ctx.memo[key]
+
+
+def _groups(ctx, block_size: int) -> torch.Tensor:
     positions, real = ctx.computed_columns()
     rows, n = positions.shape
     per_row = int(ctx.positions.max()) // block_size + 1  # blocks of the longest row's canvas
