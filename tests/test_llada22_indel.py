@@ -3,6 +3,7 @@ JointThresholdInDel, token parity with a re-statement of it driving the same mod
 (indel_reference.py), the exact block cache and batch invariance while blocks shift, streaming only
 final blocks, and the refusals."""
 
+import httpx
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from caidllm.decode.policies.indel import BlockState, IndelSettings, Tokens, app
 from caidllm.errors import InputError, ModelLoadError
 from caidllm.models.block_configs import _edit_tokens
 from caidllm.models.config import ConfigFields
+from helpers.serve import start
 
 MASK, DELETE, SPLIT, VOCAB = 0, 1, 2, 12
 IDS = Tokens(MASK, DELETE, SPLIT)
@@ -172,6 +174,11 @@ def test_indel_on_a_model_without_edit_tokens_is_refused():
     with pytest.raises(InputError, match="delete_token_id") as e:
         plain.generate([[5, 6, 7]], gen_length=32, method="llada2.2")
     assert e.value.field == "method" and "\n" not in str(e.value)
+    with start(plain) as server:  # the server answers 400 naming the field
+        body = {"prompt": "hello", "method": "llada2.2", "gen_length": 32, "block_length": 32}
+        r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "method"
+    assert "delete_token_id" in r.json()["error"]["message"]
 
 
 def test_a_half_declared_edit_token_is_refused():
