@@ -206,7 +206,9 @@ class Runner:
             new_block = new_block.masked_fill(remask, mask_id)
         if raw:
             ids = indel.Tokens(mask_id, *self.lm.config.edit_tokens)
-            indel.rewrite_rows(members, raw, block, new_block, commit, predicted, answer_starts, columns, ids)
+            with self.policy_timer:  # the InDel step is its policy's time
+                steps = (new_block, commit, predicted)  # rewritten in place for the InDel rows
+                indel.rewrite_rows(members, raw, block, *steps, answer_starts, columns, ids)
         if any(spec.revises for spec in specs):
             # A policy that may take tokens back reports its block only once it is final (no mask
             # left): a stream never shows a token that could still change, never a mask.
