@@ -190,7 +190,10 @@ def test_a_half_declared_edit_token_is_refused():
         _edit_tokens(raw, ConfigFields(raw, "x"), "x", {"vocab_size": 100, "mask_id": 5})
 
 
-def test_logprobs_and_constraints_are_refused_with_indel(lm):
+def test_logprobs_constraints_and_sampling_are_refused_with_indel(lm):
+    with pytest.raises(InputError, match="greedily") as e:
+        lm.generate([[5, 6, 7]], gen_length=16, method="llada2.2", block_length=8, temperature=0.7)
+    assert e.value.field == "temperature"
     with pytest.raises(InputError, match="revises"):
         lm.generate([[5, 6, 7]], gen_length=16, method="llada2.2", block_length=8, logprobs=2)
     with pytest.raises(InputError, match="revises"):

@@ -32,6 +32,7 @@ from typing import ClassVar
 import torch
 
 from caidllm.decode.policies.base import PolicySettings, PolicyState
+from caidllm.errors import InputError
 from caidllm.setting_rules import BLOCK_CAUSAL, Rule, is_number, non_negative_int
 
 NEG = float("-inf")
@@ -67,6 +68,14 @@ class IndelSettings(PolicySettings):
             about="post-edit steps of a block",
         ),
     )
+
+    def check_with(self, config) -> None:
+        if config.temperature:
+            raise InputError(
+                f"temperature={config.temperature!r}: LLaDA2.2's InDel decodes greedily (SGLang's "
+                "JointThresholdInDel takes the argmax); use temperature 0",
+                field="temperature",
+            )
 
     def step_limit(self, config) -> int:
         # never reached: the InDel step ends the block by then (one more than SGLang's max_steps)
