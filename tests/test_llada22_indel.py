@@ -174,6 +174,9 @@ def test_indel_on_a_model_without_edit_tokens_is_refused():
     with pytest.raises(InputError, match="delete_token_id") as e:
         plain.generate([[5, 6, 7]], gen_length=32, method="llada2.2")
     assert e.value.field == "method" and "\n" not in str(e.value)
+    with pytest.raises(InputError, match="no edit tokens") as e:  # an InDel setting under another method
+        plain.generate([[5, 6, 7]], gen_length=32, method="llada2", indel={"edit_threshold": 0.3})
+    assert e.value.field == "indel"
     with start(plain) as server:  # the server answers 400 naming the field
         body = {"prompt": "hello", "method": "llada2.2", "gen_length": 32, "block_length": 32}
         r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
