@@ -246,14 +246,18 @@ class MoEFeedForward(nn.Module):
                 config.hidden_size, config.moe_intermediate_size * config.num_shared_experts
             )
 
-    def forward(self, x: torch.Tensor, ctx=None) -> torch.Tensor:
-        """ctx (models/layers.Context): where block routing reads each position's block."""
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
+    def route_tokens(self, flat: torch.Tensor, ctx=None):
+        """The gate's (experts, weights) of flat [T, hidden]; ctx (models/layers.Context): where block routing
+        reads each position's block (None: consecutive runs of block_size tokens)."""
         groups = None
         if self.config.expert_capacity and ctx is not None:
             groups = context_groups(ctx, self.config.block_size)
-        experts, weights = self.gate(flat, groups)
+        return self.gate(flat, groups)
+
+    def forward(self, x: torch.Tensor, ctx=None) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        experts, weights = self.route_tokens(flat, ctx)
         out = run_experts(self.experts, self.kernel, flat, experts, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
