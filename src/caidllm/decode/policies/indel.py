@@ -131,14 +131,16 @@ def select(view) -> torch.Tensor:
 
 
 def indel_step(state: BlockState, settings: IndelSettings, logits, tokens: list[int], ids: Tokens):
-    n = len(tokens)
-    current = torch.tensor(tokens)
+    """One step of one block (SGLang's step for one request): the block's new tokens and whether it ended.
+    logits [block, V] on any device (the block's small tensors follow it)."""
+    n, device = len(tokens), logits.device
+    current = torch.tensor(tokens, device=device)
     probs = logits.softmax(dim=-1)
     x = logits.argmax(dim=-1)
     p = probs.gather(1, x[:, None])[:, 0]
-    answer = torch.arange(n) >= state.prompt_len
+    answer = torch.arange(n, device=device) >= state.prompt_len
     masks = answer & (current == ids.mask)
-    original = torch.tensor(state.original) & masks
+    original = torch.tensor(state.original, device=device) & masks
     n_original, n_masks = int(original.sum()), int(masks.sum())
     state.updates += 1
     if n_original == 0:
