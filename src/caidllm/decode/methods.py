@@ -155,6 +155,15 @@ PRESETS: dict[str, dict] = {
         threshold=0.5,
         dynamic=dict(num_to_transfer=1),
     ),
+    # LLaDA2.2: InDel decoding (SGLang's JointThresholdInDel defaults, the modeling file's generate() too:
+    # threshold 0.5, editing 0, 16 post-edit steps), block 32, on the exact block cache.
+    "llada2.2": dict(
+        policy="indel",
+        cache="block",
+        block_length=32,
+        threshold=0.5,
+        indel=dict(edit_threshold=0.0, max_post_edit_steps=16),
+    ),
     # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
     # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.
     "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.85),

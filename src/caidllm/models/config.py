@@ -47,6 +47,9 @@ class ModelConfig:
     qk_norm: bool = False
     moe: MoEConfig | None = None
     dense_layers: int = 0
+    # LLaDA2.2's edit tokens (config.json delete_token_id, split_token_id), which its InDel decoder writes;
+    # None: the model has none (no InDel decoding).
+    edit_tokens: tuple[int, int] | None = None
 
     @property
     def rotary_dim(self) -> int:

@@ -24,6 +24,7 @@ from caidllm.decode.policies import (
     cai,
     cai_prophet,
     eb,
+    indel,
     klass,
     localleap,
     margin,
@@ -64,6 +65,9 @@ class PolicySpec:
     # request at once (view.finish: every mask left takes its prediction), as Prophet's early exit.
     sees_generation: bool = False
     revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
+    # rewrites its block whole (LLaDA2.2's InDel: indel.rewrite_rows, its content may shift) with the model's
+    # edit tokens (ModelConfig.edit_tokens); the block is committed and reported once it ends
+    rewrites: bool = False
     forward: str | None = (
         None  # a forward mode of its own, at every step (a name in models/modes: FORWARD_MODES)
     )
@@ -125,6 +129,11 @@ POLICIES: dict[str, PolicySpec] = {
     # Fast-dLLM v2's (policies/subblock.py): threshold decoding one sub-block at a time, each block opened
     # by its autoregressive first token.
     "subblock": PolicySpec(subblock.select, subblock.SubblockSettings, models=BLOCK_CAUSAL),
+    # LLaDA2.2's (policies/indel.py): joint threshold decoding with DELETE / SPLIT edits, SGLang's
+    # JointThresholdInDel.
+    "indel": PolicySpec(
+        indel.select, indel.IndelSettings, new_state=indel.new_state, models=BLOCK_CAUSAL, rewrites=True
+    ),
 }
 
 
