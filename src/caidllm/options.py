@@ -160,10 +160,14 @@ def lengths_for_run(
     pairs."""
     from caidllm.decode.nemotron import SEQUENTIAL_METHODS, sequential_lengths
     from caidllm.decode.presets import config_for_model, take_the_runs_block
+    from caidllm.decode.uniform_api import uniform_run_lengths
 
     config, checkpoint = (
         (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)
     )
+    uniform = uniform_run_lengths(config, methods, gen_length, block_length, **common)  # DiffusionGemma's
+    if uniform is not None:
+        return uniform
     lengths = dict(gen_length=gen_length, block_length=block_length)
     takes = take_the_runs_block(methods)
     fixed = None

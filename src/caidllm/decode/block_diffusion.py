@@ -109,6 +109,7 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
                 field="cache" if "cache" in given else "method",
             )
         return config
+    _check_edit_tokens(config, model, given)
     changes = {}
     if "cache" not in given and config.cache in METHOD_CACHES:
         raise InputError(
@@ -149,6 +150,27 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
     if changes == {"cache": config.cache}:
         return config
     return dataclasses.replace(config, **changes).validate()
+
+
+def _check_edit_tokens(config: DecodeConfig, model, given: set) -> None:
+    """A policy writing edit tokens (LLaDA2.2's InDel), or its settings, need a model with them (ModelTraits:
+    not known)."""
+    if getattr(model, "edit_tokens", ()) is not None:
+        return
+    settings = [n for n in [*config.given, *config.foreign] if n.split(".")[0] == "indel"]
+    if settings and not config.policy_spec.rewrites:
+        raise InputError(
+            f"{settings[0]} (LLaDA2.2's InDel editing) does not apply to the {model.family} model: it has no "
+            "edit tokens (config.json delete_token_id / split_token_id)",
+            field=settings[0],
+        )
+    if config.policy_spec.rewrites:
+        raise InputError(
+            f"method {config.method!r} (policy {config.policy!r}: InDel editing) needs a model with edit "
+            f"tokens (config.json delete_token_id / split_token_id, LLaDA2.2's); the {model.family} model "
+            "has none",
+            field="policy" if "policy" in given else "method",
+        )
 
 
 def own_block_length(block_length: int, model) -> int:

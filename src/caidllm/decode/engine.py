@@ -158,6 +158,16 @@ class Engine:
         """Whether a request is queued or in flight."""
         return self.scheduler.has_work
 
+    # What a server reads of any engine (decode/uniform_engine.py answers the same):
+    @property
+    def forwards(self) -> int:
+        """Model forward passes run so far."""
+        return self.runner.forwards
+
+    @property
+    def prefix_store(self) -> PrefixStore | None:
+        return self.prefix.store
+
     # ---- requests in and out -------------------------------------------------
 
     def submit(

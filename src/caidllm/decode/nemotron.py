@@ -49,6 +49,11 @@ class SequentialSettings:
     early_stop: bool = True
     force: bool = False  # linear-spec / ar on a family not trained as a causal LM
 
+    @property
+    def steps_per_block(self) -> int:
+        """At most one denoising (or draft) forward per block position (bench's T)."""
+        return self.block_length
+
 
 @dataclasses.dataclass
 class Decoded:

@@ -45,6 +45,8 @@ class CommitEvent:
     prompt_length: int | None = None
     # With logprobs asked for: per committed position, (its token's logprob, [(token, logprob)] of the best).
     logprobs: list | None = None
+    # The uniform-state decoders with stream_draft: the step's draft (decode/uniform_engine.py, _draft).
+    draft: dict | None = None
 
 
 @dataclass

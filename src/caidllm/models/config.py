@@ -47,6 +47,9 @@ class ModelConfig:
     qk_norm: bool = False
     moe: MoEConfig | None = None
     dense_layers: int = 0
+    # LLaDA2.2's edit tokens (config.json delete_token_id, split_token_id), which its InDel decoder writes;
+    # None: the model has none (no InDel decoding).
+    edit_tokens: tuple[int, int] | None = None
 
     @property
     def rotary_dim(self) -> int:
@@ -164,3 +167,6 @@ class Family:
     mask_from_config: bool = False
     # checkpoint tensors the module does not hold and the loader skips (a vision tower, tied copies)
     ignores_weight: Callable[[str], bool] | None = None
+    # (what, size) pairs --tp must divide besides the heads, widths and experts plan.py checks for every
+    # family (DiffusionGemma: its full layers' key/value heads, its dense MLP beside the experts)
+    tp_sizes: Callable[[object], list[tuple[str, int]]] | None = None

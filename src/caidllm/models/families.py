@@ -1,8 +1,8 @@
 """The registry of model families: which config.json each one reads and which
 module it builds. A family is one entry (config.Family, defined beside its
 module); adding one is adding it to FAMILIES, nothing else branches on names.
-A config.json is recognised by its architectures first, then by its model_type
-(the first family, in this order, that lists it)."""
+A config.json is recognised by its architectures first, then by the remote-code classes its auto_map names,
+then by its model_type (the first family, in this order, that lists it)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,12 @@ def family_of(raw: dict, source: str = "config.json") -> Family:
                         "other (fix one of them)"
                     )
                 return family
+    # A remote-code class named only in auto_map: Stable-DiffCoder's first revisions say "LlamaForCausalLM" in
+    # architectures, their own class (SeedDiffcoderForCausalLM, a LlamaForCausalLM) in auto_map.
+    for target in _auto_map_classes(raw):
+        family = next((f for f in FAMILIES.values() if target in f.architectures), None)
+        if family is not None:
+            return family
     if by_type is not None:
         return by_type
     known = "; ".join(
@@ -62,6 +68,14 @@ def family_of(raw: dict, source: str = "config.json") -> Family:
         f"{source}: unknown model architecture (architectures={raw.get('architectures')!r}, "
         f"model_type={raw.get('model_type')!r}); supported families: {known}"
     )
+
+
+def _auto_map_classes(raw: dict) -> list[str]:
+    """The class names config.json's auto_map points at ("module.Class", or a list of them per auto class)."""
+    auto_map = raw.get("auto_map")
+    targets = auto_map.values() if isinstance(auto_map, dict) else []
+    flat = [t for v in targets for t in (v if isinstance(v, list) else [v])]
+    return [t.rsplit(".", 1)[-1] for t in flat if isinstance(t, str)]
 
 
 def load_config(path: str | Path) -> ModelConfig:

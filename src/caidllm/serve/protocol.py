@@ -23,7 +23,8 @@ from caidllm.decode.nemotron import SEQUENTIAL_METHODS
 from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.decode.setting_names import ALL_NAMES
 from caidllm.errors import InputError
-from caidllm.serve import logprobs, structured, tools
+from caidllm.models.families import get_family
+from caidllm.serve import logprobs, structured, tools, uniform_protocol
 from caidllm.serve.openai_fields import NEUTRAL
 from caidllm.serve.stops import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
@@ -106,7 +107,9 @@ OPENAI_FIELDS = {
     "messages",
     "prompt",
 }
-EXTENSIONS = (ALL_NAMES | {"method"}) - {"temperature", "seed"}
+# caidllm's own top-level fields: the mask-based decoders' settings and the uniform-state ones' (each
+# refused by name on a model whose decoders do not read it)
+EXTENSIONS = (ALL_NAMES | uniform_protocol.SETTING_FIELDS | {"method"}) - {"temperature", "seed"}
 OWN_FIELDS = {"commit_events", "logprobs", "top_logprobs", "echo", "tools", "tool_choice", *structured.FIELDS}
 
 
@@ -129,12 +132,20 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     )
     _check_prompt_lengths(prompts, defaults, prompt_field)
     extensions = {k: body[k] for k in body if k in EXTENSIONS}
-    config = _config(body, extensions, max_tokens, max_name, defaults)
-    try:  # the one check against the model: a setting its kind never reads, then one the method does not
-        # read (whose advice is a method), then what the family does not take (cache=dual on block diffusion)
-        config = _fit(config, lm)
-    except InputError as error:
-        raise RequestError(str(error), error.field or _method_param(extensions)) from None
+    if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders' settings
+        config = _uniform_config(body, extensions, max_tokens, max_name, defaults, lm)
+    else:
+        try:
+            uniform_protocol.refuse_uniform_fields(extensions, lm.config.family, ALL_NAMES)
+        except InputError as error:
+            raise RequestError(str(error), error.field) from None
+        config = _config(body, extensions, max_tokens, max_name, defaults)
+        try:  # the one check against the model: a setting its kind never reads, then one the method does not
+            # read (whose advice is a method), then what the family does not take (cache=dual on block
+            # diffusion)
+            config = _fit(config, lm)
+        except InputError as error:
+            raise RequestError(str(error), error.field or _method_param(extensions)) from None
     constraint, top = _answer_form(body, kind, max_tokens, tool_request)
     return DecodeRequest(
         kind,
@@ -151,6 +162,15 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         top,
         tool_request,
     )
+
+
+def _uniform_config(body, extensions: dict, max_tokens, max_name: str, defaults, lm):
+    """A uniform-state model's settings (serve/uniform_protocol.py); a refusal names its field."""
+    try:
+        uniform_protocol.refuse_answer_form(body)
+        return uniform_protocol.uniform_settings(body, extensions, max_tokens, max_name, defaults, lm)
+    except InputError as error:
+        raise RequestError(str(error), error.field or _method_param(extensions)) from None
 
 
 def _check_fields(body: dict, kind: str, prompt_field: str) -> None:
