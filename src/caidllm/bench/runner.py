@@ -44,6 +44,7 @@ from caidllm.decode.diffusiongemma_settings import (
     build_settings,
 )
 from caidllm.decode.methods import method_names, settings_summary
+from caidllm.decode.nemotron import SEQUENTIAL_METHODS, SequentialSettings
 from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.presets import build_config, run_lengths
 from caidllm.distributed import World, together
@@ -133,6 +134,10 @@ class BenchConfig:
         preset, extra = self.method_options(method)
         if preset in UNIFORM_METHODS:
             return build_settings(preset, gen_length=self.gen_length, seed=self.seed)
+        if (
+            preset in SEQUENTIAL_METHODS
+        ):  # decode/nemotron.py's settings (checked against the model by generate)
+            return SequentialSettings(method=preset, **self.lengths_for(method))
         return build_config(preset, **extra, **self.lengths_for(method))
 
     def store_options(self, row: str) -> dict:
@@ -145,7 +150,7 @@ class BenchConfig:
             raise InputError("no task given; pass --task at least once (e.g. --task synthetic:arithmetic)")
         if not self.methods:
             raise InputError(f"no method given; choose from {', '.join(method_names())}")
-        known = [*method_names(), *UNIFORM_METHODS]  # the uniform ones checked against the model later
+        known = [*method_names(), *UNIFORM_METHODS, *SEQUENTIAL_METHODS]  # the own decoders checked later
         loaded = self.loaded_settings()
         if loaded is not None:
             if loaded.name in known:
@@ -177,7 +182,7 @@ class BenchConfig:
         both = None not in (self.gen_length, self.block_length)
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
             preset, extra = self.method_options(m)
-            if preset in UNIFORM_METHODS:  # checked against the model's config (uniform_run_lengths)
+            if preset in UNIFORM_METHODS or preset in SEQUENTIAL_METHODS:  # checked against the model later
                 continue
             build_config(
                 preset,
@@ -458,6 +463,8 @@ def _summary(config) -> dict:
     """A row's own settings as the report records them ({owner: {field: value}})."""
     if isinstance(config, DiffusionGemmaSettings):
         return {config.method: {f: getattr(config, f) for f in sorted(FIELDS - {"method"})}}
+    if isinstance(config, SequentialSettings):
+        return {config.method: dataclasses.asdict(config)}
     return settings_summary(config)
 
 

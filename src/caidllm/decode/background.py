@@ -32,6 +32,10 @@ def engine_for(lm, max_batch: int = 8, max_queue: int = 256, **options):
     Both answer the calls BackgroundEngine makes."""
     if get_family(lm.config.family).uniform:
         return UniformEngine(lm, max_batch=max_batch, max_queue=max_queue)
+    if get_family(lm.config.family).sequential:  # Nemotron-Labs-Diffusion: ar, nemotron-dlm, linear-spec
+        from caidllm.decode.nemotron_engine import SequentialEngine
+
+        return SequentialEngine(lm, max_batch=max_batch, max_queue=max_queue)
     return Engine(lm, max_batch=max_batch, max_queue=max_queue, **options)
 
 

@@ -193,12 +193,17 @@ class ModelTraits:
 def applicable(model) -> tuple[list[str], list[str]]:
     """The method presets and cache modes that run on `model` (a ModelConfig or ModelTraits), read
     from the registries (PRESETS, CACHE_MODES) through fit_to_model: a list that cannot go stale. A
-    uniform-state family (DiffusionGemma) runs its own decoders, with its per-request canvas cache."""
+    uniform-state family (DiffusionGemma) runs its own decoders, with its per-request canvas cache; so does a
+    sequential one (Nemotron-Labs-Diffusion), over its causal KV cache."""
     from caidllm.decode.diffusiongemma_settings import UNIFORM_METHODS
     from caidllm.models.families import FAMILIES
 
     if getattr(FAMILIES.get(model.family), "uniform", False):
         return list(UNIFORM_METHODS), ["canvas"]
+    if getattr(FAMILIES.get(model.family), "sequential", False):  # decode/nemotron.py, over a causal KV cache
+        from caidllm.decode.nemotron import SEQUENTIAL_METHODS
+
+        return list(SEQUENTIAL_METHODS), ["kv"]
     methods = []
     for name in PRESETS:
         try:

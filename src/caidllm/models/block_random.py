@@ -17,6 +17,7 @@ Shapes (config.json fields; sources in docs/block-diffusion-models.md):
 from __future__ import annotations
 
 from .generated_tokenizer import build_tokenizer
+from .nemotron_config import NEMOTRON_OFFICIAL
 from .tokenizer import fast_tokenizer
 
 _LLADA2 = {
@@ -250,11 +251,13 @@ OFFICIAL.update(
         },
     }
 )
+OFFICIAL.update(NEMOTRON_OFFICIAL)  # nemotron-labs-diffusion-3b / -8b / -14b (models/nemotron_config.py)
 _FAMILY_OF = {
     "llada2.1": "llada2",
     "llada2.2": "llada2",
     "fastdllm": "fastdllm_v2",
     "stable": "stable_diffcoder",
+    "nemotron": "nemotron_labs_diffusion",
 }
 FAMILY = {name: _FAMILY_OF.get(name.split("-")[0], name.split("-")[0]) for name in OFFICIAL}
 
@@ -329,6 +332,15 @@ TOKENIZERS = {
         eos="<[end▁of▁sentence]>",
         mask="<[MASK▁TOKEN]>",
         bos="<[begin▁of▁sentence]>",
+    ),
+    # Nemotron-Labs-Diffusion (Tekken tokenizer): Mistral's <unk> <s> </s>, a ChatML-like stand-in for
+    # the chat template (the real one comes with the checkpoint), think markers, a mask token
+    "nemotron_labs_diffusion": dict(
+        specials=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>"],
+        template=CHATML_TEMPLATE,
+        eos="<|im_end|>",
+        mask="<|mask|>",
+        bos="<s>",
     ),
     "rnd1": dict(
         specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"],

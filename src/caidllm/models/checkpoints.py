@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .checkpoints_derived import DERIVED_ROWS
+from .checkpoints_nemotron import NEMOTRON_ROWS
 
 CAI_PAPER_LLADA = "CAI-dLLM paper: confidence gating on, f=16 for LLaDA"
 CAI_PAPER_DREAM = "CAI-dLLM paper: confidence gating off, f=8 for Dream (Table 11)"
@@ -271,7 +272,7 @@ KNOWN: tuple[Checkpoint, ...] = (
 # sources live in checkpoints_derived.py.
 KNOWN += tuple(
     Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
-    for hub_id, family, shape, instruct, settings in DERIVED_ROWS
+    for hub_id, family, shape, instruct, settings in DERIVED_ROWS + NEMOTRON_ROWS
 )
 
 # Quantized variants caidllm does not load (their weights need compressed-tensors / ModelOpt kernels it

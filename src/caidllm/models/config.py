@@ -158,6 +158,13 @@ class Family:
     # uniform-state diffusion (DiffusionGemma): no mask token, its own decoders (the mask-based ones refuse
     # it)
     uniform: bool = False
+    # one checkpoint trained both causal and bidirectional (Nemotron-Labs-Diffusion): its own decoders (ar,
+    # block diffusion with causal context, linear-spec) run over a causal KV cache (decode/nemotron.py); the
+    # mask engine's decoders refuse it
+    sequential: bool = False
+    # config.json's mask_token_id is taken whatever the token's text (Nemotron's 100 is a reserved slot of
+    # its Tekken vocabulary, whose spelling the stored copies do not give)
+    mask_from_config: bool = False
     # checkpoint tensors the module does not hold and the loader skips (a vision tower, tied copies)
     ignores_weight: Callable[[str], bool] | None = None
     # (what, size) pairs --tp must divide besides the heads, widths and experts plan.py checks for every

@@ -17,6 +17,7 @@ from .fastdllm_v2 import FASTDLLM_V2
 from .llada import LLADA
 from .llada2 import LLADA2
 from .llada_moe import LLADA_MOE
+from .nemotron import NEMOTRON_LABS_DIFFUSION
 from .rnd1 import RND1
 from .sdar import SDAR
 from .stable_diffcoder import STABLE_DIFFCODER
@@ -26,7 +27,7 @@ FAMILIES: dict[str, Family] = {
 }
 
 # the 2026 derivatives (issue 46)
-FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1)})
+FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1, NEMOTRON_LABS_DIFFUSION)})
 
 
 def get_family(name: str) -> Family:

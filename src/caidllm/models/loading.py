@@ -244,7 +244,7 @@ def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder:
             raise ModelLoadError(
                 f"{source} {mask_id} is not a token of {folder / 'tokenizer.json'} ({n} tokens)"
             )
-        if "mask" not in token.lower() and token != tokenizer.mask_token:
+        if "mask" not in token.lower() and token != tokenizer.mask_token and not _config_mask(config, source):
             raise ModelLoadError(
                 f"token {token!r} at {source.split()[1]} {mask_id} is not a mask token ({source})"
             )
@@ -254,6 +254,11 @@ def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder:
             + ", ".join(f"{source} = {i}" for source, i in named.items())
         )
     return next(iter(named.values()))
+
+
+def _config_mask(config: ModelConfig, source: str) -> bool:
+    """config.json's own mask id on a family that takes it as given (Family.mask_from_config)."""
+    return source.startswith("config.json") and get_family(config.family).mask_from_config
 
 
 def _ids(value) -> list[int]:
@@ -306,6 +311,11 @@ def load_model(
         plan.check(model)
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
+    if shard is not None and get_family(config.family).sequential:
+        raise ModelLoadError(
+            f"--tp: tensor parallelism is not implemented for the {config.family} family; "
+            "load it on one device"
+        )
     if shard is not None:  # a tensor-parallel rank: its part of each tensor only (parallel/loading.py)
         return shard(model, config, where, found, device, dtype).eval()
 

@@ -120,7 +120,7 @@ def memory_plan(described, tp: int, dtype: torch.dtype, gpu_memory_gib: float, c
     weights = (sharded // tp + replicated) * size
     # every layer's keys and values once: the dual cache, or a block-causal model's exact block cache
     modes = cache_bytes(config, context, dtype)
-    mode = next(m for m in ("canvas", "block" if config.block_causal else "dual") if m in modes)
+    mode = next(m for m in ("canvas", "kv", "block" if config.block_causal else "dual") if m in modes)
     kv = modes[mode] // tp
     budget = int(USABLE * gpu_memory_gib * GIB) - weights
     return MemoryPlan(

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from caidllm.errors import InputError
+from caidllm.models.families import get_family
 
 
 def check_api_key(args) -> str | None:
@@ -34,7 +35,6 @@ def settings_from(args, lm):
     api_key = _check_flags(args)
     checkpoint = getattr(lm, "checkpoint", None)
     from caidllm.decode.prefix_reuse import check_budget, make_store
-    from caidllm.models.families import get_family
 
     budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
     if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine
@@ -44,6 +44,8 @@ def settings_from(args, lm):
         # method).
         method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
         gen_length, block_length = _default_lengths(args, lm, checkpoint, method)
+        if args.method is None and get_family(lm.config.family).sequential:  # its own block decoder
+            method = "nemotron-dlm"
         make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
     defaults = ServerDefaults(
@@ -115,8 +117,12 @@ def _default_lengths(args, lm, checkpoint, method: str) -> tuple[int, int]:
     checkpoint's recommendation, a block-diffusion model's own block length); given ones are checked, and
     that they apply to the model's family."""
     from caidllm.decode.config import DecodeConfig
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS, sequential_lengths
     from caidllm.decode.presets import config_for_model, options_for_model
 
+    if get_family(lm.config.family).sequential or method in SEQUENTIAL_METHODS:  # decode/nemotron.py
+        lengths = sequential_lengths(checkpoint, args.gen_length, args.block_length)
+        return lengths["gen_length"], lengths["block_length"]
     config, _ = config_for_model(
         lm.config, checkpoint, method, gen_length=args.gen_length, block_length=args.block_length
     )

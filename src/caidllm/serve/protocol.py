@@ -19,6 +19,7 @@ from caidllm.checks import is_id_list, is_int, is_number
 from caidllm.decode.block_diffusion import fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.constraints import Constraint
+from caidllm.decode.nemotron import SEQUENTIAL_METHODS
 from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.decode.setting_names import ALL_NAMES
 from caidllm.errors import InputError
@@ -142,7 +143,7 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         try:  # the one check against the model: a setting its kind never reads, then one the method does not
             # read (whose advice is a method), then what the family does not take (cache=dual on block
             # diffusion)
-            config = fit_to_model(config, lm.config, strict=True)
+            config = _fit(config, lm)
         except InputError as error:
             raise RequestError(str(error), error.field or _method_param(extensions)) from None
     constraint, top = _answer_form(body, kind, max_tokens, tool_request)
@@ -299,6 +300,8 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
     seed = body.get("seed")
     if seed is not None and not is_int(seed):
         raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
+    if method in SEQUENTIAL_METHODS:  # decode/nemotron.py's own settings (the engine checks the model)
+        return _sequential(method, ext, float(temperature))
     try:
         own = (
             defaults.settings
@@ -315,6 +318,37 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         )
     except InputError as error:
         raise RequestError(str(error), error.field or "method") from None
+
+
+def _fit(config, lm):
+    """The config fitted to the model: a mask-based decoder's (fit_to_model), or the sequential decoders'
+    (decode/nemotron.py) on their family only (the server does not force them onto another)."""
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS, SequentialSettings, untrained_refusal
+    from caidllm.models.families import get_family
+
+    sequential = get_family(lm.config.family).sequential
+    if isinstance(config, SequentialSettings) and not sequential:
+        raise InputError(untrained_refusal(lm.config.family, config.method).split("; pass force")[0])
+    if sequential and not isinstance(config, SequentialSettings):
+        raise InputError(
+            f"model family {lm.config.family!r} decodes with its own decoders "
+            f"{', '.join(map(repr, SEQUENTIAL_METHODS))}; method {config.method!r} is a mask-engine decoder"
+        )
+    return config if sequential else fit_to_model(config, lm.config, strict=True)
+
+
+def _sequential(method: str, ext: dict, temperature: float):
+    from caidllm.decode.nemotron import SequentialSettings, check_values
+
+    unknown = sorted(set(ext) - {"gen_length", "block_length", "threshold", "early_stop"})
+    if unknown:
+        raise RequestError(f"{unknown[0]} does not apply to the sequential decoder {method!r}", unknown[0])
+    if temperature != 0:
+        raise RequestError("temperature: the sequential decoders are greedy only (0)", "temperature")
+    try:
+        return check_values(SequentialSettings(method=method, **ext))
+    except InputError as error:
+        raise RequestError(str(error), "method") from None
 
 
 def _check_text(body: dict) -> None:
