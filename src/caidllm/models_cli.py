@@ -139,13 +139,18 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
             f"{'on' if r['confidence_gating'] else 'off'}, f {r['refresh_every']}"
         )
     lines.append("")
-    for kind, block_causal, uniform in (
-        ("full-sequence", False, False),
-        ("block-diffusion", True, False),
-        ("uniform-state", True, True),
+    for kind, block_causal, uniform, sequential in (
+        ("full-sequence", False, False, False),
+        ("block-diffusion", True, False, False),
+        ("uniform-state", True, True, False),
+        ("causal + bidirectional (sequential)", False, False, True),
     ):
         rows = [
-            f for f in families if f["block_causal"] is block_causal and f.get("uniform", False) is uniform
+            f
+            for f in families
+            if f["block_causal"] is block_causal
+            and f.get("uniform", False) is uniform
+            and f.get("sequential", False) is sequential
         ]
         if rows:
             lines += [
@@ -169,7 +174,7 @@ def quantized(m: dict) -> str:
     )
 
 
-CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "none")
+CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "kv", "none")
 
 
 def memory_lines(m: dict) -> list[str]:

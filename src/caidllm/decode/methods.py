@@ -86,6 +86,16 @@ PRESETS: dict[str, dict] = {
     "prophet": dict(
         policy="prophet", cache="none", prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)
     ),
+    # CAI-dLLM with Prophet's early exit (policies/cai_prophet.py): CAI's controller at its defaults,
+    # Prophet's watch as the `prophet` preset's; no cache (the watch reads the whole generation's logits).
+    "cai-prophet": dict(
+        policy="cai-prophet", cache="none", cai_prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)
+    ),
+    # LocalLeap (arXiv 2510.07081, friedrichor/LocalLeap) at its official example's settings: anchors at 0.9,
+    # their neighbours within 4 positions at 0.75; no cache, as its official LLaDA loop.
+    "localleap": dict(
+        policy="localleap", cache="none", threshold=0.9, localleap=dict(relaxed_threshold=0.75, radius=4)
+    ),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
     # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length
@@ -144,6 +154,15 @@ PRESETS: dict[str, dict] = {
         max_post_steps=16,
         threshold=0.5,
         dynamic=dict(num_to_transfer=1),
+    ),
+    # LLaDA2.2: InDel decoding (SGLang's JointThresholdInDel defaults, the modeling file's generate() too:
+    # threshold 0.5, editing 0, 16 post-edit steps), block 32, on the exact block cache.
+    "llada2.2": dict(
+        policy="indel",
+        cache="block",
+        block_length=32,
+        threshold=0.5,
+        indel=dict(edit_threshold=0.0, max_post_edit_steps=16),
     ),
     # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
     # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.

@@ -19,7 +19,7 @@ from caidllm.decode import logprobs
 from caidllm.decode.block_diffusion import edits
 from caidllm.decode.constraints import guide
 from caidllm.decode.frame import Frame
-from caidllm.decode.policies import StepView
+from caidllm.decode.policies import StepView, indel
 from caidllm.decode.policies.base import distribution_stats, probabilities
 from caidllm.decode.request import Request
 from caidllm.decode.sampling import predict, token_probability
@@ -213,6 +213,8 @@ class Runner:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
         specs = [r.config.policy_spec for r in members]
+        # A policy that rewrites its block whole (LLaDA2.2's InDel) reads the logits as they come.
+        raw = {i: logits[i].float().clone() for i, spec in enumerate(specs) if spec.rewrites}
         # A constrained row's holes lose the tokens that would leave its canvas uncompletable (constraints/).
         saved = guide.mask_logits(members, logits, masked) if any(r.constraint for r in members) else {}
         # Logprobs from these same logits, for the rows that asked (decode/logprobs.py): no extra forward.
@@ -238,18 +240,16 @@ class Runner:
                 row_scores, predicted[i], members[i].logprobs.top
             )
         # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
-        edit = edits(
-            members,
-            predicted,
-            confidence,
-            masked,
-            block,
-            columns,
-            [frame.block_start(r.slot, r.layout.span, 0) for r in members],
-        )
+        answer_starts = [frame.block_start(r.slot, r.layout.span, 0) for r in members]
+        edit = edits(members, predicted, confidence, masked, block, columns, answer_starts)
         new_block = torch.where(commit if edit is None else commit | edit, predicted, block)
         if remask is not None:
             new_block = new_block.masked_fill(remask, mask_id)
+        if raw:
+            ids = indel.Tokens(mask_id, *self.lm.config.edit_tokens)
+            with self.policy_timer:  # the InDel step is its policy's time
+                steps = (new_block, commit, predicted)  # rewritten in place for the InDel rows
+                indel.rewrite_rows(members, raw, block, *steps, answer_starts, columns, ids)
         if any(spec.revises for spec in specs):
             # A policy that may take tokens back reports its block only once it is final (no mask
             # left): a stream never shows a token that could still change, never a mask.

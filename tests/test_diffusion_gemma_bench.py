@@ -1,0 +1,96 @@
+"""DiffusionGemma (a small random config) through `caidllm bench`, lm-eval's generate_until and `caidllm
+calibrate`: its decoders' rows (accuracy, forwards per canvas, tokens per forward, wall), a mask-based
+method in the list refused by name before anything runs, loglikelihood and calibration refused saying
+why."""
+
+import pytest
+
+from caidllm.bench.runner import BenchConfig, run_bench
+from caidllm.errors import InputError
+from test_diffusion_gemma_serve import SMALL
+
+
+def test_bench_runs_both_uniform_decoders():
+    logged = []
+    report = run_bench(
+        BenchConfig(
+            model=SMALL,
+            tasks=["synthetic:boolean_expressions"],
+            methods=["diffusiongemma", "greedy"],
+            limit=2,
+            gen_length=16,
+            batch_size=2,
+            progress=False,
+            warmup=False,
+        ),
+        log=logged.append,
+    )
+    rows = report["results"]
+    assert [r["method"] for r in rows] == ["diffusiongemma", "greedy"]
+    for row in rows:
+        assert row["n_generated"] == 2 and row["errors"] == 0 and row["accuracy"] is not None
+        assert row["block_length"] == 16 and len(row["steps_per_block"]) == 1
+        assert row["forwards_per_block"] == row["nfe_mean"] and row["wall_s"] > 0
+        assert 0 < row["tokens_per_forward"] <= 16
+    assert report["settings"]["method_settings"]["greedy"]["greedy"]["seed"] == 0
+
+
+@pytest.mark.parametrize(
+    "model,methods,words",
+    [
+        (SMALL, ["diffusiongemma", "cai"], "the mask-based decoder 'cai' does not apply"),
+        ("tiny", ["cai", "greedy"], "'greedy' is a uniform-state decoder"),
+    ],
+)
+def test_a_method_of_the_other_kind_is_refused_before_the_model_loads(model, methods, words):
+    logged = []
+    config = BenchConfig(model=model, tasks=["synthetic:boolean_expressions"], methods=methods, limit=1)
+    with pytest.raises(InputError, match=words):
+        run_bench(config, log=logged.append)
+    assert not any("loading model" in line for line in logged)
+
+
+def test_lm_eval_generates_on_the_family_and_refuses_likelihood_saying_why(tmp_path):
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from caidllm.evaluation.lm_eval_adapter import CaidllmLM
+
+    adapter = CaidllmLM(
+        pretrained=SMALL,
+        gen_length=16,
+        max_denoising_steps=3,
+        batch_size=2,
+        stats_path=str(tmp_path / "s.json"),
+    )
+    assert (adapter.method, adapter.block_length) == ("diffusiongemma", 16)
+    requests = [
+        Instance("generate_until", {}, (f"prompt {i}", {"until": [], "temperature": 0.7}), i)
+        for i in range(3)
+    ]
+    answers = adapter.generate_until(requests)
+    want = adapter.lm.generate(
+        [adapter._encode(f"prompt {i}") for i in range(3)],
+        gen_length=16,
+        max_denoising_steps=3,
+        seed=0,
+        chat=False,
+    )
+    assert answers == [w.text for w in want]
+    with pytest.raises(NotImplementedError, match="uniform-state diffusion"):
+        adapter.loglikelihood([Instance("loglikelihood", {}, ("a", " b"), 0)])
+    with pytest.raises(InputError, match="temperature"):
+        CaidllmLM(pretrained=SMALL, temperature=0.5)
+    with pytest.raises(InputError, match="block_length"):
+        CaidllmLM(pretrained=SMALL, block_length=16)
+
+
+def test_calibrate_refuses_the_family_in_one_line(tmp_path):
+    from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
+
+    options = CalibrateOptions(
+        tasks=["synthetic:boolean_expressions"], out=str(tmp_path / "s.json"), model=SMALL
+    )
+    with pytest.raises(InputError, match="CAI controller's settings") as refused:
+        run_calibrate(options, log=lambda message: pytest.fail(f"it ran: {message}"))
+    assert "uniform-state" in str(refused.value) and "\n" not in str(refused.value)
