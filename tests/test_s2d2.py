@@ -120,11 +120,17 @@ def test_verify_forwards_are_counted(block_family):
     assert spec.policy_s + spec.forward_s <= spec.elapsed_s
 
 
-@pytest.mark.parametrize("acceptance", ["official", "greedy"])
-def test_batch_invariance(block_family, acceptance):
+@pytest.mark.parametrize("acceptance, temperature", [("official", 0.0), ("greedy", 0.0), ("official", 0.8)])
+def test_batch_invariance(block_family, acceptance, temperature):
     lm = block_family("llada2")
     config = build_config(
-        "s2d2", gen_length=16, block_length=4, early_stop=False, s2d2=dict(acceptance=acceptance)
+        "s2d2",
+        gen_length=16,
+        block_length=4,
+        early_stop=False,
+        temperature=temperature,
+        seed=3,
+        s2d2=dict(acceptance=acceptance),
     )
     alone, static, joined = alone_static_joined(lm, config, PROMPTS + [[61, 62, 63]])
     assert alone == static == joined
