@@ -304,6 +304,8 @@ class Engine:
                 self.lm.device,
                 row.edits,
             )
+            request.nfe += row.extra_forwards  # a self-verifying policy's verify forwards
+            event.forwards += row.extra_forwards
             if row.fill is not None and not event.finished:
                 request.finish_with(row.fill, event, self._eos_ids, self.lm.config.eos_id)
             if first and self.prefix.applies(request):

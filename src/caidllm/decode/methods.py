@@ -170,6 +170,56 @@ PRESETS: dict[str, dict] = {
     "sdar-static": dict(policy="static", cache="block", block_length=4),
     # Fast-dLLM v2 (its eval.py's defaults): block 32 (bd_size), sub-blocks of 8, threshold 0.9, on the exact
     # block cache plus the within-block cache of its generator's use_block_cache (cache="block": without it).
+    # S2D2 (arXiv 2603.25702, phymhan/S2D2) at the paper's configurations (the repository README's
+    # "Configurations used in the paper"), each family's own base rule under the router:
+    # SDAR Config-A: block 4, 4 steps, low_confidence_dynamic 0.85, score router tau 0, static, c = 1, the
+    # soft entropy estimator (without its AR-like caching, --cache_ver --draft_ver: not implemented).
+    "s2d2": dict(
+        policy="s2d2",
+        cache="block",
+        block_length=4,
+        threshold=0.85,
+        s2d2=dict(
+            router="score_threshold",
+            score_threshold=0.0,
+            score="difference_static",
+            penalty=1.0,
+            estimator="soft_entropy_negexp",
+        ),
+    ),
+    # Fast-dLLM v2 Config-A: block 32, sub-blocks of 4, threshold 0.9, hysteresis on 1 / off -5, dynamic,
+    # c = 1, soft entropy.
+    "s2d2-fastdllm-v2": dict(
+        policy="s2d2",
+        cache="block",
+        block_length=32,
+        threshold=0.9,
+        s2d2=dict(
+            sub_block=4,
+            router="score_hysteresis",
+            hysteresis_on=1.0,
+            hysteresis_off=-5.0,
+            score="difference_dynamic",
+            penalty=1.0,
+            estimator="soft_entropy_negexp",
+        ),
+    ),
+    # LLaDA2.1-Mini Conservative (without its token editing): block 32, threshold 0.95, one commit a step
+    # (num_to_transfer 1, its generate's default), score router tau -5, static, c = 4, soft entropy.
+    "s2d2-llada2": dict(
+        policy="s2d2",
+        cache="block",
+        block_length=32,
+        threshold=0.95,
+        s2d2=dict(
+            num_to_transfer=1,
+            router="score_threshold",
+            score_threshold=-5.0,
+            score="difference_static",
+            penalty=4.0,
+            estimator="soft_entropy_negexp",
+        ),
+    ),
     "fastdllm-v2": dict(
         policy="subblock", cache="subblock", block_length=32, threshold=0.9, subblock=dict(sub_block=8)
     ),

@@ -47,6 +47,7 @@ class CommitEvent:
     logprobs: list | None = None
     # The uniform-state decoders with stream_draft: the step's draft (decode/uniform_engine.py, _draft).
     draft: dict | None = None
+    forwards: int = 1  # forward passes the step ran for this request (S2D2's verify forward: 2)
 
 
 @dataclass

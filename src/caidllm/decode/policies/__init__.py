@@ -30,6 +30,7 @@ from caidllm.decode.policies import (
     margin,
     prophet,
     random_order,
+    s2d2,
     slowfast,
     subblock,
     threshold,
@@ -80,6 +81,9 @@ class PolicySpec:
     # The preset that runs this rule on a block-causal model's exact block cache: the advice where the chosen
     # method's cache needs bidirectional attention (ES-dLLM's, Elastic-Cache's, dKV-Cache's).
     block_causal_method: str = "fastdllm"
+    # After its draft forward it may run one more forward per row, the block read at block size 1
+    # (models/selfspec.py), through view.self_spec; it may commit tokens of its own (view.tokens).
+    self_verifies: bool = False
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -133,6 +137,10 @@ POLICIES: dict[str, PolicySpec] = {
     # JointThresholdInDel.
     "indel": PolicySpec(
         indel.select, indel.IndelSettings, new_state=indel.new_state, models=BLOCK_CAUSAL, rewrites=True
+    ),
+    # S2D2 (policies/s2d2.py): a draft, a router, and verification by the same weights at block size 1.
+    "s2d2": PolicySpec(
+        s2d2.select, s2d2.S2D2Settings, new_state=s2d2.new_state, models=BLOCK_CAUSAL, self_verifies=True
     ),
 }
 
