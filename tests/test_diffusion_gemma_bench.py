@@ -3,6 +3,9 @@ calibrate`: its decoders' rows (accuracy, forwards per canvas, tokens per forwar
 method in the list refused by name before anything runs, loglikelihood and calibration refused saying
 why."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from caidllm.bench.runner import BenchConfig, run_bench
@@ -94,3 +97,40 @@ def test_calibrate_refuses_the_family_in_one_line(tmp_path):
     with pytest.raises(InputError, match="CAI controller's settings") as refused:
         run_calibrate(options, log=lambda message: pytest.fail(f"it ran: {message}"))
     assert "uniform-state" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_lm_eval_takes_the_cai_variant_and_its_settings_as_dotted_model_args(tmp_path):
+    """method=diffusiongemma-cai with dgcai.FIELD model_args (as --set takes them): they reach the rule (an
+    entropy bound above log V accepts every position: other tokens than the defaults'); a bad one is
+    refused naming it."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from caidllm.evaluation.lm_eval_adapter import CaidllmLM
+
+    loose = {"dgcai.entropy_start": 20.0, "dgcai.entropy_end": 20.0}
+    adapter = CaidllmLM(
+        pretrained=SMALL, method="diffusiongemma-cai", gen_length=16, max_denoising_steps=3, **loose
+    )
+    assert adapter.method == "diffusiongemma-cai"
+    requests = [Instance("generate_until", {}, (f"prompt {i}", {"until": []}), i) for i in range(2)]
+    answers = adapter.generate_until(requests)
+    prompts = [adapter._encode(f"prompt {i}") for i in range(2)]
+    knobs = dict(method="diffusiongemma-cai", gen_length=16, max_denoising_steps=3, seed=0, chat=False)
+    want = adapter.lm.generate(prompts, dgcai=dict(entropy_start=20.0, entropy_end=20.0), **knobs)
+    plain = adapter.lm.generate(prompts, **knobs)
+    assert answers == [w.text for w in want] != [p.text for p in plain]
+    with pytest.raises(InputError, match="dgcai.nope is not a setting of 'diffusiongemma-cai'"):
+        CaidllmLM(pretrained=SMALL, method="diffusiongemma-cai", **{"dgcai.nope": 1})
+
+
+def test_the_lm_eval_wrapper_says_a_bad_model_arg_in_one_line(capsys):
+    pytest.importorskip("lm_eval")
+    from caidllm.evaluation.__main__ import main
+
+    bench = Path(__file__).parent / "data" / "bench"
+    argv = ["--model", "caidllm", "--model_args", "pretrained=tiny,method=cai,threshold=7"]
+    argv += ["--tasks", "caidllm_bbh_boolean_expressions", "--metadata", json.dumps({"data_dir": str(bench)})]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "caidllm-lm-eval: error: cai.threshold must be in (0, 1], got 7.0"

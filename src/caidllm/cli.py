@@ -18,7 +18,7 @@ from caidllm.decode.prefix_reuse import check_budget
 from caidllm.errors import CaidllmError, InputError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
-from caidllm.options import add_model_arguments, add_tp_argument, check_before_load
+from caidllm.options import add_model_arguments, add_tp_argument, check_before_load, nest_owner_keys
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -166,23 +166,18 @@ def register_generate(sub, name: str) -> None:
 
 
 def set_values(items: list[str]) -> dict:
-    """--set NAME=VALUE items as keywords: OWNER.FIELD under the owner's key ({"eb": {"gamma": 0.02}}), a
-    flat name as is; VALUE as JSON (0.02, true, [1, 2]), else the text. The decoder checks every value."""
+    """--set NAME=VALUE items as keywords (options.nest_owner_keys: OWNER.FIELD under the owner's key); VALUE
+    as JSON (0.02, true, [1, 2]), else the text. The decoder checks every value."""
     values: dict = {}
     for item in items:
         name, sep, text = item.partition("=")
         if not sep or not name:
             raise InputError(f"--set takes NAME=VALUE, got {item!r}", field="set")
         try:
-            value = json.loads(text)
+            values[name] = json.loads(text)
         except ValueError:
-            value = text
-        owner, dot, field = name.partition(".")
-        if dot:
-            values.setdefault(owner, {})[field] = value
-        else:
-            values[name] = value
-    return values
+            values[name] = text
+    return nest_owner_keys(values)
 
 
 def run_generate(args) -> int:

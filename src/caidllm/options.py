@@ -21,6 +21,19 @@ def json_object_option(text: str, flag: str, what: str = "object") -> dict:
     return value
 
 
+def nest_owner_keys(values: dict) -> dict:
+    """OWNER.FIELD names under their owner's key ({"eb.gamma": 0.02} -> {"eb": {"gamma": 0.02}}), a flat
+    name as is: how --set and lm-eval's model_args name a method's own settings."""
+    nested: dict = {}
+    for name, value in values.items():
+        owner, dot, field = name.partition(".")
+        if dot:
+            nested.setdefault(owner, {})[field] = value
+        else:
+            nested[name] = value
+    return nested
+
+
 MODEL_HELP = (
     "model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
     "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an "
