@@ -134,3 +134,54 @@ def test_the_lm_eval_wrapper_says_a_bad_model_arg_in_one_line(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "caidllm-lm-eval: error: cai.threshold must be in (0, 1], got 7.0"
+
+
+def _bench(methods, early_stop=True, **values):
+    config = BenchConfig(
+        model=SMALL,
+        tasks=["synthetic:boolean_expressions"],
+        methods=methods,
+        limit=2,
+        gen_length=16,
+        batch_size=2,
+        progress=False,
+        warmup=False,
+        early_stop=early_stop,
+        set_values=values,
+    )
+    return run_bench(config, log=lambda message: None)
+
+
+def test_bench_set_reaches_the_uniform_rows_and_no_early_stop_turns_the_stop_off():
+    """--set's shared knob reaches every uniform row, dgcai.* the CAI variant's only (in its row's settings);
+    --no-early-stop runs every step (the stable-and-confident stop off), as generate --no-early-stop."""
+    loose = {"entropy_start": 20.0, "entropy_end": 20.0}
+    report = _bench(["diffusiongemma", "diffusiongemma-cai"], False, max_denoising_steps=3, dgcai=loose)
+    rows = {r["method"]: r for r in report["results"]}
+    assert rows["diffusiongemma"]["nfe_mean"] == rows["diffusiongemma-cai"]["nfe_mean"] == 3
+    cai = report["settings"]["method_settings"]["diffusiongemma-cai"]
+    assert cai["dgcai"]["entropy_start"] == cai["dgcai"]["entropy_end"] == 20.0
+    assert cai["diffusiongemma-cai"]["adaptive_stop"] is False
+    plain = report["settings"]["method_settings"]["diffusiongemma"]
+    assert "dgcai" not in plain and plain["diffusiongemma"]["max_denoising_steps"] == 3
+
+
+@pytest.mark.parametrize(
+    "methods,values,words",
+    [
+        (["diffusiongemma", "greedy"], {"dgcai": {"warmup": 0.2}}, "no row of this run reads 'dgcai'"),
+        (["diffusiongemma-cai"], {"dgcai": {"warmup": 2}}, r"dgcai.warmup must be in \[0, 1\)"),
+        (["greedy"], {"threshold": 0.9}, "setting 'threshold' does not apply"),
+    ],
+)
+def test_bench_set_refusals_name_the_setting_before_the_model_loads(methods, values, words):
+    with pytest.raises(InputError, match=words):
+        _bench(methods, **values)
+
+
+def test_bench_set_on_a_mask_method_is_refused_in_one_line(capsys):
+    from caidllm.cli import main
+
+    argv = ["bench", "--task", "synthetic:boolean_expressions", "--methods", "cai", "--set", "x=1"]
+    assert main(argv) == 2
+    assert "--set gives the uniform-state decoders' rows" in capsys.readouterr().err.strip().splitlines()[-1]

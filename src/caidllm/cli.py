@@ -18,7 +18,7 @@ from caidllm.decode.prefix_reuse import check_budget
 from caidllm.errors import CaidllmError, InputError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
-from caidllm.options import add_model_arguments, add_tp_argument, check_before_load, nest_owner_keys
+from caidllm.options import add_model_arguments, add_tp_argument, check_before_load, set_values
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -163,21 +163,6 @@ def register_generate(sub, name: str) -> None:
     add_constraint_arguments(gen)
     add_tp_argument(gen)
     gen.set_defaults(handler=run_generate)
-
-
-def set_values(items: list[str]) -> dict:
-    """--set NAME=VALUE items as keywords (options.nest_owner_keys: OWNER.FIELD under the owner's key); VALUE
-    as JSON (0.02, true, [1, 2]), else the text. The decoder checks every value."""
-    values: dict = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            raise InputError(f"--set takes NAME=VALUE, got {item!r}", field="set")
-        try:
-            values[name] = json.loads(text)
-        except ValueError:
-            values[name] = text
-    return nest_owner_keys(values)
 
 
 def run_generate(args) -> int:

