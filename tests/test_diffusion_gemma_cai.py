@@ -178,3 +178,28 @@ def test_a_seeded_request_is_the_same_alone_batched_and_joining_mid_flight():
     late = engine.submit(prompts[1], build_settings(CAI, gen_length=24, seed=3, **knobs))
     results = {e.request_id: e.result for e in engine.run() if e.finished}
     assert results[first].token_ids == alone[0].token_ids and results[late].token_ids == alone[1].token_ids
+
+
+def _drafts(method, **knobs):
+    lm = engine_lm(reference(seed=4, canvas_length=8))
+    engine = UniformEngine(lm, max_batch=1)
+    settings = build_settings(method, gen_length=8, seed=3, stream_draft=True, adaptive_stop=False, **knobs)
+    engine.submit([5, 6, 7], settings)
+    return [e.draft for e in engine.run()]
+
+
+def test_the_draft_stream_says_which_positions_each_rule_accepted_and_the_tokens_they_kept():
+    """diffusiongemma-cai forcing every position of the first three quarters from step 1 on (no position
+    hard, budgets at step 1): those are accepted with the argmax (the draft's token there); the official
+    rule with a bound that accepts everything keeps its samples, which are not all the argmax."""
+    forced = dict(hard_entropy=100.0, easy_entropy=0.0, budget_fractions=(0.01, 0.01))
+    drafts = _drafts(CAI, max_denoising_steps=4, dgcai=forced)
+    assert [d["step"] for d in drafts] == [1, 2, 3, 4]
+    for d in drafts:
+        assert len(d["kept"]) == len(d["accepted"])
+    for d in drafts[1:]:
+        kept = dict(zip(d["accepted"], d["kept"]))
+        assert set(range(6)) <= set(kept) and [kept[i] for i in range(6)] == d["tokens"][:6]
+    drafts = _drafts("diffusiongemma", max_denoising_steps=2, entropy_bound=1e6)
+    assert all(d["accepted"] == list(range(8)) for d in drafts)
+    assert any(d["kept"] != d["tokens"] for d in drafts)  # samples, not the argmax
