@@ -147,6 +147,7 @@ def test_the_grinding_exit_counts_low_yield_steps_in_a_row():
         (dict(dgcai=dict(easy_entropy=3.0, hard_entropy=2.0)), "dgcai.easy_entropy"),
         (dict(dgcai=dict(factors=(1, 1, 1))), "dgcai.factors"),
         (dict(dgcai=dict(budget_fractions=(0.0, 0.5))), "dgcai.budget_fractions"),
+        (dict(dgcai=dict(budget_fractions=(0.5, 0.2))), "dgcai.budget_fractions"),
         (dict(dgcai=dict(grinding_patience=0)), "dgcai.grinding_patience"),
         (dict(dgcai=dict(gating="yes")), "dgcai.gating"),
         (dict(dgcai=dict(theta_start=0.9)), "dgcai.theta_start"),
