@@ -185,3 +185,12 @@ def test_bench_set_on_a_mask_method_is_refused_in_one_line(capsys):
     argv = ["bench", "--task", "synthetic:boolean_expressions", "--methods", "cai", "--set", "x=1"]
     assert main(argv) == 2
     assert "--set gives the uniform-state decoders' rows" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bench_lengths_on_the_family_is_one_line_before_it_loads(capsys):
+    from caidllm.cli import main
+
+    argv = ["bench", "--model", SMALL, "--task", "synthetic:boolean_expressions", "--methods", "greedy"]
+    assert main([*argv, "--lengths", "16,32", "--block-length", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("caidllm: error: --lengths does not run on model family 'diffusion_gemma' yet")

@@ -267,6 +267,7 @@ def run_length_table(args, settings: BenchConfig) -> int:
         raise InputError("--lengths runs on one process (no --tp)", field="lengths")
     if len(settings.prefix_cache_mb) > 1:  # its rows (one per budget) are not carried from length to length
         raise InputError("--lengths takes one --prefix-cache-mb budget, not a list", field="prefix_cache_mb")
+    _refuse_uniform_lengths(settings.model)
     block = args.block_length or DEFAULT_BLOCK
     lengths = parse_lengths(args.lengths, block)  # refused before the model loads
     max_hours = check_max_hours(args.max_hours)
@@ -282,3 +283,18 @@ def run_length_table(args, settings: BenchConfig) -> int:
     if settings.out:
         print(f"wrote {settings.out}/results.json, results.md and lengths.png", file=sys.stderr)
     return 0
+
+
+def _refuse_uniform_lengths(model: str) -> None:
+    """--lengths times a mask model's forward for its time estimate and lays blocks of --block-length: a
+    uniform-state model (DiffusionGemma) is refused in one line before it loads."""
+    from caidllm.models.families import get_family
+    from caidllm.options import model_config_of
+
+    family = model_config_of(model)[0].family
+    if get_family(family).uniform:
+        raise InputError(
+            f"--lengths does not run on model family {family!r} yet (uniform-state diffusion: whole canvases "
+            "of the checkpoint's length); run caidllm bench --gen-length N once per length",
+            field="lengths",
+        )
