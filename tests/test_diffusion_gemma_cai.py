@@ -204,3 +204,16 @@ def test_the_draft_stream_says_which_positions_each_rule_accepted_and_the_tokens
     drafts = _drafts("diffusiongemma", max_denoising_steps=2, entropy_bound=1e6)
     assert all(d["accepted"] == list(range(8)) for d in drafts)
     assert any(d["kept"] != d["tokens"] for d in drafts)  # samples, not the argmax
+
+
+def test_a_stability_threshold_past_the_steps_allocates_no_more_than_the_steps():
+    """A stability_threshold above max_denoising_steps can never be met (as one equal to it): the history
+    keeps at most max_denoising_steps rows, so 10**12 (a request's [k, canvas] history would not fit in
+    memory) decodes as 3 does, and as no adaptive stop at all."""
+    lm = engine_lm(reference(seed=4, canvas_length=8))
+    knobs = dict(max_denoising_steps=3, confidence_threshold=50.0)
+    huge = run_engine(lm, [[5, 6, 7]], 2, 16, stability_threshold=10**12, **knobs)
+    equal = run_engine(lm, [[5, 6, 7]], 2, 16, stability_threshold=3, **knobs)
+    never = run_engine(lm, [[5, 6, 7]], 2, 16, adaptive_stop=False, **knobs)
+    assert huge[0].token_ids == equal[0].token_ids == never[0].token_ids
+    assert set(huge[0].steps_per_block) == {3}

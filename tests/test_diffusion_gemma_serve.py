@@ -97,6 +97,7 @@ BAD = [
     ({"t_min": 0.9, "t_max": 0.5}, "t_max", "greater"),
     ({"stream_draft": "yes"}, "stream_draft", "true or false"),
     ({"max_tokens": 10_000}, "max_tokens", "limit"),
+    ({"max_denoising_steps": 100_000_000}, "max_denoising_steps", "this server's limit of 256"),
     ({"method": "diffusiongemma-cai", "dgcai": {"warmup": 2}}, "dgcai.warmup", "[0, 1)"),
     ({"method": "diffusiongemma-cai", "dgcai": {"bogus": 1}}, "dgcai.bogus", "not a setting"),
     ({"dgcai": {"warmup": 0.2}}, "dgcai", "does not apply"),
