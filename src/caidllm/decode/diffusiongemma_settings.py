@@ -118,8 +118,8 @@ class DiffusionGemmaSettings:
             self.decoder_settings = own()
         if not isinstance(self.decoder_settings, own):
             raise InputError(
-                f"{own.OWNER} must be a {own.__name__} or a dict of its fields, got "
-                f"{type(self.decoder_settings).__name__}",
+                f"{own.OWNER} must be an object of {own.TITLE} settings ({own.__name__} or a dict of its "
+                f"fields), got {type(self.decoder_settings).__name__}",
                 field=own.OWNER,
             )
         self.decoder_settings.validate()
