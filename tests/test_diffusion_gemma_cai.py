@@ -217,3 +217,8 @@ def test_a_stability_threshold_past_the_steps_allocates_no_more_than_the_steps()
     never = run_engine(lm, [[5, 6, 7]], 2, 16, adaptive_stop=False, **knobs)
     assert huge[0].token_ids == equal[0].token_ids == never[0].token_ids
     assert set(huge[0].steps_per_block) == {3}
+
+
+def test_its_own_setting_given_flat_is_refused_saying_how_to_give_it():
+    with pytest.raises(InputError, match=r"'warmup' does not apply .*; give it as dgcai.warmup\)"):
+        build_settings(CAI, warmup=0.2)

@@ -166,9 +166,13 @@ def build_settings(method: str, folder=None, **options) -> DiffusionGemmaSetting
     own = _own_settings(method, options)
     unknown = sorted(k for k, v in options.items() if k not in FIELDS and v is not None)
     if unknown:
+        own_cls = getattr(UNIFORM_DECODERS.get(method), "settings", None)
+        hint = ""
+        if own_cls is not None and unknown[0] in own_cls.field_names():  # its own setting, given flat
+            hint = f"; give it as {own_cls.OWNER}.{unknown[0]}"
         raise InputError(
             f"setting {unknown[0]!r} does not apply to the uniform-state decoder {method!r} "
-            f"(its settings: {', '.join(sorted(FIELDS - {'method'}))})",
+            f"(its settings: {', '.join(sorted(FIELDS - {'method'}))}{hint})",
             unknown[0],
         )
     given = {k for k, v in options.items() if v is not None}
