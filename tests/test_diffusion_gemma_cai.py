@@ -147,6 +147,7 @@ def test_the_grinding_exit_counts_low_yield_steps_in_a_row():
         (dict(dgcai=dict(easy_entropy=3.0, hard_entropy=2.0)), "dgcai.easy_entropy"),
         (dict(dgcai=dict(factors=(1, 1, 1))), "dgcai.factors"),
         (dict(dgcai=dict(budget_fractions=(0.0, 0.5))), "dgcai.budget_fractions"),
+        (dict(dgcai=dict(budget_fractions=(0.5, 0.2))), "dgcai.budget_fractions"),
         (dict(dgcai=dict(grinding_patience=0)), "dgcai.grinding_patience"),
         (dict(dgcai=dict(gating="yes")), "dgcai.gating"),
         (dict(dgcai=dict(theta_start=0.9)), "dgcai.theta_start"),
@@ -178,3 +179,46 @@ def test_a_seeded_request_is_the_same_alone_batched_and_joining_mid_flight():
     late = engine.submit(prompts[1], build_settings(CAI, gen_length=24, seed=3, **knobs))
     results = {e.request_id: e.result for e in engine.run() if e.finished}
     assert results[first].token_ids == alone[0].token_ids and results[late].token_ids == alone[1].token_ids
+
+
+def _drafts(method, **knobs):
+    lm = engine_lm(reference(seed=4, canvas_length=8))
+    engine = UniformEngine(lm, max_batch=1)
+    settings = build_settings(method, gen_length=8, seed=3, stream_draft=True, adaptive_stop=False, **knobs)
+    engine.submit([5, 6, 7], settings)
+    return [e.draft for e in engine.run()]
+
+
+def test_the_draft_stream_says_which_positions_each_rule_accepted_and_the_tokens_they_kept():
+    """diffusiongemma-cai forcing every position of the first three quarters from step 1 on (no position
+    hard, budgets at step 1): those are accepted with the argmax (the draft's token there); the official
+    rule with a bound that accepts everything keeps its samples, which are not all the argmax."""
+    forced = dict(hard_entropy=100.0, easy_entropy=0.0, budget_fractions=(0.01, 0.01))
+    drafts = _drafts(CAI, max_denoising_steps=4, dgcai=forced)
+    assert [d["step"] for d in drafts] == [1, 2, 3, 4]
+    for d in drafts:
+        assert len(d["kept"]) == len(d["accepted"])
+    for d in drafts[1:]:
+        kept = dict(zip(d["accepted"], d["kept"]))
+        assert set(range(6)) <= set(kept) and [kept[i] for i in range(6)] == d["tokens"][:6]
+    drafts = _drafts("diffusiongemma", max_denoising_steps=2, entropy_bound=1e6)
+    assert all(d["accepted"] == list(range(8)) for d in drafts)
+    assert any(d["kept"] != d["tokens"] for d in drafts)  # samples, not the argmax
+
+
+def test_a_stability_threshold_past_the_steps_allocates_no_more_than_the_steps():
+    """A stability_threshold above max_denoising_steps can never be met (as one equal to it): the history
+    keeps at most max_denoising_steps rows, so 10**12 (a request's [k, canvas] history would not fit in
+    memory) decodes as 3 does, and as no adaptive stop at all."""
+    lm = engine_lm(reference(seed=4, canvas_length=8))
+    knobs = dict(max_denoising_steps=3, confidence_threshold=50.0)
+    huge = run_engine(lm, [[5, 6, 7]], 2, 16, stability_threshold=10**12, **knobs)
+    equal = run_engine(lm, [[5, 6, 7]], 2, 16, stability_threshold=3, **knobs)
+    never = run_engine(lm, [[5, 6, 7]], 2, 16, adaptive_stop=False, **knobs)
+    assert huge[0].token_ids == equal[0].token_ids == never[0].token_ids
+    assert set(huge[0].steps_per_block) == {3}
+
+
+def test_its_own_setting_given_flat_is_refused_saying_how_to_give_it():
+    with pytest.raises(InputError, match=r"'warmup' does not apply .*; give it as dgcai.warmup\)"):
+        build_settings(CAI, warmup=0.2)

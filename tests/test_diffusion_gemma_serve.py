@@ -97,6 +97,7 @@ BAD = [
     ({"t_min": 0.9, "t_max": 0.5}, "t_max", "greater"),
     ({"stream_draft": "yes"}, "stream_draft", "true or false"),
     ({"max_tokens": 10_000}, "max_tokens", "limit"),
+    ({"max_denoising_steps": 100_000_000}, "max_denoising_steps", "this server's limit of 256"),
     ({"method": "diffusiongemma-cai", "dgcai": {"warmup": 2}}, "dgcai.warmup", "[0, 1)"),
     ({"method": "diffusiongemma-cai", "dgcai": {"bogus": 1}}, "dgcai.bogus", "not a setting"),
     ({"dgcai": {"warmup": 0.2}}, "dgcai", "does not apply"),
@@ -157,7 +158,7 @@ def test_the_draft_stream_shows_each_step(server, client):
     assert [(d["canvas"], d["step"]) for d in drafts] == [(c, s) for c in (0, 1) for s in (1, 2, 3, 4)]
     for d in drafts:
         assert len(d["tokens"]) == len(d["text"]) == 16 and d["start"] == 16 * d["canvas"]
-        assert all(0 <= p < 16 for p in d["accepted"])
+        assert all(0 <= p < 16 for p in d["accepted"]) and len(d["kept"]) == len(d["accepted"])
     # the last draft of a canvas is the canvas (the argmax), and the text is unchanged by the drafts
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == whole
 

@@ -109,3 +109,45 @@ def test_a_tp_the_heads_do_not_divide_is_one_line_before_any_rank_starts(capsys,
     assert main(["generate", *CLI, "--model", folder, "--tp", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("caidllm: error: --tp 4 does not divide the model's 2 key/value heads")
+
+
+SERVED = {
+    "model": "m",
+    "prompt": "What is 2+3?",
+    "max_tokens": 16,
+    "seed": 1,
+    "method": "diffusiongemma-cai",
+    "max_denoising_steps": 4,
+    "dgcai": {"entropy_start": 20.0, "entropy_end": 20.0},
+}
+
+
+def test_serve_tp_2_answers_as_one_process_and_a_cancel_leaves_the_ranks_in_step(folder):
+    """A served request under --tp 2 (rank 1 replays rank 0's UniformEngine) gives one process's answer;
+    a stream dropped mid-request (a cancel replayed on rank 1) leaves the next answer unchanged."""
+    import httpx
+
+    import caidllm
+    from helpers.serve import free_port, spawn_serve, start
+
+    def ask(url, **extra):
+        body = {**SERVED, **extra, "model": httpx.get(f"{url}/caidllm/info").json()["model"]}
+        return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+
+    with start(caidllm.load(folder, device="cpu", dtype="float32")) as server:
+        alone = ask(server.url)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = spawn_serve(port, "--model", folder, "--dtype", "float32", "--tp", "2")
+    try:
+        first = ask(url)
+        body = {**SERVED, "model": first["model"], "max_tokens": 400, "stream": True}
+        body.update(adaptive_stop=False, max_denoising_steps=48)
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as stream:
+            next(stream.iter_lines())  # the request runs; leaving the stream cancels it
+        again = ask(url)
+        healthy = httpx.get(f"{url}/health").status_code
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=120)
+    assert first["choices"] == again["choices"] == alone["choices"] and healthy == 200

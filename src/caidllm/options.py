@@ -21,6 +21,34 @@ def json_object_option(text: str, flag: str, what: str = "object") -> dict:
     return value
 
 
+def nest_owner_keys(values: dict) -> dict:
+    """OWNER.FIELD names under their owner's key ({"eb.gamma": 0.02} -> {"eb": {"gamma": 0.02}}), a flat
+    name as is: how --set and lm-eval's model_args name a method's own settings."""
+    nested: dict = {}
+    for name, value in values.items():
+        owner, dot, field = name.partition(".")
+        if dot:
+            nested.setdefault(owner, {})[field] = value
+        else:
+            nested[name] = value
+    return nested
+
+
+def set_values(items: list[str]) -> dict:
+    """--set NAME=VALUE items as keywords (nest_owner_keys: OWNER.FIELD under the owner's key); VALUE as
+    JSON (0.02, true, [1, 2]), else the text. The decoder checks every value."""
+    values: dict = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise InputError(f"--set takes NAME=VALUE, got {item!r}", field="set")
+        try:
+            values[name] = json.loads(text)
+        except ValueError:
+            values[name] = text
+    return nest_owner_keys(values)
+
+
 MODEL_HELP = (
     "model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
     "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an "

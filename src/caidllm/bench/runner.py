@@ -37,12 +37,8 @@ from caidllm.bench.sandbox import Limits
 from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
-from caidllm.decode.diffusiongemma_settings import (
-    FIELDS,
-    UNIFORM_METHODS,
-    DiffusionGemmaSettings,
-    build_settings,
-)
+from caidllm.bench.uniform_rows import check_set_values, row_values, uniform_summary
+from caidllm.decode.diffusiongemma_settings import UNIFORM_METHODS, DiffusionGemmaSettings, build_settings
 from caidllm.decode.methods import method_names, settings_summary
 from caidllm.decode.nemotron import SEQUENTIAL_METHODS, SequentialSettings
 from caidllm.decode.prefix_reuse import check_budget
@@ -85,6 +81,8 @@ class BenchConfig:
     # The prefix store's budgets (bench/prefix_rows.py): (None,) = the default; several = one row per
     # method and budget, named by both.
     prefix_cache_mb: tuple = (None,)
+    # --set NAME=VALUE of the uniform-state decoders' rows (bench/uniform_rows.py), OWNER.FIELD nested
+    set_values: dict = field(default_factory=dict)
     _loaded: object = field(default=None, init=False, repr=False, compare=False)
     _rows: dict | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -118,7 +116,12 @@ class BenchConfig:
         settings, the prefix store, the lengths, temperature, seed and early stop."""
         preset, extra = self.method_options(method)
         if preset in UNIFORM_METHODS:
-            return {"method": preset, "gen_length": self.gen_length, "seed": self.seed}
+            return {
+                "method": preset,
+                "gen_length": self.gen_length,
+                "seed": self.seed,
+                **row_values(preset, self.set_values, self.early_stop),
+            }
         return {
             "method": preset,
             **extra,
@@ -133,10 +136,10 @@ class BenchConfig:
         """A row's decode config: a DecodeConfig, or a uniform-state decoder's DiffusionGemmaSettings."""
         preset, extra = self.method_options(method)
         if preset in UNIFORM_METHODS:
-            return build_settings(preset, gen_length=self.gen_length, seed=self.seed)
-        if (
-            preset in SEQUENTIAL_METHODS
-        ):  # decode/nemotron.py's settings (checked against the model by generate)
+            values = row_values(preset, self.set_values, self.early_stop)
+            return build_settings(preset, gen_length=self.gen_length, seed=self.seed, **values)
+        # decode/nemotron.py's settings (checked against the model by generate)
+        if preset in SEQUENTIAL_METHODS:
             return SequentialSettings(method=preset, **self.lengths_for(method))
         return build_config(preset, **extra, **self.lengths_for(method))
 
@@ -178,6 +181,7 @@ class BenchConfig:
             raise InputError(f"fewshot must be an integer >= 0, got {self.fewshot!r}")
         if not (isinstance(self.code_timeout, (int, float)) and self.code_timeout > 0):
             raise InputError(f"code-timeout must be a positive number of seconds, got {self.code_timeout!r}")
+        check_set_values([self.method_options(m)[0] for m in self.methods], self.set_values)
         # Lengths together once both are known (resolve_lengths fills unset ones against the model).
         both = None not in (self.gen_length, self.block_length)
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
@@ -462,7 +466,7 @@ def _warm_up(lm, settings: BenchConfig, encoded: list[Encoded], log) -> None:
 def _summary(config) -> dict:
     """A row's own settings as the report records them ({owner: {field: value}})."""
     if isinstance(config, DiffusionGemmaSettings):
-        return {config.method: {f: getattr(config, f) for f in sorted(FIELDS - {"method"})}}
+        return uniform_summary(config)
     if isinstance(config, SequentialSettings):
         return {config.method: dataclasses.asdict(config)}
     return settings_summary(config)

@@ -94,6 +94,13 @@ class CaiUniformSettings(MethodSettings):
                     f"dgcai.{low} ({a}) must not exceed dgcai.{high} ({b})",
                     field=f"dgcai.{low}",
                 )
+        easy, normal = self.budget_fractions
+        if easy > normal:  # an easy position's budget comes first (Box 5's 8 / 32 of T)
+            raise InputError(
+                f"dgcai.budget_fractions: the easy positions' ({easy}) must not exceed the normal ones' "
+                f"({normal})",
+                field="dgcai.budget_fractions",
+            )
         return self
 
 

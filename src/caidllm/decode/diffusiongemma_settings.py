@@ -118,8 +118,8 @@ class DiffusionGemmaSettings:
             self.decoder_settings = own()
         if not isinstance(self.decoder_settings, own):
             raise InputError(
-                f"{own.OWNER} must be a {own.__name__} or a dict of its fields, got "
-                f"{type(self.decoder_settings).__name__}",
+                f"{own.OWNER} must be an object of {own.TITLE} settings ({own.__name__} or a dict of its "
+                f"fields), got {type(self.decoder_settings).__name__}",
                 field=own.OWNER,
             )
         self.decoder_settings.validate()
@@ -166,9 +166,13 @@ def build_settings(method: str, folder=None, **options) -> DiffusionGemmaSetting
     own = _own_settings(method, options)
     unknown = sorted(k for k, v in options.items() if k not in FIELDS and v is not None)
     if unknown:
+        own_cls = getattr(UNIFORM_DECODERS.get(method), "settings", None)
+        hint = ""
+        if own_cls is not None and unknown[0] in own_cls.field_names():  # its own setting, given flat
+            hint = f"; give it as {own_cls.OWNER}.{unknown[0]}"
         raise InputError(
             f"setting {unknown[0]!r} does not apply to the uniform-state decoder {method!r} "
-            f"(its settings: {', '.join(sorted(FIELDS - {'method'}))})",
+            f"(its settings: {', '.join(sorted(FIELDS - {'method'}))}{hint})",
             unknown[0],
         )
     given = {k for k, v in options.items() if v is not None}
@@ -197,3 +201,44 @@ def _own_settings(method: str, options: dict):
             field=f"{cls.OWNER}.{unknown[0]}",
         )
     return cls(**given)
+
+
+def uniform_settings_table() -> dict:
+    """The uniform-state decoders' settings as `caidllm models` lists them: the knobs every one of them
+    takes (flat names, their defaults) and each decoder's own settings (owner, fields, defaults, rules)."""
+    defaults = DiffusionGemmaSettings()
+    hidden = {"method", "given", "decoder_settings", "canvas_length"}
+    shared = [
+        {"name": f.name, "default": getattr(defaults, f.name)}
+        for f in dataclasses.fields(DiffusionGemmaSettings)
+        if f.name not in hidden
+    ]
+    own = []
+    for method, decoder in UNIFORM_DECODERS.items():
+        cls = decoder.settings
+        if cls is None:
+            continue
+        values = cls()
+        fields = [
+            {"name": n, "default": getattr(values, n), "expected": r.expected if r else "checked"}
+            for n in cls.field_names()
+            for r in [cls.rule_for(n)]
+        ]
+        own.append({"owner": cls.OWNER, "title": cls.TITLE, "read_by": method, "fields": fields})
+    return {"decoders": list(UNIFORM_METHODS), "shared": shared, "own": own}
+
+
+def uniform_settings_lines() -> list[str]:
+    table = uniform_settings_table()
+    shared = ", ".join(f"{f['name']} ({f['default']!r})" for f in table["shared"])
+    lines = [
+        f"Uniform-state decoders' settings ({', '.join(table['decoders'])}; the flat name, --set NAME=VALUE; "
+        "defaults: the checkpoint's generation_config.json where it sets them):",
+        f"  {shared}",
+    ]
+    for entry in table["own"]:
+        lines.append(f"  {entry['owner']}: {entry['title']} (read by decoder {entry['read_by']!r})")
+        for f in entry["fields"]:
+            dotted = f"{entry['owner']}.{f['name']}"
+            lines.append(f"    {dotted:<30} default {f['default']!r}: {f['expected']}")
+    return lines

@@ -49,7 +49,9 @@ class CanvasRequest:
         L = self.canvas_length
         self.canvas = torch.randint(0, self.vocab_size, (1, L), generator=self.generator, device=device)[0]
         self.argmax, self.soft, self.step, self.rule_state = self.canvas, None, 0, None
-        k = self.settings.stability_threshold
+        # more rows than steps could never all be filled (the canvas is never stable, as with k): a huge
+        # stability_threshold must not allocate [k, L]
+        k = min(self.settings.stability_threshold, self.settings.max_denoising_steps)
         self.history = torch.full((k, L), -1, dtype=torch.long, device=device) if k else None
 
     @property

@@ -8,7 +8,8 @@ shares its forwards (alone, batched, or joining mid-flight).
 
 Events are the mask engine's CommitEvent: one per request and step; a step that ends a canvas carries
 that canvas's positions and tokens (the stream of finished canvases), the last one the result; with
-`stream_draft` every event also carries the step's draft (the argmax canvas and the accepted positions).
+`stream_draft` every event also carries the step's draft (the argmax canvas, the accepted positions and
+the tokens they kept).
 
 It answers the calls BackgroundEngine makes of the mask engine (prepare, scheduler.check_room /
 add_checked, step, cancel, drop_running, take_faults, forwards, prefix_store), so the server's engine
@@ -258,10 +259,20 @@ class UniformEngine:
 
 
 def _draft(r: CanvasRequest, index: int) -> dict:
-    """The step's draft (the official streamer's put_draft: the argmax canvas) and the canvas offsets the
-    step accepted (the others were renoised)."""
-    accepted = [] if r.accepted is None else r.accepted.nonzero().flatten().tolist()
-    return {"canvas": index, "step": r.step, "tokens": r.argmax.tolist(), "accepted": accepted}
+    """The step's draft (the official streamer's put_draft: the argmax canvas), the canvas offsets the
+    step accepted (the others were renoised) and the tokens they kept, in that order: the rule's, which
+    need not be the argmax (a sample under the entropy bounds; diffusiongemma-cai's forced positions take
+    the argmax)."""
+    if r.accepted is None:
+        return {"canvas": index, "step": r.step, "tokens": r.argmax.tolist(), "accepted": [], "kept": []}
+    accepted = r.accepted.nonzero().flatten()
+    return {
+        "canvas": index,
+        "step": r.step,
+        "tokens": r.argmax.tolist(),
+        "accepted": accepted.tolist(),
+        "kept": r.canvas[accepted].tolist(),
+    }
 
 
 def _answer_length(ids: list[int], eos: set) -> int:

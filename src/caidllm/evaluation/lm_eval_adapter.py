@@ -19,7 +19,8 @@ a block-diffusion model's own where the method's does not apply), ``steps``,
 false: auto applies the model's chat template to plain-text requests when the
 tokenizer has one), ``stats_path`` (where to write the decoding statistics;
 default: caidllm_stats.json in --output_path, via the wrapper); any other key
-is a decoding override of the preset (e.g. ``gating=false``). Batch size and
+is a decoding override of the preset (e.g. ``gating=false``; a method's own setting also as
+``OWNER.FIELD``, e.g. ``cai.gating=false``, ``dgcai.warmup=0.2``). Batch size and
 device come from lm-eval's ``--batch_size`` and ``--device``.
 
 Data parallel: under ``accelerate launch -m caidllm.evaluation ...`` or
@@ -32,9 +33,9 @@ are summed over ranks (wall time: the slowest rank's) and written by rank 0.
 Only ``generate_until`` is supported: a masked diffusion model has no cheap
 exact log-likelihood, nor has a uniform-state one (DiffusionGemma), so ``loglikelihood`` tasks (multiple
 choice by likelihood) raise NotImplementedError saying why; use the generative configs here. On
-DiffusionGemma ``method`` is diffusiongemma (default) or greedy, its knobs (entropy_bound, t_min, ...) go as
-model_args, gen_length defaults to one canvas, and temperature, block_length and the prefix store do not
-apply (refused by name).
+DiffusionGemma ``method`` is diffusiongemma (default), greedy or diffusiongemma-cai, its knobs (entropy_bound,
+t_min, ...; the CAI variant's as ``dgcai.FIELD``) go as model_args, gen_length defaults to one canvas,
+and temperature, block_length and the prefix store do not apply (refused by name).
 The ``until`` stop strings are applied to the decoded answer (the diffusion
 canvas is always ``gen_length`` positions; ``max_gen_toks`` is not used).
 NFE, steps per block and throughput are logged after every call and written
@@ -61,7 +62,7 @@ from caidllm.distributed import World
 from caidllm.errors import InputError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models.families import get_family
-from caidllm.options import check_before_load, model_config_of
+from caidllm.options import check_before_load, model_config_of, nest_owner_keys
 
 logger = logging.getLogger("lm_eval.caidllm")  # under lm-eval's logger, so its --verbosity applies
 STATS_ENV = "CAIDLLM_LM_EVAL_STATS"
@@ -98,7 +99,7 @@ def _decode_options(steps, cache, threshold, seed, early_stop, overrides: dict) 
         threshold=None if threshold is None else float(threshold),
         seed=int(seed),
         early_stop=_bool(early_stop, "early_stop"),
-        **overrides,
+        **nest_owner_keys(overrides),  # dgcai.warmup=0.2 -> dgcai={"warmup": 0.2}, as --set takes it
     )
 
 

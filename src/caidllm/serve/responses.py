@@ -150,7 +150,8 @@ def commit_events(call, event) -> list[dict]:
 
 def draft(call, d: dict) -> dict:
     """A step's draft (stream_draft; provisional): its canvas, the step, where the canvas starts in the
-    answer, the argmax token and text of every canvas position, and the offsets the step accepted."""
+    answer, the argmax token and text of every canvas position, the offsets the step accepted and the tokens
+    they kept (the rule's: a sample may differ from the argmax)."""
     lm, length = call.answers[0].lm, len(d["tokens"])
     return {
         "canvas": d["canvas"],
@@ -159,6 +160,7 @@ def draft(call, d: dict) -> dict:
         "tokens": d["tokens"],
         "text": [lm.decode([t]) for t in d["tokens"]],
         "accepted": d["accepted"],
+        "kept": d["kept"],
     }
 
 

@@ -39,7 +39,14 @@ def uniform_settings(body: dict, extensions: dict, max_tokens, max_name: str, de
     seed = body.get("seed")
     if seed is not None and not is_int(seed):
         raise InputError(f"seed must be an integer, got {seed!r}", "seed")
-    return check_uniform(lm.config, method, getattr(lm, "path", None), seed=seed, **ext)
+    settings = check_uniform(lm.config, method, getattr(lm, "path", None), seed=seed, **ext)
+    if settings.max_denoising_steps > defaults.max_gen_length:  # a request's forwards stay bounded
+        raise InputError(
+            f"max_denoising_steps {settings.max_denoising_steps} exceeds this server's limit of "
+            f"{defaults.max_gen_length} (--max-gen-length: a mask-based request's most steps)",
+            "max_denoising_steps",
+        )
+    return settings
 
 
 def _gen_length(ext: dict, max_tokens, max_name: str, defaults, lm) -> int:

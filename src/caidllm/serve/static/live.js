@@ -190,17 +190,20 @@ class Lane {
   }
 
   // One denoising step of a uniform-state decoder: its draft (the argmax canvas), each position accepted by
-  // the step or renoised with a random token (the draft shows the argmax either way).
+  // the step or renoised with a random token (the draft shows the argmax either way; an accepted position's
+  // title names the token it kept when that is not the argmax: a sample).
   showDraft(d) {
     this.drafts += 1;
     this.el.dataset.draftSteps = this.drafts;
     const accepted = new Set(d.accepted);
+    const kept = new Map(d.accepted.map((p, k) => [p, (d.kept || [])[k]]));
     d.text.forEach((text, i) => {
       const cell = this.cells[d.start + i];
       if (!cell) return;  // past gen_length: the answer is cut there
       cell.className = `cell ${accepted.has(i) ? "accepted" : "renoised"}`;
       cell.textContent = shown(text);
-      cell.title = `position ${d.start + i}: draft ${JSON.stringify(text)} at step ${d.step} of canvas ${d.canvas}, ${accepted.has(i) ? "accepted" : "renoised"}`;
+      const other = accepted.has(i) && kept.get(i) !== undefined && kept.get(i) !== d.tokens[i];
+      cell.title = `position ${d.start + i}: draft ${JSON.stringify(text)} at step ${d.step} of canvas ${d.canvas}, ${accepted.has(i) ? "accepted" : "renoised"}${other ? ` (kept token ${kept.get(i)}, a sample)` : ""}`;
     });
     this.highlight(d.canvas);
   }
