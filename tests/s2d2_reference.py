@@ -57,27 +57,40 @@ def decide(s, state, span_probs, n_confident):
     return state["on"]
 
 
-def accept(q_probs, p_probs, draft, s):
-    """Tokens of the run to commit: accepted prefix, the first rejection resampled from (q - p)+."""
-    if s["acceptance"] == "greedy":
-        best = q_probs.argmax(-1)
-        n = next((i for i in range(len(draft)) if int(best[i]) != int(draft[i])), len(draft))
-        return draft[:n].tolist() + best[n : n + 1].tolist()
+def accept(q_probs, p_probs, draft, s, fastdllm=False):
+    """{span offset: token} to commit: accepted prefix, the first rejection resampled from (q - p)+
+    (allow_resample; without it SDAR's loop commits the draft there, Fast-dLLM v2's nothing), then
+    SDAR's ssd_ratio_threshold over the span's later positions."""
     p_sel = p_probs.gather(-1, draft[:, None])[:, 0].clamp_min(1e-12)
     q_sel = q_probs.gather(-1, draft[:, None])[:, 0].clamp_min(0.0)
     ratios = (q_sel / p_sel).clamp(max=1.0)
-    flags = torch.rand((ratios.shape[0],), dtype=ratios.dtype) < ratios
+    if s["acceptance"] == "greedy":
+        flags = q_probs.argmax(-1) == draft
+    else:
+        flags = torch.rand((ratios.shape[0],), dtype=ratios.dtype) < ratios
     reject = (~flags).nonzero(as_tuple=True)[0]
     if reject.numel() == 0:
-        return draft.tolist()
+        return {i: int(t) for i, t in enumerate(draft)}
     n = int(reject[0])
-    delta = (q_probs[n] - p_probs[n]).clamp_min(0.0)
-    z = float(delta.sum().item())
-    if z <= 0.0 or not torch.isfinite(delta).all():
-        token = torch.multinomial(q_probs[n].clamp_min(0).float(), num_samples=1)
+    update = {i: int(draft[i]) for i in range(n)}
+    if not s.get("resample", True):
+        if not fastdllm:
+            update[n] = int(draft[n])
+    elif s["acceptance"] == "greedy":
+        update[n] = int(q_probs[n].argmax())
     else:
-        token = torch.multinomial((delta / z).float(), num_samples=1)
-    return draft[:n].tolist() + [int(token)]
+        delta = (q_probs[n] - p_probs[n]).clamp_min(0.0)
+        z = float(delta.sum().item())
+        if z <= 0.0 or not torch.isfinite(delta).all():
+            token = torch.multinomial(q_probs[n].clamp_min(0).float(), num_samples=1)
+        else:
+            token = torch.multinomial((delta / z).float(), num_samples=1)
+        update[n] = int(token)
+    thr = s.get("ratio_threshold", -1.0)
+    for i in range(len(draft)):
+        if thr >= 0 and i not in update and i > n and float(ratios[i]) >= thr:
+            update[i] = int(draft[i])
+    return update
 
 
 def _draft(lm, x, end, block_length):
@@ -131,7 +144,10 @@ def s2d2_generate(
             if span and decide(s, state, probs[span], n_conf):
                 drafted = torch.where(masked, x0, x[start:end])
                 q = _verify_2l(lm, x, start, end, drafted)[span]
-                update = dict(zip(span, accept(q, probs[span], x0[span], s)))
+                update = {span[i]: tok for i, tok in accept(q, probs[span], x0[span], s).items()}
+            if s.get("always_check_high_confidence"):
+                left = [b for b in range(block_length) if masked[b] and b not in update]
+                update |= {b: int(x0[b]) for b in left if float(x0_p[b]) > threshold}
             if len(update) < min_k:
                 update |= _dynamic_fallback(masked, x0, x0_p, update, min_k - len(update), threshold)
             for b, t in update.items():
@@ -206,17 +222,19 @@ class OfficialFastDLLMv2S2D2(OfficialFastDLLMv2):
         seg = sub == self.mask_id
         span = _first_run(seg.tolist())
         n_conf = int(((x1_p > threshold) & seg).sum())
-        if not decide(s, state, probs[span], n_conf):
-            conf = torch.where(seg, x1_p, torch.tensor(-torch.inf))
-            take = conf > threshold
-            take[conf.argmax()] = True
-            sub[take] = x1[take]
-            return
-        ver = x[lo : lo + sb + size].clone()
-        ver[sb : sb + size][seg] = x1[seg]
-        v = self.forward(ver, past, block_size=1)
-        v = torch.cat([v[:1], v[:-1]])[torch.tensor(span) + sb]
-        v[:, self.mask_id] = float("-inf")
-        tokens = accept(v.softmax(-1), probs[span], x1[span], s)
-        for b, t in zip(span, tokens):
-            sub[b] = t
+        if decide(s, state, probs[span], n_conf):
+            ver = x[lo : lo + sb + size].clone()
+            ver[sb : sb + size][seg] = x1[seg]
+            v = self.forward(ver, past, block_size=1)
+            v = torch.cat([v[:1], v[:-1]])[torch.tensor(span) + sb]
+            v[:, self.mask_id] = float("-inf")
+            update = accept(v.softmax(-1), probs[span], x1[span], s, fastdllm=True)
+            for i, t in update.items():
+                sub[span[i]] = t
+            if update:
+                return
+        # no verification, or nothing committed (the first draft rejected, no resampling): the threshold rule
+        conf = torch.where(seg, x1_p, torch.tensor(-torch.inf))
+        take = conf > threshold
+        take[conf.argmax()] = True
+        sub[take] = x1[take]

@@ -31,6 +31,8 @@ HYSTERESIS = dict(
     penalty=1.0,
     estimator="hard_margin_threshold",
 )
+NO_RESAMPLE = dict(ALWAYS, resample=False)
+RATIO = dict(ALWAYS, ratio_threshold=0.3, always_check_high_confidence=True)
 DEFAULTS = dict(
     min_span=1,
     score_threshold=-1.0,
@@ -77,6 +79,9 @@ def models(block_family, bd_llada):
         (STATIC, "official", 1),
         (HYSTERESIS, "official", None),
         (ALWAYS, "greedy", 1),
+        (NO_RESAMPLE, "official", None),
+        (RATIO, "official", None),
+        (dict(NO_RESAMPLE, ratio_threshold=0.0), "greedy", 1),
     ],
 )
 def test_parity_with_the_official_loop(block_family, bd_llada, kind, router, acceptance, quota):
@@ -105,6 +110,20 @@ def test_parity_with_the_official_loop(block_family, bd_llada, kind, router, acc
             stop_ids=stop,
         )
         assert answer(result) == expected
+
+
+@pytest.mark.parametrize(
+    "switch", [dict(resample=False), dict(ratio_threshold=0.0), dict(always_check_high_confidence=True)]
+)
+def test_the_switches_change_the_tokens(block_family, bd_llada, switch):
+    """Each switch changes some answer on these weights (so its parity case can fail)."""
+    config = dict(method="s2d2", gen_length=16, block_length=4, threshold=0.6, early_stop=False)
+    changed = False
+    for lm in models(block_family, bd_llada).values():
+        base = lm.generate(PROMPTS, s2d2=ALWAYS, **config)
+        other = lm.generate(PROMPTS, s2d2={**ALWAYS, **switch}, **config)
+        changed |= [r.token_ids for r in base] != [r.token_ids for r in other]
+    assert changed
 
 
 def test_verify_forwards_are_counted(block_family):
@@ -152,6 +171,10 @@ def test_refused_on_a_full_sequence_model(llada_lm):
         (dict(sub_block=3), "s2d2.sub_block"),
         (dict(acceptance="lossy"), "s2d2.acceptance"),
         (dict(tempering=0), "s2d2.tempering"),
+        (dict(resample="no"), "s2d2.resample"),
+        (dict(ratio_threshold="high"), "s2d2.ratio_threshold"),
+        (dict(sub_block=2, always_check_high_confidence=True), "s2d2.always_check_high_confidence"),
+        (dict(sub_block=2, ratio_threshold=0.5), "s2d2.ratio_threshold"),
     ],
 )
 def test_bad_settings_name_the_field(block_family, settings, field):
@@ -169,7 +192,7 @@ def test_editing_is_refused(block_family):
     assert err.value.field == "editing_threshold"
 
 
-@pytest.mark.parametrize("router", [ALWAYS, HYSTERESIS])
+@pytest.mark.parametrize("router", [ALWAYS, HYSTERESIS, NO_RESAMPLE])
 @pytest.mark.parametrize("acceptance", ["official", "greedy"])
 def test_fastdllm_v2_parity(tmp_path_factory, router, acceptance):
     """Fast-dLLM v2: the sub-block rule under the router, the verify forward causal with shifted logits."""

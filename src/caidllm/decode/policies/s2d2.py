@@ -14,7 +14,10 @@ A block-diffusion model at block size 1 is autoregressive, so the same weights d
 3. verify (models/selfspec.py: one more forward of the request): the block with its draft filled in, read at
    block size 1; each run position's draft token is accepted with probability min(1, q / p) (q the verify
    distribution, p the draft's), left to right; the first rejected position takes a token drawn from
-   (q - p)+ normalised, and the positions after it wait. Committed: the accepted prefix and that token;
+   (q - p)+ normalised, and the positions after it wait. Committed: the accepted prefix and that token
+   (``resample=False``, the official --no_resample: the draft there under SDAR's loop, nothing under Fast-dLLM
+   v2's), and with ``ratio_threshold`` >= 0 every later run position whose min(1, q / p) reaches it;
+   ``always_check_high_confidence`` then adds every mask left above ``threshold``;
 4. fallback, when fewer than the step's quota were committed (or no verification ran): the base rule on
    the rest: SDAR's low_confidence_dynamic / LLaDA2.x's threshold rule (``sub_block`` None: every mask above
    ``threshold`` when at least the quota pass, else the quota's most confident; the quota the schedule's, or
@@ -84,6 +87,9 @@ class S2D2Settings(PolicySettings):
     entropy_temperature: float = 1.0  # ssd_entropy_temperature
     tempering: float = 1.0  # ssd_ratio_tempering_factor
     acceptance: str = "official"  # caidllm's switch: "greedy" is the deterministic greedy rule
+    resample: bool = True  # allow_resample (False: --no_resample)
+    ratio_threshold: float = -1.0  # ssd_ratio_threshold (< 0: off; the block rule only)
+    always_check_high_confidence: bool = False  # the block rule only
 
     OWNER: ClassVar[str] = "s2d2"
     TITLE: ClassVar[str] = "S2D2 self-speculative block diffusion (arXiv 2603.25702)"
@@ -110,6 +116,9 @@ class S2D2Settings(PolicySettings):
         Rule("entropy_temperature", "a finite number", _number),
         Rule("tempering", "a finite number > 0", lambda v: is_number(v) and v > 0),
         choice_rule("acceptance", ACCEPTANCE),
+        Rule("resample", "true or false", lambda v: isinstance(v, bool)),
+        Rule("ratio_threshold", "a finite number", _number),
+        Rule("always_check_high_confidence", "true or false", lambda v: isinstance(v, bool)),
     )
 
     def check_with(self, config) -> None:
@@ -125,6 +134,13 @@ class S2D2Settings(PolicySettings):
             raise InputError(
                 f"{name} ({self.sub_block}) must divide block_length ({config.block_length})", field=field_
             )
+        block_only = {
+            "ratio_threshold": self.ratio_threshold >= 0,
+            "always_check_high_confidence": self.always_check_high_confidence,
+        }
+        for key in (k for k, on in block_only.items() if on and self.sub_block is not None):
+            name, field_ = named(config.labels, f"s2d2.{key}")  # Fast-dLLM v2's loop has no such option
+            raise InputError(f"{name} does not apply with s2d2.sub_block (Fast-dLLM v2's rule)", field=field_)
         if config.editing_threshold is not None:
             raise InputError(
                 "editing_threshold does not apply to S2D2 here: its LLaDA2.1 token editing is not "
@@ -185,23 +201,37 @@ def route(probs: torch.Tensor, n_confident: int, s: S2D2Settings, state: S2D2Sta
 # ---- verification -------------------------------------------------------------------------------
 
 
-def accepted_run(q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings, gen) -> list[int]:
-    """The run's tokens to commit, left to right: the accepted drafts, then at the first rejection a token
-    from (q - p)+ (q, p [S, V] the verify and draft distributions, draft [S] the drafted tokens)."""
-    if s.acceptance == "greedy":
-        best = q.argmax(dim=-1)
-        agree = (best == draft).tolist()
-        n = agree.index(False) if False in agree else len(agree)
-        return draft[:n].tolist() + best[n : n + 1].tolist()
+def accepted_run(
+    q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings, gen
+) -> dict[int, int]:
+    """Run offset -> token to commit: the accepted drafts, then at the first rejection a token from
+    (q - p)+ (``resample``; else the draft there, or nothing under Fast-dLLM v2's rule), then the later
+    drafts whose ratio reaches ``ratio_threshold`` (q, p [S, V] the verify and draft distributions, draft [S]
+    the drafted tokens)."""
     p_sel = p.gather(-1, draft[:, None]).squeeze(-1).clamp_min(1e-12)
     q_sel = q.gather(-1, draft[:, None]).squeeze(-1).clamp_min(0.0)
-    ratios = q_sel / p_sel if s.tempering == 1.0 else (q_sel / p_sel) ** s.tempering
-    draws = torch.rand(ratios.shape[0], generator=gen, dtype=ratios.dtype)
-    accepted = (draws < ratios.clamp(max=1.0).cpu()).tolist()
-    if all(accepted):
-        return draft.tolist()
-    n = accepted.index(False)
-    return draft[:n].tolist() + [residual_draw(q[n], p[n], gen)]
+    ratios = (q_sel / p_sel if s.tempering == 1.0 else (q_sel / p_sel) ** s.tempering).clamp(max=1.0).cpu()
+    if s.acceptance == "greedy":
+        best = q.argmax(dim=-1)
+        accepted = (best == draft).tolist()
+    else:
+        accepted = (torch.rand(ratios.shape[0], generator=gen, dtype=ratios.dtype) < ratios).tolist()
+    n = accepted.index(False) if False in accepted else len(accepted)
+    picks = dict(enumerate(draft[:n].tolist()))
+    if n == len(accepted):
+        return picks
+    if not s.resample:
+        if s.sub_block is None:  # SDAR's loop commits the rejected draft; Fast-dLLM v2's leaves it masked
+            picks[n] = int(draft[n])
+    elif s.acceptance == "greedy":
+        picks[n] = int(best[n])
+    else:
+        picks[n] = residual_draw(q[n], p[n], gen)
+    if s.ratio_threshold >= 0:
+        picks |= {
+            k: int(draft[k]) for k in range(n + 1, len(accepted)) if float(ratios[k]) >= s.ratio_threshold
+        }
+    return picks
 
 
 def residual_draw(q: torch.Tensor, p: torch.Tensor, gen) -> int:
@@ -256,10 +286,12 @@ def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
     if run and route(probs[run], len(confident), s, state):
         drafted = torch.where(view.masked[i], view.predicted[i], spec.block[i])
         q = distributions(spec.verify(i, drafted)[run], spec.temperature)
-        tokens = accepted_run(q, probs[run], view.predicted[i, run], s, state.generator)
-        picks = dict(zip(run, tokens))
-        if s.sub_block is not None:
+        accepted = accepted_run(q, probs[run], view.predicted[i, run], s, state.generator)
+        picks = {run[k]: token for k, token in accepted.items()}
+        if s.sub_block is not None and picks:
             return picks
+    if s.always_check_high_confidence:  # every mask left above the threshold, verified or not
+        picks |= {b: int(view.predicted[i, b]) for b in confident if b not in picks}
     return picks | fallback(view, i, s, region, picks)
 
 
