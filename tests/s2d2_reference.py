@@ -18,6 +18,8 @@ greedy acceptance switch (``acceptance="greedy"``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from bd_reference import _answer, _canvas, transfer_schedule
@@ -42,8 +44,48 @@ def _estimates(probs, s):
     return (probs**2).sum(dim=-1).clamp(0.0, 1.0)
 
 
+def _bin(value, vmin, vmax, n):
+    if n <= 1 or vmax <= vmin:
+        return 0
+    value = min(max(float(value), vmin), vmax)
+    return min(n - 1, max(0, int((value - vmin) / (vmax - vmin) * n)))
+
+
+def _mean_entropy(probs):
+    if probs.numel() == 0 or probs.shape[-1] <= 1:
+        return 0.0
+    entropy = -(probs * probs.clamp_min(1e-12).log()).sum(dim=-1)
+    return float((entropy / torch.log(torch.tensor(float(probs.shape[-1]), dtype=probs.dtype))).mean().item())
+
+
+def bandit(s, state, span_probs, masked_probs, unmasked, block_length):
+    """The official contextual_bandit_ucb branch: (do_verify, action, bucket)."""
+    if "count" not in state:
+        n = s["ucb_span_bins"] * s["ucb_progress_bins"] * s["ucb_entropy_bins"]
+        state |= {"count": [[0] * n, [0] * n], "reward_sum": [[0.0] * n, [0.0] * n], "decision_t": 0}
+    state["decision_t"] += 1
+    source = span_probs if s.get("ucb_entropy_source", "span") == "span" else masked_probs
+    entropy = _mean_entropy(source) if source.numel() > 0 else 0.0
+    progress = min(1.0, max(0.0, unmasked / max(1, block_length)))
+    span_bin = _bin(max(1, span_probs.shape[0]), 1.0, float(max(1, block_length)), s["ucb_span_bins"])
+    progress_bin = _bin(progress, 0.0, 1.0, s["ucb_progress_bins"])
+    entropy_bin = _bin(entropy, 0.0, 1.0, s["ucb_entropy_bins"])
+    bucket = (span_bin * s["ucb_progress_bins"] + progress_bin) * s["ucb_entropy_bins"] + entropy_bin
+    log_t = math.log(max(1, state["decision_t"]))
+    scores = []
+    for action in (0, 1):
+        n_ab = state["count"][action][bucket]
+        if n_ab == 0:
+            scores.append(float("inf"))
+            continue
+        bonus = 0.0 if log_t <= 0.0 else s["ucb_beta"] * math.sqrt(log_t / n_ab)
+        scores.append(state["reward_sum"][action][bucket] / n_ab + bonus)
+    action = 1 if scores[1] >= scores[0] else 0
+    return action == 1, action, bucket
+
+
 def decide(s, state, span_probs, n_confident):
-    """The official _decide_do_verify for the three routers."""
+    """The official _decide_do_verify for the three score / span routers."""
     if s["router"] == "mask_span_length":
         return span_probs.shape[0] >= s["min_span"]
     score = float("-inf")
@@ -131,6 +173,7 @@ def s2d2_generate(
     state = {"on": False}
     for block in range(P // block_length, num_blocks):
         start, end = block * block_length, (block + 1) * block_length
+        unmasked = 0  # block_unmasked_count
         for step in range(steps + 1):
             masked = x[start:end] == mask_id
             if not masked.any():
@@ -140,8 +183,13 @@ def s2d2_generate(
             min_k = min(quota, int(masked.sum()))
             span = _first_run(masked.tolist())
             n_conf = int(((torch.where(masked, x0_p, -torch.inf)) > threshold).sum())
-            update = {}
-            if span and decide(s, state, probs[span], n_conf):
+            update, choice = {}, None
+            if s["router"] == "contextual_bandit_ucb":
+                left = masked.nonzero(as_tuple=True)[0]
+                verify, *choice = bandit(s, state, probs[span], probs[left], unmasked, block_length)
+            else:
+                verify = bool(span) and decide(s, state, probs[span], n_conf)
+            if verify:
                 drafted = torch.where(masked, x0, x[start:end])
                 q = _verify_2l(lm, x, start, end, drafted)[span]
                 update = {span[i]: tok for i, tok in accept(q, probs[span], x0[span], s).items()}
@@ -150,6 +198,10 @@ def s2d2_generate(
                 update |= {b: int(x0[b]) for b in left if float(x0_p[b]) > threshold}
             if len(update) < min_k:
                 update |= _dynamic_fallback(masked, x0, x0_p, update, min_k - len(update), threshold)
+            if choice:
+                state["count"][choice[0]][choice[1]] += 1
+                state["reward_sum"][choice[0]][choice[1]] += len(update) / (2.0 if verify else 1.0)
+            unmasked += len(update)
             for b, t in update.items():
                 x[start + b] = t
         if any(int(t) in stop_ids for t in x[P:end]):

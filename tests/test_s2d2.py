@@ -33,6 +33,9 @@ HYSTERESIS = dict(
 )
 NO_RESAMPLE = dict(ALWAYS, resample=False)
 RATIO = dict(ALWAYS, ratio_threshold=0.3, always_check_high_confidence=True)
+BANDIT = dict(
+    router="contextual_bandit_ucb", ucb_beta=0.5, ucb_span_bins=2, ucb_progress_bins=2, ucb_entropy_bins=2
+)
 DEFAULTS = dict(
     min_span=1,
     score_threshold=-1.0,
@@ -82,6 +85,8 @@ def models(block_family, bd_llada):
         (NO_RESAMPLE, "official", None),
         (RATIO, "official", None),
         (dict(NO_RESAMPLE, ratio_threshold=0.0), "greedy", 1),
+        (BANDIT, "official", None),
+        (dict(BANDIT, ucb_entropy_source="masked", ucb_progress_bins=3), "greedy", 1),
     ],
 )
 def test_parity_with_the_official_loop(block_family, bd_llada, kind, router, acceptance, quota):
@@ -139,8 +144,16 @@ def test_verify_forwards_are_counted(block_family):
     assert spec.policy_s + spec.forward_s <= spec.elapsed_s
 
 
-@pytest.mark.parametrize("acceptance, temperature", [("official", 0.0), ("greedy", 0.0), ("official", 0.8)])
-def test_batch_invariance(block_family, acceptance, temperature):
+@pytest.mark.parametrize(
+    "acceptance, temperature, router",
+    [
+        ("official", 0.0, ALWAYS),
+        ("greedy", 0.0, ALWAYS),
+        ("official", 0.8, ALWAYS),
+        ("official", 0.8, BANDIT),
+    ],
+)
+def test_batch_invariance(block_family, acceptance, temperature, router):
     lm = block_family("llada2")
     config = build_config(
         "s2d2",
@@ -149,7 +162,7 @@ def test_batch_invariance(block_family, acceptance, temperature):
         early_stop=False,
         temperature=temperature,
         seed=3,
-        s2d2=dict(acceptance=acceptance),
+        s2d2=dict(router, acceptance=acceptance),
     )
     alone, static, joined = alone_static_joined(lm, config, PROMPTS + [[61, 62, 63]])
     assert alone == static == joined
@@ -165,6 +178,9 @@ def test_refused_on_a_full_sequence_model(llada_lm):
     "settings, field",
     [
         (dict(router="ucb"), "s2d2.router"),
+        (dict(ucb_span_bins=0), "s2d2.ucb_span_bins"),
+        (dict(ucb_entropy_source="all"), "s2d2.ucb_entropy_source"),
+        (dict(sub_block=2, router="contextual_bandit_ucb"), "s2d2.router"),
         (dict(estimator="renyi"), "s2d2.estimator"),
         (dict(min_span=0), "s2d2.min_span"),
         (dict(router="score_hysteresis", hysteresis_on=-2.0, hysteresis_off=-1.0), "s2d2.hysteresis_on"),

@@ -39,6 +39,7 @@ import torch
 
 from caidllm.checks import is_number
 from caidllm.decode.policies.base import PolicySettings, PolicyState, StepView
+from caidllm.decode.policies.s2d2_bandit import Bandit
 from caidllm.decode.sampling import request_generator
 from caidllm.errors import InputError
 from caidllm.setting_rules import (
@@ -51,7 +52,8 @@ from caidllm.setting_rules import (
     unit_interval,
 )
 
-ROUTERS = ("mask_span_length", "score_threshold", "score_hysteresis")
+ROUTERS = ("mask_span_length", "score_threshold", "score_hysteresis", "contextual_bandit_ucb")
+ENTROPY_SOURCES = ("span", "masked")
 SCORES = ("difference_dynamic", "difference_static")
 ESTIMATORS = ("hard_margin_threshold", "soft_entropy_negexp", "soft_renyi_2_entropy")
 ACCEPTANCE = ("official", "greedy")
@@ -90,6 +92,11 @@ class S2D2Settings(PolicySettings):
     resample: bool = True  # allow_resample (False: --no_resample)
     ratio_threshold: float = -1.0  # ssd_ratio_threshold (< 0: off; the block rule only)
     always_check_high_confidence: bool = False  # the block rule only
+    ucb_beta: float = 1.0  # the bandit router's exploration coefficient
+    ucb_span_bins: int = 2  # ucb_span_length_bins
+    ucb_progress_bins: int = 2  # ucb_block_progress_bins
+    ucb_entropy_bins: int = 2
+    ucb_entropy_source: str = "span"  # "span" (the run) or "masked" (every mask of the block)
 
     OWNER: ClassVar[str] = "s2d2"
     TITLE: ClassVar[str] = "S2D2 self-speculative block diffusion (arXiv 2603.25702)"
@@ -119,6 +126,11 @@ class S2D2Settings(PolicySettings):
         Rule("resample", "true or false", lambda v: isinstance(v, bool)),
         Rule("ratio_threshold", "a finite number", _number),
         Rule("always_check_high_confidence", "true or false", lambda v: isinstance(v, bool)),
+        Rule("ucb_beta", "a finite number", _number),
+        Rule("ucb_span_bins", "an integer >= 1", positive_int),
+        Rule("ucb_progress_bins", "an integer >= 1", positive_int),
+        Rule("ucb_entropy_bins", "an integer >= 1", positive_int),
+        choice_rule("ucb_entropy_source", ENTROPY_SOURCES),
     )
 
     def check_with(self, config) -> None:
@@ -137,6 +149,7 @@ class S2D2Settings(PolicySettings):
         block_only = {
             "ratio_threshold": self.ratio_threshold >= 0,
             "always_check_high_confidence": self.always_check_high_confidence,
+            "router": self.router == "contextual_bandit_ucb",  # Fast-dLLM v2's bandit not re-stated here
         }
         for key in (k for k, on in block_only.items() if on and self.sub_block is not None):
             name, field_ = named(config.labels, f"s2d2.{key}")  # Fast-dLLM v2's loop has no such option
@@ -159,10 +172,12 @@ class S2D2State(PolicyState):
 
     generator: torch.Generator | None = None
     on: bool = False
+    prompt_length: int = 0
+    bandit: Bandit | None = None  # the bandit router's counts, made at its first decision
 
 
 def new_state(config, prompt: list[int]) -> S2D2State:
-    return S2D2State(request_generator(config.seed or 0, prompt, "cpu"))
+    return S2D2State(request_generator(config.seed or 0, prompt, "cpu"), prompt_length=len(prompt))
 
 
 # ---- the router ---------------------------------------------------------------------------------
@@ -184,6 +199,18 @@ def verify_score(probs: torch.Tensor, n_confident: int, s: S2D2Settings) -> floa
     """E[K] - c (static) or E[K] - c * n_confident (dynamic)."""
     expected = float(torch.cumprod(acceptance_estimates(probs, s).clamp(0.0, 1.0), dim=0).sum())
     return expected - s.penalty * (n_confident if s.score == "difference_dynamic" else 1)
+
+
+def decide(probs: torch.Tensor, run: list[int], masked: list[bool], n_confident: int, s, state) -> bool:
+    """Whether to verify the run (probs [L, V] the block's draft distributions)."""
+    if s.router != "contextual_bandit_ucb":
+        return route(probs[run], n_confident, s, state)
+    L = len(masked)
+    if state.bandit is None:
+        buckets = s.ucb_span_bins * s.ucb_progress_bins * s.ucb_entropy_bins
+        state.bandit = Bandit(L, state.prompt_length % L, buckets)
+    left = [b for b, m in enumerate(masked) if m]
+    return state.bandit.choose(s, probs[run], probs[left], len(left))
 
 
 def route(probs: torch.Tensor, n_confident: int, s: S2D2Settings, state: S2D2State) -> bool:
@@ -283,7 +310,8 @@ def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
     run = first_run(region)
     confident = [b for b, m in enumerate(region) if m and float(view.confidence[i, b]) > s.threshold]
     picks: dict[int, int] = {}
-    if run and route(probs[run], len(confident), s, state):
+    verify = bool(run) and decide(probs, run, masked, len(confident), s, state)
+    if verify:
         drafted = torch.where(view.masked[i], view.predicted[i], spec.block[i])
         q = distributions(spec.verify(i, drafted)[run], spec.temperature)
         accepted = accepted_run(q, probs[run], view.predicted[i, run], s, state.generator)
@@ -292,7 +320,10 @@ def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
             return picks
     if s.always_check_high_confidence:  # every mask left above the threshold, verified or not
         picks |= {b: int(view.predicted[i, b]) for b in confident if b not in picks}
-    return picks | fallback(view, i, s, region, picks)
+    picks |= fallback(view, i, s, region, picks)
+    if state.bandit is not None:
+        state.bandit.reward(len(picks), verify)
+    return picks
 
 
 def current_sub_block(masked: list[bool], size: int) -> list[bool]:
