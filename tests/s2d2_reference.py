@@ -191,8 +191,16 @@ def s2d2_generate(
                 verify = bool(span) and decide(s, state, probs[span], n_conf)
             if verify:
                 drafted = torch.where(masked, x0, x[start:end])
-                q = _verify_2l(lm, x, start, end, drafted)[span]
-                update = {span[i]: tok for i, tok in accept(q, probs[span], x0[span], s).items()}
+                q_all = _verify_2l(lm, x, start, end, drafted)
+                update = {span[i]: tok for i, tok in accept(q_all[span], probs[span], x0[span], s).items()}
+                if s.get("ratio_threshold", -1.0) >= 0 and s.get(
+                    "ratio_all_masks"
+                ):  # ssd_threshold_all_spans
+                    for b in masked.nonzero(as_tuple=True)[0].tolist():
+                        q_sel = float(q_all[b, x0[b]].clamp_min(0.0))
+                        ratio = min(q_sel / max(float(x0_p[b]), 1e-12), 1.0)
+                        if b not in update and ratio >= s["ratio_threshold"]:
+                            update[b] = int(x0[b])
             if s.get("always_check_high_confidence"):
                 left = [b for b in range(block_length) if masked[b] and b not in update]
                 update |= {b: int(x0[b]) for b in left if float(x0_p[b]) > threshold}

@@ -90,9 +90,25 @@ def models(block_family, bd_llada):
     ],
 )
 def test_parity_with_the_official_loop(block_family, bd_llada, kind, router, acceptance, quota):
-    lm = models(block_family, bd_llada)[kind]
     s = {**DEFAULTS, **router, "acceptance": acceptance}
-    block, threshold = 4, 0.6
+    assert_parity(models(block_family, bd_llada)[kind], s, quota, block=4)
+
+
+@pytest.mark.parametrize("kind", ["llada2", "llada"])
+def test_ratio_threshold_over_every_mask(block_family, bd_llada, kind):
+    """ssd_threshold_all_spans: at block 8 the masks after a gap in the block reach the ratio threshold."""
+    s = {
+        **DEFAULTS,
+        **ALWAYS,
+        "ratio_threshold": 0.6,
+        "ratio_all_masks": True,
+        "always_check_high_confidence": True,
+    }
+    assert_parity(models(block_family, bd_llada)[kind], s, 3, block=8)
+
+
+def assert_parity(lm, s: dict, quota, block: int) -> None:
+    threshold = 0.6
     results = lm.generate(
         PROMPTS,
         method="s2d2",
@@ -118,7 +134,13 @@ def test_parity_with_the_official_loop(block_family, bd_llada, kind, router, acc
 
 
 @pytest.mark.parametrize(
-    "switch", [dict(resample=False), dict(ratio_threshold=0.0), dict(always_check_high_confidence=True)]
+    "switch",
+    [
+        dict(resample=False),
+        dict(ratio_threshold=0.0),
+        dict(always_check_high_confidence=True),
+        dict(ratio_threshold=0.5, ratio_all_masks=True),
+    ],
 )
 def test_the_switches_change_the_tokens(block_family, bd_llada, switch):
     """Each switch changes some answer on these weights (so its parity case can fail)."""

@@ -91,6 +91,7 @@ class S2D2Settings(PolicySettings):
     acceptance: str = "official"  # caidllm's switch: "greedy" is the deterministic greedy rule
     resample: bool = True  # allow_resample (False: --no_resample)
     ratio_threshold: float = -1.0  # ssd_ratio_threshold (< 0: off; the block rule only)
+    ratio_all_masks: bool = False  # ssd_threshold_all_spans: the ratio threshold over every mask left
     always_check_high_confidence: bool = False  # the block rule only
     ucb_beta: float = 1.0  # the bandit router's exploration coefficient
     ucb_span_bins: int = 2  # ucb_span_length_bins
@@ -126,6 +127,7 @@ class S2D2Settings(PolicySettings):
         Rule("resample", "true or false", lambda v: isinstance(v, bool)),
         Rule("ratio_threshold", "a finite number", _number),
         Rule("always_check_high_confidence", "true or false", lambda v: isinstance(v, bool)),
+        Rule("ratio_all_masks", "true or false", lambda v: isinstance(v, bool)),
         Rule("ucb_beta", "a finite number", _number),
         Rule("ucb_span_bins", "an integer >= 1", positive_int),
         Rule("ucb_progress_bins", "an integer >= 1", positive_int),
@@ -235,9 +237,7 @@ def accepted_run(
     (q - p)+ (``resample``; else the draft there, or nothing under Fast-dLLM v2's rule), then the later
     drafts whose ratio reaches ``ratio_threshold`` (q, p [S, V] the verify and draft distributions, draft [S]
     the drafted tokens)."""
-    p_sel = p.gather(-1, draft[:, None]).squeeze(-1).clamp_min(1e-12)
-    q_sel = q.gather(-1, draft[:, None]).squeeze(-1).clamp_min(0.0)
-    ratios = (q_sel / p_sel if s.tempering == 1.0 else (q_sel / p_sel) ** s.tempering).clamp(max=1.0).cpu()
+    ratios = acceptance_ratios(q, p, draft, s)
     if s.acceptance == "greedy":
         best = q.argmax(dim=-1)
         accepted = (best == draft).tolist()
@@ -259,6 +259,13 @@ def accepted_run(
             k: int(draft[k]) for k in range(n + 1, len(accepted)) if float(ratios[k]) >= s.ratio_threshold
         }
     return picks
+
+
+def acceptance_ratios(q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings) -> torch.Tensor:
+    """[S] min(1, (q / p) ** tempering) at the drafted tokens (on the CPU, where the draws are)."""
+    p_sel = p.gather(-1, draft[:, None]).squeeze(-1).clamp_min(1e-12)
+    q_sel = q.gather(-1, draft[:, None]).squeeze(-1).clamp_min(0.0)
+    return (q_sel / p_sel if s.tempering == 1.0 else (q_sel / p_sel) ** s.tempering).clamp(max=1.0).cpu()
 
 
 def residual_draw(q: torch.Tensor, p: torch.Tensor, gen) -> int:
@@ -313,9 +320,13 @@ def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
     verify = bool(run) and decide(probs, run, masked, len(confident), s, state)
     if verify:
         drafted = torch.where(view.masked[i], view.predicted[i], spec.block[i])
-        q = distributions(spec.verify(i, drafted)[run], spec.temperature)
-        accepted = accepted_run(q, probs[run], view.predicted[i, run], s, state.generator)
+        q = distributions(spec.verify(i, drafted), spec.temperature)
+        accepted = accepted_run(q[run], probs[run], view.predicted[i, run], s, state.generator)
         picks = {run[k]: token for k, token in accepted.items()}
+        if s.ratio_threshold >= 0 and s.ratio_all_masks:  # every other mask left, by its own ratio
+            picks |= ratio_picks(
+                q, probs, view.predicted[i], [b for b, m in enumerate(masked) if m and b not in picks], s
+            )
         if s.sub_block is not None and picks:
             return picks
     if s.always_check_high_confidence:  # every mask left above the threshold, verified or not
@@ -324,6 +335,14 @@ def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
     if state.bandit is not None:
         state.bandit.reward(len(picks), verify)
     return picks
+
+
+def ratio_picks(q, p, predicted, positions: list[int], s: S2D2Settings) -> dict[int, int]:
+    """The positions whose min(1, q / p) reaches ``ratio_threshold``, with their drafts."""
+    if not positions:
+        return {}
+    ratios = acceptance_ratios(q[positions], p[positions], predicted[positions], s).tolist()
+    return {b: int(predicted[b]) for b, r in zip(positions, ratios) if r >= s.ratio_threshold}
 
 
 def current_sub_block(masked: list[bool], size: int) -> list[bool]:
