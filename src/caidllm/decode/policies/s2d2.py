@@ -155,7 +155,10 @@ class S2D2Settings(PolicySettings):
         }
         for key in (k for k, on in block_only.items() if on and self.sub_block is not None):
             name, field_ = named(config.labels, f"s2d2.{key}")  # Fast-dLLM v2's loop has no such option
-            raise InputError(f"{name} does not apply with s2d2.sub_block (Fast-dLLM v2's rule)", field=field_)
+            raise InputError(
+                f"{name}={getattr(self, key)!r} does not apply with s2d2.sub_block (Fast-dLLM v2's rule)",
+                field=field_,
+            )
         if config.editing_threshold is not None:
             raise InputError(
                 "editing_threshold does not apply to S2D2 here: its LLaDA2.1 token editing is not "
