@@ -18,6 +18,8 @@ greedy acceptance switch (``acceptance="greedy"``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from bd_reference import _answer, _canvas, transfer_schedule
@@ -42,8 +44,48 @@ def _estimates(probs, s):
     return (probs**2).sum(dim=-1).clamp(0.0, 1.0)
 
 
+def _bin(value, vmin, vmax, n):
+    if n <= 1 or vmax <= vmin:
+        return 0
+    value = min(max(float(value), vmin), vmax)
+    return min(n - 1, max(0, int((value - vmin) / (vmax - vmin) * n)))
+
+
+def _mean_entropy(probs):
+    if probs.numel() == 0 or probs.shape[-1] <= 1:
+        return 0.0
+    entropy = -(probs * probs.clamp_min(1e-12).log()).sum(dim=-1)
+    return float((entropy / torch.log(torch.tensor(float(probs.shape[-1]), dtype=probs.dtype))).mean().item())
+
+
+def bandit(s, state, span_probs, masked_probs, unmasked, block_length):
+    """The official contextual_bandit_ucb branch: (do_verify, action, bucket)."""
+    if "count" not in state:
+        n = s["ucb_span_bins"] * s["ucb_progress_bins"] * s["ucb_entropy_bins"]
+        state |= {"count": [[0] * n, [0] * n], "reward_sum": [[0.0] * n, [0.0] * n], "decision_t": 0}
+    state["decision_t"] += 1
+    source = span_probs if s.get("ucb_entropy_source", "span") == "span" else masked_probs
+    entropy = _mean_entropy(source) if source.numel() > 0 else 0.0
+    progress = min(1.0, max(0.0, unmasked / max(1, block_length)))
+    span_bin = _bin(max(1, span_probs.shape[0]), 1.0, float(max(1, block_length)), s["ucb_span_bins"])
+    progress_bin = _bin(progress, 0.0, 1.0, s["ucb_progress_bins"])
+    entropy_bin = _bin(entropy, 0.0, 1.0, s["ucb_entropy_bins"])
+    bucket = (span_bin * s["ucb_progress_bins"] + progress_bin) * s["ucb_entropy_bins"] + entropy_bin
+    log_t = math.log(max(1, state["decision_t"]))
+    scores = []
+    for action in (0, 1):
+        n_ab = state["count"][action][bucket]
+        if n_ab == 0:
+            scores.append(float("inf"))
+            continue
+        bonus = 0.0 if log_t <= 0.0 else s["ucb_beta"] * math.sqrt(log_t / n_ab)
+        scores.append(state["reward_sum"][action][bucket] / n_ab + bonus)
+    action = 1 if scores[1] >= scores[0] else 0
+    return action == 1, action, bucket
+
+
 def decide(s, state, span_probs, n_confident):
-    """The official _decide_do_verify for the three routers."""
+    """The official _decide_do_verify for the three score / span routers."""
     if s["router"] == "mask_span_length":
         return span_probs.shape[0] >= s["min_span"]
     score = float("-inf")
@@ -57,27 +99,40 @@ def decide(s, state, span_probs, n_confident):
     return state["on"]
 
 
-def accept(q_probs, p_probs, draft, s):
-    """Tokens of the run to commit: accepted prefix, the first rejection resampled from (q - p)+."""
-    if s["acceptance"] == "greedy":
-        best = q_probs.argmax(-1)
-        n = next((i for i in range(len(draft)) if int(best[i]) != int(draft[i])), len(draft))
-        return draft[:n].tolist() + best[n : n + 1].tolist()
+def accept(q_probs, p_probs, draft, s, fastdllm=False):
+    """{span offset: token} to commit: accepted prefix, the first rejection resampled from (q - p)+
+    (allow_resample; without it SDAR's loop commits the draft there, Fast-dLLM v2's nothing), then
+    SDAR's ssd_ratio_threshold over the span's later positions."""
     p_sel = p_probs.gather(-1, draft[:, None])[:, 0].clamp_min(1e-12)
     q_sel = q_probs.gather(-1, draft[:, None])[:, 0].clamp_min(0.0)
     ratios = (q_sel / p_sel).clamp(max=1.0)
-    flags = torch.rand((ratios.shape[0],), dtype=ratios.dtype) < ratios
+    if s["acceptance"] == "greedy":
+        flags = q_probs.argmax(-1) == draft
+    else:
+        flags = torch.rand((ratios.shape[0],), dtype=ratios.dtype) < ratios
     reject = (~flags).nonzero(as_tuple=True)[0]
     if reject.numel() == 0:
-        return draft.tolist()
+        return {i: int(t) for i, t in enumerate(draft)}
     n = int(reject[0])
-    delta = (q_probs[n] - p_probs[n]).clamp_min(0.0)
-    z = float(delta.sum().item())
-    if z <= 0.0 or not torch.isfinite(delta).all():
-        token = torch.multinomial(q_probs[n].clamp_min(0).float(), num_samples=1)
+    update = {i: int(draft[i]) for i in range(n)}
+    if not s.get("resample", True):
+        if not fastdllm:
+            update[n] = int(draft[n])
+    elif s["acceptance"] == "greedy":
+        update[n] = int(q_probs[n].argmax())
     else:
-        token = torch.multinomial((delta / z).float(), num_samples=1)
-    return draft[:n].tolist() + [int(token)]
+        delta = (q_probs[n] - p_probs[n]).clamp_min(0.0)
+        z = float(delta.sum().item())
+        if z <= 0.0 or not torch.isfinite(delta).all():
+            token = torch.multinomial(q_probs[n].clamp_min(0).float(), num_samples=1)
+        else:
+            token = torch.multinomial((delta / z).float(), num_samples=1)
+        update[n] = int(token)
+    thr = s.get("ratio_threshold", -1.0)
+    for i in range(len(draft)):
+        if thr >= 0 and i not in update and i > n and float(ratios[i]) >= thr:
+            update[i] = int(draft[i])
+    return update
 
 
 def _draft(lm, x, end, block_length):
@@ -118,6 +173,7 @@ def s2d2_generate(
     state = {"on": False}
     for block in range(P // block_length, num_blocks):
         start, end = block * block_length, (block + 1) * block_length
+        unmasked = 0  # block_unmasked_count
         for step in range(steps + 1):
             masked = x[start:end] == mask_id
             if not masked.any():
@@ -127,13 +183,33 @@ def s2d2_generate(
             min_k = min(quota, int(masked.sum()))
             span = _first_run(masked.tolist())
             n_conf = int(((torch.where(masked, x0_p, -torch.inf)) > threshold).sum())
-            update = {}
-            if span and decide(s, state, probs[span], n_conf):
+            update, choice = {}, None
+            if s["router"] == "contextual_bandit_ucb":
+                left = masked.nonzero(as_tuple=True)[0]
+                verify, *choice = bandit(s, state, probs[span], probs[left], unmasked, block_length)
+            else:
+                verify = bool(span) and decide(s, state, probs[span], n_conf)
+            if verify:
                 drafted = torch.where(masked, x0, x[start:end])
-                q = _verify_2l(lm, x, start, end, drafted)[span]
-                update = dict(zip(span, accept(q, probs[span], x0[span], s)))
+                q_all = _verify_2l(lm, x, start, end, drafted)
+                update = {span[i]: tok for i, tok in accept(q_all[span], probs[span], x0[span], s).items()}
+                if s.get("ratio_threshold", -1.0) >= 0 and s.get(
+                    "ratio_all_masks"
+                ):  # ssd_threshold_all_spans
+                    for b in masked.nonzero(as_tuple=True)[0].tolist():
+                        q_sel = float(q_all[b, x0[b]].clamp_min(0.0))
+                        ratio = min(q_sel / max(float(x0_p[b]), 1e-12), 1.0)
+                        if b not in update and ratio >= s["ratio_threshold"]:
+                            update[b] = int(x0[b])
+            if s.get("always_check_high_confidence"):
+                left = [b for b in range(block_length) if masked[b] and b not in update]
+                update |= {b: int(x0[b]) for b in left if float(x0_p[b]) > threshold}
             if len(update) < min_k:
                 update |= _dynamic_fallback(masked, x0, x0_p, update, min_k - len(update), threshold)
+            if choice:
+                state["count"][choice[0]][choice[1]] += 1
+                state["reward_sum"][choice[0]][choice[1]] += len(update) / (2.0 if verify else 1.0)
+            unmasked += len(update)
             for b, t in update.items():
                 x[start + b] = t
         if any(int(t) in stop_ids for t in x[P:end]):
@@ -206,17 +282,19 @@ class OfficialFastDLLMv2S2D2(OfficialFastDLLMv2):
         seg = sub == self.mask_id
         span = _first_run(seg.tolist())
         n_conf = int(((x1_p > threshold) & seg).sum())
-        if not decide(s, state, probs[span], n_conf):
-            conf = torch.where(seg, x1_p, torch.tensor(-torch.inf))
-            take = conf > threshold
-            take[conf.argmax()] = True
-            sub[take] = x1[take]
-            return
-        ver = x[lo : lo + sb + size].clone()
-        ver[sb : sb + size][seg] = x1[seg]
-        v = self.forward(ver, past, block_size=1)
-        v = torch.cat([v[:1], v[:-1]])[torch.tensor(span) + sb]
-        v[:, self.mask_id] = float("-inf")
-        tokens = accept(v.softmax(-1), probs[span], x1[span], s)
-        for b, t in zip(span, tokens):
-            sub[b] = t
+        if decide(s, state, probs[span], n_conf):
+            ver = x[lo : lo + sb + size].clone()
+            ver[sb : sb + size][seg] = x1[seg]
+            v = self.forward(ver, past, block_size=1)
+            v = torch.cat([v[:1], v[:-1]])[torch.tensor(span) + sb]
+            v[:, self.mask_id] = float("-inf")
+            update = accept(v.softmax(-1), probs[span], x1[span], s, fastdllm=True)
+            for i, t in update.items():
+                sub[span[i]] = t
+            if update:
+                return
+        # no verification, or nothing committed (the first draft rejected, no resampling): the threshold rule
+        conf = torch.where(seg, x1_p, torch.tensor(-torch.inf))
+        take = conf > threshold
+        take[conf.argmax()] = True
+        sub[take] = x1[take]

@@ -31,6 +31,11 @@ HYSTERESIS = dict(
     penalty=1.0,
     estimator="hard_margin_threshold",
 )
+NO_RESAMPLE = dict(ALWAYS, resample=False)
+RATIO = dict(ALWAYS, ratio_threshold=0.3, always_check_high_confidence=True)
+BANDIT = dict(
+    router="contextual_bandit_ucb", ucb_beta=0.5, ucb_span_bins=2, ucb_progress_bins=2, ucb_entropy_bins=2
+)
 DEFAULTS = dict(
     min_span=1,
     score_threshold=-1.0,
@@ -77,12 +82,33 @@ def models(block_family, bd_llada):
         (STATIC, "official", 1),
         (HYSTERESIS, "official", None),
         (ALWAYS, "greedy", 1),
+        (NO_RESAMPLE, "official", None),
+        (RATIO, "official", None),
+        (dict(NO_RESAMPLE, ratio_threshold=0.0), "greedy", 1),
+        (BANDIT, "official", None),
+        (dict(BANDIT, ucb_entropy_source="masked", ucb_progress_bins=3), "greedy", 1),
     ],
 )
 def test_parity_with_the_official_loop(block_family, bd_llada, kind, router, acceptance, quota):
-    lm = models(block_family, bd_llada)[kind]
     s = {**DEFAULTS, **router, "acceptance": acceptance}
-    block, threshold = 4, 0.6
+    assert_parity(models(block_family, bd_llada)[kind], s, quota, block=4)
+
+
+@pytest.mark.parametrize("kind", ["llada2", "llada"])
+def test_ratio_threshold_over_every_mask(block_family, bd_llada, kind):
+    """ssd_threshold_all_spans: at block 8 the masks after a gap in the block reach the ratio threshold."""
+    s = {
+        **DEFAULTS,
+        **ALWAYS,
+        "ratio_threshold": 0.6,
+        "ratio_all_masks": True,
+        "always_check_high_confidence": True,
+    }
+    assert_parity(models(block_family, bd_llada)[kind], s, 3, block=8)
+
+
+def assert_parity(lm, s: dict, quota, block: int) -> None:
+    threshold = 0.6
     results = lm.generate(
         PROMPTS,
         method="s2d2",
@@ -107,6 +133,26 @@ def test_parity_with_the_official_loop(block_family, bd_llada, kind, router, acc
         assert answer(result) == expected
 
 
+@pytest.mark.parametrize(
+    "switch",
+    [
+        dict(resample=False),
+        dict(ratio_threshold=0.0),
+        dict(always_check_high_confidence=True),
+        dict(ratio_threshold=0.5, ratio_all_masks=True),
+    ],
+)
+def test_the_switches_change_the_tokens(block_family, bd_llada, switch):
+    """Each switch changes some answer on these weights (so its parity case can fail)."""
+    config = dict(method="s2d2", gen_length=16, block_length=4, threshold=0.6, early_stop=False)
+    changed = False
+    for lm in models(block_family, bd_llada).values():
+        base = lm.generate(PROMPTS, s2d2=ALWAYS, **config)
+        other = lm.generate(PROMPTS, s2d2={**ALWAYS, **switch}, **config)
+        changed |= [r.token_ids for r in base] != [r.token_ids for r in other]
+    assert changed
+
+
 def test_verify_forwards_are_counted(block_family):
     lm = block_family("sdar")
     (own,) = lm.generate(PROMPTS[:1], method="sdar", gen_length=16, block_length=4, early_stop=False)
@@ -120,8 +166,16 @@ def test_verify_forwards_are_counted(block_family):
     assert spec.policy_s + spec.forward_s <= spec.elapsed_s
 
 
-@pytest.mark.parametrize("acceptance, temperature", [("official", 0.0), ("greedy", 0.0), ("official", 0.8)])
-def test_batch_invariance(block_family, acceptance, temperature):
+@pytest.mark.parametrize(
+    "acceptance, temperature, router",
+    [
+        ("official", 0.0, ALWAYS),
+        ("greedy", 0.0, ALWAYS),
+        ("official", 0.8, ALWAYS),
+        ("official", 0.8, BANDIT),
+    ],
+)
+def test_batch_invariance(block_family, acceptance, temperature, router):
     lm = block_family("llada2")
     config = build_config(
         "s2d2",
@@ -130,7 +184,7 @@ def test_batch_invariance(block_family, acceptance, temperature):
         early_stop=False,
         temperature=temperature,
         seed=3,
-        s2d2=dict(acceptance=acceptance),
+        s2d2=dict(router, acceptance=acceptance),
     )
     alone, static, joined = alone_static_joined(lm, config, PROMPTS + [[61, 62, 63]])
     assert alone == static == joined
@@ -146,12 +200,19 @@ def test_refused_on_a_full_sequence_model(llada_lm):
     "settings, field",
     [
         (dict(router="ucb"), "s2d2.router"),
+        (dict(ucb_span_bins=0), "s2d2.ucb_span_bins"),
+        (dict(ucb_entropy_source="all"), "s2d2.ucb_entropy_source"),
+        (dict(sub_block=2, router="contextual_bandit_ucb"), "s2d2.router"),
         (dict(estimator="renyi"), "s2d2.estimator"),
         (dict(min_span=0), "s2d2.min_span"),
         (dict(router="score_hysteresis", hysteresis_on=-2.0, hysteresis_off=-1.0), "s2d2.hysteresis_on"),
         (dict(sub_block=3), "s2d2.sub_block"),
         (dict(acceptance="lossy"), "s2d2.acceptance"),
         (dict(tempering=0), "s2d2.tempering"),
+        (dict(resample="no"), "s2d2.resample"),
+        (dict(ratio_threshold="high"), "s2d2.ratio_threshold"),
+        (dict(sub_block=2, always_check_high_confidence=True), "s2d2.always_check_high_confidence"),
+        (dict(sub_block=2, ratio_threshold=0.5), "s2d2.ratio_threshold"),
     ],
 )
 def test_bad_settings_name_the_field(block_family, settings, field):
@@ -169,7 +230,7 @@ def test_editing_is_refused(block_family):
     assert err.value.field == "editing_threshold"
 
 
-@pytest.mark.parametrize("router", [ALWAYS, HYSTERESIS])
+@pytest.mark.parametrize("router", [ALWAYS, HYSTERESIS, NO_RESAMPLE])
 @pytest.mark.parametrize("acceptance", ["official", "greedy"])
 def test_fastdllm_v2_parity(tmp_path_factory, router, acceptance):
     """Fast-dLLM v2: the sub-block rule under the router, the verify forward causal with shifted logits."""

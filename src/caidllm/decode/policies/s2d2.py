@@ -14,7 +14,10 @@ A block-diffusion model at block size 1 is autoregressive, so the same weights d
 3. verify (models/selfspec.py: one more forward of the request): the block with its draft filled in, read at
    block size 1; each run position's draft token is accepted with probability min(1, q / p) (q the verify
    distribution, p the draft's), left to right; the first rejected position takes a token drawn from
-   (q - p)+ normalised, and the positions after it wait. Committed: the accepted prefix and that token;
+   (q - p)+ normalised, and the positions after it wait. Committed: the accepted prefix and that token
+   (``resample=False``, the official --no_resample: the draft there under SDAR's loop, nothing under Fast-dLLM
+   v2's), and with ``ratio_threshold`` >= 0 every later run position whose min(1, q / p) reaches it;
+   ``always_check_high_confidence`` then adds every mask left above ``threshold``;
 4. fallback, when fewer than the step's quota were committed (or no verification ran): the base rule on
    the rest: SDAR's low_confidence_dynamic / LLaDA2.x's threshold rule (``sub_block`` None: every mask above
    ``threshold`` when at least the quota pass, else the quota's most confident; the quota the schedule's, or
@@ -36,6 +39,7 @@ import torch
 
 from caidllm.checks import is_number
 from caidllm.decode.policies.base import PolicySettings, PolicyState, StepView
+from caidllm.decode.policies.s2d2_bandit import Bandit
 from caidllm.decode.sampling import request_generator
 from caidllm.errors import InputError
 from caidllm.setting_rules import (
@@ -48,7 +52,8 @@ from caidllm.setting_rules import (
     unit_interval,
 )
 
-ROUTERS = ("mask_span_length", "score_threshold", "score_hysteresis")
+ROUTERS = ("mask_span_length", "score_threshold", "score_hysteresis", "contextual_bandit_ucb")
+ENTROPY_SOURCES = ("span", "masked")
 SCORES = ("difference_dynamic", "difference_static")
 ESTIMATORS = ("hard_margin_threshold", "soft_entropy_negexp", "soft_renyi_2_entropy")
 ACCEPTANCE = ("official", "greedy")
@@ -84,6 +89,15 @@ class S2D2Settings(PolicySettings):
     entropy_temperature: float = 1.0  # ssd_entropy_temperature
     tempering: float = 1.0  # ssd_ratio_tempering_factor
     acceptance: str = "official"  # caidllm's switch: "greedy" is the deterministic greedy rule
+    resample: bool = True  # allow_resample (False: --no_resample)
+    ratio_threshold: float = -1.0  # ssd_ratio_threshold (< 0: off; the block rule only)
+    ratio_all_masks: bool = False  # ssd_threshold_all_spans: the ratio threshold over every mask left
+    always_check_high_confidence: bool = False  # the block rule only
+    ucb_beta: float = 1.0  # the bandit router's exploration coefficient
+    ucb_span_bins: int = 2  # ucb_span_length_bins
+    ucb_progress_bins: int = 2  # ucb_block_progress_bins
+    ucb_entropy_bins: int = 2
+    ucb_entropy_source: str = "span"  # "span" (the run) or "masked" (every mask of the block)
 
     OWNER: ClassVar[str] = "s2d2"
     TITLE: ClassVar[str] = "S2D2 self-speculative block diffusion (arXiv 2603.25702)"
@@ -110,6 +124,15 @@ class S2D2Settings(PolicySettings):
         Rule("entropy_temperature", "a finite number", _number),
         Rule("tempering", "a finite number > 0", lambda v: is_number(v) and v > 0),
         choice_rule("acceptance", ACCEPTANCE),
+        Rule("resample", "true or false", lambda v: isinstance(v, bool)),
+        Rule("ratio_threshold", "a finite number", _number),
+        Rule("always_check_high_confidence", "true or false", lambda v: isinstance(v, bool)),
+        Rule("ratio_all_masks", "true or false", lambda v: isinstance(v, bool)),
+        Rule("ucb_beta", "a finite number", _number),
+        Rule("ucb_span_bins", "an integer >= 1", positive_int),
+        Rule("ucb_progress_bins", "an integer >= 1", positive_int),
+        Rule("ucb_entropy_bins", "an integer >= 1", positive_int),
+        choice_rule("ucb_entropy_source", ENTROPY_SOURCES),
     )
 
     def check_with(self, config) -> None:
@@ -124,6 +147,17 @@ class S2D2Settings(PolicySettings):
             name, field_ = named(config.labels, "s2d2.sub_block")
             raise InputError(
                 f"{name} ({self.sub_block}) must divide block_length ({config.block_length})", field=field_
+            )
+        block_only = {
+            "ratio_threshold": self.ratio_threshold >= 0,
+            "always_check_high_confidence": self.always_check_high_confidence,
+            "router": self.router == "contextual_bandit_ucb",  # Fast-dLLM v2's bandit not re-stated here
+        }
+        for key in (k for k, on in block_only.items() if on and self.sub_block is not None):
+            name, field_ = named(config.labels, f"s2d2.{key}")  # Fast-dLLM v2's loop has no such option
+            raise InputError(
+                f"{name}={getattr(self, key)!r} does not apply with s2d2.sub_block (Fast-dLLM v2's rule)",
+                field=field_,
             )
         if config.editing_threshold is not None:
             raise InputError(
@@ -143,10 +177,12 @@ class S2D2State(PolicyState):
 
     generator: torch.Generator | None = None
     on: bool = False
+    prompt_length: int = 0
+    bandit: Bandit | None = None  # the bandit router's counts, made at its first decision
 
 
 def new_state(config, prompt: list[int]) -> S2D2State:
-    return S2D2State(request_generator(config.seed or 0, prompt, "cpu"))
+    return S2D2State(request_generator(config.seed or 0, prompt, "cpu"), prompt_length=len(prompt))
 
 
 # ---- the router ---------------------------------------------------------------------------------
@@ -170,6 +206,18 @@ def verify_score(probs: torch.Tensor, n_confident: int, s: S2D2Settings) -> floa
     return expected - s.penalty * (n_confident if s.score == "difference_dynamic" else 1)
 
 
+def decide(probs: torch.Tensor, run: list[int], masked: list[bool], n_confident: int, s, state) -> bool:
+    """Whether to verify the run (probs [L, V] the block's draft distributions)."""
+    if s.router != "contextual_bandit_ucb":
+        return route(probs[run], n_confident, s, state)
+    L = len(masked)
+    if state.bandit is None:
+        buckets = s.ucb_span_bins * s.ucb_progress_bins * s.ucb_entropy_bins
+        state.bandit = Bandit(L, state.prompt_length % L, buckets)
+    left = [b for b, m in enumerate(masked) if m]
+    return state.bandit.choose(s, probs[run], probs[left], len(left))
+
+
 def route(probs: torch.Tensor, n_confident: int, s: S2D2Settings, state: S2D2State) -> bool:
     """Whether to verify a run of len(probs) masks (probs [S, V] its draft distributions)."""
     if s.router == "mask_span_length":
@@ -185,23 +233,42 @@ def route(probs: torch.Tensor, n_confident: int, s: S2D2Settings, state: S2D2Sta
 # ---- verification -------------------------------------------------------------------------------
 
 
-def accepted_run(q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings, gen) -> list[int]:
-    """The run's tokens to commit, left to right: the accepted drafts, then at the first rejection a token
-    from (q - p)+ (q, p [S, V] the verify and draft distributions, draft [S] the drafted tokens)."""
+def accepted_run(
+    q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings, gen
+) -> dict[int, int]:
+    """Run offset -> token to commit: the accepted drafts, then at the first rejection a token from
+    (q - p)+ (``resample``; else the draft there, or nothing under Fast-dLLM v2's rule), then the later
+    drafts whose ratio reaches ``ratio_threshold`` (q, p [S, V] the verify and draft distributions, draft [S]
+    the drafted tokens)."""
+    ratios = acceptance_ratios(q, p, draft, s)
     if s.acceptance == "greedy":
         best = q.argmax(dim=-1)
-        agree = (best == draft).tolist()
-        n = agree.index(False) if False in agree else len(agree)
-        return draft[:n].tolist() + best[n : n + 1].tolist()
+        accepted = (best == draft).tolist()
+    else:
+        accepted = (torch.rand(ratios.shape[0], generator=gen, dtype=ratios.dtype) < ratios).tolist()
+    n = accepted.index(False) if False in accepted else len(accepted)
+    picks = dict(enumerate(draft[:n].tolist()))
+    if n == len(accepted):
+        return picks
+    if not s.resample:
+        if s.sub_block is None:  # SDAR's loop commits the rejected draft; Fast-dLLM v2's leaves it masked
+            picks[n] = int(draft[n])
+    elif s.acceptance == "greedy":
+        picks[n] = int(best[n])
+    else:
+        picks[n] = residual_draw(q[n], p[n], gen)
+    if s.ratio_threshold >= 0:
+        picks |= {
+            k: int(draft[k]) for k in range(n + 1, len(accepted)) if float(ratios[k]) >= s.ratio_threshold
+        }
+    return picks
+
+
+def acceptance_ratios(q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings) -> torch.Tensor:
+    """[S] min(1, (q / p) ** tempering) at the drafted tokens (on the CPU, where the draws are)."""
     p_sel = p.gather(-1, draft[:, None]).squeeze(-1).clamp_min(1e-12)
     q_sel = q.gather(-1, draft[:, None]).squeeze(-1).clamp_min(0.0)
-    ratios = q_sel / p_sel if s.tempering == 1.0 else (q_sel / p_sel) ** s.tempering
-    draws = torch.rand(ratios.shape[0], generator=gen, dtype=ratios.dtype)
-    accepted = (draws < ratios.clamp(max=1.0).cpu()).tolist()
-    if all(accepted):
-        return draft.tolist()
-    n = accepted.index(False)
-    return draft[:n].tolist() + [residual_draw(q[n], p[n], gen)]
+    return (q_sel / p_sel if s.tempering == 1.0 else (q_sel / p_sel) ** s.tempering).clamp(max=1.0).cpu()
 
 
 def residual_draw(q: torch.Tensor, p: torch.Tensor, gen) -> int:
@@ -253,14 +320,32 @@ def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
     run = first_run(region)
     confident = [b for b, m in enumerate(region) if m and float(view.confidence[i, b]) > s.threshold]
     picks: dict[int, int] = {}
-    if run and route(probs[run], len(confident), s, state):
+    verify = bool(run) and decide(probs, run, masked, len(confident), s, state)
+    if verify:
         drafted = torch.where(view.masked[i], view.predicted[i], spec.block[i])
-        q = distributions(spec.verify(i, drafted)[run], spec.temperature)
-        tokens = accepted_run(q, probs[run], view.predicted[i, run], s, state.generator)
-        picks = dict(zip(run, tokens))
-        if s.sub_block is not None:
+        q = distributions(spec.verify(i, drafted), spec.temperature)
+        accepted = accepted_run(q[run], probs[run], view.predicted[i, run], s, state.generator)
+        picks = {run[k]: token for k, token in accepted.items()}
+        if s.ratio_threshold >= 0 and s.ratio_all_masks:  # every other mask left, by its own ratio
+            picks |= ratio_picks(
+                q, probs, view.predicted[i], [b for b, m in enumerate(masked) if m and b not in picks], s
+            )
+        if s.sub_block is not None and picks:
             return picks
-    return picks | fallback(view, i, s, region, picks)
+    if s.always_check_high_confidence:  # every mask left above the threshold, verified or not
+        picks |= {b: int(view.predicted[i, b]) for b in confident if b not in picks}
+    picks |= fallback(view, i, s, region, picks)
+    if state.bandit is not None:
+        state.bandit.reward(len(picks), verify)
+    return picks
+
+
+def ratio_picks(q, p, predicted, positions: list[int], s: S2D2Settings) -> dict[int, int]:
+    """The positions whose min(1, q / p) reaches ``ratio_threshold``, with their drafts."""
+    if not positions:
+        return {}
+    ratios = acceptance_ratios(q[positions], p[positions], predicted[positions], s).tolist()
+    return {b: int(predicted[b]) for b, r in zip(positions, ratios) if r >= s.ratio_threshold}
 
 
 def current_sub_block(masked: list[bool], size: int) -> list[bool]:
