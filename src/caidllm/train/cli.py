@@ -38,7 +38,8 @@ def register(sub, name: str) -> None:
         "--objective",
         choices=OBJECTIVES,
         help="masked (default): LLaDA's SFT; block_diffusion: block-causal attention, each "
-        "answer block noised on its own (the recipe of tiny-bd)",
+        "answer block noised on its own (the recipe of tiny-bd); uniform: a DiffusionGemma-architecture "
+        "model, uniform-state noise over canvases (the recipe of tiny-dg)",
     )
     parser.add_argument(
         "--block-lengths",

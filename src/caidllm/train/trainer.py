@@ -34,10 +34,10 @@ from caidllm.models.lm import DiffusionLM
 from caidllm.models.loading import load_tokenizer, resolve_folder
 from caidllm.tasks import DRILL_NAMES, TASK_NAMES, get_task, get_training_task, score
 from caidllm.tasks.vocab import build_tokenizer
-from caidllm.train.bd_decode import block_diffusion_generate
-from caidllm.train.block_diffusion import block_diffusion_loss
-from caidllm.train.data import TaskStream, encode_pair, mask_answers, masked_loss
+from caidllm.train.data import TaskStream, encode_pair
 from caidllm.train.moe_balance import ExpertBalancer, initial_config
+from caidllm.train.objectives import OBJECTIVES
+from caidllm.train.uniform import generation_config_dict, init_from_llada, initialise
 
 SPECIAL_TOKEN_NAMES = {
     "bos": "<|startoftext|>",
@@ -82,9 +82,6 @@ TASK_PHASES = (
         },
     ),
 )
-
-
-OBJECTIVES = ("masked", "block_diffusion")
 
 
 @dataclass
@@ -144,14 +141,28 @@ class TrainConfig:
     time_limit_s: float | None = None  # stop (and save) after this much wall time in this run
     # "masked": LLaDA's SFT (every row kind above). "block_diffusion": block-causal
     # attention, each answer block noised on its own (train/block_diffusion.py); each batch
-    # draws one of block_lengths, and the export says the model is block-causal.
+    # draws one of block_lengths, and the export says the model is block-causal. "uniform": a
+    # DiffusionGemma-architecture model, uniform-state noise and self-conditioning (train/uniform.py).
     objective: str = "masked"
+    canvas_length: int = 64  # uniform: the canvas the model is trained on and decodes
+    self_conditioning: float = (
+        0.5  # uniform: share of rows whose second pass gets the first's soft embeddings
+    )
     block_lengths: tuple[int, ...] = (4, 8, 16, 32)
     keep_validated: bool = False  # also export the model at each validation to RUN/step-N (to pick the best)
     init_from: str | None = None  # a model folder or embedded name ("tiny") to start from, not random weights
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "block_length", "d_model", "n_layers", "n_heads", "threads"):
+        for name in (
+            "steps",
+            "batch_size",
+            "block_length",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "threads",
+            "canvas_length",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be an integer >= 1, got {value!r}")
@@ -196,7 +207,9 @@ class TrainConfig:
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
                 raise InputError(f"{name} must be a number in [0, 1], got {value!r}")
         if self.objective not in OBJECTIVES:
-            raise InputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+            raise InputError(f"objective must be one of {tuple(OBJECTIVES)}, got {self.objective!r}")
+        if not (isinstance(self.self_conditioning, (int, float)) and 0.0 <= self.self_conditioning <= 1.0):
+            raise InputError(f"self_conditioning must be a number in [0, 1], got {self.self_conditioning!r}")
         lengths = self.block_lengths
         if (
             not isinstance(lengths, tuple)
@@ -274,26 +287,8 @@ class Trainer:
         special = {name: vocab.token_to_id(token) for name, token in SPECIAL_TOKEN_NAMES.items()}
         vocab_size = -(-vocab.get_vocab_size() // 64) * 64  # embedding rows padded like the real models'
         self.special = special
-        self.raw_config = model_config_dict(cfg, vocab_size, special)
-        if cfg.init_from is not None:  # its own architecture (tiny-moe: LLaDA2, upcycled from tiny-bd)
-            self.raw_config = initial_config(cfg.init_from, self.raw_config)
-        self.tokenizer, self.model_config = load_tokenizer(self.tokenizer_dir, parse_config(self.raw_config))
-        torch.manual_seed(cfg.seed)
-        # PyTorch's default initialisation (unit-variance embeddings,
-        # 1/sqrt(fan_in) linears), not the 0.02-std init of the 8B models: at
-        # this size the small init leaves the model unable to learn to copy
-        # tokens from its context (on one fixed batch, a micro model reaches
-        # loss 0.7 with it and 0.006 without after 150 steps; see
-        # tests/test_train.py::test_a_fresh_model_memorises_one_batch).
-        self.model = family_of(self.raw_config).model_class(self.model_config)
-        if cfg.init_from is not None:
-            self._load_initial_weights(cfg.init_from)
-        if cfg.objective == "block_diffusion":
-            self.raw_config.update(caidllm_block_lengths=list(cfg.block_lengths))
-            if (
-                self.raw_config["model_type"] == "llada"
-            ):  # the block-diffusion families are block-causal anyway
-                self.raw_config.update(caidllm_block_causal=True)
+        self.objective = OBJECTIVES[cfg.objective]
+        self._build_model(vocab_size)
         self.balancer = ExpertBalancer(self.model)  # LLaDA2's expert score bias (a no-op without MoE layers)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
@@ -316,10 +311,42 @@ class Trainer:
         self.trained_s = 0.0
         self._resume()
 
+    def _build_model(self, vocab_size: int) -> None:
+        """The config.json trained (the objective's, or the start's architecture), the model, its weights."""
+        self.raw_config = model_config_dict(self.cfg, vocab_size, self.special)
+        if self.objective.model_config is not None:  # uniform: a DiffusionGemma-architecture model
+            self.raw_config = self.objective.model_config(self.cfg, self.raw_config, vocab_size, self.special)
+        elif self.cfg.init_from is not None:  # its own architecture (tiny-moe: LLaDA2, upcycled from tiny-bd)
+            self.raw_config = initial_config(self.cfg.init_from, self.raw_config)
+        self.tokenizer, self.model_config = load_tokenizer(self.tokenizer_dir, parse_config(self.raw_config))
+        torch.manual_seed(self.cfg.seed)
+        # PyTorch's default initialisation (unit-variance embeddings,
+        # 1/sqrt(fan_in) linears), not the 0.02-std init of the 8B models: at
+        # this size the small init leaves the model unable to learn to copy
+        # tokens from its context (on one fixed batch, a micro model reaches
+        # loss 0.7 with it and 0.006 without after 150 steps; see
+        # tests/test_train.py::test_a_fresh_model_memorises_one_batch).
+        self.model = family_of(self.raw_config).model_class(self.model_config)
+        if self.objective.uniform:
+            initialise(self.model)
+        if self.cfg.init_from is not None:
+            self._load_initial_weights(self.cfg.init_from)
+        if self.objective.export_config is not None:
+            self.raw_config = self.objective.export_config(self.cfg, self.raw_config)
+
     def _load_initial_weights(self, name: str) -> None:
         folder, _ = resolve_folder(name)
         if not (folder / "model.safetensors").is_file():
             raise InputError(f"init_from {name!r}: {folder} has no model.safetensors")
+        if self.objective.uniform:  # from a LLaDA-layout model: what fits (train/uniform.py)
+            self.log(
+                {
+                    "event": "initialised from",
+                    "model": name,
+                    "tensors": len(init_from_llada(self.model, folder)),
+                }
+            )
+            return
         weights = load_file(str(folder / "model.safetensors"))
         try:
             self.model.load_state_dict({key: value.float() for key, value in weights.items()})
@@ -365,28 +392,7 @@ class Trainer:
     def loss_on(self, step: int) -> torch.Tensor:
         batch = self.stream.batch(step)
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
-        if self.cfg.objective == "block_diffusion":
-            lengths = self.cfg.block_lengths
-            block_length = lengths[int(torch.randint(len(lengths), (1,), generator=generator))]
-            return block_diffusion_loss(
-                self.model, batch, block_length, self.special["mask"], generator, self.cfg.bf16_autocast
-            )
-        # A drill's facts are independent (and listed in its prompt): only its
-        # results are worth masking. A chain's results are cut at instead.
-        drill = batch.task in DRILL_NAMES
-        results = step >= self.cfg.results_from
-        noisy, masked, p_mask, in_answer = mask_answers(
-            batch,
-            self.special["mask"],
-            generator,
-            self.cfg.block_share,
-            self.cfg.block_length,
-            result_share=1.0 if drill and results else 0.0,
-            cut_share=self.cfg.cut_share if results and not drill else 0.0,
-        )
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-            logits = self.model(noisy)
-        return masked_loss(logits, batch.input_ids, masked, p_mask, in_answer)
+        return self.objective.loss(self, step, batch, generator)
 
     def train(self) -> None:
         cfg = self.cfg
@@ -447,11 +453,14 @@ class Trainer:
         lm = self.as_lm()
         n = n or self.cfg.eval_examples
         accuracy = {}
-        for name in TASK_NAMES:
+        names = TASK_NAMES
+        if self.objective.mix_only:
+            names = [n for n in TASK_NAMES if any(w.get(n) for _, w in self.cfg.task_phases)]
+        for name in names:
             examples = get_task(name).examples("validation", n, seed=self.cfg.seed)
             prompts = [e.prompt for e in examples]
-            if self.cfg.objective == "block_diffusion":  # vanilla at block 8, as the card measures
-                texts = block_diffusion_generate(lm, prompts, 8, gen_length, batch_size=8)
+            if self.objective.decode is not None:
+                texts = self.objective.decode(lm, prompts, gen_length)
             else:
                 texts = [
                     r.text
@@ -469,7 +478,9 @@ class Trainer:
         """Share of the arithmetic drill's facts (validation split) whose
         result the model fills in right in one forward pass, with every
         result masked and the operands given: how far the facts the chains
-        rely on are learned."""
+        rely on are learned. None for a uniform-state model (no mask token)."""
+        if self.objective.uniform:
+            return None
         self.model.eval()
         right = total = 0
         for example in get_training_task("arithmetic_facts").examples("validation", n, seed=self.cfg.seed):
@@ -504,6 +515,9 @@ class Trainer:
         # stored bf16, computed in fp32 on CPU by default
         config = dict(self.raw_config, torch_dtype="float32")
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if self.objective.uniform:  # the sampler's defaults and end tokens
+            generation = generation_config_dict(self.special)
+            (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (self.tokenizer_dir / name).exists():
                 shutil.copy(self.tokenizer_dir / name, folder / name)
