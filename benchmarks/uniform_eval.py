@@ -34,7 +34,12 @@ def evaluate(lm, task, method: str, gen_length: int, batch_size: int, options: d
         scores += [task.scorer(r.text, s).score for r, s in zip(results, chunk)]
         forwards += sum(r.nfe for r in results)
         canvases += sum(len(r.steps_per_block) for r in results)
-        print(f"{task.name} {method}: {sum(scores):g}/{len(scores)}", file=sys.stderr, flush=True)
+        print(
+            f"{task.name} {method}: {sum(scores):g}/{len(scores)} right, {forwards} forwards, "
+            f"{canvases} canvases, {time.perf_counter() - started:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     wall = time.perf_counter() - started
     n, mean = len(scores), sum(scores) / len(scores)
     stderr = math.sqrt(mean * (1 - mean) / (n - 1)) if n > 1 else 0.0
@@ -58,6 +63,9 @@ def main() -> None:
     parser.add_argument("--task", action="append", help="a `caidllm bench` task spec (repeatable)")
     parser.add_argument("--data-dir", help="the benchmark data folder (default: as `caidllm bench` finds it)")
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument(
+        "--skip", type=int, default=0, help="leave out the first SKIP examples (to shard a task)"
+    )
     parser.add_argument("--gen-length", type=int, default=192)
     parser.add_argument("--block-length", type=int, default=32, help="mask-based methods only")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -73,6 +81,7 @@ def main() -> None:
         task = load_task(
             spec, data_dir=Path(args.data_dir) if args.data_dir else default_data_dir(), limit=args.limit
         )
+        task.samples = task.samples[args.skip :]
         for method in args.methods.split(","):
             rows.append(evaluate(lm, task, method, args.gen_length, args.batch_size, options))
             print(json.dumps({"model": args.model, **rows[-1]}), flush=True)
