@@ -28,7 +28,8 @@ def _peak_mb() -> float:
 
 def memory_one(path: str) -> dict:
     """One step's post-processing of the logits (sampling, entropy, acceptance, self-conditioning input)."""
-    from caidllm.decode.diffusiongemma_sampler import accepted_positions, draw
+    from caidllm.decode.diffusiongemma_rule import accepted_positions
+    from caidllm.decode.diffusiongemma_sampler import draw
 
     g = torch.Generator().manual_seed(0)
     embedding = torch.empty(VOCAB, HIDDEN, dtype=torch.bfloat16).normal_(generator=g)

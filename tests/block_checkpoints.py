@@ -38,6 +38,8 @@ SMALL = {
         "max_position_embeddings": 256,
         "torch_dtype": "float32",
     },
+    # LLaDA2.2: block routing (a pool of 4 of the 8 experts per block of 32) and edit tokens (set below)
+    "llada2.2": {"expert_capacity": 4, "block_size": 32},
     "sdar": {
         **OFFICIAL["sdar-1.7b"],
         "hidden_size": 32,
@@ -99,8 +101,10 @@ SMALL = {
         "torch_dtype": "float32",
     },
 }
+SMALL["llada2.2"] = {**SMALL["llada2"], **SMALL["llada2.2"]}
 FAMILIES = {
     "llada2": "llada2",
+    "llada2.2": "llada2",
     "sdar": "sdar",
     "sdar-moe": "sdar",
     "fastdllm_v2": "fastdllm_v2",
@@ -122,6 +126,8 @@ def write_block_checkpoint(
     config = {**SMALL[kind], "vocab_size": -(-tokenizer.get_vocab_size() // 64) * 64}
     tok_config, ids = tokenizer_files(family, config["max_position_embeddings"])
     config.update(ids)
+    if kind == "llada2.2":  # two ids of the padded vocabulary past the tokenizer's
+        config.update(delete_token_id=config["vocab_size"] - 2, split_token_id=config["vocab_size"] - 1)
     config.update(config_overrides or {})
     _write_json(path / "config.json", config)
     _write_json(path / "tokenizer_config.json", tok_config)

@@ -120,9 +120,22 @@ class OfficialFastDLLMv2:
         return x, p.gather(-1, x[:, None])[:, 0]
 
     def generate(
-        self, prompt, max_new_tokens, *, threshold, small_block_size, block_size, stop_ids, use_block_cache
+        self,
+        prompt,
+        max_new_tokens,
+        *,
+        threshold,
+        small_block_size,
+        block_size,
+        stop_ids,
+        use_block_cache,
+        step=None,
+        next_token=None,
     ):
-        """The generated tokens (after the prompt), cut after the first stop id."""
+        """The generated tokens (after the prompt), cut after the first stop id. step(x, lo, s, size, past):
+        another decoder's sub-block step in the same loop (S2D2's, s2d2_reference.py); next_token(logits):
+        the next block's first token from the last logit (default: its argmax)."""
+        next_token = next_token or (lambda logits: logits[-1:].argmax(-1))
         x = torch.tensor(prompt)
         P, past = len(prompt), None
         if P > block_size:
@@ -131,7 +144,7 @@ class OfficialFastDLLMv2:
                 x[: P // block_size * block_size], past, update_past=True, block_size=block_size
             )
             if P % block_size == 0:
-                x = torch.cat([x, logits[-1:].argmax(-1)])
+                x = torch.cat([x, next_token(logits)])
         for _ in range(max_new_tokens // block_size):
             if any(int(t) in stop_ids for t in x[P:]):
                 break
@@ -145,12 +158,15 @@ class OfficialFastDLLMv2:
                 if not (x[lo:] == self.mask_id).any():
                     past = past if past is not None else []
                     logits = self.forward(x[lo:], past, update_past=True, block_size=block_size)
-                    x = torch.cat([x, logits[-1:].argmax(-1)])
+                    x = torch.cat([x, next_token(logits)])
                     break
                 for s in range(0, block_size, small_block_size):
                     while (x[lo + s : lo + s + small_block_size] == self.mask_id).any():
                         if self._stopped(x, start_new, stop_ids):
                             break
+                        if step is not None:
+                            step(x, lo, s, small_block_size, past)
+                            continue
                         logits = self._step_logits(
                             x, lo, s, small_block_size, past, use_block_cache, block_cache
                         )

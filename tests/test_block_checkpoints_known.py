@@ -23,6 +23,7 @@ COUNTS = {
     "llada2.1-mini": (16_255_638_528, 1_111_055_360),
     "llada2-flash": (102_889_697_280, 5_508_444_160),
     "llada2.1-flash": (102_889_697_280, 5_508_444_160),
+    "llada2.2-flash": (102_889_697_280, 5_508_444_160),  # block routing adds no parameter
     "sdar-1.7b": (2_031_739_904, 1_720_574_976),
     "sdar-4b": (4_411_424_256, 4_022_468_096),
     "sdar-8b": (8_190_735_360, 7_568_405_504),
@@ -39,11 +40,14 @@ def test_every_block_checkpoint_is_known():
         f"JetLM/SDAR-{s}-Chat" for s in ("1.7B", "4B", "8B", "30B-A3B")
     } | {f"Efficient-Large-Model/Fast_dLLM_v2_{s}" for s in ("1.5B", "7B")} | {
         # The 2026 checkpoints on these architectures (models/checkpoints_derived.py).
+        "inclusionAI/LLaDA2.2-flash",
         "inclusionAI/LLaDA2.0-mini-CAP",
         "inclusionAI/LLaDA2.0-flash-CAP",
         "Gen-Verse/TraDo-4B-Instruct",
         "Gen-Verse/TraDo-8B-Instruct",
         "Gen-Verse/TraDo-8B-Thinking",
+        "d3LLM/SDAR-4B-Chat-distill-search",
+        "d3LLM/SDAR-4B-Chat-distill-webshop",
     }
     assert {c.shape for c in BLOCK} == set(COUNTS)
 
@@ -57,6 +61,7 @@ def test_parameter_counts_on_the_meta_device(shape):
 def test_contexts():
     context = {c.hub_id: shape_figures(c.shape)["context"] for c in BLOCK}
     assert context["inclusionAI/LLaDA2.0-mini"] == 16384 and context["inclusionAI/LLaDA2.1-mini"] == 32768
+    assert context["inclusionAI/LLaDA2.2-flash"] == 131072
     assert (
         context["JetLM/SDAR-8B-Chat"] == 32768 and context["Efficient-Large-Model/Fast_dLLM_v2_7B"] == 32768
     )
@@ -64,7 +69,8 @@ def test_contexts():
 
 @pytest.mark.parametrize("checkpoint", BLOCK, ids=lambda c: c.name)
 def test_a_folder_of_each_decodes_with_its_own_decoder(tmp_path, checkpoint):
-    kind = "sdar-moe" if checkpoint.shape == "sdar-30b-a3b" else KIND[checkpoint.family]
+    special = {"sdar-30b-a3b": "sdar-moe", "llada2.2-flash": "llada2.2"}
+    kind = special.get(checkpoint.shape, KIND[checkpoint.family])
     folder = write_block_checkpoint(tmp_path / checkpoint.name, kind)
     lm = caidllm.load(folder, device="cpu", dtype="float32")
     assert lm.checkpoint is checkpoint and lm.chat_default

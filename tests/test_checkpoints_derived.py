@@ -39,6 +39,7 @@ def test_every_derived_row_is_known_once_with_its_base_shape():
         "sdar-8b",
     )
     assert shapes["d3LLM_Dream_Coder"] == ("dream", "dream-coder-7b")
+    assert shapes["SDAR-4B-Chat-distill-webshop"] == ("sdar", "sdar-4b")
     assert shapes["dParallel-LLaDA-8B-instruct"] == ("llada", "llada-8b")
     assert shapes["Stable-DiffCoder-8B-Base"] == ("stable_diffcoder", "stable-diffcoder-8b")
     assert shapes["RND1-Base-0910"] == ("rnd1", "rnd1-30b-a3b")
@@ -238,3 +239,85 @@ def test_a_bad_rnd1_folder_exits_2_with_one_line(tmp_path, capsys):
     assert main(["generate", "hi", "--model", str(folder)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "decoder_sparse_step=2" in err[0]
+
+
+# The derived rows on the block-diffusion families (the full-sequence ones, d3LLM and dParallel, load from
+# their layouts in tests/test_checkpoints.py): the turn markers their chat template writes and the
+# end-of-turn token that closes an answer, per family.
+TURNS = {"llada2": ("<role>HUMAN</role>", "<|role_end|>"), "sdar": ("<|im_start|>user\n", "<|im_end|>")}
+
+
+@pytest.mark.parametrize("checkpoint", [c for c in DERIVED if c.family in TURNS], ids=lambda c: c.name)
+def test_a_block_derived_folder_loads_with_its_chat_template_and_end_tokens(tmp_path, checkpoint):
+    folder = write_block_checkpoint(tmp_path / checkpoint.name, checkpoint.family)
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    assert lm.checkpoint is checkpoint and lm.config.family == checkpoint.family and lm.chat_default
+    opener, end = TURNS[checkpoint.family]
+    text = lm.tokenizer.decode(lm.encode_chat("what is 2 + 3 ?"))
+    assert text.startswith(opener) and text.count(end) == 1
+    tok = lm.tokenizer
+    ends = {tok.convert_ids_to_tokens(i) for i in lm.config.eos_ids}
+    assert {"<|endoftext|>", end} <= ends and tok.convert_ids_to_tokens(lm.config.mask_id) not in ends
+
+
+@pytest.mark.parametrize("hub_id", ["d3LLM/d3LLM_LLaDA", "Zigeng/dParallel_Dream_7B_Instruct"])
+def test_a_full_sequence_derived_folder_stops_at_its_end_of_turn(tmp_path, hub_id):
+    from helpers.checkpoint_files import write_checkpoint
+
+    lm = caidllm.load(write_checkpoint(tmp_path, hub_id), device="cpu", dtype="float32")
+    end = "<|eot_id|>" if lm.config.family == "llada" else "<|im_end|>"
+    assert lm.checkpoint is find_checkpoint(hub_id) and lm.chat_default
+    assert lm.tokenizer.decode(lm.encode_chat("what is 2 + 3 ?")).count(end) == 1
+    assert end in {lm.tokenizer.convert_ids_to_tokens(i) for i in lm.config.eos_ids}
+
+
+def test_a_distill_folder_decodes_with_its_own_block_size(tmp_path):
+    """SDAR-4B-Chat-distill's config.json is not stored: the row's block of 4 is SDAR's default, and a
+    folder whose config.json says otherwise decodes with its own (whole-block prompt: 16 = 2 blocks of 8)."""
+    folder = write_block_checkpoint(
+        tmp_path / "SDAR-4B-Chat-distill-search", "sdar", config_overrides={"block_size": 8}
+    )
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    assert lm.checkpoint.recommended.block_length == 4 and lm.config.block_lengths == (8,)
+    result = lm.generate([list(range(10, 18))], gen_length=16)[0]
+    assert result.method == "sdar" and len(result.steps_per_block) == 2
+
+
+# Stable-DiffCoder's first revisions (Base and Instruct): "LlamaForCausalLM" in architectures, their class
+# SeedDiffcoderForCausalLM (a LlamaForCausalLM with generate_block) only in auto_map.
+FIRST_REVISION = {
+    "architectures": ["LlamaForCausalLM"],
+    "auto_map": {"AutoModelForCausalLM": "modeling_seed_diffcoder.SeedDiffcoderForCausalLM"},
+}
+
+
+def test_a_first_revision_stable_diffcoder_folder_loads_by_its_auto_map(tmp_path):
+    name = "Stable-DiffCoder-8B-Instruct"
+    new_folder = write_block_checkpoint(tmp_path / "new" / name, "stable_diffcoder")
+    new = caidllm.load(new_folder, device="cpu", dtype="float32")
+    folder = write_block_checkpoint(tmp_path / name, "stable_diffcoder", config_overrides=FIRST_REVISION)
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    assert lm.config.family == "stable_diffcoder" and lm.checkpoint is new.checkpoint
+    ids = _canvas(lm)
+    torch.testing.assert_close(lm.logits(ids), new.logits(ids))  # the same weights, the same forward
+    assert lm.generate(["what is 2 + 3 ?"], gen_length=8)[0].method == "sdar-static"
+
+
+def test_a_plain_llama_folder_is_still_refused(tmp_path):
+    overrides = {**FIRST_REVISION, "auto_map": {"AutoModelForCausalLM": "modeling_llama.LlamaForCausalLM"}}
+    raw = {**SMALL["stable_diffcoder"], "mask_token_id": 3, "eos_token_id": 2, **overrides}
+    with pytest.raises(
+        ModelLoadError, match=r"unknown model architecture \(architectures=\['LlamaForCausalLM'\]"
+    ):
+        parse_config(raw, source="config.json")
+
+
+def test_a_trado_folder_with_its_template_in_chat_template_jinja(tmp_path):
+    """TraDo's hub folders ship the chat template as chat_template.jinja (tokenizer_config.json has none)."""
+    folder = write_block_checkpoint(tmp_path / "TraDo-8B-Thinking", "sdar")
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "chat_template.jinja").write_text(tok_config.pop("chat_template"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    assert lm.checkpoint.name == "TraDo-8B-Thinking" and lm.chat_default
+    assert lm.tokenizer.decode(lm.encode_chat("hi")).endswith("<|im_start|>assistant\n")

@@ -61,7 +61,7 @@ def test_models_table_plan_and_refused_variants(capsys):
     assert main(["models", "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     [family] = [f for f in listing["families"] if f["family"] == "diffusion_gemma"]
-    assert family["decoders"] == ["diffusiongemma", "greedy"] and family["uniform"]
+    assert family["decoders"] == ["diffusiongemma", "greedy", "diffusiongemma-cai"] and family["uniform"]
     [row] = [c for c in listing["checkpoints"] if c["hub_id"] == "google/diffusiongemma-26B-A4B-it"]
     assert row["parameters_total"] == 25_250_986_752 and row["recommended"]["decoder"] == "diffusiongemma"
     assert main(["models", "--plan", "random:diffusiongemma-26b-a4b", "--json"]) == 0

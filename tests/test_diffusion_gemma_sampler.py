@@ -1,8 +1,6 @@
 """The uniform-state decoders against transformers' DiffusionGemma generate() (token-exact at batch 1,
 same seed: the same random draws in the same order), and their batch invariance in caidllm's engine."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -10,14 +8,9 @@ pytest.importorskip("transformers.models.diffusion_gemma")
 
 from caidllm.decode.diffusiongemma_settings import build_settings
 from caidllm.decode.uniform_engine import UniformEngine
-from helpers.dg_reference import ours_from, reference
-
-
-def _lm(model):
-    ours = ours_from(model)
-    c = ours.config
-    config = SimpleNamespace(**{**c.__dict__, "eos_ids": (1,), "pad_id": 0})
-    return SimpleNamespace(model=ours, config=config, device=torch.device("cpu"), decode=lambda ids: "")
+from helpers.dg_reference import engine_lm as _lm
+from helpers.dg_reference import reference
+from helpers.dg_reference import run_engine as _ours
 
 
 def _reference_tokens(model, prompt, seed, gen_length, **knobs):
@@ -47,18 +40,6 @@ def _reference_tokens(model, prompt, seed, gen_length, **knobs):
         **settings,
     )
     return out.sequences[0, len(prompt) :].tolist()
-
-
-def _ours(lm, prompts, seed, gen_length, method="diffusiongemma", exact_seed=True, **knobs):
-    engine = UniformEngine(lm, max_batch=len(prompts))
-    ids = [
-        engine.submit(
-            p, build_settings(method, gen_length=gen_length, seed=seed, exact_seed=exact_seed, **knobs)
-        )
-        for p in prompts
-    ]
-    results = {e.request_id: e.result for e in engine.run() if e.finished}
-    return [results[i] for i in ids]
 
 
 # prompt length, canvases, knobs. A random model's entropies stay high (log 96 = 4.56 at most): a confidence

@@ -176,3 +176,34 @@ def test_the_prompts_blocks_from_the_prefix_cache_are_drawn_as_such(bd_server, b
     assert f"{8 * reused} of" in caption and "from the prefix cache" in caption
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "live-view-prefix-cache.png"))
+
+
+@pytest.fixture(scope="module")
+def dg_server():
+    """A small random DiffusionGemma: its uniform-state decoders drawn from their draft stream."""
+    from test_diffusion_gemma_serve import SMALL
+
+    lm = caidllm.load(SMALL, device="cpu", dtype="float32")
+    defaults = ServerDefaults(model_name="dg", gen_length=32, block_length=16, max_gen_length=128)
+    with LocalServer(create_app(lm, ServerConfig(defaults=defaults))) as s:
+        yield s
+
+
+def test_the_uniform_decoders_canvases_converge_step_by_step(dg_server, browser):
+    query = urlencode({"prompt": PROMPT, "methods": "greedy,diffusiongemma", "gen_length": 24, "autorun": 1})
+    browser.get(f"{dg_server.url}/?{query}")
+    lanes = WebDriverWait(browser, 120).until(lanes_settled)
+    assert [lane.get_attribute("data-method") for lane in lanes] == ["greedy", "diffusiongemma"]
+    for lane in lanes:
+        assert lane.get_attribute("data-state") == "done", lane.text
+        nfe = int(lane.find_element(By.CSS_SELECTOR, '[data-role="nfe"]').text)
+        assert int(lane.get_attribute("data-draft-steps")) == nfe > 0  # every step's draft drawn
+        cells = lane.find_elements(By.CSS_SELECTOR, ".cell")
+        assert len(cells) == 24 and len(lane.find_elements(By.CSS_SELECTOR, ".block")) == 2  # canvases of 16
+        assert not lane.find_elements(By.CSS_SELECTOR, ".cell.accepted, .cell.renoised, .cell.masked")
+    text, nfe = api_answer(dg_server.url, "greedy", 24, None)  # greedy is seeded (0) without a seed
+    greedy = lanes[0]
+    assert greedy.find_element(By.CSS_SELECTOR, '[data-role="answer"]').get_attribute("textContent") == text
+    assert greedy.find_element(By.CSS_SELECTOR, '[data-role="nfe"]').text == str(nfe)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "live-view-diffusiongemma.png"))

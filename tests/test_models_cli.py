@@ -169,3 +169,21 @@ def test_generate_on_a_base_model_decodes_raw_text_unless_told(capsys, tmp_path)
     assert status == 0 and "base model: raw text by default" in err
     status, _, err = run(capsys, *argv, "--chat")
     assert status == 2 and "LLaDA-MoE-7B-A1B-Base has no chat template" in err and "--no-chat" in err
+
+
+def test_models_lists_the_uniform_decoders_and_their_settings_and_no_controller_on_their_row(capsys):
+    """DiffusionGemma's row names its decoder, steps and temperature, not the CAI controller's gating and
+    refresh (its decoders have neither); the uniform-state decoders' shared knobs and diffusiongemma-cai's
+    own settings (dgcai.*) are listed, in the tables and in --json."""
+    status, out, _ = run(capsys, "models")
+    (row,) = [line for line in out.splitlines() if "google/diffusiongemma-26B-A4B-it" in line]
+    assert status == 0 and row.endswith("diffusiongemma, gen 256, block 256, steps 48, T 0.8")
+    assert "Decoders (--method) of uniform-state models: diffusiongemma, greedy, diffusiongemma-cai" in out
+    assert "max_denoising_steps (48)" in out and "entropy_bound (0.1)" in out
+    assert any(line.split()[:3] == ["dgcai.warmup", "default", "0.15:"] for line in out.splitlines())
+    _, out, _ = run(capsys, "models", "--json")
+    uniform = json.loads(out)["uniform_settings"]
+    assert uniform["decoders"] == ["diffusiongemma", "greedy", "diffusiongemma-cai"]
+    (own,) = uniform["own"]
+    assert own["owner"] == "dgcai" and own["read_by"] == "diffusiongemma-cai"
+    assert {"name": "warmup", "default": 0.15, "expected": "in [0, 1)"} in own["fields"]

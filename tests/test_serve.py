@@ -119,6 +119,7 @@ def test_commit_events_on_request(server):
     "body, status, param, words",
     [
         ({"method": "turbo"}, 400, "method", "unknown method 'turbo'"),
+        ({"method": "llada2.2"}, 400, "method", "block-diffusion decoder"),  # InDel on a full-sequence model
         ({"gen_length": 40, "block_length": 16}, 400, "gen_length", "multiple of block_length"),
         ({"n": 2}, 400, "n", "n=2 is not supported"),
         # answered since #44

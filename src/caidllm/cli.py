@@ -18,7 +18,7 @@ from caidllm.decode.prefix_reuse import check_budget
 from caidllm.errors import CaidllmError, InputError
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models_cli import register as register_models
-from caidllm.options import add_model_arguments, add_tp_argument, check_before_load
+from caidllm.options import add_model_arguments, add_tp_argument, check_before_load, set_values
 from caidllm.serve.cli import register as register_serve
 from caidllm.serve.loadtest import register as register_loadtest
 from caidllm.train.cli import register as register_train
@@ -163,26 +163,6 @@ def register_generate(sub, name: str) -> None:
     add_constraint_arguments(gen)
     add_tp_argument(gen)
     gen.set_defaults(handler=run_generate)
-
-
-def set_values(items: list[str]) -> dict:
-    """--set NAME=VALUE items as keywords: OWNER.FIELD under the owner's key ({"eb": {"gamma": 0.02}}), a
-    flat name as is; VALUE as JSON (0.02, true, [1, 2]), else the text. The decoder checks every value."""
-    values: dict = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            raise InputError(f"--set takes NAME=VALUE, got {item!r}", field="set")
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = text
-        owner, dot, field = name.partition(".")
-        if dot:
-            values.setdefault(owner, {})[field] = value
-        else:
-            values[name] = value
-    return values
 
 
 def run_generate(args) -> int:

@@ -69,6 +69,7 @@ def register(sub, name: str = "models") -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from caidllm.decode.block_diffusion import ModelTraits, applicable
+    from caidllm.decode.diffusiongemma_settings import uniform_settings_lines, uniform_settings_table
     from caidllm.decode.setting_names import settings_lines, settings_table
     from caidllm.models.device import resolve_dtype
     from caidllm.models.inventory import checkpoint_rows, describe, family_rows, model_memory
@@ -89,9 +90,11 @@ def run(args) -> int:
         traits = ModelTraits(row["family"], row["block_causal"], tuple(row["block_lengths"]))
         row["decoders"], row["cache_modes"] = applicable(traits)
     if args.json:
-        print(json.dumps({"families": families, "checkpoints": checkpoints, "settings": settings_table()}))
+        tables = {"settings": settings_table(), "uniform_settings": uniform_settings_table()}
+        print(json.dumps({"families": families, "checkpoints": checkpoints, **tables}))
     else:
-        print("\n".join([*table_lines(families, checkpoints), "", *settings_lines()]))
+        lines = [*table_lines(families, checkpoints), "", *settings_lines(), "", *uniform_settings_lines()]
+        print("\n".join(lines))
     return 0
 
 
@@ -135,17 +138,21 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
         lines.append(
             f"  {c['hub_id']:<39} {c['family']:<11} {c['architecture']:<25} {params:>14} {c['context']:>7} "
             f"{'yes' if c['instruct'] else 'no':<5} {decoder}gen {r['gen_length']}, block "
-            f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}, gating "
-            f"{'on' if r['confidence_gating'] else 'off'}, f {r['refresh_every']}"
+            f"{r['block_length']}, steps {r['steps']}, T {r['temperature']:g}{controller(r, c['family'])}"
         )
     lines.append("")
-    for kind, block_causal, uniform in (
-        ("full-sequence", False, False),
-        ("block-diffusion", True, False),
-        ("uniform-state", True, True),
+    for kind, block_causal, uniform, sequential in (
+        ("full-sequence", False, False, False),
+        ("block-diffusion", True, False, False),
+        ("uniform-state", True, True, False),
+        ("causal + bidirectional (sequential)", False, False, True),
     ):
         rows = [
-            f for f in families if f["block_causal"] is block_causal and f.get("uniform", False) is uniform
+            f
+            for f in families
+            if f["block_causal"] is block_causal
+            and f.get("uniform", False) is uniform
+            and f.get("sequential", False) is sequential
         ]
         if rows:
             lines += [
@@ -156,6 +163,16 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
         "Sources of the recommended settings: caidllm models --json (checkpoints[].recommended.source)."
     )
     return lines
+
+
+def controller(r: dict, family: str) -> str:
+    """The CAI controller's gating and cache refresh of a row; none on a uniform-state model (its decoders
+    have neither: steps are its denoising steps per canvas, T its temperature schedule's start)."""
+    from caidllm.models.families import get_family
+
+    if get_family(family).uniform:
+        return ""
+    return f", gating {'on' if r['confidence_gating'] else 'off'}, f {r['refresh_every']}"
 
 
 def quantized(m: dict) -> str:
@@ -169,7 +186,7 @@ def quantized(m: dict) -> str:
     )
 
 
-CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "none")
+CACHE_ORDER = ("dual", "prefix", "es", "block", "subblock", "canvas", "kv", "none")
 
 
 def memory_lines(m: dict) -> list[str]:

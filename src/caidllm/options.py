@@ -21,6 +21,34 @@ def json_object_option(text: str, flag: str, what: str = "object") -> dict:
     return value
 
 
+def nest_owner_keys(values: dict) -> dict:
+    """OWNER.FIELD names under their owner's key ({"eb.gamma": 0.02} -> {"eb": {"gamma": 0.02}}), a flat
+    name as is: how --set and lm-eval's model_args name a method's own settings."""
+    nested: dict = {}
+    for name, value in values.items():
+        owner, dot, field = name.partition(".")
+        if dot:
+            nested.setdefault(owner, {})[field] = value
+        else:
+            nested[name] = value
+    return nested
+
+
+def set_values(items: list[str]) -> dict:
+    """--set NAME=VALUE items as keywords (nest_owner_keys: OWNER.FIELD under the owner's key); VALUE as
+    JSON (0.02, true, [1, 2]), else the text. The decoder checks every value."""
+    values: dict = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise InputError(f"--set takes NAME=VALUE, got {item!r}", field="set")
+        try:
+            values[name] = json.loads(text)
+        except ValueError:
+            values[name] = text
+    return nest_owner_keys(values)
+
+
 MODEL_HELP = (
     "model folder (Hugging Face layout), a hub id ORG/NAME[@REVISION] (huggingface_hub's cache, token and "
     "HF_HUB_OFFLINE; caidllm models lists the known ones), 'tiny' (default), or random weights of an "
@@ -133,6 +161,7 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
     """Refuse a bad or inapplicable setting before the model loads (InputError): the config `method`
     (None: a known checkpoint's own decoder, else cai) would decode with on the model (decode/presets.py,
     config_for_model), from its config.json alone."""
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS
     from caidllm.decode.presets import config_for_model
     from caidllm.models.checkpoints import recommended_method
 
@@ -144,6 +173,8 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
 
         return check_uniform(config, method, settings=settings, **options)
     method = recommended_method(checkpoint if settings is None else None, method)
+    if get_family(config.family).sequential or method in SEQUENTIAL_METHODS:  # checked by generate itself
+        return None
     return config_for_model(config, checkpoint, method, settings, strict, **options)[0]
 
 
@@ -155,11 +186,16 @@ def lengths_for_run(
     config_for_model), every method then checked at them against the model: `lm`'s config, or when `lm`
     is None `model_name`'s config.json alone (before the model loads). methods: (preset, extra keywords)
     pairs."""
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS, sequential_lengths
     from caidllm.decode.presets import config_for_model, take_the_runs_block
+    from caidllm.decode.uniform_api import uniform_run_lengths
 
     config, checkpoint = (
         (lm.config, getattr(lm, "checkpoint", None)) if lm is not None else model_config_of(model_name)
     )
+    uniform = uniform_run_lengths(config, methods, gen_length, block_length, **common)  # DiffusionGemma's
+    if uniform is not None:
+        return uniform
     lengths = dict(gen_length=gen_length, block_length=block_length)
     takes = take_the_runs_block(methods)
     fixed = None
@@ -169,6 +205,9 @@ def lengths_for_run(
     for i in sorted(range(len(methods)), key=lambda i: not takes[i]):
         preset, extra = methods[i]
         shared = dict(fixed or lengths, **({} if takes[i] else {"block_length": None}))
+        if preset in SEQUENTIAL_METHODS:  # decode/nemotron.py: its own defaults, checked by generate
+            fixed = fixed or sequential_lengths(checkpoint, **shared)
+            continue
         decoded, _ = config_for_model(config, checkpoint, preset, **extra, **shared, **common)
         fixed = fixed or dict(gen_length=decoded.gen_length, block_length=decoded.block_length)
     return fixed or lengths

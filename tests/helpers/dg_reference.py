@@ -3,6 +3,8 @@ configs, and caidllm's model built from the same config and weights."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from caidllm.models.diffusion_gemma import DiffusionGemmaModel
@@ -81,9 +83,45 @@ def reference(
 
 def ours_from(model) -> DiffusionGemmaModel:
     """caidllm's model from the reference's config.json and state dict."""
+    return ours_from_saved(saved(model))
+
+
+def saved(model) -> dict:
+    """The reference's config.json dict and state dict (what ours_from_saved needs, without transformers)."""
     raw = model.config.to_dict()
     raw["architectures"] = ["DiffusionGemmaForBlockDiffusion"]
-    config = parse_config(raw)
-    ours = DiffusionGemmaModel(config)
-    ours.load_state_dict(model.state_dict())
+    return {"raw": raw, "state": model.state_dict()}
+
+
+def ours_from_saved(saved: dict) -> DiffusionGemmaModel:
+    ours = DiffusionGemmaModel(parse_config(saved["raw"]))
+    ours.load_state_dict(saved["state"])
     return ours.eval()
+
+
+def engine_lm(model):
+    """What UniformEngine needs of a loaded model, around caidllm's copy of `model` (end id 1, pad 0)."""
+    return serve_lm(saved(model))
+
+
+def serve_lm(saved: dict):
+    """engine_lm of a saved reference (ours_from_saved)."""
+    ours = ours_from_saved(saved)
+    config = SimpleNamespace(**{**ours.config.__dict__, "eos_ids": (1,), "pad_id": 0})
+    return SimpleNamespace(model=ours, config=config, device=torch.device("cpu"), decode=lambda ids: "")
+
+
+def run_engine(lm, prompts, seed, gen_length, method="diffusiongemma", exact_seed=True, **knobs) -> list:
+    """Every prompt through one UniformEngine (all in one batch); the results in the prompts' order."""
+    from caidllm.decode.diffusiongemma_settings import build_settings
+    from caidllm.decode.uniform_engine import UniformEngine
+
+    engine = UniformEngine(lm, max_batch=len(prompts))
+    ids = [
+        engine.submit(
+            p, build_settings(method, gen_length=gen_length, seed=seed, exact_seed=exact_seed, **knobs)
+        )
+        for p in prompts
+    ]
+    results = {e.request_id: e.result for e in engine.run() if e.finished}
+    return [results[i] for i in ids]

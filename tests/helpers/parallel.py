@@ -21,6 +21,9 @@ MODELS = {
     f"random:llada2-mini?{SMALL}{MOE}&rotary_dim=8&intermediate_size=128": dict(
         gen_length=32, block_length=32
     ),
+    # LLaDA2.2: block routing (a pool of 8 of 16 experts), the InDel decoder (edit tokens in the vocabulary)
+    f"random:llada2.2-flash?{SMALL}{MOE}&rotary_dim=8&intermediate_size=128&expert_capacity=8"
+    "&delete_token_id=500&split_token_id=501": dict(method="llada2.2", gen_length=32, block_length=32),
     f"random:sdar-30b-a3b?{SMALL}{MOE}&intermediate_size=128": dict(gen_length=8, block_length=4),
     "random:llada-moe-7b?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=4"
     "&vocab_size=512&num_experts=16&expert_intermediate_size=32": dict(

@@ -118,10 +118,28 @@ def held_out_tasks(options: CalibrateOptions) -> list[BenchTask]:
     return tasks
 
 
+def _refuse_uniform(model_name, lm) -> None:
+    """A uniform-state model (DiffusionGemma) is refused in one line before anything loads: calibration
+    searches the CAI controller's thresholds, which its decoders do not have."""
+    from caidllm.models.families import get_family
+    from caidllm.options import model_config_of
+
+    family = lm.config.family if lm is not None else model_config_of(model_name)[0].family
+    if get_family(family).uniform:
+        raise InputError(
+            "caidllm calibrate searches the CAI controller's settings of the mask-based decoders (its "
+            f"commit thresholds, against vanilla's accuracy); model family {family!r} is uniform-state "
+            "diffusion, whose decoders (diffusiongemma, greedy) have none of them: set their knobs "
+            "(entropy_bound, max_denoising_steps, ...) per request, or compare them with caidllm bench",
+            "model",
+        )
+
+
 def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
     """Search, write the settings file and its table; returns {"settings", "trials", "chosen", "table"}."""
     log = log or (lambda message: print(message, file=sys.stderr))
     options.check()
+    _refuse_uniform(options.model, lm)
     tasks = held_out_tasks(options)
     # Unset lengths as generate takes them; the method and vanilla checked against the model (its
     # config.json alone when it is not loaded yet: a bad setting fails before loading).

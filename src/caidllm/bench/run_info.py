@@ -20,6 +20,9 @@ DEFINITIONS = {
         "standard error of the mean, sample std / sqrt(n) (= sqrt(p(1-p)/(n-1)) for 0/1 scores), as lm-eval"
     ),
     "nfe_mean": "forward passes per request, mean over the task's requests",
+    "forwards_per_block": "forward passes per block decoded (a uniform-state decoder's: per canvas), mean "
+    "over the task's requests",
+    "tokens_per_forward": "answer tokens per forward pass: answer_tokens / the task's forward passes",
     "block_length": "the block length the method decoded with: the run's, or gen_length for Elastic-Cache's "
     "official loop (one block over the whole generation)",
     "steps_per_block": (

@@ -37,7 +37,10 @@ from caidllm.bench.sandbox import Limits
 from caidllm.bench.shard import Encoded, ShardRun, run_shard, sync
 from caidllm.bench.summary import CONFIDENCE_BUCKETS, build_row, new_trace_store, relative
 from caidllm.bench.tasks import BenchTask, Sample, load_task
+from caidllm.bench.uniform_rows import check_set_values, row_values, uniform_summary
+from caidllm.decode.diffusiongemma_settings import UNIFORM_METHODS, DiffusionGemmaSettings, build_settings
 from caidllm.decode.methods import method_names, settings_summary
+from caidllm.decode.nemotron import SEQUENTIAL_METHODS, SequentialSettings
 from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.presets import build_config, run_lengths
 from caidllm.distributed import World, together
@@ -78,6 +81,8 @@ class BenchConfig:
     # The prefix store's budgets (bench/prefix_rows.py): (None,) = the default; several = one row per
     # method and budget, named by both.
     prefix_cache_mb: tuple = (None,)
+    # --set NAME=VALUE of the uniform-state decoders' rows (bench/uniform_rows.py), OWNER.FIELD nested
+    set_values: dict = field(default_factory=dict)
     _loaded: object = field(default=None, init=False, repr=False, compare=False)
     _rows: dict | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -100,8 +105,43 @@ class BenchConfig:
         """gen_length and block_length as a method row takes them (presets.run_lengths): the run's block
         length goes to the methods that lay blocks, not to Elastic-Cache's official loop (one block of
         gen_length; its row's block_length and the report's note say so)."""
+        if self.method_options(method)[0] in UNIFORM_METHODS:  # a run of them only: the canvas is the block
+            return dict(gen_length=self.gen_length, block_length=self.block_length)
         rows = [self.method_options(m) for m in self.methods]
         return run_lengths(rows, self.gen_length, self.block_length)[self.methods.index(method)]
+
+    def generate_options(self, method: str) -> dict:
+        """The generate() keywords of a method row (beside the prompts, batch size and chat): a uniform-state
+        decoder (DiffusionGemma's) takes its method, gen_length and seed; a mask-based one the preset, its
+        settings, the prefix store, the lengths, temperature, seed and early stop."""
+        preset, extra = self.method_options(method)
+        if preset in UNIFORM_METHODS:
+            return {
+                "method": preset,
+                "gen_length": self.gen_length,
+                "seed": self.seed,
+                **row_values(preset, self.set_values, self.early_stop),
+            }
+        return {
+            "method": preset,
+            **extra,
+            **self.store_options(method),
+            **self.lengths_for(method),
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "early_stop": self.early_stop,
+        }
+
+    def row_config(self, method: str):
+        """A row's decode config: a DecodeConfig, or a uniform-state decoder's DiffusionGemmaSettings."""
+        preset, extra = self.method_options(method)
+        if preset in UNIFORM_METHODS:
+            values = row_values(preset, self.set_values, self.early_stop)
+            return build_settings(preset, gen_length=self.gen_length, seed=self.seed, **values)
+        # decode/nemotron.py's settings (checked against the model by generate)
+        if preset in SEQUENTIAL_METHODS:
+            return SequentialSettings(method=preset, **self.lengths_for(method))
+        return build_config(preset, **extra, **self.lengths_for(method))
 
     def store_options(self, row: str) -> dict:
         """The prefix store's generate() keyword of a row (none: the default budget)."""
@@ -113,7 +153,7 @@ class BenchConfig:
             raise InputError("no task given; pass --task at least once (e.g. --task synthetic:arithmetic)")
         if not self.methods:
             raise InputError(f"no method given; choose from {', '.join(method_names())}")
-        known = method_names()
+        known = [*method_names(), *UNIFORM_METHODS, *SEQUENTIAL_METHODS]  # the own decoders checked later
         loaded = self.loaded_settings()
         if loaded is not None:
             if loaded.name in known:
@@ -141,10 +181,13 @@ class BenchConfig:
             raise InputError(f"fewshot must be an integer >= 0, got {self.fewshot!r}")
         if not (isinstance(self.code_timeout, (int, float)) and self.code_timeout > 0):
             raise InputError(f"code-timeout must be a positive number of seconds, got {self.code_timeout!r}")
+        check_set_values([self.method_options(m)[0] for m in self.methods], self.set_values)
         # Lengths together once both are known (resolve_lengths fills unset ones against the model).
         both = None not in (self.gen_length, self.block_length)
         for m in self.methods:  # gen/block lengths and temperature checked by the decoder's own validation
             preset, extra = self.method_options(m)
+            if preset in UNIFORM_METHODS or preset in SEQUENTIAL_METHODS:  # checked against the model later
+                continue
             build_config(
                 preset,
                 **extra,
@@ -292,14 +335,9 @@ def _prepare(settings: BenchConfig, lm, world: World, device, log) -> _Prepared:
                 f"{m}: Elastic-Cache's official loop decodes the whole generation as one block of "
                 f"{settings.gen_length}; block_length {settings.block_length} does not apply to it"
             )
-    configs = {
-        m: build_config(
-            settings.method_options(m)[0], **settings.method_options(m)[1], **settings.lengths_for(m)
-        )
-        for m in settings.methods
-    }
+    configs = {m: settings.row_config(m) for m in settings.methods}
     T = {m: config.steps_per_block for m, config in configs.items()}
-    own = {m: settings_summary(config) for m, config in configs.items()}
+    own = {m: _summary(config) for m, config in configs.items()}
     if settings.warmup:  # every rank warms up on its own share
         first = encoded[tasks[0].name]
         _warm_up(lm, settings, [first[i] for i in world.shard(len(first))], log)
@@ -421,20 +459,17 @@ def _warm_up(lm, settings: BenchConfig, encoded: list[Encoded], log) -> None:
         return
     log(f"warm-up: one batch of {len(batch)} per method")
     for method in settings.methods:
-        preset, extra = settings.method_options(method)
-        lm.generate(
-            batch,
-            method=preset,
-            **extra,
-            **settings.store_options(method),
-            **settings.lengths_for(method),
-            temperature=settings.temperature,
-            seed=settings.seed,
-            early_stop=settings.early_stop,
-            batch_size=len(batch),
-            chat=False,
-        )
+        lm.generate(batch, **settings.generate_options(method), batch_size=len(batch), chat=False)
     sync(lm)
+
+
+def _summary(config) -> dict:
+    """A row's own settings as the report records them ({owner: {field: value}})."""
+    if isinstance(config, DiffusionGemmaSettings):
+        return uniform_summary(config)
+    if isinstance(config, SequentialSettings):
+        return {config.method: dataclasses.asdict(config)}
+    return settings_summary(config)
 
 
 __all__ = ["BenchConfig", "run_bench", "DEFINITIONS", "CONFIDENCE_BUCKETS"]

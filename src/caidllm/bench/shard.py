@@ -100,21 +100,10 @@ def run_shard(
 
 def _generate(lm, settings, task: BenchTask, method: str, batch: list[Encoded]) -> list:
     """One batch of samples decoded with `method` under the bench's settings."""
-    preset, extra = settings.method_options(method)
+    options = settings.generate_options(method)
     if task.constraint_for is not None:  # each sample held to its own constraint
-        extra = {**extra, "constraint": [task.constraint_for(item.sample) for item in batch]}
-    return lm.generate(
-        [item.ids for item in batch],
-        method=preset,
-        **extra,
-        **settings.store_options(method),
-        **settings.lengths_for(method),
-        temperature=settings.temperature,
-        seed=settings.seed,
-        early_stop=settings.early_stop,
-        batch_size=len(batch),
-        chat=False,
-    )
+        options["constraint"] = [task.constraint_for(item.sample) for item in batch]
+    return lm.generate([item.ids for item in batch], **options, batch_size=len(batch), chat=False)
 
 
 def _outcomes(

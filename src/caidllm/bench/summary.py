@@ -54,6 +54,8 @@ def build_row(
         "accuracy": accuracy,
         "stderr": stderr(samples.scores),
         "nfe_mean": mean(r.nfe for r in done),
+        "forwards_per_block": mean(r.nfe / max(len(r.steps_per_block), 1) for r in done),
+        "tokens_per_forward": answer_tokens / max(sum(r.nfe for r in done), 1) if done else None,
         # The block length the method decoded with: Elastic-Cache's official loop, one block of gen_length.
         "block_length": settings.lengths_for(method)["block_length"] or settings.gen_length,
         **_step_figures(settings, done, T),

@@ -11,6 +11,7 @@ import torch
 from caidllm.checks import is_id_list, is_int
 from caidllm.decode.constraints import constraint_of, per_prompt
 from caidllm.decode.engine import Engine
+from caidllm.decode.nemotron import SEQUENTIAL_METHODS, generate_sequential
 from caidllm.decode.prefix_reuse import shared_store
 from caidllm.decode.presets import build_config, options_for_model
 from caidllm.decode.results import GenerationResult, Trace  # noqa: F401 - re-exported
@@ -69,6 +70,8 @@ def generate(
     token."""
     if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine (uniform_api.py)
         return _generate_uniform(**locals())
+    if get_family(lm.config.family).sequential or method in SEQUENTIAL_METHODS:  # decode/nemotron.py
+        return _generate_sequential(**locals())
     method = recommended_method(getattr(lm, "checkpoint", None) if settings is None else None, method)
     lengths = dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature)
     options = dict(cache=cache, seed=seed, early_stop=early_stop, **overrides)
@@ -153,6 +156,37 @@ def _generate_uniform(
     }
     options.update({name: value or None for name, value in flags.items()}, early_stop=early_stop)
     return generate_uniform(lm, token_prompts, method, batch_size, **options, **overrides)
+
+
+def _generate_sequential(lm, prompts, method, batch_size, chat, overrides, early_stop, gen_length, **options):
+    """generate() on a model with the sequential decoders (ar, nemotron-dlm, linear-spec; decode/nemotron.py),
+    or one of those decoders asked of another family (refused unless force=True)."""
+    if not is_int(batch_size) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    unsupported = [k for k, v in options.items() if v not in (None, False, 0) and k not in SEQUENTIAL_KEYS]
+    if unsupported:
+        raise InputError(
+            f"setting {sorted(unsupported)[0]!r} does not apply to the sequential decoders (ar, "
+            "nemotron-dlm, "
+            "linear-spec); they take gen_length, block_length, threshold, temperature (0), early_stop, force"
+        )
+    token_prompts = tokenize_prompts(lm, prompts, getattr(lm, "chat_default", True) if chat is None else chat)
+    checkpoint = getattr(lm, "checkpoint", None)  # a known checkpoint's own decoder and lengths (its row)
+    method = recommended_method(checkpoint, method) if checkpoint is not None else method
+    if checkpoint is not None and method == checkpoint.recommended.decoder:
+        options.setdefault("threshold", None)
+        options["threshold"] = options["threshold"] or checkpoint.recommended.threshold
+        gen_length = gen_length or checkpoint.recommended.gen_length
+        options["block_length"] = options.get("block_length") or checkpoint.recommended.block_length
+    gen_length = gen_length or 256
+    kept = {k: options[k] for k in SEQUENTIAL_KEYS if options.get(k) is not None and k != "seed"}
+    return generate_sequential(
+        lm, token_prompts, method, gen_length=gen_length, early_stop=early_stop, **kept, **overrides
+    )
+
+
+# seed: accepted and unused (greedy); the rest go to the decoders' settings
+SEQUENTIAL_KEYS = ("block_length", "threshold", "temperature", "seed")
 
 
 def _sync(lm) -> None:

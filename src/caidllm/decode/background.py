@@ -19,9 +19,24 @@ import threading
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.engine import Engine
 from caidllm.decode.request import CommitEvent
+from caidllm.decode.uniform_engine import UniformEngine
 from caidllm.errors import EngineFullError, InputError, RankFailure
+from caidllm.models.families import get_family
 
 logger = logging.getLogger(__name__)
+
+
+def engine_for(lm, max_batch: int = 8, max_queue: int = 256, **options):
+    """The step-level engine of `lm`'s family: the uniform-state family's own (no mask token, canvases of
+    random tokens), else the mask engine with `options` (prefix store, step policy: it alone has them).
+    Both answer the calls BackgroundEngine makes."""
+    if get_family(lm.config.family).uniform:
+        return UniformEngine(lm, max_batch=max_batch, max_queue=max_queue)
+    if get_family(lm.config.family).sequential:  # Nemotron-Labs-Diffusion: ar, nemotron-dlm, linear-spec
+        from caidllm.decode.nemotron_engine import SequentialEngine
+
+        return SequentialEngine(lm, max_batch=max_batch, max_queue=max_queue)
+    return Engine(lm, max_batch=max_batch, max_queue=max_queue, **options)
 
 
 class RequestCancelled(Exception):

@@ -109,6 +109,7 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
                 field="cache" if "cache" in given else "method",
             )
         return config
+    _check_edit_tokens(config, model, given)
     changes = {}
     if "cache" not in given and config.cache in METHOD_CACHES:
         raise InputError(
@@ -151,6 +152,27 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
     return dataclasses.replace(config, **changes).validate()
 
 
+def _check_edit_tokens(config: DecodeConfig, model, given: set) -> None:
+    """A policy writing edit tokens (LLaDA2.2's InDel), or its settings, need a model with them (ModelTraits:
+    not known)."""
+    if getattr(model, "edit_tokens", ()) is not None:
+        return
+    settings = [n for n in [*config.given, *config.foreign] if n.split(".")[0] == "indel"]
+    if settings and not config.policy_spec.rewrites:
+        raise InputError(
+            f"{settings[0]} (LLaDA2.2's InDel editing) does not apply to the {model.family} model: it has no "
+            "edit tokens (config.json delete_token_id / split_token_id)",
+            field=settings[0],
+        )
+    if config.policy_spec.rewrites:
+        raise InputError(
+            f"method {config.method!r} (policy {config.policy!r}: InDel editing) needs a model with edit "
+            f"tokens (config.json delete_token_id / split_token_id, LLaDA2.2's); the {model.family} model "
+            "has none",
+            field="policy" if "policy" in given else "method",
+        )
+
+
 def own_block_length(block_length: int, model) -> int:
     """A preset's block length where the model (its ModelConfig) decodes with it, else the model's own
     (its first): the block length a caller who gives none gets."""
@@ -171,12 +193,17 @@ class ModelTraits:
 def applicable(model) -> tuple[list[str], list[str]]:
     """The method presets and cache modes that run on `model` (a ModelConfig or ModelTraits), read
     from the registries (PRESETS, CACHE_MODES) through fit_to_model: a list that cannot go stale. A
-    uniform-state family (DiffusionGemma) runs its own decoders, with its per-request canvas cache."""
+    uniform-state family (DiffusionGemma) runs its own decoders, with its per-request canvas cache; so does a
+    sequential one (Nemotron-Labs-Diffusion), over its causal KV cache."""
     from caidllm.decode.diffusiongemma_settings import UNIFORM_METHODS
     from caidllm.models.families import FAMILIES
 
     if getattr(FAMILIES.get(model.family), "uniform", False):
         return list(UNIFORM_METHODS), ["canvas"]
+    if getattr(FAMILIES.get(model.family), "sequential", False):  # decode/nemotron.py, over a causal KV cache
+        from caidllm.decode.nemotron import SEQUENTIAL_METHODS
+
+        return list(SEQUENTIAL_METHODS), ["kv"]
     methods = []
     for name in PRESETS:
         try:

@@ -9,6 +9,7 @@ StableAndConfidentStoppingCriteria do it at batch 1, each request with its own g
    every other position is renoised with a fresh uniformly random token;
 4. stop the canvas when its argmax is unchanged over stability_threshold steps and the mean entropy
    is under confidence_threshold (or after max_denoising_steps); its output is the argmax canvas;
+   (3 and 4 are the decoder's rule: decode/diffusiongemma_rule.py, a CAI-style one in diffusiongemma_cai.py)
 5. the scaled logits become the next step's self-conditioning (kept as soft embeddings, [L, hidden]).
 
 Memory: the forward's float32 logits [B, L, V] are the one full-size tensor; the temperature divides
@@ -21,7 +22,9 @@ from __future__ import annotations
 import torch
 from torch.distributions import Categorical
 
+from caidllm.decode.diffusiongemma_rule import StepDraws
 from caidllm.decode.diffusiongemma_state import CanvasRequest
+from caidllm.decode.uniform_decoders import UNIFORM_DECODERS
 from caidllm.models.diffusion_gemma_cache import DecoderView
 
 
@@ -52,13 +55,6 @@ def draw(scaled: torch.Tensor, generator: torch.Generator, sample: bool, chunk: 
     return tokens, argmax, entropy
 
 
-def accepted_positions(entropy: torch.Tensor, bound: float) -> torch.Tensor:
-    """[L] bool: the lowest-entropy positions whose cumulative entropy minus the largest is <= bound."""
-    ordered, order = torch.sort(entropy, dim=-1, descending=False)
-    chosen = torch.cumsum(ordered, dim=-1) - ordered <= bound
-    return torch.zeros_like(chosen).scatter(-1, order, chosen)
-
-
 @torch.no_grad()
 def denoise_step(model, requests: list[CanvasRequest]) -> list[bool]:
     """One step of every request's canvas (one batched decoder forward); whether each one's canvas ended."""
@@ -80,17 +76,16 @@ def denoise_step(model, requests: list[CanvasRequest]) -> list[bool]:
 
 def _update(model, r: CanvasRequest, logits: torch.Tensor) -> bool:
     s = r.settings
+    decoder = UNIFORM_DECODERS[s.method]
     scaled = logits.div_(temperature(r))  # the forward's own tensor: no second [L, V] copy
-    tokens, argmax, entropy = draw(scaled, r.generator, s.sample, s.sample_chunk)
-    accept = accepted_positions(entropy, s.entropy_bound)
-    kept = torch.where(accept, tokens, r.canvas)
-    noise = torch.randint(0, r.vocab_size, (1, r.canvas_length), generator=r.generator, device=kept.device)[0]
-    r.canvas = torch.where(accept, kept, noise)
+    draws = StepDraws(*draw(scaled, r.generator, decoder.sample, s.sample_chunk))
+    accept, tokens = decoder.rule.accept(r, draws)
+    shape = (1, r.canvas_length)
+    noise = torch.randint(0, r.vocab_size, shape, generator=r.generator, device=tokens.device)[0]
+    r.canvas, r.accepted = torch.where(accept, tokens, noise), accept  # accepted: the draft stream's
+    stop = decoder.rule.stop(r, draws)  # reads r.argmax: the previous step's
     r.step += 1
     r.nfe += 1
-    stop = False
-    if s.adaptive_stop:
-        stop = r.stable(argmax) & bool(entropy.mean() < s.confidence_threshold)
-    r.argmax = argmax
+    r.argmax = draws.argmax
     r.soft = model.soft_embeddings(scaled[None], chunk=s.sample_chunk)[0]
     return stop or r.step >= s.max_denoising_steps

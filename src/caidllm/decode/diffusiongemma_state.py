@@ -32,9 +32,12 @@ class CanvasRequest:
     argmax: torch.Tensor | None = None  # [L] the latest argmax canvas: the output when the canvas ends
     soft: torch.Tensor | None = None  # [L, hidden] self-conditioning input of the next step (None: first)
     history: torch.Tensor | None = None  # [stability_threshold, L] the argmax canvases of the last steps
+    accepted: torch.Tensor | None = None  # [L] bool: the positions the last step accepted
     step: int = 0  # steps run on the current canvas
+    rule_state: object | None = None  # what the decoder's rule keeps of the current canvas (None: fresh)
     generated: list[int] = field(default_factory=list)
     steps_per_canvas: list[int] = field(default_factory=list)
+    answer_length: int = 0  # answer tokens of the finished canvases (to the end token)
     nfe: int = 0  # decoder forwards
     encoder_forwards: int = 0
     finished: bool = False
@@ -45,9 +48,17 @@ class CanvasRequest:
         """Uniformly random tokens (the reference's canvas initialisation), a fresh history."""
         L = self.canvas_length
         self.canvas = torch.randint(0, self.vocab_size, (1, L), generator=self.generator, device=device)[0]
-        self.argmax, self.soft, self.step = self.canvas, None, 0
-        k = self.settings.stability_threshold
+        self.argmax, self.soft, self.step, self.rule_state = self.canvas, None, 0, None
+        # more rows than steps could never all be filled (the canvas is never stable, as with k): a huge
+        # stability_threshold must not allocate [k, L]
+        k = min(self.settings.stability_threshold, self.settings.max_denoising_steps)
         self.history = torch.full((k, L), -1, dtype=torch.long, device=device) if k else None
+
+    @property
+    def config(self) -> DiffusionGemmaSettings:  # what parallel/mirror.py sends the other ranks
+        return self.settings
+
+    policy_state = None  # (the mask engine's requests' field the mirror reads; none here)
 
     @property
     def cur_step(self) -> int:

@@ -68,6 +68,11 @@ def family_refusal(lm, config: DecodeConfig) -> str | None:
         c.family
     ).uniform:  # DiffusionGemma has no mask token: its decoders run in uniform_engine.py
         return mask_decoder_refusal(c.family, config.method)
+    if get_family(c.family).sequential:  # Nemotron-Labs-Diffusion: decode/nemotron.py, through generate()
+        return (
+            f"model family {c.family!r} decodes with its own sequential decoders (ar, nemotron-dlm, "
+            f"linear-spec) through generate(), not the step engine's {config.method!r}"
+        )
     own_refusal = CACHE_MODES[config.cache].refusal(config, lm)  # the cache mode's own rules first
     if own_refusal is not None:
         return own_refusal
@@ -152,6 +157,16 @@ class Engine:
     def has_work(self) -> bool:
         """Whether a request is queued or in flight."""
         return self.scheduler.has_work
+
+    # What a server reads of any engine (decode/uniform_engine.py answers the same):
+    @property
+    def forwards(self) -> int:
+        """Model forward passes run so far."""
+        return self.runner.forwards
+
+    @property
+    def prefix_store(self) -> PrefixStore | None:
+        return self.prefix.store
 
     # ---- requests in and out -------------------------------------------------
 
@@ -289,6 +304,8 @@ class Engine:
                 self.lm.device,
                 row.edits,
             )
+            request.nfe += row.extra_forwards  # a self-verifying policy's verify forwards
+            event.forwards += row.extra_forwards
             if row.fill is not None and not event.finished:
                 request.finish_with(row.fill, event, self._eos_ids, self.lm.config.eos_id)
             if first and self.prefix.applies(request):

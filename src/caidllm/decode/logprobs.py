@@ -59,13 +59,14 @@ def step_values(row_scores: torch.Tensor, predicted: torch.Tensor, top: int) -> 
 
 def commit_logprobs(top, config) -> CommitLogprobs:
     """A request's logprob record; InputError (naming top_logprobs) for a count out of [0, MAX_TOP], and for a
-    decoder that takes committed tokens back (WINO, LLaDA2.1's editing): its later tokens were never committed
-    at one step."""
+    decoder that takes committed tokens back (WINO, LLaDA2.1's editing, LLaDA2.2's InDel): its later tokens
+    were never committed at one step."""
     from caidllm.decode.policies import policy_spec
 
     if not is_int(top) or not 0 <= top <= MAX_TOP:
         raise InputError(f"top_logprobs must be an integer in [0, {MAX_TOP}], got {top!r}", "top_logprobs")
-    if policy_spec(config.policy).revises or config.editing_threshold is not None:
+    spec = policy_spec(config.policy)
+    if spec.revises or spec.rewrites or config.editing_threshold is not None:
         raise InputError(
             "logprobs: this decoder revises committed tokens; a token's logprob is taken at the step "
             "that commits it, so use a decoder that only commits",

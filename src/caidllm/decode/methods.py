@@ -86,6 +86,16 @@ PRESETS: dict[str, dict] = {
     "prophet": dict(
         policy="prophet", cache="none", prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)
     ),
+    # CAI-dLLM with Prophet's early exit (policies/cai_prophet.py): CAI's controller at its defaults,
+    # Prophet's watch as the `prophet` preset's; no cache (the watch reads the whole generation's logits).
+    "cai-prophet": dict(
+        policy="cai-prophet", cache="none", cai_prophet=dict(answer_start=-28, early=7.5, mid=5.0, late=2.5)
+    ),
+    # LocalLeap (arXiv 2510.07081, friedrichor/LocalLeap) at its official example's settings: anchors at 0.9,
+    # their neighbours within 4 positions at 0.75; no cache, as its official LLaDA loop.
+    "localleap": dict(
+        policy="localleap", cache="none", threshold=0.9, localleap=dict(relaxed_threshold=0.75, radius=4)
+    ),
     # Elastic-Cache (arXiv 2510.14973, VILA-Lab/Elastic-Cache) as its official loop runs: Fast-dLLM's
     # threshold 0.9 over a window of 16 sliding over the whole generation, gamma 0.9, one tracked token per
     # layer, its stop at the first end token (decode/elastic.py). One block of gen_length: a block_length
@@ -145,12 +155,71 @@ PRESETS: dict[str, dict] = {
         threshold=0.5,
         dynamic=dict(num_to_transfer=1),
     ),
+    # LLaDA2.2: InDel decoding (SGLang's JointThresholdInDel defaults, the modeling file's generate() too:
+    # threshold 0.5, editing 0, 16 post-edit steps), block 32, on the exact block cache.
+    "llada2.2": dict(
+        policy="indel",
+        cache="block",
+        block_length=32,
+        threshold=0.5,
+        indel=dict(edit_threshold=0.0, max_post_edit_steps=16),
+    ),
     # SDAR (generate.py's defaults): block 4, 4 denoising steps per block; low_confidence_dynamic with
     # confidence_threshold 0.85 (JetEngine's example uses 0.9), or low_confidence_static.
     "sdar": dict(policy="dynamic", cache="block", block_length=4, threshold=0.85),
     "sdar-static": dict(policy="static", cache="block", block_length=4),
     # Fast-dLLM v2 (its eval.py's defaults): block 32 (bd_size), sub-blocks of 8, threshold 0.9, on the exact
     # block cache plus the within-block cache of its generator's use_block_cache (cache="block": without it).
+    # S2D2 (arXiv 2603.25702, phymhan/S2D2) at the paper's configurations (the repository README's
+    # "Configurations used in the paper"), each family's own base rule under the router:
+    # SDAR Config-A: block 4, 4 steps, low_confidence_dynamic 0.85, score router tau 0, static, c = 1, the
+    # soft entropy estimator (without its AR-like caching, --cache_ver --draft_ver: not implemented).
+    "s2d2": dict(
+        policy="s2d2",
+        cache="block",
+        block_length=4,
+        threshold=0.85,
+        s2d2=dict(
+            router="score_threshold",
+            score_threshold=0.0,
+            score="difference_static",
+            penalty=1.0,
+            estimator="soft_entropy_negexp",
+        ),
+    ),
+    # Fast-dLLM v2 Config-A: block 32, sub-blocks of 4, threshold 0.9, hysteresis on 1 / off -5, dynamic,
+    # c = 1, soft entropy.
+    "s2d2-fastdllm-v2": dict(
+        policy="s2d2",
+        cache="block",
+        block_length=32,
+        threshold=0.9,
+        s2d2=dict(
+            sub_block=4,
+            router="score_hysteresis",
+            hysteresis_on=1.0,
+            hysteresis_off=-5.0,
+            score="difference_dynamic",
+            penalty=1.0,
+            estimator="soft_entropy_negexp",
+        ),
+    ),
+    # LLaDA2.1-Mini Conservative (without its token editing): block 32, threshold 0.95, one commit a step
+    # (num_to_transfer 1, its generate's default), score router tau -5, static, c = 4, soft entropy.
+    "s2d2-llada2": dict(
+        policy="s2d2",
+        cache="block",
+        block_length=32,
+        threshold=0.95,
+        s2d2=dict(
+            num_to_transfer=1,
+            router="score_threshold",
+            score_threshold=-5.0,
+            score="difference_static",
+            penalty=4.0,
+            estimator="soft_entropy_negexp",
+        ),
+    ),
     "fastdllm-v2": dict(
         policy="subblock", cache="subblock", block_length=32, threshold=0.9, subblock=dict(sub_block=8)
     ),

@@ -62,6 +62,12 @@ def lays_blocks(method: str, /, **options) -> bool:
     """Whether `method` (with `options`: only its cache and elastic_scope decide) decodes in blocks of
     block_length: Elastic-Cache's official loop (DecodeConfig.whole_generation) lays one block of
     gen_length, and a block length given to it is refused."""
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS
+
+    if (
+        method in SEQUENTIAL_METHODS
+    ):  # ar, nemotron-dlm, linear-spec take the run's block (decode/nemotron.py)
+        return True
     options = {k: options[k] for k in ("cache", "elastic", "elastic_scope") if options.get(k) is not None}
     return not build_config(method, **options).whole_generation
 

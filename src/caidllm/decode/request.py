@@ -45,6 +45,9 @@ class CommitEvent:
     prompt_length: int | None = None
     # With logprobs asked for: per committed position, (its token's logprob, [(token, logprob)] of the best).
     logprobs: list | None = None
+    # The uniform-state decoders with stream_draft: the step's draft (decode/uniform_engine.py, _draft).
+    draft: dict | None = None
+    forwards: int = 1  # forward passes the step ran for this request (S2D2's verify forward: 2)
 
 
 @dataclass

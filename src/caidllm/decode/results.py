@@ -47,6 +47,8 @@ class GenerationResult:
     # logprobs asked for (decode/logprobs.py): per answer token, {"token_id", "logprob", "top_logprobs":
     # [[token_id, logprob], ...]}, taken at the step that committed it.
     logprobs: list[dict] | None = None
+    # linear-spec (decode/nemotron.py): the tokens each verify forward accepted (its bonus token included)
+    accepted_lengths: list[int] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

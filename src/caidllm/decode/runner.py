@@ -10,6 +10,7 @@ decode/policies/ (one module and one registry line). Neither touches this file.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ from caidllm.decode import logprobs
 from caidllm.decode.block_diffusion import edits
 from caidllm.decode.constraints import guide
 from caidllm.decode.frame import Frame
-from caidllm.decode.policies import StepView
+from caidllm.decode.policies import StepView, indel
 from caidllm.decode.policies.base import distribution_stats, probabilities
 from caidllm.decode.request import Request
 from caidllm.decode.sampling import predict, token_probability
@@ -26,6 +27,7 @@ from caidllm.decode.scheduler import ForwardGroup
 from caidllm.decode.timing import DeviceTimer
 from caidllm.models import transfer
 from caidllm.models.modes import FORWARD_MODES
+from caidllm.models.selfspec import verify_logits
 from caidllm.models.transfer import to_device
 
 
@@ -42,6 +44,20 @@ class RowStep:
     computed_pairs: int
     edits: list[bool] | None = None  # token editing (LLaDA2.1): committed positions rewritten
     fill: dict[int, int] | None = None  # the policy ended the request: generated position -> token (Prophet)
+    extra_forwards: int = 0  # forwards beyond the step's one (S2D2's verify forward)
+
+
+@dataclass
+class SelfSpec:
+    """What a self-verifying policy (S2D2) reads at a step: its rows' draft logits [R, block, V] (float32,
+    the mask token's at -inf), their blocks' tokens [R, block], the temperature, and verify(i, drafted)
+    -> [block, V] float32 logits of row i's block (drafted [block] its tokens with the draft filled in)
+    read at block size 1 (models/selfspec.py), one forward of that request."""
+
+    logits: torch.Tensor
+    block: torch.Tensor
+    temperature: float
+    verify: Callable[[int, torch.Tensor], torch.Tensor]
 
 
 class Runner:
@@ -54,6 +70,8 @@ class Runner:
         self.forwards = 0  # forward passes run (one per group per step)
         self._finishing = None  # [R] bool: the rows of the group in hand a policy ended (view.finish)
         self.faults: dict[str, Exception] = {}  # request id -> why its policy raised (Engine.take_faults)
+        self._verifier = None  # the group in hand's verify forward (a self-verifying policy's)
+        self._verified: dict[int, int] = {}  # member index -> verify forwards it ran this step
 
     def run(self, frame: Frame, groups: list[ForwardGroup]) -> list[RowStep]:
         rows: list[RowStep] = []
@@ -78,13 +96,11 @@ class Runner:
             logits = lm.forward(frame.canvas, frame.attention, frame.cache, mode)
         self.forwards += 1
         mode.after(members)
+        self._verifier = self._self_spec_inputs(frame, members, logits, block, starts)
         support, generation = None, None
         if members[0].config.policy_spec.sees_generation:  # the whole generation's logits, then the block's
-            # a copy: prediction consumes
-            generation, offset = (
-                logits.float().clone(),
-                members[0].block_bounds[0],
-            )
+            offset = members[0].block_bounds[0]
+            generation = logits.float().clone()  # a copy: prediction consumes
             generation[..., lm.config.mask_id] = float("-inf")  # the mask token is never predicted
             logits = logits[:, offset : offset + block_length]
         if mode.shadow:  # the block's logits, then its shadow block's: how well the rest supports each token
@@ -119,9 +135,30 @@ class Runner:
                 pairs,
                 None if edit is None else [bool(x) for x in edited[i]],
                 fills[i],
+                self._verified.get(i, 0),
             )
             for i, r in enumerate(members)
         ]
+
+    def _self_spec_inputs(self, frame: Frame, members: list[Request], logits, block, starts: list[int]):
+        """(draft logits, block, verify(member index, drafted)) when a member's policy verifies itself (else
+        None): the logits copied before prediction consumes them, the mask token's at -inf."""
+        self._verified = {}
+        if not any(r.config.policy_spec.self_verifies for r in members):
+            return None
+        draft = logits.float().clone()
+        draft[..., self.lm.config.mask_id] = float("-inf")
+
+        def verify(i: int, drafted: torch.Tensor) -> torch.Tensor:
+            slot = members[i].slot
+            with self.policy_timer.paused(), self.forward_timer:  # called from inside the policy
+                out = verify_logits(self.lm, frame.cache, slot, frame.first_real(slot), starts[i], drafted)
+            self.forwards += 1
+            self._verified[i] = self._verified.get(i, 0) + 1
+            out[..., self.lm.config.mask_id] = float("-inf")  # never predicted, verified or drawn
+            return out
+
+        return draft, block, verify
 
     def _finish(self, frame: Frame, members: list[Request], generation, slot_ids) -> list:
         """Rows whose policy ended them (view.finish): every mask left in the generation takes this step's
@@ -176,6 +213,8 @@ class Runner:
         the block's new tokens, what was committed, predicted, the confidences and the edits."""
         mask_id, device = self.lm.config.mask_id, self.lm.device
         specs = [r.config.policy_spec for r in members]
+        # A policy that rewrites its block whole (LLaDA2.2's InDel) reads the logits as they come.
+        raw = {i: logits[i].float().clone() for i, spec in enumerate(specs) if spec.rewrites}
         # A constrained row's holes lose the tokens that would leave its canvas uncompletable (constraints/).
         saved = guide.mask_logits(members, logits, masked) if any(r.constraint for r in members) else {}
         # Logprobs from these same logits, for the rows that asked (decode/logprobs.py): no extra forward.
@@ -189,7 +228,11 @@ class Runner:
         for i, r in enumerate(members):
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
-        commit, remask = self._select(members, predicted, confidence, masked, stats, support, generation)
+        commit, remask, tokens = self._select(
+            members, predicted, confidence, masked, stats, support, generation
+        )
+        if tokens is not None:  # a policy's own tokens (S2D2's draws at a rejection)
+            predicted = tokens
         if saved:  # commits of one step checked against each other
             guide.settle(members, commit, predicted, confidence, saved)
         for i, row_scores in lp_scores.items():
@@ -197,18 +240,16 @@ class Runner:
                 row_scores, predicted[i], members[i].logprobs.top
             )
         # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
-        edit = edits(
-            members,
-            predicted,
-            confidence,
-            masked,
-            block,
-            columns,
-            [frame.block_start(r.slot, r.layout.span, 0) for r in members],
-        )
+        answer_starts = [frame.block_start(r.slot, r.layout.span, 0) for r in members]
+        edit = edits(members, predicted, confidence, masked, block, columns, answer_starts)
         new_block = torch.where(commit if edit is None else commit | edit, predicted, block)
         if remask is not None:
             new_block = new_block.masked_fill(remask, mask_id)
+        if raw:
+            ids = indel.Tokens(mask_id, *self.lm.config.edit_tokens)
+            with self.policy_timer:  # the InDel step is its policy's time
+                steps = (new_block, commit, predicted)  # rewritten in place for the InDel rows
+                indel.rewrite_rows(members, raw, block, *steps, answer_starts, columns, ids)
         if any(spec.revises for spec in specs):
             # A policy that may take tokens back reports its block only once it is final (no mask
             # left): a stream never shows a token that could still change, never a mask.
@@ -258,33 +299,17 @@ class Runner:
             groups.setdefault((r.policy_key, r.step, r.block), []).append(i)
         first = torch.stack([r.block_first_confidence for r in members])
         commit = torch.zeros_like(masked)
-        remask = None
+        remask, tokens = None, None
         for indices in groups.values():
             lead = members[indices[0]]
             at = slice(None) if len(indices) == len(members) else to_device(indices, masked.device)
-            state = {name: torch.cat([members[i].state[name] for i in indices]) for name in lead.state_names}
-            total_steps = lead.config.steps_per_block
-            view = StepView(
-                confidence=confidence[at],
-                predicted=predicted[at],
-                masked=masked[at],
-                first_confidence=first[at],
-                step=lead.step,
-                total_steps=total_steps,
-                block_index=lead.block,
-                rows=torch.arange(len(indices), device=masked.device),
-                state=state,
-            )
-            if stats is not None and stats[0] is not None:
-                view.entropy, view.second = stats[0][at], stats[1][at]
-            if stats is not None and len(stats) > 2:
-                view.probabilities = stats[2][at]
-            if lead.policy_state is not None:
-                view.policy_states = [members[i].policy_state for i in indices]
+            view = self._view(members, indices, at, predicted, confidence, masked, first, stats)
             if generation is not None:
                 view.generation_logits = generation[at]
             if support is not None:
                 view.verify_confidence = support[at]
+            if self._verifier is not None and lead.config.policy_spec.self_verifies:
+                view.self_spec = self._self_spec(lead, indices, at)
             try:
                 with self.policy_timer:
                     chosen = lead.policy(view) & view.masked
@@ -303,6 +328,39 @@ class Runner:
                 remask[at] = view.remask
             for j, i in enumerate(indices):
                 for name in lead.state_names:
-                    members[i].state[name] = state[name][j : j + 1]
+                    members[i].state[name] = view.state[name][j : j + 1]
             commit[at] = chosen
-        return commit, remask
+            if view.tokens is not None:
+                tokens = predicted.clone() if tokens is None else tokens
+                tokens[at] = view.tokens
+        return commit, remask, tokens
+
+    @staticmethod
+    def _view(members: list[Request], indices: list[int], at, predicted, confidence, masked, first, stats):
+        """The StepView of one select call's rows (indices: theirs among the group's members)."""
+        lead = members[indices[0]]
+        view = StepView(
+            confidence=confidence[at],
+            predicted=predicted[at],
+            masked=masked[at],
+            first_confidence=first[at],
+            step=lead.step,
+            total_steps=lead.config.steps_per_block,
+            block_index=lead.block,
+            rows=torch.arange(len(indices), device=masked.device),
+            state={name: torch.cat([members[i].state[name] for i in indices]) for name in lead.state_names},
+        )
+        if stats is not None and stats[0] is not None:
+            view.entropy, view.second = stats[0][at], stats[1][at]
+        if stats is not None and len(stats) > 2:
+            view.probabilities = stats[2][at]
+        if lead.policy_state is not None:
+            view.policy_states = [members[i].policy_state for i in indices]
+        return view
+
+    def _self_spec(self, lead: Request, indices: list[int], at) -> SelfSpec:
+        """The SelfSpec of one select call's rows (indices: theirs among the group's members)."""
+        draft, block, verify = self._verifier
+        return SelfSpec(
+            draft[at], block[at], lead.config.temperature, lambda j, drafted: verify(indices[j], drafted)
+        )

@@ -41,33 +41,17 @@ def width_class(request: Request) -> int:
     return (len(request.prompt) + request.layout.span - 1).bit_length()
 
 
-class Scheduler:
-    """The queue and the requests in flight, with the limits that govern both.
+class Limits:
+    """The queue and the requests in flight, with the limits that govern both: what a BackgroundEngine
+    asks of any engine's scheduler (this one's, and the uniform-state engine's)."""
 
-    on_admit(request, slot) is called when a queued request takes a slot (the engine starts its
-    bookkeeping there). step_policy: which groups run at a step (step_policies.py)."""
-
-    def __init__(
-        self,
-        lm,
-        max_batch: int,
-        max_queue: int,
-        on_admit: Callable[[Request, int], None],
-        step_policy: str = DEFAULT_STEP_POLICY,
-    ):
+    def __init__(self, max_batch: int, max_queue: int):
         for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
             if not is_int(value) or value < low:
                 raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
-        self.step_policy = make_step_policy(step_policy)
-        self.lm = lm
         self.max_batch, self.max_queue = max_batch, max_queue
-        self.frame = Frame(lm, max_batch)
-        self.queue: deque[Request] = deque()
-        self.running: OrderedDict[str, Request] = OrderedDict()  # in admission order
-        self.finished_ids: deque[str] = deque(maxlen=4096)  # for a clear error on a late cancel
-        self._on_admit = on_admit
-
-    # ---- the limits ------------------------------------------------------------------
+        self.queue: deque = deque()
+        self.running: OrderedDict = OrderedDict()  # in admission order
 
     @property
     def capacity(self) -> int:
@@ -85,14 +69,7 @@ class Scheduler:
                 f"(max_batch {self.max_batch}, max_queue {self.max_queue})"
             )
 
-    # ---- requests in and out -----------------------------------------------------------
-
-    def add(self, request: Request) -> None:
-        """Queue a checked request after checking its id and the room left."""
-        self.check_room(request.id, self.holds(request.id), self.held)
-        self.queue.append(request)
-
-    def add_checked(self, requests: Iterable[Request]) -> None:
+    def add_checked(self, requests: Iterable) -> None:
         """Queue requests whose room was checked already (a BackgroundEngine's inbox)."""
         self.queue.extend(requests)
 
@@ -116,6 +93,35 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.queue)
+
+
+class Scheduler(Limits):
+    """The queue and the requests in flight, with the limits that govern both.
+
+    on_admit(request, slot) is called when a queued request takes a slot (the engine starts its
+    bookkeeping there). step_policy: which groups run at a step (step_policies.py)."""
+
+    def __init__(
+        self,
+        lm,
+        max_batch: int,
+        max_queue: int,
+        on_admit: Callable[[Request, int], None],
+        step_policy: str = DEFAULT_STEP_POLICY,
+    ):
+        super().__init__(max_batch, max_queue)
+        self.step_policy = make_step_policy(step_policy)
+        self.lm = lm
+        self.frame = Frame(lm, max_batch)
+        self.finished_ids: deque[str] = deque(maxlen=4096)  # for a clear error on a late cancel
+        self._on_admit = on_admit
+
+    # ---- requests in and out -----------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue a checked request after checking its id and the room left."""
+        self.check_room(request.id, self.holds(request.id), self.held)
+        self.queue.append(request)
 
     def cancel(self, request_id: str) -> None:
         """Remove a queued or in-flight request now (between steps) and free its slot."""

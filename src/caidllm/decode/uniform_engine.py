@@ -7,7 +7,13 @@ its canvases all decoded). Each request draws from its own generator: its tokens
 shares its forwards (alone, batched, or joining mid-flight).
 
 Events are the mask engine's CommitEvent: one per request and step; a step that ends a canvas carries
-that canvas's positions and tokens (the stream of finished canvases), the last one the result.
+that canvas's positions and tokens (the stream of finished canvases), the last one the result; with
+`stream_draft` every event also carries the step's draft (the argmax canvas, the accepted positions and
+the tokens they kept).
+
+It answers the calls BackgroundEngine makes of the mask engine (prepare, scheduler.check_room /
+add_checked, step, cancel, drop_running, take_faults, forwards, prefix_store), so the server's engine
+thread drives either engine.
 """
 
 from __future__ import annotations
@@ -27,21 +33,39 @@ from caidllm.decode.diffusiongemma_state import CanvasRequest
 from caidllm.decode.request import CommitEvent
 from caidllm.decode.results import GenerationResult, Trace
 from caidllm.decode.sampling import request_generator
+from caidllm.decode.scheduler import Limits
 from caidllm.errors import EngineFullError, InputError
 from caidllm.models.diffusion_gemma_cache import DGCache
 
 
 class UniformEngine:
+    """Under --tp, rank 0's mirror (parallel/mirror.py) sends the other ranks its inputs before each step."""
+
     def __init__(self, lm, max_batch: int = 8, max_queue: int = 256):
-        self.lm, self.max_batch, self.max_queue = lm, max_batch, max_queue
-        self.queue: deque[CanvasRequest] = deque()
-        self.running: dict[str, CanvasRequest] = {}
-        self.forwards = 0
+        self.lm = lm
+        self.scheduler = Limits(max_batch, max_queue)  # the queue and its limits, as the mask engine's
+        self.forwards = 0  # decoder forwards (one per step)
         self.steps = 0
+        self.prefix_store = None  # no prefix store for this family
+        self.mirror = getattr(lm, "mirror", None)  # a tensor-parallel model's rank 0
+        if self.mirror is not None:
+            self.mirror.attach(self)
+
+    @property
+    def max_batch(self) -> int:
+        return self.scheduler.max_batch
+
+    @property
+    def queue(self) -> deque:
+        return self.scheduler.queue
+
+    @property
+    def running(self) -> dict:
+        return self.scheduler.running
 
     @property
     def has_work(self) -> bool:
-        return bool(self.queue or self.running)
+        return self.scheduler.has_work
 
     @property
     def canvas_length(self) -> int:
@@ -51,32 +75,51 @@ class UniformEngine:
         self, prompt_ids: list[int], settings: DiffusionGemmaSettings, request_id: str | None = None
     ) -> str:
         request = self.prepare(prompt_ids, settings, request_id)
-        if len(self.queue) >= self.max_queue:
-            raise EngineFullError(f"the queue is full ({self.max_queue} requests waiting)")
+        if len(self.queue) >= self.scheduler.max_queue:
+            raise EngineFullError(f"the queue is full ({self.scheduler.max_queue} requests waiting)")
         self.queue.append(request)
         return request.id
 
-    def prepare(self, prompt_ids, settings: DiffusionGemmaSettings, request_id=None) -> CanvasRequest:
+    def prepare(
+        self, prompt_ids, settings: DiffusionGemmaSettings, request_id=None, constraint=None, logprobs=None
+    ) -> CanvasRequest:
+        """A checked request (InputError naming the field), not queued yet. constraint and logprobs: the
+        mask engine's options, not implemented for the uniform-state decoders (refused when given)."""
         if not isinstance(settings, DiffusionGemmaSettings):
-            raise InputError(f"settings must be DiffusionGemmaSettings, got {type(settings).__name__}")
+            raise InputError(
+                f"the uniform-state engine decodes with DiffusionGemmaSettings, got {type(settings).__name__}"
+                + (f" of method {settings.method!r}" if hasattr(settings, "method") else ""),
+                "method",
+            )
+        for name, value in (("constraint", constraint), ("logprobs", logprobs)):
+            if value is not None:
+                raise InputError(
+                    f"{name} is not implemented for the uniform-state decoders (structured output and "
+                    "logprobs read a mask-based decoder's commits)",
+                    name,
+                )
         c, L = self.lm.config, self.canvas_length
         settings.validate(L)
         if not is_id_list(prompt_ids):
-            raise InputError(f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}")
+            raise InputError(
+                f"a prompt must be a non-empty list of token ids, got {prompt_ids!r:.80}", "prompt"
+            )
         bad = [t for t in prompt_ids if not 0 <= t < c.vocab_size]
         if bad:
-            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+            raise InputError(f"token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})", "prompt")
         image = self.lm.model.shape.image_token_id
         if image is not None and image in prompt_ids:
             raise InputError(
                 "the prompt holds image tokens: DiffusionGemma's vision tower is not loaded "
-                "(caidllm runs its text path only)"
+                "(caidllm runs its text path only)",
+                "prompt",
             )
         canvases = math.ceil(settings.gen_length / L)
         if len(prompt_ids) + canvases * L > c.max_length:
             raise InputError(
                 f"prompt ({len(prompt_ids)} tokens) + {canvases} canvases of {L} exceeds the "
-                f"model's context of {c.max_length} tokens (gen_length {settings.gen_length})"
+                f"model's context of {c.max_length} tokens (gen_length {settings.gen_length})",
+                "prompt",
             )
         if settings.exact_seed and settings.seed is not None:
             generator = torch.Generator(device=self.lm.device).manual_seed(settings.seed)
@@ -94,14 +137,30 @@ class UniformEngine:
         )
 
     def cancel(self, request_id: str) -> None:
+        if self.mirror is not None:
+            self.mirror.record(self, "cancel", request_id)
         self.running.pop(request_id, None)
-        self.queue = deque(r for r in self.queue if r.id != request_id)
+        self.scheduler.queue = deque(r for r in self.queue if r.id != request_id)
 
     def cancel_all(self) -> list[str]:
         ids = [*self.running, *(r.id for r in self.queue)]
+        if self.mirror is not None:
+            self.mirror.record(self, "cancel_all")
         self.running.clear()
         self.queue.clear()
         return ids
+
+    def drop_running(self) -> list[str]:
+        """Drop every in-flight request (after a step that raised); their ids. Queued requests stay."""
+        if self.mirror is not None:
+            self.mirror.record(self, "drop_running")
+        ids = list(self.running)
+        self.running.clear()
+        return ids
+
+    def take_faults(self) -> dict:
+        """Requests that failed alone in a step: none here (a step fails or succeeds for every row)."""
+        return {}
 
     def run(self) -> Iterator[CommitEvent]:
         while self.has_work:
@@ -110,15 +169,20 @@ class UniformEngine:
     @torch.no_grad()
     def step(self) -> list[CommitEvent]:
         """Admit waiting requests, advance every running canvas by one step; the step's events."""
-        while self.queue and len(self.running) < self.max_batch:
-            self._admit(self.queue.popleft())
-        if not self.running:
+        if not self.has_work:
             return []
+        if self.mirror is not None:  # before admitting: an admission's encoder forward sums over the ranks
+            self.mirror.before_step(self)
+        while self.queue and len(self.running) < self.scheduler.max_batch:
+            self._admit(self.queue.popleft())
         requests = list(self.running.values())
         ended = denoise_step(self.lm.model, requests)
         self.forwards += 1
         self.steps += 1
-        return [self._after_step(r, done) for r, done in zip(requests, ended)]
+        events = [self._after_step(r, done) for r, done in zip(requests, ended)]
+        if self.mirror is not None:
+            self.mirror.after_step(self, events)
+        return events
 
     @torch.no_grad()
     def _admit(self, r: CanvasRequest) -> None:
@@ -139,7 +203,10 @@ class UniformEngine:
             token_ids=[],
             first_confidence=[],
             block_start=index * r.canvas_length,
+            prefix_length=r.answer_length,
         )
+        if r.settings.stream_draft:
+            event.draft = _draft(r, index)
         if not canvas_ended:
             return event
         tokens = r.argmax.tolist()
@@ -148,7 +215,7 @@ class UniformEngine:
         if end is not None:  # the reference's padding after the end token
             tokens = tokens[: end + 1] + [self.lm.config.pad_id] * (len(tokens) - end - 1)
         event.positions = list(range(index * r.canvas_length, (index + 1) * r.canvas_length))
-        event.token_ids = tokens
+        event.token_ids, event.first_confidence = tokens, [None] * len(tokens)
         r.generated += tokens
         r.steps_per_canvas.append(r.step)
         r.finished = end is not None or len(r.steps_per_canvas) >= r.canvases_wanted
@@ -160,7 +227,7 @@ class UniformEngine:
             self.lm.model.encode(r.argmax[None], r.cache)
             r.encoder_forwards += 1
             r.new_canvas(self.lm.device)
-        event.prefix_length = _answer_length(r.generated, eos)
+        r.answer_length = event.prefix_length = _answer_length(r.generated, eos)
         return event
 
     def _result(self, r: CanvasRequest) -> GenerationResult:
@@ -189,6 +256,23 @@ class UniformEngine:
             trace=trace,
             prefill_positions=len(r.prompt),
         )
+
+
+def _draft(r: CanvasRequest, index: int) -> dict:
+    """The step's draft (the official streamer's put_draft: the argmax canvas), the canvas offsets the
+    step accepted (the others were renoised) and the tokens they kept, in that order: the rule's, which
+    need not be the argmax (a sample under the entropy bounds; diffusiongemma-cai's forced positions take
+    the argmax)."""
+    if r.accepted is None:
+        return {"canvas": index, "step": r.step, "tokens": r.argmax.tolist(), "accepted": [], "kept": []}
+    accepted = r.accepted.nonzero().flatten()
+    return {
+        "canvas": index,
+        "step": r.step,
+        "tokens": r.argmax.tolist(),
+        "accepted": accepted.tolist(),
+        "kept": r.canvas[accepted].tolist(),
+    }
 
 
 def _answer_length(ids: list[int], eos: set) -> int:

@@ -40,8 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[lm_eval_adapter.STATS_ENV] = str(folder / "caidllm_stats.json")
     from lm_eval.__main__ import cli_evaluate
 
+    from caidllm.errors import InputError
+
     sys.argv = ["lm-eval", *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except InputError as error:  # a bad model_args value: one line naming it, no traceback
+        print(f"caidllm-lm-eval: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

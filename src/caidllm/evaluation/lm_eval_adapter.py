@@ -19,7 +19,8 @@ a block-diffusion model's own where the method's does not apply), ``steps``,
 false: auto applies the model's chat template to plain-text requests when the
 tokenizer has one), ``stats_path`` (where to write the decoding statistics;
 default: caidllm_stats.json in --output_path, via the wrapper); any other key
-is a decoding override of the preset (e.g. ``gating=false``). Batch size and
+is a decoding override of the preset (e.g. ``gating=false``; a method's own setting also as
+``OWNER.FIELD``, e.g. ``cai.gating=false``, ``dgcai.warmup=0.2``). Batch size and
 device come from lm-eval's ``--batch_size`` and ``--device``.
 
 Data parallel: under ``accelerate launch -m caidllm.evaluation ...`` or
@@ -30,8 +31,11 @@ rank every N-th document and gathers the metrics on rank 0; the statistics
 are summed over ranks (wall time: the slowest rank's) and written by rank 0.
 
 Only ``generate_until`` is supported: a masked diffusion model has no cheap
-exact log-likelihood, so ``loglikelihood`` tasks (multiple choice by
-likelihood) raise NotImplementedError; use the generative configs here.
+exact log-likelihood, nor has a uniform-state one (DiffusionGemma), so ``loglikelihood`` tasks (multiple
+choice by likelihood) raise NotImplementedError saying why; use the generative configs here. On
+DiffusionGemma ``method`` is diffusiongemma (default), greedy or diffusiongemma-cai, its knobs (entropy_bound,
+t_min, ...; the CAI variant's as ``dgcai.FIELD``) go as model_args, gen_length defaults to one canvas,
+and temperature, block_length and the prefix store do not apply (refused by name).
 The ``until`` stop strings are applied to the decoded answer (the diffusion
 canvas is always ``gen_length`` positions; ``max_gen_toks`` is not used).
 NFE, steps per block and throughput are logged after every call and written
@@ -53,10 +57,12 @@ from lm_eval.api.registry import register_model
 from caidllm.decode.api import tokenize_prompts
 from caidllm.decode.prefix_reuse import check_budget, make_store
 from caidllm.decode.presets import config_for_model
+from caidllm.decode.uniform_api import check_uniform
 from caidllm.distributed import World
 from caidllm.errors import InputError
 from caidllm.models.checkpoints import recommended_method
-from caidllm.options import check_before_load
+from caidllm.models.families import get_family
+from caidllm.options import check_before_load, model_config_of, nest_owner_keys
 
 logger = logging.getLogger("lm_eval.caidllm")  # under lm-eval's logger, so its --verbosity applies
 STATS_ENV = "CAIDLLM_LM_EVAL_STATS"
@@ -65,6 +71,12 @@ NOT_SUPPORTED = (
     "caidllm: {kind} requests are not supported: masked diffusion models (LLaDA, Dream) have no exact "
     "autoregressive likelihood, and a Monte Carlo ELBO estimate is not implemented. Use generative "
     "tasks (output_type: generate_until), e.g. the caidllm_* task configs."
+)
+NOT_SUPPORTED_UNIFORM = (
+    "caidllm: {kind} requests are not supported on model family {family!r}: uniform-state diffusion "
+    "(DiffusionGemma) has no exact likelihood either (an answer is a canvas of random tokens denoised by a "
+    "sampler; scoring one would need an ELBO over the uniform-noise corruption, which is not implemented). "
+    "Use generative tasks (output_type: generate_until), e.g. the caidllm_* task configs."
 )
 
 
@@ -87,7 +99,7 @@ def _decode_options(steps, cache, threshold, seed, early_stop, overrides: dict) 
         threshold=None if threshold is None else float(threshold),
         seed=int(seed),
         early_stop=_bool(early_stop, "early_stop"),
-        **overrides,
+        **nest_owner_keys(overrides),  # dgcai.warmup=0.2 -> dgcai={"warmup": 0.2}, as --set takes it
     )
 
 
@@ -134,7 +146,8 @@ class CaidllmLM(LM):
         self.world = World.from_env()
         self.lm = self._load(pretrained, device, dtype, quantize, quantize_head)
         self._fit_lengths()
-        make_store(self.lm, self.prefix_cache_mb)  # a budget the model cannot use fails here
+        if not self.uniform:
+            make_store(self.lm, self.prefix_cache_mb)  # a budget the model cannot use fails here
         self._device = self.lm.device
         # What lm-eval splits requests by.
         self._rank, self._world_size = self.world.rank, self.world.world_size
@@ -143,13 +156,24 @@ class CaidllmLM(LM):
 
     def _check_settings(self, pretrained) -> None:
         """Bad settings, or ones the model's family does not take, fail here, before loading (read from
-        its config.json)."""
+        its config.json). A uniform-state model (DiffusionGemma) takes no temperature (its own is the
+        t_max -> t_min schedule) and no prefix store."""
+        self.family = model_config_of(pretrained)[0].family
+        self.uniform = get_family(self.family).uniform
+        if self.uniform:
+            for name, value in (("temperature", self.temperature), ("prefix_cache_mb", self.prefix_cache_mb)):
+                if value:
+                    raise InputError(
+                        f"model_args {name}={value}: does not apply to model family {self.family!r} "
+                        "(uniform-state diffusion: its own decoders and engine)",
+                        name,
+                    )
         check_before_load(
             pretrained,
             self.method,
             gen_length=self.gen_length,
             block_length=self.block_length,
-            temperature=self.temperature,
+            **({} if self.uniform else {"temperature": self.temperature}),
             **self.decode,
         )
 
@@ -173,6 +197,13 @@ class CaidllmLM(LM):
         """Unset lengths as generate takes them (a known checkpoint's recommendation, a block-diffusion
         model's own block length): the lengths every request of the run decodes with."""
         checkpoint = getattr(self.lm, "checkpoint", None)
+        if self.uniform:  # its own decoder by default; the canvas is the block, one canvas by default
+            settings = check_uniform(
+                self.lm.config, self.method, getattr(self.lm, "path", None), gen_length=self.gen_length
+            )
+            self.method, self.block_length = settings.method, settings.canvas_length
+            self.gen_length = self.gen_length or settings.canvas_length
+            return
         self.method = recommended_method(checkpoint, self.method)
         config, _ = config_for_model(
             self.lm.config,
@@ -242,10 +273,15 @@ class CaidllmLM(LM):
         self.world.barrier()
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError(NOT_SUPPORTED.format(kind="loglikelihood"))
+        raise NotImplementedError(self._not_supported("loglikelihood"))
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError(NOT_SUPPORTED.format(kind="loglikelihood_rolling"))
+        raise NotImplementedError(self._not_supported("loglikelihood_rolling"))
+
+    def _not_supported(self, kind: str) -> str:
+        if self.uniform:
+            return NOT_SUPPORTED_UNIFORM.format(kind=kind, family=self.family)
+        return NOT_SUPPORTED.format(kind=kind)
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from tqdm import tqdm
@@ -273,15 +309,7 @@ class CaidllmLM(LM):
                 ids = [self._encode(parsed[i][0]) for i in batch]
                 started = time.perf_counter()
                 results = self.lm.generate(
-                    ids,
-                    method=self.method,
-                    gen_length=self.gen_length,
-                    block_length=self.block_length,
-                    temperature=temperature,
-                    batch_size=len(batch),
-                    chat=False,
-                    prefix_cache_mb=self.prefix_cache_mb,
-                    **self.decode,
+                    ids, **self._generate_options(temperature), batch_size=len(batch), chat=False
                 )
                 if torch.device(self._device).type == "cuda":
                     torch.cuda.synchronize(self._device)
@@ -296,6 +324,20 @@ class CaidllmLM(LM):
         return answers
 
     # ---- helpers ----------------------------------------------------------------
+
+    def _generate_options(self, temperature: float) -> dict:
+        """generate()'s keywords of a batch: a uniform-state model's decoder reads no block length, prefix
+        store nor temperature (a task's temperature does not apply to it: its schedule is t_max -> t_min)."""
+        if self.uniform:
+            return dict(method=self.method, gen_length=self.gen_length, **self.decode)
+        return dict(
+            method=self.method,
+            gen_length=self.gen_length,
+            block_length=self.block_length,
+            temperature=temperature,
+            prefix_cache_mb=self.prefix_cache_mb,
+            **self.decode,
+        )
 
     def _templated(self, context: str) -> bool:
         return any(marker in context for marker in self._template_markers)

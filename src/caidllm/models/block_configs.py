@@ -68,7 +68,7 @@ def read_llada2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
             f"{source}: first_k_dense_replace={dense_layers} must be in 0..num_hidden_layers ({n_layers})"
         )
     moe = _llada2_moe(raw, get, source) if get.int("num_experts", None) else None
-    return _fields(
+    fields = _fields(
         raw,
         get,
         source,
@@ -82,6 +82,42 @@ def read_llada2_fields(raw: dict, get: ConfigFields, source: str) -> dict:
         ids=LLADA2_IDS,
         block=get.int("block_size", LLADA2_BLOCK),
     )
+    if moe is not None and moe.expert_capacity:
+        _check_routing_blocks(fields["block_lengths"], moe.block_size, source)
+    fields["edit_tokens"] = _edit_tokens(raw, get, source, fields)
+    return fields
+
+
+def _edit_tokens(raw: dict, get: ConfigFields, source: str, fields: dict) -> tuple[int, int] | None:
+    """LLaDA2.2's DELETE and SPLIT token ids: both or neither, distinct, in the vocabulary, not the mask."""
+    names = ("delete_token_id", "split_token_id")
+    given = [raw.get(name) is not None for name in names]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ModelLoadError(
+            f"{source}: {names[given.index(False)]} is missing (InDel needs both edit tokens)"
+        )
+    ids = tuple(get.int(name) for name in names)
+    for name, value in zip(names, ids):
+        if not 0 <= value < fields["vocab_size"]:
+            raise ModelLoadError(
+                f"{source}: {name}={value} is outside the vocabulary (0..{fields['vocab_size'] - 1})"
+            )
+    if len({*ids, fields["mask_id"]}) < 3:
+        raise ModelLoadError(f"{source}: delete_token_id, split_token_id and the mask token must be distinct")
+    return ids
+
+
+def _check_routing_blocks(lengths, block_size: int, source: str) -> None:
+    """A decoding block must be whole routing blocks: a routing block across two decoding blocks would
+    take its pool from the next block's masks (neither the released model's nor cacheable)."""
+    for n in lengths:
+        if n % block_size:
+            raise ModelLoadError(
+                f"{source}: block length {n} is not a multiple of block_size={block_size} (the block "
+                "routing's block)"
+            )
 
 
 def _llada2_moe(raw: dict, get: ConfigFields, source: str) -> MoEConfig:
@@ -97,6 +133,7 @@ def _llada2_moe(raw: dict, get: ConfigFields, source: str) -> MoEConfig:
             f"{source}: score_function={score!r} contradicts LLaDA2, whose router always takes sigmoid scores"
         )
     top_k = get.int("num_experts_per_tok")
+    capacity = get.int("expert_capacity", 0) or 0
     if raw.get("norm_topk_prob") is False and top_k > 1:
         raise ModelLoadError(
             f"{source}: norm_topk_prob=false contradicts LLaDA2, whose router always "
@@ -116,6 +153,9 @@ def _llada2_moe(raw: dict, get: ConfigFields, source: str) -> MoEConfig:
         expert_bias=True,
         num_shared_experts=get.int("num_shared_experts", 0),
         router_fp32=True,
+        # LLaDA2.2: a pool of expert_capacity experts per block of block_size positions (absent: tokens route)
+        expert_capacity=capacity,
+        block_size=get.int("block_size", LLADA2_BLOCK) if capacity else 0,
     )
 
 

@@ -17,6 +17,7 @@ Shapes (config.json fields; sources in docs/block-diffusion-models.md):
 from __future__ import annotations
 
 from .generated_tokenizer import build_tokenizer
+from .nemotron_config import NEMOTRON_OFFICIAL
 from .tokenizer import fast_tokenizer
 
 _LLADA2 = {
@@ -103,6 +104,23 @@ OFFICIAL = {
         "num_attention_heads": 32,
         "num_hidden_layers": 32,
         "max_position_embeddings": 32768,
+    },
+    # LLaDA2.2-flash: LLaDA2.x-flash's shapes with block routing (block_size 32, expert_capacity 48), a
+    # 131072 context and rope_theta 3e6, as its config.json names them (a public port's key-by-key diff
+    # against LLaDA2.0-flash; the technical report's C = 48 of 256). Sources: docs/llada2.2.md.
+    "llada2.2-flash": {
+        **_LLADA2,
+        "hidden_size": 4096,
+        "intermediate_size": 9216,
+        "moe_intermediate_size": 1024,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "max_position_embeddings": 131072,
+        "rope_theta": 3000000.0,
+        "block_size": 32,
+        "expert_capacity": 48,
+        "delete_token_id": 156930,
+        "split_token_id": 156931,
     },
     "sdar-1.7b": {
         **_SDAR,
@@ -233,12 +251,15 @@ OFFICIAL.update(
         },
     }
 )
-FAMILY = {
-    name: {"llada2.1": "llada2", "fastdllm": "fastdllm_v2", "stable": "stable_diffcoder"}.get(
-        name.split("-")[0], name.split("-")[0]
-    )
-    for name in OFFICIAL
+OFFICIAL.update(NEMOTRON_OFFICIAL)  # nemotron-labs-diffusion-3b / -8b / -14b (models/nemotron_config.py)
+_FAMILY_OF = {
+    "llada2.1": "llada2",
+    "llada2.2": "llada2",
+    "fastdllm": "fastdllm_v2",
+    "stable": "stable_diffcoder",
+    "nemotron": "nemotron_labs_diffusion",
 }
+FAMILY = {name: _FAMILY_OF.get(name.split("-")[0], name.split("-")[0]) for name in OFFICIAL}
 
 # The generated tokenizers: the families' special tokens (their official spellings) and a chat
 # template of the same layout as the official one (the real template comes with a checkpoint).
@@ -311,6 +332,15 @@ TOKENIZERS = {
         eos="<[end▁of▁sentence]>",
         mask="<[MASK▁TOKEN]>",
         bos="<[begin▁of▁sentence]>",
+    ),
+    # Nemotron-Labs-Diffusion (Tekken tokenizer): Mistral's <unk> <s> </s>, a ChatML-like stand-in for
+    # the chat template (the real one comes with the checkpoint), think markers, a mask token
+    "nemotron_labs_diffusion": dict(
+        specials=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>"],
+        template=CHATML_TEMPLATE,
+        eos="<|im_end|>",
+        mask="<|mask|>",
+        bos="<s>",
     ),
     "rnd1": dict(
         specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"],

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .checkpoints_derived import DERIVED_ROWS
+from .checkpoints_nemotron import NEMOTRON_ROWS
 
 CAI_PAPER_LLADA = "CAI-dLLM paper: confidence gating on, f=16 for LLaDA"
 CAI_PAPER_DREAM = "CAI-dLLM paper: confidence gating off, f=8 for Dream (Table 11)"
@@ -175,6 +176,17 @@ LLADA21_CARD = Recommendation(
     "temperature 0; the speed mode is the llada2.1-speed preset, the official generate's own defaults "
     f"(0.95 / 0.9, no early stop) the llada2.1 preset); {BLOCK_FAMILY_CAI}",
 )
+# LLaDA2.0's lengths (gen_length 512, block 32, 32 steps per block), LLaDA2.2's decoder
+LLADA22_CARD = replace(
+    LLADA20_CARD,
+    decoder="llada2.2",
+    threshold=0.5,
+    source="inclusionAI/LLaDA2.2-flash modeling file's generate() defaults as a public port quotes them "
+    "(threshold 0.5, editing_threshold 0.0, block_length 32, steps 32 per block, max_post_steps 16, "
+    "temperature 0) and SGLang's JointThresholdInDel defaults (threshold 0.5, edit_threshold 0, "
+    "max_post_edit_steps 16); gen_length 512 is caidllm's (as LLaDA2.0's card); "
+    f"{BLOCK_FAMILY_CAI}",
+)
 SDAR_SCRIPT = Recommendation(
     gen_length=512,
     block_length=4,
@@ -237,6 +249,7 @@ KNOWN: tuple[Checkpoint, ...] = (
     Checkpoint("inclusionAI/LLaDA2.0-flash", "llada2", "llada2-flash", True, LLADA20_CARD),
     Checkpoint("inclusionAI/LLaDA2.1-mini", "llada2", "llada2.1-mini", True, LLADA21_CARD),
     Checkpoint("inclusionAI/LLaDA2.1-flash", "llada2", "llada2.1-flash", True, LLADA21_CARD),
+    Checkpoint("inclusionAI/LLaDA2.2-flash", "llada2", "llada2.2-flash", True, LLADA22_CARD),
     Checkpoint("JetLM/SDAR-1.7B-Chat", "sdar", "sdar-1.7b", True, SDAR_SCRIPT),
     Checkpoint("JetLM/SDAR-4B-Chat", "sdar", "sdar-4b", True, SDAR_SCRIPT),
     Checkpoint("JetLM/SDAR-8B-Chat", "sdar", "sdar-8b", True, SDAR_SCRIPT),
@@ -259,7 +272,7 @@ KNOWN: tuple[Checkpoint, ...] = (
 # sources live in checkpoints_derived.py.
 KNOWN += tuple(
     Checkpoint(hub_id, family, shape, instruct, Recommendation(**settings))
-    for hub_id, family, shape, instruct, settings in DERIVED_ROWS
+    for hub_id, family, shape, instruct, settings in DERIVED_ROWS + NEMOTRON_ROWS
 )
 
 # Quantized variants caidllm does not load (their weights need compressed-tensors / ModelOpt kernels it

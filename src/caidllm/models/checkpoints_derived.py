@@ -5,8 +5,9 @@ that needed a small family of their own, Stable-DiffCoder (models/stable_diffcod
 
 Plain rows (hub id, family, random: shape, instruct, Recommendation fields) that checkpoints.py turns
 into its KNOWN table; kept apart so that each source can be read beside its values. Every value names
-where it comes from; what the stored public copies do not give is said in the source. Left out:
-hao-ai-lab's "SDAR-4B-Chat-distill", which no stored copy names (docs/models-derived.md).
+where it comes from; what the stored public copies do not give is said in the source. hao-ai-lab's
+"SDAR-4B-Chat-distill" is on the hub (org d3LLM, the d3LLM-v2 collection) only as the task-distilled
+SDAR-4B-Chat-distill-search and -webshop: those two are the rows (docs/models-derived.md).
 """
 
 from __future__ import annotations
@@ -39,7 +40,21 @@ TRADO_SOURCE = (
     "{steps}, remasking_strategy low_confidence_dynamic, dynamic_threshold 0.9) and its README's "
     "block_diffusion_generate example (block_length 4, denoising_steps 4, confidence_threshold 0.9, mask_id "
     f"151669); their temperature 1.0 samples: {GREEDY}; the SDAR architecture (model_base 'trado' runs as "
-    f"SDAR), shape of {{base}} (TraDo's own config.json is not in the stored copies); {BLOCK_CAI}"
+    f"SDAR), shape of {{base}} (TraDo's own config.json is not in the stored copies; TraDo-8B-Instruct's hub "
+    "file list: model type sdar, 16.4 GB of safetensors as SDAR-8B-Chat's, its chat template in "
+    f"chat_template.jinja); {BLOCK_CAI}"
+)
+# d3LLM-v2's SDAR students: their hub pages (d3LLM org) give the name, the size and a chat usage, nothing
+# of the decoding or config.json: SDAR-4B-Chat's shape and JetAstra/SDAR generate.py's defaults.
+SDAR_DISTILL = dict(TRADO, gen_length=512, steps=512, threshold=0.85)
+SDAR_DISTILL_SOURCE = (
+    "d3LLM/SDAR-4B-Chat-distill-{task} hub page (hao-ai-lab's d3LLM-v2: SDAR-4B-Chat distilled for "
+    "the {task} agent task, 4B, chat usage); its decoding settings, config.json and chat template are "
+    "not in the stored copies: SDAR-4B-Chat's shape and JetAstra/SDAR generate.py defaults "
+    "(block_length 4, denoising_steps 4 per block = 512 in all, low_confidence_dynamic, "
+    "confidence_threshold 0.85; gen_length 512 is caidllm's; its temperature 1.0 samples: "
+    f"{GREEDY}); a downloaded folder is built from its own config.json (block_size included); "
+    f"{BLOCK_CAI}"
 )
 STABLE_DIFFCODER = dict(
     gen_length=512,
@@ -125,6 +140,16 @@ DERIVED_ROWS: tuple[tuple[str, str, str, bool, dict], ...] = (
                 base="SDAR-8B-Chat",
             ),
         ),
+    ),
+    *(
+        (
+            f"d3LLM/SDAR-4B-Chat-distill-{task}",
+            "sdar",
+            "sdar-4b",
+            True,
+            dict(SDAR_DISTILL, source=SDAR_DISTILL_SOURCE.format(task=task)),
+        )
+        for task in ("search", "webshop")
     ),
     (
         "d3LLM/d3LLM_LLaDA",

@@ -47,6 +47,9 @@ class ModelConfig:
     qk_norm: bool = False
     moe: MoEConfig | None = None
     dense_layers: int = 0
+    # LLaDA2.2's edit tokens (config.json delete_token_id, split_token_id), which its InDel decoder writes;
+    # None: the model has none (no InDel decoding).
+    edit_tokens: tuple[int, int] | None = None
 
     @property
     def rotary_dim(self) -> int:
@@ -155,5 +158,15 @@ class Family:
     # uniform-state diffusion (DiffusionGemma): no mask token, its own decoders (the mask-based ones refuse
     # it)
     uniform: bool = False
+    # one checkpoint trained both causal and bidirectional (Nemotron-Labs-Diffusion): its own decoders (ar,
+    # block diffusion with causal context, linear-spec) run over a causal KV cache (decode/nemotron.py); the
+    # mask engine's decoders refuse it
+    sequential: bool = False
+    # config.json's mask_token_id is taken whatever the token's text (Nemotron's 100 is a reserved slot of
+    # its Tekken vocabulary, whose spelling the stored copies do not give)
+    mask_from_config: bool = False
     # checkpoint tensors the module does not hold and the loader skips (a vision tower, tied copies)
     ignores_weight: Callable[[str], bool] | None = None
+    # (what, size) pairs --tp must divide besides the heads, widths and experts plan.py checks for every
+    # family (DiffusionGemma: its full layers' key/value heads, its dense MLP beside the experts)
+    tp_sizes: Callable[[object], list[tuple[str, int]]] | None = None

@@ -43,7 +43,9 @@ class PreNormLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: Context, layer: int) -> torch.Tensor:
         x = x + getattr(self, self.attention_name)(self.input_layernorm(x), ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        # a block-routed MoE (LLaDA2.2) reads each position's block from the context
+        return x + (self.mlp(h, ctx) if isinstance(self.mlp, MoEFeedForward) else self.mlp(h))
 
 
 class DecoderLM(nn.Module):

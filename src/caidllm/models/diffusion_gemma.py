@@ -31,6 +31,7 @@ from .diffusion_gemma_config import (
     SLIDING,
     DGShape,
     dg_shape,
+    dg_tp_sizes,
     read_diffusion_gemma_fields,
 )
 from .diffusion_gemma_layers import (
@@ -110,17 +111,20 @@ class Layer(nn.Module):
         x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
         chosen, weights = self.router(x)
-        inputs = self.pre_feedforward_layernorm_2(x)
-        # each request's tokens through the experts on their own: how many rows an expert gets (and so the
-        # matmul path it takes) must not depend on the batch (batch invariance; DecoderView's note)
-        routed = torch.stack(
-            [
-                run_experts(self.experts, self.kernel, inputs[b], chosen[b], weights[b])
-                for b in range(x.shape[0])
-            ]
-        )
+        routed = self.route(self.pre_feedforward_layernorm_2(x), chosen, weights)
         routed = self.post_feedforward_layernorm_2(routed)
         return (x + self.post_feedforward_layernorm(dense + routed)) * scalar
+
+    def route(self, inputs: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The routed experts' sum [B, n, d] (parallel/diffusion_gemma.py: a rank's experts, summed over
+        the ranks). Each request's tokens go through the experts on their own: how many rows an expert
+        gets (and so the matmul path it takes) must not depend on the batch (batch invariance)."""
+        return torch.stack(
+            [
+                run_experts(self.experts, self.kernel, inputs[b], chosen[b], weights[b])
+                for b in range(inputs.shape[0])
+            ]
+        )
 
 
 class SelfConditioning(nn.Module):
@@ -328,4 +332,5 @@ DIFFUSION_GEMMA = Family(
     block_causal=True,
     uniform=True,
     ignores_weight=ignored_weight,
+    tp_sizes=dg_tp_sizes,
 )

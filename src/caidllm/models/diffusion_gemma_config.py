@@ -241,3 +241,12 @@ def with_overrides(raw: dict, overrides: dict) -> dict:
         pattern = RELEASED_26B_A4B["text_config"]["layer_types"]
         text["layer_types"] = [pattern[i % len(pattern)] for i in range(n - 1)] + [FULL]
     return raw
+
+
+def dg_tp_sizes(config) -> list[tuple[str, int]]:
+    """What --tp must divide beyond the heads and experts every family's check reads (models/plan.py): the
+    full-attention layers' key/value heads and the dense MLP's width beside the experts."""
+    return [
+        ("key/value heads of the full-attention layers", dg_shape(config.raw).full_kv_heads),
+        ("dense MLP width (intermediate_size)", config.intermediate_size),
+    ]

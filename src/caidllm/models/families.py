@@ -1,8 +1,8 @@
 """The registry of model families: which config.json each one reads and which
 module it builds. A family is one entry (config.Family, defined beside its
 module); adding one is adding it to FAMILIES, nothing else branches on names.
-A config.json is recognised by its architectures first, then by its model_type
-(the first family, in this order, that lists it)."""
+A config.json is recognised by its architectures first, then by the remote-code classes its auto_map names,
+then by its model_type (the first family, in this order, that lists it)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from .fastdllm_v2 import FASTDLLM_V2
 from .llada import LLADA
 from .llada2 import LLADA2
 from .llada_moe import LLADA_MOE
+from .nemotron import NEMOTRON_LABS_DIFFUSION
 from .rnd1 import RND1
 from .sdar import SDAR
 from .stable_diffcoder import STABLE_DIFFCODER
@@ -26,7 +27,7 @@ FAMILIES: dict[str, Family] = {
 }
 
 # the 2026 derivatives (issue 46)
-FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1)})
+FAMILIES.update({family.name: family for family in (STABLE_DIFFCODER, RND1, NEMOTRON_LABS_DIFFUSION)})
 
 
 def get_family(name: str) -> Family:
@@ -51,6 +52,12 @@ def family_of(raw: dict, source: str = "config.json") -> Family:
                         "other (fix one of them)"
                     )
                 return family
+    # A remote-code class named only in auto_map: Stable-DiffCoder's first revisions say "LlamaForCausalLM" in
+    # architectures, their own class (SeedDiffcoderForCausalLM, a LlamaForCausalLM) in auto_map.
+    for target in _auto_map_classes(raw):
+        family = next((f for f in FAMILIES.values() if target in f.architectures), None)
+        if family is not None:
+            return family
     if by_type is not None:
         return by_type
     known = "; ".join(
@@ -61,6 +68,14 @@ def family_of(raw: dict, source: str = "config.json") -> Family:
         f"{source}: unknown model architecture (architectures={raw.get('architectures')!r}, "
         f"model_type={raw.get('model_type')!r}); supported families: {known}"
     )
+
+
+def _auto_map_classes(raw: dict) -> list[str]:
+    """The class names config.json's auto_map points at ("module.Class", or a list of them per auto class)."""
+    auto_map = raw.get("auto_map")
+    targets = auto_map.values() if isinstance(auto_map, dict) else []
+    flat = [t for v in targets for t in (v if isinstance(v, list) else [v])]
+    return [t.rsplit(".", 1)[-1] for t in flat if isinstance(t, str)]
 
 
 def load_config(path: str | Path) -> ModelConfig:

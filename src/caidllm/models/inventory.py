@@ -47,6 +47,8 @@ def cache_bytes(config, length: int, dtype: torch.dtype) -> dict[str, int]:
         with torch.device("meta"):
             return {"canvas": get_family(config.family).model_class(config).cache_bytes(length, size)}
     kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * length * size
+    if get_family(config.family).sequential:  # its causal KV cache (decode/nemotron.py), the block's too
+        return {"kv": kv}
     if config.block_causal:  # the exact block cache (and Fast-dLLM v2's within-block cache in it)
         return {"block": kv, "subblock": kv, "none": 0}
     levels = len(hidden_levels(DEFAULT_SCHEDULE, config.n_layers))
@@ -67,6 +69,7 @@ def family_rows() -> list[dict]:
             "block_causal": f.block_causal,
             "block_lengths": [],
             "uniform": f.uniform,
+            "sequential": f.sequential,
         }
         for f in FAMILIES.values()
     ]

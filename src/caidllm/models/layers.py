@@ -165,6 +165,7 @@ class Context:
             self.key_mask = self.mask[:, None, None, :]
         self.computed = self.index  # the columns computed at the first layer
         self._row_groups = None
+        self.memo: dict = {}  # what layers derive from the context once per forward (block routing's blocks)
 
     @classmethod
     def whole_canvas(
@@ -255,6 +256,12 @@ class Context:
             return None
         first = self.lo if self.computed is None else self.computed[:, :1]
         return self.targets - first
+
+    def computed_columns(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RoPE positions, real) [R, n] of the positions computed at the current layer."""
+        if self.index is None:
+            return self.positions[:, self.lo :], self.mask[:, self.lo :]
+        return self.positions.gather(1, self.index), self.mask.gather(1, self.index)
 
     def computed_offsets(self, absolute: torch.Tensor) -> torch.Tensor:
         """Absolute columns [R, k] as indices among the computed positions."""

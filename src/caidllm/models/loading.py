@@ -120,6 +120,10 @@ def _load(path_or_name, device, dtype, quantize, quantize_head, shard=None, pack
     check_not_quantized(config.raw, folder / "config.json")
     plan = make_plan(quantize, device, dtype, quantize_head, pack)  # before any weight is read
     tokenizer, config = load_tokenizer(folder, config)
+    if shard is not None and get_family(config.family).uniform:
+        # DiffusionGemma's fused expert tensors have no part-by-part reader yet: the rank reads the whole
+        # model, and parallel/launch.py divides it (as a random shape's): each rank holds it all a moment
+        shard = None
     model = load_model(folder, config, device, dtype, plan, shard)
     lm = DiffusionLM(
         model,
@@ -240,7 +244,7 @@ def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder:
             raise ModelLoadError(
                 f"{source} {mask_id} is not a token of {folder / 'tokenizer.json'} ({n} tokens)"
             )
-        if "mask" not in token.lower() and token != tokenizer.mask_token:
+        if "mask" not in token.lower() and token != tokenizer.mask_token and not _config_mask(config, source):
             raise ModelLoadError(
                 f"token {token!r} at {source.split()[1]} {mask_id} is not a mask token ({source})"
             )
@@ -250,6 +254,11 @@ def checkpoint_mask_id(tokenizer, config: ModelConfig, generation: dict, folder:
             + ", ".join(f"{source} = {i}" for source, i in named.items())
         )
     return next(iter(named.values()))
+
+
+def _config_mask(config: ModelConfig, source: str) -> bool:
+    """config.json's own mask id on a family that takes it as given (Family.mask_from_config)."""
+    return source.startswith("config.json") and get_family(config.family).mask_from_config
 
 
 def _ids(value) -> list[int]:
@@ -302,7 +311,7 @@ def load_model(
         plan.check(model)
     where = weight_files(folder)
     found = _check_weights(where, expected, config)
-    if shard is not None and get_family(config.family).uniform:
+    if shard is not None and get_family(config.family).sequential:
         raise ModelLoadError(
             f"--tp: tensor parallelism is not implemented for the {config.family} family; "
             "load it on one device"

@@ -4,6 +4,7 @@ One module serves every MoE family caidllm knows:
 - LLaDA2.0 / LLaDA2.1 (inclusionAI): sigmoid scores, an expert score bias used for the
   choice only, group-limited top-k (n_group / topk_group, a group scored by the sum of
   its two best experts), normalised top-k weights, a routed scaling factor, one shared expert;
+  LLaDA2.2 the same with block routing in place of the groups (moe_block_routing.py);
 - LLaDA-MoE-7B-A1B (OLMoE layout): softmax over 64 experts, top-8, weights not normalised;
 - SDAR-30B-A3B (Qwen3-MoE layout): softmax over 128 experts, top-8, weights normalised.
 
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
+from .moe_block_routing import context_groups, flat_groups, pool_only
 from .moe_experts import ExpertMLP, StackedExperts
 from .moe_kernels import AUTO, check_kernel, run_experts
 
@@ -61,6 +63,10 @@ class MoEConfig:
     num_shared_experts: int = 0
     # Router logits from fp32 inputs and weights (LLaDA2's router_dtype "fp32"); else in the model dtype.
     router_fp32: bool = True
+    # LLaDA2.2's block routing (moe_block_routing.py): each block of block_size positions admits
+    # expert_capacity experts, each token its top-k among them; 0 = token routing (the groups above).
+    expert_capacity: int = 0
+    block_size: int = 0
 
     def __post_init__(self):
         if self.score_function not in SCORE_FUNCTIONS:
@@ -106,6 +112,7 @@ class MoEConfig:
                 f"{self.topk_group * per_group} experts eligible (topk_group={self.topk_group} groups "
                 f"of {per_group})"
             )
+        self._check_block_routing()
         scale = self.routed_scaling_factor
         if (
             isinstance(scale, bool)
@@ -115,19 +122,44 @@ class MoEConfig:
         ):
             raise ModelLoadError(f"MoE routing: routed_scaling_factor={scale!r} must be a positive number")
 
+    def _check_block_routing(self) -> None:
+        for name in ("expert_capacity", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ModelLoadError(f"MoE routing: {name}={value!r} must be a non-negative integer")
+        if not self.expert_capacity:
+            return
+        if not self.num_experts_per_tok <= self.expert_capacity <= self.num_experts:
+            raise ModelLoadError(
+                f"MoE routing: expert_capacity={self.expert_capacity} (the block's expert pool) must be "
+                f"in num_experts_per_tok..num_experts ({self.num_experts_per_tok}..{self.num_experts})"
+            )
+        if self.block_size < 1:
+            raise ModelLoadError("MoE routing: block_size must be positive where expert_capacity is set")
+
     @property
     def active_experts(self) -> int:
         """Expert SwiGLUs that run per token (routed and shared)."""
         return self.num_experts_per_tok + (1 if self.num_shared_experts else 0)
 
 
-def route(logits: torch.Tensor, config: MoEConfig, bias: torch.Tensor | None = None):
-    """Chosen experts and their weights for router logits [T, E] (fp32 recommended).
+def route(
+    logits: torch.Tensor,
+    config: MoEConfig,
+    bias: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
+):
+    """Chosen experts and their weights for router logits [T, E] (fp32 recommended); groups [T]: each
+    token's block where the config routes by blocks (None: consecutive runs of block_size tokens).
 
     Returns (experts [T, k] long, weights [T, k] in the logits' dtype)."""
     scores = SCORE_FUNCTIONS[config.score_function](logits)
     for_choice = scores if bias is None else scores + bias
-    if config.n_group > 1:
+    if config.expert_capacity:  # block routing replaces the groups (the released LLaDA2.2 gate)
+        if groups is None:
+            groups = flat_groups(logits.shape[0], config.block_size).to(logits.device)
+        for_choice = pool_only(for_choice, groups, config.expert_capacity)
+    elif config.n_group > 1:
         for_choice = _eligible_groups_only(for_choice, config)
     experts = for_choice.topk(config.num_experts_per_tok, dim=-1).indices
     weights = scores.gather(1, experts)
@@ -161,13 +193,13 @@ class Router(nn.Module):
             self.expert_bias = None
         self._fp32 = None  # weight_fp32's cache: (the source weight, its address and version, it in float32)
 
-    def forward(self, x: torch.Tensor):
-        """x [T, hidden] -> (experts [T, k], weights [T, k] fp32 when router_fp32)."""
+    def forward(self, x: torch.Tensor, groups: torch.Tensor | None = None):
+        """x [T, hidden] -> (experts [T, k], weights [T, k] fp32 when router_fp32); groups: route()'s."""
         if self.config.router_fp32:
             logits = nn.functional.linear(x.float(), self.weight_fp32())
         else:
             logits = nn.functional.linear(x, self.weight).float()
-        return route(logits, self.config, self.expert_bias)
+        return route(logits, self.config, self.expert_bias, groups)
 
     def weight_fp32(self) -> torch.Tensor:
         """The weight in float32. LLaDA2's official gate converts it on every forward; a bf16 model
@@ -214,10 +246,18 @@ class MoEFeedForward(nn.Module):
                 config.hidden_size, config.moe_intermediate_size * config.num_shared_experts
             )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def route_tokens(self, flat: torch.Tensor, ctx=None):
+        """The gate's (experts, weights) of flat [T, hidden]; ctx (models/layers.Context): where block routing
+        reads each position's block (None: consecutive runs of block_size tokens)."""
+        groups = None
+        if self.config.expert_capacity and ctx is not None:
+            groups = context_groups(ctx, self.config.block_size)
+        return self.gate(flat, groups)
+
+    def forward(self, x: torch.Tensor, ctx=None) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        experts, weights = self.gate(flat)
+        experts, weights = self.route_tokens(flat, ctx)
         out = run_experts(self.experts, self.kernel, flat, experts, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)

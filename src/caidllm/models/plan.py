@@ -17,12 +17,18 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import InputError
+from .families import get_family
 from .inventory import DTYPE_BYTES, cache_bytes
 from .moe import Router
 from .quantize import decoder_layers
 
 USABLE = 0.9  # share of a GPU's memory given to weights and caches (the rest: activations, CUDA context)
 GIB = 2**30
+CACHE_NOTES = {
+    "dual": "dual cache; the prefix cache needs twice that",
+    "block": "block cache",
+    "canvas": "canvas cache: the prompt and finished canvases, every layer, V = K stored apart",
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class MemoryPlan:
     )
     cache_budget_bytes_per_rank: int  # USABLE x the GPU's memory, less the weights
     requests_that_fit: int
+    cache: str = "dual"  # the cache mode the KV figure is of (cache_bytes' key: dual, block, canvas)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,6 +65,9 @@ def check_tp_divides(tp: int, config) -> None:
             sizes.append(
                 ("shared-expert width", config.moe.moe_intermediate_size * config.moe.num_shared_experts)
             )
+    family = get_family(config.family)
+    if family.tp_sizes is not None:
+        sizes += family.tp_sizes(config)
     for what, size in sizes:
         if size % tp:
             raise InputError(
@@ -110,7 +120,8 @@ def memory_plan(described, tp: int, dtype: torch.dtype, gpu_memory_gib: float, c
     weights = (sharded // tp + replicated) * size
     # every layer's keys and values once: the dual cache, or a block-causal model's exact block cache
     modes = cache_bytes(config, context, dtype)
-    kv = modes.get("canvas", modes.get("block" if config.block_causal else "dual")) // tp
+    mode = next(m for m in ("canvas", "kv", "block" if config.block_causal else "dual") if m in modes)
+    kv = modes[mode] // tp
     budget = int(USABLE * gpu_memory_gib * GIB) - weights
     return MemoryPlan(
         model=described.name,
@@ -124,6 +135,7 @@ def memory_plan(described, tp: int, dtype: torch.dtype, gpu_memory_gib: float, c
         kv_bytes_per_request_per_rank=kv,
         cache_budget_bytes_per_rank=budget,
         requests_that_fit=max(budget, 0) // kv if kv else 0,
+        cache=mode,
     )
 
 
@@ -140,7 +152,7 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
         f"the ranks: attention, feed-forwards, experts; {plan.replicated_parameters / 1e9:.2f}B on every "
         "rank: "
         "embeddings, head, norms, routers)",
-        f"KV cache per request per rank: {kv:.3f} GiB (dual cache; the prefix cache needs twice that)",
+        f"KV cache per request per rank: {kv:.3f} GiB ({CACHE_NOTES[plan.cache]})",
     ]
     if budget <= 0:
         lines.append(

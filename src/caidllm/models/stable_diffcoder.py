@@ -47,10 +47,11 @@ class StableDiffCoderModel(DecoderLM):
 
 
 # No confidence gating (its own decoder is a fixed-quota low-confidence one); its block cache is exact. No
-# model_type: config.json says "llama", which an autoregressive Llama says too.
+# model_type: config.json says "llama", which an autoregressive Llama says too. SeedDiffcoderForCausalLM: the
+# first revisions' class (the same LlamaForCausalLM forward), named only in their auto_map.
 STABLE_DIFFCODER = Family(
     name="stable_diffcoder",
-    architectures=("StableDiffcoderForCausalLM",),
+    architectures=("StableDiffcoderForCausalLM", "SeedDiffcoderForCausalLM"),
     model_types=(),
     read_fields=read_stable_diffcoder_fields,
     model_class=StableDiffCoderModel,

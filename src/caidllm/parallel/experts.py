@@ -27,10 +27,10 @@ class ExpertParallelMoE(MoEFeedForward):
     tp: TPGroup
     first_expert: int  # this rank's experts are [first_expert, first_expert + experts.num_experts)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx=None) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        chosen, weights = self.gate(flat)  # replicated routing: every rank sees the same choice
+        chosen, weights = self.route_tokens(flat, ctx)  # replicated routing: every rank sees the same choice
         held = self.experts.num_experts
         local = chosen - self.first_expert
         mine = (local >= 0) & (local < held)

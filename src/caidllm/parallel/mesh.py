@@ -111,13 +111,6 @@ def check_tp(tp, config, device) -> None:
         raise InputError(f"--tp must be a positive integer, got {tp!r}")
     if tp == 1:
         return
-    from ..models.families import get_family
-
-    if get_family(config.family).uniform:
-        raise InputError(
-            f"--tp {tp}: tensor parallelism is not implemented for the {config.family} family "
-            "(its own engine and layers); run it without --tp"
-        )
     backend_for(device)
     have = available_ranks(device)
     if tp > have:

@@ -82,7 +82,8 @@ class Mirror:
         serial = next(self._serials)
         engine.mirror_serial = serial
         self._sent[serial] = set()
-        self.record(engine, "engine", engine.scheduler.max_batch, engine.scheduler.max_queue)
+        queue = scheduler(engine)
+        self.record(engine, "engine", queue.max_batch, queue.max_queue)
         weakref.finalize(engine, self._freed, serial)
 
     def record(self, engine, op: str, *args) -> None:
@@ -102,7 +103,7 @@ class Mirror:
     def before_step(self, engine) -> None:
         """Send the other ranks what changed, then the step itself."""
         sent = self._sent[engine.mirror_serial]
-        queued = engine.scheduler.queue
+        queued = scheduler(engine).queue
         new = [
             (
                 r.id,
@@ -138,6 +139,11 @@ class Mirror:
         with self._lock:
             self._pending.append(("stop", -1))
         self.flush(last=True)
+
+
+def scheduler(engine):
+    """What holds an engine's queue: the mask engine's scheduler; a UniformEngine is its own."""
+    return getattr(engine, "scheduler", engine)
 
 
 def digest(events) -> int:
@@ -178,7 +184,7 @@ def follow(lm, tp: TPGroup) -> None:
             if op == "stop":
                 return
             if op == "engine":
-                engines[serial] = Engine(lm, max_batch=args[0], max_queue=args[1])
+                engines[serial] = engine_class(lm)(lm, max_batch=args[0], max_queue=args[1])
             elif op == "free":
                 engines.pop(serial, None)
             else:
@@ -188,6 +194,14 @@ def follow(lm, tp: TPGroup) -> None:
                 REPLAY[op](engines[serial], *args)
 
 
+def engine_class(lm) -> type:
+    """The engine rank 0 makes for `lm`: the uniform family's (DiffusionGemma) or the mask engine."""
+    from ..decode.uniform_engine import UniformEngine
+    from ..models.families import get_family
+
+    return UniformEngine if get_family(lm.config.family).uniform else Engine
+
+
 def _add_requests(engine: Engine, requests) -> None:
     for request_id, prompt, config, state, order_state in requests:
         request = engine.prepare(prompt, config, request_id)
@@ -195,7 +209,7 @@ def _add_requests(engine: Engine, requests) -> None:
             request.generator.set_state(state)
         if order_state is not None:
             request.policy_state.generator.set_state(order_state)
-        engine.scheduler.add_checked([request])
+        scheduler(engine).add_checked([request])
 
 
 def _step(engine: Engine) -> None:
@@ -212,7 +226,7 @@ def _check(engine: Engine, expected: int) -> None:
 
 
 def _cancel(engine: Engine, request_id: str) -> None:
-    if engine.scheduler.holds(request_id):
+    if scheduler(engine).holds(request_id):
         engine.cancel(request_id)
 
 

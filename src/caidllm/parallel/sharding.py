@@ -21,6 +21,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import InputError
+from ..models.diffusion_gemma import Layer as DiffusionGemmaLayer
 from ..models.dream import DreamAttention, DreamMLP
 from ..models.llada import LLaDABlock
 from ..models.llada2 import LLaDA2Attention
@@ -28,6 +29,7 @@ from ..models.moe import ExpertMLP, MoEFeedForward
 from ..models.plan import check_tp_divides
 from ..models.sdar import SDARAttention
 from ..models.stable_diffcoder import LlamaAttention
+from .diffusion_gemma import shard_layer as shard_diffusion_gemma_layer
 from .experts import shard_experts
 from .layers import RowParallelLinear, head_rows, keep_rows, shard_swiglu
 from .mesh import TPGroup
@@ -74,6 +76,7 @@ SHARDERS = {
     ExpertMLP: lambda m, c, tp: shard_swiglu(m, ("gate_proj", "up_proj", "down_proj"), tp),
     DreamMLP: lambda m, c, tp: shard_swiglu(m, ("gate_proj", "up_proj", "down_proj"), tp),
     MoEFeedForward: shard_experts,
+    DiffusionGemmaLayer: shard_diffusion_gemma_layer,  # both attention kinds, dense MLP, routed experts
 }
 
 

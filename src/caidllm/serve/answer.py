@@ -47,7 +47,7 @@ class Answer:
 
     def update(self, event: CommitEvent) -> str:
         """Take one step's event; the new text to send (possibly empty)."""
-        self.nfe += 1
+        self.nfe += event.forwards
         while len(self.steps_per_block) <= event.block:
             self.steps_per_block.append(0)
         self.steps_per_block[event.block] += 1

@@ -28,10 +28,11 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from caidllm.decode.background import BackgroundEngine
-from caidllm.decode.engine import Engine
-from caidllm.decode.methods import method_names
+from caidllm.decode.background import BackgroundEngine, engine_for
+from caidllm.decode.block_diffusion import applicable
+from caidllm.decode.diffusiongemma_settings import UNIFORM_METHODS
 from caidllm.decode.presets import lays_blocks
+from caidllm.decode.uniform_engine import UniformEngine
 from caidllm.errors import EngineFullError, InputError
 from caidllm.models.quantize import quantization_info
 from caidllm.serve.answer import Answer
@@ -109,18 +110,28 @@ def create_app(lm, settings: ServerConfig, *, engine_thread: bool = True) -> Fas
 def _server_for(lm, settings: ServerConfig) -> _Server:
     """The engine (not started yet) and what watches it; fills the prompt-size default from the model."""
     background = BackgroundEngine(
-        Engine(
+        engine_for(
             lm,
             max_batch=settings.max_batch,
             max_queue=settings.max_queue,
-            prefix_cache_mb=settings.prefix_cache_mb,
-            step_policy=settings.step_policy,
+            **_mask_engine_options(settings),
         )
     )
     metrics = ServerMetrics(background)
+    if isinstance(background.engine, UniformEngine):  # its own decoders' default, its canvas as the block
+        if settings.defaults.method not in UNIFORM_METHODS:
+            settings.defaults.method = UNIFORM_METHODS[0]
+        settings.defaults.block_length = background.engine.canvas_length
     if settings.defaults.max_prompt_chars is None:
         settings.defaults.max_prompt_chars = prompt_char_limit(lm)
     return _Server(lm, settings, background, metrics, Shutdown(settings.shutdown_grace))
+
+
+def _mask_engine_options(settings: ServerConfig) -> dict:
+    """The mask engine's own options that the server sets (left out when unset: the uniform-state engine
+    has neither)."""
+    options = {"prefix_cache_mb": settings.prefix_cache_mb, "step_policy": settings.step_policy}
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _lifespan(server: _Server, engine_thread: bool):
@@ -187,22 +198,11 @@ def _add_status_routes(app: FastAPI, server: _Server) -> None:
         return FileResponse(STATIC / "index.html")
 
     weights = {"dtype": str(lm.dtype).removeprefix("torch."), **quantization_info(lm)}  # fixed at start
+    info = _info(settings, lm, weights)  # fixed at start too
 
     @app.get("/caidllm/info")
     async def server_info():
-        d = settings.defaults
-        # one_block_methods: Elastic-Cache's official loop, one block of gen_length (the page sends it no
-        # block_length).
-        return {
-            "model": d.model_name,
-            "methods": method_names(),
-            "method": d.method,
-            "gen_length": d.gen_length,
-            "block_length": d.block_length,
-            "one_block_methods": [m for m in method_names() if not lays_blocks(m)],
-            "replica": settings.replica,
-            **weights,
-        }
+        return info
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -224,6 +224,26 @@ def _add_status_routes(app: FastAPI, server: _Server) -> None:
     @app.get("/metrics")
     async def prometheus():
         return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _info(settings: ServerConfig, lm, weights: dict) -> dict:
+    """What /caidllm/info says of the server. methods: the decoders that apply to the loaded model;
+    one_block_methods: Elastic-Cache's official loop, one block of gen_length (the page sends it no
+    block_length); uniform_methods: the uniform-state decoders (no mask token: the page draws their draft
+    canvases)."""
+    d = settings.defaults
+    methods, uniform = applicable(lm.config)[0], set(UNIFORM_METHODS)
+    return {
+        "model": d.model_name,
+        "methods": methods,
+        "method": d.method,
+        "gen_length": d.gen_length,
+        "block_length": d.block_length,
+        "one_block_methods": [m for m in methods if m not in uniform and not lays_blocks(m)],
+        "uniform_methods": [m for m in methods if m in uniform],
+        "replica": settings.replica,
+        **weights,
+    }
 
 
 def _add_generation_routes(app: FastAPI, server: _Server) -> None:

@@ -47,7 +47,8 @@ def _add_request_defaults(p: argparse.ArgumentParser) -> None:
         "--method",
         default=None,
         help="default method (default: a known block-diffusion checkpoint's own "
-        f"decoder, else cai): {', '.join(method_names())}",
+        f"decoder, else cai): {', '.join(method_names())}; on a uniform-state model (DiffusionGemma) "
+        "diffusiongemma (its default) or greedy",
     )
     known = " (default: a known checkpoint's recommendation; else {})"
     p.add_argument(

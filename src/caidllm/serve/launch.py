@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from caidllm.errors import InputError
+from caidllm.models.families import get_family
 
 
 def check_api_key(args) -> str | None:
@@ -33,14 +34,19 @@ def settings_from(args, lm):
 
     api_key = _check_flags(args)
     checkpoint = getattr(lm, "checkpoint", None)
-    # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its
-    # method).
-    method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
-    gen_length, block_length = _default_lengths(args, lm, checkpoint, method)
     from caidllm.decode.prefix_reuse import check_budget, make_store
 
     budget = check_budget(getattr(args, "prefix_cache_mb", None), "--prefix-cache-mb")
-    make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
+    if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine
+        method, gen_length, block_length = _uniform_defaults(args, lm, budget)
+    else:
+        # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its
+        # method).
+        method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
+        gen_length, block_length = _default_lengths(args, lm, checkpoint, method)
+        if args.method is None and get_family(lm.config.family).sequential:  # its own block decoder
+            method = "nemotron-dlm"
+        make_store(lm, budget)  # a budget the model cannot use (full-sequence, past the memory) fails here
     name = args.served_model_name or ("tiny" if args.model == "tiny" else Path(args.model).name)
     defaults = ServerDefaults(
         model_name=name,
@@ -81,13 +87,42 @@ def _check_flags(args):
     return api_key
 
 
+def _uniform_defaults(args, lm, budget) -> tuple[str, int, int]:
+    """A uniform-state model's default decoder (its own unless --method names the other), gen_length (one
+    canvas unless given) and block length (the canvas); the mask engine's flags refused by name."""
+    from caidllm.decode.uniform_api import check_uniform
+
+    given = {
+        "--block-length": args.block_length,
+        "--step-policy": getattr(args, "step_policy", None),
+        "--settings": getattr(args, "settings", None),
+        "--prefix-cache-mb": budget or None,
+    }
+    for flag, value in given.items():
+        if value is not None:
+            raise InputError(
+                f"{flag} does not apply to model family {lm.config.family!r}: uniform-state diffusion runs "
+                "its own engine (canvases of the checkpoint's length, no prefix store, no settings file)"
+            )
+    settings = check_uniform(lm.config, args.method, getattr(lm, "path", None), gen_length=args.gen_length)
+    return (
+        settings.method,
+        settings.gen_length if args.gen_length else settings.canvas_length,
+        (settings.canvas_length),
+    )
+
+
 def _default_lengths(args, lm, checkpoint, method: str) -> tuple[int, int]:
     """The requests' default gen_length and block_length. Unset ones as generate takes them (a known
     checkpoint's recommendation, a block-diffusion model's own block length); given ones are checked, and
     that they apply to the model's family."""
     from caidllm.decode.config import DecodeConfig
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS, sequential_lengths
     from caidllm.decode.presets import config_for_model, options_for_model
 
+    if get_family(lm.config.family).sequential or method in SEQUENTIAL_METHODS:  # decode/nemotron.py
+        lengths = sequential_lengths(checkpoint, args.gen_length, args.block_length)
+        return lengths["gen_length"], lengths["block_length"]
     config, _ = config_for_model(
         lm.config, checkpoint, method, gen_length=args.gen_length, block_length=args.block_length
     )

@@ -60,14 +60,14 @@ class _EngineCounters:
 
     def collect(self):
         forwards = CounterMetricFamily("caidllm_forwards", "Model forward passes run by the engine")
-        forwards.add_metric([], self.engine.runner.forwards)
+        forwards.add_metric([], self.engine.forwards)
         steps = CounterMetricFamily(
             "caidllm_engine_steps", "Engine steps (each advances every request in flight)"
         )
         steps.add_metric([], self.engine.steps)
         yield forwards
         yield steps
-        yield from _prefix_store_metrics(self.engine.prefix.store)
+        yield from _prefix_store_metrics(self.engine.prefix_store)
 
 
 PREFIX_COUNTERS = {  # store counter -> (metric, help)

@@ -19,10 +19,12 @@ from caidllm.checks import is_id_list, is_int, is_number
 from caidllm.decode.block_diffusion import fit_to_model
 from caidllm.decode.config import DecodeConfig
 from caidllm.decode.constraints import Constraint
+from caidllm.decode.nemotron import SEQUENTIAL_METHODS
 from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.decode.setting_names import ALL_NAMES
 from caidllm.errors import InputError
-from caidllm.serve import logprobs, structured, tools
+from caidllm.models.families import get_family
+from caidllm.serve import logprobs, structured, tools, uniform_protocol
 from caidllm.serve.openai_fields import NEUTRAL
 from caidllm.serve.stops import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
 
@@ -105,7 +107,9 @@ OPENAI_FIELDS = {
     "messages",
     "prompt",
 }
-EXTENSIONS = (ALL_NAMES | {"method"}) - {"temperature", "seed"}
+# caidllm's own top-level fields: the mask-based decoders' settings and the uniform-state ones' (each
+# refused by name on a model whose decoders do not read it)
+EXTENSIONS = (ALL_NAMES | uniform_protocol.SETTING_FIELDS | {"method"}) - {"temperature", "seed"}
 OWN_FIELDS = {"commit_events", "logprobs", "top_logprobs", "echo", "tools", "tool_choice", *structured.FIELDS}
 
 
@@ -128,12 +132,20 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     )
     _check_prompt_lengths(prompts, defaults, prompt_field)
     extensions = {k: body[k] for k in body if k in EXTENSIONS}
-    config = _config(body, extensions, max_tokens, max_name, defaults)
-    try:  # the one check against the model: a setting its kind never reads, then one the method does not
-        # read (whose advice is a method), then what the family does not take (cache=dual on block diffusion)
-        config = fit_to_model(config, lm.config, strict=True)
-    except InputError as error:
-        raise RequestError(str(error), error.field or _method_param(extensions)) from None
+    if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders' settings
+        config = _uniform_config(body, extensions, max_tokens, max_name, defaults, lm)
+    else:
+        try:
+            uniform_protocol.refuse_uniform_fields(extensions, lm.config.family, ALL_NAMES)
+        except InputError as error:
+            raise RequestError(str(error), error.field) from None
+        config = _config(body, extensions, max_tokens, max_name, defaults)
+        try:  # the one check against the model: a setting its kind never reads, then one the method does not
+            # read (whose advice is a method), then what the family does not take (cache=dual on block
+            # diffusion)
+            config = _fit(config, lm)
+        except InputError as error:
+            raise RequestError(str(error), error.field or _method_param(extensions)) from None
     constraint, top = _answer_form(body, kind, max_tokens, tool_request)
     return DecodeRequest(
         kind,
@@ -150,6 +162,15 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
         top,
         tool_request,
     )
+
+
+def _uniform_config(body, extensions: dict, max_tokens, max_name: str, defaults, lm):
+    """A uniform-state model's settings (serve/uniform_protocol.py); a refusal names its field."""
+    try:
+        uniform_protocol.refuse_answer_form(body)
+        return uniform_protocol.uniform_settings(body, extensions, max_tokens, max_name, defaults, lm)
+    except InputError as error:
+        raise RequestError(str(error), error.field or _method_param(extensions)) from None
 
 
 def _check_fields(body: dict, kind: str, prompt_field: str) -> None:
@@ -279,6 +300,8 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
     seed = body.get("seed")
     if seed is not None and not is_int(seed):
         raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
+    if method in SEQUENTIAL_METHODS:  # decode/nemotron.py's own settings (the engine checks the model)
+        return _sequential(method, ext, float(temperature))
     try:
         own = (
             defaults.settings
@@ -295,6 +318,37 @@ def _config(body, extensions: dict, max_tokens, max_name: str, defaults: ServerD
         )
     except InputError as error:
         raise RequestError(str(error), error.field or "method") from None
+
+
+def _fit(config, lm):
+    """The config fitted to the model: a mask-based decoder's (fit_to_model), or the sequential decoders'
+    (decode/nemotron.py) on their family only (the server does not force them onto another)."""
+    from caidllm.decode.nemotron import SEQUENTIAL_METHODS, SequentialSettings, untrained_refusal
+    from caidllm.models.families import get_family
+
+    sequential = get_family(lm.config.family).sequential
+    if isinstance(config, SequentialSettings) and not sequential:
+        raise InputError(untrained_refusal(lm.config.family, config.method).split("; pass force")[0])
+    if sequential and not isinstance(config, SequentialSettings):
+        raise InputError(
+            f"model family {lm.config.family!r} decodes with its own decoders "
+            f"{', '.join(map(repr, SEQUENTIAL_METHODS))}; method {config.method!r} is a mask-engine decoder"
+        )
+    return config if sequential else fit_to_model(config, lm.config, strict=True)
+
+
+def _sequential(method: str, ext: dict, temperature: float):
+    from caidllm.decode.nemotron import SequentialSettings, check_values
+
+    unknown = sorted(set(ext) - {"gen_length", "block_length", "threshold", "early_stop"})
+    if unknown:
+        raise RequestError(f"{unknown[0]} does not apply to the sequential decoder {method!r}", unknown[0])
+    if temperature != 0:
+        raise RequestError("temperature: the sequential decoders are greedy only (0)", "temperature")
+    try:
+        return check_values(SequentialSettings(method=method, **ext))
+    except InputError as error:
+        raise RequestError(str(error), "method") from None
 
 
 def _check_text(body: dict) -> None:

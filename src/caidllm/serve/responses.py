@@ -99,12 +99,14 @@ def chunks(call, index: int, delta: str, event) -> list[dict]:
     out = []
     if call.req.tools is not None:  # a tool call is known only once the answer is whole: sent then
         delta = ""
-    if delta or call.req.commit_events:
+    if delta or call.req.commit_events or event.draft is not None:
         chunk = _chunk(call, index, delta)
         if call.req.commit_events:
             chunk["caidllm"] = {"commit_events": commit_events(call, event)}
             if event.reused_positions is not None:  # the request's first step: what the prefix store gave it
                 chunk["caidllm"]["prefix_cache"] = prefix_cache_info(call, event)
+        if event.draft is not None:  # provisional (stream_draft): the uniform-state decoders' draft canvas
+            chunk.setdefault("caidllm", {})["draft"] = draft(call, event.draft)
         out.append(chunk)
     answer = call.answers[index]
     if answer.finish_reason:
@@ -144,6 +146,22 @@ def commit_events(call, event) -> list[dict]:
         }
         for p, t, s in zip(event.positions, event.token_ids, event.first_confidence)
     ]
+
+
+def draft(call, d: dict) -> dict:
+    """A step's draft (stream_draft; provisional): its canvas, the step, where the canvas starts in the
+    answer, the argmax token and text of every canvas position, the offsets the step accepted and the tokens
+    they kept (the rule's: a sample may differ from the argmax)."""
+    lm, length = call.answers[0].lm, len(d["tokens"])
+    return {
+        "canvas": d["canvas"],
+        "step": d["step"],
+        "start": d["canvas"] * length,
+        "tokens": d["tokens"],
+        "text": [lm.decode([t]) for t in d["tokens"]],
+        "accepted": d["accepted"],
+        "kept": d["kept"],
+    }
 
 
 def prefix_cache_info(call, event) -> dict:

@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from caidllm.tasks.base import FINAL_PREFIX, SPLITS, Example, Task, split_of
-from caidllm.tasks.registry import DRILL_NAMES, TASK_NAMES, check_task, get_task, get_training_task
+from caidllm.tasks.registry import (
+    CHOICE_NAMES,
+    COT_NAMES,
+    DRILL_NAMES,
+    TASK_NAMES,
+    check_task,
+    get_task,
+    get_training_task,
+)
 from caidllm.tasks.scoring import extract_answer, normalise, score
 
 
@@ -27,6 +35,8 @@ def corpus_texts(n_per_task: int, seed: int = 0, tasks: tuple[str, ...] = TASK_N
 __all__ = [
     "TASK_NAMES",
     "DRILL_NAMES",
+    "COT_NAMES",
+    "CHOICE_NAMES",
     "SPLITS",
     "FINAL_PREFIX",
     "Example",

@@ -72,17 +72,28 @@ class Task:
     # input space, so running out means the generator is broken.
     _MAX_TRIES = 1000
 
-    def __init__(self, name: str, generate: Generator, words: Collection[str] = ()):
+    def __init__(
+        self,
+        name: str,
+        generate: Generator,
+        words: Collection[str] = (),
+        max_answer_tokens: int = MAX_ANSWER_TOKENS,
+        split_key: str | None = None,
+    ):
         self.name = name
         self._generate = generate
         self.words = tuple(words)  # task vocabulary, for the tokenizer
+        self.max_answer_tokens = max_answer_tokens
+        # A variant of a family (its inputs, other worked answers) shares the family's
+        # split of the input space, so no test input of one is a training input of the other.
+        self.split_key = split_key or name
 
     def _make(self, rng: random.Random) -> Example:
         for _ in range(self._MAX_TRIES):
             prompt, answer, target = self._generate(rng)
-            if count_tokens(answer) <= MAX_ANSWER_TOKENS:
+            if count_tokens(answer) <= self.max_answer_tokens:
                 return Example(prompt=prompt, answer=answer, target=target, task=self.name)
-        raise RuntimeError(f"{self.name}: every worked answer was over {MAX_ANSWER_TOKENS} tokens")
+        raise RuntimeError(f"{self.name}: every worked answer was over {self.max_answer_tokens} tokens")
 
     def example(self, seed: int) -> Example:
         """One example from the whole distribution (any split)."""
@@ -110,7 +121,7 @@ class Task:
             for attempt in range(self._MAX_TRIES):
                 rng = random.Random(stable_int(self.name, split, seed, i, attempt))
                 ex = self._make(rng)
-                if split_of(self.name, ex.prompt) != split:
+                if split_of(self.split_key, ex.prompt) != split:
                     continue
                 if exclude and ex.prompt in exclude:
                     continue

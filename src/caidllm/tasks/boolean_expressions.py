@@ -62,29 +62,33 @@ def all_expressions() -> tuple[str, ...]:
     return tuple(sorted(exprs))
 
 
-def _reduce_once(toks: list[str]) -> list[str]:
-    """Apply the single next reduction (see module doc)."""
+def reduce_span(toks: list[str]) -> tuple[int, int, str]:
+    """The single next reduction (see module doc): toks[lo:hi] becomes the value."""
     # Innermost group: the first ")" and the "(" nearest before it.
     if ")" in toks:
         hi = toks.index(")")
         lo = hi - 1 - toks[hi - 1 :: -1].index("(")
         if hi - lo == 2:  # "( V )" -> "V"
-            return toks[:lo] + [toks[lo + 1]] + toks[hi + 1 :]
+            return lo, hi + 1, toks[lo + 1]
         start, end = lo + 1, hi
     else:
         start, end = 0, len(toks)
     seg = toks[start:end]
     for i in range(len(seg) - 1):
         if seg[i] == "not" and seg[i + 1] in VALUES:
-            new = [str(seg[i + 1] != "True")]
-            return toks[: start + i] + new + toks[start + i + 2 :]
+            return start + i, start + i + 2, str(seg[i + 1] != "True")
     for op in ("and", "or"):
         if op in seg:
             i = seg.index(op)
             a, b = seg[i - 1] == "True", seg[i + 1] == "True"
-            new = [str(a and b if op == "and" else a or b)]
-            return toks[: start + i - 1] + new + toks[start + i + 2 :]
+            return start + i - 1, start + i + 2, str(a and b if op == "and" else a or b)
     raise ValueError(f"cannot reduce {' '.join(toks)!r}")
+
+
+def _reduce_once(toks: list[str]) -> list[str]:
+    """Apply the single next reduction (see module doc)."""
+    lo, hi, value = reduce_span(toks)
+    return toks[:lo] + [value] + toks[hi:]
 
 
 def solve(expr: str) -> tuple[list[str], str]:

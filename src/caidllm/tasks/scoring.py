@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
-from caidllm.tasks.registry import check_task
+from caidllm.tasks.registry import CHOICE_NAMES, check_task, family_of
 
+# A choice answer as the bench's BBH scorer takes it: "B", "(B)" or "(B) Frankenstein".
+_CHOICE_ANSWER = re.compile(r"^\(?([A-Z])\)?(?=$|[\s.:,)])")
 # Last "the answer is X" on a line (lm-eval's BBH CoT filter takes the same).
 _ANSWER = re.compile(r"the answer is[ \t]*([^\n]*)", re.IGNORECASE)
 
@@ -38,10 +40,15 @@ def extract_answer(text: str) -> str | None:
 
 
 def normalise(task: str, answer: str) -> str:
-    """Dyck answers are compared without whitespace; everything else
-    exactly (BBH targets are case-sensitive; integers stay as written)."""
-    if task == "dyck_languages":
+    """Dyck answers are compared without whitespace, a multiple-choice answer by
+    its letter (as the bench scores BBH's choice tasks); everything else exactly
+    (BBH targets are case-sensitive; integers stay as written). A cot variant is
+    scored as its family."""
+    if family_of(task) == "dyck_languages":
         return "".join(answer.split())
+    if task in CHOICE_NAMES:
+        letter = _CHOICE_ANSWER.match(answer.strip())
+        return f"({letter.group(1)})" if letter else answer.strip()
     return answer.strip()
 
 

@@ -75,38 +75,68 @@ def _to_bytes_chars(piece: str) -> str:
     return "".join(p for p, _ in _byte_level().pre_tokenize_str(piece))
 
 
-def task_pieces(n_per_task: int = 2000, seed: int = 0) -> list[str]:
-    """Every multi-character piece of the task texts and word pools."""
+def task_pieces(n_per_task: int = 2000, seed: int = 0, tasks: tuple[str, ...] | None = None) -> list[str]:
+    """Every multi-character piece of the task texts and word pools (of `tasks`:
+    by default the benchmark families and the chat words, `tiny`'s vocabulary)."""
     from caidllm.tasks import TASK_NAMES, corpus_texts, get_task
 
     counts: Counter[str] = Counter()
-    for text in corpus_texts(n_per_task, seed):
+    for text in corpus_texts(n_per_task, seed, tasks or TASK_NAMES):
         counts.update(re.findall(PIECE_PATTERN, text))
-    for name in TASK_NAMES:
+    for name in tasks or TASK_NAMES:
         for word in get_task(name).words:
             counts.update([word, " " + word])
-    for word in EXTRA_WORDS:
+    for word in EXTRA_WORDS if tasks is None else ():
         counts.update([word, " " + word])
     return sorted(p for p in counts if len(p) > 1 and not p.isspace())
 
 
-def build_tokenizer(out_dir: str | Path, n_per_task: int = 2000, seed: int = 0) -> dict[str, int]:
+def _cot_tasks() -> tuple[str, ...]:
+    from caidllm.tasks import COT_NAMES
+
+    return COT_NAMES
+
+
+# Pieces added after tiny's, per vocabulary: (the tasks they come from, examples read per
+# task). Appended at the end, so every token of `tiny` keeps its id and a run can start
+# from its weights (train/init_weights.py gives the new rows their first values).
+VOCABULARIES = {"tiny": (tuple, 0), "tiny-cot": (_cot_tasks, 500)}
+
+
+def vocabulary_extra(name: str) -> tuple[tuple[str, ...], int]:
+    if name not in VOCABULARIES:
+        raise InputError(f"vocabulary must be one of {', '.join(VOCABULARIES)}, got {name!r}")
+    tasks, n = VOCABULARIES[name]
+    return tasks(), n
+
+
+def _unigram_vocab(n_per_task: int, seed: int, vocabulary: str) -> list[tuple[str, float]]:
+    """Special tokens, the 256 byte characters, tiny's pieces, then the vocabulary's own."""
+    extra_tasks, extra_n = vocabulary_extra(vocabulary)
+    vocab = [(tok, 0.0) for tok in SPECIAL_TOKENS]
+    vocab += [(ch, _CHAR_SCORE) for ch in sorted(pre_tokenizers.ByteLevel.alphabet())]
+    seen = {tok for tok, _ in vocab}
+    pieces = task_pieces(n_per_task, seed)
+    if extra_tasks:
+        pieces += task_pieces(extra_n, seed, extra_tasks)
+    for piece in pieces:
+        spelled = _to_bytes_chars(piece)
+        if spelled not in seen:
+            seen.add(spelled)
+            vocab.append((spelled, _WORD_SCORE))
+    return vocab
+
+
+def build_tokenizer(
+    out_dir: str | Path, n_per_task: int = 2000, seed: int = 0, vocabulary: str = "tiny"
+) -> dict[str, int]:
     """Write tokenizer.json and tokenizer_config.json to ``out_dir``;
     return the special token ids."""
     if n_per_task < 1:
         raise InputError(f"n_per_task must be >= 1, got {n_per_task!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-
-    vocab = [(tok, 0.0) for tok in SPECIAL_TOKENS]
-    vocab += [(ch, _CHAR_SCORE) for ch in sorted(pre_tokenizers.ByteLevel.alphabet())]
-    seen = {tok for tok, _ in vocab}
-    for piece in task_pieces(n_per_task, seed):
-        spelled = _to_bytes_chars(piece)
-        if spelled not in seen:
-            seen.add(spelled)
-            vocab.append((spelled, _WORD_SCORE))
-
+    vocab = _unigram_vocab(n_per_task, seed, vocabulary)
     tok = Tokenizer(models.Unigram(vocab, unk_id=None, byte_fallback=False))
     tok.pre_tokenizer = _pre_tokenizer()
     tok.decoder = decoders.ByteLevel()

@@ -7,7 +7,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from caidllm.errors import InputError
-from caidllm.train.trainer import OBJECTIVES, TrainConfig, Trainer
+from caidllm.train.config import OBJECTIVES, TrainConfig
+from caidllm.train.trainer import Trainer
 from caidllm.train.upcycle import upcycle
 
 
@@ -41,16 +42,7 @@ def register(sub, name: str) -> None:
         "answer block noised on its own (the recipe of tiny-bd); uniform: a DiffusionGemma-architecture "
         "model, uniform-state noise over canvases (the recipe of tiny-dg)",
     )
-    parser.add_argument(
-        "--block-lengths",
-        metavar="N,N,...",
-        help="block_diffusion: the block lengths to train on, one drawn per batch (default 4,8,16,32)",
-    )
-    parser.add_argument(
-        "--init-from",
-        metavar="MODEL",
-        help="start from this model's weights (a folder or 'tiny') instead of random ones",
-    )
+    _add_start_and_shape_flags(parser)
     parser.add_argument(
         "--upcycle-from",
         metavar="MODEL",
@@ -70,6 +62,24 @@ def register(sub, name: str) -> None:
     parser.set_defaults(handler=run_train)
 
 
+def _add_start_and_shape_flags(parser) -> None:
+    parser.add_argument(
+        "--block-lengths",
+        metavar="N,N,...",
+        help="block_diffusion: the block lengths to train on, one drawn per batch (default 4,8,16,32)",
+    )
+    parser.add_argument(
+        "--canvas-lengths",
+        metavar="N,N,...",
+        help="the answer canvases a batch draws from (default 64,96,128,160,192,256; tiny-cot up to 512)",
+    )
+    parser.add_argument(
+        "--init-from",
+        metavar="MODEL",
+        help="start from this model's weights (a folder or 'tiny') instead of random ones",
+    )
+
+
 def run_train(args) -> int:
     overrides = {
         f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None
@@ -84,6 +94,8 @@ def run_train(args) -> int:
         overrides["init_from"] = str(upcycled_start(args.upcycle_from, Path(args.out)))
     if args.block_lengths is not None:
         overrides["block_lengths"] = parse_block_lengths(args.block_lengths)
+    if args.canvas_lengths is not None:
+        overrides["canvas_lengths"] = parse_block_lengths(args.canvas_lengths, "--canvas-lengths")
     if args.task_mix is not None:
         overrides["task_phases"] = ((0, parse_task_mix(args.task_mix)),)
     cfg = TrainConfig(out_dir=args.out, **overrides)
@@ -117,12 +129,12 @@ def parse_task_mix(text: str) -> dict[str, float]:
     return mix
 
 
-def parse_block_lengths(text: str) -> tuple[int, ...]:
+def parse_block_lengths(text: str, flag: str = "--block-lengths") -> tuple[int, ...]:
     """ "4,8,16" -> (4, 8, 16) (TrainConfig checks that each is >= 1)."""
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise InputError(f"--block-lengths: expected integers separated by commas, got {text!r}") from None
+        raise InputError(f"{flag}: expected integers separated by commas, got {text!r}") from None
 
 
 def upcycled_start(source: str, out: Path) -> Path:

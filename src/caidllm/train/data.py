@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from caidllm.tasks import get_training_task
+from caidllm.train.fewshot import FewShot
 
 # Sequence lengths are rounded up to a multiple of this, so that the CPU
 # kernels see a few dozen shapes rather than hundreds (each new shape costs
@@ -58,14 +59,20 @@ def result_flags(token_texts: list[str]) -> list[bool]:
     return flags
 
 
-def encode_pair(tokenizer, prompt: str, answer: str, eot_id: int) -> tuple[list[int], list[int]]:
-    prompt_ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-    )
+def encode_prompt(tokenizer, prompt: str | list[dict[str, str]]) -> list[int]:
+    """The chat-templated prompt: one user message, or earlier turns (few-shot) then it."""
+    turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    prompt_ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
     if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
         prompt_ids = prompt_ids["input_ids"]
+    return list(prompt_ids)
+
+
+def encode_pair(
+    tokenizer, prompt: str | list[dict[str, str]], answer: str, eot_id: int
+) -> tuple[list[int], list[int]]:
     answer_ids = tokenizer.encode(answer, add_special_tokens=False) + [eot_id]
-    return list(prompt_ids), answer_ids
+    return encode_prompt(tokenizer, prompt), answer_ids
 
 
 class TaskStream:
@@ -81,6 +88,7 @@ class TaskStream:
         eos_id: int,
         seed: int,
         tight_canvas_share: float,
+        fewshot: FewShot | None = None,
     ):
         self.tokenizer, self.batch_size = tokenizer, batch_size
         names = list(dict.fromkeys(name for _, weights in task_phases for name in weights))
@@ -93,6 +101,7 @@ class TaskStream:
         self.canvas_lengths = canvas_lengths
         self.eot_id, self.eos_id, self.seed = eot_id, eos_id, seed
         self.tight_canvas_share = tight_canvas_share
+        self.fewshot = fewshot or FewShot()
         self._token_texts: dict[int, str] = {}
 
     def token_text(self, token_id: int) -> str:
@@ -109,7 +118,12 @@ class TaskStream:
         weights = next(w for start, w in self.phases if step >= start)
         task = rng.choices(self.tasks, weights=weights)[0]
         examples = task.examples("train", self.batch_size, seed=rng.randrange(1 << 62))
-        pairs = [encode_pair(self.tokenizer, e.prompt, e.answer, self.eot_id) for e in examples]
+        shots_rng = self.fewshot.rng(self.seed, step)
+        prompts = [
+            self.fewshot.prompt(task, e, shots_rng, lambda m: len(encode_prompt(self.tokenizer, m)))
+            for e in examples
+        ]
+        pairs = [encode_pair(self.tokenizer, p, e.answer, self.eot_id) for p, e in zip(prompts, examples)]
         longest_answer = max(len(a) for _, a in pairs)
         fitting = [g for g in self.canvas_lengths if g >= longest_answer] or [longest_answer]
         # Mostly the tightest canvas (cheap); otherwise any that fits, so long

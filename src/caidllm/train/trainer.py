@@ -15,26 +15,26 @@ so a resumed run sees exactly the batches it would have seen.
 
 from __future__ import annotations
 
-import copy
 import json
-import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from caidllm.errors import InputError
 from caidllm.models.families import family_of, parse_config
 from caidllm.models.lm import DiffusionLM
 from caidllm.models.loading import load_tokenizer, resolve_folder
-from caidllm.tasks import DRILL_NAMES, TASK_NAMES, get_task, get_training_task, score
+from caidllm.tasks import COT_NAMES, TASK_NAMES, get_task, get_training_task, score
 from caidllm.tasks.vocab import build_tokenizer
+from caidllm.train.config import TrainConfig
 from caidllm.train.data import TaskStream, encode_pair
+from caidllm.train.fewshot import FewShot
+from caidllm.train.init_weights import load_initial_weights
 from caidllm.train.moe_balance import ExpertBalancer, initial_config
 from caidllm.train.objectives import OBJECTIVES
 from caidllm.train.uniform import generation_config_dict, init_from_llada, initialise
@@ -45,195 +45,6 @@ SPECIAL_TOKEN_NAMES = {
     "mask": "<|mdm_mask|>",
     "eot": "<|eot_id|>",
 }
-
-# The recipe's task mix, in phases: (first step, weight per task). At
-# first the arithmetic facts drill (tasks/arithmetic_facts.py) gets 41% of
-# the batches from the first step, because a fresh model needs hundreds of
-# exposures per fact (probes on the drill alone: 11% of results right after
-# 300 steps, 26% after 1,200), and the arithmetic and navigate chains are
-# only as good as their facts. dyck_languages (its chain copies the whole
-# input, where the model loses its place) and multistep_arithmetic_two (no
-# target, far beyond this model) get the least compute.
-TASK_PHASES = (
-    (
-        0,
-        {
-            "boolean_expressions": 1.0,
-            "web_of_lies": 1.25,
-            "navigate": 1.75,
-            "dyck_languages": 0.5,
-            "multistep_arithmetic_two": 0.25,
-            "arithmetic": 1.75,
-            "arithmetic_facts": 4.5,
-        },
-    ),
-    # By step 8,200 the drill's facts were learned (99.6%, Trainer.fact_accuracy)
-    # and the chains were not: most of its compute goes to them.
-    (
-        8200,
-        {
-            "boolean_expressions": 1.75,
-            "web_of_lies": 1.0,
-            "navigate": 2.5,
-            "dyck_languages": 0.5,
-            "multistep_arithmetic_two": 0.25,
-            "arithmetic": 3.0,
-            "arithmetic_facts": 1.0,
-        },
-    ),
-)
-
-
-@dataclass
-class TrainConfig:
-    """Defaults are the recipe of the shipped tiny model (see its MODEL_CARD.md)."""
-
-    out_dir: str = "runs/tiny"
-    d_model: int = 256
-    n_layers: int = 6
-    n_heads: int = 4
-    mlp_hidden_size: int = 768
-    max_sequence_length: int = 1024
-    batch_size: int = 32
-    steps: int = 12000
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 100
-    # Steps at which the cosine schedule starts again, from restart_lr down to
-    # min_lr at the next restart (or at `steps`). To continue a finished run
-    # without changing the rates it trained with, add a restart at its
-    # `steps` and raise `steps`. Restarts past `steps` never happen: the
-    # cycle running at `steps` ends there.
-    lr_restarts: tuple[int, ...] = ()
-    restart_lr: float = 4e-4
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    # each batch draws one that fits its longest answer
-    canvas_lengths: tuple[int, ...] = (
-        64,
-        96,
-        128,
-        160,
-        192,
-        256,
-    )
-    tight_canvas_share: float = 0.75  # share of batches on the tightest canvas that fits, the rest on any
-    block_share: float = 0.5  # share of rows noised like a block decoder's input (see data.mask_answers)
-    block_length: int = 64
-    # Share of the rows with equations that are cut at a result: clean up to
-    # it, masked from there (see data.mask_answers), from step results_from
-    # on. Drill rows mask only their results instead.
-    cut_share: float = 0.5
-    # Step from which the drill masks only results and chains are cut at
-    # them; before it every row is plain or block. The shipped run started
-    # them at 4,600: on a fresh model they did nothing within 300 steps
-    # (the fact plateau comes first, see training/README.md).
-    results_from: int = 4600
-    task_phases: tuple[tuple[int, dict[str, float]], ...] = field(
-        default_factory=lambda: copy.deepcopy(TASK_PHASES)
-    )
-    bf16_autocast: bool = True  # CPU bf16 matmuls roughly halve the step time where supported
-    seed: int = 0
-    threads: int = 2
-    save_every: int = 50
-    eval_every: int = 1000
-    eval_examples: int = 8  # per task, validation split
-    time_limit_s: float | None = None  # stop (and save) after this much wall time in this run
-    # "masked": LLaDA's SFT (every row kind above). "block_diffusion": block-causal
-    # attention, each answer block noised on its own (train/block_diffusion.py); each batch
-    # draws one of block_lengths, and the export says the model is block-causal. "uniform": a
-    # DiffusionGemma-architecture model, uniform-state noise and self-conditioning (train/uniform.py).
-    objective: str = "masked"
-    canvas_length: int = 64  # uniform: the canvas the model is trained on and decodes
-    self_conditioning: float = (
-        0.5  # uniform: share of rows whose second pass gets the first's soft embeddings
-    )
-    block_lengths: tuple[int, ...] = (4, 8, 16, 32)
-    keep_validated: bool = False  # also export the model at each validation to RUN/step-N (to pick the best)
-    init_from: str | None = None  # a model folder or embedded name ("tiny") to start from, not random weights
-
-    def __post_init__(self):
-        for name in (
-            "steps",
-            "batch_size",
-            "block_length",
-            "d_model",
-            "n_layers",
-            "n_heads",
-            "threads",
-            "canvas_length",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"{name} must be an integer >= 1, got {value!r}")
-        starts = [phase[0] for phase in self.task_phases]
-        if (
-            not starts
-            or any(isinstance(a, bool) or not isinstance(a, int) for a in starts)
-            or starts[0] != 0
-            or any(b <= a for a, b in zip(starts, starts[1:]))
-        ):
-            raise InputError(f"task_phases must start at step 0 and in increasing order, got starts {starts}")
-        for start, weights in self.task_phases:
-            unknown = sorted(set(weights) - set(TASK_NAMES + DRILL_NAMES))
-            if unknown:
-                raise InputError(
-                    f"task_phases: unknown task(s) {unknown} at step {start}; "
-                    f"known: {list(TASK_NAMES + DRILL_NAMES)}"
-                )
-            if any(
-                isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
-                for w in weights.values()
-            ) or not sum(weights.values()):
-                raise InputError(
-                    f"task_phases: weights at step {start} must be >= 0 with a positive sum, got {weights}"
-                )
-        restarts = list(self.lr_restarts)
-        if any(
-            isinstance(r, bool) or not isinstance(r, int) or r <= self.warmup_steps for r in restarts
-        ) or restarts != sorted(set(restarts)):
-            raise InputError(
-                f"lr_restarts must be increasing integer steps after the warm-up "
-                f"(> warmup_steps = {self.warmup_steps}), got {restarts}"
-            )
-        if (
-            isinstance(self.results_from, bool)
-            or not isinstance(self.results_from, int)
-            or self.results_from < 0
-        ):
-            raise InputError(f"results_from must be an integer step >= 0, got {self.results_from!r}")
-        for name in ("tight_canvas_share", "block_share", "cut_share"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
-                raise InputError(f"{name} must be a number in [0, 1], got {value!r}")
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"objective must be one of {tuple(OBJECTIVES)}, got {self.objective!r}")
-        if not (isinstance(self.self_conditioning, (int, float)) and 0.0 <= self.self_conditioning <= 1.0):
-            raise InputError(f"self_conditioning must be a number in [0, 1], got {self.self_conditioning!r}")
-        lengths = self.block_lengths
-        if (
-            not isinstance(lengths, tuple)
-            or not lengths
-            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths)
-        ):
-            raise InputError(f"block_lengths must be a non-empty tuple of integers >= 1, got {lengths!r}")
-        if self.init_from is not None:
-            resolve_folder(self.init_from)  # a missing model is refused before any work
-        if self.d_model % self.n_heads:
-            raise InputError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-
-    def lr_at(self, step: int) -> float:
-        """Linear warm-up, then cosine cycles: the first from lr, each restart
-        from restart_lr, all down to min_lr at the cycle's end."""
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        restarts = [r for r in self.lr_restarts if r <= step]
-        begin = restarts[-1] if restarts else self.warmup_steps
-        # restarts past `steps` never happen
-        end = min([r for r in self.lr_restarts if r > step] + [self.steps])
-        peak = self.restart_lr if restarts else self.lr
-        progress = min(1.0, (step - begin) / max(1, end - begin))
-        return self.min_lr + (peak - self.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def model_config_dict(cfg: TrainConfig, vocab_size: int, special: dict[str, int]) -> dict:
@@ -282,7 +93,7 @@ class Trainer:
         torch.set_num_threads(cfg.threads)
         self.tokenizer_dir = self.out / "tokenizer"
         if not (self.tokenizer_dir / "tokenizer.json").exists():
-            build_tokenizer(self.tokenizer_dir)
+            build_tokenizer(self.tokenizer_dir, vocabulary=cfg.vocabulary)
         vocab = Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json"))
         special = {name: vocab.token_to_id(token) for name, token in SPECIAL_TOKEN_NAMES.items()}
         vocab_size = -(-vocab.get_vocab_size() // 64) * 64  # embedding rows padded like the real models'
@@ -306,6 +117,9 @@ class Trainer:
             eos_id=special["eos"],
             seed=cfg.seed,
             tight_canvas_share=cfg.tight_canvas_share,
+            fewshot=FewShot(
+                cfg.fewshot_share, cfg.fewshot_max, cfg.max_sequence_length - max(cfg.canvas_lengths)
+            ),
         )
         self.step = 0
         self.trained_s = 0.0
@@ -335,28 +149,16 @@ class Trainer:
             self.raw_config = self.objective.export_config(self.cfg, self.raw_config)
 
     def _load_initial_weights(self, name: str) -> None:
-        folder, _ = resolve_folder(name)
-        if not (folder / "model.safetensors").is_file():
-            raise InputError(f"init_from {name!r}: {folder} has no model.safetensors")
         if self.objective.uniform:  # from a LLaDA-layout model: what fits (train/uniform.py)
-            self.log(
-                {
-                    "event": "initialised from",
-                    "model": name,
-                    "tensors": len(init_from_llada(self.model, folder)),
-                }
-            )
+            folder, _ = resolve_folder(name)
+            copied = init_from_llada(self.model, folder)
+            self.log({"event": "initialised from", "model": name, "tensors": len(copied)})
             return
-        weights = load_file(str(folder / "model.safetensors"))
-        try:
-            self.model.load_state_dict({key: value.float() for key, value in weights.items()})
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()[-1].strip()
-            raise InputError(
-                f"init_from {name!r}: its weights do not fit the model of this TrainConfig "
-                f"(d_model={self.cfg.d_model}, n_layers={self.cfg.n_layers}, "
-                f"mlp_hidden_size={self.cfg.mlp_hidden_size}): {first}"
-            ) from None
+        describe = (
+            f"d_model={self.cfg.d_model}, n_layers={self.cfg.n_layers}, "
+            f"mlp_hidden_size={self.cfg.mlp_hidden_size}"
+        )
+        load_initial_weights(self.model, name, self.tokenizer_dir / "tokenizer.json", describe)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -445,18 +247,17 @@ class Trainer:
 
     @torch.no_grad()
     def validate(
-        self, method: str = "fastdllm", n: int | None = None, gen_length: int = 256
+        self, method: str = "fastdllm", n: int | None = None, gen_length: int | None = None
     ) -> dict[str, float]:
-        """Accuracy per task on the validation split (a fast decoder, to keep training moving)."""
+        """Accuracy per task on the validation split (a fast decoder, to keep training moving),
+        generating as long as the largest canvas (256 for `tiny`), in whole blocks of 64."""
         from caidllm.decode import generate
 
+        gen_length = gen_length or -(-max(self.cfg.canvas_lengths) // 64) * 64
         lm = self.as_lm()
         n = n or self.cfg.eval_examples
         accuracy = {}
-        names = TASK_NAMES
-        if self.objective.mix_only:
-            names = [n for n in TASK_NAMES if any(w.get(n) for _, w in self.cfg.task_phases)]
-        for name in names:
+        for name in self.validated_tasks():
             examples = get_task(name).examples("validation", n, seed=self.cfg.seed)
             prompts = [e.prompt for e in examples]
             if self.objective.decode is not None:
@@ -472,6 +273,17 @@ class Trainer:
                 examples
             )
         return accuracy
+
+    def validated_tasks(self) -> tuple[str, ...]:
+        """The long tasks the run trains on, and the benchmark families none of them covers (a
+        cot variant's validation questions are drawn like its family's and scored alike: both at
+        gen 512 would double the cost for nothing). Without long tasks: the benchmark families."""
+        mixed = {name for _, weights in self.cfg.task_phases for name, w in weights.items() if w}
+        if self.objective.mix_only:  # a slow decoder: only the tasks the run trains on
+            return tuple(name for name in TASK_NAMES + COT_NAMES if name in mixed)
+        cot = tuple(name for name in COT_NAMES if name in mixed)
+        covered = {get_task(name).split_key for name in cot}
+        return tuple(name for name in TASK_NAMES if name not in covered) + cot
 
     @torch.no_grad()
     def fact_accuracy(self, n: int = 64) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from caidllm.bench.tasks.base import BenchTask, Sample, Scored
 from caidllm.errors import InputError
-from caidllm.tasks import TASK_NAMES, extract_answer, get_task, score
+from caidllm.tasks import COT_NAMES, TASK_NAMES, extract_answer, get_task, score
 
 DEFAULT_N = 250  # examples when no --limit is given (a BBH task's size)
 
@@ -15,8 +15,10 @@ def score_text(text: str, target: str, task: str) -> Scored:
 
 
 def load(name: str, limit: int | None, seed: int, split: str = "test") -> BenchTask:
-    if name not in TASK_NAMES:
-        raise InputError(f"unknown synthetic task {name!r}; choose one of {', '.join(TASK_NAMES)}")
+    if name not in TASK_NAMES + COT_NAMES:
+        raise InputError(
+            f"unknown synthetic task {name!r}; choose one of {', '.join(TASK_NAMES + COT_NAMES)}"
+        )
     n = DEFAULT_N if limit is None else limit
     examples = get_task(name).examples(split, n, seed=seed)
     tag = "" if split == "test" else f"{split}/"  # test ids stay as they were

@@ -20,8 +20,9 @@ def canvas_constraint(lm, constraint: Constraint, config) -> CanvasConstraint:
     committed tokens back (WINO, LLaDA2.1's editing) are refused: their revisions are not checked."""
     from caidllm.decode.policies import policy_spec
 
-    if policy_spec(config.policy).revises or config.editing_threshold is not None:
-        what = f"policy {config.policy!r}" if policy_spec(config.policy).revises else "token editing"
+    spec = policy_spec(config.policy)
+    if spec.revises or spec.rewrites or config.editing_threshold is not None:
+        what = f"policy {config.policy!r}" if spec.revises or spec.rewrites else "token editing"
         raise InputError(
             f"{constraint.field}: {what} revises committed tokens, which the constraint does not "
             "check; use a decoder that only commits"

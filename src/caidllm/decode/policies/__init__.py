@@ -22,11 +22,15 @@ import torch
 from caidllm.decode.policies import (
     block_quota,
     cai,
+    cai_prophet,
     eb,
+    indel,
     klass,
+    localleap,
     margin,
     prophet,
     random_order,
+    s2d2,
     slowfast,
     subblock,
     threshold,
@@ -62,6 +66,9 @@ class PolicySpec:
     # request at once (view.finish: every mask left takes its prediction), as Prophet's early exit.
     sees_generation: bool = False
     revises: bool = False  # may send committed tokens back to the mask (view.remask): reported once final
+    # rewrites its block whole (LLaDA2.2's InDel: indel.rewrite_rows, its content may shift) with the model's
+    # edit tokens (ModelConfig.edit_tokens); the block is committed and reported once it ends
+    rewrites: bool = False
     forward: str | None = (
         None  # a forward mode of its own, at every step (a name in models/modes: FORWARD_MODES)
     )
@@ -74,6 +81,9 @@ class PolicySpec:
     # The preset that runs this rule on a block-causal model's exact block cache: the advice where the chosen
     # method's cache needs bidirectional attention (ES-dLLM's, Elastic-Cache's, dKV-Cache's).
     block_causal_method: str = "fastdllm"
+    # After its draft forward it may run one more forward per row, the block read at block size 1
+    # (models/selfspec.py), through view.self_spec; it may commit tokens of its own (view.tokens).
+    self_verifies: bool = False
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -102,6 +112,16 @@ POLICIES: dict[str, PolicySpec] = {
     "prophet": PolicySpec(
         prophet.select, prophet.ProphetSettings, state_names=("n_masked",), sees_generation=True
     ),
+    # CAI's controller until Prophet's watch says the answer has converged, then everything at once.
+    "cai-prophet": PolicySpec(
+        cai_prophet.select,
+        cai_prophet.CAIProphetSettings,
+        state_names=("low_yield_steps",),
+        sees_generation=True,
+        block_causal_method="cai",
+    ),
+    # LocalLeap: Fast-dLLM's threshold, relaxed within a radius of this step's anchors.
+    "localleap": PolicySpec(localleap.select, localleap.LocalLeapSettings),
     # The request draws a decoding order at each block start and the policy is offered only the step's share.
     "random": PolicySpec(
         random_order.select, new_state=random_order.new_state, block_causal_method="vanilla"
@@ -113,6 +133,15 @@ POLICIES: dict[str, PolicySpec] = {
     # Fast-dLLM v2's (policies/subblock.py): threshold decoding one sub-block at a time, each block opened
     # by its autoregressive first token.
     "subblock": PolicySpec(subblock.select, subblock.SubblockSettings, models=BLOCK_CAUSAL),
+    # LLaDA2.2's (policies/indel.py): joint threshold decoding with DELETE / SPLIT edits, SGLang's
+    # JointThresholdInDel.
+    "indel": PolicySpec(
+        indel.select, indel.IndelSettings, new_state=indel.new_state, models=BLOCK_CAUSAL, rewrites=True
+    ),
+    # S2D2 (policies/s2d2.py): a draft, a router, and verification by the same weights at block size 1.
+    "s2d2": PolicySpec(
+        s2d2.select, s2d2.S2D2Settings, new_state=s2d2.new_state, models=BLOCK_CAUSAL, self_verifies=True
+    ),
 }
 
 

@@ -99,6 +99,11 @@ class StepView:
     # now.
     generation_logits: torch.Tensor | None = None  # [R, span, V]
     finish: torch.Tensor | None = None  # [R] bool, set by the policy
+    # Only for policies that verify with a forward of their own (`self_verifies`, S2D2): the draft logits,
+    # the block's tokens and the verify forward (decode/runner.py: SelfSpec); and the tokens the policy
+    # commits where they are not the prediction (its own draws), set by the policy.
+    self_spec: object | None = None
+    tokens: torch.Tensor | None = None  # [R, block] long
 
     @property
     def block_length(self) -> int:

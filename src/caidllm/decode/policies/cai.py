@@ -114,13 +114,15 @@ class CAISettings(PolicySettings):
         super().check(labels)
         if self.clip_low > self.clip_high:
             raise InputError(
-                f"cai.clip_low ({self.clip_low}) must not exceed cai.clip_high ({self.clip_high})",
-                field=named(labels, "cai.clip_low")[1],
+                f"{self.OWNER}.clip_low ({self.clip_low}) must not exceed {self.OWNER}.clip_high "
+                f"({self.clip_high})",
+                field=named(labels, f"{self.OWNER}.clip_low")[1],
             )
 
     def refuse_unread(self, config) -> None:
-        if "cai.threshold" in config.given and self.adaptive:
-            name = config.labels.get("cai.threshold", "threshold")
+        dotted = f"{self.OWNER}.threshold"  # cai's, or a composition's that carries its fields
+        if dotted in config.given and self.adaptive:
+            name = config.labels.get(dotted, "threshold")
             raise InputError(
                 f"{name} does not apply to method {config.method!r}: with CAI's adaptive schedule on, its "
                 "thresholds follow the schedule; give adaptive=false with it (the CLI: in a --settings "

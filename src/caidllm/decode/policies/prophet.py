@@ -57,7 +57,8 @@ class ProphetSettings(PolicySettings):
     def check_with(self, config) -> None:
         if config.cache != "none":  # its watch reads the whole generation's logits: every position computed
             raise InputError(
-                f"policy 'prophet' runs without a cache (its official loop's), got cache {config.cache!r}",
+                f"policy {config.policy!r} runs without a cache (Prophet's official loop's), got cache "
+                f"{config.cache!r}",
                 field="cache",
             )
 
@@ -82,7 +83,14 @@ def threshold_at(global_step: int, max_steps: int, thresholds: tuple[float, floa
 
 
 def select(view: StepView, answer_start: int | None, thresholds: tuple[float, float, float]) -> torch.Tensor:
-    commit = linear_schedule(view)
+    return exit_when_converged(view, linear_schedule(view), answer_start, thresholds)
+
+
+def exit_when_converged(
+    view: StepView, commit: torch.Tensor, answer_start: int | None, thresholds: tuple[float, float, float]
+) -> torch.Tensor:
+    """Prophet's early exit over any schedule's `commit`: the rows whose answer gap reaches the phase's
+    threshold finish (view.finish) and commit every mask of their block; the others keep `commit`."""
     if answer_start is None:
         return commit
     logits = view.generation_logits  # [R, span, V], the mask token's logit at -inf

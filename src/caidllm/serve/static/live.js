@@ -1,11 +1,13 @@
 // caidllm live denoising view: races one to three methods on one prompt through the server's
-// streaming chat endpoint with commit events, drawing every commit as it lands.
+// streaming chat endpoint with commit events, drawing every commit as it lands. A uniform-state decoder
+// (DiffusionGemma's: no mask token) is drawn from its draft stream instead: each step's argmax canvas, the
+// positions the step accepted and those it renoised, until the canvas ends.
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
 const params = new URLSearchParams(location.search);
 const lanesEl = $("#lanes");
-let info = { model: "?", methods: [], gen_length: 256, block_length: 64, one_block_methods: [] };
+let info = { model: "?", methods: [], gen_length: 256, block_length: 64, one_block_methods: [], uniform_methods: [] };
 
 function confidenceClass(s) {
   if (s === null || s === undefined) return "masked";
@@ -68,6 +70,9 @@ class Lane {
     this.settings = settings;
     // Elastic-Cache's official loop decodes gen_length as one block: the page's block_length is the others'.
     this.oneBlock = (info.one_block_methods || []).includes(method);
+    // A uniform-state decoder: canvases of the checkpoint's length (the server's block_length), drawn as drafts.
+    this.uniform = (info.uniform_methods || []).includes(method);
+    this.drafts = 0;
     this.el = $("#lane-template").content.firstElementChild.cloneNode(true);
     this.el.dataset.method = method;
     $(".lane-method", this.el).textContent = method;
@@ -88,8 +93,10 @@ class Lane {
   // lead: prompt positions in the first block (block-diffusion models lay blocks from the prompt's
   // start, so their first block is part prompt: it shows only its answer positions).
   buildCanvas(lead = 0) {
-    const g = this.settings.gen_length, b = this.oneBlock ? g : this.settings.block_length;
-    if (!Number.isInteger(g) || !Number.isInteger(b) || g < 1 || b < 1 || g % b || g > 4096) return;
+    const g = this.settings.gen_length;
+    const b = this.uniform ? info.block_length : this.oneBlock ? g : this.settings.block_length;
+    if (!Number.isInteger(g) || !Number.isInteger(b) || g < 1 || b < 1 || g > 4096) return;
+    if (g % b && !this.uniform) return;  // the server names the problem; a canvas's answer may end mid-canvas
     const canvas = this.role("canvas");
     canvas.replaceChildren();
     this.cells = []; this.blocks = []; this.lead = lead;
@@ -112,7 +119,8 @@ class Lane {
     const s = this.settings;
     const body = { messages: [{ role: "user", content: s.prompt }], stream: true, commit_events: true,
                    method: this.method, gen_length: s.gen_length,
-                   ...(this.oneBlock ? {} : { block_length: s.block_length }) };
+                   ...(this.oneBlock || this.uniform ? {} : { block_length: s.block_length }),
+                   ...(this.uniform ? { stream_draft: true } : {}) };
     const headers = { "Content-Type": "application/json" };
     if (s.key) headers.Authorization = `Bearer ${s.key}`;
     this.started = performance.now();
@@ -155,6 +163,7 @@ class Lane {
     const choice = (c.choices || [])[0];
     if (!choice) return;
     if (c.caidllm && c.caidllm.prefix_cache) this.showPrompt(c.caidllm.prefix_cache);
+    if (c.caidllm && c.caidllm.draft) this.showDraft(c.caidllm.draft);
     const events = c.caidllm && c.caidllm.commit_events;
     if (events) {
       this.steps += 1;
@@ -168,12 +177,35 @@ class Lane {
   commit(e) {
     if (e.block === 0 && e.block_start < 0 && this.lead !== -e.block_start) this.buildCanvas(-e.block_start);
     const cell = this.cells[e.position];
+    if (e.s_i === null) {  // a uniform-state decoder's finished canvas: no first-step confidence
+      if (cell) { this.committed += 1; cell.className = "cell final"; cell.textContent = shown(e.text); cell.title = `position ${e.position}: ${JSON.stringify(e.text)}, canvas ${e.block} ended at step ${e.step + 1}`; }
+      return;
+    }
     this.committed += 1;
     this.points.push([e.s_i, e.step]);
     if (!cell) return;
     cell.className = `cell ${confidenceClass(e.s_i)}`;
     cell.textContent = shown(e.text);
     cell.title = `position ${e.position}: ${JSON.stringify(e.text)} at step ${e.step} of block ${e.block}, s_i ${e.s_i.toFixed(3)}`;
+  }
+
+  // One denoising step of a uniform-state decoder: its draft (the argmax canvas), each position accepted by
+  // the step or renoised with a random token (the draft shows the argmax either way; an accepted position's
+  // title names the token it kept when that is not the argmax: a sample).
+  showDraft(d) {
+    this.drafts += 1;
+    this.el.dataset.draftSteps = this.drafts;
+    const accepted = new Set(d.accepted);
+    const kept = new Map(d.accepted.map((p, k) => [p, (d.kept || [])[k]]));
+    d.text.forEach((text, i) => {
+      const cell = this.cells[d.start + i];
+      if (!cell) return;  // past gen_length: the answer is cut there
+      cell.className = `cell ${accepted.has(i) ? "accepted" : "renoised"}`;
+      cell.textContent = shown(text);
+      const other = accepted.has(i) && kept.get(i) !== undefined && kept.get(i) !== d.tokens[i];
+      cell.title = `position ${d.start + i}: draft ${JSON.stringify(text)} at step ${d.step} of canvas ${d.canvas}, ${accepted.has(i) ? "accepted" : "renoised"}${other ? ` (kept token ${kept.get(i)}, a sample)` : ""}`;
+    });
+    this.highlight(d.canvas);
   }
 
   // The prompt's blocks, those whose keys and values came from the prefix cache drawn as such (one tile
@@ -218,8 +250,10 @@ class Lane {
     }
     this.highlight(-1);
     this.role("answer").textContent = this.answer;
-    if (stats.steps_per_block) this.role("steps-per-block").textContent = `(steps per block ${JSON.stringify(stats.steps_per_block)})`;
-    this.drawChart();
+    const unit = this.uniform ? "canvas" : "block";
+    if (stats.steps_per_block) this.role("steps-per-block").textContent = `(steps per ${unit} ${JSON.stringify(stats.steps_per_block)})`;
+    if (this.uniform) $("figure", this.el).hidden = true;  // no first-step confidence to plot against
+    else this.drawChart();
     this.tick();
     this.setState("done");
   }

@@ -1,0 +1,292 @@
+"""S2D2: training-free self-speculation for block-diffusion models (Han et al., "Fast Decoding for Diffusion
+LLMs via Training-Free Self-Speculation", arXiv 2603.25702; official code phymhan/S2D2: SDAR/
+generate_ssd_policy.py, Fast-dLLM-v2/generate_policy_utils.py, LLaDA2/generate_utils.py).
+
+A block-diffusion model at block size 1 is autoregressive, so the same weights draft and verify. Each step:
+1. draft: the block's forward (the exact block cache) predicts every position (the engine's prediction);
+2. the router decides whether to verify the first contiguous run of masks of the block (of the current
+   sub-block with Fast-dLLM v2's rule): ``mask_span_length`` (the run is at least ``min_span`` long),
+   ``score_threshold`` (score >= ``score_threshold``), ``score_hysteresis`` (on above ``hysteresis_on``,
+   off below ``hysteresis_off``, the state kept across the request). The score is E[K] - c (``static``) or
+   E[K] - c * (masks above the threshold) (``dynamic``), E[K] = sum_k prod_{i<=k} alpha_i over the run,
+   alpha_i from the draft distribution (``estimator``: margin > ``margin_threshold``, exp(-t * normalised
+   entropy), or sum p^2);
+3. verify (models/selfspec.py: one more forward of the request): the block with its draft filled in, read at
+   block size 1; each run position's draft token is accepted with probability min(1, q / p) (q the verify
+   distribution, p the draft's), left to right; the first rejected position takes a token drawn from
+   (q - p)+ normalised, and the positions after it wait. Committed: the accepted prefix and that token;
+4. fallback, when fewer than the step's quota were committed (or no verification ran): the base rule on
+   the rest: SDAR's low_confidence_dynamic / LLaDA2.x's threshold rule (``sub_block`` None: every mask above
+   ``threshold`` when at least the quota pass, else the quota's most confident; the quota the schedule's, or
+   ``num_to_transfer``), or Fast-dLLM v2's sub-block rule (``sub_block`` given: every mask of the current
+   sub-block above ``threshold`` and always the most confident, only when no verification ran).
+
+The acceptance draws are the request's own generator's (seeded by seed and prompt), as the official code
+draws from torch's, also at temperature 0. ``acceptance="greedy"`` (a deviation, named in
+docs/decoder-fidelity.md) accepts a draft token exactly when it is the verify argmax and puts the verify
+argmax at the first rejection: the lossless greedy rule, with no draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from caidllm.checks import is_number
+from caidllm.decode.policies.base import PolicySettings, PolicyState, StepView
+from caidllm.decode.sampling import request_generator
+from caidllm.errors import InputError
+from caidllm.setting_rules import (
+    BLOCK_CAUSAL,
+    UNIT_INTERVAL,
+    Rule,
+    choice_rule,
+    named,
+    positive_int,
+    unit_interval,
+)
+
+ROUTERS = ("mask_span_length", "score_threshold", "score_hysteresis")
+SCORES = ("difference_dynamic", "difference_static")
+ESTIMATORS = ("hard_margin_threshold", "soft_entropy_negexp", "soft_renyi_2_entropy")
+ACCEPTANCE = ("official", "greedy")
+
+
+def _number(v) -> bool:
+    return is_number(v)
+
+
+def _optional_count(v) -> bool:
+    return v is None or positive_int(v)
+
+
+@dataclass
+class S2D2Settings(PolicySettings):
+    """The base rule's threshold and quota (or Fast-dLLM v2's sub-block), the router and the acceptance.
+    Defaults: SDAR/generate_ssd_policy.py's ``block_diffusion_generate`` signature (the router verifies every
+    step: mask_span_length with min_span 1); the presets (decode/methods.py) carry the paper's
+    configurations (the repository README's "Configurations used in the paper")."""
+
+    threshold: float = 0.85  # confidence_threshold
+    num_to_transfer: int | None = None  # LLaDA2.x's fixed quota (None: the schedule, SDAR's)
+    sub_block: int | None = None  # Fast-dLLM v2's small_block_size (None: the block rule)
+    router: str = "mask_span_length"  # do_verify_policy
+    min_span: int = 1  # min_ssd_span_length
+    score_threshold: float = -1.0  # do_verify_score_threshold
+    hysteresis_on: float = 0.0  # hysteresis_threshold_on
+    hysteresis_off: float = -1.0  # hysteresis_threshold_off
+    score: str = "difference_dynamic"  # do_verify_score_type
+    penalty: float = 2.0  # score_penalty_coef
+    estimator: str = "hard_margin_threshold"  # token_acceptance_estimator
+    margin_threshold: float = 0.05  # ssd_confidence_margin_threshold
+    entropy_temperature: float = 1.0  # ssd_entropy_temperature
+    tempering: float = 1.0  # ssd_ratio_tempering_factor
+    acceptance: str = "official"  # caidllm's switch: "greedy" is the deterministic greedy rule
+
+    OWNER: ClassVar[str] = "s2d2"
+    TITLE: ClassVar[str] = "S2D2 self-speculative block diffusion (arXiv 2603.25702)"
+    LEGACY: ClassVar[dict[str, str]] = {"threshold": "threshold"}
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule("threshold", UNIT_INTERVAL, unit_interval),
+        Rule(
+            "num_to_transfer",
+            "an integer >= 1 (or None: the schedule)",
+            lambda v: v is None or positive_int(v),
+        ),
+        Rule(
+            "sub_block", "an integer >= 1 (or None: the block rule)", lambda v: v is None or positive_int(v)
+        ),
+        choice_rule("router", ROUTERS, models=BLOCK_CAUSAL, about="S2D2's router"),
+        Rule("min_span", "an integer >= 1", positive_int),
+        Rule("score_threshold", "a finite number", _number),
+        Rule("hysteresis_on", "a finite number", _number),
+        Rule("hysteresis_off", "a finite number", _number),
+        choice_rule("score", SCORES),
+        Rule("penalty", "a finite number", _number),
+        choice_rule("estimator", ESTIMATORS),
+        Rule("margin_threshold", "a finite number", _number),
+        Rule("entropy_temperature", "a finite number", _number),
+        Rule("tempering", "a finite number > 0", lambda v: is_number(v) and v > 0),
+        choice_rule("acceptance", ACCEPTANCE),
+    )
+
+    def check_with(self, config) -> None:
+        if self.router == "score_hysteresis" and not self.hysteresis_on > self.hysteresis_off:
+            name, field_ = named(config.labels, "s2d2.hysteresis_on")
+            raise InputError(
+                f"{name} ({self.hysteresis_on}) must be greater than s2d2.hysteresis_off "
+                f"({self.hysteresis_off})",
+                field=field_,
+            )
+        if self.sub_block is not None and config.block_length % self.sub_block:
+            name, field_ = named(config.labels, "s2d2.sub_block")
+            raise InputError(
+                f"{name} ({self.sub_block}) must divide block_length ({config.block_length})", field=field_
+            )
+        if config.editing_threshold is not None:
+            raise InputError(
+                "editing_threshold does not apply to S2D2 here: its LLaDA2.1 token editing is not "
+                "implemented with self-speculation (use method llada2.1 for editing)",
+                field="editing_threshold",
+            )
+
+    def arguments(self, gating: bool) -> dict:
+        return dict(settings=self)
+
+
+@dataclass
+class S2D2State(PolicyState):
+    """A request's acceptance draws (its own generator) and the hysteresis router's switch, kept across
+    its blocks as the official loop keeps it across the generation."""
+
+    generator: torch.Generator | None = None
+    on: bool = False
+
+
+def new_state(config, prompt: list[int]) -> S2D2State:
+    return S2D2State(request_generator(config.seed or 0, prompt, "cpu"))
+
+
+# ---- the router ---------------------------------------------------------------------------------
+
+
+def acceptance_estimates(probs: torch.Tensor, s: S2D2Settings) -> torch.Tensor:
+    """[S] alpha_i of the run's draft distributions probs [S, V] (the official estimators)."""
+    if s.estimator == "hard_margin_threshold":
+        top2 = probs.topk(2, dim=-1).values
+        return ((top2[:, 0] - top2[:, 1]) > s.margin_threshold).to(probs.dtype)
+    if s.estimator == "soft_entropy_negexp":
+        entropy = -(probs * probs.clamp_min(1e-12).log()).sum(dim=-1)
+        normalised = entropy / torch.log(torch.tensor(float(probs.shape[-1]), dtype=probs.dtype))
+        return torch.exp(-s.entropy_temperature * normalised)
+    return (probs**2).sum(dim=-1).clamp(0.0, 1.0)
+
+
+def verify_score(probs: torch.Tensor, n_confident: int, s: S2D2Settings) -> float:
+    """E[K] - c (static) or E[K] - c * n_confident (dynamic)."""
+    expected = float(torch.cumprod(acceptance_estimates(probs, s).clamp(0.0, 1.0), dim=0).sum())
+    return expected - s.penalty * (n_confident if s.score == "difference_dynamic" else 1)
+
+
+def route(probs: torch.Tensor, n_confident: int, s: S2D2Settings, state: S2D2State) -> bool:
+    """Whether to verify a run of len(probs) masks (probs [S, V] its draft distributions)."""
+    if s.router == "mask_span_length":
+        return probs.shape[0] >= s.min_span
+    score = verify_score(probs, n_confident, s) if probs.shape[0] else float("-inf")
+    if s.router == "score_threshold":
+        return not score < s.score_threshold
+    # The official loop switches on strictly above hysteresis_on ("in paper it is >=").
+    state.on = (not score < s.hysteresis_off) if state.on else score > s.hysteresis_on
+    return state.on
+
+
+# ---- verification -------------------------------------------------------------------------------
+
+
+def accepted_run(q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings, gen) -> list[int]:
+    """The run's tokens to commit, left to right: the accepted drafts, then at the first rejection a token
+    from (q - p)+ (q, p [S, V] the verify and draft distributions, draft [S] the drafted tokens)."""
+    if s.acceptance == "greedy":
+        best = q.argmax(dim=-1)
+        agree = (best == draft).tolist()
+        n = agree.index(False) if False in agree else len(agree)
+        return draft[:n].tolist() + best[n : n + 1].tolist()
+    p_sel = p.gather(-1, draft[:, None]).squeeze(-1).clamp_min(1e-12)
+    q_sel = q.gather(-1, draft[:, None]).squeeze(-1).clamp_min(0.0)
+    ratios = q_sel / p_sel if s.tempering == 1.0 else (q_sel / p_sel) ** s.tempering
+    draws = torch.rand(ratios.shape[0], generator=gen, dtype=ratios.dtype)
+    accepted = (draws < ratios.clamp(max=1.0).cpu()).tolist()
+    if all(accepted):
+        return draft.tolist()
+    n = accepted.index(False)
+    return draft[:n].tolist() + [residual_draw(q[n], p[n], gen)]
+
+
+def residual_draw(q: torch.Tensor, p: torch.Tensor, gen) -> int:
+    """A token from (q - p)+ normalised; from q where that has no mass (the official fallback)."""
+    delta = (q - p).clamp_min(0.0).cpu()
+    z = float(delta.sum())
+    if z <= 0.0 or not torch.isfinite(delta).all():
+        return int(torch.multinomial(q.clamp_min(0).float().cpu(), 1, generator=gen))
+    return int(torch.multinomial((delta / z).float(), 1, generator=gen))
+
+
+# ---- one step -----------------------------------------------------------------------------------
+
+
+def first_run(candidates: list[bool]) -> list[int]:
+    """Positions of the first contiguous run of True."""
+    if True not in candidates:
+        return []
+    start = candidates.index(True)
+    end = candidates.index(False, start) if False in candidates[start:] else len(candidates)
+    return list(range(start, end))
+
+
+def distributions(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The official _probs_from_logits at temperature 0 (softmax) or t (softmax of logits / t)."""
+    return torch.softmax(logits / temperature if temperature > 1e-6 else logits, dim=-1, dtype=torch.float32)
+
+
+def select(view: StepView, settings: S2D2Settings) -> torch.Tensor:
+    commit = torch.zeros_like(view.masked)
+    tokens = view.predicted.clone()
+    for i in range(view.masked.shape[0]):
+        picks = row_step(view, i, settings)
+        for b, token in picks.items():
+            commit[i, b] = True
+            tokens[i, b] = token
+    view.tokens = tokens
+    return commit
+
+
+def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
+    """Block position -> token committed this step for row i."""
+    masked = view.masked[i].tolist()
+    if s.sub_block is not None and masked[0]:  # Fast-dLLM v2: a block opens with its autoregressive token
+        return {0: int(view.predicted[i, 0])}
+    region = masked if s.sub_block is None else current_sub_block(masked, s.sub_block)
+    state, spec = view.policy_states[i], view.self_spec
+    probs = distributions(spec.logits[i], spec.temperature)
+    run = first_run(region)
+    confident = [b for b, m in enumerate(region) if m and float(view.confidence[i, b]) > s.threshold]
+    picks: dict[int, int] = {}
+    if run and route(probs[run], len(confident), s, state):
+        drafted = torch.where(view.masked[i], view.predicted[i], spec.block[i])
+        q = distributions(spec.verify(i, drafted)[run], spec.temperature)
+        tokens = accepted_run(q, probs[run], view.predicted[i, run], s, state.generator)
+        picks = dict(zip(run, tokens))
+        if s.sub_block is not None:
+            return picks
+    return picks | fallback(view, i, s, region, picks)
+
+
+def current_sub_block(masked: list[bool], size: int) -> list[bool]:
+    first = masked.index(True)
+    lo = first - first % size
+    return [lo <= b < lo + size and m for b, m in enumerate(masked)]
+
+
+def fallback(view: StepView, i: int, s: S2D2Settings, region: list[bool], picks: dict) -> dict[int, int]:
+    """The base rule over the masks left, when the step committed fewer than its quota."""
+    left = [b for b, m in enumerate(region) if m and b not in picks]
+    conf = {b: float(view.confidence[i, b]) for b in left}
+    above = [b for b in left if conf[b] > s.threshold]
+    if s.sub_block is not None:  # Fast-dLLM v2: every mask above the threshold, always the most confident
+        chosen = set(above) | {max(left, key=lambda b: (conf[b], -b))}
+    else:
+        quota = s.num_to_transfer or block_quota(view)
+        k = min(quota, sum(view.masked[i].tolist())) - len(picks)
+        if k <= 0:
+            return {}
+        k = min(k, len(left))
+        chosen = set(above) if len(above) >= k else set(sorted(left, key=lambda b: (-conf[b], b))[:k])
+    return {b: int(view.predicted[i, b]) for b in chosen}
+
+
+def block_quota(view: StepView) -> int:
+    """The transfer schedule's share of the block at this step (SDAR's get_num_transfer_tokens)."""
+    n, t = view.block_length, view.total_steps
+    return n // t + (view.step < n % t)
