@@ -201,5 +201,7 @@ def test_init_from_a_model_of_another_shape_is_refused(tmp_path):
 
 
 def test_config_rejects_an_unknown_objective():
-    with pytest.raises(InputError, match=re.escape("objective must be one of ('masked', 'block_diffusion')")):
+    with pytest.raises(
+        InputError, match=re.escape("objective must be one of ('masked', 'block_diffusion', 'uniform')")
+    ):
         TrainConfig(objective="bd3lm")
