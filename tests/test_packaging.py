@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "MODEL_CARD.md")
 
 
-@pytest.mark.parametrize("model", ["tiny", "tiny-bd", "tiny-moe"])
+@pytest.mark.parametrize("model", ["tiny", "tiny-bd", "tiny-moe", "tiny-dg"])
 def test_embedded_models_are_small_and_complete(model):
     folder = ROOT / "src" / "caidllm" / "assets" / model
     for name in TINY_FILES:
@@ -28,7 +28,7 @@ def test_load_tiny_from_an_installed_wheel(tmp_path):
     )
     (wheel,) = dist.glob("caidllm-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for model in ("tiny", "tiny-bd", "tiny-moe"):
+    for model in ("tiny", "tiny-bd", "tiny-moe", "tiny-dg"):
         for name in TINY_FILES:
             assert f"caidllm/assets/{model}/{name}" in names
     assert "caidllm/models/moe_native.cpp" in names  # the native MoE kernel's source, compiled on first use

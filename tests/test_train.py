@@ -169,7 +169,7 @@ def test_train_cli_task_mix(run_dir, capsys, monkeypatch):
         tasks.append(batch.task)
         return real(batch, *args, **kwargs)
 
-    monkeypatch.setattr("caidllm.train.trainer.mask_answers", spy)
+    monkeypatch.setattr("caidllm.train.objectives.mask_answers", spy)
     assert cli_main(args + ["--task-mix", "dyck_languages=1"]) == 0
     assert tasks == ["dyck_languages", "dyck_languages"]
     for bad, message in [
@@ -443,7 +443,7 @@ def _masks_seen(trainer, steps, monkeypatch):
         seen[batch.task] = (batch, masked)
         return noisy, masked, p_mask, in_answer
 
-    monkeypatch.setattr("caidllm.train.trainer.mask_answers", spy)
+    monkeypatch.setattr("caidllm.train.objectives.mask_answers", spy)
     for step in steps:
         with torch.no_grad():
             trainer.loss_on(step)

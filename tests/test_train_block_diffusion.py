@@ -4,7 +4,6 @@ trainer's options, and the plain block decoder it validates with."""
 import dataclasses
 import json
 import re
-import shutil
 
 import pytest
 import torch
@@ -18,20 +17,8 @@ from caidllm.models.loading import ASSETS
 from caidllm.train.bd_decode import block_diffusion_generate
 from caidllm.train.block_diffusion import block_diffusion_logits, noise_blocks, training_mask
 from caidllm.train.trainer import TrainConfig, Trainer
+from helpers.train_runs import MICRO, run_folder
 
-MICRO = dict(
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    mlp_hidden_size=64,
-    batch_size=4,
-    threads=1,
-    bf16_autocast=False,
-    eval_every=10_000,
-    save_every=5,
-    warmup_steps=5,
-    objective="block_diffusion",
-)
 MICRO_FLAGS = [
     "--d-model",
     "32",
@@ -52,19 +39,10 @@ MICRO_FLAGS = [
 ]
 
 
-def _run_folder(folder):
-    """A run folder holding the tokenizer already: the shipped one, which `caidllm train`
-    would rebuild (test_train.py checks they are the same; building it takes seconds)."""
-    (folder / "tokenizer").mkdir(parents=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(ASSETS / "tiny" / name, folder / "tokenizer" / name)
-    return str(folder)
-
-
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     torch.manual_seed(0)
-    return Trainer(TrainConfig(out_dir=_run_folder(tmp_path_factory.mktemp("bd") / "run"), steps=2, **MICRO))
+    return Trainer(TrainConfig(out_dir=run_folder(tmp_path_factory.mktemp("bd") / "run"), steps=2, **MICRO))
 
 
 def test_training_mask_of_two_blocks_of_two():
@@ -191,7 +169,7 @@ def test_the_block_decoder_gives_the_tokens_of_whole_window_recomputation(traine
 
 
 def test_init_from_a_model_starts_from_its_weights(tmp_path):
-    started = Trainer(TrainConfig(out_dir=_run_folder(tmp_path), steps=1, threads=1, init_from="tiny"))
+    started = Trainer(TrainConfig(out_dir=run_folder(tmp_path), steps=1, threads=1, init_from="tiny"))
     name = "model.transformer.blocks.0.q_proj.weight"
     shipped = load_file(str(ASSETS / "tiny" / "model.safetensors"))[name]
     assert torch.equal(started.model.state_dict()[name], shipped.float())
@@ -217,11 +195,13 @@ def test_init_from_a_model_of_another_shape_is_refused(tmp_path):
     with pytest.raises(InputError, match=re.escape("init_from 'tiny': its weights do not fit the model")):
         Trainer(
             TrainConfig(
-                out_dir=_run_folder(tmp_path), steps=1, threads=1, d_model=32, n_heads=2, init_from="tiny"
+                out_dir=run_folder(tmp_path), steps=1, threads=1, d_model=32, n_heads=2, init_from="tiny"
             )
         )
 
 
 def test_config_rejects_an_unknown_objective():
-    with pytest.raises(InputError, match=re.escape("objective must be one of ('masked', 'block_diffusion')")):
+    with pytest.raises(
+        InputError, match=re.escape("objective must be one of ('masked', 'block_diffusion', 'uniform')")
+    ):
         TrainConfig(objective="bd3lm")

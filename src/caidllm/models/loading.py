@@ -34,8 +34,8 @@ from .tokenizer import END_OF_TURN, fast_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 # tiny-bd: block-causal (block diffusion); tiny-moe: LLaDA2 layout (MoE, block diffusion), upcycled from
-# tiny-bd
-EMBEDDED = {"tiny": ASSETS / "tiny", "tiny-bd": ASSETS / "tiny-bd", "tiny-moe": ASSETS / "tiny-moe"}
+# tiny-bd; tiny-dg: DiffusionGemma layout (uniform-state block diffusion, canvases of 64)
+EMBEDDED = {name: ASSETS / name for name in ("tiny", "tiny-bd", "tiny-moe", "tiny-dg")}
 
 
 def load(

@@ -39,7 +39,8 @@ def register(sub, name: str) -> None:
         "--objective",
         choices=OBJECTIVES,
         help="masked (default): LLaDA's SFT; block_diffusion: block-causal attention, each "
-        "answer block noised on its own (the recipe of tiny-bd)",
+        "answer block noised on its own (the recipe of tiny-bd); uniform: a DiffusionGemma-architecture "
+        "model, uniform-state noise over canvases (the recipe of tiny-dg)",
     )
     _add_start_and_shape_flags(parser)
     parser.add_argument(

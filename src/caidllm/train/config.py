@@ -10,6 +10,7 @@ from caidllm.errors import InputError
 from caidllm.models.loading import resolve_folder
 from caidllm.tasks import COT_NAMES, DRILL_NAMES, TASK_NAMES
 from caidllm.tasks.vocab import vocabulary_extra
+from caidllm.train.objectives import OBJECTIVES
 
 # The recipe's task mix, in phases: (first step, weight per task). At
 # first the arithmetic facts drill (tasks/arithmetic_facts.py) gets 41% of
@@ -47,9 +48,6 @@ TASK_PHASES = (
         },
     ),
 )
-
-
-OBJECTIVES = ("masked", "block_diffusion")
 
 
 @dataclass
@@ -109,8 +107,13 @@ class TrainConfig:
     time_limit_s: float | None = None  # stop (and save) after this much wall time in this run
     # "masked": LLaDA's SFT (every row kind above). "block_diffusion": block-causal
     # attention, each answer block noised on its own (train/block_diffusion.py); each batch
-    # draws one of block_lengths, and the export says the model is block-causal.
+    # draws one of block_lengths, and the export says the model is block-causal. "uniform": a
+    # DiffusionGemma-architecture model, uniform-state noise and self-conditioning (train/uniform.py).
     objective: str = "masked"
+    canvas_length: int = 64  # uniform: the canvas the model is trained on and decodes
+    self_conditioning: float = (
+        0.5  # uniform: share of rows whose second pass gets the first's soft embeddings
+    )
     block_lengths: tuple[int, ...] = (4, 8, 16, 32)
     keep_validated: bool = False  # also export the model at each validation to RUN/step-N (to pick the best)
     init_from: str | None = None  # a model folder or embedded name ("tiny") to start from, not random weights
@@ -130,6 +133,7 @@ class TrainConfig:
             "n_layers",
             "n_heads",
             "threads",
+            "canvas_length",
             "fewshot_max",
         ):
             value = getattr(self, name)
@@ -163,7 +167,9 @@ class TrainConfig:
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
                 raise InputError(f"{name} must be a number in [0, 1], got {value!r}")
         if self.objective not in OBJECTIVES:
-            raise InputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+            raise InputError(f"objective must be one of {tuple(OBJECTIVES)}, got {self.objective!r}")
+        if not (isinstance(self.self_conditioning, (int, float)) and 0.0 <= self.self_conditioning <= 1.0):
+            raise InputError(f"self_conditioning must be a number in [0, 1], got {self.self_conditioning!r}")
         lengths = self.block_lengths
         if (
             not isinstance(lengths, tuple)

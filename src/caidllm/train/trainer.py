@@ -28,16 +28,16 @@ from tqdm import tqdm
 
 from caidllm.models.families import family_of, parse_config
 from caidllm.models.lm import DiffusionLM
-from caidllm.models.loading import load_tokenizer
-from caidllm.tasks import COT_NAMES, DRILL_NAMES, TASK_NAMES, get_task, get_training_task, score
+from caidllm.models.loading import load_tokenizer, resolve_folder
+from caidllm.tasks import COT_NAMES, TASK_NAMES, get_task, get_training_task, score
 from caidllm.tasks.vocab import build_tokenizer
-from caidllm.train.bd_decode import block_diffusion_generate
-from caidllm.train.block_diffusion import block_diffusion_loss
 from caidllm.train.config import TrainConfig
-from caidllm.train.data import TaskStream, encode_pair, mask_answers, masked_loss
+from caidllm.train.data import TaskStream, encode_pair
 from caidllm.train.fewshot import FewShot
 from caidllm.train.init_weights import load_initial_weights
 from caidllm.train.moe_balance import ExpertBalancer, initial_config
+from caidllm.train.objectives import OBJECTIVES
+from caidllm.train.uniform import generation_config_dict, init_from_llada, initialise
 
 SPECIAL_TOKEN_NAMES = {
     "bos": "<|startoftext|>",
@@ -98,26 +98,8 @@ class Trainer:
         special = {name: vocab.token_to_id(token) for name, token in SPECIAL_TOKEN_NAMES.items()}
         vocab_size = -(-vocab.get_vocab_size() // 64) * 64  # embedding rows padded like the real models'
         self.special = special
-        self.raw_config = model_config_dict(cfg, vocab_size, special)
-        if cfg.init_from is not None:  # its own architecture (tiny-moe: LLaDA2, upcycled from tiny-bd)
-            self.raw_config = initial_config(cfg.init_from, self.raw_config)
-        self.tokenizer, self.model_config = load_tokenizer(self.tokenizer_dir, parse_config(self.raw_config))
-        torch.manual_seed(cfg.seed)
-        # PyTorch's default initialisation (unit-variance embeddings,
-        # 1/sqrt(fan_in) linears), not the 0.02-std init of the 8B models: at
-        # this size the small init leaves the model unable to learn to copy
-        # tokens from its context (on one fixed batch, a micro model reaches
-        # loss 0.7 with it and 0.006 without after 150 steps; see
-        # tests/test_train.py::test_a_fresh_model_memorises_one_batch).
-        self.model = family_of(self.raw_config).model_class(self.model_config)
-        if cfg.init_from is not None:
-            self._load_initial_weights(cfg.init_from)
-        if cfg.objective == "block_diffusion":
-            self.raw_config.update(caidllm_block_lengths=list(cfg.block_lengths))
-            if (
-                self.raw_config["model_type"] == "llada"
-            ):  # the block-diffusion families are block-causal anyway
-                self.raw_config.update(caidllm_block_causal=True)
+        self.objective = OBJECTIVES[cfg.objective]
+        self._build_model(vocab_size)
         self.balancer = ExpertBalancer(self.model)  # LLaDA2's expert score bias (a no-op without MoE layers)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
@@ -143,7 +125,35 @@ class Trainer:
         self.trained_s = 0.0
         self._resume()
 
+    def _build_model(self, vocab_size: int) -> None:
+        """The config.json trained (the objective's, or the start's architecture), the model, its weights."""
+        self.raw_config = model_config_dict(self.cfg, vocab_size, self.special)
+        if self.objective.model_config is not None:  # uniform: a DiffusionGemma-architecture model
+            self.raw_config = self.objective.model_config(self.cfg, self.raw_config, vocab_size, self.special)
+        elif self.cfg.init_from is not None:  # its own architecture (tiny-moe: LLaDA2, upcycled from tiny-bd)
+            self.raw_config = initial_config(self.cfg.init_from, self.raw_config)
+        self.tokenizer, self.model_config = load_tokenizer(self.tokenizer_dir, parse_config(self.raw_config))
+        torch.manual_seed(self.cfg.seed)
+        # PyTorch's default initialisation (unit-variance embeddings,
+        # 1/sqrt(fan_in) linears), not the 0.02-std init of the 8B models: at
+        # this size the small init leaves the model unable to learn to copy
+        # tokens from its context (on one fixed batch, a micro model reaches
+        # loss 0.7 with it and 0.006 without after 150 steps; see
+        # tests/test_train.py::test_a_fresh_model_memorises_one_batch).
+        self.model = family_of(self.raw_config).model_class(self.model_config)
+        if self.objective.uniform:
+            initialise(self.model)
+        if self.cfg.init_from is not None:
+            self._load_initial_weights(self.cfg.init_from)
+        if self.objective.export_config is not None:
+            self.raw_config = self.objective.export_config(self.cfg, self.raw_config)
+
     def _load_initial_weights(self, name: str) -> None:
+        if self.objective.uniform:  # from a LLaDA-layout model: what fits (train/uniform.py)
+            folder, _ = resolve_folder(name)
+            copied = init_from_llada(self.model, folder)
+            self.log({"event": "initialised from", "model": name, "tensors": len(copied)})
+            return
         describe = (
             f"d_model={self.cfg.d_model}, n_layers={self.cfg.n_layers}, "
             f"mlp_hidden_size={self.cfg.mlp_hidden_size}"
@@ -184,28 +194,7 @@ class Trainer:
     def loss_on(self, step: int) -> torch.Tensor:
         batch = self.stream.batch(step)
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
-        if self.cfg.objective == "block_diffusion":
-            lengths = self.cfg.block_lengths
-            block_length = lengths[int(torch.randint(len(lengths), (1,), generator=generator))]
-            return block_diffusion_loss(
-                self.model, batch, block_length, self.special["mask"], generator, self.cfg.bf16_autocast
-            )
-        # A drill's facts are independent (and listed in its prompt): only its
-        # results are worth masking. A chain's results are cut at instead.
-        drill = batch.task in DRILL_NAMES
-        results = step >= self.cfg.results_from
-        noisy, masked, p_mask, in_answer = mask_answers(
-            batch,
-            self.special["mask"],
-            generator,
-            self.cfg.block_share,
-            self.cfg.block_length,
-            result_share=1.0 if drill and results else 0.0,
-            cut_share=self.cfg.cut_share if results and not drill else 0.0,
-        )
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16_autocast):
-            logits = self.model(noisy)
-        return masked_loss(logits, batch.input_ids, masked, p_mask, in_answer)
+        return self.objective.loss(self, step, batch, generator)
 
     def train(self) -> None:
         cfg = self.cfg
@@ -271,8 +260,8 @@ class Trainer:
         for name in self.validated_tasks():
             examples = get_task(name).examples("validation", n, seed=self.cfg.seed)
             prompts = [e.prompt for e in examples]
-            if self.cfg.objective == "block_diffusion":  # vanilla at block 8, as the card measures
-                texts = block_diffusion_generate(lm, prompts, 8, gen_length, batch_size=8)
+            if self.objective.decode is not None:
+                texts = self.objective.decode(lm, prompts, gen_length)
             else:
                 texts = [
                     r.text
@@ -290,6 +279,8 @@ class Trainer:
         cot variant's validation questions are drawn like its family's and scored alike: both at
         gen 512 would double the cost for nothing). Without long tasks: the benchmark families."""
         mixed = {name for _, weights in self.cfg.task_phases for name, w in weights.items() if w}
+        if self.objective.mix_only:  # a slow decoder: only the tasks the run trains on
+            return tuple(name for name in TASK_NAMES + COT_NAMES if name in mixed)
         cot = tuple(name for name in COT_NAMES if name in mixed)
         covered = {get_task(name).split_key for name in cot}
         return tuple(name for name in TASK_NAMES if name not in covered) + cot
@@ -299,7 +290,9 @@ class Trainer:
         """Share of the arithmetic drill's facts (validation split) whose
         result the model fills in right in one forward pass, with every
         result masked and the operands given: how far the facts the chains
-        rely on are learned."""
+        rely on are learned. None for a uniform-state model (no mask token)."""
+        if self.objective.uniform:
+            return None
         self.model.eval()
         right = total = 0
         for example in get_training_task("arithmetic_facts").examples("validation", n, seed=self.cfg.seed):
@@ -334,6 +327,9 @@ class Trainer:
         # stored bf16, computed in fp32 on CPU by default
         config = dict(self.raw_config, torch_dtype="float32")
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if self.objective.uniform:  # the sampler's defaults and end tokens
+            generation = generation_config_dict(self.special)
+            (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (self.tokenizer_dir / name).exists():
                 shutil.copy(self.tokenizer_dir / name, folder / name)
