@@ -35,6 +35,9 @@ def test_bench_runs_both_uniform_decoders():
         assert row["block_length"] == 16 and len(row["steps_per_block"]) == 1
         assert row["forwards_per_block"] == row["nfe_mean"] and row["wall_s"] > 0
         assert 0 < row["tokens_per_forward"] <= 16
+        # where the time went: the forwards and the rule both measured (not the engine's overhead alone)
+        assert 0 < row["forward_share"] < 1 and 0 < row["policy_share"] < 1
+        assert row["forward_share"] + row["policy_share"] <= 1 + 1e-9
     assert report["settings"]["method_settings"]["greedy"]["greedy"]["seed"] == 0
 
 

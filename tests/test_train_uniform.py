@@ -113,6 +113,24 @@ def test_init_from_tiny_copies_what_fits(tmp_path):
     assert state[full].shape != shipped["model.transformer.blocks.2.q_proj.weight"].shape  # wider head: drawn
 
 
+def test_init_from_an_export_continues_from_all_of_it(trainer, tmp_path):
+    folder = trainer.export(tmp_path / "start")
+    cfg = dict(MICRO, canvas_length=16)
+    continued = Trainer(TrainConfig(out_dir=run_folder(tmp_path), steps=1, init_from=str(folder), **cfg))
+    shipped = load_file(str(folder / "model.safetensors"))
+    state = continued.model.state_dict()
+    assert set(state) == set(shipped)
+    for name, value in state.items():
+        assert torch.equal(value, shipped[name].to(value.dtype)), name
+
+
+def test_init_from_an_export_of_another_size_is_refused_naming_a_tensor(trainer, tmp_path):
+    folder = trainer.export(tmp_path / "start")
+    cfg = dict(MICRO, n_layers=4)
+    with pytest.raises(InputError, match="tensor .* (missing|of another shape)"):
+        Trainer(TrainConfig(out_dir=run_folder(tmp_path), steps=1, init_from=str(folder), **cfg))
+
+
 @pytest.mark.parametrize(
     "field, value", [("canvas_length", 0), ("self_conditioning", 1.5), ("objective", "uniformly")]
 )

@@ -19,6 +19,8 @@ temporaries exist `sample_chunk` positions at a time (the draws equal one whole-
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch.distributions import Categorical
 
@@ -56,8 +58,9 @@ def draw(scaled: torch.Tensor, generator: torch.Generator, sample: bool, chunk: 
 
 
 @torch.no_grad()
-def denoise_step(model, requests: list[CanvasRequest]) -> list[bool]:
-    """One step of every request's canvas (one batched decoder forward); whether each one's canvas ended."""
+def denoise_step(model, requests: list[CanvasRequest], forward_time=nullcontext) -> list[bool]:
+    """One step of every request's canvas (one batched decoder forward); whether each one's canvas ended.
+    forward_time: a context manager around the forwards (the decoder's, the self-conditioning embeddings)."""
     view = DecoderView.batch([r.cache for r in requests])
     canvas = torch.stack([r.canvas for r in requests])
     soft = None
@@ -70,11 +73,12 @@ def denoise_step(model, requests: list[CanvasRequest]) -> list[bool]:
                 for r in requests
             ]
         )
-    logits = model.denoise(canvas, view, soft)
-    return [_update(model, r, logits[i]) for i, r in enumerate(requests)]
+    with forward_time():
+        logits = model.denoise(canvas, view, soft)
+    return [_update(model, r, logits[i], forward_time) for i, r in enumerate(requests)]
 
 
-def _update(model, r: CanvasRequest, logits: torch.Tensor) -> bool:
+def _update(model, r: CanvasRequest, logits: torch.Tensor, forward_time=nullcontext) -> bool:
     s = r.settings
     decoder = UNIFORM_DECODERS[s.method]
     scaled = logits.div_(temperature(r))  # the forward's own tensor: no second [L, V] copy
@@ -87,5 +91,6 @@ def _update(model, r: CanvasRequest, logits: torch.Tensor) -> bool:
     r.step += 1
     r.nfe += 1
     r.argmax = draws.argmax
-    r.soft = model.soft_embeddings(scaled[None], chunk=s.sample_chunk)[0]
+    with forward_time():  # the next step's self-conditioning input: a [L, V] x [V, D] product
+        r.soft = model.soft_embeddings(scaled[None], chunk=s.sample_chunk)[0]
     return stop or r.step >= s.max_denoising_steps

@@ -119,4 +119,7 @@ def generate_uniform(
         engine.cancel_all()
         raise
     elapsed = time.perf_counter() - started
-    return [dataclasses.replace(results[i], elapsed_s=elapsed) for i in ids]
+    policy, forward = engine.policy_timer.total(), engine.forward_timer.total()
+    return [
+        dataclasses.replace(results[i], elapsed_s=elapsed, policy_s=policy, forward_s=forward) for i in ids
+    ]

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -34,6 +35,7 @@ from caidllm.decode.request import CommitEvent
 from caidllm.decode.results import GenerationResult, Trace
 from caidllm.decode.sampling import request_generator
 from caidllm.decode.scheduler import Limits
+from caidllm.decode.timing import DeviceTimer
 from caidllm.errors import EngineFullError, InputError
 from caidllm.models.diffusion_gemma_cache import DGCache
 
@@ -47,6 +49,10 @@ class UniformEngine:
         self.forwards = 0  # decoder forwards (one per step)
         self.steps = 0
         self.prefix_store = None  # no prefix store for this family
+        # where a step's time goes (bench's Fwd and Ctrl columns): the encoder and decoder forwards, and the
+        # rest of denoise_step (drawing, the acceptance rule, renoising)
+        self.forward_timer = DeviceTimer(lm.device)
+        self.policy_timer = DeviceTimer(lm.device)
         self.mirror = getattr(lm, "mirror", None)  # a tensor-parallel model's rank 0
         if self.mirror is not None:
             self.mirror.attach(self)
@@ -176,7 +182,8 @@ class UniformEngine:
         while self.queue and len(self.running) < self.scheduler.max_batch:
             self._admit(self.queue.popleft())
         requests = list(self.running.values())
-        ended = denoise_step(self.lm.model, requests)
+        with self.policy_timer:
+            ended = denoise_step(self.lm.model, requests, self._forward_time)
         self.forwards += 1
         self.steps += 1
         events = [self._after_step(r, done) for r, done in zip(requests, ended)]
@@ -187,7 +194,8 @@ class UniformEngine:
     @torch.no_grad()
     def _admit(self, r: CanvasRequest) -> None:
         device = self.lm.device
-        self.lm.model.encode(torch.tensor([r.prompt], device=device), r.cache)
+        with self.forward_timer:
+            self.lm.model.encode(torch.tensor([r.prompt], device=device), r.cache)
         r.encoder_forwards += 1
         r.new_canvas(device)
         self.running[r.id] = r
@@ -224,11 +232,18 @@ class UniformEngine:
             event.finished, event.result = True, self._result(r)
             del self.running[r.id]
         else:
-            self.lm.model.encode(r.argmax[None], r.cache)
+            with self.forward_timer:
+                self.lm.model.encode(r.argmax[None], r.cache)
             r.encoder_forwards += 1
             r.new_canvas(self.lm.device)
         r.answer_length = event.prefix_length = _answer_length(r.generated, eos)
         return event
+
+    @contextmanager
+    def _forward_time(self):
+        """A forward run from inside denoise_step: forward time, not the rule's."""
+        with self.policy_timer.paused(), self.forward_timer:
+            yield
 
     def _result(self, r: CanvasRequest) -> GenerationResult:
         ids = r.generated[: r.settings.gen_length]

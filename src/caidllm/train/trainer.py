@@ -37,7 +37,7 @@ from caidllm.train.fewshot import FewShot
 from caidllm.train.init_weights import load_initial_weights
 from caidllm.train.moe_balance import ExpertBalancer, initial_config
 from caidllm.train.objectives import OBJECTIVES
-from caidllm.train.uniform import generation_config_dict, init_from_llada, initialise
+from caidllm.train.uniform import generation_config_dict, init_from_llada, init_from_uniform, initialise
 
 SPECIAL_TOKEN_NAMES = {
     "bos": "<|startoftext|>",
@@ -149,9 +149,11 @@ class Trainer:
             self.raw_config = self.objective.export_config(self.cfg, self.raw_config)
 
     def _load_initial_weights(self, name: str) -> None:
-        if self.objective.uniform:  # from a LLaDA-layout model: what fits (train/uniform.py)
+        if self.objective.uniform:  # all of a DiffusionGemma-layout start, else what fits of a LLaDA-layout one
             folder, _ = resolve_folder(name)
-            copied = init_from_llada(self.model, folder)
+            start_type = json.loads((folder / "config.json").read_text()).get("model_type")
+            copy = init_from_uniform if start_type == "diffusion_gemma" else init_from_llada
+            copied = copy(self.model, folder)
             self.log({"event": "initialised from", "model": name, "tensors": len(copied)})
             return
         describe = (

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
+from caidllm.errors import InputError
 from caidllm.models.diffusion_gemma_config import FULL, GENERATION_DEFAULTS, SLIDING
 from caidllm.train.data import Batch
 from caidllm.train.uniform_objective import uniform_state_loss
@@ -130,6 +131,25 @@ def init_from_llada(model, folder) -> list[str]:
             own[dst].copy_(weights[src].float())
             copied.append(dst)
     return copied
+
+
+@torch.no_grad()
+def init_from_uniform(model, folder) -> list[str]:
+    """Copy every tensor of a DiffusionGemma-layout folder (an earlier export: tiny-dg), so a run continues
+    from shipped weights; a tensor missing or of another shape is refused, naming it."""
+    weights = load_file(str(folder / "model.safetensors"))
+    own = model.state_dict()
+    missing = sorted(set(own) - set(weights))
+    wrong = [name for name in own if name in weights and weights[name].shape != own[name].shape]
+    if missing or wrong:
+        first = (missing or wrong)[0]
+        raise InputError(
+            f"init_from {str(folder)!r}: tensor {first} is {'missing' if missing else 'of another shape'} "
+            "(the run's --d-model / --n-layers / vocabulary must be the start's)"
+        )
+    # load_state_dict, not copies into state_dict()'s tensors: some of those are built on the fly
+    model.load_state_dict({name: weights[name].to(value.dtype) for name, value in own.items()})
+    return list(own)
 
 
 def canvas_rows(batch: Batch, canvas_length: int, eos_id: int, generator: torch.Generator):
