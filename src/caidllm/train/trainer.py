@@ -149,7 +149,7 @@ class Trainer:
             self.raw_config = self.objective.export_config(self.cfg, self.raw_config)
 
     def _load_initial_weights(self, name: str) -> None:
-        if self.objective.uniform:  # all of a DiffusionGemma-layout start, else what fits of a LLaDA-layout one
+        if self.objective.uniform:  # all of a DiffusionGemma-layout start, else what fits of a LLaDA one
             folder, _ = resolve_folder(name)
             start_type = json.loads((folder / "config.json").read_text()).get("model_type")
             copy = init_from_uniform if start_type == "diffusion_gemma" else init_from_llada
