@@ -44,7 +44,6 @@ as JSON to ``stats_path``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -60,6 +59,7 @@ from caidllm.decode.presets import config_for_model
 from caidllm.decode.uniform_api import check_uniform
 from caidllm.distributed import World
 from caidllm.errors import InputError
+from caidllm.evaluation import lm_eval_stats
 from caidllm.models.checkpoints import recommended_method
 from caidllm.models.families import get_family
 from caidllm.options import check_before_load, model_config_of, nest_owner_keys
@@ -230,18 +230,7 @@ class CaidllmLM(LM):
             for t in self.lm.tokenizer.added_tokens_decoder.values()
             if t.special and t.content and t.content in template
         ]
-        self.stats = {
-            "requests": 0,
-            "nfe": 0,
-            "positions": 0,
-            "answer_tokens": 0,
-            "wall_s": 0.0,
-            "policy_s": 0.0,
-            "steps_per_block_sum": [],
-            "truncated_prompts": 0,
-            "prefill_positions": 0,
-            "reused_positions": 0,
-        }
+        self.stats = lm_eval_stats.new_stats()
 
     # ---- lm-eval interface ----------------------------------------------------
 
@@ -313,7 +302,7 @@ class CaidllmLM(LM):
                 )
                 if torch.device(self._device).type == "cuda":
                     torch.cuda.synchronize(self._device)
-                self._account(results, time.perf_counter() - started)
+                lm_eval_stats.account(self.stats, results, time.perf_counter() - started, self.gen_length)
                 for i, result in zip(batch, results):
                     text = cut_at_stop(result.text, parsed[i][1])
                     answers[i] = text
@@ -358,25 +347,8 @@ class CaidllmLM(LM):
             ids = ids[-budget:]
         return ids
 
-    def _account(self, results, wall: float) -> None:
-        s = self.stats
-        s["requests"] += len(results)
-        s["nfe"] += sum(r.nfe for r in results)
-        s["positions"] += len(results) * self.gen_length
-        s["answer_tokens"] += sum(r.answer_length for r in results)
-        s["wall_s"] += wall
-        s["policy_s"] += results[0].policy_s
-        s["prefill_positions"] += sum(r.prefill_positions for r in results)
-        s["reused_positions"] += sum(r.reused_positions for r in results)
-        for r in results:
-            spb = s["steps_per_block_sum"]
-            spb.extend([0] * (len(r.steps_per_block) - len(spb)))
-            for b, steps in enumerate(r.steps_per_block):
-                spb[b] += steps
-
-    def summary(self, stats: dict | None = None) -> dict:
-        s = self.stats if stats is None else stats
-        n, wall = s["requests"], s["wall_s"]
+    def _run_fields(self) -> dict:
+        """The run's fixed fields in the statistics file."""
         return {
             "model": self.pretrained,
             "method": self.method,
@@ -384,27 +356,7 @@ class CaidllmLM(LM):
             "block_length": self.block_length,
             "batch_size": self.batch_size,
             "device": str(self._device),
-            "requests": n,
-            "nfe_mean": s["nfe"] / n if n else None,
-            "steps_per_block": [v / n for v in s["steps_per_block_sum"]] if n else [],
-            "wall_s": wall,
-            "tps_positions": s["positions"] / wall if wall else None,
-            "tps_answer": s["answer_tokens"] / wall if wall else None,
-            "policy_share": s["policy_s"] / s.get("busy_s", wall) if wall else None,
-            "truncated_prompts": s["truncated_prompts"],
-            # The prefix store (block-causal models): prompt positions prefilled per request, share taken from
-            # it.
-            "prefill_positions_mean": s.get("prefill_positions", 0) / n if n else None,
-            "prefill_saved_share": (
-                s.get("reused_positions", 0) / (s.get("prefill_positions", 0) + s.get("reused_positions", 0))
-                if s.get("reused_positions")
-                else 0.0
-            ),
             "world_size": self.world.world_size,
-            "note": "wall_s covers the generate() calls only (no warm-up in lm-eval runs; use `caidllm "
-            "bench` "
-            "for timed comparisons); tps_positions = requests x gen_length / wall_s, tps_answer = answer "
-            "tokens / wall_s",
         }
 
     def _report(self) -> None:
@@ -412,9 +364,9 @@ class CaidllmLM(LM):
             gathered = self.world.gather(self.stats)
             if not self.world.is_main:
                 return
-            summary = self.summary(_combined(gathered))
+            summary = lm_eval_stats.summary(lm_eval_stats.combined(gathered), self._run_fields())
         else:
-            summary = self.summary()
+            summary = lm_eval_stats.summary(self.stats, self._run_fields())
         logger.info(
             "caidllm %s: %d requests, NFE/request %.1f, %.1f positions/s, %.1f answer tokens/s",
             self.method,
@@ -423,38 +375,7 @@ class CaidllmLM(LM):
             summary["tps_positions"] or 0.0,
             summary["tps_answer"] or 0.0,
         )
-        if self.stats_path is not None:
-            try:
-                self.stats_path.parent.mkdir(parents=True, exist_ok=True)
-                self.stats_path.write_text(json.dumps(summary, indent=2) + "\n")
-            except OSError as e:
-                logger.warning("cannot write decoding statistics to %s: %s", self.stats_path, e)
-
-
-def _combined(per_rank: list[dict]) -> dict:
-    """The ranks' statistics as one run's: counts add up, the wall time is the slowest rank's (they ran
-    side by side). lm-eval pads the shorter ranks with copies of their last request; those count too."""
-    total = {
-        k: sum(s[k] for s in per_rank)
-        for k in (
-            "requests",
-            "nfe",
-            "positions",
-            "answer_tokens",
-            "policy_s",
-            "truncated_prompts",
-            "prefill_positions",
-            "reused_positions",
-        )
-    }
-    total["wall_s"] = max(s["wall_s"] for s in per_rank)
-    total["busy_s"] = sum(s["wall_s"] for s in per_rank)
-    blocks = max(len(s["steps_per_block_sum"]) for s in per_rank)
-    total["steps_per_block_sum"] = [
-        sum(s["steps_per_block_sum"][b] for s in per_rank if b < len(s["steps_per_block_sum"]))
-        for b in range(blocks)
-    ]
-    return total
+        lm_eval_stats.write(self.stats_path, summary, logger)
 
 
 def cut_at_stop(text: str, until: list[str]) -> str:
