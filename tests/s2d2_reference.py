@@ -135,22 +135,43 @@ def accept(q_probs, p_probs, draft, s, fastdllm=False):
     return update
 
 
-def _draft(lm, x, end, block_length):
-    logits = lm.forward(x[None, :end], mode=Full(attention_block=block_length))[0, -block_length:]
+def _window_attention(n, block_length, causal_before):
+    """[n, n] bool: block-causal, the rows before ``causal_before`` token-causal (AR-like caching)."""
+    blocks = torch.arange(n) // block_length
+    att = blocks[None, :] <= blocks[:, None]
+    rows = torch.arange(n) < causal_before
+    att[rows] = torch.ones(n, n, dtype=torch.bool).tril()[rows]
+    return att
+
+
+def _draft(lm, x, end, block_length, causal_before=None):
+    """The draft's argmax, its probability and the distributions of the block ending at ``end``;
+    ``causal_before`` (AR-like caching): the window's rows before it read token-causally, as the cache
+    the official loop fills with its causal verifier mask holds them (cache_ver), and the block's decoded
+    prefix (draft_ver: its rows of cur_attn_mask replaced by the causal mask's)."""
+    if causal_before is None:
+        logits = lm.forward(x[None, :end], mode=Full(attention_block=block_length))[0, -block_length:]
+    else:
+        att = _window_attention(end, block_length, causal_before)[None, None]
+        positions = torch.arange(end)[None]
+        logits = lm.forward_with_attention(x[None, :end], positions, att, positions[:, -block_length:])[0]
     logits[:, lm.config.mask_id] = -torch.inf
     probs = _softmax(logits)
     x0 = logits.argmax(-1)
     return x0, probs.gather(-1, x0[:, None])[:, 0], probs
 
 
-def _verify_2l(lm, x, start, end, drafted):
-    """The shadow half's distributions [L, V] of the 2L verifier over the whole window (no cache)."""
+def _verify_2l(lm, x, start, end, drafted, cache_ver=False):
+    """The shadow half's distributions [L, V] of the 2L verifier over the whole window (no cache; the
+    earlier blocks token-causal with cache_ver, as the official cache then holds them)."""
     L, n = end - start, end
     ids = torch.cat([x[:start], drafted, torch.full((L,), lm.config.mask_id)])[None]
     positions = torch.cat([torch.arange(end), torch.arange(start, end)])[None]
     blocks = torch.arange(start) // L
     att = torch.zeros(n + L, n + L, dtype=torch.bool)
     att[:start, :start] = blocks[None, :] <= blocks[:, None]  # the earlier blocks, block-causal
+    if cache_ver:  # prefill and each finished block stored with the causal verifier mask
+        att[:start, :start] = torch.ones(start, start, dtype=torch.bool).tril()
     att[start:, :start] = True
     tril = torch.ones(L, L, dtype=torch.bool).tril()
     att[start:n, start:n] = tril
@@ -178,7 +199,10 @@ def s2d2_generate(
             masked = x[start:end] == mask_id
             if not masked.any():
                 break
-            x0, x0_p, probs = _draft(lm, x, end, block_length)
+            causal_before = None
+            if s.get("cache_ver"):
+                causal_before = start + (_first_run(masked.tolist())[0] if s.get("draft_ver") else 0)
+            x0, x0_p, probs = _draft(lm, x, end, block_length, causal_before)
             quota = num_to_transfer if num_to_transfer is not None else schedule[step]
             min_k = min(quota, int(masked.sum()))
             span = _first_run(masked.tolist())
@@ -191,7 +215,7 @@ def s2d2_generate(
                 verify = bool(span) and decide(s, state, probs[span], n_conf)
             if verify:
                 drafted = torch.where(masked, x0, x[start:end])
-                q_all = _verify_2l(lm, x, start, end, drafted)
+                q_all = _verify_2l(lm, x, start, end, drafted, s.get("cache_ver", False))
                 update = {span[i]: tok for i, tok in accept(q_all[span], probs[span], x0[span], s).items()}
                 if s.get("ratio_threshold", -1.0) >= 0 and s.get(
                     "ratio_all_masks"

@@ -15,7 +15,9 @@ from s2d2_reference import s2d2_generate
 
 BENCH_DATA = Path(__file__).parent / "data" / "bench"
 PROMPTS = [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60]]
-ALWAYS = dict(router="mask_span_length", min_span=1)
+# The official signature's defaults (AR-like caching off; the s2d2 preset turns it on, SDAR Config-A's).
+PLAIN = dict(cache_ver=False, draft_ver=False)
+ALWAYS = dict(router="mask_span_length", min_span=1, **PLAIN)
 STATIC = dict(
     router="score_threshold",
     score_threshold=0.0,
@@ -47,6 +49,7 @@ DEFAULTS = dict(
     margin_threshold=0.05,
     entropy_temperature=1.0,
     acceptance="official",
+    **PLAIN,
 )
 
 
@@ -92,6 +95,32 @@ def models(block_family, bd_llada):
 def test_parity_with_the_official_loop(block_family, bd_llada, kind, router, acceptance, quota):
     s = {**DEFAULTS, **router, "acceptance": acceptance}
     assert_parity(models(block_family, bd_llada)[kind], s, quota, block=4)
+
+
+AR_LIKE = dict(cache_ver=True, draft_ver=True)
+
+
+@pytest.mark.parametrize("kind", ["sdar", "llada"])
+@pytest.mark.parametrize(
+    "router, acceptance, block",
+    [
+        (dict(ALWAYS, **AR_LIKE), "official", 4),
+        (dict(ALWAYS, cache_ver=True), "official", 4),
+        (dict(STATIC, **AR_LIKE), "official", 4),
+        (dict(STATIC, **AR_LIKE), "greedy", 8),
+        (dict(RATIO, cache_ver=True), "official", 8),
+        (dict(BANDIT, **AR_LIKE), "official", 4),
+    ],
+)
+def test_ar_like_caching_parity(block_family, bd_llada, kind, router, acceptance, block):
+    """SDAR's --cache_ver (earlier blocks' keys and values token-causal) and --draft_ver (the draft reads
+    the block's decoded prefix token-causally) against the official loop, prompts ending inside a block
+    (the random SDAR decodes blocks of 4 only). The prefix store holds the prompts' block-causal blocks
+    first: a request with AR-like caching must not take them."""
+    s = {**DEFAULTS, **router, "acceptance": acceptance}
+    lm = models(block_family, bd_llada)[kind]
+    lm.generate(PROMPTS, method="s2d2", gen_length=16, block_length=block if kind == "llada" else 4)
+    assert_parity(models(block_family, bd_llada)[kind], s, None, block=block if kind == "llada" else 4)
 
 
 @pytest.mark.parametrize("kind", ["llada2", "llada"])
@@ -140,13 +169,17 @@ def assert_parity(lm, s: dict, quota, block: int) -> None:
         dict(ratio_threshold=0.0),
         dict(always_check_high_confidence=True),
         dict(ratio_threshold=0.5, ratio_all_masks=True),
+        dict(cache_ver=True),
+        dict(cache_ver=True, draft_ver=True),
     ],
 )
 def test_the_switches_change_the_tokens(block_family, bd_llada, switch):
     """Each switch changes some answer on these weights (so its parity case can fail)."""
     config = dict(method="s2d2", gen_length=16, block_length=4, threshold=0.6, early_stop=False)
     changed = False
-    for lm in models(block_family, bd_llada).values():
+    for kind, lm in models(block_family, bd_llada).items():
+        if kind == "llada2" and switch.get("cache_ver"):
+            continue  # LLaDA2's loop has no AR-like caching (refused)
         base = lm.generate(PROMPTS, s2d2=ALWAYS, **config)
         other = lm.generate(PROMPTS, s2d2={**ALWAYS, **switch}, **config)
         changed |= [r.token_ids for r in base] != [r.token_ids for r in other]
@@ -176,7 +209,43 @@ def test_verify_forwards_are_counted(block_family):
     ],
 )
 def test_batch_invariance(block_family, acceptance, temperature, router):
-    lm = block_family("llada2")
+    assert_batch_invariant(block_family("llada2"), dict(PLAIN, **router, acceptance=acceptance), temperature)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("ar_like", [dict(cache_ver=True), AR_LIKE])
+def test_ar_like_caching_batch_invariance(block_family, ar_like, temperature):
+    """A request's token-causal span and cache row are its own: alone, batched, or joining a running batch
+    (and beside a request without AR-like caching) it decodes the same."""
+    lm = block_family("sdar")
+    assert_batch_invariant(lm, dict(ALWAYS, **ar_like), temperature)
+    from caidllm.decode.engine import Engine
+    from helpers.decoding import _finished
+
+    configs = [
+        build_config(
+            "s2d2", gen_length=16, block_length=4, early_stop=False, temperature=temperature, seed=3, s2d2=s
+        )
+        for s in (dict(ALWAYS, **ar_like), ALWAYS)
+    ]
+    alone = {}
+    for c, config in enumerate(configs):
+        for p, prompt in enumerate(PROMPTS):
+            engine = Engine(lm, max_batch=1)
+            rid = engine.submit(prompt, config)
+            alone[c, p] = _finished(engine)[rid].token_ids
+    assert alone[0, 0] != alone[1, 0] or alone[0, 1] != alone[1, 1]  # the setting changes some answer
+    engine = Engine(lm, max_batch=4)
+    ids = {
+        (c, p): engine.submit(prompt, config)
+        for c, config in enumerate(configs)
+        for p, prompt in enumerate(PROMPTS)
+    }
+    mixed = _finished(engine)
+    assert {key: mixed[rid].token_ids for key, rid in ids.items()} == alone
+
+
+def assert_batch_invariant(lm, s2d2: dict, temperature: float) -> None:
     config = build_config(
         "s2d2",
         gen_length=16,
@@ -184,7 +253,7 @@ def test_batch_invariance(block_family, acceptance, temperature, router):
         early_stop=False,
         temperature=temperature,
         seed=3,
-        s2d2=dict(router, acceptance=acceptance),
+        s2d2=s2d2,
     )
     alone, static, joined = alone_static_joined(lm, config, PROMPTS + [[61, 62, 63]])
     assert alone == static == joined
@@ -213,6 +282,9 @@ def test_refused_on_a_full_sequence_model(llada_lm):
         (dict(ratio_threshold="high"), "s2d2.ratio_threshold"),
         (dict(sub_block=2, always_check_high_confidence=True), "s2d2.always_check_high_confidence"),
         (dict(sub_block=2, ratio_threshold=0.5), "s2d2.ratio_threshold"),
+        (dict(cache_ver="yes"), "s2d2.cache_ver"),
+        (dict(cache_ver=False, draft_ver=True), "s2d2.draft_ver"),
+        (dict(sub_block=2, cache_ver=True), "s2d2.cache_ver"),
     ],
 )
 def test_bad_settings_name_the_field(block_family, settings, field):
@@ -221,6 +293,20 @@ def test_bad_settings_name_the_field(block_family, settings, field):
         lm.generate([[5, 6, 7]], method="s2d2", gen_length=8, block_length=4, s2d2=settings)
     # The field is the key the caller gave it under; the message names the setting.
     assert err.value.field == "s2d2" and field in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [("llada2", {}), ("fastdllm_v2", {}), ("sdar", {"cache": "subblock"})],
+)
+def test_ar_like_caching_refused_where_the_loop_has_none(block_family, kind, options):
+    """LLaDA2's loop has no AR-like caching, Fast-dLLM v2's is not re-stated; it needs the exact cache."""
+    lm = block_family(kind)
+    with pytest.raises(InputError, match="s2d2.cache_ver") as err:
+        lm.generate(
+            [[5, 6, 7]], method="s2d2", gen_length=8, block_length=4, s2d2=dict(cache_ver=True), **options
+        )
+    assert err.value.field == "s2d2" and "\n" not in str(err.value)
 
 
 def test_editing_is_refused(block_family):

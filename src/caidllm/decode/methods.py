@@ -173,7 +173,7 @@ PRESETS: dict[str, dict] = {
     # S2D2 (arXiv 2603.25702, phymhan/S2D2) at the paper's configurations (the repository README's
     # "Configurations used in the paper"), each family's own base rule under the router:
     # SDAR Config-A: block 4, 4 steps, low_confidence_dynamic 0.85, score router tau 0, static, c = 1, the
-    # soft entropy estimator (without its AR-like caching, --cache_ver --draft_ver: not implemented).
+    # soft entropy estimator, AR-like caching (--cache_ver --draft_ver, policies/s2d2_ar.py).
     "s2d2": dict(
         policy="s2d2",
         cache="block",
@@ -185,6 +185,8 @@ PRESETS: dict[str, dict] = {
             score="difference_static",
             penalty=1.0,
             estimator="soft_entropy_negexp",
+            cache_ver=True,
+            draft_ver=True,
         ),
     ),
     # Fast-dLLM v2 Config-A: block 32, sub-blocks of 4, threshold 0.9, hysteresis on 1 / off -5, dynamic,

@@ -190,6 +190,7 @@ class Runner:
             rows=frame.row_selector(slots, slot_ids),
             real_from=[frame.first_real(s) for s in slots],
             key_end=self._key_ends(members, masked, starts, frame.canvas.shape[1]),
+            causal_span=self._causal_spans(frame, members, masked, starts),
             # a block-causal model's attention blocks are the decoding blocks
             attention_block=block_length if self.lm.config.block_causal else None,
         )
@@ -271,6 +272,21 @@ class Runner:
             for i, (r, h, start) in enumerate(zip(members, horizons, starts))
         ]
         return torch.cat(ends).clamp(max=width)
+
+    @staticmethod
+    def _causal_spans(frame: Frame, members: list[Request], masked, starts: list[int]):
+        """[R, 2] each row's token-causal RoPE positions this step (None: no row has any): a policy whose
+        forwards are partly autoregressive (S2D2's AR-like caching) says which."""
+        rules = [r.config.policy_settings.causal_span() for r in members]
+        if all(rule is None for rule in rules):
+            return None
+        block_positions = to_device(
+            [s - frame.first_real(r.slot) for r, s in zip(members, starts)], masked.device
+        )
+        none = torch.zeros(2, dtype=torch.long, device=masked.device)
+        return torch.stack(
+            [none if rule is None else rule(masked[i], block_positions[i]) for i, rule in enumerate(rules)]
+        )
 
     def _predict(self, logits: torch.Tensor, members: list[Request]):
         """Each position's token and its confidence; sampling runs once per temperature."""

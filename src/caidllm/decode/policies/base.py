@@ -50,6 +50,15 @@ class PolicySettings(MethodSettings):
         never."""
         return None
 
+    def causal_span(self):
+        """causal_span(block_masked [block] bool, block_position [] long) -> [2] long, the RoPE positions
+        [lo, hi) whose queries attend token-causally this step (models/layers.Context.causal_span), for
+        settings whose forwards are partly autoregressive (S2D2's AR-like caching); None: never."""
+        return None
+
+    def check_model(self, config, lm) -> None:
+        """Refuse settings the model `lm` cannot take (InputError naming the field)."""
+
 
 @dataclass
 class NoSettings(PolicySettings):

@@ -33,11 +33,13 @@ argmax at the first rejection: the lossless greedy rule, with no draws.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
 
 from caidllm.checks import is_number
+from caidllm.decode.policies import s2d2_ar
 from caidllm.decode.policies.base import PolicySettings, PolicyState, StepView
 from caidllm.decode.policies.s2d2_bandit import Bandit
 from caidllm.decode.sampling import request_generator
@@ -98,6 +100,8 @@ class S2D2Settings(PolicySettings):
     ucb_progress_bins: int = 2  # ucb_block_progress_bins
     ucb_entropy_bins: int = 2
     ucb_entropy_source: str = "span"  # "span" (the run) or "masked" (every mask of the block)
+    cache_ver: bool = False  # AR-like caching (policies/s2d2_ar.py): earlier blocks' K/V token-causal
+    draft_ver: bool = False  # with cache_ver: the draft reads the block's decoded prefix token-causally
 
     OWNER: ClassVar[str] = "s2d2"
     TITLE: ClassVar[str] = "S2D2 self-speculative block diffusion (arXiv 2603.25702)"
@@ -133,6 +137,8 @@ class S2D2Settings(PolicySettings):
         Rule("ucb_progress_bins", "an integer >= 1", positive_int),
         Rule("ucb_entropy_bins", "an integer >= 1", positive_int),
         choice_rule("ucb_entropy_source", ENTROPY_SOURCES),
+        Rule("cache_ver", "true or false", lambda v: isinstance(v, bool)),
+        Rule("draft_ver", "true or false", lambda v: isinstance(v, bool)),
     )
 
     def check_with(self, config) -> None:
@@ -159,6 +165,7 @@ class S2D2Settings(PolicySettings):
                 f"{name}={getattr(self, key)!r} does not apply with s2d2.sub_block (Fast-dLLM v2's rule)",
                 field=field_,
             )
+        s2d2_ar.check_settings(self, config)
         if config.editing_threshold is not None:
             raise InputError(
                 "editing_threshold does not apply to S2D2 here: its LLaDA2.1 token editing is not "
@@ -168,6 +175,12 @@ class S2D2Settings(PolicySettings):
 
     def arguments(self, gating: bool) -> dict:
         return dict(settings=self)
+
+    def causal_span(self):
+        return partial(s2d2_ar.causal_span, draft_ver=self.draft_ver) if self.cache_ver else None
+
+    def check_model(self, config, lm) -> None:
+        s2d2_ar.check_model(self, config, lm)
 
 
 @dataclass
