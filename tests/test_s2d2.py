@@ -309,11 +309,110 @@ def test_ar_like_caching_refused_where_the_loop_has_none(block_family, kind, opt
     assert err.value.field == "s2d2" and "\n" not in str(err.value)
 
 
-def test_editing_is_refused(block_family):
+# The hysteresis switch on for good once on (off at -100), unless an editing step with no mask left turns it off
+# as LLaDA2's loop does: a case that fails when that step skips the router.
+STICKY = dict(
+    router="score_hysteresis",
+    hysteresis_on=1.5,
+    hysteresis_off=-100.0,
+    score="difference_static",
+    penalty=0.0,
+    margin_threshold=0.02,
+)
+
+
+@pytest.mark.parametrize(
+    "kind, router, acceptance, editing, post, block",
+    [
+        ("llada2", ALWAYS, "official", 0.0, 16, 4),
+        ("llada2", dict(HYSTERESIS, **PLAIN), "official", 0.0, 2, 4),
+        ("llada2", dict(STICKY, **PLAIN), "official", 0.0, 1, 4),
+        ("llada2", dict(HYSTERESIS, **PLAIN), "greedy", 0.1, 1, 8),
+        ("llada2", dict(STATIC, **PLAIN), "official", 0.05, 0, 8),
+        ("llada2", ALWAYS, "greedy", 0.1, 3, 8),
+        ("llada", dict(STATIC, **PLAIN), "official", 0.5, 2, 4),
+    ],
+)
+def test_editing_parity(block_family, bd_llada, kind, router, acceptance, editing, post, block):
+    """LLaDA2.1's token editing with S2D2 (LLaDA2/generate_utils.py generate_ssd_policy, re-stated in
+    s2d2_llada2_reference.py): the edits made before verification and verified with the block, the router
+    asked at editing steps with no mask left, the block's end by the editing rule."""
+    from s2d2_llada2_reference import s2d2_llada2_generate
+
+    lm = models(block_family, bd_llada)[kind]
+    s = {**DEFAULTS, **router, "acceptance": acceptance}
+    config = dict(gen_length=16, block_length=block, threshold=0.6, max_post_steps=post, s2d2=s)
+    results = lm.generate(PROMPTS, method="s2d2-llada2", editing_threshold=editing, **config)
+    for prompt, result in zip(PROMPTS, results):
+        expected = s2d2_llada2_generate(
+            lm,
+            prompt,
+            gen_length=16,
+            block_length=block,
+            threshold=0.6,
+            editing_threshold=editing,
+            max_post_steps=post,
+            s=s,
+            stop_ids=set(lm.config.eos_ids),
+        )
+        assert answer(result) == expected
+
+
+def test_editing_changes_the_tokens(block_family):
     lm = block_family("llada2")
-    with pytest.raises(InputError, match="editing_threshold") as err:
-        lm.generate([[5, 6, 7]], method="s2d2-llada2", gen_length=8, block_length=8, editing_threshold=0.9)
-    assert err.value.field == "editing_threshold"
+    config = dict(method="s2d2-llada2", gen_length=16, block_length=4, threshold=0.6, s2d2=ALWAYS)
+    edited = lm.generate(PROMPTS, editing_threshold=0.0, max_post_steps=16, **config)
+    plain = lm.generate(PROMPTS, editing_threshold=1.0, max_post_steps=16, **config)
+    assert [r.token_ids for r in edited] != [r.token_ids for r in plain]
+    assert all(e.nfe > p.nfe for e, p in zip(edited, plain))  # the editing steps' forwards
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_editing_batch_invariance(block_family, temperature):
+    lm = block_family("llada2")
+    config = build_config(
+        "s2d2-llada2",
+        gen_length=16,
+        block_length=4,
+        early_stop=False,
+        temperature=temperature,
+        seed=3,
+        threshold=0.6,
+        editing_threshold=0.0,
+        max_post_steps=2,
+        s2d2=dict(HYSTERESIS),
+    )
+    alone, static, joined = alone_static_joined(lm, config, PROMPTS + [[61, 62, 63]])
+    assert alone == static == joined
+
+
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        (dict(ratio_threshold=0.3), "s2d2.ratio_threshold"),
+        (dict(always_check_high_confidence=True), "s2d2.always_check_high_confidence"),
+        (dict(resample=False), "s2d2.resample"),
+        (dict(router="contextual_bandit_ucb"), "s2d2.router"),
+        (dict(num_to_transfer=None), "s2d2.num_to_transfer"),
+    ],
+)
+def test_editing_refuses_what_llada2s_loop_lacks(block_family, settings, field):
+    """Token editing with S2D2 is LLaDA2's loop: SDAR's options are refused with it, naming the field."""
+    lm = block_family("llada2")
+    with pytest.raises(InputError) as err:
+        lm.generate([[5, 6, 7]], method="s2d2-llada2", gen_length=8, block_length=8, s2d2=settings)
+    assert err.value.field == "s2d2" and field in str(err.value) and "editing_threshold" in str(err.value)
+
+
+def test_the_paper_presets():
+    """SDAR Config-A with AR-like caching; LLaDA2.1-Mini Conservative and Quality with token editing."""
+    from caidllm.decode.methods import PRESETS
+
+    assert PRESETS["s2d2"]["s2d2"] | {"cache_ver": True, "draft_ver": True} == PRESETS["s2d2"]["s2d2"]
+    conservative, quality = PRESETS["s2d2-llada2"], PRESETS["s2d2-llada2-quality"]
+    assert (conservative["threshold"], conservative["editing_threshold"]) == (0.95, 0.9)
+    assert (quality["threshold"], quality["editing_threshold"]) == (0.7, 0.5)
+    assert conservative["s2d2"]["score_threshold"] == -5.0 and quality["s2d2"]["score_threshold"] == 0.0
 
 
 @pytest.mark.parametrize("router", [ALWAYS, HYSTERESIS, NO_RESAMPLE])

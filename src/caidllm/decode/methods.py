@@ -206,17 +206,37 @@ PRESETS: dict[str, dict] = {
             estimator="soft_entropy_negexp",
         ),
     ),
-    # LLaDA2.1-Mini Conservative (without its token editing): block 32, threshold 0.95, one commit a step
-    # (num_to_transfer 1, its generate's default), score router tau -5, static, c = 4, soft entropy.
+    # LLaDA2.1-Mini, LLaDA2's loop with its token editing (LLaDA2/generate_utils.py generate_ssd_policy, run by
+    # the eval scripts: block 32, one commit a step (num_to_transfer 1), no editing step after a block's last
+    # mask (max_post_steps 0), eos_early_stop), score router static, c = 4, soft entropy. Conservative:
+    # threshold 0.95, editing 0.9, tau -5; Quality: threshold 0.7, editing 0.5, tau 0.
     "s2d2-llada2": dict(
         policy="s2d2",
         cache="block",
         block_length=32,
         threshold=0.95,
+        editing_threshold=0.9,
+        max_post_steps=0,
         s2d2=dict(
             num_to_transfer=1,
             router="score_threshold",
             score_threshold=-5.0,
+            score="difference_static",
+            penalty=4.0,
+            estimator="soft_entropy_negexp",
+        ),
+    ),
+    "s2d2-llada2-quality": dict(
+        policy="s2d2",
+        cache="block",
+        block_length=32,
+        threshold=0.7,
+        editing_threshold=0.5,
+        max_post_steps=0,
+        s2d2=dict(
+            num_to_transfer=1,
+            router="score_threshold",
+            score_threshold=0.0,
             score="difference_static",
             penalty=4.0,
             estimator="soft_entropy_negexp",

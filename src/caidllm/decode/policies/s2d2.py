@@ -167,11 +167,7 @@ class S2D2Settings(PolicySettings):
             )
         s2d2_ar.check_settings(self, config)
         if config.editing_threshold is not None:
-            raise InputError(
-                "editing_threshold does not apply to S2D2 here: its LLaDA2.1 token editing is not "
-                "implemented with self-speculation (use method llada2.1 for editing)",
-                field="editing_threshold",
-            )
+            s2d2_ar.check_editing(self, config)
 
     def arguments(self, gating: bool) -> dict:
         return dict(settings=self)
@@ -333,9 +329,15 @@ def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
     run = first_run(region)
     confident = [b for b, m in enumerate(region) if m and float(view.confidence[i, b]) > s.threshold]
     picks: dict[int, int] = {}
-    verify = bool(run) and decide(probs, run, masked, len(confident), s, state)
+    # The score routers decide at every step (LLaDA2's loop: also at an editing step with no mask left, where
+    # the hysteresis switch turns off); the bandit only when there is a run to verify.
+    routed = bool(run) or s.router != "contextual_bandit_ucb"
+    verify = routed and decide(probs, run, masked, len(confident), s, state) and bool(run)
     if verify:
-        drafted = torch.where(view.masked[i], view.predicted[i], spec.block[i])
+        filled = (
+            view.masked[i] if spec.edits is None else view.masked[i] | spec.edits[i]
+        )  # edits verified too
+        drafted = torch.where(filled, view.predicted[i], spec.block[i])
         q = distributions(spec.verify(i, drafted), spec.temperature)
         accepted = accepted_run(q[run], probs[run], view.predicted[i, run], s, state.generator)
         picks = {run[k]: token for k, token in accepted.items()}
