@@ -206,10 +206,10 @@ PRESETS: dict[str, dict] = {
             estimator="soft_entropy_negexp",
         ),
     ),
-    # LLaDA2.1-Mini, LLaDA2's loop with its token editing (LLaDA2/generate_utils.py generate_ssd_policy, run by
-    # the eval scripts: block 32, one commit a step (num_to_transfer 1), no editing step after a block's last
-    # mask (max_post_steps 0), eos_early_stop), score router static, c = 4, soft entropy. Conservative:
-    # threshold 0.95, editing 0.9, tau -5; Quality: threshold 0.7, editing 0.5, tau 0.
+    # LLaDA2.1-Mini, LLaDA2's loop with its token editing (LLaDA2/generate_utils.py generate_ssd_policy, as
+    # the eval scripts run it: block 32, one commit a step (num_to_transfer 1), no editing step after a
+    # block's last mask (max_post_steps 0), eos_early_stop), score router static, c = 4, soft entropy.
+    # Conservative: threshold 0.95, editing 0.9, tau -5; Quality: threshold 0.7, editing 0.5, tau 0.
     "s2d2-llada2": dict(
         policy="s2d2",
         cache="block",

@@ -39,7 +39,7 @@ from typing import ClassVar
 import torch
 
 from caidllm.checks import is_number
-from caidllm.decode.policies import s2d2_ar
+from caidllm.decode.policies import s2d2_ar, s2d2_editing
 from caidllm.decode.policies.base import PolicySettings, PolicyState, StepView
 from caidllm.decode.policies.s2d2_bandit import Bandit
 from caidllm.decode.sampling import request_generator
@@ -167,7 +167,7 @@ class S2D2Settings(PolicySettings):
             )
         s2d2_ar.check_settings(self, config)
         if config.editing_threshold is not None:
-            s2d2_ar.check_editing(self, config)
+            s2d2_editing.check_editing(self, config)
 
     def arguments(self, gating: bool) -> dict:
         return dict(settings=self)

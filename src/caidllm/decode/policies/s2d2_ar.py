@@ -80,30 +80,3 @@ def check_model(s, config, lm) -> None:
             "s2d2-llada2 is LLaDA2.1's configuration)",
             field=field_,
         )
-
-
-# The options of SDAR's loop that LLaDA2's (the one with token editing) has not: refused with editing_threshold.
-NOT_IN_LLADA2 = {
-    "ratio_threshold": lambda s: s.ratio_threshold >= 0,
-    "always_check_high_confidence": lambda s: s.always_check_high_confidence,
-    "resample": lambda s: not s.resample,
-    "router": lambda s: s.router == "contextual_bandit_ucb",
-    "sub_block": lambda s: s.sub_block is not None,
-    "cache_ver": lambda s: s.cache_ver,
-    "num_to_transfer": lambda s: s.num_to_transfer is None,
-}
-
-
-def check_editing(s, config) -> None:
-    """Token editing with S2D2 is LLaDA2's loop (LLaDA2/generate_utils.py ``generate_ssd_policy``): its
-    fixed quota, no option of SDAR's or Fast-dLLM v2's loop; InputError naming the field."""
-    for key, on in NOT_IN_LLADA2.items():
-        if on(s):
-            name, field_ = named(config.labels, f"s2d2.{key}")
-            value = getattr(s, key)
-            raise InputError(
-                f"{name}={value!r} does not apply with editing_threshold: S2D2 with token editing is "
-                "LLaDA2's loop (LLaDA2/generate_utils.py), which has no such option"
-                + (" (it needs a fixed quota)" if key == "num_to_transfer" else ""),
-                field=field_,
-            )
