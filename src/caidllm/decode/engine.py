@@ -363,7 +363,6 @@ class Engine:
 
     def _check_family(self, config: DecodeConfig) -> None:
         CACHE_MODES[config.cache].check_settings(config, self.lm)  # its settings against the model
-        config.policy_settings.check_model(config, self.lm)
         refusal = family_refusal(self.lm, config)
         if refusal:
             raise InputError(refusal)

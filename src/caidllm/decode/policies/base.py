@@ -56,8 +56,9 @@ class PolicySettings(MethodSettings):
         settings whose forwards are partly autoregressive (S2D2's AR-like caching); None: never."""
         return None
 
-    def check_model(self, config, lm) -> None:
-        """Refuse settings the model `lm` cannot take (InputError naming the field)."""
+    def check_model(self, config, model) -> None:
+        """Refuse settings a block-causal model cannot take (InputError naming the field); `model` is its
+        ModelConfig or block_diffusion.ModelTraits (family, block_causal, block_lengths)."""
 
 
 @dataclass

@@ -175,8 +175,8 @@ class S2D2Settings(PolicySettings):
     def causal_span(self):
         return partial(s2d2_ar.causal_span, draft_ver=self.draft_ver) if self.cache_ver else None
 
-    def check_model(self, config, lm) -> None:
-        s2d2_ar.check_model(self, config, lm)
+    def check_model(self, config, model) -> None:
+        s2d2_ar.check_model(self, config, model.family)
 
 
 @dataclass

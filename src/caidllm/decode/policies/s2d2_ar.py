@@ -66,17 +66,21 @@ def check_settings(s, config) -> None:
         )
 
 
-def check_model(s, config, lm) -> None:
-    """AR-like caching is SDAR's loop's: refused on a family whose S2D2 loop has none."""
-    if not s.cache_ver:
+# The block-causal families whose official S2D2 loop has no AR-like caching here.
+OTHER_LOOPS = {
+    "llada2": "LLaDA2/generate_utils.py, which has none",
+    "fastdllm_v2": "Fast-dLLM v2's loop (its cache_ver / draft_ver not re-stated here)",
+}
+
+
+def check_model(s, config, family: str) -> None:
+    """AR-like caching is SDAR's loop's: refused on a family whose S2D2 loop is another."""
+    if not s.cache_ver or family not in OTHER_LOOPS:
         return
-    family = lm.config.family
-    if family == "llada2" or lm.model.extra_left:
-        name, field_ = named(config.labels, "s2d2.cache_ver")
-        loop = "LLaDA2/generate_utils.py" if family == "llada2" else "Fast-dLLM v2's (not re-stated here)"
-        raise InputError(
-            f"{name}=True applies to SDAR's loop (SDAR/generate_ssd_policy.py); model family {family!r} "
-            f"decodes with {loop}, which has no AR-like caching here (set {name}=false; method "
-            "s2d2-llada2 is LLaDA2.1's configuration)",
-            field=field_,
-        )
+    name, field_ = named(config.labels, "s2d2.cache_ver")
+    advice = "; method s2d2-llada2 is LLaDA2.1's configuration" if family == "llada2" else ""
+    raise InputError(
+        f"{name}=True is SDAR's AR-like caching (SDAR/generate_ssd_policy.py); model family {family!r} "
+        f"decodes with {OTHER_LOOPS[family]} (set {name}=false{advice})",
+        field=field_,
+    )
