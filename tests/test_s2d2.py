@@ -111,6 +111,13 @@ def test_batch_invariance(block_family, acceptance, temperature, router):
     assert_batch_invariant(block_family("llada2"), dict(PLAIN, **router, acceptance=acceptance), temperature)
 
 
+def test_refused_without_the_block_cache(block_family):
+    """The verify forward reads the earlier blocks' keys and values from the exact block cache."""
+    with pytest.raises(InputError, match="cache='none'") as err:
+        block_family("sdar").generate([[5, 6, 7]], method="s2d2", gen_length=8, block_length=4, cache="none")
+    assert err.value.field == "cache"
+
+
 def test_refused_on_a_full_sequence_model(llada_lm):
     with pytest.raises(InputError, match="s2d2.*block-diffusion decoder.*full-sequence") as err:
         llada_lm.generate([[5, 6, 7]], method="s2d2", gen_length=8)

@@ -165,6 +165,12 @@ class S2D2Settings(PolicySettings):
                 f"{name}={getattr(self, key)!r} does not apply with s2d2.sub_block (Fast-dLLM v2's rule)",
                 field=field_,
             )
+        if config.cache == "none":  # the verify forward reads the earlier blocks' K/V from the exact cache
+            raise InputError(
+                "cache='none' does not apply to S2D2: its verify forward reads the earlier blocks' keys and "
+                "values from the exact block cache (cache 'block')",
+                field="cache",
+            )
         s2d2_ar.check_settings(self, config)
         if config.editing_threshold is not None:
             s2d2_editing.check_editing(self, config)
