@@ -99,7 +99,7 @@ def decide(s, state, span_probs, n_confident):
     return state["on"]
 
 
-def accept(q_probs, p_probs, draft, s, fastdllm=False):
+def accept(q_probs, p_probs, draft, s, fastdllm=False, residual_p=None):
     """{span offset: token} to commit: accepted prefix, the first rejection resampled from (q - p)+
     (allow_resample; without it SDAR's loop commits the draft there, Fast-dLLM v2's nothing), then
     SDAR's ssd_ratio_threshold over the span's later positions."""
@@ -121,7 +121,7 @@ def accept(q_probs, p_probs, draft, s, fastdllm=False):
     elif s["acceptance"] == "greedy":
         update[n] = int(q_probs[n].argmax())
     else:
-        delta = (q_probs[n] - p_probs[n]).clamp_min(0.0)
+        delta = (q_probs[n] - (p_probs if residual_p is None else residual_p)[n]).clamp_min(0.0)
         z = float(delta.sum().item())
         if z <= 0.0 or not torch.isfinite(delta).all():
             token = torch.multinomial(q_probs[n].clamp_min(0).float(), num_samples=1)
@@ -161,7 +161,7 @@ def _draft(lm, x, end, block_length, causal_before=None):
     return x0, probs.gather(-1, x0[:, None])[:, 0], probs
 
 
-def _verify_2l(lm, x, start, end, drafted, cache_ver=False):
+def _verify_2l(lm, x, start, end, drafted, cache_ver=False, logits=False):
     """The shadow half's distributions [L, V] of the 2L verifier over the whole window (no cache; the
     earlier blocks token-causal with cache_ver, as the official cache then holds them)."""
     L, n = end - start, end
@@ -178,9 +178,9 @@ def _verify_2l(lm, x, start, end, drafted, cache_ver=False):
     att[n:, start:n] = tril.tril(-1)
     att[n:, n:] = torch.eye(L, dtype=torch.bool)
     targets = torch.arange(n, n + L)[None]
-    logits = lm.forward_with_attention(ids, positions, att[None, None], targets)[0]
-    logits[:, lm.config.mask_id] = -torch.inf
-    return _softmax(logits)
+    out = lm.forward_with_attention(ids, positions, att[None, None], targets)[0]
+    out[:, lm.config.mask_id] = -torch.inf
+    return out if logits else _softmax(out)
 
 
 def s2d2_generate(

@@ -118,6 +118,9 @@ STICKY = dict(
         ("llada2", dict(STATIC, **PLAIN), "official", 0.05, 0, 8),
         ("llada2", ALWAYS, "greedy", 0.1, 3, 8),
         ("llada", dict(STATIC, **PLAIN), "official", 0.5, 2, 4),
+        ("llada2", dict(ALWAYS, top_k=3), "official", 0.0, 2, 4),
+        ("llada2", dict(HYSTERESIS, **PLAIN, top_p=0.3), "official", 0.1, 1, 8),
+        ("llada", dict(STATIC, **PLAIN, top_k=5, top_p=0.9), "official", 0.5, 2, 4),
     ],
 )
 def test_editing_parity(block_family, bd_llada, kind, router, acceptance, editing, post, block):
@@ -152,6 +155,33 @@ def test_editing_changes_the_tokens(block_family):
     plain = lm.generate(PROMPTS, editing_threshold=1.0, max_post_steps=16, **config)
     assert [r.token_ids for r in edited] != [r.token_ids for r in plain]
     assert all(e.nfe > p.nfe for e, p in zip(edited, plain))  # the editing steps' forwards
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=3), dict(top_p=0.3)])
+def test_top_k_top_p_change_the_tokens(block_family, filters):
+    """LLaDA2's loop filters the verify distribution and the residual at temperature 0 too."""
+    lm = block_family("llada2")
+    config = dict(method="s2d2-llada2", gen_length=16, block_length=4, threshold=0.6, editing_threshold=0.0)
+    plain = lm.generate(PROMPTS, s2d2=ALWAYS, **config)
+    filtered = lm.generate(PROMPTS, s2d2=dict(ALWAYS, **filters), **config)
+    assert [r.token_ids for r in plain] != [r.token_ids for r in filtered]
+
+
+@pytest.mark.parametrize(
+    "settings, options, field, says",
+    [
+        (dict(top_k=3), dict(method="s2d2"), "s2d2.top_k", "token editing"),
+        (dict(top_p=0.5), dict(method="s2d2-llada2", temperature=0.8), "s2d2.top_p", "temperature 0"),
+        (dict(top_k=-1), dict(method="s2d2-llada2"), "s2d2.top_k", "integer"),
+        (dict(top_p=0.0), dict(method="s2d2-llada2"), "s2d2.top_p", "(0, 1]"),
+    ],
+)
+def test_top_k_top_p_refused_where_not_read(block_family, settings, options, field, says):
+    lm = block_family("llada2")
+    s2d2 = dict(PLAIN, **settings) if options["method"] == "s2d2" else settings
+    with pytest.raises(InputError) as err:
+        lm.generate([[5, 6, 7]], gen_length=8, block_length=8, s2d2=s2d2, **options)
+    assert err.value.field == "s2d2" and field in str(err.value) and says in str(err.value)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
