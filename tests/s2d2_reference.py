@@ -10,10 +10,15 @@ forward (the 2L trick: the draft-filled block, causal, and a copy of masks, shad
 strictly before i and itself; Fast-dLLM v2: the draft-filled block causal, shifted logits); acceptance
 ``torch.rand(S) < min(1, q / p)``, the first rejection drawn from (q - p)+; the fallback base rule.
 
+SDAR's AR-like caching (``s["cache_ver"]``, ``s["draft_ver"]``): the official loop fills its cache with the
+causal verifier mask (the prefill, each finished block's write), so here the window's rows before the
+current block read token-causally, in the draft and in the verify forward; with draft_ver the draft's rows
+of the block's decoded prefix (before its first mask) too.
+
 caidllm's readings kept here (rows of docs/decoder-fidelity.md): the mask token is never predicted (its
-logit -inf in the draft and the verify distributions); no LLaDA2.1 token editing (the shipped LLaDA2 loop
-edits, and then spends one more draft forward per block with nothing left to decode: NFE only); the
-greedy acceptance switch (``acceptance="greedy"``).
+logit -inf in the draft and the verify distributions); the greedy acceptance switch
+(``acceptance="greedy"``). LLaDA2's loop with its token editing: s2d2_llada2_reference.py (without editing
+it is this loop).
 """
 
 from __future__ import annotations

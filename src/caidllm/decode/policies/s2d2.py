@@ -2,7 +2,9 @@
 LLMs via Training-Free Self-Speculation", arXiv 2603.25702; official code phymhan/S2D2: SDAR/
 generate_ssd_policy.py, Fast-dLLM-v2/generate_policy_utils.py, LLaDA2/generate_utils.py).
 
-A block-diffusion model at block size 1 is autoregressive, so the same weights draft and verify. Each step:
+A block-diffusion model at block size 1 is autoregressive, so the same weights draft and verify. SDAR's
+AR-like caching: policies/s2d2_ar.py; LLaDA2.1's token editing with S2D2 (LLaDA2's loop) and its top-k /
+top-p: policies/s2d2_editing.py; the router: policies/s2d2_router.py. Each step:
 1. draft: the block's forward (the exact block cache) predicts every position (the engine's prediction);
 2. the router decides whether to verify the first contiguous run of masks of the block (of the current
    sub-block with Fast-dLLM v2's rule): ``mask_span_length`` (the run is at least ``min_span`` long),
