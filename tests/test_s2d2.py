@@ -70,6 +70,7 @@ def test_ratio_threshold_over_every_mask(block_family, bd_llada, kind):
         dict(ratio_threshold=0.5, ratio_all_masks=True),
         dict(cache_ver=True),
         dict(cache_ver=True, draft_ver=True),
+        dict(draft_ver=True),
     ],
 )
 def test_the_switches_change_the_tokens(block_family, bd_llada, switch):
@@ -77,7 +78,7 @@ def test_the_switches_change_the_tokens(block_family, bd_llada, switch):
     config = dict(method="s2d2", gen_length=16, block_length=4, threshold=0.6, early_stop=False)
     changed = False
     for kind, lm in models(block_family, bd_llada).items():
-        if kind == "llada2" and switch.get("cache_ver"):
+        if kind == "llada2" and (switch.get("cache_ver") or switch.get("draft_ver")):
             continue  # LLaDA2's loop has no AR-like caching (refused)
         base = lm.generate(PROMPTS, s2d2=ALWAYS, **config)
         other = lm.generate(PROMPTS, s2d2={**ALWAYS, **switch}, **config)
@@ -142,7 +143,7 @@ def test_refused_on_a_full_sequence_model(llada_lm):
         (dict(sub_block=2, always_check_high_confidence=True), "s2d2.always_check_high_confidence"),
         (dict(sub_block=2, ratio_threshold=0.5), "s2d2.ratio_threshold"),
         (dict(cache_ver="yes"), "s2d2.cache_ver"),
-        (dict(cache_ver=False, draft_ver=True), "s2d2.draft_ver"),
+        (dict(cache_ver=False, draft_ver="no"), "s2d2.draft_ver"),
         (dict(sub_block=2, cache_ver=True), "s2d2.cache_ver"),
     ],
 )

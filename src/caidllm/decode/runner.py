@@ -291,7 +291,10 @@ class Runner:
         )
         none = torch.zeros(2, dtype=torch.long, device=masked.device)
         return torch.stack(
-            [none if rule is None else rule(masked[i], block_positions[i]) for i, rule in enumerate(rules)]
+            [
+                none if rule is None else rule(r, masked[i], block_positions[i])
+                for i, (r, rule) in enumerate(zip(members, rules))
+            ]
         )
 
     def _predict(self, logits: torch.Tensor, members: list[Request]):

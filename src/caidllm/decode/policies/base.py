@@ -51,9 +51,9 @@ class PolicySettings(MethodSettings):
         return None
 
     def causal_span(self):
-        """causal_span(block_masked [block] bool, block_position [] long) -> [2] long, the RoPE positions
-        [lo, hi) whose queries attend token-causally this step (models/layers.Context.causal_span), for
-        settings whose forwards are partly autoregressive (S2D2's AR-like caching); None: never."""
+        """causal_span(request, block_masked [block] bool, block_position [] long) -> [2] long, the RoPE
+        positions [lo, hi) whose queries attend token-causally this step (models/layers.Context.causal_span),
+        for settings whose forwards are partly autoregressive (S2D2's AR-like caching); None: never."""
         return None
 
     def check_model(self, config, model) -> None:

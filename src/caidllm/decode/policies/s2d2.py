@@ -106,7 +106,7 @@ class S2D2Settings(PolicySettings):
     top_k: int = 0  # with token editing at temperature 0 (policies/s2d2_editing.py); 0: off
     top_p: float = 1.0  # the same; 1: off
     cache_ver: bool = False  # AR-like caching (policies/s2d2_ar.py): earlier blocks' K/V token-causal
-    draft_ver: bool = False  # with cache_ver: the draft reads the block's decoded prefix token-causally
+    draft_ver: bool = False  # the draft reads the block's decoded prefix token-causally
 
     OWNER: ClassVar[str] = "s2d2"
     TITLE: ClassVar[str] = "S2D2 self-speculative block diffusion (arXiv 2603.25702)"
@@ -187,7 +187,10 @@ class S2D2Settings(PolicySettings):
         return dict(settings=self)
 
     def causal_span(self):
-        return partial(s2d2_ar.causal_span, draft_ver=self.draft_ver) if self.cache_ver else None
+        on = self.cache_ver or self.draft_ver
+        return (
+            partial(s2d2_ar.causal_span, cache_ver=self.cache_ver, draft_ver=self.draft_ver) if on else None
+        )
 
     def check_model(self, config, model) -> None:
         s2d2_ar.check_model(self, config, model.family)
@@ -202,6 +205,7 @@ class S2D2State(PolicyState):
     on: bool = False
     prompt_length: int = 0
     bandit: Bandit | None = None  # the bandit router's counts, made at its first decision
+    draft_prefix: torch.Tensor | None = None  # draft_ver alone: the block's decoded prefix at its last step
 
 
 def new_state(config, prompt: list[int]) -> S2D2State:

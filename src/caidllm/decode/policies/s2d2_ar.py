@@ -6,20 +6,22 @@
   as an autoregressive model computes them (the official loop passes its causal verifier mask to those
   forwards), instead of block-causally. The draft forward of the current block stays block-causal, the
   verify forward reads those keys and values as it reads any cache.
-- ``draft_ver`` (only with ``cache_ver``): in the draft forward, the block's decoded prefix (its positions
-  before the first mask) reads token-causally too, the masks after it as before.
+- ``draft_ver``: in the draft forward, the block's decoded prefix (its positions before the first mask)
+  reads token-causally too, the masks after it as before. The official loop writes those rows into its
+  block-causal mask in place, so without ``cache_ver`` a finished block is written to the cache with the
+  mask its last draft step left: the rows before that step's first mask token-causal, the rest
+  block-causal.
 
-Here both are one [lo, hi) span of RoPE positions per request whose queries attend token-causally
-(models/layers.py: Context.causal_span): [0, the block's first position), and with ``draft_ver`` up to the
-block's first mask. The exact block cache writes a finished block at the next block's first forward (its
-``fold``), whose rows lie in that span; a request's cache row is its own, so its keys and values never
-depend on its batch, and the prefix store does not serve it (decode/prefix_reuse.py: its stored blocks are
-block-causal ones).
+Here each step is one [lo, hi) span of RoPE positions per request whose queries attend token-causally
+(models/layers.py: Context.causal_span). With ``cache_ver``: [0, the block's first position), and with
+``draft_ver`` up to the block's first mask. With ``draft_ver`` alone: the block's decoded prefix, and at a
+block's first step (whose forward writes the previous block, the exact cache's ``fold``) the previous
+block's prefix as its last draft step had it. A request's cache row is its own, so its keys and values
+never depend on its batch, and the prefix store does not serve it (decode/prefix_reuse.py: its stored
+blocks are block-causal ones).
 
-Not offered: ``draft_ver`` without ``cache_ver`` (the official loop then writes each finished block with
-the draft's mask as its last draft step left it, the decoded prefix's rows token-causal and the rest
-block-causal: not re-stated here); AR-like caching under LLaDA2's loop (it has none) and Fast-dLLM v2's
-(its own shifted forward: not re-stated).
+Not offered: AR-like caching under LLaDA2's loop (it has none) and Fast-dLLM v2's (its own shifted
+forward: not re-stated).
 """
 
 from __future__ import annotations
@@ -32,27 +34,31 @@ from caidllm.setting_rules import named
 CACHES = ("block",)  # the exact block cache
 
 
-def causal_span(masked: torch.Tensor, block_position: torch.Tensor, draft_ver: bool) -> torch.Tensor:
-    """[2] long: the RoPE positions [lo, hi) of a request's token-causal queries this step (masked [block]
+def causal_span(
+    request, masked: torch.Tensor, block_position: torch.Tensor, cache_ver: bool, draft_ver: bool
+) -> torch.Tensor:
+    """[2] long: the RoPE positions [lo, hi) of the request's token-causal queries this step (masked [block]
     the block's masks, block_position the block's first position, on the device: no host sync)."""
-    hi = block_position.reshape(())
-    if draft_ver:  # the decoded prefix: up to the first mask (argmax of the first True)
-        hi = hi + masked.int().argmax()
-    return torch.stack([torch.zeros_like(hi), hi])
+    start = block_position.reshape(())
+    prefix = masked.int().argmax() if draft_ver else torch.zeros_like(start)  # the first mask
+    if cache_ver:
+        return torch.stack([torch.zeros_like(start), start + prefix])
+    state = request.policy_state
+    folds = request.block > 0 and request.cache_mode.fold(request) == masked.shape[0]
+    if folds:  # the previous block's write: its rows as its last draft step's mask had them (a fresh block
+        # has no decoded prefix of its own)
+        span = torch.stack([start - masked.shape[0], start - masked.shape[0] + state.draft_prefix])
+    else:
+        span = torch.stack([start, start + prefix])
+    state.draft_prefix = prefix
+    return span
 
 
 def check_settings(s, config) -> None:
     """The combinations the official loop runs here; InputError naming the field."""
-    if s.draft_ver and not s.cache_ver:
-        name, field_ = named(config.labels, "s2d2.draft_ver")
-        raise InputError(
-            f"{name}=True needs s2d2.cache_ver=True here (the official loop's draft_ver alone writes each "
-            "finished block with a mixed mask, not re-stated)",
-            field=field_,
-        )
-    if not s.cache_ver:
+    if not (s.cache_ver or s.draft_ver):
         return
-    name, field_ = named(config.labels, "s2d2.cache_ver")
+    name, field_ = named(config.labels, "s2d2.cache_ver" if s.cache_ver else "s2d2.draft_ver")
     if s.sub_block is not None:
         raise InputError(
             f"{name}=True does not apply with s2d2.sub_block (Fast-dLLM v2's rule: its AR-like caching is "
@@ -75,9 +81,9 @@ OTHER_LOOPS = {
 
 def check_model(s, config, family: str) -> None:
     """AR-like caching is SDAR's loop's: refused on a family whose S2D2 loop is another."""
-    if not s.cache_ver or family not in OTHER_LOOPS:
+    if not (s.cache_ver or s.draft_ver) or family not in OTHER_LOOPS:
         return
-    name, field_ = named(config.labels, "s2d2.cache_ver")
+    name, field_ = named(config.labels, "s2d2.cache_ver" if s.cache_ver else "s2d2.draft_ver")
     advice = "; method s2d2-llada2 is LLaDA2.1's configuration" if family == "llada2" else ""
     raise InputError(
         f"{name}=True is SDAR's AR-like caching (SDAR/generate_ssd_policy.py); model family {family!r} "

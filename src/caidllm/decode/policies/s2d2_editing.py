@@ -31,6 +31,7 @@ NOT_IN_LLADA2 = {
     "router": lambda s: s.router == "contextual_bandit_ucb",
     "sub_block": lambda s: s.sub_block is not None,
     "cache_ver": lambda s: s.cache_ver,
+    "draft_ver": lambda s: s.draft_ver,
     "num_to_transfer": lambda s: s.num_to_transfer is None,
 }
 
