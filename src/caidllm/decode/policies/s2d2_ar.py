@@ -84,9 +84,10 @@ def check_model(s, config, family: str) -> None:
     if not (s.cache_ver or s.draft_ver) or family not in OTHER_LOOPS:
         return
     name, field_ = named(config.labels, "s2d2.cache_ver" if s.cache_ver else "s2d2.draft_ver")
+    on = [f"s2d2.{key}" for key in ("cache_ver", "draft_ver") if getattr(s, key)]
     advice = "; method s2d2-llada2 is LLaDA2.1's configuration" if family == "llada2" else ""
     raise InputError(
         f"{name}=True is SDAR's AR-like caching (SDAR/generate_ssd_policy.py); model family {family!r} "
-        f"decodes with {OTHER_LOOPS[family]} (set {name}=false{advice})",
+        f"decodes with {OTHER_LOOPS[family]} (set {' and '.join(f'{o}=false' for o in on)}{advice})",
         field=field_,
     )
