@@ -11,6 +11,8 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
+import torch
+
 import caidllm
 from helpers.checkpoints import write_random_checkpoint
 
@@ -77,3 +79,16 @@ def block_family(tmp_path_factory):
 def tiny():
     """The shipped tiny model, fp32 on the CPU (a module that needs another tiny defines its own)."""
     return caidllm.load("tiny", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def bd_llada(random_checkpoint):
+    """A block-causal LLaDA-layout model (tiny-bd's layout), its head sharpened so confidences spread (the
+    S2D2 tests' third kind)."""
+    folder = random_checkpoint(
+        "llada", config_overrides={"caidllm_block_causal": True, "caidllm_block_lengths": [4, 8]}, seed=5
+    )
+    lm = caidllm.load(folder, device="cpu", dtype="float32")
+    with torch.no_grad():
+        lm.model.model.transformer.ff_out.weight.mul_(8)
+    return lm

@@ -10,10 +10,16 @@ forward (the 2L trick: the draft-filled block, causal, and a copy of masks, shad
 strictly before i and itself; Fast-dLLM v2: the draft-filled block causal, shifted logits); acceptance
 ``torch.rand(S) < min(1, q / p)``, the first rejection drawn from (q - p)+; the fallback base rule.
 
+SDAR's AR-like caching (``s["cache_ver"]``, ``s["draft_ver"]``): with cache_ver the official loop fills its
+cache with the causal verifier mask (the prefill, each finished block's write), so here the window's rows
+before the current block read token-causally, in the draft and in the verify forward; with draft_ver the
+draft's rows of the block's decoded prefix (before its first mask) too, and without cache_ver each finished
+block is written with the mask its last draft step left (in place): its prefix then, token-causal.
+
 caidllm's readings kept here (rows of docs/decoder-fidelity.md): the mask token is never predicted (its
-logit -inf in the draft and the verify distributions); no LLaDA2.1 token editing (the shipped LLaDA2 loop
-edits, and then spends one more draft forward per block with nothing left to decode: NFE only); the
-greedy acceptance switch (``acceptance="greedy"``).
+logit -inf in the draft and the verify distributions); the greedy acceptance switch
+(``acceptance="greedy"``). LLaDA2's loop with its token editing: s2d2_llada2_reference.py (without editing
+it is this loop).
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ def decide(s, state, span_probs, n_confident):
     return state["on"]
 
 
-def accept(q_probs, p_probs, draft, s, fastdllm=False):
+def accept(q_probs, p_probs, draft, s, fastdllm=False, residual_p=None):
     """{span offset: token} to commit: accepted prefix, the first rejection resampled from (q - p)+
     (allow_resample; without it SDAR's loop commits the draft there, Fast-dLLM v2's nothing), then
     SDAR's ssd_ratio_threshold over the span's later positions."""
@@ -121,7 +127,7 @@ def accept(q_probs, p_probs, draft, s, fastdllm=False):
     elif s["acceptance"] == "greedy":
         update[n] = int(q_probs[n].argmax())
     else:
-        delta = (q_probs[n] - p_probs[n]).clamp_min(0.0)
+        delta = (q_probs[n] - (p_probs if residual_p is None else residual_p)[n]).clamp_min(0.0)
         z = float(delta.sum().item())
         if z <= 0.0 or not torch.isfinite(delta).all():
             token = torch.multinomial(q_probs[n].clamp_min(0).float(), num_samples=1)
@@ -135,31 +141,53 @@ def accept(q_probs, p_probs, draft, s, fastdllm=False):
     return update
 
 
-def _draft(lm, x, end, block_length):
-    logits = lm.forward(x[None, :end], mode=Full(attention_block=block_length))[0, -block_length:]
+def _window_attention(n, block_length, causal_rows):
+    """[n, n] bool: block-causal, the rows set in ``causal_rows`` [n] token-causal (AR-like caching)."""
+    blocks = torch.arange(n) // block_length
+    att = blocks[None, :] <= blocks[:, None]
+    att[causal_rows] = torch.ones(n, n, dtype=torch.bool).tril()[causal_rows]
+    return att
+
+
+def _draft(lm, x, end, block_length, causal_rows=None):
+    """The draft's argmax, its probability and the distributions of the block ending at ``end``;
+    ``causal_rows`` [end] (AR-like caching): the window's rows that read token-causally, as the cache the
+    official loop fills holds them (cache_ver: its causal verifier mask; draft_ver alone: the rows its last
+    draft step made causal in its block mask, in place) and the block's decoded prefix (draft_ver: its rows
+    of cur_attn_mask replaced by the causal mask's)."""
+    if causal_rows is None:
+        logits = lm.forward(x[None, :end], mode=Full(attention_block=block_length))[0, -block_length:]
+    else:
+        att = _window_attention(end, block_length, causal_rows)[None, None]
+        positions = torch.arange(end)[None]
+        logits = lm.forward_with_attention(x[None, :end], positions, att, positions[:, -block_length:])[0]
     logits[:, lm.config.mask_id] = -torch.inf
     probs = _softmax(logits)
     x0 = logits.argmax(-1)
     return x0, probs.gather(-1, x0[:, None])[:, 0], probs
 
 
-def _verify_2l(lm, x, start, end, drafted):
-    """The shadow half's distributions [L, V] of the 2L verifier over the whole window (no cache)."""
+def _verify_2l(lm, x, start, end, drafted, cache_rows=None, logits=False):
+    """The shadow half's distributions [L, V] of the 2L verifier over the whole window (no cache; the
+    earlier blocks' rows set in ``cache_rows`` [start] token-causal, as the official cache then holds
+    them)."""
     L, n = end - start, end
     ids = torch.cat([x[:start], drafted, torch.full((L,), lm.config.mask_id)])[None]
     positions = torch.cat([torch.arange(end), torch.arange(start, end)])[None]
     blocks = torch.arange(start) // L
     att = torch.zeros(n + L, n + L, dtype=torch.bool)
     att[:start, :start] = blocks[None, :] <= blocks[:, None]  # the earlier blocks, block-causal
+    if cache_rows is not None:  # the rows the official loop wrote with a causal mask
+        att[:start, :start][cache_rows] = torch.ones(start, start, dtype=torch.bool).tril()[cache_rows]
     att[start:, :start] = True
     tril = torch.ones(L, L, dtype=torch.bool).tril()
     att[start:n, start:n] = tril
     att[n:, start:n] = tril.tril(-1)
     att[n:, n:] = torch.eye(L, dtype=torch.bool)
     targets = torch.arange(n, n + L)[None]
-    logits = lm.forward_with_attention(ids, positions, att[None, None], targets)[0]
-    logits[:, lm.config.mask_id] = -torch.inf
-    return _softmax(logits)
+    out = lm.forward_with_attention(ids, positions, att[None, None], targets)[0]
+    out[:, lm.config.mask_id] = -torch.inf
+    return out if logits else _softmax(out)
 
 
 def s2d2_generate(
@@ -171,14 +199,24 @@ def s2d2_generate(
     P, num_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
     schedule = transfer_schedule(block_length, steps)
     state = {"on": False}
+    ar_like = s.get("cache_ver") or s.get("draft_ver")
+    written = torch.zeros(len(x), dtype=torch.bool)  # draft_ver alone: the rows written token-causally
     for block in range(P // block_length, num_blocks):
         start, end = block * block_length, (block + 1) * block_length
         unmasked = 0  # block_unmasked_count
+        prefix = 0  # draft_ver: the block's decoded prefix at its last draft step
         for step in range(steps + 1):
             masked = x[start:end] == mask_id
             if not masked.any():
                 break
-            x0, x0_p, probs = _draft(lm, x, end, block_length)
+            rows = None
+            if ar_like:
+                rows = written[:end].clone()
+                prefix = _first_run(masked.tolist())[0] if s.get("draft_ver") else 0
+                rows[start : start + prefix] = True
+                if s.get("cache_ver"):  # prefill and each finished block stored with the causal mask
+                    rows[:start] = True
+            x0, x0_p, probs = _draft(lm, x, end, block_length, rows)
             quota = num_to_transfer if num_to_transfer is not None else schedule[step]
             min_k = min(quota, int(masked.sum()))
             span = _first_run(masked.tolist())
@@ -191,7 +229,7 @@ def s2d2_generate(
                 verify = bool(span) and decide(s, state, probs[span], n_conf)
             if verify:
                 drafted = torch.where(masked, x0, x[start:end])
-                q_all = _verify_2l(lm, x, start, end, drafted)
+                q_all = _verify_2l(lm, x, start, end, drafted, None if rows is None else rows[:start])
                 update = {span[i]: tok for i, tok in accept(q_all[span], probs[span], x0[span], s).items()}
                 if s.get("ratio_threshold", -1.0) >= 0 and s.get(
                     "ratio_all_masks"
@@ -212,6 +250,7 @@ def s2d2_generate(
             unmasked += len(update)
             for b, t in update.items():
                 x[start + b] = t
+        written[start : start + prefix] = True  # the block's write, with the mask its last step left
         if any(int(t) in stop_ids for t in x[P:end]):
             break
     return _answer(x, P, gen_length, stop_ids)

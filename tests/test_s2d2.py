@@ -1,77 +1,31 @@
 """S2D2 (decode/policies/s2d2.py, models/selfspec.py): parity with phymhan/S2D2 as shipped (re-stated in
 s2d2_reference.py) on tiny random SDAR, LLaDA2 and block-causal LLaDA-layout weights, and on Fast-dLLM v2's
-official forward; batch invariance; the settings it refuses."""
+official forward; batch invariance; the settings it refuses. The paper's configurations (AR-like caching,
+token editing): test_s2d2_paper.py."""
 
 from pathlib import Path
 
 import pytest
-import torch
 
 import caidllm
-from caidllm.decode.presets import build_config
 from caidllm.errors import InputError
-from helpers.decoding import alone_static_joined
-from s2d2_reference import s2d2_generate
+from helpers.s2d2 import (
+    ALWAYS,
+    BANDIT,
+    DEFAULTS,
+    HYSTERESIS,
+    NO_RESAMPLE,
+    PLAIN,
+    PROMPTS,
+    RATIO,
+    STATIC,
+    answer,
+    assert_batch_invariant,
+    assert_parity,
+    models,
+)
 
 BENCH_DATA = Path(__file__).parent / "data" / "bench"
-PROMPTS = [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60]]
-ALWAYS = dict(router="mask_span_length", min_span=1)
-STATIC = dict(
-    router="score_threshold",
-    score_threshold=0.0,
-    score="difference_static",
-    penalty=1.0,
-    estimator="soft_entropy_negexp",
-)
-HYSTERESIS = dict(
-    router="score_hysteresis",
-    hysteresis_on=1.0,
-    hysteresis_off=-5.0,
-    score="difference_dynamic",
-    penalty=1.0,
-    estimator="hard_margin_threshold",
-)
-NO_RESAMPLE = dict(ALWAYS, resample=False)
-RATIO = dict(ALWAYS, ratio_threshold=0.3, always_check_high_confidence=True)
-BANDIT = dict(
-    router="contextual_bandit_ucb", ucb_beta=0.5, ucb_span_bins=2, ucb_progress_bins=2, ucb_entropy_bins=2
-)
-DEFAULTS = dict(
-    min_span=1,
-    score_threshold=-1.0,
-    hysteresis_on=0.0,
-    hysteresis_off=-1.0,
-    score="difference_dynamic",
-    penalty=2.0,
-    estimator="hard_margin_threshold",
-    margin_threshold=0.05,
-    entropy_temperature=1.0,
-    acceptance="official",
-)
-
-
-def answer(result):
-    return (
-        result.token_ids[: result.answer_length + 1]
-        if result.answer_length < len(result.token_ids)
-        else result.token_ids
-    )
-
-
-@pytest.fixture(scope="module")
-def bd_llada(random_checkpoint):
-    """A block-causal LLaDA-layout model (tiny-bd's layout), its head sharpened so confidences spread."""
-    folder = random_checkpoint(
-        "llada", config_overrides={"caidllm_block_causal": True, "caidllm_block_lengths": [4, 8]}, seed=5
-    )
-    lm = caidllm.load(folder, device="cpu", dtype="float32")
-    with torch.no_grad():
-        lm.model.model.transformer.ff_out.weight.mul_(8)
-    return lm
-
-
-def models(block_family, bd_llada):
-    return {"sdar": block_family("sdar"), "llada2": block_family("llada2"), "llada": bd_llada}
 
 
 @pytest.mark.parametrize("kind", ["sdar", "llada2", "llada"])
@@ -107,32 +61,6 @@ def test_ratio_threshold_over_every_mask(block_family, bd_llada, kind):
     assert_parity(models(block_family, bd_llada)[kind], s, 3, block=8)
 
 
-def assert_parity(lm, s: dict, quota, block: int) -> None:
-    threshold = 0.6
-    results = lm.generate(
-        PROMPTS,
-        method="s2d2",
-        gen_length=16,
-        block_length=block,
-        threshold=threshold,
-        s2d2={**s, "num_to_transfer": quota},
-    )
-    stop = set(lm.config.eos_ids)
-    for prompt, result in zip(PROMPTS, results):
-        expected = s2d2_generate(
-            lm,
-            prompt,
-            gen_length=16,
-            block_length=block,
-            steps=block,
-            threshold=threshold,
-            s=s,
-            num_to_transfer=quota,
-            stop_ids=stop,
-        )
-        assert answer(result) == expected
-
-
 @pytest.mark.parametrize(
     "switch",
     [
@@ -140,13 +68,18 @@ def assert_parity(lm, s: dict, quota, block: int) -> None:
         dict(ratio_threshold=0.0),
         dict(always_check_high_confidence=True),
         dict(ratio_threshold=0.5, ratio_all_masks=True),
+        dict(cache_ver=True),
+        dict(cache_ver=True, draft_ver=True),
+        dict(draft_ver=True),
     ],
 )
 def test_the_switches_change_the_tokens(block_family, bd_llada, switch):
     """Each switch changes some answer on these weights (so its parity case can fail)."""
     config = dict(method="s2d2", gen_length=16, block_length=4, threshold=0.6, early_stop=False)
     changed = False
-    for lm in models(block_family, bd_llada).values():
+    for kind, lm in models(block_family, bd_llada).items():
+        if kind == "llada2" and (switch.get("cache_ver") or switch.get("draft_ver")):
+            continue  # LLaDA2's loop has no AR-like caching (refused)
         base = lm.generate(PROMPTS, s2d2=ALWAYS, **config)
         other = lm.generate(PROMPTS, s2d2={**ALWAYS, **switch}, **config)
         changed |= [r.token_ids for r in base] != [r.token_ids for r in other]
@@ -176,18 +109,14 @@ def test_verify_forwards_are_counted(block_family):
     ],
 )
 def test_batch_invariance(block_family, acceptance, temperature, router):
-    lm = block_family("llada2")
-    config = build_config(
-        "s2d2",
-        gen_length=16,
-        block_length=4,
-        early_stop=False,
-        temperature=temperature,
-        seed=3,
-        s2d2=dict(router, acceptance=acceptance),
-    )
-    alone, static, joined = alone_static_joined(lm, config, PROMPTS + [[61, 62, 63]])
-    assert alone == static == joined
+    assert_batch_invariant(block_family("llada2"), dict(PLAIN, **router, acceptance=acceptance), temperature)
+
+
+def test_refused_without_the_block_cache(block_family):
+    """The verify forward reads the earlier blocks' keys and values from the exact block cache."""
+    with pytest.raises(InputError, match="cache='none'") as err:
+        block_family("sdar").generate([[5, 6, 7]], method="s2d2", gen_length=8, block_length=4, cache="none")
+    assert err.value.field == "cache"
 
 
 def test_refused_on_a_full_sequence_model(llada_lm):
@@ -213,6 +142,9 @@ def test_refused_on_a_full_sequence_model(llada_lm):
         (dict(ratio_threshold="high"), "s2d2.ratio_threshold"),
         (dict(sub_block=2, always_check_high_confidence=True), "s2d2.always_check_high_confidence"),
         (dict(sub_block=2, ratio_threshold=0.5), "s2d2.ratio_threshold"),
+        (dict(cache_ver="yes"), "s2d2.cache_ver"),
+        (dict(cache_ver=False, draft_ver="no"), "s2d2.draft_ver"),
+        (dict(sub_block=2, cache_ver=True), "s2d2.cache_ver"),
     ],
 )
 def test_bad_settings_name_the_field(block_family, settings, field):
@@ -221,13 +153,6 @@ def test_bad_settings_name_the_field(block_family, settings, field):
         lm.generate([[5, 6, 7]], method="s2d2", gen_length=8, block_length=4, s2d2=settings)
     # The field is the key the caller gave it under; the message names the setting.
     assert err.value.field == "s2d2" and field in str(err.value) and "\n" not in str(err.value)
-
-
-def test_editing_is_refused(block_family):
-    lm = block_family("llada2")
-    with pytest.raises(InputError, match="editing_threshold") as err:
-        lm.generate([[5, 6, 7]], method="s2d2-llada2", gen_length=8, block_length=8, editing_threshold=0.9)
-    assert err.value.field == "editing_threshold"
 
 
 @pytest.mark.parametrize("router", [ALWAYS, HYSTERESIS, NO_RESAMPLE])

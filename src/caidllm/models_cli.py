@@ -117,6 +117,16 @@ def run_plan(args) -> int:
     return 0
 
 
+def kind_decoders(rows: list[dict]) -> list[str]:
+    """The decoders that run on some family of a kind (a family may refuse one: S2D2's AR-like caching, the
+    `s2d2` preset's, is SDAR's loop, not LLaDA2's), in the preset registry's order."""
+    from caidllm.decode.methods import PRESETS
+
+    order = {name: i for i, name in enumerate(PRESETS)}
+    names = dict.fromkeys(name for row in rows for name in row["decoders"])
+    return sorted(names, key=lambda name: order.get(name, len(order)))
+
+
 def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
     lines = ["Families (config.json architectures / model_type):"]
     for f in families:
@@ -156,7 +166,7 @@ def table_lines(families: list[dict], checkpoints: list[dict]) -> list[str]:
         ]
         if rows:
             lines += [
-                f"Decoders (--method) of {kind} models: {', '.join(rows[0]['decoders'])}",
+                f"Decoders (--method) of {kind} models: {', '.join(kind_decoders(rows))}",
                 f"Cache modes (--cache) of {kind} models: {', '.join(rows[0]['cache_modes'])}",
             ]
     lines.append(

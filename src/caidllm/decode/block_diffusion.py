@@ -147,6 +147,7 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
             f"(allowed: {', '.join(map(str, model.block_lengths))})",
             field="block_length",
         )
+    config.policy_settings.check_model(config, model)  # the method's own settings against the family
     if changes == {"cache": config.cache}:
         return config
     return dataclasses.replace(config, **changes).validate()

@@ -173,7 +173,7 @@ PRESETS: dict[str, dict] = {
     # S2D2 (arXiv 2603.25702, phymhan/S2D2) at the paper's configurations (the repository README's
     # "Configurations used in the paper"), each family's own base rule under the router:
     # SDAR Config-A: block 4, 4 steps, low_confidence_dynamic 0.85, score router tau 0, static, c = 1, the
-    # soft entropy estimator (without its AR-like caching, --cache_ver --draft_ver: not implemented).
+    # soft entropy estimator, AR-like caching (--cache_ver --draft_ver, policies/s2d2_ar.py).
     "s2d2": dict(
         policy="s2d2",
         cache="block",
@@ -185,6 +185,8 @@ PRESETS: dict[str, dict] = {
             score="difference_static",
             penalty=1.0,
             estimator="soft_entropy_negexp",
+            cache_ver=True,
+            draft_ver=True,
         ),
     ),
     # Fast-dLLM v2 Config-A: block 32, sub-blocks of 4, threshold 0.9, hysteresis on 1 / off -5, dynamic,
@@ -204,17 +206,37 @@ PRESETS: dict[str, dict] = {
             estimator="soft_entropy_negexp",
         ),
     ),
-    # LLaDA2.1-Mini Conservative (without its token editing): block 32, threshold 0.95, one commit a step
-    # (num_to_transfer 1, its generate's default), score router tau -5, static, c = 4, soft entropy.
+    # LLaDA2.1-Mini, LLaDA2's loop with its token editing (LLaDA2/generate_utils.py generate_ssd_policy, as
+    # the eval scripts run it: block 32, one commit a step (num_to_transfer 1), no editing step after a
+    # block's last mask (max_post_steps 0), eos_early_stop), score router static, c = 4, soft entropy.
+    # Conservative: threshold 0.95, editing 0.9, tau -5; Quality: threshold 0.7, editing 0.5, tau 0.
     "s2d2-llada2": dict(
         policy="s2d2",
         cache="block",
         block_length=32,
         threshold=0.95,
+        editing_threshold=0.9,
+        max_post_steps=0,
         s2d2=dict(
             num_to_transfer=1,
             router="score_threshold",
             score_threshold=-5.0,
+            score="difference_static",
+            penalty=4.0,
+            estimator="soft_entropy_negexp",
+        ),
+    ),
+    "s2d2-llada2-quality": dict(
+        policy="s2d2",
+        cache="block",
+        block_length=32,
+        threshold=0.7,
+        editing_threshold=0.5,
+        max_post_steps=0,
+        s2d2=dict(
+            num_to_transfer=1,
+            router="score_threshold",
+            score_threshold=0.0,
             score="difference_static",
             penalty=4.0,
             estimator="soft_entropy_negexp",

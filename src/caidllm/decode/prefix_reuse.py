@@ -154,7 +154,14 @@ class PrefixReuse:
         self.store = store
 
     def applies(self, request) -> bool:
-        return self.store is not None and request.block_causal and CACHE_MODES[request.config.cache].exact
+        """A request of an exact block cache whose keys and values are block-causal ones (not S2D2's
+        AR-like caching: its stored blocks would not be the ones it computes)."""
+        return (
+            self.store is not None
+            and request.block_causal
+            and CACHE_MODES[request.config.cache].exact
+            and request.config.policy_settings.causal_span() is None
+        )
 
     def admit(self, frame, request) -> None:
         """A request took its slot: copy the longest stored chain of its prompt into its row."""

@@ -52,12 +52,14 @@ class SelfSpec:
     """What a self-verifying policy (S2D2) reads at a step: its rows' draft logits [R, block, V] (float32,
     the mask token's at -inf), their blocks' tokens [R, block], the temperature, and verify(i, drafted)
     -> [block, V] float32 logits of row i's block (drafted [block] its tokens with the draft filled in)
-    read at block size 1 (models/selfspec.py), one forward of that request."""
+    read at block size 1 (models/selfspec.py), one forward of that request; and for editing requests, the
+    positions token editing rewrites this step (the official LLaDA2 loop verifies the block with them)."""
 
     logits: torch.Tensor
     block: torch.Tensor
     temperature: float
     verify: Callable[[int, torch.Tensor], torch.Tensor]
+    edits: torch.Tensor | None = None  # [R, block] bool: what token editing rewrites this step (LLaDA2.1)
 
 
 class Runner:
@@ -72,6 +74,7 @@ class Runner:
         self.faults: dict[str, Exception] = {}  # request id -> why its policy raised (Engine.take_faults)
         self._verifier = None  # the group in hand's verify forward (a self-verifying policy's)
         self._verified: dict[int, int] = {}  # member index -> verify forwards it ran this step
+        self._edits = None  # [R, block] the group in hand's token edits this step (None: no row edits)
 
     def run(self, frame: Frame, groups: list[ForwardGroup]) -> list[RowStep]:
         rows: list[RowStep] = []
@@ -190,6 +193,7 @@ class Runner:
             rows=frame.row_selector(slots, slot_ids),
             real_from=[frame.first_real(s) for s in slots],
             key_end=self._key_ends(members, masked, starts, frame.canvas.shape[1]),
+            causal_span=self._causal_spans(frame, members, masked, starts),
             # a block-causal model's attention blocks are the decoding blocks
             attention_block=block_length if self.lm.config.block_causal else None,
         )
@@ -228,6 +232,12 @@ class Runner:
         for i, r in enumerate(members):
             if r.step == 0:
                 r.block_first_confidence = confidence[i]
+        # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions: it reads only
+        # positions that are not masks, whose prediction no policy changes; a self-verifying policy's verify
+        # forward reads the edited block.
+        answer_starts = [frame.block_start(r.slot, r.layout.span, 0) for r in members]
+        edit = edits(members, predicted, confidence, masked, block, columns, answer_starts)
+        self._edits = edit
         commit, remask, tokens = self._select(
             members, predicted, confidence, masked, stats, support, generation
         )
@@ -239,9 +249,6 @@ class Runner:
             members[i].logprobs.pending = logprobs.step_values(
                 row_scores, predicted[i], members[i].logprobs.top
             )
-        # Token editing (LLaDA2.1, block-causal models only) rewrites committed positions.
-        answer_starts = [frame.block_start(r.slot, r.layout.span, 0) for r in members]
-        edit = edits(members, predicted, confidence, masked, block, columns, answer_starts)
         new_block = torch.where(commit if edit is None else commit | edit, predicted, block)
         if remask is not None:
             new_block = new_block.masked_fill(remask, mask_id)
@@ -271,6 +278,24 @@ class Runner:
             for i, (r, h, start) in enumerate(zip(members, horizons, starts))
         ]
         return torch.cat(ends).clamp(max=width)
+
+    @staticmethod
+    def _causal_spans(frame: Frame, members: list[Request], masked, starts: list[int]):
+        """[R, 2] each row's token-causal RoPE positions this step (None: no row has any): a policy whose
+        forwards are partly autoregressive (S2D2's AR-like caching) says which."""
+        rules = [r.config.policy_settings.causal_span() for r in members]
+        if all(rule is None for rule in rules):
+            return None
+        block_positions = to_device(
+            [s - frame.first_real(r.slot) for r, s in zip(members, starts)], masked.device
+        )
+        none = torch.zeros(2, dtype=torch.long, device=masked.device)
+        return torch.stack(
+            [
+                none if rule is None else rule(r, masked[i], block_positions[i])
+                for i, (r, rule) in enumerate(zip(members, rules))
+            ]
+        )
 
     def _predict(self, logits: torch.Tensor, members: list[Request]):
         """Each position's token and its confidence; sampling runs once per temperature."""
@@ -362,5 +387,9 @@ class Runner:
         """The SelfSpec of one select call's rows (indices: theirs among the group's members)."""
         draft, block, verify = self._verifier
         return SelfSpec(
-            draft[at], block[at], lead.config.temperature, lambda j, drafted: verify(indices[j], drafted)
+            draft[at],
+            block[at],
+            lead.config.temperature,
+            lambda j, drafted: verify(indices[j], drafted),
+            None if self._edits is None else self._edits[at],
         )

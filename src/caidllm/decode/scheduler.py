@@ -173,6 +173,8 @@ class Scheduler(Limits):
             mode = r.config.policy_spec.forward or r.cache_mode.forward_mode(r)
             # Rows whose forwards may end early (SlowFast's fast phase) share them only with each other.
             shortens = r.config.policy_settings.horizon() is not None
+            # Rows whose forwards are partly token-causal (S2D2's AR-like caching) too.
+            causal = r.config.policy_settings.causal_span() is not None
             # Rows that see the whole generation share a forward with rows of the same span and block only.
             sees = (r.layout.span, r.block) if r.config.policy_spec.sees_generation else None
             key = (
@@ -181,6 +183,7 @@ class Scheduler(Limits):
                 FORWARD_MODES[mode].group_key(r),
                 r.cache_mode.fold(r),
                 shortens,
+                causal,
                 width_class(r),
                 sees,
             )

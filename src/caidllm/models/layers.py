@@ -77,6 +77,16 @@ def block_visibility(query_positions: torch.Tensor, key_positions: torch.Tensor,
     return (key_positions // block)[:, None, None, :] <= (query_positions // block)[:, None, :, None]
 
 
+def causal_within(
+    visible: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, span: torch.Tensor
+) -> torch.Tensor:
+    """``visible`` [R, 1, n, L] with the queries at positions in [span[:, 0], span[:, 1]) reading every key
+    at a position up to their own, and no other (token-causal attention)."""
+    q = query_positions[:, None, :, None]
+    inside = (q >= span[:, 0, None, None, None]) & (q < span[:, 1, None, None, None])
+    return torch.where(inside, key_positions[:, None, None, :] <= q, visible)
+
+
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     """RoPE positions of a left-padded canvas: the first real token is 0, padding is 0."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -157,6 +167,10 @@ class Context:
     # [R] long: each row's keys from this column on are hidden from every query (None: none are), as if
     # the canvas ended there (a policy whose forwards may end early: PolicySettings.horizon).
     key_end: torch.Tensor | None = None
+    # [R, 2] long: each row's queries at RoPE positions in [lo, hi) read their keys token-causally (every
+    # key at a position up to their own) instead of block-causally (None: none do): S2D2's AR-like caching
+    # (decode/policies/s2d2_ar.py).
+    causal_span: torch.Tensor | None = None
 
     def __post_init__(self):
         # The key mask serves rows whose padding is not all on the left (a caller's own canvas);
@@ -350,6 +364,8 @@ class Context:
         else:
             queries = self.positions.gather(1, self.index)
         visible = block_visibility(queries, self.positions, self.attention_block)
+        if self.causal_span is not None:
+            visible = causal_within(visible, queries, self.positions, self.causal_span)
         return visible if ends is None else visible & ends
 
     def _write_fresh(self, cached: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:

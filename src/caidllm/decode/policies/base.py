@@ -50,6 +50,16 @@ class PolicySettings(MethodSettings):
         never."""
         return None
 
+    def causal_span(self):
+        """causal_span(request, block_masked [block] bool, block_position [] long) -> [2] long, the RoPE
+        positions [lo, hi) whose queries attend token-causally this step (models/layers.Context.causal_span),
+        for settings whose forwards are partly autoregressive (S2D2's AR-like caching); None: never."""
+        return None
+
+    def check_model(self, config, model) -> None:
+        """Refuse settings a block-causal model cannot take (InputError naming the field); `model` is its
+        ModelConfig or block_diffusion.ModelTraits (family, block_causal, block_lengths)."""
+
 
 @dataclass
 class NoSettings(PolicySettings):

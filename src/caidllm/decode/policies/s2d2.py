@@ -2,7 +2,9 @@
 LLMs via Training-Free Self-Speculation", arXiv 2603.25702; official code phymhan/S2D2: SDAR/
 generate_ssd_policy.py, Fast-dLLM-v2/generate_policy_utils.py, LLaDA2/generate_utils.py).
 
-A block-diffusion model at block size 1 is autoregressive, so the same weights draft and verify. Each step:
+A block-diffusion model at block size 1 is autoregressive, so the same weights draft and verify. SDAR's
+AR-like caching: policies/s2d2_ar.py; LLaDA2.1's token editing with S2D2 (LLaDA2's loop) and its top-k /
+top-p: policies/s2d2_editing.py; the router: policies/s2d2_router.py. Each step:
 1. draft: the block's forward (the exact block cache) predicts every position (the engine's prediction);
 2. the router decides whether to verify the first contiguous run of masks of the block (of the current
    sub-block with Fast-dLLM v2's rule): ``mask_span_length`` (the run is at least ``min_span`` long),
@@ -33,13 +35,16 @@ argmax at the first rejection: the lossless greedy rule, with no draws.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
 
 from caidllm.checks import is_number
+from caidllm.decode.policies import s2d2_ar, s2d2_editing
 from caidllm.decode.policies.base import PolicySettings, PolicyState, StepView
 from caidllm.decode.policies.s2d2_bandit import Bandit
+from caidllm.decode.policies.s2d2_router import decide
 from caidllm.decode.sampling import request_generator
 from caidllm.errors import InputError
 from caidllm.setting_rules import (
@@ -98,6 +103,10 @@ class S2D2Settings(PolicySettings):
     ucb_progress_bins: int = 2  # ucb_block_progress_bins
     ucb_entropy_bins: int = 2
     ucb_entropy_source: str = "span"  # "span" (the run) or "masked" (every mask of the block)
+    top_k: int = 0  # with token editing at temperature 0 (policies/s2d2_editing.py); 0: off
+    top_p: float = 1.0  # the same; 1: off
+    cache_ver: bool = False  # AR-like caching (policies/s2d2_ar.py): earlier blocks' K/V token-causal
+    draft_ver: bool = False  # the draft reads the block's decoded prefix token-causally
 
     OWNER: ClassVar[str] = "s2d2"
     TITLE: ClassVar[str] = "S2D2 self-speculative block diffusion (arXiv 2603.25702)"
@@ -133,6 +142,10 @@ class S2D2Settings(PolicySettings):
         Rule("ucb_progress_bins", "an integer >= 1", positive_int),
         Rule("ucb_entropy_bins", "an integer >= 1", positive_int),
         choice_rule("ucb_entropy_source", ENTROPY_SOURCES),
+        Rule("top_k", "an integer >= 0 (0: off)", lambda v: v == 0 or positive_int(v)),
+        Rule("top_p", UNIT_INTERVAL, unit_interval),
+        Rule("cache_ver", "true or false", lambda v: isinstance(v, bool)),
+        Rule("draft_ver", "true or false", lambda v: isinstance(v, bool)),
     )
 
     def check_with(self, config) -> None:
@@ -159,15 +172,28 @@ class S2D2Settings(PolicySettings):
                 f"{name}={getattr(self, key)!r} does not apply with s2d2.sub_block (Fast-dLLM v2's rule)",
                 field=field_,
             )
-        if config.editing_threshold is not None:
+        if config.cache == "none":  # the verify forward reads the earlier blocks' K/V from the exact cache
             raise InputError(
-                "editing_threshold does not apply to S2D2 here: its LLaDA2.1 token editing is not "
-                "implemented with self-speculation (use method llada2.1 for editing)",
-                field="editing_threshold",
+                "cache='none' does not apply to S2D2: its verify forward reads the earlier blocks' keys and "
+                "values from the exact block cache (cache 'block')",
+                field="cache",
             )
+        s2d2_ar.check_settings(self, config)
+        if config.editing_threshold is not None:
+            s2d2_editing.check_editing(self, config)
+        s2d2_editing.check_filters(self, config)
 
     def arguments(self, gating: bool) -> dict:
         return dict(settings=self)
+
+    def causal_span(self):
+        on = self.cache_ver or self.draft_ver
+        return (
+            partial(s2d2_ar.causal_span, cache_ver=self.cache_ver, draft_ver=self.draft_ver) if on else None
+        )
+
+    def check_model(self, config, model) -> None:
+        s2d2_ar.check_model(self, config, model.family)
 
 
 @dataclass
@@ -179,67 +205,23 @@ class S2D2State(PolicyState):
     on: bool = False
     prompt_length: int = 0
     bandit: Bandit | None = None  # the bandit router's counts, made at its first decision
+    draft_prefix: torch.Tensor | None = None  # draft_ver alone: the block's decoded prefix at its last step
 
 
 def new_state(config, prompt: list[int]) -> S2D2State:
     return S2D2State(request_generator(config.seed or 0, prompt, "cpu"), prompt_length=len(prompt))
 
 
-# ---- the router ---------------------------------------------------------------------------------
-
-
-def acceptance_estimates(probs: torch.Tensor, s: S2D2Settings) -> torch.Tensor:
-    """[S] alpha_i of the run's draft distributions probs [S, V] (the official estimators)."""
-    if s.estimator == "hard_margin_threshold":
-        top2 = probs.topk(2, dim=-1).values
-        return ((top2[:, 0] - top2[:, 1]) > s.margin_threshold).to(probs.dtype)
-    if s.estimator == "soft_entropy_negexp":
-        entropy = -(probs * probs.clamp_min(1e-12).log()).sum(dim=-1)
-        normalised = entropy / torch.log(torch.tensor(float(probs.shape[-1]), dtype=probs.dtype))
-        return torch.exp(-s.entropy_temperature * normalised)
-    return (probs**2).sum(dim=-1).clamp(0.0, 1.0)
-
-
-def verify_score(probs: torch.Tensor, n_confident: int, s: S2D2Settings) -> float:
-    """E[K] - c (static) or E[K] - c * n_confident (dynamic)."""
-    expected = float(torch.cumprod(acceptance_estimates(probs, s).clamp(0.0, 1.0), dim=0).sum())
-    return expected - s.penalty * (n_confident if s.score == "difference_dynamic" else 1)
-
-
-def decide(probs: torch.Tensor, run: list[int], masked: list[bool], n_confident: int, s, state) -> bool:
-    """Whether to verify the run (probs [L, V] the block's draft distributions)."""
-    if s.router != "contextual_bandit_ucb":
-        return route(probs[run], n_confident, s, state)
-    L = len(masked)
-    if state.bandit is None:
-        buckets = s.ucb_span_bins * s.ucb_progress_bins * s.ucb_entropy_bins
-        state.bandit = Bandit(L, state.prompt_length % L, buckets)
-    left = [b for b, m in enumerate(masked) if m]
-    return state.bandit.choose(s, probs[run], probs[left], len(left))
-
-
-def route(probs: torch.Tensor, n_confident: int, s: S2D2Settings, state: S2D2State) -> bool:
-    """Whether to verify a run of len(probs) masks (probs [S, V] its draft distributions)."""
-    if s.router == "mask_span_length":
-        return probs.shape[0] >= s.min_span
-    score = verify_score(probs, n_confident, s) if probs.shape[0] else float("-inf")
-    if s.router == "score_threshold":
-        return not score < s.score_threshold
-    # The official loop switches on strictly above hysteresis_on ("in paper it is >=").
-    state.on = (not score < s.hysteresis_off) if state.on else score > s.hysteresis_on
-    return state.on
-
-
 # ---- verification -------------------------------------------------------------------------------
 
 
 def accepted_run(
-    q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings, gen
+    q: torch.Tensor, p: torch.Tensor, draft: torch.Tensor, s: S2D2Settings, gen, residual_p=None
 ) -> dict[int, int]:
     """Run offset -> token to commit: the accepted drafts, then at the first rejection a token from
     (q - p)+ (``resample``; else the draft there, or nothing under Fast-dLLM v2's rule), then the later
     drafts whose ratio reaches ``ratio_threshold`` (q, p [S, V] the verify and draft distributions, draft [S]
-    the drafted tokens)."""
+    the drafted tokens; residual_p: the draft's for the residual where it differs, LLaDA2's top-k / top-p)."""
     ratios = acceptance_ratios(q, p, draft, s)
     if s.acceptance == "greedy":
         best = q.argmax(dim=-1)
@@ -256,7 +238,7 @@ def accepted_run(
     elif s.acceptance == "greedy":
         picks[n] = int(best[n])
     else:
-        picks[n] = residual_draw(q[n], p[n], gen)
+        picks[n] = residual_draw(q[n], (p if residual_p is None else residual_p)[n], gen)
     if s.ratio_threshold >= 0:
         picks |= {
             k: int(draft[k]) for k in range(n + 1, len(accepted)) if float(ratios[k]) >= s.ratio_threshold
@@ -317,14 +299,24 @@ def row_step(view: StepView, i: int, s: S2D2Settings) -> dict[int, int]:
     region = masked if s.sub_block is None else current_sub_block(masked, s.sub_block)
     state, spec = view.policy_states[i], view.self_spec
     probs = distributions(spec.logits[i], spec.temperature)
+    shaped = s2d2_editing.filtered(spec.logits[i], s) if s2d2_editing.filters(s) else probs  # top-k / top-p
     run = first_run(region)
     confident = [b for b, m in enumerate(region) if m and float(view.confidence[i, b]) > s.threshold]
     picks: dict[int, int] = {}
-    verify = bool(run) and decide(probs, run, masked, len(confident), s, state)
+    # The score routers decide at every step (LLaDA2's loop: also at an editing step with no mask left, where
+    # the hysteresis switch turns off); the bandit only when there is a run to verify.
+    routed = bool(run) or s.router != "contextual_bandit_ucb"
+    verify = routed and decide(shaped, run, masked, len(confident), s, state) and bool(run)
     if verify:
-        drafted = torch.where(view.masked[i], view.predicted[i], spec.block[i])
-        q = distributions(spec.verify(i, drafted), spec.temperature)
-        accepted = accepted_run(q[run], probs[run], view.predicted[i, run], s, state.generator)
+        filled = view.masked[i] if spec.edits is None else view.masked[i] | spec.edits[i]  # edits verified
+        drafted = torch.where(filled, view.predicted[i], spec.block[i])
+        logits = spec.verify(i, drafted)
+        q = (
+            s2d2_editing.filtered(logits, s)
+            if s2d2_editing.filters(s)
+            else distributions(logits, spec.temperature)
+        )
+        accepted = accepted_run(q[run], probs[run], view.predicted[i, run], s, state.generator, shaped[run])
         picks = {run[k]: token for k, token in accepted.items()}
         if s.ratio_threshold >= 0 and s.ratio_all_masks:  # every other mask left, by its own ratio
             picks |= ratio_picks(

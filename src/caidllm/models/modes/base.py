@@ -76,6 +76,9 @@ class ForwardMode:
     attention_block: int | None = None
     real_from: list[int] | None = None
     key_end: torch.Tensor | None = None
+    # [R, 2] long: each row's queries at RoPE positions in [lo, hi) attend token-causally (layers.Context.
+    # causal_span; S2D2's AR-like caching); None: none do.
+    causal_span: torch.Tensor | None = None
 
     # ---- model side ------------------------------------------------------
 
@@ -240,6 +243,7 @@ class ColumnsMode(ForwardMode):
             real_from=call.real_from,
             attention_block=call.attention_block,
             key_end=self.key_end,
+            causal_span=self.causal_span,
             shift_within_computed=self.shift_within_computed,
         )
         return gather_block(lm.model(call.ids[r].gather(1, self.columns), ctx), self.block_at)
@@ -282,6 +286,7 @@ def canvas_forward(
         real_from=call.real_from,
         attention_block=call.attention_block,
         key_end=mode.key_end,
+        causal_span=mode.causal_span,
         **mode.computed_positions(call, start_t, extra),
         **options,
     )
