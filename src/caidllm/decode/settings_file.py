@@ -155,7 +155,11 @@ def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
             f"known: {', '.join(sorted(TOP_LEVEL | set(ALL_OWNERS)))}{_owned_setting(unknown[0])}"
         )
-    method, name = data.get("method", "cai"), data.get("name", "cai-calibrated")
+    method = data.get("method", "cai")
+    own = getattr(
+        UNIFORM_DECODERS.get(method), "settings", None
+    )  # a uniform-state decoder's: dgcai-calibrated
+    name = data.get("name", f"{own.OWNER}-calibrated" if own is not None else "cai-calibrated")
     for key, value in (("method", method), ("name", name)):
         if not isinstance(value, str) or not value:
             raise InputError(f"{where}: {key!r} must be a non-empty string, got {value!r}")
