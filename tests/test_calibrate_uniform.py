@@ -64,30 +64,39 @@ def test_a_tiny_dg_calibration_is_reproducible_and_keeps_the_floor(dg_lm, tmp_pa
     assert floor == pytest.approx(first["vanilla"].accuracy - 0.01)
     feasible = [t for t in trials if t.accuracy >= floor - 1e-12]
     assert [t.feasible for t in trials] == [t in feasible for t in trials]
+    # (min and max: the earliest of equals, as the search keeps the earlier on a tie)
     if feasible:
-        assert chosen.accuracy >= floor and chosen.nfe == min(t.nfe for t in feasible)
+        assert chosen is min(feasible, key=lambda t: t.nfe) and chosen.accuracy >= floor
     else:
-        assert chosen.accuracy == max(t.accuracy for t in trials)
+        assert chosen is max(trials, key=lambda t: t.accuracy)
     assert settings.values["dgcai"] == chosen.values and calibration["meets_floor"] == bool(feasible)
     table = (tmp_path / "a.md").read_text()
     assert "the official sampler diffusiongemma" in table and "| 0 | diffusiongemma |" in table
 
 
 def test_a_trial_is_generate_with_the_run_seed_and_its_dgcai_values(dg_lm, tmp_path):
-    """The trial's NFE is what generate gives with seed 0 and the trial's dgcai keywords."""
-    from caidllm.bench.tasks import synthetic
-
-    run = _calibrate(dg_lm, tmp_path / "s.json", budget=2)
+    """A decode of the search (the baseline's, a trial's) is generate with seed 0 and, for a trial, its
+    values as dgcai keywords: its NFE is theirs, and values that move NFE move the trial's."""
+    from caidllm.bench.calibrate_kinds import UNIFORM
+    from caidllm.bench.calibrate_run import _encode, _evaluator, held_out_tasks
     from caidllm.decode.api import tokenize_prompts
 
-    samples = synthetic.load("boolean_expressions", 4, 0, split="validation").samples
-    ids = tokenize_prompts(dg_lm, [s.prompt for s in samples], bool(dg_lm.tokenizer.chat_template))
-    for trial, method, extra in (
-        (run["vanilla"], "diffusiongemma", {}),
-        (run["trials"][1], "diffusiongemma-cai", {"dgcai": run["trials"][1].values}),
-    ):
+    run = _calibrate(dg_lm, tmp_path / "s.json", budget=2)
+    options = CalibrateOptions(
+        tasks=[TASK], out="unused", model="tiny-dg", method="diffusiongemma-cai", limit=4, gen_length=64
+    )
+    tasks = held_out_tasks(options)
+    evaluate = _evaluator(dg_lm, options, tasks, {TASK: _encode(dg_lm, tasks[0], options)}, UNIFORM)
+    ids = tokenize_prompts(dg_lm, [s.prompt for s in tasks[0].samples], bool(dg_lm.tokenizer.chat_template))
+
+    def mean_nfe(method, **extra):
         results = dg_lm.generate(ids, method=method, seed=0, chat=False, **extra)
-        assert trial.nfe == sum(r.nfe for r in results) / len(results)
+        return sum(r.nfe for r in results) / len(results)
+
+    assert run["vanilla"].nfe == mean_nfe("diffusiongemma")
+    assert run["trials"][1].nfe == mean_nfe("diffusiongemma-cai", dgcai=run["trials"][1].values)
+    moved = evaluate("moved", VALUES)
+    assert moved.nfe == mean_nfe("diffusiongemma-cai", dgcai=VALUES) != run["trials"][0].nfe
 
 
 def test_generate_with_the_file_equals_the_same_dgcai_keywords(dg_lm, tmp_path):
