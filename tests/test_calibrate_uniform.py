@@ -166,6 +166,14 @@ def test_the_cli_refuses_in_one_line_with_exit_2(tmp_path, capsys):
     assert main(["generate", "--model", "tiny-dg", "--settings", str(cai_file), "x"]) == 2
     err = capsys.readouterr().err.strip()
     assert "settings" in err and "mask-based method 'cai'" in err and len(err.splitlines()) == 1
+    dg_file = _file(tmp_path, "dg.json", method="diffusiongemma-cai", dgcai=VALUES)
+    for command in ("generate", "serve"):  # on a mask-based model: the file is named, not its method
+        assert (
+            main([command, "--model", "tiny", "--settings", str(dg_file), *(["x"] * (command == "generate"))])
+            == 2
+        )
+        err = capsys.readouterr().err.strip()
+        assert "settings file" in err and "uniform-state decoder 'diffusiongemma-cai'" in err, err
 
 
 def test_bench_runs_the_file_as_a_row_and_refuses_its_held_out_samples(tmp_path):

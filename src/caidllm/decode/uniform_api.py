@@ -104,6 +104,21 @@ def with_settings_file(family: str | None, method: str, options: dict) -> dict:
     return options
 
 
+def refuse_on_mask_model(family: str, settings) -> None:
+    """A settings file of a uniform-state decoder (diffusiongemma-cai's) given with a mask-based model:
+    refused naming `settings` (it is not the method's fault when the method came from the file)."""
+    from caidllm.decode.settings_file import load_settings
+
+    loaded = load_settings(settings) if settings is not None else None
+    if loaded is not None and loaded.method in UNIFORM_METHODS:
+        where = f"settings file {loaded.source}" if loaded.source else "settings"
+        raise InputError(
+            f"the {where} holds settings of the uniform-state decoder {loaded.method!r} (DiffusionGemma's); "
+            f"model family {family!r} decodes with a mask token (calibrate a cai preset for it)",
+            "settings",
+        )
+
+
 def defaults_file(family: str | None, method: str | None, settings):
     """A server's settings file (`caidllm serve --settings`) as the default decoder `method` takes it: the
     file when it is that decoder's, else None (it is the defaults of its own method's requests, as on a
@@ -131,6 +146,7 @@ def uniform_run_lengths(
                 with_settings_file(config.family, preset, extra)
             raise InputError(mask_decoder_refusal(config.family, preset), "methods")
         if not uniform and preset in UNIFORM_METHODS:
+            refuse_on_mask_model(config.family, extra.get("settings"))
             raise InputError(
                 f"method {preset!r} is a uniform-state decoder (DiffusionGemma's): model family "
                 f"{config.family!r} decodes with a mask token",

@@ -133,7 +133,7 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from caidllm.decode.prefix_reuse import check_budget
-    from caidllm.decode.uniform_api import defaults_file
+    from caidllm.decode.uniform_api import defaults_file, refuse_on_mask_model
     from caidllm.models.families import get_family
     from caidllm.options import check_before_load, load_model, model_config_of
 
@@ -151,6 +151,8 @@ def run(args) -> int:
     uniform = get_family(family).uniform
     if uniform:
         method = args.method or (settings.method if settings is not None else None)
+    else:
+        refuse_on_mask_model(family, settings)
     decoded = check_before_load(
         args.model,
         method,

@@ -40,6 +40,9 @@ def settings_from(args, lm):
     if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine
         method, gen_length, block_length = _uniform_defaults(args, lm, budget)
     else:
+        from caidllm.decode.uniform_api import refuse_on_mask_model
+
+        refuse_on_mask_model(lm.config.family, settings_file_of(args))  # no request could read it
         # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its
         # method).
         method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
