@@ -48,20 +48,26 @@ class CalibrationKind:
     default_method: str  # --method's default
     baseline: str  # the method whose accuracy (minus --max-loss) is the floor
     baseline_title: str  # how the table and the settings file name it
+    baseline_key: str  # the settings file's calibration key of its decode
     owner: str  # the settings file's key of the values found
     default_name: str  # --name's default: the row caidllm bench gives the file
     space: dict[str, tuple]
     switches: dict[str, frozenset]
-    check_method: Callable[[str, str], None]  # (method, family) -> InputError naming "method"
+    check: Callable[[object, str], None]  # (CalibrateOptions, family): InputError naming the field
     start: Callable[[object, str], dict]  # (lm, method) -> the start's values of the searched settings
     wrap: Callable[[dict], dict]  # a trial's values -> generate() keywords
     decode_options: Callable[[object], dict]  # CalibrateOptions -> the keywords every decode takes
+    block_name: str = "block_length"  # what the run's block_length is, in the table
+    seeded: bool = False  # every decode sampled with the run's seed (the table and the file say so)
 
 
-def _mask_method(method: str, family: str) -> None:
+def _mask_check(options, family: str) -> None:
+    """A CAI preset, its lengths together when both are given."""
     from caidllm.decode.methods import uses_cai
+    from caidllm.decode.presets import build_config
     from caidllm.decode.uniform_decoders import UNIFORM_METHODS
 
+    method = options.method
     if method in UNIFORM_METHODS:
         raise InputError(
             f"method {method!r} is a uniform-state decoder (DiffusionGemma's); model family {family!r} "
@@ -72,6 +78,8 @@ def _mask_method(method: str, family: str) -> None:
         raise InputError(
             f"method {method!r} does not run the CAI controller; calibrate a cai preset", "method"
         )
+    lengths = dict(gen_length=options.gen_length, block_length=options.block_length)
+    build_config(method, **(lengths if None not in lengths.values() else {}))
 
 
 def _mask_start(lm, method: str) -> dict:
@@ -85,7 +93,9 @@ def _mask_start(lm, method: str) -> dict:
     return values
 
 
-def _uniform_method(method: str, family: str) -> None:
+def _uniform_check(options, family: str) -> None:
+    """diffusiongemma-cai (the lengths are checked against the model by uniform_run_lengths)."""
+    method = options.method
     if method != UNIFORM.default_method:
         raise InputError(
             f"method {method!r}: on model family {family!r} (uniform-state diffusion) caidllm calibrate "
@@ -108,11 +118,12 @@ MASK = CalibrationKind(
     default_method="cai",
     baseline="vanilla",
     baseline_title="vanilla",
+    baseline_key="vanilla",
     owner="cai",
     default_name="cai-calibrated",
     space=SEARCH_SPACE,
     switches=SWITCHES,
-    check_method=_mask_method,
+    check=_mask_check,
     start=_mask_start,
     wrap=dict,  # flat names (theta_end, ...): the cai policy's
     decode_options=lambda o: {"gen_length": o.gen_length, "block_length": o.block_length},
@@ -122,14 +133,17 @@ UNIFORM = CalibrationKind(
     default_method="diffusiongemma-cai",
     baseline="diffusiongemma",
     baseline_title="the official sampler diffusiongemma",
+    baseline_key="baseline",
     owner="dgcai",
     default_name="dgcai-calibrated",
     space=UNIFORM_SPACE,
     switches=UNIFORM_SWITCHES,
-    check_method=_uniform_method,
+    check=_uniform_check,
     start=_uniform_start,
     wrap=lambda values: {"dgcai": dict(values)},
     decode_options=lambda o: {"gen_length": o.gen_length, "seed": o.seed},
+    block_name="canvas",
+    seeded=True,
 )
 KINDS = {k.kind: k for k in (MASK, UNIFORM)}
 

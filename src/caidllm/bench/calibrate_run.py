@@ -25,7 +25,6 @@ from caidllm.bench.calibrate import OBJECTIVES, Trial, choose, coordinate_search
 from caidllm.bench.calibrate_kinds import MASK, CalibrationKind, calibration_kind
 from caidllm.bench.metrics import mean
 from caidllm.bench.tasks import BenchTask, kind_of, load_task
-from caidllm.decode.presets import build_config
 from caidllm.decode.settings_file import CalibratedSettings, write_settings
 from caidllm.errors import InputError
 from caidllm.options import lengths_for_run
@@ -89,10 +88,7 @@ class CalibrateOptions:
         options = dataclasses.replace(
             self, method=self.method or kind.default_method, name=self.name or kind.default_name
         )
-        kind.check_method(options.method, family)
-        if kind is MASK:
-            lengths = dict(gen_length=self.gen_length, block_length=self.block_length)
-            build_config(options.method, **(lengths if None not in lengths.values() else {}))  # both known
+        kind.check(options, family)
         return options
 
 
@@ -277,11 +273,12 @@ def _calibration(
     options, tasks, vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float, kind=MASK
 ) -> dict:
     seeded = (
-        f"; every decode (the baseline's and each trial's) sampled with seed {options.seed}; block_length: "
-        "the canvas"
-        if kind is not MASK
+        f"; every decode (the baseline's and each trial's) sampled with seed {options.seed}"
+        if kind.seeded
         else ""
     )
+    if kind.block_name != "block_length":
+        seeded += f"; block_length: the {kind.block_name}"
     return {
         "model": options.model,
         "quantization": options.quantize,
@@ -297,7 +294,7 @@ def _calibration(
         "baseline_method": kind.baseline,  # the floor is its accuracy minus max_loss_points
         "accuracy_floor": floor,
         "meets_floor": chosen.feasible,
-        ("vanilla" if kind is MASK else "baseline"): _trial_dict(vanilla),
+        kind.baseline_key: _trial_dict(vanilla),
         "start": _trial_dict(trials[0]),
         "chosen": _trial_dict(chosen),
         "search": [_trial_dict(t) for t in trials],
@@ -316,8 +313,8 @@ def markdown_table(
         f"Calibration of `{options.method}` on {', '.join(names)}: objective {options.objective}, "
         f"floor {100 * floor:.2f}% ({kind.baseline_title} {100 * vanilla.accuracy:.2f}% - "
         f"{options.max_loss} points), budget {options.budget}, seed {options.seed}"
-        f"{' (every decode)' if kind is not MASK else ''}, gen_length {options.gen_length}, "
-        f"{'block_length' if kind is MASK else 'canvas'} {options.block_length}.",
+        f"{' (every decode)' if kind.seeded else ''}, gen_length {options.gen_length}, "
+        f"{kind.block_name} {options.block_length}.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
