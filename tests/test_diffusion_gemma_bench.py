@@ -1,7 +1,7 @@
 """DiffusionGemma (a small random config) through `caidllm bench`, lm-eval's generate_until and `caidllm
 calibrate`: its decoders' rows (accuracy, forwards per canvas, tokens per forward, wall), a mask-based
-method in the list refused by name before anything runs, loglikelihood and calibration refused saying
-why."""
+method in the list refused by name before anything runs, loglikelihood refused saying why, calibrate's
+method checked (its runs: test_calibrate_uniform.py)."""
 
 import json
 from pathlib import Path
@@ -91,15 +91,17 @@ def test_lm_eval_generates_on_the_family_and_refuses_likelihood_saying_why(tmp_p
         CaidllmLM(pretrained=SMALL, block_length=16)
 
 
-def test_calibrate_refuses_the_family_in_one_line(tmp_path):
+def test_calibrate_refuses_another_decoder_of_the_family_in_one_line(tmp_path):
+    """calibrate searches diffusiongemma-cai's settings on this family (tests/test_calibrate_uniform.py):
+    another of its decoders is refused naming --method, before the model loads."""
     from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
 
     options = CalibrateOptions(
-        tasks=["synthetic:boolean_expressions"], out=str(tmp_path / "s.json"), model=SMALL
+        tasks=["synthetic:boolean_expressions"], out=str(tmp_path / "s.json"), model=SMALL, method="greedy"
     )
-    with pytest.raises(InputError, match="CAI controller's settings") as refused:
+    with pytest.raises(InputError, match="searches the settings of 'diffusiongemma-cai'") as refused:
         run_calibrate(options, log=lambda message: pytest.fail(f"it ran: {message}"))
-    assert "uniform-state" in str(refused.value) and "\n" not in str(refused.value)
+    assert refused.value.field == "method" and "\n" not in str(refused.value)
 
 
 def test_lm_eval_takes_the_cai_variant_and_its_settings_as_dotted_model_args(tmp_path):

@@ -172,6 +172,9 @@ def check_before_load(model_name, method: str | None, settings=None, strict: boo
         from caidllm.decode.uniform_api import check_uniform
 
         return check_uniform(config, method, settings=settings, **options)
+    from caidllm.decode.uniform_api import refuse_on_mask_model
+
+    refuse_on_mask_model(config.family, settings)  # a diffusiongemma-cai file: named, not its method
     method = recommended_method(checkpoint if settings is None else None, method)
     if get_family(config.family).sequential or method in SEQUENTIAL_METHODS:  # checked by generate itself
         return None

@@ -1,10 +1,12 @@
 """The search of `caidllm calibrate`: which CAI settings are fastest at an accuracy floor.
 
-A seeded coordinate search over a small grid (SEARCH_SPACE). It starts
+A seeded coordinate search over a small grid (SEARCH_SPACE; a uniform-state
+model's decoder has its own, calibrate_kinds.py). It starts
 from the preset's values (the paper's constants for `cai`); each trial
 changes one setting of the best point so far to another value of its grid
 and decodes every held-out sample with it. The floor is vanilla's accuracy
-on the same samples minus the allowed loss. A trial replaces the best point
+(a uniform-state model: the official sampler's) on the same samples minus
+the allowed loss. A trial replaces the best point
 when `better` says so: feasible (accuracy >= floor) beats infeasible, then
 the lower cost (mean NFE, or wall seconds) wins; among infeasible points the
 more accurate one. The search stops when the budget of decodes is spent or a
@@ -35,6 +37,8 @@ SEARCH_SPACE: dict[str, tuple] = {
 }
 # Settings that act only with confidence gating on (budgets and grinding, Boxes 5 and 7).
 GATED = frozenset({"grinding_patience", "grinding_action", "fallback_threshold", "budget_fractions"})
+# switch -> the settings that do nothing while it is off (a search space's own: calibrate_kinds.py)
+SWITCHES = {"gating": GATED}
 OBJECTIVES = ("nfe", "wall")
 
 
@@ -76,9 +80,10 @@ def choose(trials: list[Trial], floor: float, objective: str) -> Trial:
     return best
 
 
-def effective(values: dict) -> tuple:
-    """What decides a trial's outputs: with gating off the gated settings do nothing."""
-    return tuple(sorted((k, v) for k, v in values.items() if values.get("gating", True) or k not in GATED))
+def effective(values: dict, switches: dict[str, frozenset] = SWITCHES) -> tuple:
+    """What decides a trial's outputs: with a switch off (gating) the settings it gates do nothing."""
+    off = set().union(*(gated for switch, gated in switches.items() if values.get(switch, True) is False))
+    return tuple(sorted((k, v) for k, v in values.items() if k not in off))
 
 
 def coordinate_search(
@@ -90,15 +95,18 @@ def coordinate_search(
     seed: int = 0,
     on_trial: Callable[[Trial], None] | None = None,
     space: dict[str, tuple] = SEARCH_SPACE,
+    switches: dict[str, frozenset] = SWITCHES,
 ) -> list[Trial]:
     """The trials run, in order (the start first). `budget` counts decodes of the held-out set, start
-    included; a candidate equivalent to one already run (`effective`) costs nothing and is skipped."""
+    included; a candidate equivalent to one already run (`effective`, under `switches`) costs nothing and
+    is skipped. `space` and `switches`: the mask-based CAI controller's by default (calibrate_kinds.py
+    has the uniform-state decoder's)."""
     rng = random.Random(seed)
     names = [n for n in space if n in start]
     orders = {n: rng.sample(space[n], len(space[n])) for n in names}
     best = evaluate("start", dict(start))
     best.feasible, best.kept = best.accuracy >= floor - 1e-12, True
-    trials, seen = [best], {effective(start)}
+    trials, seen = [best], {effective(start, switches)}
     if on_trial:
         on_trial(best)
     improved = True
@@ -109,9 +117,9 @@ def coordinate_search(
                 if len(trials) >= budget:
                     return trials
                 values = {**best.values, name: value}
-                if effective(values) in seen:
+                if effective(values, switches) in seen:
                     continue
-                seen.add(effective(values))
+                seen.add(effective(values, switches))
                 trial = evaluate(f"{name}={_show(value)}", values)
                 trial.feasible = trial.accuracy >= floor - 1e-12
                 trial.kept = better(trial, best, floor, objective)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE
+from caidllm.bench.calibrate_kinds import UNIFORM_SPACE
 from caidllm.bench.calibrate_run import CalibrateOptions, run_calibrate
 from caidllm.options import add_quantize_arguments
 
@@ -16,11 +17,17 @@ held-out samples: the validation split of synthetic:<name> tasks; for file-based
 slice --holdout START:END of the file (bench evaluates the first --limit examples: take a slice after them).
 searched: """
     + ", ".join(SEARCH_SPACE)
-    + """
-example:
+    + """ (a cai preset, against vanilla);
+a uniform-state model (DiffusionGemma, tiny-dg): diffusiongemma-cai's dgcai."""
+    + ", dgcai.".join(UNIFORM_SPACE)
+    + """, against the official sampler diffusiongemma,
+every decode sampled with --seed.
+examples:
   caidllm calibrate --model tiny --task synthetic:arithmetic --task synthetic:boolean_expressions \\
       --max-loss 1.0 --budget 20 --out runs/settings.json
   caidllm bench --model tiny --task synthetic:arithmetic --methods vanilla,cai --settings runs/settings.json
+  caidllm calibrate --model tiny-dg --method diffusiongemma-cai --task synthetic:boolean_expressions \\
+      --budget 8 --out runs/dg-settings.json
 """
 )
 
@@ -30,27 +37,39 @@ def register(sub, name: str = "calibrate") -> argparse.ArgumentParser:
         name,
         help="search the CAI settings that are fastest within an accuracy loss of vanilla",
         description="Seeded coordinate search over CAI settings on held-out samples: the fastest "
-        "(mean NFE, or wall time) whose accuracy is at least vanilla's minus --max-loss "
-        "points on the same samples. Writes a settings file (and a .md table beside it) "
-        "for generate / bench / serve --settings.",
+        "(mean NFE, or wall time) whose accuracy is at least vanilla's (a uniform-state model: the "
+        "official sampler diffusiongemma's) minus --max-loss points on the same samples. Writes a "
+        "settings file (and a .md table beside it) for generate / bench / serve --settings.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="tiny", help="model folder (Hugging Face layout) or 'tiny' (default)")
     p.add_argument("--task", action="append", dest="tasks", metavar="TASK", default=None, help="repeatable")
     p.add_argument("--out", required=True, metavar="FILE", help="the settings file to write (JSON)")
-    p.add_argument("--method", default="cai", help="the CAI preset to start from (default cai)")
-    p.add_argument("--name", default="cai-calibrated", help="the row name caidllm bench gives these settings")
+    p.add_argument(
+        "--method",
+        default=None,
+        help="the CAI preset to start from (default cai; a uniform-state model: diffusiongemma-cai, the "
+        "only one it takes)",
+    )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="the row name caidllm bench gives these settings (default cai-calibrated; dgcai-calibrated)",
+    )
     p.add_argument(
         "--max-loss", type=float, default=1.0, help="accuracy points below vanilla allowed (default 1)"
     )
-    p.add_argument(
-        "--budget", type=int, default=20, help="CAI settings decoded, the start included (default 20)"
-    )
+    p.add_argument("--budget", type=int, default=20, help="settings decoded, the start included (default 20)")
     p.add_argument(
         "--objective", choices=OBJECTIVES, default="nfe", help="minimise NFE (default) or wall time"
     )
-    p.add_argument("--seed", type=int, default=0, help="orders the search and draws the synthetic samples")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="orders the search and draws the synthetic samples; a uniform-state model's decodes' seed",
+    )
     p.add_argument("--limit", type=int, default=32, help="held-out samples per synthetic task (default 32)")
     p.add_argument("--holdout", default=None, metavar="START:END", help="the slice of each file-based task")
     p.add_argument(
@@ -61,7 +80,7 @@ def register(sub, name: str = "calibrate") -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="default: a known checkpoint's recommendation, else the method's (a block-diffusion "
-        "model's own where the method's does not apply)",
+        "model's own where the method's does not apply); a uniform-state model: not taken (its canvas)",
     )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--data-dir", default=None, help="benchmark data folder (as caidllm bench)")

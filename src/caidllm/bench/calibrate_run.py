@@ -8,6 +8,9 @@ evaluates the test split), and for file-based tasks the slice START:END of
 the file given by `holdout` (the benchmark evaluates the first --limit
 examples: take a slice after them). Their ids go in the settings file, and
 `caidllm bench --settings` refuses to evaluate any of them.
+
+What is searched depends on the model's kind (calibrate_kinds.py): a mask-based model's CAI preset
+against vanilla, a uniform-state model's diffusiongemma-cai against the official sampler diffusiongemma.
 """
 
 from __future__ import annotations
@@ -15,14 +18,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from caidllm.bench.calibrate import OBJECTIVES, SEARCH_SPACE, Trial, choose, coordinate_search, floor_of
+from caidllm.bench.calibrate import OBJECTIVES, Trial, choose, coordinate_search, floor_of
+from caidllm.bench.calibrate_kinds import MASK, CalibrationKind, calibration_kind
 from caidllm.bench.metrics import mean
 from caidllm.bench.tasks import BenchTask, kind_of, load_task
-from caidllm.decode.methods import uses_cai
-from caidllm.decode.presets import build_config
 from caidllm.decode.settings_file import CalibratedSettings, write_settings
 from caidllm.errors import InputError
 from caidllm.options import lengths_for_run
@@ -33,12 +35,12 @@ class CalibrateOptions:
     tasks: list[str] = field(default_factory=list)
     out: str | None = None  # the settings file to write (a .md table goes beside it)
     model: str = "tiny"
-    method: str = "cai"  # the CAI preset searched from
-    name: str = "cai-calibrated"  # the row name bench gives the result
-    max_loss: float = 1.0  # accuracy points below vanilla allowed
-    budget: int = 20  # CAI settings decoded (the start included); vanilla is one more decode
+    method: str | None = None  # the preset searched from (None: the model kind's, cai or diffusiongemma-cai)
+    name: str | None = None  # the row name bench gives the result (None: cai- or dgcai-calibrated)
+    max_loss: float = 1.0  # accuracy points below the baseline (vanilla, or diffusiongemma) allowed
+    budget: int = 20  # settings decoded (the start included); the baseline is one more decode
     objective: str = "nfe"
-    seed: int = 0
+    seed: int = 0  # orders the search, draws the samples; a uniform-state model: every decode's seed
     limit: int = 32  # held-out samples per synthetic task
     holdout: str | None = None  # START:END of every file-based task
     gen_length: int | None = None  # None: as generate takes them for the method (options.lengths_for_run)
@@ -61,10 +63,10 @@ class CalibrateOptions:
             raise InputError(f"tasks listed twice in {', '.join(self.tasks)}")
         if not self.out:
             raise InputError("--out FILE is required: where to write the settings")
-        if not uses_cai(self.method):
-            raise InputError(
-                f"method {self.method!r} does not run the CAI controller; calibrate a cai preset"
-            )
+        for name in ("method", "name"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InputError(f"{name} must be a non-empty string, got {value!r}", name)
         if self.objective not in OBJECTIVES:
             raise InputError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
         for name in ("budget", "limit", "batch_size", "gen_length", "block_length"):
@@ -80,8 +82,14 @@ class CalibrateOptions:
             )
         if any(kind_of(t) != "synthetic" for t in self.tasks):
             parse_slice(self.holdout)
-        lengths = dict(gen_length=self.gen_length, block_length=self.block_length)
-        build_config(self.method, **(lengths if None not in lengths.values() else {}))  # both known: together
+
+    def for_kind(self, kind: CalibrationKind, family: str) -> CalibrateOptions:
+        """These options with the kind's defaults for method and name, the method checked against it."""
+        options = dataclasses.replace(
+            self, method=self.method or kind.default_method, name=self.name or kind.default_name
+        )
+        kind.check(options, family)
+        return options
 
 
 def parse_slice(text: str | None) -> tuple[int, int]:
@@ -118,46 +126,31 @@ def held_out_tasks(options: CalibrateOptions) -> list[BenchTask]:
     return tasks
 
 
-def _refuse_uniform(model_name, lm) -> None:
-    """A uniform-state model (DiffusionGemma) is refused in one line before anything loads: calibration
-    searches the CAI controller's thresholds, which its decoders do not have."""
-    from caidllm.models.families import get_family
-    from caidllm.options import model_config_of
-
-    family = lm.config.family if lm is not None else model_config_of(model_name)[0].family
-    if get_family(family).uniform:
-        raise InputError(
-            "caidllm calibrate searches the CAI controller's settings of the mask-based decoders (its "
-            f"commit thresholds, against vanilla's accuracy); model family {family!r} is uniform-state "
-            "diffusion, whose decoders (diffusiongemma, greedy) have none of them: set their knobs "
-            "(entropy_bound, max_denoising_steps, ...) per request, or compare them with caidllm bench",
-            "model",
-        )
-
-
 def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
     """Search, write the settings file and its table; returns {"settings", "trials", "chosen", "table"}."""
     log = log or (lambda message: print(message, file=sys.stderr))
     options.check()
-    _refuse_uniform(options.model, lm)
+    kind, family = calibration_kind(options.model, lm)  # from config.json alone when lm is None
+    options = options.for_kind(kind, family)
     tasks = held_out_tasks(options)
-    # Unset lengths as generate takes them; the method and vanilla checked against the model (its
-    # config.json alone when it is not loaded yet: a bad setting fails before loading).
+    # Unset lengths as generate takes them (a uniform-state model: gen_length one canvas, block_length the
+    # canvas); the method and the baseline checked against the model (its config.json alone when it is
+    # not loaded yet: a bad setting fails before loading).
     options = dataclasses.replace(
         options,
         **lengths_for_run(
             options.model,
             lm,
-            [(options.method, {}), ("vanilla", {})],
+            [(options.method, {}), (kind.baseline, {})],
             options.gen_length,
             options.block_length,
         ),
     )
     lm = lm if lm is not None else _load_model(options, log)
     encoded = {t.name: _encode(lm, t, options) for t in tasks}
-    evaluate = _evaluator(lm, options, tasks, encoded)
+    evaluate = _evaluator(lm, options, tasks, encoded, kind)
     progress = _progress(options.budget + 1, options.progress)
-    vanilla = evaluate("vanilla", {}, method="vanilla")
+    vanilla = evaluate(kind.baseline, {}, method=kind.baseline)
     progress.update(1)
     floor = floor_of(vanilla.accuracy, options.max_loss)
     vanilla.feasible = True
@@ -167,23 +160,25 @@ def run_calibrate(options: CalibrateOptions, lm=None, log=None) -> dict:
         progress.set_postfix(acc=f"{100 * trial.accuracy:.1f}", nfe=f"{trial.nfe:.1f}")
 
     trials = coordinate_search(
-        start_values(lm, options.method),
+        kind.start(lm, options.method),
         evaluate,
         options.budget,
         floor,
         options.objective,
         options.seed,
         on_trial,
+        space=kind.space,
+        switches=kind.switches,
     )
     progress.close()
     chosen = choose(trials, floor, options.objective)
     settings = CalibratedSettings(
         method=options.method,
         name=options.name,
-        values={"cai": dict(chosen.values)},
-        calibration=_calibration(options, tasks, vanilla, trials, chosen, floor),
+        values={kind.owner: dict(chosen.values)},
+        calibration=_calibration(options, tasks, vanilla, trials, chosen, floor, kind),
     )
-    table = markdown_table(vanilla, trials, chosen, floor, options)
+    table = markdown_table(vanilla, trials, chosen, floor, options, kind)
     _write(options.out, settings, table)
     return {"settings": settings, "trials": trials, "chosen": chosen, "vanilla": vanilla, "table": table}
 
@@ -209,11 +204,7 @@ def _write(out: str, settings: CalibratedSettings, table: str) -> None:
 
 def start_values(lm, method: str) -> dict:
     """The preset's values of the searched settings (gating resolved to the model's default)."""
-    cai = build_config(method).policy_settings
-    values = {f.name: getattr(cai, f.name) for f in fields(cai) if f.name in SEARCH_SPACE}
-    if values.get("gating") is None:
-        values["gating"] = bool(lm.config.confidence_gating)
-    return values
+    return MASK.start(lm, method)
 
 
 def _encode(lm, task: BenchTask, options: CalibrateOptions) -> list[list[int]]:
@@ -230,7 +221,7 @@ def _encode(lm, task: BenchTask, options: CalibrateOptions) -> list[list[int]]:
     return ids
 
 
-def _evaluator(lm, options: CalibrateOptions, tasks: list[BenchTask], encoded: dict):
+def _evaluator(lm, options: CalibrateOptions, tasks: list[BenchTask], encoded: dict, kind=MASK):
     def evaluate(label: str, values: dict, method: str = options.method) -> Trial:
         per_task, nfes, wall = {}, [], 0.0
         for task in tasks:
@@ -238,11 +229,10 @@ def _evaluator(lm, options: CalibrateOptions, tasks: list[BenchTask], encoded: d
             results = lm.generate(
                 encoded[task.name],
                 method=method,
-                gen_length=options.gen_length,
-                block_length=options.block_length,
                 batch_size=options.batch_size,
                 chat=False,
-                **values,
+                **kind.decode_options(options),
+                **(kind.wrap(values) if values else {}),
             )
             wall += time.perf_counter() - started
             per_task[task.name] = mean(_score(task, r.text, s) for r, s in zip(results, task.samples))
@@ -279,7 +269,16 @@ def _trial_dict(t: Trial) -> dict:
     }
 
 
-def _calibration(options, tasks, vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float) -> dict:
+def _calibration(
+    options, tasks, vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float, kind=MASK
+) -> dict:
+    seeded = (
+        f"; every decode (the baseline's and each trial's) sampled with seed {options.seed}"
+        if kind.seeded
+        else ""
+    )
+    if kind.block_name != "block_length":
+        seeded += f"; block_length: the {kind.block_name}"
     return {
         "model": options.model,
         "quantization": options.quantize,
@@ -292,26 +291,30 @@ def _calibration(options, tasks, vanilla: Trial, trials: list[Trial], chosen: Tr
         "block_length": options.block_length,
         "batch_size": options.batch_size,
         "held_out": {t.name: {"source": t.source, "ids": [s.id for s in t.samples]} for t in tasks},
+        "baseline_method": kind.baseline,  # the floor is its accuracy minus max_loss_points
         "accuracy_floor": floor,
         "meets_floor": chosen.feasible,
-        "vanilla": _trial_dict(vanilla),
+        kind.baseline_key: _trial_dict(vanilla),
         "start": _trial_dict(trials[0]),
         "chosen": _trial_dict(chosen),
         "search": [_trial_dict(t) for t in trials],
         "note": "accuracy: mean over tasks of each task's mean score; nfe: per request; wall_s is "
-        "provisional "
-        "(it depends on the machine's load)",
+        f"provisional (it depends on the machine's load); the floor: {kind.baseline_title}'s accuracy "
+        f"minus max_loss_points{seeded}",
     }
 
 
-def markdown_table(vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float, options) -> str:
+def markdown_table(
+    vanilla: Trial, trials: list[Trial], chosen: Trial, floor: float, options, kind=MASK
+) -> str:
     names = list(vanilla.per_task)
     header = ["#", "trial", "accuracy %", *names, "NFE", "wall s (provisional)", "meets floor", "kept"]
     lines = [
         f"Calibration of `{options.method}` on {', '.join(names)}: objective {options.objective}, "
-        f"floor {100 * floor:.2f}% (vanilla {100 * vanilla.accuracy:.2f}% - {options.max_loss} points), "
-        f"budget {options.budget}, seed {options.seed}, gen_length {options.gen_length}, "
-        f"block_length {options.block_length}.",
+        f"floor {100 * floor:.2f}% ({kind.baseline_title} {100 * vanilla.accuracy:.2f}% - "
+        f"{options.max_loss} points), budget {options.budget}, seed {options.seed}"
+        f"{' (every decode)' if kind.seeded else ''}, gen_length {options.gen_length}, "
+        f"{kind.block_name} {options.block_length}.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
@@ -337,7 +340,7 @@ def markdown_table(vanilla: Trial, trials: list[Trial], chosen: Trial, floor: fl
     lines += [
         "",
         f"Chosen: {chosen.label} ({verdict}); NFE {chosen.nfe:.2f} against {start.nfe:.2f} at the start "
-        f"and {vanilla.nfe:.2f} for vanilla; changed from the start: "
+        f"and {vanilla.nfe:.2f} for {kind.baseline}; changed from the start: "
         f"{', '.join(f'{k}={v}' for k, v in changed.items()) or 'nothing'}.",
     ]
     return "\n".join(lines)

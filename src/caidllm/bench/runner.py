@@ -43,6 +43,7 @@ from caidllm.decode.methods import method_names, settings_summary
 from caidllm.decode.nemotron import SEQUENTIAL_METHODS, SequentialSettings
 from caidllm.decode.prefix_reuse import check_budget
 from caidllm.decode.presets import build_config, run_lengths
+from caidllm.decode.uniform_api import with_settings_file
 from caidllm.distributed import World, together
 from caidllm.errors import CaidllmError, InputError
 from caidllm.models.quantize import weights_mb
@@ -115,11 +116,12 @@ class BenchConfig:
         decoder (DiffusionGemma's) takes its method, gen_length and seed; a mask-based one the preset, its
         settings, the prefix store, the lengths, temperature, seed and early stop."""
         preset, extra = self.method_options(method)
-        if preset in UNIFORM_METHODS:
+        if preset in UNIFORM_METHODS:  # a settings file's row: the file under the --set values
             return {
                 "method": preset,
                 "gen_length": self.gen_length,
                 "seed": self.seed,
+                **extra,
                 **row_values(preset, self.set_values, self.early_stop),
             }
         return {
@@ -136,7 +138,9 @@ class BenchConfig:
         """A row's decode config: a DecodeConfig, or a uniform-state decoder's DiffusionGemmaSettings."""
         preset, extra = self.method_options(method)
         if preset in UNIFORM_METHODS:
-            values = row_values(preset, self.set_values, self.early_stop)
+            values = with_settings_file(
+                None, preset, {**extra, **row_values(preset, self.set_values, self.early_stop)}
+            )
             return build_settings(preset, gen_length=self.gen_length, seed=self.seed, **values)
         # decode/nemotron.py's settings (checked against the model by generate)
         if preset in SEQUENTIAL_METHODS:

@@ -10,7 +10,9 @@ by generate(settings=...), build_config(settings=...), `caidllm generate / bench
 
 The values go on top of the preset and under any keyword the caller gives. The keys a method takes
 are read from its settings classes (decode/setting_names.py); a key of another method's is refused
-in one line naming the methods that read it.
+in one line naming the methods that read it. A uniform-state decoder with settings of its own
+(decode/uniform_decoders.py: "diffusiongemma-cai") is a method too: its values sit under its owner's key
+("dgcai": {...}) and go over its defaults, under the caller's dgcai keyword.
 """
 
 from __future__ import annotations
@@ -21,11 +23,29 @@ from pathlib import Path
 
 from caidllm.decode.methods import PRESETS, preset_config, settings_classes
 from caidllm.decode.setting_names import OWNERS, SETTINGS_CLASSES, owners_of, readers
+from caidllm.decode.uniform_decoders import UNIFORM_DECODERS
 from caidllm.errors import InputError
 
 FORMAT_KEY = "caidllm_settings"
 FORMAT_VERSION = 1
 TOP_LEVEL = {FORMAT_KEY, "method", "name", "calibration"}
+# The uniform-state decoders' own settings classes by owner key ("dgcai") -> (the decoder, the class).
+UNIFORM_OWNERS = {d.settings.OWNER: (m, d.settings) for m, d in UNIFORM_DECODERS.items() if d.settings}
+ALL_OWNERS = {**OWNERS, **{owner: cls for owner, (_, cls) in UNIFORM_OWNERS.items()}}
+
+
+def _owners_of_method(method: str) -> set[str]:
+    """The owner keys `method` (a mask-based preset or a uniform-state decoder) reads."""
+    if method in UNIFORM_DECODERS:
+        own = UNIFORM_DECODERS[method].settings
+        return set() if own is None else {own.OWNER}
+    return {cls.OWNER for cls in settings_classes(PRESETS[method]["policy"], PRESETS[method]["cache"])}
+
+
+def _readers(owner: str) -> str:
+    if owner in UNIFORM_OWNERS:
+        return f"the uniform-state decoder {UNIFORM_OWNERS[owner][0]!r}"
+    return readers(OWNERS[owner])
 
 
 @dataclass
@@ -52,18 +72,14 @@ class CalibratedSettings:
 
     def check_applies(self, method: str) -> None:
         """InputError unless every owner key of the file is a settings class `method` runs."""
-        own = {cls.OWNER for cls in settings_classes(PRESETS[method]["policy"], PRESETS[method]["cache"])}
+        own = _owners_of_method(method)
         for owner in self.values:
             if owner not in own:
-                users = [
-                    m
-                    for m, p in PRESETS.items()
-                    if owner in {c.OWNER for c in settings_classes(p["policy"], p["cache"])}
-                ]
+                users = [m for m in (*PRESETS, *UNIFORM_DECODERS) if owner in _owners_of_method(m)]
                 advice = f" (use {self.method!r})" if self.method != method else ""  # the file's own method
                 where = f"settings {self.source}" if self.source else "settings"
                 raise InputError(
-                    f"the {where} hold {owner!r} settings, read only by {readers(OWNERS[owner])} "
+                    f"the {where} hold {owner!r} settings, read only by {_readers(owner)} "
                     f"(methods: {', '.join(users)}); method {method!r} does not run "
                     f"them{advice}",
                     field="settings",
@@ -133,19 +149,23 @@ def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
             f'{where} is not a caidllm settings file (needs "{FORMAT_KEY}": {FORMAT_VERSION}; '
             "write one with caidllm calibrate)"
         )
-    unknown = sorted(set(data) - TOP_LEVEL - set(OWNERS))
+    unknown = sorted(set(data) - TOP_LEVEL - set(ALL_OWNERS))
     if unknown:
         raise InputError(
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(sorted(TOP_LEVEL | set(OWNERS)))}{_owned_setting(unknown[0])}"
+            f"known: {', '.join(sorted(TOP_LEVEL | set(ALL_OWNERS)))}{_owned_setting(unknown[0])}"
         )
-    method, name = data.get("method", "cai"), data.get("name", "cai-calibrated")
+    method = data.get("method", "cai")
+    own = getattr(
+        UNIFORM_DECODERS.get(method), "settings", None
+    )  # a uniform-state decoder's: dgcai-calibrated
+    name = data.get("name", f"{own.OWNER}-calibrated" if own is not None else "cai-calibrated")
     for key, value in (("method", method), ("name", name)):
         if not isinstance(value, str) or not value:
             raise InputError(f"{where}: {key!r} must be a non-empty string, got {value!r}")
-    values = {owner: data[owner] for owner in OWNERS if owner in data}
+    values = {owner: data[owner] for owner in ALL_OWNERS if owner in data}
     for owner, given in values.items():
-        cls = OWNERS[owner]
+        cls = ALL_OWNERS[owner]
         if not isinstance(given, dict):
             raise InputError(
                 f"{where}: {owner!r} must be an object of {cls.TITLE} settings, got {type(given).__name__}"
@@ -168,10 +188,16 @@ def _from_dict(data: dict, source: str | None) -> CalibratedSettings:
         method=method, values=values, name=name, calibration=calibration, source=source
     )
     try:  # every value checked now, by the decoder's own validation
-        if method not in PRESETS:
-            raise InputError(f"unknown method {method!r}; choose one of {', '.join(PRESETS)}")
+        if method not in PRESETS and method not in UNIFORM_DECODERS:
+            raise InputError(
+                f"unknown method {method!r}; choose one of {', '.join([*PRESETS, *UNIFORM_DECODERS])}"
+            )
         settings.check_applies(method)
-        preset_config(method, file_values=values)
+        if method in UNIFORM_DECODERS:
+            for owner, given in values.items():
+                ALL_OWNERS[owner](**given).validate()
+        else:
+            preset_config(method, file_values=values)
     except InputError as error:
         raise InputError(f"{where}: {error}") from None
     return settings

@@ -133,7 +133,9 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from caidllm.decode.prefix_reuse import check_budget
-    from caidllm.options import check_before_load, load_model
+    from caidllm.decode.uniform_api import defaults_file, refuse_on_mask_model
+    from caidllm.models.families import get_family
+    from caidllm.options import check_before_load, load_model, model_config_of
 
     # a budget that is not a number of MB, before anything
     check_budget(args.prefix_cache_mb, "--prefix-cache-mb")
@@ -143,8 +145,20 @@ def run(args) -> int:
     settings = settings_file_of(args)
     check_api_key(args)
     method = args.method or ("cai" if settings is not None else None)  # as settings_from takes it
+    # A uniform-state model (DiffusionGemma) takes a settings file of its CAI decoder: the file's method is
+    # the default, and the file is checked against the decoder (a mask-based method's refused by name).
+    family = model_config_of(args.model)[0].family
+    uniform = get_family(family).uniform
+    if uniform:
+        method = args.method or (settings.method if settings is not None else None)
+    else:
+        refuse_on_mask_model(family, settings)
     decoded = check_before_load(
-        args.model, method, gen_length=args.gen_length, block_length=args.block_length
+        args.model,
+        method,
+        gen_length=args.gen_length,
+        block_length=args.block_length,
+        **({"settings": defaults_file(family, method, settings)} if uniform else {}),
     )
     from caidllm.parallel.launch import check_method, check_parallel
 

@@ -40,6 +40,9 @@ def settings_from(args, lm):
     if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders and engine
         method, gen_length, block_length = _uniform_defaults(args, lm, budget)
     else:
+        from caidllm.decode.uniform_api import refuse_on_mask_model
+
+        refuse_on_mask_model(lm.config.family, settings_file_of(args))  # no request could read it
         # As generate: a known checkpoint's own decoder, unless a settings file is given (it applies to its
         # method).
         method = recommended_method(checkpoint if settings_file_of(args) is None else None, args.method)
@@ -88,23 +91,28 @@ def _check_flags(args):
 
 
 def _uniform_defaults(args, lm, budget) -> tuple[str, int, int]:
-    """A uniform-state model's default decoder (its own unless --method names the other), gen_length (one
-    canvas unless given) and block length (the canvas); the mask engine's flags refused by name."""
-    from caidllm.decode.uniform_api import check_uniform
+    """A uniform-state model's default decoder (its own unless --method names the other; with --settings and
+    no --method, the file's), gen_length (one canvas unless given) and block length (the canvas); the mask
+    engine's flags refused by name, a settings file that does not apply to the decoder by `settings`."""
+    from caidllm.decode.uniform_api import check_uniform, defaults_file
 
     given = {
         "--block-length": args.block_length,
         "--step-policy": getattr(args, "step_policy", None),
-        "--settings": getattr(args, "settings", None),
         "--prefix-cache-mb": budget or None,
     }
     for flag, value in given.items():
         if value is not None:
             raise InputError(
                 f"{flag} does not apply to model family {lm.config.family!r}: uniform-state diffusion runs "
-                "its own engine (canvases of the checkpoint's length, no prefix store, no settings file)"
+                "its own engine (canvases of the checkpoint's length, no prefix store)"
             )
-    settings = check_uniform(lm.config, args.method, getattr(lm, "path", None), gen_length=args.gen_length)
+    file = settings_file_of(args)
+    method = args.method or (file.method if file is not None else None)
+    own = defaults_file(lm.config.family, method, file)  # another decoder's: its requests' defaults
+    settings = check_uniform(
+        lm.config, method, getattr(lm, "path", None), gen_length=args.gen_length, settings=own
+    )
     return (
         settings.method,
         settings.gen_length if args.gen_length else settings.canvas_length,

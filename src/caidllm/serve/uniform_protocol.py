@@ -3,7 +3,8 @@ knob a checked top-level field (decode/diffusiongemma_settings.py), the OpenAI `
 `max_tokens` its gen_length. What the uniform-state decoders do not read is refused with a 400 naming the
 field: a mask-based decoder (`method`), a mask-based decoder's setting (block_length, steps, threshold, ...),
 `temperature` (their temperature is the t_max -> t_min schedule), structured output and logprobs (not
-implemented for them)."""
+implemented for them). The server's settings file (`caidllm serve --settings`, diffusiongemma-cai's) gives
+the requests for its method their dgcai defaults; a request's own dgcai fields go over them."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def uniform_settings(body: dict, extensions: dict, max_tokens, max_name: str, de
     seed = body.get("seed")
     if seed is not None and not is_int(seed):
         raise InputError(f"seed must be an integer, got {seed!r}", "seed")
-    settings = check_uniform(lm.config, method, getattr(lm, "path", None), seed=seed, **ext)
+    # the server's settings file (--settings): the defaults of a request for its method, under its own dgcai
+    own = defaults.settings if getattr(defaults.settings, "method", None) == method else None
+    settings = check_uniform(lm.config, method, getattr(lm, "path", None), seed=seed, settings=own, **ext)
     if settings.max_denoising_steps > defaults.max_gen_length:  # a request's forwards stay bounded
         raise InputError(
             f"max_denoising_steps {settings.max_denoising_steps} exceeds this server's limit of "
