@@ -41,7 +41,8 @@ from caidllm.serve.call import CLIENT_CLOSED, Call, cancel
 from caidllm.serve.guard import Guard, check_json_content_type, error_response, read_body
 from caidllm.serve.http_edges import id_list_bounds
 from caidllm.serve.metrics import ServerMetrics
-from caidllm.serve.protocol import RequestError, ServerDefaults, parse, prompt_char_limit
+from caidllm.serve.prompt_input import prompt_char_limit
+from caidllm.serve.protocol import RequestError, ServerDefaults, parse
 from caidllm.serve.shutdown import Shutdown
 
 logger = logging.getLogger("caidllm.serve")

@@ -13,12 +13,9 @@ InputError names (error.field), never read from its text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from caidllm.checks import is_id_list, is_int, is_number
+from caidllm.checks import is_int, is_number
 from caidllm.decode.block_diffusion import fit_to_model
 from caidllm.decode.config import DecodeConfig
-from caidllm.decode.constraints import Constraint
 from caidllm.decode.nemotron import SEQUENTIAL_METHODS
 from caidllm.decode.presets import build_config, decodes_one_block
 from caidllm.decode.setting_names import ALL_NAMES
@@ -26,73 +23,9 @@ from caidllm.errors import InputError
 from caidllm.models.families import get_family
 from caidllm.serve import logprobs, structured, tools, uniform_protocol
 from caidllm.serve.openai_fields import NEUTRAL
+from caidllm.serve.prompt_input import check_prompt_lengths, check_text, messages_to_ids, prompts_to_ids
+from caidllm.serve.request_types import DecodeRequest, RequestError, ServerDefaults
 from caidllm.serve.stops import MAX_STOP_CHARS, MAX_STOP_SEQUENCES
-
-
-class RequestError(Exception):
-    """A request the server refuses; becomes an OpenAI error body."""
-
-    def __init__(
-        self,
-        message: str,
-        param: str | None = None,
-        status: int = 400,
-        error_type: str = "invalid_request_error",
-        code: str | None = None,
-        headers: dict | None = None,
-    ):
-        super().__init__(message)
-        self.message, self.param, self.status = message, param, status
-        self.error_type, self.code, self.headers = error_type, code, headers or {}
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-@dataclass
-class ServerDefaults:
-    """What a request gets for the settings it does not give (the `caidllm serve` flags)."""
-
-    model_name: str
-    method: str = "cai"
-    gen_length: int = 256
-    block_length: int = 64
-    max_gen_length: int = 1024  # the largest canvas a request may ask for
-    max_prompt_tokens: int | None = None  # None: whatever fits the model's context
-    max_prompts: int = 16  # prompts in one /v1/completions request
-    settings: object = (
-        None  # a calibrate settings file (CalibratedSettings): its values are the defaults of its method
-    )
-    max_prompt_chars: int | None = (
-        None  # longer text cannot fit the context: refused untokenised (prompt_char_limit)
-    )
-
-
-@dataclass
-class DecodeRequest:
-    kind: str  # "chat" or "completion"
-    prompts: list[list[int]]  # token ids, one per choice
-    config: DecodeConfig
-    max_tokens: int | None
-    stop: list[str]
-    stream: bool
-    include_usage: bool
-    commit_events: bool
-    model: str
-    extensions: dict = field(default_factory=dict)
-    constraint: Constraint | None = None  # structured output (serve/structured.py)
-    logprobs: int | None = (
-        None  # top alternatives per token's logprob entry; None: no logprobs (serve/logprobs.py)
-    )
-    tools: object | None = None  # the chat request's ToolRequest (serve/tools.py)
-
 
 OPENAI_FIELDS = {
     "model",
@@ -116,7 +49,7 @@ OWN_FIELDS = {"commit_events", "logprobs", "top_logprobs", "echo", "tools", "too
 def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
-    _check_text(body)
+    check_text(body)
     body = {k: v for k, v in body.items() if v is not None}
     prompt_field = "messages" if kind == "chat" else "prompt"
     _check_fields(body, kind, prompt_field)
@@ -126,11 +59,11 @@ def parse(body, kind: str, lm, defaults: ServerDefaults) -> DecodeRequest:
     max_tokens = _positive_int(body, max_name)
     tool_request = _tools(body, lm, kind)
     prompts = (
-        _messages(body["messages"], lm, defaults, tool_request)
+        messages_to_ids(body["messages"], lm, defaults, tool_request)
         if kind == "chat"
-        else _prompts(body["prompt"], lm, defaults)
+        else prompts_to_ids(body["prompt"], lm, defaults)
     )
-    _check_prompt_lengths(prompts, defaults, prompt_field)
+    check_prompt_lengths(prompts, defaults, prompt_field)
     extensions = {k: body[k] for k in body if k in EXTENSIONS}
     if get_family(lm.config.family).uniform:  # DiffusionGemma: its own decoders' settings
         config = _uniform_config(body, extensions, max_tokens, max_name, defaults, lm)
@@ -217,17 +150,6 @@ def _stream(body: dict) -> tuple[bool, bool]:
             raise RequestError("stream_options must be an object with only 'include_usage'", "stream_options")
         include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
     return stream, include_usage
-
-
-def _check_prompt_lengths(prompts: list, defaults: ServerDefaults, prompt_field: str) -> None:
-    if defaults.max_prompt_tokens is not None:
-        for ids in prompts:
-            if len(ids) > defaults.max_prompt_tokens:
-                raise RequestError(
-                    f"the prompt has {len(ids)} tokens; this server takes at most "
-                    f"{defaults.max_prompt_tokens}",
-                    prompt_field,
-                )
 
 
 def _answer_form(body: dict, kind: str, max_tokens, tool_request):
@@ -351,129 +273,10 @@ def _sequential(method: str, ext: dict, temperature: float):
         raise RequestError(str(error), "method") from None
 
 
-def _check_text(body: dict) -> None:
-    """Every string of the body (keys too) must be valid Unicode: JSON may carry a lone surrogate
-    ("\\ud800"), which no tokenizer takes. Iterative, so deep nesting cannot exhaust the stack."""
-    for top, value in body.items():
-        stack = [top, value]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, str):
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    name = top.encode("utf-8", "backslashreplace").decode("utf-8")
-                    raise RequestError(
-                        f"{name!r} holds text that is not valid Unicode (a lone surrogate such as \\ud800)",
-                        name,
-                    ) from None
-            elif isinstance(item, dict):
-                stack.extend(item.keys())
-                stack.extend(item.values())
-            elif isinstance(item, list):
-                stack.extend(item)
-
-
 def _type(value) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), "a number"
     )
-
-
-def prompt_char_limit(lm) -> int:
-    """Text longer than this cannot fit the model's context, so it is refused before the tokenizer
-    spends seconds on it: a token covers at most as many characters as its longest vocabulary entry
-    has (byte-level, SentencePiece and WordPiece entries alike), with 4x to spare for normalizers."""
-    longest = max(map(len, lm.tokenizer.get_vocab()), default=1)
-    return 4 * longest * lm.config.max_length
-
-
-def _check_length(text: str, defaults: ServerDefaults, param: str) -> None:
-    if defaults.max_prompt_chars is not None and len(text) > defaults.max_prompt_chars:
-        raise RequestError(
-            f"the {param} has {len(text)} characters; no text over {defaults.max_prompt_chars} "
-            "characters fits the model's context",
-            param,
-        )
-
-
-def _messages(messages, lm, defaults: ServerDefaults, tool_request=None) -> list[list[int]]:
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
-    turns = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-            raise RequestError(
-                f"messages[{i}] must be an object with role system, user, assistant or tool", "messages"
-            )
-        if m["role"] in ("assistant", "tool"):  # a tool call and its result, fed back through the template
-            try:
-                m = tools.turn(m, i, tool_request)
-            except tools.ToolError as error:
-                raise RequestError(error.message, error.param) from None
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text ones
-            if not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                for p in content
-            ):
-                raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string", "messages")
-        if not isinstance(m.get("name", ""), str):
-            raise RequestError(f"messages[{i}].name must be a string", "messages")
-        extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
-        if extra:
-            raise RequestError(
-                f"messages[{i}] has fields caidllm does not support: {', '.join(sorted(extra))}", "messages"
-            )
-        turns.append(
-            {
-                "role": m["role"],
-                "content": content,
-                **{k: m[k] for k in ("tool_calls", "tool_call_id") if k in m},
-            }
-        )
-    if not any(t["content"].strip() for t in turns):
-        raise RequestError("messages are all empty", "messages")
-    _check_length("".join(t["content"] for t in turns), defaults, "messages")
-    try:
-        if tool_request is not None and not tool_request.format.renders_tools:
-            turns = [tool_request.system_message()] + turns
-        return [
-            lm.encode_messages(
-                turns,
-                tools=tool_request.tools
-                if tool_request is not None and tool_request.format.renders_tools
-                else None,
-            )
-        ]
-    except InputError as error:
-        raise RequestError(str(error), "messages") from None
-    except Exception as error:  # noqa: BLE001 - a template that rejects this conversation
-        raise RequestError(f"the chat template rejects these messages: {error}", "messages") from None
-
-
-def _prompts(prompt, lm, defaults: ServerDefaults) -> list[list[int]]:
-    if isinstance(prompt, str) or is_id_list(prompt):
-        prompt = [prompt]
-    if not isinstance(prompt, list) or not prompt:
-        raise RequestError("prompt must be a string, a list of strings, or token ids", "prompt")
-    if len(prompt) > defaults.max_prompts:
-        raise RequestError(f"{len(prompt)} prompts in one request; at most {defaults.max_prompts}", "prompt")
-    out = []
-    for i, p in enumerate(prompt):
-        if isinstance(p, str):
-            if not p.strip():
-                raise RequestError(f"prompt {i} is empty", "prompt")
-            _check_length(p, defaults, "prompt")
-            out.append(lm.tokenizer.encode(p, add_special_tokens=False))
-        elif is_id_list(p):
-            out.append(list(p))
-        else:
-            raise RequestError(f"prompt {i} must be a string or a non-empty list of token ids", "prompt")
-    return out
 
 
 def _stop(body) -> list[str]:
