@@ -269,7 +269,7 @@ def test_lm_eval_data_parallel_two_ranks_same_answers(tmp_path):
 def test_lm_eval_few_shot_contexts_are_the_layouts_the_trainer_trains(tmp_path, monkeypatch):
     """--num_fewshot K shows each shot with its answer "So the answer is X." (the template's
     fewshot_config), as train/fewshot.py's "plain" (one message) and "turns" (chat turns) rows."""
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
     from caidllm.train.fewshot import messages
 
@@ -277,7 +277,7 @@ def test_lm_eval_few_shot_contexts_are_the_layouts_the_trainer_trains(tmp_path, 
     manager = TaskManager(
         include_path=str(TASKS_DIR), include_defaults=False, metadata={"data_dir": str(BENCH)}
     )
-    task = get_task_dict(["caidllm_bbh_boolean_expressions"], manager)["caidllm_bbh_boolean_expressions"]
+    task = manager.load("caidllm_bbh_boolean_expressions")["tasks"]["caidllm_bbh_boolean_expressions"]
     task.set_fewshot_seed(1234)
     doc = task.test_docs()[0]
     as_json = lambda m, **_: json.dumps(m)  # noqa: E731
