@@ -264,3 +264,37 @@ def test_lm_eval_data_parallel_two_ranks_same_answers(tmp_path):
     # split, not repeated: rank 0 has docs 0 and 2 of each task, rank 1 doc 1 of each plus 2 padding copies
     # (lm-eval evens the ranks out); every rank answering everything would make 12
     assert stats["one"]["requests"] == 6 and stats["two"]["requests"] == 8
+
+
+def test_lm_eval_few_shot_contexts_are_the_layouts_the_trainer_trains(tmp_path, monkeypatch):
+    """--num_fewshot K shows each shot with its answer "So the answer is X." (the template's
+    fewshot_config), as train/fewshot.py's "plain" (one message) and "turns" (chat turns) rows."""
+    from lm_eval.tasks import TaskManager
+
+    from caidllm.train.fewshot import messages
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    manager = TaskManager(
+        include_path=str(TASKS_DIR), include_defaults=False, metadata={"data_dir": str(BENCH)}
+    )
+    task = manager.load("caidllm_bbh_boolean_expressions")["tasks"]["caidllm_bbh_boolean_expressions"]
+    task.set_fewshot_seed(1234)
+    doc = task.test_docs()[0]
+    as_json = lambda m, **_: json.dumps(m)  # noqa: E731
+    turns = json.loads(
+        task.fewshot_context(
+            doc, 2, apply_chat_template=True, fewshot_as_multiturn=True, chat_template=as_json
+        )
+    )
+    shots = [(turns[i]["content"], turns[i + 1]["content"]) for i in (0, 2)]
+    assert all(a.startswith("So the answer is ") and a.endswith(".") for _, a in shots)
+    assert turns == messages(shots, doc["prompt"], "turns")
+    task.set_fewshot_seed(1234)
+    one = json.loads(
+        task.fewshot_context(
+            doc, 2, apply_chat_template=True, fewshot_as_multiturn=False, chat_template=as_json
+        )
+    )
+    assert one == messages(shots, doc["prompt"], "plain")
+    task.set_fewshot_seed(1234)
+    assert task.fewshot_context(doc, 2) == one[0]["content"]  # without the chat template: the same text

@@ -109,6 +109,7 @@ def test_fewshot_rows_put_solved_shots_before_the_same_questions(cot_run):
         assert batch.task == base.task and _answers(batch) == _answers(base)  # the same questions, answers
         for r in range(len(batch.input_ids)):
             prompt = decode(batch.input_ids[r, : batch.answer_start[r]].tolist())
+            alone = decode(base.input_ids[r, : base.answer_start[r]].tolist())  # the question alone
             assert batch.answer_start[r] <= 512
             turns = prompt.count("<|start_header_id|>user")
             if "Q: " in prompt:
@@ -118,10 +119,16 @@ def test_fewshot_rows_put_solved_shots_before_the_same_questions(cot_run):
                 )
             elif turns > 1:
                 styles.add("turns")
+            elif prompt != alone:  # lm-eval's one-message prefix: shots, then the question as it is
+                styles.add("plain")
+                question = alone.split("user<|end_header_id|>", 1)[1].lstrip().split("<|eot_id|>")[0]
+                content = prompt.split("user<|end_header_id|>", 1)[1].split("<|eot_id|>")[0]
+                assert turns == 1 and content.endswith("\n\n" + question)
+                assert content[: -len(question)].rstrip().endswith(".")  # the last shot's answer
             short_shots += len(
                 re.findall(r"(?:A: |assistant<\|end_header_id\|>\n\n)So the answer is", prompt)
             )
-    assert styles == {"qa", "turns"} and short_shots > 0
+    assert styles == {"qa", "turns", "plain"} and short_shots > 0
 
 
 def test_fewshot_drops_shots_to_fit_the_prompt_budget(cot_run):

@@ -1,13 +1,18 @@
 """Few-shot training rows: solved examples of the same task before the question.
 
-lm-eval and `caidllm bench --fewshot K` show shots in one of two ways, and a model
+lm-eval and `caidllm bench --fewshot K` show shots in one of three ways, and a model
 trained only zero-shot answers either with one token (issue 47: `tiny-bd` scored 0% on
 boolean with 3 shots). A share of the rows is therefore given 1 to `max_shots` shots
-of its task (train split, never the row's own question), in one of two styles:
+of its task (train split, never the row's own question), in one of three styles:
 
-* "turns": each shot an earlier user turn and assistant turn of the chat;
+* "turns": each shot an earlier user turn and assistant turn of the chat (lm-eval's
+  ``--apply_chat_template --fewshot_as_multiturn``);
 * "qa": one user message, "Q: ...\\nA: ..." per shot, a blank line between, then
-  "Q: <question>\\nA:" (the bench's layout).
+  "Q: <question>\\nA:" (the bench's layout);
+* "plain": one user message, "<shot question>\\n<shot answer>" per shot, a blank line
+  between, then the question as it is (lm-eval's single-message prefix with the
+  caidllm_* task configs: their fewshot_config's target delimiter "\\n", fewshot
+  delimiter "\\n\\n").
 
 Each shot's answer is its worked answer or only its final line ("So the answer is
 X.", as the bench shows them), half and half; the row's own answer is always the full
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 from caidllm.tasks import Example, Task
 from caidllm.tasks.base import final_line
 
-STYLES = ("turns", "qa")
+STYLES = ("turns", "qa", "plain")
 Messages = list[dict[str, str]]
 
 
@@ -36,9 +41,16 @@ def qa_prompt(shots: list[tuple[str, str]], question: str) -> str:
     return "\n\n".join(parts)
 
 
+def plain_prompt(shots: list[tuple[str, str]], question: str) -> str:
+    """lm-eval's few-shot prefix in one message (evaluation/tasks/_caidllm_template.yaml)."""
+    return "".join(f"{q}\n{a}\n\n" for q, a in shots) + question
+
+
 def messages(shots: list[tuple[str, str]], question: str, style: str) -> Messages:
     if style == "qa":
         return [{"role": "user", "content": qa_prompt(shots, question)}]
+    if style == "plain":
+        return [{"role": "user", "content": plain_prompt(shots, question)}]
     turns: Messages = []
     for q, a in shots:
         turns += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]

@@ -14,8 +14,16 @@ from pathlib import Path
 
 from caidllm.bench.datadir import default_data_dir
 from caidllm.bench.tasks import load_task, reference_scorer
+from caidllm.tasks.base import final_line
 
 METRIC_NAMES = {"exact_match": "exact_match", "pass@1": "pass_at_1", "f1": "f1", "rougeL": "rougeL"}
+
+
+def fewshot_target(reference: object) -> str:
+    """A row's answer when lm-eval shows it as a few-shot example (``--num_fewshot K``): the
+    final line the bench's shots end with, "So the answer is X."; empty (no answer shown)
+    where the reference is no single answer string (code tests, choices)."""
+    return final_line(reference) if isinstance(reference, str) else ""
 
 
 def dataset(task: str, data_dir: str | None = None, limit: int | None = None, **_ignored):
@@ -26,7 +34,13 @@ def dataset(task: str, data_dir: str | None = None, limit: int | None = None, **
     folder = Path(data_dir).expanduser() if data_dir else default_data_dir()  # None: the hub copy
     bench_task = load_task(task, data_dir=folder, limit=limit)
     rows = [
-        {"id": s.id, "task": task, "prompt": s.prompt, "reference": json.dumps(s.reference)}
+        {
+            "id": s.id,
+            "task": task,
+            "prompt": s.prompt,
+            "reference": json.dumps(s.reference),
+            "fewshot_target": fewshot_target(s.reference),
+        }
         for s in bench_task.samples
     ]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
