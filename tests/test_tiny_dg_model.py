@@ -4,6 +4,7 @@ canvases of 64), generates recorded tokens with the uniform-state decoders, answ
 from the command line, and a seeded request's tokens do not depend on its batch."""
 
 import json
+import re
 
 import pytest
 
@@ -31,10 +32,12 @@ def test_tiny_dg_loads_through_the_diffusion_gemma_family(tiny_dg):
 
 @pytest.mark.parametrize("method", ["greedy", "diffusiongemma"])
 def test_tiny_dg_generates_these_tokens(tiny_dg, method):
-    """Seeded: the exact tokens recorded from the shipped weights, and the right answer."""
+    """Seeded: the exact tokens recorded from the shipped weights; a worked chain ending in an answer, the
+    right one for greedy (the sampled chain at seed 0 slips, below)."""
     (result,) = tiny_dg.generate([BOOLEAN], method=method, gen_length=64, seed=0)
     assert result.token_ids[: result.answer_length] == EXPECTED_TOKENS[method]
-    assert result.nfe == EXPECTED_FORWARDS[method] and result.text.rstrip().endswith("False.")
+    assert result.nfe == EXPECTED_FORWARDS[method]
+    assert result.text.rstrip().endswith(EXPECTED_ANSWER[method])
 
 
 def test_a_seeded_request_is_the_same_alone_and_batched(tiny_dg):
@@ -44,16 +47,28 @@ def test_a_seeded_request_is_the_same_alone_and_batched(tiny_dg):
 
 
 def test_the_command_line_answers_out_of_the_box(capsys):
-    # seeded: without a seed the sampler draws a fresh generator, and the model's chain has slips
+    # seeded: without a seed the sampler draws a fresh generator; the default decoder samples, so its
+    # chain ends in an answer (right about 4 times in 5), and greedy's is the right one here
     assert main(["generate", "--model", "tiny-dg", "--seed", "0", "--json", BOOLEAN]) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert out["method"] == "diffusiongemma" and "False" in out["text"]
+    assert out["method"] == "diffusiongemma"
+    assert re.search(r"So the answer is (True|False)\.$", out["text"].rstrip())
+    assert (
+        main(["generate", "--model", "tiny-dg", "--method", "greedy", "--seed", "0", "--json", BOOLEAN]) == 0
+    )
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["text"].rstrip().endswith("So the answer is False.")
 
 
-# Recorded from the shipped weights (seed 0): the chain has slips ("= True and and True"; the sample's
-# last line "= True") but both end on the right answer, in one canvas of 30 forwards. greedy:
-# "not ( True ) and ( True )\n= not True and ( True )\n= True and and True\n= False and True\n= False\n
-# So the answer is False."
+# Recorded from the shipped weights (step 900, seed 0). greedy, right in 21 forwards (its third line is
+# garbled but the chain recovers):
+# not ( True ) and ( True )\n= not True and ( True )\n= not and not True\n= False and True\n= False\n
+# So the answer is False.
+# diffusiongemma, in 18 forwards, slips at its fourth line ("= True and True") and answers True: the
+# model is right about 77-81% of the time on the real questions (MODEL_CARD.md), so a seeded sample can be
+# wrong; greedy pins the right answer.
+# not ( True ) and ( True )\n= not True and ( True )\n= not and not True\n= True and True\n= True\n
+# So the answer is True.
 EXPECTED_TOKENS = {
     "greedy": [
         596,
@@ -74,9 +89,9 @@ EXPECTED_TOKENS = {
         263,
         204,
         34,
-        361,
+        455,
         376,
-        376,
+        455,
         361,
         204,
         34,
@@ -113,13 +128,13 @@ EXPECTED_TOKENS = {
         263,
         204,
         34,
-        361,
+        455,
         376,
-        376,
+        455,
         361,
         204,
         34,
-        298,
+        361,
         376,
         361,
         204,
@@ -130,8 +145,9 @@ EXPECTED_TOKENS = {
         499,
         377,
         444,
-        298,
+        361,
         19,
     ],
 }
-EXPECTED_FORWARDS = {"greedy": 30, "diffusiongemma": 30}
+EXPECTED_FORWARDS = {"greedy": 21, "diffusiongemma": 18}
+EXPECTED_ANSWER = {"greedy": "So the answer is False.", "diffusiongemma": "So the answer is True."}
