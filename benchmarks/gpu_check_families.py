@@ -52,14 +52,18 @@ def _peak_mb(device, base):
     return None
 
 
+def _reduced_dg(device, small):
+    """random:diffusiongemma-26b-a4b with 4 of its layers (the released widths; --small: tiny widths), bf16."""
+    layers = 2 if small else 4
+    extra = "&vocab_size=512&hidden_size=64&intermediate_size=64" if small else ""
+    name = f"random:diffusiongemma-26b-a4b?num_hidden_layers={layers}{extra}"
+    return caidllm.load(name, device=device, dtype="bfloat16"), layers
+
+
 def dg_shape(device, small):
     from caidllm.models.diffusion_gemma_cache import DecoderView, DGCache
 
-    layers = 2 if small else 4
-    extra = "&vocab_size=512&hidden_size=64&intermediate_size=64" if small else ""
-    lm = caidllm.load(
-        f"random:diffusiongemma-26b-a4b?num_hidden_layers={layers}{extra}", device=device, dtype="bfloat16"
-    )
+    lm, layers = _reduced_dg(device, small)
     model, vocab = lm.model, lm.config.vocab_size
     g = torch.Generator().manual_seed(0)
     out = {"layers": layers}
@@ -103,11 +107,7 @@ def dg_step_peaks(device, small):
     from caidllm.models.diffusion_gemma_cache import DecoderView, DGCache
     from caidllm.models.moe import set_moe_kernel
 
-    layers = 2 if small else 4
-    extra = "&vocab_size=512&hidden_size=64&intermediate_size=64" if small else ""
-    lm = caidllm.load(
-        f"random:diffusiongemma-26b-a4b?num_hidden_layers={layers}{extra}", device=device, dtype="bfloat16"
-    )
+    lm, layers = _reduced_dg(device, small)
     model, vocab = lm.model, lm.config.vocab_size
     g = torch.Generator().manual_seed(0)
     caches = [DGCache.empty(layers) for _ in range(8)]
