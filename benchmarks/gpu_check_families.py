@@ -53,7 +53,7 @@ def _peak_mb(device, base):
 
 
 def _reduced_dg(device, small):
-    """random:diffusiongemma-26b-a4b with 4 of its layers (the released widths; --small: tiny widths), bf16."""
+    """random:diffusiongemma-26b-a4b with 4 of its layers (released widths; --small: tiny ones), bf16."""
     layers = 2 if small else 4
     extra = "&vocab_size=512&hidden_size=64&intermediate_size=64" if small else ""
     name = f"random:diffusiongemma-26b-a4b?num_hidden_layers={layers}{extra}"
