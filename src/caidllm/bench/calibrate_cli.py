@@ -61,9 +61,7 @@ def register(sub, name: str = "calibrate") -> argparse.ArgumentParser:
         "--max-loss", type=float, default=1.0, help="accuracy points below vanilla allowed (default 1)"
     )
     p.add_argument("--budget", type=int, default=20, help="settings decoded, the start included (default 20)")
-    p.add_argument(
-        "--objective", choices=OBJECTIVES, default="nfe", help="minimise NFE (default) or wall time"
-    )
+    p.add_argument("--objective", choices=OBJECTIVES, default="nfe", help="minimise NFE (default) or wall")
     p.add_argument(
         "--seed",
         type=int,

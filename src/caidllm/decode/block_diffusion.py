@@ -134,9 +134,8 @@ def _fit_family(config: DecodeConfig, model) -> DecodeConfig:
         changes["cache"] = "block"
     elif config.cache not in BLOCK_CACHES:
         raise InputError(
-            f"cache={config.cache!r} does not apply to the block-causal {model.family} model: "
-            f"its cache is an exact one or 'none' (the whole window every step): "
-            f"{', '.join(BLOCK_CACHES)}",
+            f"cache={config.cache!r} does not apply to the block-causal {model.family} model: its cache "
+            f"is an exact one or 'none' (the whole window every step): {', '.join(BLOCK_CACHES)}",
             field="cache",
         )
     if model.block_lengths and config.block_length not in model.block_lengths and "block_length" not in given:
