@@ -30,6 +30,11 @@ import torch
 import caidllm
 
 CANVAS = 256
+BOOLEAN_PROMPTS = [  # three BBH-style questions the embedded models answer
+    "not ( True ) and ( True ) is",
+    "True and not not ( not False ) is",
+    "not True or ( False and True ) is",
+]
 
 
 def _sync(device):
@@ -144,11 +149,7 @@ def dg_step_peaks(device, small):
 
 
 def tiny_dg(device, small):
-    prompts = [
-        "not ( True ) and ( True ) is",
-        "True and not not ( not False ) is",
-        "not True or ( False and True ) is",
-    ]
+    prompts = BOOLEAN_PROMPTS
     lm = caidllm.load("tiny-dg", device=device, dtype="float32")
     alone = [lm.generate([p], method="diffusiongemma", gen_length=64, seed=3)[0] for p in prompts]
     batched = lm.generate(prompts, method="diffusiongemma", gen_length=64, seed=3, batch_size=3)
@@ -238,11 +239,7 @@ def llada22(device, small):
 
 
 def s2d2(device, small):
-    prompts = [
-        "not ( True ) and ( True ) is",
-        "True and not not ( not False ) is",
-        "not True or ( False and True ) is",
-    ]
+    prompts = BOOLEAN_PROMPTS
     lm = caidllm.load("tiny-bd", device=device, dtype="float32")
     out = {}
     for method in ("sdar", "s2d2"):

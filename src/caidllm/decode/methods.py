@@ -20,6 +20,31 @@ from caidllm.decode.setting_names import not_read, owners_of, split
 from caidllm.errors import InputError
 from caidllm.setting_rules import BLOCK_CAUSAL, NoCacheSettings
 
+
+def _s2d2_llada2(threshold: float, editing_threshold: float, score_threshold: float) -> dict:
+    """S2D2 on LLaDA2.1-Mini as the paper's eval scripts run LLaDA2's loop with its token editing
+    (LLaDA2/generate_utils.py generate_ssd_policy): block 32, one commit a step (num_to_transfer 1), no
+    editing step after a block's last mask (max_post_steps 0), eos_early_stop, score router static, c = 4,
+    soft entropy;
+    the configurations differ in their thresholds (Conservative 0.95 / 0.9 / -5, Quality 0.7 / 0.5 / 0)."""
+    return dict(
+        policy="s2d2",
+        cache="block",
+        block_length=32,
+        threshold=threshold,
+        editing_threshold=editing_threshold,
+        max_post_steps=0,
+        s2d2=dict(
+            num_to_transfer=1,
+            router="score_threshold",
+            score_threshold=score_threshold,
+            score="difference_static",
+            penalty=4.0,
+            estimator="soft_entropy_negexp",
+        ),
+    )
+
+
 PRESETS: dict[str, dict] = {
     # LLaDA low-confidence remasking, no cache, one token per step (steps = gen_length): the paper's 1.0x.
     "vanilla": dict(policy="vanilla", cache="none"),
@@ -206,42 +231,9 @@ PRESETS: dict[str, dict] = {
             estimator="soft_entropy_negexp",
         ),
     ),
-    # LLaDA2.1-Mini, LLaDA2's loop with its token editing (LLaDA2/generate_utils.py generate_ssd_policy, as
-    # the eval scripts run it: block 32, one commit a step (num_to_transfer 1), no editing step after a
-    # block's last mask (max_post_steps 0), eos_early_stop), score router static, c = 4, soft entropy.
-    # Conservative: threshold 0.95, editing 0.9, tau -5; Quality: threshold 0.7, editing 0.5, tau 0.
-    "s2d2-llada2": dict(
-        policy="s2d2",
-        cache="block",
-        block_length=32,
-        threshold=0.95,
-        editing_threshold=0.9,
-        max_post_steps=0,
-        s2d2=dict(
-            num_to_transfer=1,
-            router="score_threshold",
-            score_threshold=-5.0,
-            score="difference_static",
-            penalty=4.0,
-            estimator="soft_entropy_negexp",
-        ),
-    ),
-    "s2d2-llada2-quality": dict(
-        policy="s2d2",
-        cache="block",
-        block_length=32,
-        threshold=0.7,
-        editing_threshold=0.5,
-        max_post_steps=0,
-        s2d2=dict(
-            num_to_transfer=1,
-            router="score_threshold",
-            score_threshold=0.0,
-            score="difference_static",
-            penalty=4.0,
-            estimator="soft_entropy_negexp",
-        ),
-    ),
+    # LLaDA2.1-Mini with token editing (_s2d2_llada2): Conservative, then Quality
+    "s2d2-llada2": _s2d2_llada2(threshold=0.95, editing_threshold=0.9, score_threshold=-5.0),
+    "s2d2-llada2-quality": _s2d2_llada2(threshold=0.7, editing_threshold=0.5, score_threshold=0.0),
     "fastdllm-v2": dict(
         policy="subblock", cache="subblock", block_length=32, threshold=0.9, subblock=dict(sub_block=8)
     ),
